@@ -1,0 +1,16 @@
+"""evstore: incremental-checkpoint online learning for TensorFlow.
+
+Public API (DESIGN section 3):
+  EmbeddingVariable, CounterFilter, embedding_lookup, embedding_lookup_sparse,
+  safe_embedding_lookup_sparse, optimizers.{SGD, Adagrad, Adam}, keras.Embedding.
+"""
+from evstore import optimizers  # noqa: F401
+from evstore import keras  # noqa: F401
+from evstore.filters import CounterFilter
+from evstore.lookup import embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse
+from evstore.variable import EmbeddingVariable
+
+__version__ = "0.1.0"
+
+__all__ = ["EmbeddingVariable", "CounterFilter", "embedding_lookup", "embedding_lookup_sparse",
+           "safe_embedding_lookup_sparse", "optimizers", "keras"]

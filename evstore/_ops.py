@@ -1,0 +1,46 @@
+"""Loads the native op library and registers gradients.
+
+The library is built by `pip install .` (setup.py) against the installed
+TensorFlow; its ABI is tied to TensorFlow's minor version (2.21).
+"""
+import glob
+import os
+
+import tensorflow as tf
+
+_HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+
+
+def _load():
+    candidates = sorted(glob.glob(os.path.join(_HERE, "_evstore_ops*.so")))
+    if not candidates:
+        raise ImportError(
+            "evstore's native op library is not built (no evstore/native/_evstore_ops*.so). "
+            "Run `make install` (or `pip install -e . --no-build-isolation`) to build it against "
+            f"TensorFlow {tf.__version__}.")
+    try:
+        return tf.load_op_library(candidates[0])
+    except tf.errors.NotFoundError as e:
+        raise ImportError(
+            f"evstore's op library {candidates[0]} does not load into TensorFlow {tf.__version__} "
+            f"(it was probably built against another TensorFlow; rebuild with `make install`): {e}") from e
+
+
+gen = _load()
+
+
+@tf.RegisterGradient("EvFindOrInsert")
+def _ev_find_or_insert_grad(op, grad):
+    """Gradient of a training lookup: (keys, row gradients) as IndexedSlices.
+
+    The gradient flows to the `proxy` input (a zero-size variable read), so
+    `tape.gradient(loss, ev)` returns IndexedSlices whose indices are keys.
+    Duplicates are summed by the fused apply kernels.
+    """
+    dim = op.get_attr("dim")
+    keys = tf.reshape(op.inputs[1], [-1])
+    values = tf.reshape(grad, [-1, dim])
+    return [None, None, tf.IndexedSlices(values, keys)]
+
+
+tf.no_gradient("EvFind")

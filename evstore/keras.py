@@ -1,0 +1,73 @@
+"""evstore.keras.Embedding: an EmbeddingVariable as a Keras 3 layer.
+
+A plain `keras.Model` holding this layer, compiled with an evstore optimizer,
+trains with `model.fit` (EV rows through the fused native apply, dense layers
+through Keras), predicts with `model.predict` (read-only lookups: unseen ids
+read the default value and are not inserted), and saves with
+`tf.train.Checkpoint`.
+
+How it fits Keras 3, whose optimizers only update `keras.Variable`s: the layer
+owns a zero-size trainable `keras.Variable` (its *proxy*) that every training
+lookup reads. The tape therefore delivers the lookup's gradient, as
+`tf.IndexedSlices(row grads, keys)`, to the proxy; Keras passes it to the
+optimizer like any weight gradient, and evstore optimizers route it to the EV.
+The proxy holds no values (0 parameters in `model.summary()`).
+"""
+import keras
+import tensorflow as tf
+
+from evstore.lookup import embedding_lookup
+from evstore.variable import EmbeddingVariable, register_proxy
+
+__all__ = ["Embedding"]
+
+
+class Embedding(keras.layers.Layer):
+    """Maps integer ids of any shape to `ids.shape + [dim]` embeddings.
+
+    Args:
+      dim: embedding width.
+      key_dtype: "int64" (default) or "int32"; integer inputs are cast to it.
+      embeddings_initializer: initializer for new rows (see EmbeddingVariable).
+      filter: admission filter, e.g. `evstore.CounterFilter(3)`.
+      default_value: what ids without a row read (zeros by default).
+      initializer_bank_size: rows of the initializer bank.
+    Inputs must be integer tensors; float inputs raise TypeError (declare
+    `keras.Input(..., dtype="int64")`).
+    """
+
+    def __init__(self, dim, key_dtype="int64", embeddings_initializer=None, filter=None, default_value=None,
+                 initializer_bank_size=8192, **kwargs):
+        super().__init__(**kwargs)
+        self.dim = dim
+        self.key_dtype = tf.as_dtype(key_dtype)
+        self.embeddings_initializer = embeddings_initializer
+        self.ev_filter = filter
+        self.default_value = default_value
+        self.initializer_bank_size = initializer_bank_size
+        self.ev = EmbeddingVariable(self.name, dim, key_dtype=self.key_dtype, initializer=embeddings_initializer,
+                                    default_value=default_value, filter=filter,
+                                    initializer_bank_size=initializer_bank_size)
+
+    def build(self, input_shape=None):
+        self.proxy = self.add_weight(name="ev_proxy", shape=(0,), initializer="zeros", trainable=True)
+        register_proxy(self.proxy, self.ev)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        ids = tf.convert_to_tensor(inputs)
+        if not ids.dtype.is_integer:
+            raise TypeError(f"evstore.keras.Embedding '{self.name}' needs integer ids, got {ids.dtype.name} "
+                            "(declare keras.Input(..., dtype='int64'))")
+        if ids.dtype != self.key_dtype:
+            ids = tf.cast(ids, self.key_dtype)
+        return embedding_lookup(self.ev, ids, training=bool(training), proxy=self.proxy.value)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(dim=self.dim, key_dtype=self.key_dtype.name,
+                      initializer_bank_size=self.initializer_bank_size)
+        return config

@@ -1,0 +1,148 @@
+"""Embedding lookups on EmbeddingVariables, with the tf.nn functions' semantics."""
+import tensorflow as tf
+
+from evstore._ops import gen
+from evstore.variable import EmbeddingVariable
+
+__all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
+
+_COMBINERS = ("mean", "sqrtn", "sum")
+
+
+def _check_ev(ev):
+    if not isinstance(ev, EmbeddingVariable):
+        raise TypeError(f"expected an evstore.EmbeddingVariable, got {type(ev).__name__}")
+
+
+def _check_ids(ev, ids, what="ids"):
+    ids = tf.convert_to_tensor(ids) if not isinstance(ids, tf.Tensor) else ids
+    if ids.dtype != ev.key_dtype:
+        hint = " (ids must be integers)" if not ids.dtype.is_integer else f" (use tf.cast({what}, tf.{ev.key_dtype.name}))"
+        raise TypeError(f"EmbeddingVariable '{ev.name}' has {ev.key_dtype.name} keys but {what} are "
+                        f"{ids.dtype.name}{hint}")
+    return ids
+
+
+def embedding_lookup(ev, ids, training=True, proxy=None, name=None):
+    """Looks up `ids` in `ev`: returns a float32 tensor of shape `ids.shape + [dim]`.
+
+    With `training=True` (default) the lookup is a find-or-insert: every
+    occurrence of a key adds 1 to its frequency, unseen keys enter the table,
+    keys reaching the filter's `min_freq` are admitted with their initial row,
+    and the result is differentiable: `tape.gradient(loss, ev)` gives
+    `tf.IndexedSlices(values=row gradients, indices=keys)`. Keys below the
+    filter threshold read the default value and receive no update.
+
+    With `training=False` the lookup is read-only: stored rows or the default
+    value; it never inserts and never counts (serving, evaluation).
+
+    `proxy` (advanced) is the zero-size variable gradients flow to; by default
+    the EV's own. Raises TypeError for ids of the wrong dtype (e.g. float ids).
+    """
+    _check_ev(ev)
+    with tf.name_scope(name or "embedding_lookup"):
+        ids = _check_ids(ev, ids)
+        if not training:
+            return gen.ev_find(ev.resource_handle, ids, dim=ev.dim)
+        proxy = ev._proxy if proxy is None else proxy
+        pv = tf.convert_to_tensor(getattr(proxy, "value", proxy) if not isinstance(proxy, tf.Variable) else proxy)
+        return gen.ev_find_or_insert(ev.resource_handle, ids, pv, dim=ev.dim)
+
+
+def _check_sparse(ev, sp_ids, sp_weights, combiner):
+    _check_ev(ev)
+    if combiner not in _COMBINERS:
+        raise ValueError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
+    if not isinstance(sp_ids, tf.SparseTensor):
+        raise TypeError(f"sp_ids must be a tf.SparseTensor, got {type(sp_ids).__name__}")
+    _check_ids(ev, sp_ids.values, "sp_ids")
+    if sp_weights is not None:
+        if not isinstance(sp_weights, tf.SparseTensor):
+            raise TypeError(f"sp_weights must be None or a tf.SparseTensor, got {type(sp_weights).__name__}")
+        sp_ids.values.shape.assert_is_compatible_with(sp_weights.values.shape)
+        sp_ids.indices.shape.assert_is_compatible_with(sp_weights.indices.shape)
+
+
+def _combine(ev, segment_ids, ids, weights, combiner, num_segments, training, proxy):
+    """Per-segment combination of looked-up rows, the same ops as tf.nn's.
+
+    Every occurrence is looked up (so training lookups count each one), in
+    place of tf.nn's unique + gather: the sums run over the same rows in the
+    same order, so results match tf.nn bit for bit.
+    """
+    emb = embedding_lookup(ev, ids, training=training, proxy=proxy)
+    if weights is None:
+        idx = tf.range(tf.shape(ids)[0])
+        if segment_ids.dtype not in (tf.int32, tf.int64):
+            segment_ids = tf.cast(segment_ids, tf.int32)
+        fn = {"sum": tf.sparse.segment_sum, "mean": tf.sparse.segment_mean, "sqrtn": tf.sparse.segment_sqrt_n}[combiner]
+        return fn(emb, idx, segment_ids, num_segments=num_segments)
+    segment_ids = tf.cast(segment_ids, tf.int32)
+    w = tf.reshape(tf.cast(weights, tf.float32), [-1, 1])
+    emb = emb * w
+
+    def seg_sum(x):
+        if num_segments is None:
+            return tf.math.segment_sum(x, segment_ids)
+        return tf.math.unsorted_segment_sum(x, segment_ids, num_segments)
+
+    if combiner == "sum":
+        return seg_sum(emb)
+    if combiner == "mean":
+        return tf.math.divide_no_nan(seg_sum(emb), seg_sum(w))
+    return tf.math.divide_no_nan(seg_sum(emb), tf.sqrt(seg_sum(tf.pow(w, 2))))
+
+
+def embedding_lookup_sparse(ev, sp_ids, sp_weights=None, combiner="mean", training=True, proxy=None, name=None):
+    """Combines the rows of each row of a rank-2 SparseTensor of ids.
+
+    Same semantics as `tf.nn.embedding_lookup_sparse`: `sp_ids` is
+    [batch, max_ids] with row-major ordered indices; `sp_weights` (optional) has
+    the same indices; `combiner` is "mean" (default), "sqrtn" or "sum". The
+    result is [max row index with ids + 1, dim]; use
+    `safe_embedding_lookup_sparse` for a result padded to the batch size.
+    Duplicate ids count (and train) once per occurrence.
+    """
+    _check_sparse(ev, sp_ids, sp_weights, combiner)
+    with tf.name_scope(name or "embedding_lookup_sparse"):
+        weights = None if sp_weights is None else sp_weights.values
+        return _combine(ev, sp_ids.indices[:, 0], sp_ids.values, weights, combiner, None, training, proxy)
+
+
+def safe_embedding_lookup_sparse(ev, sp_ids, sp_weights=None, combiner="mean", default_id=None, training=True,
+                                 proxy=None, name=None):
+    """Like `tf.nn.safe_embedding_lookup_sparse` on an EmbeddingVariable.
+
+    `sp_ids` of rank >= 2 ([d0, ..., dn-1, max_ids]); the result is
+    [d0, ..., dn-1, dim]. Invalid ids (< 0) are pruned, and with a combiner other
+    than "sum" so are ids with weight <= 0. Rows left empty read zeros, or the row
+    of `default_id` when given.
+    """
+    _check_sparse(ev, sp_ids, sp_weights, combiner)
+    with tf.name_scope(name or "safe_embedding_lookup_sparse"):
+        original_shape = sp_ids.dense_shape
+        rank = tf.size(original_shape)
+        sp2 = tf.sparse.reshape(sp_ids, tf.stack([tf.reduce_prod(original_shape[:-1]), original_shape[-1]]))
+        weights = None
+        if sp_weights is not None:
+            weights = tf.SparseTensor(sp2.indices, sp_weights.values, sp2.dense_shape)
+        keep = tf.greater_equal(sp2.values, 0)
+        if weights is not None and combiner != "sum":
+            keep = tf.logical_and(keep, tf.greater(weights.values, 0))
+        sp2 = tf.sparse.retain(sp2, keep)
+        if weights is not None:
+            weights = tf.sparse.retain(weights, keep)
+        num_rows = sp2.dense_shape[0]
+        if default_id is not None:
+            sp2, _ = tf.sparse.fill_empty_rows(sp2, tf.cast(default_id, sp2.dtype))
+            if weights is not None:
+                weights, _ = tf.sparse.fill_empty_rows(weights, tf.cast(1.0, weights.dtype))
+        result = _combine(ev, sp2.indices[:, 0], sp2.values, None if weights is None else weights.values,
+                          combiner, num_rows, training, proxy)
+        out_shape = tf.concat([tf.cast(original_shape[:-1], tf.int32), [ev.dim]], 0)
+        final = tf.reshape(result, out_shape)
+        static_rank = sp_ids.dense_shape.shape[0]
+        if static_rank is not None:
+            final.set_shape([None] * (static_rank - 1) + [ev.dim])
+        del rank
+        return final

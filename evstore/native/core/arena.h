@@ -1,0 +1,180 @@
+// RowArena: where embedding rows live.
+//
+// A row id (uint32) names one fixed-size slot of `stride` floats:
+//     [ embedding (dim) | slot 0 (dim) | slot 1 (dim) | ... ]
+// plus an int64 `version` kept beside it (global step of the last optimizer
+// update, -1 = never updated).
+//
+// Layout: rows are carved from blocks that are never reallocated, so a row's
+// address is stable for its whole life (index growth never touches rows).
+// Block 0 holds 256 rows, block b in 1..8 holds 256<<(b-1) rows (doubling, so
+// small tables stay small), every later block holds 65,536 rows. Block pointers
+// sit in a two-level directory whose entries, once written, never change.
+//
+// Invariants:
+//  * A row id handed out by Allocate() stays valid until Free(); its block
+//    exists and is published before the id leaves Allocate() (arena mutex).
+//  * Freed ids go to a free list and are reused before the arena grows, so a
+//    table with a constant live set has a constant arena.
+//  * The only operation that moves rows is Relayout() (a new optimizer slot is
+//    attached, widening every row once); the Table calls it with every segment
+//    lock held, so no reader or writer can observe it.
+//  * The arena never reads or writes row contents on its own except in
+//    Relayout(); all other row access is done by callers holding the segment
+//    lock of the key that owns the row.
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace evstore {
+
+class RowArena {
+ public:
+  static constexpr uint32_t kNoRow = 0xFFFFFFFFu;
+
+  explicit RowArena(int stride) : stride_(stride) {}
+  ~RowArena() { ReleaseAll(); }
+  RowArena(const RowArena&) = delete;
+  RowArena& operator=(const RowArena&) = delete;
+
+  int stride() const { return stride_; }
+
+  float* Row(uint32_t r) const {
+    uint32_t b, off;
+    Locate(r, &b, &off);
+    return Block(b)->data + static_cast<size_t>(off) * stride_;
+  }
+  int64_t& Version(uint32_t r) const {
+    uint32_t b, off;
+    Locate(r, &b, &off);
+    return Block(b)->versions[off];
+  }
+
+  // Returns a fresh or recycled row id. Contents are unspecified; the caller
+  // initialises the row (under its segment lock) before publishing the key.
+  uint32_t Allocate() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!free_.empty()) {
+      uint32_t r = free_.back();
+      free_.pop_back();
+      return r;
+    }
+    uint32_t r = next_;
+    uint32_t b, off;
+    Locate(r, &b, &off);
+    if (off == 0) EnsureBlock(b);
+    ++next_;
+    return r;
+  }
+
+  void Free(uint32_t r) {
+    std::lock_guard<std::mutex> l(mu_);
+    free_.push_back(r);
+  }
+
+  int64_t free_rows() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return static_cast<int64_t>(free_.size());
+  }
+  int64_t rows_in_use() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return static_cast<int64_t>(next_) - static_cast<int64_t>(free_.size());
+  }
+  // Bytes held by row storage (data + versions) and by the free list.
+  int64_t bytes() const {
+    std::lock_guard<std::mutex> l(mu_);
+    int64_t total = static_cast<int64_t>(free_.capacity()) * 4;
+    for (uint32_t b = 0; b < nblocks_; ++b)
+      total += static_cast<int64_t>(BlockRows(b)) * (stride_ * 4 + 8);
+    return total;
+  }
+  // Row bytes only (embedding + slots) vs metadata bytes (versions), for the
+  // memory report: metadata counts towards "bytes per key".
+  int64_t version_bytes() const {
+    std::lock_guard<std::mutex> l(mu_);
+    int64_t total = 0;
+    for (uint32_t b = 0; b < nblocks_; ++b) total += static_cast<int64_t>(BlockRows(b)) * 8;
+    return total;
+  }
+
+  // Widens every row from `stride_` to `new_stride` floats: the first
+  // `stride_` floats are copied, the rest filled from `tail_init`
+  // (new_stride - stride_ values). Caller holds every segment lock.
+  void Relayout(int new_stride, const std::vector<float>& tail_init) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (uint32_t b = 0; b < nblocks_; ++b) {
+      BlockRec* blk = Block(b);
+      size_t n = BlockRows(b);
+      float* nd = static_cast<float*>(std::malloc(n * new_stride * sizeof(float) + 1));
+      for (size_t i = 0; i < n; ++i) {
+        std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
+        std::memcpy(nd + i * new_stride + stride_, tail_init.data(),
+                    (new_stride - stride_) * sizeof(float));
+      }
+      std::free(blk->data);
+      blk->data = nd;
+    }
+    stride_ = new_stride;
+  }
+
+ private:
+  struct BlockRec {
+    float* data = nullptr;
+    int64_t* versions = nullptr;
+  };
+  static constexpr uint32_t kSmall = 256;           // rows in block 0
+  static constexpr uint32_t kBigShift = 16;         // later blocks: 65,536 rows
+  static constexpr uint32_t kBigStart = 1u << 16;   // first row of block 9
+  static constexpr uint32_t kFirstBig = 9;
+  static constexpr uint32_t kDirFanout = 1024;
+  static constexpr uint32_t kDirTop = 70;           // 70 * 1024 blocks > 2^32 rows
+
+  static void Locate(uint32_t r, uint32_t* b, uint32_t* off) {
+    if (r < kSmall) {
+      *b = 0;
+      *off = r;
+    } else if (r < kBigStart) {
+      uint32_t lg = 31 - __builtin_clz(r);  // r in [2^lg, 2^(lg+1)), lg >= 8
+      *b = lg - 7;
+      *off = r - (1u << lg);
+    } else {
+      *b = kFirstBig + ((r - kBigStart) >> kBigShift);
+      *off = (r - kBigStart) & ((1u << kBigShift) - 1);
+    }
+  }
+  static size_t BlockRows(uint32_t b) {
+    if (b == 0) return kSmall;
+    if (b < kFirstBig) return static_cast<size_t>(kSmall) << (b - 1);
+    return static_cast<size_t>(1) << kBigShift;
+  }
+  BlockRec* Block(uint32_t b) const { return &dir_[b / kDirFanout][b % kDirFanout]; }
+
+  void EnsureBlock(uint32_t b) {  // mu_ held
+    if (!dir_[b / kDirFanout]) dir_[b / kDirFanout].reset(new BlockRec[kDirFanout]);
+    BlockRec* blk = Block(b);
+    size_t n = BlockRows(b);
+    blk->data = static_cast<float*>(std::malloc(n * stride_ * sizeof(float) + 1));
+    blk->versions = static_cast<int64_t*>(std::malloc(n * sizeof(int64_t)));
+    if (!blk->data || !blk->versions) throw std::bad_alloc();
+    nblocks_ = b + 1;
+  }
+  void ReleaseAll() {
+    for (uint32_t b = 0; b < nblocks_; ++b) {
+      std::free(Block(b)->data);
+      std::free(Block(b)->versions);
+    }
+  }
+
+  int stride_;
+  mutable std::mutex mu_;
+  uint32_t next_ = 0;
+  uint32_t nblocks_ = 0;
+  std::vector<uint32_t> free_;
+  std::unique_ptr<BlockRec[]> dir_[kDirTop];
+};
+
+}  // namespace evstore

@@ -1,0 +1,226 @@
+// Segment: one independently locked, independently growing piece of the index.
+//
+// Layout (Swiss-table style, open addressing in groups of 16):
+//   ctrl[capacity]   one byte per slot: kEmpty (0x80), kDeleted (0xFE), or the
+//                    low 7 bits of the key's hash (H2) when the slot is full.
+//   slots[capacity]  Entry {key, row, freq|dirty}: 16 bytes for int64 keys.
+// capacity = 16 * ngroups. A key's probe starts at its home group (chosen by
+// hash bits 7..38, fast range reduction, so ngroups needs not be a power of
+// two) and walks groups linearly; SSE2 compares 16 control bytes at once.
+//
+// Per-key metadata lives in the entry: `row` (kNoRow = counted but not
+// admitted, i.e. the key costs index space only), `freq` (31-bit saturating
+// lookup count) and the `dirty` bit (changed since the last sealed export).
+// The version lives beside the row in the arena (only admitted keys have one).
+//
+// Invariants:
+//  * Every access holds `mu`: shared for read-only finds, exclusive otherwise.
+//  * A probe stops at the first group holding an empty slot, so erasing a slot
+//    in a group that still has an empty slot may mark it empty; otherwise it
+//    becomes a tombstone, cleared by the next rehash.
+//  * Load (full + tombstones) stays <= 7/8 of capacity. Growth picks the
+//    capacity that brings the load back to ~0.7 (growth factor ~1.25), which
+//    keeps index bytes per key between 17/0.875 and 17/0.7 (the memory target
+//    of DESIGN section 7). Growth rehashes this segment only; rows never move.
+#pragma once
+#include <emmintrin.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <shared_mutex>
+#include <unordered_set>
+#include <vector>
+
+#include "arena.h"
+#include "hash.h"
+
+namespace evstore {
+
+template <typename K>
+struct Entry {
+  K key;
+  uint32_t row;
+  uint32_t freq_dirty;  // bit 31: dirty, bits 0..30: frequency (saturating)
+
+  static constexpr uint32_t kDirtyBit = 0x80000000u;
+  static constexpr uint32_t kFreqMask = 0x7FFFFFFFu;
+  uint32_t freq() const { return freq_dirty & kFreqMask; }
+  bool dirty() const { return (freq_dirty & kDirtyBit) != 0; }
+  void add_freq(uint32_t n) {
+    uint32_t f = freq();
+    uint32_t nf = (kFreqMask - f < n) ? kFreqMask : f + n;
+    freq_dirty = (freq_dirty & kDirtyBit) | nf;
+  }
+  void set_freq(uint64_t f) {
+    freq_dirty = (freq_dirty & kDirtyBit) | static_cast<uint32_t>(f > kFreqMask ? kFreqMask : f);
+  }
+};
+
+template <typename K>
+class Segment {
+ public:
+  using E = Entry<K>;
+  static constexpr uint8_t kEmpty = 0x80;
+  static constexpr uint8_t kDeleted = 0xFE;
+  static constexpr int kGroup = 16;
+
+  Segment() { Reset(1); }
+  ~Segment() { FreeArrays(); }
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  mutable std::shared_mutex mu;
+  // Keys whose dirty bit was set in the open generation. May hold keys that
+  // were erased since (filtered out when the export is sealed).
+  std::vector<K> dirty;
+  // Keys erased (evicted / removed) since the last sealed export.
+  std::unordered_set<K> deleted;
+
+  size_t size() const { return size_; }
+  size_t admitted() const { return admitted_; }
+  void adjust_admitted(int64_t d) { admitted_ += d; }
+  size_t capacity() const { return ngroups_ * kGroup; }
+  size_t bytes() const {
+    return capacity() * (1 + sizeof(E)) + dirty.capacity() * sizeof(K) +
+           deleted.size() * (sizeof(K) + 2 * sizeof(void*)) + deleted.bucket_count() * sizeof(void*);
+  }
+
+  // Memory-prefetch the home group of hash `h` (before a batch probe).
+  void Prefetch(uint64_t h) const {
+    size_t g = HomeGroup(h);
+    __builtin_prefetch(ctrl_ + g * kGroup);
+    __builtin_prefetch(slots_ + g * kGroup);
+  }
+
+  E* Find(K key, uint64_t h) const {
+    const uint8_t h2 = static_cast<uint8_t>(h & 0x7F);
+    size_t g = HomeGroup(h);
+    const __m128i want = _mm_set1_epi8(static_cast<char>(h2));
+    const __m128i empty = _mm_set1_epi8(static_cast<char>(kEmpty));
+    for (size_t probes = 0; probes < ngroups_; ++probes) {
+      const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(ctrl_ + g * kGroup));
+      uint32_t m = static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(c, want)));
+      while (m) {
+        int i = __builtin_ctz(m);
+        E* e = slots_ + g * kGroup + i;
+        if (e->key == key) return e;
+        m &= m - 1;
+      }
+      if (_mm_movemask_epi8(_mm_cmpeq_epi8(c, empty))) return nullptr;
+      g = (g + 1 == ngroups_) ? 0 : g + 1;
+    }
+    return nullptr;
+  }
+
+  // Inserts a key known to be absent; returns its entry (row = kNoRow,
+  // freq = 0, clean). May rehash: entry pointers from before are invalid.
+  E* InsertAbsent(K key, uint64_t h) {
+    if ((size_ + tombstones_ + 1) * 8 > capacity() * 7) Grow();
+    E* e = Place(key, h);
+    ++size_;
+    return e;
+  }
+
+  // Removes an entry found by Find(). The caller has freed its row.
+  void Erase(E* e) {
+    size_t idx = static_cast<size_t>(e - slots_);
+    size_t g = idx / kGroup;
+    const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(ctrl_ + g * kGroup));
+    bool group_has_empty =
+        _mm_movemask_epi8(_mm_cmpeq_epi8(c, _mm_set1_epi8(static_cast<char>(kEmpty)))) != 0;
+    if (group_has_empty) {
+      ctrl_[idx] = kEmpty;
+    } else {
+      ctrl_[idx] = kDeleted;
+      ++tombstones_;
+    }
+    --size_;
+  }
+
+  // Calls fn(E&) for every full slot.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    size_t cap = capacity();
+    for (size_t i = 0; i < cap; ++i)
+      if (!(ctrl_[i] & 0x80)) fn(slots_[i]);
+  }
+
+  // Drops every entry (rows are the caller's business).
+  void Clear() {
+    FreeArrays();
+    Reset(1);
+    dirty.clear();
+    deleted.clear();
+    admitted_ = 0;
+  }
+
+ private:
+  size_t HomeGroup(uint64_t h) const {
+    return static_cast<size_t>(((h >> 7) & 0xFFFFFFFFu) * ngroups_ >> 32);
+  }
+
+  E* Place(K key, uint64_t h) {
+    size_t g = HomeGroup(h);
+    for (;;) {
+      const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(ctrl_ + g * kGroup));
+      // Empty (0x80) and deleted (0xFE) both have the top bit set.
+      uint32_t m = static_cast<uint32_t>(_mm_movemask_epi8(c));
+      if (m) {
+        size_t idx = g * kGroup + __builtin_ctz(m);
+        if (ctrl_[idx] == kDeleted) --tombstones_;
+        ctrl_[idx] = static_cast<uint8_t>(h & 0x7F);
+        E* e = slots_ + idx;
+        e->key = key;
+        e->row = RowArena::kNoRow;
+        e->freq_dirty = 0;
+        return e;
+      }
+      g = (g + 1 == ngroups_) ? 0 : g + 1;
+    }
+  }
+
+  void Grow() {
+    // Target load 0.7 after the rehash (a table full of tombstones keeps its size).
+    size_t want = (size_ + 1) * 10 / 7 / kGroup + 1;
+    if (want < ngroups_) want = ngroups_;
+    uint8_t* old_ctrl = ctrl_;
+    E* old_slots = slots_;
+    size_t old_cap = capacity();
+    Reset(want);
+    for (size_t i = 0; i < old_cap; ++i) {
+      if (old_ctrl[i] & 0x80) continue;
+      E& o = old_slots[i];
+      E* n = Place(o.key, HashKey(o.key));
+      *n = o;
+    }
+    std::free(old_ctrl);
+    std::free(old_slots);
+  }
+
+  void Reset(size_t ngroups) {
+    ngroups_ = ngroups;
+    size_t cap = capacity();
+    ctrl_ = static_cast<uint8_t*>(std::aligned_alloc(16, cap));
+    slots_ = static_cast<E*>(std::malloc(cap * sizeof(E)));
+    if (!ctrl_ || !slots_) throw std::bad_alloc();
+    std::memset(ctrl_, kEmpty, cap);
+    tombstones_ = 0;
+  }
+  void FreeArrays() {
+    std::free(ctrl_);
+    std::free(slots_);
+    ctrl_ = nullptr;
+    slots_ = nullptr;
+    size_ = 0;
+  }
+
+  uint8_t* ctrl_ = nullptr;
+  E* slots_ = nullptr;
+  size_t ngroups_ = 0;
+  size_t size_ = 0;
+  size_t tombstones_ = 0;
+  size_t admitted_ = 0;
+};
+
+}  // namespace evstore

@@ -1,0 +1,620 @@
+// evstore::Table<K>: the EmbeddingVariable's storage. No TensorFlow here.
+//
+// Layout
+//   segments_[S]  (S = 2^segments_log2, default 64) — the index, split by the top
+//                 bits of the key hash. Each Segment (segment.h) is an open-
+//                 addressing table with its own shared_mutex, its own growth, its
+//                 own dirty list and deleted set.
+//   arena_        (arena.h) — rows [embedding | optimizer slots] + versions, in
+//                 blocks that never move; freed rows are recycled.
+//   bank_         initializer bank [bank_rows, dim]: a new row's embedding is
+//                 bank_[BankHash(key) % bank_rows] (DeepRec's trick: drawn once
+//                 from the TF initializer, deterministic, lock-free).
+//
+// Key states
+//   absent      not in the index.
+//   filtered    in the index with row == kNoRow: counted, not admitted, reads
+//               the default value, ignores gradients, costs one index slot.
+//   admitted    has a row; version = global step of its last update (-1: never).
+//
+// Dirty / deleted tracking (what a delta checkpoint must carry)
+//   * A key whose persisted state changes (frequency, row, version, admission)
+//     gets its entry's dirty bit set and, on the 0->1 transition, is appended to
+//     its segment's `dirty` list. So the open dirty set costs O(changed keys).
+//   * Erasing a key puts it in its segment's `deleted` set; re-inserting it
+//     takes it out again (it becomes dirty instead).
+//   * BeginExport() seals both sets into a Snapshot under each segment lock in
+//     turn: dirty keys still present with the bit set move into the snapshot
+//     (bit cleared, which also drops duplicates and erased keys); deleted sets
+//     move wholesale. New changes go to fresh sets. Commit(id) drops the
+//     snapshot; Abort(id) merges it back, so a failed save loses nothing.
+//     At most one snapshot is open at a time.
+//
+// Concurrency
+//   Every batch op hashes its keys, groups them by segment (counting sort), and
+//   processes segments in parallel through the caller's ParallelFor, taking each
+//   segment lock once per batch: shared for Find, exclusive for FindOrInsert,
+//   Apply, Import, Erase. A row is read or written only under its key's segment
+//   lock, so no reader sees a torn row and concurrent applies to one key
+//   serialise (order-free math such as SGD sums gives a serial run's result).
+//   Lock order: slots_mu_ -> export_mu_ -> segments (ascending) -> arena.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "arena.h"
+#include "hash.h"
+#include "optimizers.h"
+#include "parallel.h"
+#include "segment.h"
+
+namespace evstore {
+
+struct TableConfig {
+  int dim = 0;
+  int segments_log2 = 6;
+  std::vector<float> bank;           // bank_rows * dim; empty = zeros
+  std::vector<float> default_value;  // dim; empty = zeros
+  uint32_t min_freq = 1;             // admission threshold (1 = admit at first sight)
+};
+
+struct TableStats {
+  int64_t size = 0;        // keys in the index (admitted + filtered)
+  int64_t admitted = 0;    // keys with a row
+  int64_t filtered = 0;    // counted, not admitted
+  int64_t free_rows = 0;   // rows in the arena's free list
+  int64_t index_bytes = 0; // segments: control bytes, entries, dirty lists, deleted sets
+  int64_t meta_bytes = 0;  // per-row metadata (versions)
+  int64_t row_bytes = 0;   // arena rows (embedding + slots)
+  int64_t dirty = 0;       // entries in the open dirty lists (upper bound of dirty keys)
+  int64_t deleted = 0;     // keys in the open deleted sets
+};
+
+// One exported key (full export or sealed snapshot readout).
+template <typename K>
+struct ExportedKey {
+  K key;
+  bool admitted;
+  int64_t version;
+  int64_t freq;
+};
+
+template <typename K>
+class Table {
+ public:
+  using E = Entry<K>;
+  static constexpr uint32_t kNoRow = RowArena::kNoRow;
+
+  struct Snapshot {
+    uint64_t id = 0;
+    std::vector<K> dirty;
+    std::vector<K> deleted;
+  };
+
+  explicit Table(TableConfig cfg)
+      : dim_(cfg.dim),
+        seg_bits_(CheckSegBits(cfg.segments_log2)),  // before the shift and the allocation below
+        nseg_(1 << seg_bits_),
+        min_freq_(cfg.min_freq < 1 ? 1 : cfg.min_freq),
+        segments_(new Segment<K>[1 << seg_bits_]),
+        arena_(cfg.dim) {
+    if (dim_ <= 0) throw std::invalid_argument("dim must be positive, got " + std::to_string(dim_));
+    default_ = cfg.default_value.empty() ? std::vector<float>(dim_, 0.f) : cfg.default_value;
+    if (static_cast<int>(default_.size()) != dim_)
+      throw std::invalid_argument("default_value must have dim elements");
+    bank_ = cfg.bank.empty() ? std::vector<float>(dim_, 0.f) : cfg.bank;
+    if (bank_.size() % dim_ != 0) throw std::invalid_argument("bank size must be a multiple of dim");
+    bank_rows_ = bank_.size() / dim_;
+  }
+
+  int dim() const { return dim_; }
+  uint32_t min_freq() const { return min_freq_; }
+  void set_min_freq(uint32_t f) { min_freq_ = f < 1 ? 1 : f; }
+  const std::vector<float>& default_value() const { return default_; }
+
+  // ---- optimizer slots ---------------------------------------------------
+
+  // Makes sure every named slot exists, appending missing ones to every row
+  // (a one-time relayout). Returns each slot's float offset from the row start.
+  // An existing slot keeps its values; its initial value for new rows is
+  // updated to the given one (the optimizer is the authority).
+  std::vector<int> EnsureSlots(const SlotSpecs& specs) {
+    std::lock_guard<std::mutex> l(slots_mu_);
+    SlotSpecs missing;
+    bool changed = false;
+    for (const auto& s : specs) {
+      int idx = SlotIndexLocked(s.first);
+      if (idx < 0) {
+        missing.push_back(s);
+      } else if (slots_[idx].second != s.second) {
+        changed = true;
+      }
+    }
+    if (!missing.empty() || changed) {
+      // Rows and the slot-init row change only with every segment lock held.
+      std::vector<std::unique_lock<std::shared_mutex>> locks;
+      locks.reserve(nseg_);
+      for (int i = 0; i < nseg_; ++i) locks.emplace_back(segments_[i].mu);
+      for (const auto& s : specs) {
+        int idx = SlotIndexLocked(s.first);
+        if (idx >= 0) slots_[idx].second = s.second;
+      }
+      if (!missing.empty()) {
+        std::vector<float> tail;
+        for (const auto& s : missing) tail.insert(tail.end(), dim_, s.second);
+        arena_.Relayout(arena_.stride() + static_cast<int>(tail.size()), tail);
+        for (const auto& s : missing) slots_.push_back(s);
+      }
+      slot_init_row_.clear();
+      for (const auto& s : slots_) slot_init_row_.insert(slot_init_row_.end(), dim_, s.second);
+    }
+    std::vector<int> offs;
+    for (const auto& s : specs) offs.push_back((1 + SlotIndexLocked(s.first)) * dim_);
+    return offs;
+  }
+  SlotSpecs slots() const {
+    std::lock_guard<std::mutex> l(slots_mu_);
+    return slots_;
+  }
+  // Floats per row: dim * (1 + number of slots).
+  int stride() const {
+    std::lock_guard<std::mutex> l(slots_mu_);
+    return dim_ * (1 + static_cast<int>(slots_.size()));
+  }
+
+  // ---- lookups -------------------------------------------------------------
+
+  // Read-only: out[i] = row of keys[i] if admitted, else the default value.
+  // Never inserts, never counts.
+  void Find(const K* keys, int64_t n, float* out, const ParallelFor& pf) const {
+    Grouping g;
+    GroupBySegment(keys, n, &g);
+    pf(nseg_, SegmentCost(n, 60), [&](int64_t b, int64_t e) {
+      std::vector<const float*> src;
+      for (int64_t s = b; s < e; ++s) {
+        int64_t lo = g.start[s], hi = g.start[s + 1];
+        if (lo == hi) continue;
+        Segment<K>& seg = segments_[s];
+        std::shared_lock<std::shared_mutex> lock(seg.mu);
+        src.resize(hi - lo);
+        for (int64_t j = lo; j < hi; ++j) {
+          if (j + kPrefetch < hi) seg.Prefetch(g.hash[g.order[j + kPrefetch]]);
+          uint32_t i = g.order[j];
+          const E* en = seg.Find(keys[i], g.hash[i]);
+          const float* p = (en && en->row != kNoRow) ? arena_.Row(en->row) : default_.data();
+          __builtin_prefetch(p);
+          src[j - lo] = p;
+        }
+        for (int64_t j = lo; j < hi; ++j)
+          std::memcpy(out + static_cast<int64_t>(g.order[j]) * dim_, src[j - lo], dim_ * sizeof(float));
+      }
+    });
+  }
+
+  // Training lookup: inserts unseen keys, adds every occurrence to the key's
+  // frequency, admits keys whose frequency reaches min_freq (initial row from
+  // the bank), and writes the row (or the default value for filtered keys).
+  // All occurrences of a key in one batch see the same result.
+  void FindOrInsert(const K* keys, int64_t n, float* out, const ParallelFor& pf) {
+    Grouping g;
+    GroupBySegment(keys, n, &g);
+    pf(nseg_, SegmentCost(n, 120), [&](int64_t b, int64_t e) {
+      std::vector<uint32_t> pending;
+      for (int64_t s = b; s < e; ++s) {
+        int64_t lo = g.start[s], hi = g.start[s + 1];
+        if (lo == hi) continue;
+        Segment<K>& seg = segments_[s];
+        std::unique_lock<std::shared_mutex> lock(seg.mu);
+        pending.clear();
+        for (int64_t j = lo; j < hi; ++j) {
+          if (j + kPrefetch < hi) seg.Prefetch(g.hash[g.order[j + kPrefetch]]);
+          uint32_t i = g.order[j];
+          E* en = seg.Find(keys[i], g.hash[i]);
+          if (!en) {
+            en = seg.InsertAbsent(keys[i], g.hash[i]);
+            if (!seg.deleted.empty()) seg.deleted.erase(keys[i]);
+          }
+          en->add_freq(1);
+          MarkDirty(seg, en);
+          if (en->row != kNoRow) {
+            std::memcpy(out + static_cast<int64_t>(i) * dim_, arena_.Row(en->row), dim_ * sizeof(float));
+          } else {
+            pending.push_back(i);
+          }
+        }
+        for (uint32_t i : pending) {
+          E* en = seg.Find(keys[i], g.hash[i]);
+          if (en->row == kNoRow && en->freq() >= min_freq_) Admit(seg, en);
+          const float* p = en->row != kNoRow ? arena_.Row(en->row) : default_.data();
+          std::memcpy(out + static_cast<int64_t>(i) * dim_, p, dim_ * sizeof(float));
+        }
+      }
+    });
+  }
+
+  // ---- optimizer apply -------------------------------------------------------
+
+  // Applies `update(row, grad)` to each admitted key of a batch of *unique*
+  // keys (see UniqueSum), stamps version = step and marks the key dirty.
+  // Absent and filtered keys are skipped. Returns the number of rows updated.
+  template <typename Update>
+  int64_t Apply(const K* keys, const float* grads, int64_t n, int64_t step, const Update& update,
+                const ParallelFor& pf) {
+    Grouping g;
+    GroupBySegment(keys, n, &g);
+    std::atomic<int64_t> applied{0};
+    pf(nseg_, SegmentCost(n, 200), [&](int64_t b, int64_t e) {
+      int64_t local = 0;
+      for (int64_t s = b; s < e; ++s) {
+        int64_t lo = g.start[s], hi = g.start[s + 1];
+        if (lo == hi) continue;
+        Segment<K>& seg = segments_[s];
+        std::unique_lock<std::shared_mutex> lock(seg.mu);
+        for (int64_t j = lo; j < hi; ++j) {
+          if (j + kPrefetch < hi) seg.Prefetch(g.hash[g.order[j + kPrefetch]]);
+          uint32_t i = g.order[j];
+          E* en = seg.Find(keys[i], g.hash[i]);
+          if (!en || en->row == kNoRow) continue;
+          update(arena_.Row(en->row), grads + static_cast<int64_t>(i) * dim_);
+          arena_.Version(en->row) = step;
+          MarkDirty(seg, en);
+          ++local;
+        }
+      }
+      applied += local;
+    });
+    return applied.load();
+  }
+
+  // ---- removal ---------------------------------------------------------------
+
+  // Erases keys (admitted or filtered); their rows go to the free list and the
+  // keys to the deleted set. Returns how many were present.
+  int64_t Erase(const K* keys, int64_t n) {
+    int64_t erased = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t h = HashKey(keys[i]);
+      Segment<K>& seg = segments_[SegmentOf(h)];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      E* en = seg.Find(keys[i], h);
+      if (!en) continue;
+      EraseLocked(seg, en);
+      ++erased;
+    }
+    return erased;
+  }
+
+  // Erases every key for which pred(key, admitted, version, freq, row) is true.
+  // Used by eviction policies. Returns the number erased.
+  template <typename Pred>
+  int64_t EraseIf(const Pred& pred) {
+    int64_t erased = 0;
+    std::vector<K> victims;
+    for (int s = 0; s < nseg_; ++s) {
+      Segment<K>& seg = segments_[s];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      victims.clear();
+      seg.ForEach([&](const E& en) {
+        bool adm = en.row != kNoRow;
+        int64_t ver = adm ? arena_.Version(en.row) : -1;
+        if (pred(en.key, adm, ver, static_cast<int64_t>(en.freq()), adm ? arena_.Row(en.row) : nullptr))
+          victims.push_back(en.key);
+      });
+      for (K k : victims) EraseLocked(seg, seg.Find(k, HashKey(k)));
+      erased += victims.size();
+    }
+    return erased;
+  }
+
+  // Drops every key, row, dirty and deleted mark (before a restore).
+  void Clear() {
+    for (int s = 0; s < nseg_; ++s) {
+      Segment<K>& seg = segments_[s];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      seg.ForEach([&](const E& en) {
+        if (en.row != kNoRow) arena_.Free(en.row);
+      });
+      seg.Clear();
+    }
+  }
+
+  // ---- export / import -------------------------------------------------------
+
+  // Visits every key of segment s under its shared lock:
+  // fn(const ExportedKey<K>&, const float* row_or_null). Rows are full stride.
+  template <typename Fn>
+  void ForEachInSegment(int s, const Fn& fn) const {
+    const Segment<K>& seg = segments_[s];
+    std::shared_lock<std::shared_mutex> lock(seg.mu);
+    seg.ForEach([&](const E& en) {
+      bool adm = en.row != kNoRow;
+      ExportedKey<K> x{en.key, adm, adm ? arena_.Version(en.row) : -1, static_cast<int64_t>(en.freq())};
+      fn(x, adm ? arena_.Row(en.row) : nullptr);
+    });
+  }
+  int num_segments() const { return nseg_; }
+
+  // Reads keys' current state (for a sealed snapshot's dirty keys). For each
+  // key: present[i], admitted[i], version/freq, and its full row in
+  // rows[i*stride] when admitted (zeros otherwise).
+  void Read(const K* keys, int64_t n, int stride, uint8_t* present, uint8_t* admitted, int64_t* versions,
+            int64_t* freqs, float* rows) const {
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t h = HashKey(keys[i]);
+      const Segment<K>& seg = segments_[SegmentOf(h)];
+      std::shared_lock<std::shared_mutex> lock(seg.mu);
+      const E* en = seg.Find(keys[i], h);
+      present[i] = en != nullptr;
+      admitted[i] = en && en->row != kNoRow;
+      versions[i] = admitted[i] ? arena_.Version(en->row) : -1;
+      freqs[i] = en ? en->freq() : 0;
+      if (admitted[i])
+        std::memcpy(rows + i * stride, arena_.Row(en->row), stride * sizeof(float));
+      else
+        std::memset(rows + i * stride, 0, stride * sizeof(float));
+    }
+  }
+
+  // Upserts admitted keys: rows are `in_stride` floats laid out as
+  // [embedding | slot columns...]; slot_offsets[c] gives where input slot c
+  // goes in the table row (from EnsureSlots). Sets version and frequency.
+  void ImportRows(const K* keys, int64_t n, const float* rows, int in_stride,
+                  const std::vector<int>& slot_offsets, const int64_t* versions, const int64_t* freqs,
+                  bool mark_dirty) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t h = HashKey(keys[i]);
+      Segment<K>& seg = segments_[SegmentOf(h)];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      E* en = seg.Find(keys[i], h);
+      if (!en) {
+        en = seg.InsertAbsent(keys[i], h);
+        if (!seg.deleted.empty()) seg.deleted.erase(keys[i]);
+      }
+      if (en->row == kNoRow) Admit(seg, en);
+      float* dst = arena_.Row(en->row);
+      const float* src = rows + i * in_stride;
+      std::memcpy(dst, src, dim_ * sizeof(float));
+      for (size_t c = 0; c < slot_offsets.size(); ++c)
+        std::memcpy(dst + slot_offsets[c], src + (1 + c) * dim_, dim_ * sizeof(float));
+      arena_.Version(en->row) = versions[i];
+      en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
+      if (mark_dirty) MarkDirty(seg, en);
+    }
+  }
+
+  // Upserts counted-but-not-admitted keys with their frequencies. A key that
+  // is already admitted stays admitted (only its frequency is set).
+  void ImportFiltered(const K* keys, int64_t n, const int64_t* freqs, bool mark_dirty) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t h = HashKey(keys[i]);
+      Segment<K>& seg = segments_[SegmentOf(h)];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      E* en = seg.Find(keys[i], h);
+      if (!en) {
+        en = seg.InsertAbsent(keys[i], h);
+        if (!seg.deleted.empty()) seg.deleted.erase(keys[i]);
+      }
+      en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
+      if (mark_dirty) MarkDirty(seg, en);
+    }
+  }
+
+  // ---- two-phase export ----------------------------------------------------
+
+  // Seals the open dirty and deleted sets into a snapshot and starts new ones.
+  // Throws std::logic_error if a snapshot is already open.
+  std::shared_ptr<const Snapshot> BeginExport() {
+    std::lock_guard<std::mutex> l(export_mu_);
+    if (open_) throw std::logic_error("an export is already in flight (commit or abort it first)");
+    auto snap = std::make_shared<Snapshot>();
+    snap->id = ++next_snapshot_id_;
+    for (int s = 0; s < nseg_; ++s) {
+      Segment<K>& seg = segments_[s];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      for (K k : seg.dirty) {
+        E* en = seg.Find(k, HashKey(k));
+        if (en && en->dirty()) {
+          en->freq_dirty &= ~E::kDirtyBit;
+          snap->dirty.push_back(k);
+        }
+      }
+      std::vector<K>().swap(seg.dirty);
+      snap->deleted.insert(snap->deleted.end(), seg.deleted.begin(), seg.deleted.end());
+      seg.deleted.clear();
+    }
+    open_ = snap;
+    return snap;
+  }
+
+  // Drops the open snapshot: its changes are durable elsewhere.
+  void Commit(uint64_t id) {
+    std::lock_guard<std::mutex> l(export_mu_);
+    CheckOpen(id);
+    open_.reset();
+  }
+
+  // Merges the open snapshot back into the open sets: the next export carries
+  // every change the failed one held.
+  void Abort(uint64_t id) {
+    std::lock_guard<std::mutex> l(export_mu_);
+    CheckOpen(id);
+    for (K k : open_->dirty) {
+      uint64_t h = HashKey(k);
+      Segment<K>& seg = segments_[SegmentOf(h)];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      E* en = seg.Find(k, h);
+      if (en) MarkDirty(seg, en);  // erased since: already in the open deleted set
+    }
+    for (K k : open_->deleted) {
+      uint64_t h = HashKey(k);
+      Segment<K>& seg = segments_[SegmentOf(h)];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      E* en = seg.Find(k, h);
+      if (en)
+        MarkDirty(seg, en);  // re-inserted since: the next export upserts it
+      else
+        seg.deleted.insert(k);
+    }
+    open_.reset();
+  }
+  bool export_in_flight() const {
+    std::lock_guard<std::mutex> l(export_mu_);
+    return open_ != nullptr;
+  }
+
+  // ---- stats -------------------------------------------------------------------
+
+  TableStats Stats() const {
+    TableStats st;
+    for (int s = 0; s < nseg_; ++s) {
+      const Segment<K>& seg = segments_[s];
+      std::shared_lock<std::shared_mutex> lock(seg.mu);
+      st.size += seg.size();
+      st.admitted += seg.admitted();
+      st.index_bytes += seg.bytes();
+      st.dirty += seg.dirty.size();
+      st.deleted += seg.deleted.size();
+    }
+    st.filtered = st.size - st.admitted;
+    st.free_rows = arena_.free_rows();
+    st.meta_bytes = arena_.version_bytes();
+    st.row_bytes = arena_.bytes() - st.meta_bytes;
+    return st;
+  }
+  int64_t size() const {
+    int64_t n = 0;
+    for (int s = 0; s < nseg_; ++s) {
+      std::shared_lock<std::shared_mutex> lock(segments_[s].mu);
+      n += segments_[s].admitted();
+    }
+    return n;
+  }
+
+ private:
+  static constexpr int kPrefetch = 8;
+
+  struct Grouping {
+    std::vector<uint64_t> hash;
+    std::vector<uint32_t> order;   // batch positions sorted by segment
+    std::vector<int64_t> start;    // [nseg + 1]
+  };
+
+  static int CheckSegBits(int b) {
+    if (b < 0 || b > 12) throw std::invalid_argument("segments_log2 must be in [0, 12]");
+    return b;
+  }
+  int SegmentOf(uint64_t h) const { return seg_bits_ == 0 ? 0 : static_cast<int>(h >> (64 - seg_bits_)); }
+
+  void GroupBySegment(const K* keys, int64_t n, Grouping* g) const {
+    if (n > 0xFFFFFFFFll) throw std::invalid_argument("batch too large (more than 2^32 keys)");
+    g->hash.resize(n);
+    g->order.resize(n);
+    g->start.assign(nseg_ + 1, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t h = HashKey(keys[i]);
+      g->hash[i] = h;
+      ++g->start[SegmentOf(h) + 1];
+    }
+    for (int s = 0; s < nseg_; ++s) g->start[s + 1] += g->start[s];
+    std::vector<int64_t> pos(g->start.begin(), g->start.end() - 1);
+    for (int64_t i = 0; i < n; ++i) g->order[pos[SegmentOf(g->hash[i])]++] = static_cast<uint32_t>(i);
+  }
+  int64_t SegmentCost(int64_t n, int64_t ns_per_key) const {
+    return std::max<int64_t>(1, n * ns_per_key / nseg_);
+  }
+
+  void MarkDirty(Segment<K>& seg, E* en) {
+    if (!en->dirty()) {
+      en->freq_dirty |= E::kDirtyBit;
+      seg.dirty.push_back(en->key);
+    }
+  }
+
+  // Gives a filtered key its row: embedding from the bank, slots from their
+  // initial values, version -1. Caller holds the segment lock exclusively.
+  void Admit(Segment<K>& seg, E* en) {
+    uint32_t r = arena_.Allocate();
+    float* row = arena_.Row(r);
+    const float* init = bank_.data() + (BankHash(en->key) % bank_rows_) * dim_;
+    std::memcpy(row, init, dim_ * sizeof(float));
+    if (!slot_init_row_.empty())
+      std::memcpy(row + dim_, slot_init_row_.data(), slot_init_row_.size() * sizeof(float));
+    arena_.Version(r) = -1;
+    en->row = r;
+    seg.adjust_admitted(1);
+    MarkDirty(seg, en);
+  }
+
+  void EraseLocked(Segment<K>& seg, E* en) {
+    K k = en->key;
+    if (en->row != kNoRow) {
+      arena_.Free(en->row);
+      seg.adjust_admitted(-1);
+    }
+    seg.Erase(en);
+    seg.deleted.insert(k);
+  }
+
+  int SlotIndexLocked(const std::string& name) const {
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].first == name) return static_cast<int>(i);
+    return -1;
+  }
+  void CheckOpen(uint64_t id) const {
+    if (!open_ || open_->id != id)
+      throw std::logic_error("no open export with id " + std::to_string(id));
+  }
+
+  const int dim_;
+  const int seg_bits_;
+  const int nseg_;
+  uint32_t min_freq_;
+  std::vector<float> default_;
+  std::vector<float> bank_;
+  size_t bank_rows_ = 1;
+  std::unique_ptr<Segment<K>[]> segments_;
+  RowArena arena_;
+  mutable std::mutex slots_mu_;
+  SlotSpecs slots_;
+  std::vector<float> slot_init_row_;  // written under every segment lock
+  mutable std::mutex export_mu_;
+  std::shared_ptr<Snapshot> open_;
+  uint64_t next_snapshot_id_ = 0;
+};
+
+// Sums the gradients of duplicate keys: writes unique keys (first-occurrence
+// order) to ukeys and their summed rows to ugrads; returns the unique count.
+template <typename K>
+int64_t UniqueSum(const K* keys, const float* grads, int64_t n, int dim, std::vector<K>* ukeys,
+                  std::vector<float>* ugrads) {
+  size_t cap = 16;
+  while (cap < static_cast<size_t>(n) * 2) cap <<= 1;
+  std::vector<int64_t> slot(cap, -1);
+  ukeys->clear();
+  ugrads->clear();
+  ukeys->reserve(n);
+  ugrads->reserve(static_cast<size_t>(n) * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    size_t p = HashKey(keys[i]) & (cap - 1);
+    while (slot[p] >= 0 && (*ukeys)[slot[p]] != keys[i]) p = (p + 1) & (cap - 1);
+    const float* g = grads + i * dim;
+    if (slot[p] < 0) {
+      slot[p] = static_cast<int64_t>(ukeys->size());
+      ukeys->push_back(keys[i]);
+      ugrads->insert(ugrads->end(), g, g + dim);
+    } else {
+      float* u = ugrads->data() + slot[p] * dim;
+      for (int d = 0; d < dim; ++d) u[d] += g[d];
+    }
+  }
+  return static_cast<int64_t>(ukeys->size());
+}
+
+}  // namespace evstore

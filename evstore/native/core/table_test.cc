@@ -1,0 +1,649 @@
+// TF-free tests for the evstore core (table.h and friends).
+// Build: g++ -std=c++17 -O2 -g -pthread -fsanitize=address,undefined \
+//          -I evstore/native/core evstore/native/core/table_test.cc -o table_test
+// Driven by tests/native/test_core.py. Exits non-zero on the first failure.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "table.h"
+
+using namespace evstore;
+
+[[noreturn]] static void Fail(const char* file, int line, const std::string& what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", file, line, what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+#define CHECK(c) \
+  do {           \
+    if (!(c)) Fail(__FILE__, __LINE__, #c); \
+  } while (0)
+#define CHECK_EQ(a, b)                                                               \
+  do {                                                                               \
+    auto va_ = (a);                                                                  \
+    auto vb_ = (b);                                                                  \
+    if (!(va_ == vb_)) {                                                             \
+      std::cerr << "  lhs = " << +va_ << ", rhs = " << +vb_ << std::endl;            \
+      Fail(__FILE__, __LINE__, #a " == " #b);                                        \
+    }                                                                                \
+  } while (0)
+#define CHECK_THROWS(expr, Exc)                                       \
+  do {                                                                \
+    bool thrown_ = false;                                             \
+    try {                                                             \
+      expr;                                                           \
+    } catch (const Exc&) {                                            \
+      thrown_ = true;                                                 \
+    }                                                                 \
+    if (!thrown_) Fail(__FILE__, __LINE__, #expr " throws " #Exc);    \
+  } while (0)
+
+// A ParallelFor on real threads: [0, total) split in two halves.
+static void TwoThreadFor(int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& work) {
+  if (total <= 0) return;
+  int64_t mid = total / 2;
+  std::thread t([&] {
+    if (mid > 0) work(0, mid);
+  });
+  work(mid, total);
+  t.join();
+}
+static const ParallelFor kSerial = SerialFor;
+static const ParallelFor kThreads = TwoThreadFor;
+
+static constexpr int kBankRows = 37;
+// Bank row r holds small distinct integers (exact in float arithmetic).
+static TableConfig Cfg(int dim, uint32_t min_freq = 1, std::vector<float> def = {}) {
+  TableConfig c;
+  c.dim = dim;
+  c.min_freq = min_freq;
+  c.default_value = std::move(def);
+  for (int r = 0; r < kBankRows; ++r)
+    for (int d = 0; d < dim; ++d) c.bank.push_back(static_cast<float>(r * 10 + d + 1));
+  return c;
+}
+template <typename K>
+static std::vector<float> BankRow(K key, int dim) {
+  std::vector<float> row;
+  int r = static_cast<int>(BankHash(key) % kBankRows);
+  for (int d = 0; d < dim; ++d) row.push_back(static_cast<float>(r * 10 + d + 1));
+  return row;
+}
+
+struct KeyState {
+  bool present, admitted;
+  int64_t version, freq;
+  std::vector<float> row;  // full stride
+};
+template <typename K>
+static std::vector<KeyState> ReadAll(const Table<K>& t, const std::vector<K>& keys) {
+  int64_t n = keys.size();
+  int stride = t.stride();
+  std::vector<uint8_t> p(n), a(n);
+  std::vector<int64_t> v(n), f(n);
+  std::vector<float> rows(n * stride);
+  t.Read(keys.data(), n, stride, p.data(), a.data(), v.data(), f.data(), rows.data());
+  std::vector<KeyState> out;
+  for (int64_t i = 0; i < n; ++i)
+    out.push_back({p[i] != 0, a[i] != 0, v[i], f[i],
+                   std::vector<float>(rows.begin() + i * stride, rows.begin() + (i + 1) * stride)});
+  return out;
+}
+template <typename K>
+static KeyState ReadOne(const Table<K>& t, K key) {
+  return ReadAll(t, std::vector<K>{key})[0];
+}
+template <typename K>
+static std::vector<float> Lookup(Table<K>& t, const std::vector<K>& keys, bool insert,
+                                 const ParallelFor& pf = kSerial) {
+  std::vector<float> out(keys.size() * t.dim(), -12345.f);
+  if (insert)
+    t.FindOrInsert(keys.data(), keys.size(), out.data(), pf);
+  else
+    t.Find(keys.data(), keys.size(), out.data(), pf);
+  return out;
+}
+static std::vector<float> Slice(const std::vector<float>& v, int i, int dim) {
+  return std::vector<float>(v.begin() + i * dim, v.begin() + (i + 1) * dim);
+}
+template <typename K>
+static std::vector<K> Sorted(std::vector<K> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+// Seals and commits the open changes; returns (dirty, deleted), sorted.
+template <typename K>
+static std::pair<std::vector<K>, std::vector<K>> Drain(Table<K>& t) {
+  auto s = t.BeginExport();
+  auto r = std::make_pair(Sorted(s->dirty), Sorted(s->deleted));
+  t.Commit(s->id);
+  return r;
+}
+template <typename K>
+static int64_t Sgd(Table<K>& t, const std::vector<K>& keys, const std::vector<float>& g, int64_t step,
+                   float lr = 1.f, const ParallelFor& pf = kSerial) {
+  return t.Apply(keys.data(), g.data(), keys.size(), step, SgdUpdate{lr, t.dim()}, pf);
+}
+
+// ---------------------------------------------------------------------------
+
+static void test_invalid_config_throws() {
+  for (int dim : {0, -1, -64}) CHECK_THROWS(Table<int64_t>{Cfg(dim)}, std::invalid_argument);
+  CHECK_THROWS(Table<int32_t>{Cfg(0)}, std::invalid_argument);
+  CHECK_THROWS(Table<int64_t>{Cfg(4, 1, {1.f, 2.f})}, std::invalid_argument);  // default_value size
+  TableConfig bad = Cfg(4);
+  bad.bank.pop_back();
+  CHECK_THROWS(Table<int64_t>{bad}, std::invalid_argument);  // bank not a multiple of dim
+  for (int lg : {-1, 13, 40}) {
+    TableConfig c = Cfg(4);
+    c.segments_log2 = lg;
+    CHECK_THROWS(Table<int64_t>{c}, std::invalid_argument);
+  }
+  TableConfig one = Cfg(2);
+  one.segments_log2 = 0;  // a single segment is valid
+  Table<int64_t> t(one);
+  CHECK_EQ(t.num_segments(), 1);
+  CHECK(Lookup(t, {5}, true) == BankRow<int64_t>(5, 2));
+}
+
+template <typename K>
+static void test_find_never_inserts() {
+  Table<K> t(Cfg(3, 1, {0.5f, -0.5f, 2.f}));
+  std::vector<float> def = {0.5f, -0.5f, 2.f};
+  auto out = Lookup(t, std::vector<K>{1, 2, 1}, false, kThreads);
+  for (int i = 0; i < 3; ++i) CHECK(Slice(out, i, 3) == def);
+  TableStats st = t.Stats();
+  CHECK_EQ(st.size, 0);
+  CHECK_EQ(st.dirty, 0);
+  CHECK_EQ(st.row_bytes, 0);
+  CHECK_EQ(t.BeginExport()->dirty.size(), 0u);
+  // On a populated table Find neither inserts absent keys nor counts present ones.
+  Table<K> u(Cfg(3));
+  Lookup(u, std::vector<K>{1}, true);
+  Drain(u);
+  out = Lookup(u, std::vector<K>{1, 9}, false);
+  CHECK(Slice(out, 0, 3) == BankRow<K>(1, 3));
+  CHECK(Slice(out, 1, 3) == std::vector<float>(3, 0.f));
+  CHECK_EQ(u.Stats().size, 1);
+  CHECK_EQ(ReadOne(u, K(1)).freq, 1);
+  CHECK(!ReadOne(u, K(9)).present);
+  CHECK(Drain(u).first.empty());
+}
+
+template <typename K>
+static void test_find_or_insert_counts_and_uses_bank_row() {
+  Table<K> t(Cfg(4));
+  auto out = Lookup(t, std::vector<K>{1, 1, 2}, true, kThreads);
+  CHECK(Slice(out, 0, 4) == BankRow<K>(1, 4));
+  CHECK(Slice(out, 1, 4) == BankRow<K>(1, 4));
+  CHECK(Slice(out, 2, 4) == BankRow<K>(2, 4));
+  CHECK_EQ(ReadOne(t, K(1)).freq, 2);
+  CHECK_EQ(ReadOne(t, K(2)).freq, 1);
+  CHECK_EQ(ReadOne(t, K(1)).version, -1);
+  TableStats st = t.Stats();
+  CHECK_EQ(st.size, 2);
+  CHECK_EQ(st.admitted, 2);
+  CHECK_EQ(t.size(), 2);
+  CHECK((Drain(t).first == std::vector<K>{1, 2}));
+  // Extreme keys have no reserved values; a modified row is seen by every occurrence.
+  const K lo = std::numeric_limits<K>::min(), hi = std::numeric_limits<K>::max();
+  std::vector<K> ext = {0, -1, lo, hi, hi, 1};
+  out = Lookup(t, ext, true);
+  for (size_t i = 0; i < ext.size(); ++i) CHECK(Slice(out, i, 4) == BankRow<K>(ext[i], 4));
+  Sgd(t, std::vector<K>{1}, std::vector<float>(4, 1.f), 3);
+  out = Lookup(t, std::vector<K>{1, 2, 1}, true, kThreads);
+  CHECK(Slice(out, 0, 4) == Slice(out, 2, 4));
+  CHECK_EQ(Slice(out, 0, 4)[0], BankRow<K>(1, 4)[0] - 1.f);
+  CHECK_EQ(ReadOne(t, K(1)).freq, 5);
+  CHECK_EQ(ReadOne(t, hi).freq, 2);
+  CHECK_EQ(t.Stats().size, 6);
+}
+
+template <typename K>
+static void test_min_freq_admission() {
+  std::vector<float> def = {-1.f, -2.f};
+  Table<K> t(Cfg(2, 3, def));
+  CHECK(Lookup(t, std::vector<K>{5}, true) == def);
+  TableStats st = t.Stats();
+  CHECK_EQ(st.size, 1);
+  CHECK_EQ(st.filtered, 1);
+  CHECK_EQ(st.admitted, 0);
+  CHECK_EQ(st.row_bytes + st.meta_bytes, 0);  // no arena row for a filtered key
+  CHECK(Lookup(t, std::vector<K>{5}, true) == def);
+  CHECK(Lookup(t, std::vector<K>{5}, false) == def);  // Find does not count
+  KeyState s = ReadOne(t, K(5));
+  CHECK(s.present && !s.admitted);
+  CHECK_EQ(s.freq, 2);
+  CHECK_EQ(t.Stats().filtered, 1);
+  CHECK_EQ(t.Stats().row_bytes, 0);
+  CHECK(Lookup(t, std::vector<K>{5}, true) == BankRow<K>(5, 2));  // third sighting
+  CHECK(ReadOne(t, K(5)).admitted);
+  CHECK_EQ(t.Stats().filtered, 0);
+  CHECK_EQ(t.Stats().admitted, 1);
+  // One batch reaching the threshold admits every occurrence.
+  auto out = Lookup(t, std::vector<K>{7, 7, 7}, true, kThreads);
+  for (int i = 0; i < 3; ++i) CHECK(Slice(out, i, 2) == BankRow<K>(7, 2));
+  CHECK_EQ(ReadOne(t, K(7)).freq, 3);
+  out = Lookup(t, std::vector<K>{8, 9, 8}, true);
+  for (int i = 0; i < 3; ++i) CHECK(Slice(out, i, 2) == def);
+  CHECK_EQ(t.Stats().filtered, 2);
+  t.set_min_freq(1);
+  CHECK(Lookup(t, std::vector<K>{9}, true) == BankRow<K>(9, 2));
+  CHECK_EQ(t.Stats().filtered, 1);
+}
+
+template <typename K>
+static void test_apply_sgd_updates_only_admitted() {
+  Table<K> t(Cfg(2, 2));
+  Lookup(t, std::vector<K>{10, 10, 11}, true);  // 10 admitted, 11 filtered
+  Drain(t);
+  std::vector<float> g = {1.f, 2.f, 3.f, 4.f, 5.f, 6.f};
+  CHECK_EQ(Sgd(t, std::vector<K>{10, 11, 12}, g, 7, 0.5f, kThreads), 1);
+  KeyState s = ReadOne(t, K(10));
+  std::vector<float> want = BankRow<K>(10, 2);
+  want[0] -= 0.5f;
+  want[1] -= 1.f;
+  CHECK(s.row == want);
+  CHECK_EQ(s.version, 7);
+  CHECK_EQ(s.freq, 2);
+  s = ReadOne(t, K(11));
+  CHECK(s.present && !s.admitted);
+  CHECK_EQ(s.freq, 1);
+  CHECK_EQ(s.version, -1);
+  CHECK(!ReadOne(t, K(12)).present);
+  CHECK_EQ(t.Stats().size, 2);
+  auto d = Drain(t);
+  CHECK((d.first == std::vector<K>{10}));
+  CHECK(d.second.empty());
+  Sgd(t, std::vector<K>{10}, {0.f, 0.f}, 9);
+  CHECK_EQ(ReadOne(t, K(10)).version, 9);
+}
+
+template <typename K>
+static void test_unique_sum_sums_duplicates() {
+  std::vector<K> keys = {3, 1, 3, 2, 1, 3};
+  std::vector<float> g = {1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6, 60};
+  std::vector<K> uk;
+  std::vector<float> ug;
+  CHECK_EQ(UniqueSum(keys.data(), g.data(), 6, 2, &uk, &ug), 3);
+  CHECK((uk == std::vector<K>{3, 1, 2}));
+  CHECK((ug == std::vector<float>{10, 100, 7, 70, 4, 40}));
+  CHECK_EQ(UniqueSum<K>(nullptr, nullptr, 0, 2, &uk, &ug), 0);
+  CHECK(uk.empty() && ug.empty());
+  keys.clear();
+  g.clear();
+  std::map<K, float> want;
+  for (int i = 0; i < 20000; ++i) {
+    K k = static_cast<K>((i * 7919) % 997) - 500;
+    keys.push_back(k);
+    g.push_back(static_cast<float>(i % 5));
+    want[k] += static_cast<float>(i % 5);
+  }
+  CHECK_EQ(UniqueSum(keys.data(), g.data(), keys.size(), 1, &uk, &ug), static_cast<int64_t>(want.size()));
+  for (size_t i = 0; i < uk.size(); ++i) CHECK_EQ(ug[i], want[uk[i]]);
+}
+
+static void test_growth_million_keys_values_intact() {
+  const int dim = 4, n = 1000000, batch = 10000;
+  Table<int64_t> t(Cfg(dim));
+  auto key = [](int64_t i) -> int64_t { return i * 2654435761LL - 500000000LL; };
+  auto val = [](int64_t i, int d) { return static_cast<float>(i) + 0.25f * d; };
+  std::vector<int64_t> keys(batch);
+  std::vector<float> out(batch * dim), g(batch * dim);
+  for (int b = 0; b < n / batch; ++b) {  // each batch written right away, then many growths follow
+    for (int i = 0; i < batch; ++i) {
+      int64_t id = b * batch + i;
+      keys[i] = key(id);
+      std::vector<float> init = BankRow(keys[i], dim);
+      for (int d = 0; d < dim; ++d) g[i * dim + d] = init[d] - val(id, d);
+    }
+    t.FindOrInsert(keys.data(), batch, out.data(), b % 2 ? kThreads : kSerial);
+    CHECK_EQ(Sgd(t, keys, g, b, 1.f, b % 3 ? kSerial : kThreads), batch);
+  }
+  TableStats st = t.Stats();
+  CHECK_EQ(st.size, n);
+  CHECK_EQ(st.admitted, n);
+  CHECK_EQ(st.free_rows, 0);
+  for (int b = 0; b < n / batch; ++b) {
+    for (int i = 0; i < batch; ++i) keys[i] = key(b * batch + i);
+    t.Find(keys.data(), batch, out.data(), b % 2 ? kThreads : kSerial);
+    for (int i = 0; i < batch; ++i)
+      for (int d = 0; d < dim; ++d) CHECK_EQ(out[i * dim + d], val(b * batch + i, d));
+  }
+  CHECK_EQ(ReadOne(t, key(123456)).version, 12);
+  double with_dirty = double(st.index_bytes + st.meta_bytes) / st.size;
+  Drain(t);  // sealing releases the dirty lists
+  st = t.Stats();
+  double steady = double(st.index_bytes + st.meta_bytes) / st.size;
+  std::printf("bytes/key (index+meta) for %d int64 keys: %.2f steady, %.2f with all keys dirty\n", n, steady,
+              with_dirty);
+  CHECK(steady <= 40.0);
+  CHECK(with_dirty <= 48.0);
+}
+
+static void test_ensure_slots_relayout() {
+  const int dim = 3, n = 1000;  // > 256 rows: several arena blocks
+  Table<int64_t> t(Cfg(dim));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(i * 31 - 7);
+  Lookup(t, keys, true);
+  Sgd(t, keys, std::vector<float>(n * dim, 0.5f), 1);
+  std::vector<KeyState> before = ReadAll(t, keys);
+  CHECK((t.EnsureSlots({{"m", 0.5f}}) == std::vector<int>{3}));
+  CHECK_EQ(t.stride(), 6);
+  std::vector<KeyState> after = ReadAll(t, keys);
+  for (int i = 0; i < n; ++i) {
+    CHECK((after[i].row == std::vector<float>{before[i].row[0], before[i].row[1], before[i].row[2], .5f, .5f, .5f}));
+    CHECK_EQ(after[i].version, 1);
+  }
+  Lookup(t, std::vector<int64_t>{100000}, true);
+  CHECK_EQ(ReadOne(t, int64_t(100000)).row[3], 0.5f);
+  CHECK((t.EnsureSlots({{"m", 0.5f}}) == std::vector<int>{3}));
+  CHECK_EQ(t.stride(), 6);
+  // Write m through an update, then add v: m keeps its values, v gets its init.
+  auto set_m = [](float* w, const float* g) { w[3] = g[0]; };
+  std::vector<float> g(n * dim, 0.f);
+  for (int i = 0; i < n; ++i) g[i * dim] = i;
+  t.Apply(keys.data(), g.data(), n, 2, set_m, kThreads);
+  CHECK((t.EnsureSlots({{"m", 0.5f}, {"v", -2.f}}) == std::vector<int>{3, 6}));
+  CHECK((t.EnsureSlots({{"v", -2.f}}) == std::vector<int>{6}));
+  CHECK_EQ(t.stride(), 9);
+  after = ReadAll(t, keys);
+  for (int i = 0; i < n; ++i) {
+    CHECK_EQ(after[i].row[0], before[i].row[0]);
+    CHECK_EQ(after[i].row[3], static_cast<float>(i));
+    CHECK_EQ(after[i].row[4], 0.5f);
+    CHECK_EQ(after[i].row[8], -2.f);
+  }
+  // A changed init value applies to new rows only.
+  CHECK((t.EnsureSlots({{"m", 0.9f}}) == std::vector<int>{3}));
+  CHECK_EQ(ReadAll(t, keys)[5].row[3], 5.f);
+  Lookup(t, std::vector<int64_t>{200000}, true);
+  KeyState s = ReadOne(t, int64_t(200000));
+  CHECK((s.row == std::vector<float>{BankRow<int64_t>(200000, 3)[0], BankRow<int64_t>(200000, 3)[1],
+                                     BankRow<int64_t>(200000, 3)[2], .9f, .9f, .9f, -2.f, -2.f, -2.f}));
+  CHECK_EQ(t.slots().size(), 2u);
+}
+
+template <typename K>
+static void test_erase_recycles_row_and_tracks_deleted() {
+  Table<K> t(Cfg(2));
+  Lookup(t, std::vector<K>{1, 2, 3}, true);
+  Sgd(t, std::vector<K>{2}, {100.f, 100.f}, 4);  // 2's row now differs from any bank row
+  Drain(t);
+  CHECK_EQ(t.Erase(std::vector<K>{2, 99}.data(), 2), 1);
+  TableStats st = t.Stats();
+  CHECK_EQ(st.size, 2);
+  CHECK_EQ(st.admitted, 2);
+  CHECK_EQ(st.deleted, 1);
+  CHECK_EQ(st.free_rows, 1);
+  CHECK(!ReadOne(t, K(2)).present);
+  CHECK(Lookup(t, std::vector<K>{2}, false) == std::vector<float>(2, 0.f));
+  // A new key reuses the freed row, freshly initialised.
+  Lookup(t, std::vector<K>{4}, true);
+  TableStats st2 = t.Stats();
+  CHECK_EQ(st2.free_rows, 0);
+  CHECK_EQ(st2.row_bytes, st.row_bytes);
+  CHECK_EQ(st2.deleted, 1);
+  KeyState s = ReadOne(t, K(4));
+  CHECK(s.row == BankRow<K>(4, 2));
+  CHECK_EQ(s.version, -1);
+  // Re-inserting an erased key takes it out of the deleted set; it is dirty.
+  Lookup(t, std::vector<K>{2}, true);
+  CHECK_EQ(t.Stats().deleted, 0);
+  CHECK_EQ(ReadOne(t, K(2)).freq, 1);
+  CHECK(ReadOne(t, K(2)).row == BankRow<K>(2, 2));
+  auto d = Drain(t);
+  CHECK((d.first == std::vector<K>{2, 4}));
+  CHECK(d.second.empty());
+  // An erased dirty key is only in the deleted set; a filtered key frees no row.
+  Table<K> f(Cfg(2, 5));
+  Lookup(f, std::vector<K>{8, 9}, true);
+  CHECK_EQ(f.Erase(std::vector<K>{8}.data(), 1), 1);
+  CHECK_EQ(f.Stats().free_rows, 0);
+  d = Drain(f);
+  CHECK((d.first == std::vector<K>{9}));
+  CHECK((d.second == std::vector<K>{8}));
+  // EraseIf sees admission state and frequency.
+  Lookup(t, std::vector<K>{1, 1}, true);
+  CHECK_EQ(t.EraseIf([](K, bool adm, int64_t, int64_t freq, const float*) { return adm && freq >= 3; }), 1);
+  CHECK(!ReadOne(t, K(1)).present);
+  CHECK_EQ(t.Stats().free_rows, 1);
+}
+
+template <typename K>
+static void test_two_phase_export() {
+  Table<K> t(Cfg(2));
+  Lookup(t, std::vector<K>{1, 2, 2, 3}, true);
+  Sgd(t, std::vector<K>{1}, {1.f, 1.f}, 1);
+  t.Erase(std::vector<K>{3}.data(), 1);
+  auto snap = t.BeginExport();
+  CHECK((Sorted(snap->dirty) == std::vector<K>{1, 2}));  // dedup'd, erased 3 not dirty
+  CHECK((snap->deleted == std::vector<K>{3}));
+  CHECK(t.export_in_flight());
+  CHECK_EQ(t.Stats().dirty, 0);
+  CHECK_EQ(t.Stats().deleted, 0);
+  CHECK_THROWS(t.BeginExport(), std::logic_error);
+  CHECK_THROWS(t.Commit(snap->id + 1), std::logic_error);
+  CHECK_THROWS(t.Abort(snap->id + 1), std::logic_error);
+  // Changes after sealing land in the new open sets.
+  Lookup(t, std::vector<K>{5}, true);
+  t.Erase(std::vector<K>{1}.data(), 1);
+  CHECK_EQ(t.Stats().deleted, 1);
+  t.Abort(snap->id);
+  CHECK(!t.export_in_flight());
+  auto s2 = t.BeginExport();
+  CHECK((Sorted(s2->dirty) == std::vector<K>{2, 5}));
+  CHECK((Sorted(s2->deleted) == std::vector<K>{1, 3}));
+  t.Commit(s2->id);
+  CHECK_THROWS(t.Commit(s2->id), std::logic_error);
+  auto d = Drain(t);
+  CHECK(d.first.empty() && d.second.empty());
+  Lookup(t, std::vector<K>{2, 5}, false);  // reads change nothing
+  d = Drain(t);
+  CHECK(d.first.empty() && d.second.empty());
+  // A key deleted in the sealed snapshot and re-inserted before Abort is dirty, not deleted.
+  t.Erase(std::vector<K>{5}.data(), 1);
+  auto s3 = t.BeginExport();
+  CHECK((s3->deleted == std::vector<K>{5}));
+  Lookup(t, std::vector<K>{5}, true);
+  t.Abort(s3->id);
+  d = Drain(t);
+  CHECK((d.first == std::vector<K>{5}));
+  CHECK(d.second.empty());
+}
+
+template <typename K>
+static void test_concurrent_train_and_export() {
+  const int dim = 2, kWorkers = 4, kRounds = 150, kBatch = 256, kKeySpace = 3000;
+  Table<K> t(Cfg(dim));
+  auto batch_key = [&](int w, int r, int i) { return static_cast<K>((w * 7 + r * 13 + (i * 5) % 1100) % kKeySpace - 1000); };
+  auto grad = [](K k, int d) { return static_cast<float>((static_cast<int64_t>(k) % 7 + 7) % 7 + d); };
+  std::atomic<int> running{kWorkers};
+  std::atomic<int64_t> exports{0};
+  std::vector<std::thread> th;
+  for (int w = 0; w < kWorkers; ++w)
+    th.emplace_back([&, w] {
+      std::vector<K> keys(kBatch), uk;
+      std::vector<float> out(kBatch * dim), g(kBatch * dim), ug;
+      for (int r = 0; r < kRounds; ++r) {
+        for (int i = 0; i < kBatch; ++i) {
+          keys[i] = batch_key(w, r, i);
+          for (int d = 0; d < dim; ++d) g[i * dim + d] = grad(keys[i], d);
+        }
+        const ParallelFor& pf = (r + w) % 2 ? kThreads : kSerial;
+        t.FindOrInsert(keys.data(), kBatch, out.data(), pf);
+        int64_t nu = UniqueSum(keys.data(), g.data(), kBatch, dim, &uk, &ug);
+        CHECK_EQ(t.Apply(uk.data(), ug.data(), nu, r, SgdUpdate{1.f, dim}, pf), nu);
+      }
+      --running;
+    });
+  th.emplace_back([&] {
+    std::vector<K> probe = {-1000, 0, 5, 1999};
+    std::vector<float> out(probe.size() * dim);
+    while (running.load() > 0) {
+      auto s = t.BeginExport();
+      std::vector<KeyState> st = ReadAll(t, s->dirty);
+      for (const auto& x : st) CHECK(x.present && x.admitted);
+      CHECK(s->deleted.empty());
+      t.Find(probe.data(), probe.size(), out.data(), kThreads);
+      (void)t.Stats();
+      if (exports++ % 3 == 2)
+        t.Abort(s->id);
+      else
+        t.Commit(s->id);
+    }
+  });
+  for (auto& x : th) x.join();
+  // Serial expectation: bank row minus every applied gradient.
+  std::map<K, std::pair<int64_t, std::vector<float>>> want;
+  for (int w = 0; w < kWorkers; ++w)
+    for (int r = 0; r < kRounds; ++r)
+      for (int i = 0; i < kBatch; ++i) {
+        K k = batch_key(w, r, i);
+        auto& e = want[k];
+        if (e.second.empty()) e.second = BankRow(k, dim);
+        ++e.first;
+        for (int d = 0; d < dim; ++d) e.second[d] -= grad(k, d);
+      }
+  std::vector<K> keys;
+  for (auto& kv : want) keys.push_back(kv.first);
+  std::vector<KeyState> st = ReadAll(t, keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    CHECK(st[i].row == want[keys[i]].second);
+    CHECK_EQ(st[i].freq, want[keys[i]].first);
+  }
+  CHECK_EQ(t.Stats().size, static_cast<int64_t>(want.size()));
+  std::printf("  (%lld exports ran concurrently)\n", static_cast<long long>(exports.load()));
+}
+
+template <typename K>
+static void test_export_import_round_trip() {
+  const int dim = 3;
+  Table<K> a(Cfg(dim, 2));
+  SlotSpecs specs = {{"m", 0.1f}, {"v", 0.2f}};
+  a.EnsureSlots(specs);
+  std::vector<K> keys;
+  for (int i = 0; i < 700; ++i) keys.push_back(static_cast<K>(i * 37 - 5000));
+  Lookup(a, keys, true);  // freq 1 everywhere: filtered
+  std::vector<K> hot(keys.begin(), keys.begin() + 400);
+  Lookup(a, hot, true, kThreads);  // admitted
+  Lookup(a, std::vector<K>(hot.begin(), hot.begin() + 50), true);
+  auto upd = [](float* w, const float* g) {
+    for (int d = 0; d < 3; ++d) {
+      w[d] -= g[d];
+      w[3 + d] += 2 * g[d];
+      w[6 + d] *= g[d];
+    }
+  };
+  std::vector<float> g;
+  for (size_t i = 0; i < hot.size(); ++i)
+    for (int d = 0; d < dim; ++d) g.push_back(0.5f * ((i + d) % 9));
+  a.Apply(hot.data(), g.data(), 300, 11, upd, kSerial);  // 100 admitted keys stay at version -1
+  a.Erase(keys.data() + 395, 5);  // admitted: leaves free rows in a
+  a.Erase(keys.data() + 690, 5);  // filtered
+  // Full export through ForEachInSegment.
+  std::vector<K> rk, fk;
+  std::vector<float> rows;
+  std::vector<int64_t> vers, freqs, ffreqs;
+  const int stride = a.stride();
+  for (int s = 0; s < a.num_segments(); ++s)
+    a.ForEachInSegment(s, [&](const ExportedKey<K>& x, const float* row) {
+      CHECK_EQ(x.admitted, row != nullptr);
+      if (x.admitted) {
+        rk.push_back(x.key);
+        rows.insert(rows.end(), row, row + stride);
+        vers.push_back(x.version);
+        freqs.push_back(x.freq);
+      } else {
+        fk.push_back(x.key);
+        ffreqs.push_back(x.freq);
+      }
+    });
+  CHECK_EQ(rk.size(), 395u);
+  CHECK_EQ(fk.size(), 295u);
+  // Import into a table whose slots sit in another order: [w | v | m].
+  Table<K> b(Cfg(dim, 2));
+  b.EnsureSlots({{"v", 0.2f}});
+  std::vector<int> offs = b.EnsureSlots(specs);
+  CHECK((offs == std::vector<int>{6, 3}));
+  b.ImportRows(rk.data(), rk.size(), rows.data(), stride, offs, vers.data(), freqs.data(), false);
+  b.ImportFiltered(fk.data(), fk.size(), ffreqs.data(), false);
+  keys.push_back(123456);  // absent in both
+  std::vector<KeyState> sa = ReadAll(a, keys), sb = ReadAll(b, keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    CHECK_EQ(sa[i].present, sb[i].present);
+    CHECK_EQ(sa[i].admitted, sb[i].admitted);
+    CHECK_EQ(sa[i].version, sb[i].version);
+    CHECK_EQ(sa[i].freq, sb[i].freq);
+    const auto &x = sa[i].row, &y = sb[i].row;
+    for (int d = 0; d < dim; ++d) {
+      CHECK_EQ(x[d], y[d]);
+      CHECK_EQ(x[3 + d], y[6 + d]);  // m
+      CHECK_EQ(x[6 + d], y[3 + d]);  // v
+    }
+  }
+  TableStats ta = a.Stats(), tb = b.Stats();
+  CHECK_EQ(ta.size, tb.size);
+  CHECK_EQ(ta.admitted, tb.admitted);
+  // A restore (mark_dirty = false) leaves nothing for the next delta export.
+  auto d = Drain(b);
+  CHECK_EQ(d.first.size(), 0u);
+  CHECK_EQ(d.second.size(), 0u);
+  // With mark_dirty every imported key is dirty; an imported filtered key that
+  // is already admitted stays admitted.
+  b.ImportRows(rk.data(), 10, rows.data(), stride, offs, vers.data(), freqs.data(), true);
+  b.ImportFiltered(rk.data() + 10, 1, ffreqs.data(), true);
+  CHECK_EQ(Drain(b).first.size(), 11u);
+  CHECK(ReadOne(b, rk[10]).admitted);
+  CHECK_EQ(ReadOne(b, rk[10]).freq, ffreqs[0]);
+  // Clear drops everything and recycles every row.
+  b.Clear();
+  CHECK_EQ(b.Stats().size, 0);
+  CHECK_EQ(b.Stats().free_rows, 395);
+  CHECK(!ReadOne(b, rk[0]).present);
+}
+
+#define RUN(fn)                    \
+  do {                             \
+    fn();                          \
+    std::printf("ok %s\n", #fn);   \
+    std::fflush(stdout);           \
+  } while (0)
+
+int main() {
+  RUN(test_invalid_config_throws);
+  RUN(test_find_never_inserts<int64_t>);
+  RUN(test_find_never_inserts<int32_t>);
+  RUN(test_find_or_insert_counts_and_uses_bank_row<int64_t>);
+  RUN(test_find_or_insert_counts_and_uses_bank_row<int32_t>);
+  RUN(test_min_freq_admission<int64_t>);
+  RUN(test_min_freq_admission<int32_t>);
+  RUN(test_apply_sgd_updates_only_admitted<int64_t>);
+  RUN(test_apply_sgd_updates_only_admitted<int32_t>);
+  RUN(test_unique_sum_sums_duplicates<int64_t>);
+  RUN(test_unique_sum_sums_duplicates<int32_t>);
+  RUN(test_growth_million_keys_values_intact);
+  RUN(test_ensure_slots_relayout);
+  RUN(test_erase_recycles_row_and_tracks_deleted<int64_t>);
+  RUN(test_erase_recycles_row_and_tracks_deleted<int32_t>);
+  RUN(test_two_phase_export<int64_t>);
+  RUN(test_two_phase_export<int32_t>);
+  RUN(test_concurrent_train_and_export<int64_t>);
+  RUN(test_concurrent_train_and_export<int32_t>);
+  RUN(test_export_import_round_trip<int64_t>);
+  RUN(test_export_import_round_trip<int32_t>);
+  std::printf("all tests passed\n");
+  return 0;
+}

@@ -1,0 +1,169 @@
+// Op registrations (interfaces and shape functions only; kernels are in
+// ev_kernels.cc). Every op takes the EV resource handle first.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace {
+
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+// keys.shape + [dim]
+absl::Status RowsShape(InferenceContext* c) {
+  int64_t dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  ShapeHandle out;
+  TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(dim), &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("EvHandleOp")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("key_dtype: {int32, int64}")
+    .Output("handle: resource")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Handle to an EmbeddingVariable table (created by EvCreate).");
+
+REGISTER_OP("EvCreate")
+    .Input("handle: resource")
+    .Input("bank: float")
+    .Input("default_value: float")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .Attr("segments_log2: int = 6")
+    .Attr("min_freq: int = 1")
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Creates the table behind `handle` if absent (idempotent for the same dim).");
+
+REGISTER_OP("EvIsInitialized")
+    .Input("handle: resource")
+    .Attr("key_dtype: {int32, int64}")
+    .Output("initialized: bool")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("EvFind")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .Output("values: float")
+    .SetShapeFn(RowsShape)
+    .Doc("Read-only lookup: stored rows or the default value; never inserts or counts.");
+
+REGISTER_OP("EvFindOrInsert")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("proxy: float")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .Output("values: float")
+    .SetIsStateful()
+    .SetShapeFn(RowsShape)
+    .Doc("Training lookup: counts, admits, inserts. `proxy` carries the gradient path.");
+
+#define EV_APPLY_COMMON                   \
+  Input("handle: resource")               \
+      .Input("keys: key_dtype")           \
+      .Input("grads: float")              \
+      .Input("global_step: int64")        \
+      .Attr("key_dtype: {int32, int64}")  \
+      .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+
+REGISTER_OP("EvApplySgd").EV_APPLY_COMMON.Input("lr: float");
+REGISTER_OP("EvApplyMomentum")
+    .EV_APPLY_COMMON.Input("lr: float")
+    .Input("momentum: float")
+    .Attr("nesterov: bool = false");
+REGISTER_OP("EvApplyAdagrad")
+    .EV_APPLY_COMMON.Input("lr: float")
+    .Input("epsilon: float")
+    .Attr("initial_accumulator_value: float = 0.1");
+REGISTER_OP("EvApplyAdam")
+    .EV_APPLY_COMMON.Input("alpha: float")
+    .Input("beta1: float")
+    .Input("beta2: float")
+    .Input("epsilon: float");
+
+REGISTER_OP("EvSize")
+    .Input("handle: resource")
+    .Attr("key_dtype: {int32, int64}")
+    .Output("size: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("EvStats")
+    .Input("handle: resource")
+    .Attr("key_dtype: {int32, int64}")
+    .Output("stats: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(9));
+      return absl::OkStatus();
+    })
+    .Doc("[size, admitted, filtered, free_rows, index_bytes, meta_bytes, row_bytes, dirty, deleted]");
+
+REGISTER_OP("EvKeyInfo")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Attr("key_dtype: {int32, int64}")
+    .Output("freqs: int64")
+    .Output("versions: int64")
+    .Output("admitted: bool")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->input(1));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("EvRemove")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Attr("key_dtype: {int32, int64}")
+    .Output("removed: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("EvExport")
+    .Input("handle: resource")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .Output("keys: key_dtype")
+    .Output("values: float")
+    .Output("slots: float")
+    .Output("versions: int64")
+    .Output("freqs: int64")
+    .Output("filtered_keys: key_dtype")
+    .Output("filtered_freqs: int64")
+    .Output("slot_names: string")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      auto n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, dim));
+      c->set_output(2, c->MakeShape({n, c->UnknownDim(), c->MakeDim(dim)}));
+      c->set_output(3, c->Vector(n));
+      c->set_output(4, c->Vector(n));
+      c->set_output(5, c->Vector(c->UnknownDim()));
+      c->set_output(6, c->Vector(c->UnknownDim()));
+      c->set_output(7, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("Materialises the whole table (small tables, debugging, tf.train.Checkpoint).");
+
+REGISTER_OP("EvImport")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("values: float")
+    .Input("slots: float")
+    .Input("slot_names: string")
+    .Input("versions: int64")
+    .Input("freqs: int64")
+    .Input("filtered_keys: key_dtype")
+    .Input("filtered_freqs: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("clear: bool = true")
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Upserts rows, slots and filtered counts (clear=true: replaces the table).");

@@ -1,0 +1,275 @@
+"""EmbeddingVariable: a native hash-table embedding as a TensorFlow resource."""
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as _tf_ops
+from tensorflow.python.ops import gen_resource_variable_ops
+
+from evstore._ops import gen
+from evstore.filters import CounterFilter
+
+__all__ = ["EmbeddingVariable"]
+
+_STAT_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
+                "row_bytes", "dirty", "deleted")
+
+# proxy variable id -> EmbeddingVariable. A proxy is the zero-size trainable
+# tf.Variable through which gradients of training lookups reach an optimizer
+# (see embedding_lookup); optimizers resolve it back to its EV here.
+_PROXIES = {}
+
+
+def register_proxy(variable, ev):
+    """Routes gradients of `variable` (a zero-size tf/keras Variable) to `ev`."""
+    tf_var = getattr(variable, "value", variable) if not isinstance(variable, tf.Variable) else variable
+    _PROXIES[tf_var._unique_id] = weakref.ref(ev)
+
+
+def ev_for_variable(variable):
+    """The EmbeddingVariable behind a proxy variable (or an EV itself), else None."""
+    if isinstance(variable, EmbeddingVariable):
+        return variable
+    uid = getattr(variable, "_unique_id", None)
+    if uid is None:
+        return None
+    ref = _PROXIES.get(uid)
+    return ref() if ref is not None else None
+
+
+def _check_dim(dim):
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be a positive int, got {dim!r} ({type(dim).__name__})")
+    if dim <= 0:
+        raise ValueError(f"dim must be a positive int, got {dim}")
+
+
+class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
+    """An embedding table keyed by sparse ids, with no vocabulary size.
+
+    Each admitted key owns one row of `dim` float32 values (plus optimizer
+    slots), a version (global step of its last optimizer update, -1 if never
+    updated) and a lookup frequency. New rows are initialised from an
+    initializer bank: `initializer_bank_size` rows drawn once from
+    `initializer`; key k starts from bank row `hash(k) % initializer_bank_size`
+    (deterministic for a given bank).
+
+    Args:
+      name: a name for the table (used in checkpoints).
+      dim: embedding width, a positive int.
+      key_dtype: tf.int64 (default) or tf.int32.
+      initializer: a TF/Keras initializer called as `initializer(shape, dtype)`;
+        default `tf.random_normal_initializer(0, 0.01)`.
+      default_value: what a key without a row reads (a scalar or `dim` floats);
+        zeros by default.
+      filter: an admission filter, e.g. `evstore.CounterFilter(min_freq=3)`;
+        None admits every key on first sight.
+      initializer_bank_size: rows in the initializer bank.
+      num_segments: index segments (a power of two, each with its own lock).
+      trainable: whether optimizers update it.
+
+    Raises:
+      TypeError / ValueError: bad `dim`, `key_dtype`, `default_value` or filter.
+    """
+
+    # Lets tf.GradientTape and optimizers treat the EV like a variable: its
+    # `handle` is the proxy variable that training lookups read.
+    _should_act_as_resource_variable = True
+
+    def __init__(self, name, dim, key_dtype=tf.int64, initializer=None, default_value=None,
+                 filter=None, initializer_bank_size=8192, num_segments=64, trainable=True):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        _check_dim(dim)
+        key_dtype = tf.as_dtype(key_dtype)
+        if key_dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"key_dtype must be tf.int32 or tf.int64, got {key_dtype.name}")
+        if not isinstance(initializer_bank_size, int) or initializer_bank_size < 1:
+            raise ValueError(f"initializer_bank_size must be a positive int, got {initializer_bank_size!r}")
+        if num_segments < 1 or num_segments > 4096 or num_segments & (num_segments - 1):
+            raise ValueError(f"num_segments must be a power of two in [1, 4096], got {num_segments}")
+        if filter is not None and not isinstance(filter, CounterFilter):
+            raise TypeError(f"filter must be an evstore.CounterFilter or None, got {type(filter).__name__}")
+        self._name = name
+        self._dim = dim
+        self._key_dtype = key_dtype
+        self._initializer = initializer or tf.random_normal_initializer(0.0, 0.01)
+        self._bank_size = initializer_bank_size
+        self._segments_log2 = num_segments.bit_length() - 1
+        self._filter = filter
+        self._trainable = trainable
+        if default_value is None:
+            default_value = [0.0] * dim
+        dv = tf.convert_to_tensor(default_value, tf.float32)
+        if dv.shape.rank == 0:
+            dv = tf.fill([dim], dv)
+        if dv.shape.num_elements() != dim:
+            raise ValueError(f"default_value must be a scalar or have {dim} elements, got shape {dv.shape}")
+        self._default_value = tf.reshape(dv, [dim])
+        if tf.executing_eagerly():
+            self._shared_name = f"{name}_{_tf_ops.uid()}"
+        else:
+            self._shared_name = _tf_ops.get_default_graph().unique_name(name, mark_as_used=True)
+        super().__init__()
+        with tf.init_scope():
+            self._proxy = tf.Variable(tf.zeros([0]), trainable=trainable, name=f"{name}_ev_proxy")
+        register_proxy(self._proxy, self)
+        self._init_op = self._initialize()
+        if not tf.executing_eagerly():
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, self._init_op)
+
+    # ---- resource protocol -------------------------------------------------
+    def _create_resource(self):
+        return gen.ev_handle_op(shared_name=self._shared_name, key_dtype=self._key_dtype)
+
+    def _initialize(self):
+        bank = self._initializer(shape=[self._bank_size, self._dim], dtype=tf.float32)
+        min_freq = self._filter.min_freq if self._filter is not None else 1
+        return gen.ev_create(self.resource_handle, bank, self._default_value, key_dtype=self._key_dtype,
+                             dim=self._dim, segments_log2=self._segments_log2, min_freq=min_freq)
+
+    def _destroy_resource(self):
+        if tf.executing_eagerly() and self._resource_handle is not None:
+            gen_resource_variable_ops.destroy_resource_op(self._resource_handle, ignore_lookup_error=True)
+
+    # ---- variable-like surface -----------------------------------------------
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def dim(self):
+        return self._dim
+
+    @property
+    def key_dtype(self):
+        return self._key_dtype
+
+    @property
+    def dtype(self):
+        return tf.float32
+
+    @property
+    def shape(self):
+        return tf.TensorShape([None, self._dim])
+
+    @property
+    def trainable(self):
+        return self._trainable
+
+    @property
+    def handle(self):
+        """The proxy variable's handle: where tapes deliver this EV's gradients."""
+        return self._proxy.handle
+
+    @property
+    def device(self):
+        return self.resource_handle.device
+
+    @property
+    def initializer(self):
+        """The op that creates the table (graph mode); also in TABLE_INITIALIZERS."""
+        return self._init_op
+
+    @property
+    def filter(self):
+        return self._filter
+
+    def __repr__(self):
+        return f"<evstore.EmbeddingVariable '{self._name}' dim={self._dim} key_dtype={self._key_dtype.name}>"
+
+    # ---- inspection ----------------------------------------------------------
+    def size(self):
+        """Number of admitted keys (keys that own a row), an int64 scalar tensor."""
+        return gen.ev_size(self.resource_handle, key_dtype=self._key_dtype)
+
+    def stats(self):
+        """Table statistics as a dict of Python ints (eager) or int64 tensors (graph).
+
+        size, admitted, filtered (counted, not admitted), free_rows (recycled rows
+        waiting for reuse), index_bytes, meta_bytes (per-row versions), row_bytes
+        (embeddings + slots), dirty (open dirty list length), deleted.
+        """
+        s = gen.ev_stats(self.resource_handle, key_dtype=self._key_dtype)
+        if tf.executing_eagerly():
+            return dict(zip(_STAT_FIELDS, (int(x) for x in s.numpy())))
+        return {k: s[i] for i, k in enumerate(_STAT_FIELDS)}
+
+    def _key_tensor(self, keys):
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype != self._key_dtype:
+            if keys.dtype.is_integer and self._key_dtype == tf.int64:
+                keys = tf.cast(keys, tf.int64)
+            else:
+                raise TypeError(f"EmbeddingVariable '{self._name}' has {self._key_dtype.name} keys; "
+                                f"got {keys.dtype.name} keys")
+        return keys
+
+    def frequency(self, keys):
+        """Lookup counts of `keys` (0 for unseen keys), int64 with keys' shape."""
+        f, _, _ = gen.ev_key_info(self.resource_handle, self._key_tensor(keys))
+        return f
+
+    def version(self, keys):
+        """Global step of each key's last update (-1: never updated or absent)."""
+        _, v, _ = gen.ev_key_info(self.resource_handle, self._key_tensor(keys))
+        return v
+
+    def admitted(self, keys):
+        """Whether each key owns a row (bool, keys' shape)."""
+        _, _, a = gen.ev_key_info(self.resource_handle, self._key_tensor(keys))
+        return a
+
+    def remove(self, keys):
+        """Erases keys (rows return to the free list; keys join the deleted set).
+        Returns how many were present."""
+        return gen.ev_remove(self.resource_handle, self._key_tensor(tf.reshape(keys, [-1])))
+
+    def export(self):
+        """The whole table as a dict of tensors (small tables, debugging, tf.train.Checkpoint).
+
+        keys [N], values [N, dim], versions [N], freqs [N], slots {name: [N, dim]},
+        filtered_keys [M], filtered_freqs [M] (counted but not admitted keys).
+        """
+        k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
+                                                       dim=self._dim)
+        out = {"keys": k, "values": v, "versions": ver, "freqs": f, "filtered_keys": fk, "filtered_freqs": ff}
+        if tf.executing_eagerly():
+            out["slots"] = {n.decode(): s[:, i, :] for i, n in enumerate(names.numpy())}
+        else:
+            out["slots_packed"], out["slot_names"] = s, names
+        return out
+
+    def load(self, keys, values, versions=None, freqs=None, slots=None, filtered_keys=None,
+             filtered_freqs=None, clear=False):
+        """Writes rows into the table (the inverse of `export`).
+
+        keys [N] with values [N, dim]; versions default -1, freqs default 0;
+        slots: {slot_name: [N, dim]}; filtered keys/freqs are counted-not-admitted
+        keys. With clear=True the table is emptied first (a restore); otherwise
+        rows are upserted and marked dirty.
+        """
+        keys = self._key_tensor(tf.reshape(keys, [-1]))
+        n = tf.shape(keys)[0]
+        values = tf.convert_to_tensor(values, tf.float32)
+        versions = tf.fill([n], tf.constant(-1, tf.int64)) if versions is None else tf.cast(versions, tf.int64)
+        freqs = tf.zeros([n], tf.int64) if freqs is None else tf.cast(freqs, tf.int64)
+        slots = slots or {}
+        names = sorted(slots)
+        packed = (tf.stack([tf.convert_to_tensor(slots[s], tf.float32) for s in names], axis=1) if names
+                  else tf.zeros([n, 0, self._dim]))
+        fk = self._key_tensor(tf.zeros([0], self._key_dtype) if filtered_keys is None else filtered_keys)
+        ff = tf.zeros([0], tf.int64) if filtered_freqs is None else tf.cast(filtered_freqs, tf.int64)
+        return gen.ev_import(self.resource_handle, keys, values, packed, tf.constant(names, tf.string),
+                             versions, freqs, fk, ff, clear=clear)
+
+    # ---- tf.train.Checkpoint / SavedModel (materialises the table) -----------
+    def _serialize_to_tensors(self):
+        k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
+                                                       dim=self._dim)
+        return {"keys": k, "values": v, "slots": s, "slot_names": names, "versions": ver, "freqs": f,
+                "keys_filtered": fk, "freqs_filtered": ff}
+
+    def _restore_from_tensors(self, restored_tensors):
+        t = restored_tensors
+        return gen.ev_import(self.resource_handle, t["keys"], t["values"], t["slots"], t["slot_names"],
+                             t["versions"], t["freqs"], t["keys_filtered"], t["freqs_filtered"], clear=True)
