@@ -1,4 +1,5 @@
 """Embedding lookups on EmbeddingVariables, with the tf.nn functions' semantics."""
+import numpy as np
 import tensorflow as tf
 
 from evstore._ops import gen
@@ -15,9 +16,18 @@ def _check_ev(ev):
 
 
 def _check_ids(ev, ids, what="ids"):
-    ids = tf.convert_to_tensor(ids) if not isinstance(ids, tf.Tensor) else ids
+    """Validates ids: tensors must already have the EV's key dtype; Python lists
+    and numpy arrays of integers are converted to it."""
+    if not isinstance(ids, (tf.Tensor, tf.SparseTensor)) and not tf.is_tensor(ids):
+        arr = np.asarray(ids)
+        if arr.size and arr.dtype.kind not in "iu":
+            raise TypeError(f"EmbeddingVariable '{ev.name}': {what} must be integers, got {arr.dtype} values")
+        if ev.key_dtype == tf.int32 and arr.size and (arr.min() < -2**31 or arr.max() >= 2**31):
+            raise ValueError(f"EmbeddingVariable '{ev.name}' has int32 keys; {what} hold values outside int32")
+        return tf.convert_to_tensor(arr.astype(ev.key_dtype.as_numpy_dtype))
     if ids.dtype != ev.key_dtype:
-        hint = " (ids must be integers)" if not ids.dtype.is_integer else f" (use tf.cast({what}, tf.{ev.key_dtype.name}))"
+        hint = (" (ids must be integers)" if not ids.dtype.is_integer
+                else f" (use tf.cast({what}, tf.{ev.key_dtype.name}))")
         raise TypeError(f"EmbeddingVariable '{ev.name}' has {ev.key_dtype.name} keys but {what} are "
                         f"{ids.dtype.name}{hint}")
     return ids

@@ -538,7 +538,8 @@ class Table {
   }
 
   // Gives a filtered key its row: embedding from the bank, slots from their
-  // initial values, version -1. Caller holds the segment lock exclusively.
+  // initial values, version -1. Caller holds the segment lock exclusively and
+  // decides about the dirty mark (ImportRows with mark_dirty=false must not set it).
   void Admit(Segment<K>& seg, E* en) {
     uint32_t r = arena_.Allocate();
     float* row = arena_.Row(r);
@@ -549,7 +550,6 @@ class Table {
     arena_.Version(r) = -1;
     en->row = r;
     seg.adjust_admitted(1);
-    MarkDirty(seg, en);
   }
 
   void EraseLocked(Segment<K>& seg, E* en) {
