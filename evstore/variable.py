@@ -262,6 +262,27 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return gen.ev_import(self.resource_handle, keys, values, packed, tf.constant(names, tf.string),
                              versions, freqs, fk, ff, clear=clear)
 
+    # ---- two-phase export (used by checkpoint savers) ----------------------
+    def begin_export(self):
+        """Seals the keys changed and deleted since the last sealed export.
+
+        Returns (snapshot_id, dirty_keys, deleted_keys). Changes made from now on
+        go to fresh sets. Exactly one of `commit_export(snapshot_id)` (the
+        checkpoint holding these keys is durable) or `abort_export(snapshot_id)`
+        (it failed: the keys are merged back, so the next export carries them)
+        must follow; a second begin_export before that raises
+        FailedPreconditionError.
+        """
+        return gen.ev_begin_export(self.resource_handle, key_dtype=self._key_dtype)
+
+    def commit_export(self, snapshot_id):
+        """Drops a sealed snapshot: its changes are durable elsewhere."""
+        return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=True)
+
+    def abort_export(self, snapshot_id):
+        """Merges a sealed snapshot back into the open dirty / deleted sets."""
+        return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=False)
+
     # ---- tf.train.Checkpoint / SavedModel (materialises the table) -----------
     def _serialize_to_tensors(self):
         k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,

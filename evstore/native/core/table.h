@@ -189,7 +189,7 @@ class Table {
           uint32_t i = g.order[j];
           const E* en = seg.Find(keys[i], g.hash[i]);
           const float* p = (en && en->row != kNoRow) ? arena_.Row(en->row) : default_.data();
-          __builtin_prefetch(p);
+          arena_.PrefetchRow(p, dim_);
           src[j - lo] = p;
         }
         for (int64_t j = lo; j < hi; ++j)
@@ -206,13 +206,16 @@ class Table {
     Grouping g;
     GroupBySegment(keys, n, &g);
     pf(nseg_, SegmentCost(n, 120), [&](int64_t b, int64_t e) {
-      std::vector<uint32_t> pending;
+      std::vector<const float*> src;  // row to copy per position (prefetched)
+      std::vector<int64_t> pending;   // positions whose key has no row yet
       for (int64_t s = b; s < e; ++s) {
         int64_t lo = g.start[s], hi = g.start[s + 1];
         if (lo == hi) continue;
         Segment<K>& seg = segments_[s];
         std::unique_lock<std::shared_mutex> lock(seg.mu);
+        src.resize(hi - lo);
         pending.clear();
+        // Pass 1: count every occurrence (inserting unseen keys), note rows.
         for (int64_t j = lo; j < hi; ++j) {
           if (j + kPrefetch < hi) seg.Prefetch(g.hash[g.order[j + kPrefetch]]);
           uint32_t i = g.order[j];
@@ -224,17 +227,23 @@ class Table {
           en->add_freq(1);
           MarkDirty(seg, en);
           if (en->row != kNoRow) {
-            std::memcpy(out + static_cast<int64_t>(i) * dim_, arena_.Row(en->row), dim_ * sizeof(float));
+            src[j - lo] = arena_.Row(en->row);
+            arena_.PrefetchRow(src[j - lo], dim_);
           } else {
-            pending.push_back(i);
+            pending.push_back(j);
           }
         }
-        for (uint32_t i : pending) {
+        // Pass 2: keys without a row are admitted once their (batch-complete)
+        // count reaches min_freq, so all occurrences in a batch agree.
+        for (int64_t j : pending) {
+          uint32_t i = g.order[j];
           E* en = seg.Find(keys[i], g.hash[i]);
           if (en->row == kNoRow && en->freq() >= min_freq_) Admit(seg, en);
-          const float* p = en->row != kNoRow ? arena_.Row(en->row) : default_.data();
-          std::memcpy(out + static_cast<int64_t>(i) * dim_, p, dim_ * sizeof(float));
+          src[j - lo] = en->row != kNoRow ? arena_.Row(en->row) : default_.data();
         }
+        // Pass 3: copy rows out.
+        for (int64_t j = lo; j < hi; ++j)
+          std::memcpy(out + static_cast<int64_t>(g.order[j]) * dim_, src[j - lo], dim_ * sizeof(float));
       }
     });
   }
@@ -250,19 +259,34 @@ class Table {
     Grouping g;
     GroupBySegment(keys, n, &g);
     std::atomic<int64_t> applied{0};
+    const int stride = this->stride();
     pf(nseg_, SegmentCost(n, 200), [&](int64_t b, int64_t e) {
       int64_t local = 0;
+      std::vector<E*> hit;  // entry per position (nullptr: absent or filtered)
       for (int64_t s = b; s < e; ++s) {
         int64_t lo = g.start[s], hi = g.start[s + 1];
         if (lo == hi) continue;
         Segment<K>& seg = segments_[s];
         std::unique_lock<std::shared_mutex> lock(seg.mu);
+        hit.resize(hi - lo);
+        // Pass 1: resolve entries and prefetch their rows (no inserts, so
+        // entry pointers stay valid for pass 2).
         for (int64_t j = lo; j < hi; ++j) {
           if (j + kPrefetch < hi) seg.Prefetch(g.hash[g.order[j + kPrefetch]]);
           uint32_t i = g.order[j];
           E* en = seg.Find(keys[i], g.hash[i]);
-          if (!en || en->row == kNoRow) continue;
-          update(arena_.Row(en->row), grads + static_cast<int64_t>(i) * dim_);
+          if (en && en->row == kNoRow) en = nullptr;
+          if (en) {
+            arena_.PrefetchRow(arena_.Row(en->row), stride, 1);
+            __builtin_prefetch(&arena_.Version(en->row), 1);
+          }
+          hit[j - lo] = en;
+        }
+        // Pass 2: fused update, version stamp, dirty mark.
+        for (int64_t j = lo; j < hi; ++j) {
+          E* en = hit[j - lo];
+          if (!en) continue;
+          update(arena_.Row(en->row), grads + static_cast<int64_t>(g.order[j]) * dim_);
           arena_.Version(en->row) = step;
           MarkDirty(seg, en);
           ++local;

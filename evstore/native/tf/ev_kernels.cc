@@ -431,6 +431,46 @@ class EvImportOp : public OpKernel {
   bool clear_;
 };
 
+// ---------------------------------------------------------------- two-phase export
+
+template <typename K>
+class EvBeginExportOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<EvResource<K>> res;
+    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
+    std::shared_ptr<const typename Table<K>::Snapshot> snap;
+    EV_TRY(ctx, snap = res->table().BeginExport());
+    Tensor *id, *dirty, *deleted;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &id));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({static_cast<int64_t>(snap->dirty.size())}), &dirty));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({static_cast<int64_t>(snap->deleted.size())}), &deleted));
+    id->scalar<int64_t>()() = static_cast<int64_t>(snap->id);
+    std::copy(snap->dirty.begin(), snap->dirty.end(), dirty->flat<K>().data());
+    std::copy(snap->deleted.begin(), snap->deleted.end(), deleted->flat<K>().data());
+  }
+};
+
+template <typename K>
+class EvEndExportOp : public OpKernel {
+ public:
+  explicit EvEndExportOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<EvResource<K>> res;
+    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
+    uint64_t id = static_cast<uint64_t>(ctx->input(1).scalar<int64_t>()());
+    if (commit_) {
+      EV_TRY(ctx, res->table().Commit(id));
+    } else {
+      EV_TRY(ctx, res->table().Abort(id));
+    }
+  }
+
+ private:
+  bool commit_;
+};
+
 // ---------------------------------------------------------------- registration
 
 #define EV_REGISTER(K)                                                                                      \
@@ -456,7 +496,10 @@ class EvImportOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name("EvKeyInfo").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"), EvKeyInfoOp<K>); \
   REGISTER_KERNEL_BUILDER(Name("EvRemove").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"), EvRemoveOp<K>); \
   REGISTER_KERNEL_BUILDER(Name("EvExport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"), EvExportOp<K>); \
-  REGISTER_KERNEL_BUILDER(Name("EvImport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"), EvImportOp<K>);
+  REGISTER_KERNEL_BUILDER(Name("EvImport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"), EvImportOp<K>); \
+  REGISTER_KERNEL_BUILDER(Name("EvBeginExport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),          \
+                          EvBeginExportOp<K>);                                                              \
+  REGISTER_KERNEL_BUILDER(Name("EvEndExport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"), EvEndExportOp<K>);
 
 EV_REGISTER(int32_t)
 EV_REGISTER(int64_t)

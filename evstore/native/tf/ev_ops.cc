@@ -167,3 +167,29 @@ REGISTER_OP("EvImport")
     .Attr("clear: bool = true")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Upserts rows, slots and filtered counts (clear=true: replaces the table).");
+
+// Two-phase export (the checkpoint manager's commit protocol, DESIGN section 4):
+// seal the dirty and deleted sets, write them out, then commit or abort.
+REGISTER_OP("EvBeginExport")
+    .Input("handle: resource")
+    .Attr("key_dtype: {int32, int64}")
+    .Output("snapshot_id: int64")
+    .Output("dirty_keys: key_dtype")
+    .Output("deleted_keys: key_dtype")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      c->set_output(2, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("Seals keys changed / deleted since the last sealed export into a snapshot.");
+
+REGISTER_OP("EvEndExport")
+    .Input("handle: resource")
+    .Input("snapshot_id: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("commit: bool")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("commit=true drops the snapshot (its checkpoint is durable); false merges it back.");

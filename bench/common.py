@@ -1,0 +1,67 @@
+"""Shared by bench_lookup.py (project venv) and peer_tfra.py (TFRA venv): numpy only.
+
+Keys are (i * 0x9E3779B97F4A7C15) & (2^62 - 1) for i in [0, N): non-sequential,
+non-negative (so DenseHashTable may reserve -1 / -2) and identical in both venvs.
+Batch b of the "existing" stream draws --batch indices uniformly (with
+repetition) from [0, N) with numpy's default_rng(seed); batch j of the "new"
+stream is the never-filled indices [N + j*batch, N + (j+1)*batch).
+"""
+import os
+import statistics
+import time
+
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+MASK = np.uint64(2**62 - 1)
+
+
+def make_keys(idx):
+    """Maps indices to int64 keys: (i * golden) & (2^62 - 1)."""
+    with np.errstate(over="ignore"):
+        return ((np.asarray(idx, dtype=np.uint64) * GOLDEN) & MASK).astype(np.int64)
+
+
+class Batches:
+    """The pre-generated batches every system sees (index i -> the same keys everywhere)."""
+
+    def __init__(self, n, batch, count, seed):
+        rng = np.random.default_rng(seed)
+        self.count = count
+        self.idx = [rng.integers(0, n, batch) for _ in range(count)]
+        self.keys = [make_keys(i) for i in self.idx]
+        self.new_keys = [make_keys(np.arange(n + j * batch, n + (j + 1) * batch)) for j in range(count)]
+
+
+def fill_chunks(n, chunk):
+    """Yields (start, stop, keys) covering [0, n) in chunks of `chunk` keys."""
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        yield s, e, make_keys(np.arange(s, e))
+
+
+def timed(fn, *a):
+    """Seconds taken by fn(*a)."""
+    t0 = time.perf_counter()
+    fn(*a)
+    return time.perf_counter() - t0
+
+
+def rate(batch, times):
+    """Median keys/s of a list of per-batch seconds (None if no times)."""
+    return batch / statistics.median(times) if times else None
+
+
+def rss_mib():
+    """Resident set size of this process in MiB (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def mem_available_mib():
+    """MemAvailable from /proc/meminfo in MiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return float("inf")
