@@ -55,7 +55,14 @@ def embedding_lookup(ev, ids, training=True, proxy=None, name=None):
         if not training:
             return gen.ev_find(ev.resource_handle, ids, dim=ev.dim)
         proxy = ev._proxy if proxy is None else proxy
-        pv = tf.convert_to_tensor(getattr(proxy, "value", proxy) if not isinstance(proxy, tf.Variable) else proxy)
+        proxy = getattr(proxy, "value", proxy) if not isinstance(proxy, tf.Variable) else proxy
+        if not tf.compat.v1.executing_eagerly_outside_functions():
+            # v1 graph: check the table first, so an uninitialized EV reports
+            # itself (and tables_initializer) rather than its proxy variable.
+            with tf.control_dependencies([gen.ev_size(ev.resource_handle, key_dtype=ev.key_dtype)]):
+                pv = tf.identity(proxy)
+        else:
+            pv = tf.convert_to_tensor(proxy)
         return gen.ev_find_or_insert(ev.resource_handle, ids, pv, dim=ev.dim)
 
 

@@ -19,11 +19,13 @@ EmbeddingVariables go to one fused native kernel per EV and step:
 * NaN/Inf policy: a batch holding any non-finite EV gradient is refused with
   `tf.errors.InvalidArgumentError` naming the key, and changes nothing.
 """
+import threading
+
 import keras
 import tensorflow as tf
 
 from evstore._ops import gen
-from evstore.variable import EmbeddingVariable, ev_for_variable
+from evstore.variable import EmbeddingVariable, ev_for_variable, resolve_keras_proxy
 
 __all__ = ["SGD", "Adagrad", "Adam"]
 
@@ -36,21 +38,24 @@ def _check_lr(learning_rate):
 class _EVMixin:
     """Routes EV gradients to fused kernels; everything else to Keras."""
 
-    _ev_global_step = None
+    _ev_local = threading.local()  # per-thread `global_step` of the current apply
 
     def apply_gradients(self, grads_and_vars, global_step=None):
         """Applies gradients to EVs and variables. `global_step` (int or int64
         tensor), when given, stamps the versions of updated EV keys."""
-        self._ev_global_step = global_step
+        self._ev_local.global_step = global_step
         try:
             return super().apply_gradients(grads_and_vars)
         finally:
-            self._ev_global_step = None
+            self._ev_local.global_step = None
 
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is not None:
             trainable_variables = [v._proxy if isinstance(v, EmbeddingVariable) else v
                                    for v in trainable_variables]
+            evs = [ev_for_variable(v) if not resolve_keras_proxy(v) else ev_for_variable(v.value)
+                   for v in trainable_variables]
+            grads = _refuse_non_finite(list(grads), evs)
         return super().apply(grads, trainable_variables)
 
     def update_step(self, gradient, variable, learning_rate):
@@ -64,10 +69,31 @@ class _EVMixin:
         if keys.dtype != ev.key_dtype:
             keys = tf.cast(keys, ev.key_dtype)
         grads = tf.cast(gradient.values, tf.float32)
-        step = self._ev_global_step
+        step = getattr(self._ev_local, "global_step", None)
         step = tf.cast(self.iterations if step is None else step, tf.int64)
         lr = tf.cast(learning_rate, tf.float32)
         return self._ev_apply(ev, keys, grads, step, lr)
+
+
+def _refuse_non_finite(grads, evs):
+    """NaN/Inf policy: if any EV gradient is non-finite, fail before *any*
+    variable (EV or dense) is updated, so a refused step changes nothing."""
+    checks = []
+    for g, ev in zip(grads, evs):
+        if ev is not None and isinstance(g, tf.IndexedSlices):
+            checks.append(gen.ev_check_finite(g.indices, tf.cast(g.values, tf.float32), ev_name=ev.name))
+    if not checks:
+        return grads
+    out = []
+    with tf.control_dependencies(checks):
+        for g in grads:
+            if g is None:
+                out.append(g)
+            elif isinstance(g, tf.IndexedSlices):
+                out.append(tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape))
+            else:
+                out.append(tf.identity(g))
+    return out
 
 
 class SGD(_EVMixin, keras.optimizers.SGD):

@@ -13,16 +13,33 @@ __all__ = ["EmbeddingVariable"]
 _STAT_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
                 "row_bytes", "dirty", "deleted")
 
-# proxy variable id -> EmbeddingVariable. A proxy is the zero-size trainable
-# tf.Variable through which gradients of training lookups reach an optimizer
-# (see embedding_lookup); optimizers resolve it back to its EV here.
+# Proxies: a proxy is the zero-size trainable variable through which gradients
+# of training lookups reach an optimizer (see embedding_lookup); optimizers
+# resolve it back to its EV here. Keys: the tf.Variable's `_unique_id`, and
+# id() of a keras.Variable proxy, whose tf.Variable may not exist yet while
+# Keras builds a model symbolically (resolved when the optimizer first sees it).
 _PROXIES = {}
+_KERAS_PROXIES = {}
 
 
 def register_proxy(variable, ev):
-    """Routes gradients of `variable` (a zero-size tf/keras Variable) to `ev`."""
-    tf_var = getattr(variable, "value", variable) if not isinstance(variable, tf.Variable) else variable
-    _PROXIES[tf_var._unique_id] = weakref.ref(ev)
+    """Routes gradients of `variable` (a zero-size tf or keras Variable) to `ev`."""
+    if isinstance(variable, tf.Variable):
+        _PROXIES[variable._unique_id] = weakref.ref(ev)
+    else:
+        _KERAS_PROXIES[id(variable)] = (weakref.ref(variable), weakref.ref(ev))
+
+
+def resolve_keras_proxy(variable):
+    """If `variable` is a registered keras.Variable proxy, registers its (now
+    real) tf.Variable too and returns True."""
+    entry = _KERAS_PROXIES.get(id(variable))
+    if entry is None or entry[0]() is not variable:
+        return False
+    ev = entry[1]()
+    if ev is not None:
+        _PROXIES[variable.value._unique_id] = weakref.ref(ev)
+    return True
 
 
 def ev_for_variable(variable):
@@ -115,6 +132,8 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         register_proxy(self._proxy, self)
         self._init_op = self._initialize()
         if not tf.executing_eagerly():
+            # One initializer makes the EV usable: the table and its proxy.
+            self._init_op = tf.group(self._init_op, self._proxy.initializer)
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, self._init_op)
 
     # ---- resource protocol -------------------------------------------------

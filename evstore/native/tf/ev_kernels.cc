@@ -35,10 +35,14 @@ template <typename K>
 absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<EvResource<K>>* out) {
   const tensorflow::ResourceHandle& h = tensorflow::HandleFromInput(ctx, 0);
   absl::Status s = tensorflow::LookupResource(ctx, h, out);
-  if (!s.ok()) {
+  if (absl::IsNotFound(s)) {
     return errors::FailedPrecondition(
         "EmbeddingVariable '", h.name(),
         "' is not initialized (in graph mode run tf.compat.v1.tables_initializer() first): ", s.message());
+  }
+  if (!s.ok()) {
+    return errors::InvalidArgument("EmbeddingVariable '", h.name(), "': the op's key dtype does not match the ",
+                                   "table's (cast keys to the EV's key_dtype): ", s.message());
   }
   return absl::OkStatus();
 }
@@ -253,6 +257,37 @@ class EvApplyAdamOp : public EvApplyBase<K> {
                  t.dim(), off[0], off[1]};
     t.Apply(k, g, n, step, u, IntraOp(ctx));
   }
+};
+
+// Forwards a gradient batch or fails naming the first non-finite key; the
+// optimizers run it on every EV gradient before updating any variable.
+template <typename K>
+class EvCheckFiniteOp : public OpKernel {
+ public:
+  explicit EvCheckFiniteOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("ev_name", &name_)); }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    const Tensor& grads = ctx->input(1);
+    const int64_t n = keys.NumElements();
+    const int64_t total = grads.NumElements();
+    const int64_t dim = n > 0 ? total / n : 0;
+    const float* g = grads.flat<float>().data();
+    const K* k = keys.flat<K>().data();
+    for (int64_t i = 0; i < total; ++i) {
+      if (!std::isfinite(g[i])) {
+        int64_t row = dim > 0 ? i / dim : 0;
+        ctx->CtxFailure(errors::InvalidArgument(
+            "non-finite gradient (", g[i], ") for key ", row < n ? static_cast<int64_t>(k[row]) : -1,
+            " of EmbeddingVariable '", name_, "' at batch position ", row,
+            "; nothing was applied. Check the loss for NaN/Inf or clip gradients."));
+        return;
+      }
+    }
+    ctx->set_output(0, grads);
+  }
+
+ private:
+  std::string name_;
 };
 
 // ---------------------------------------------------------------- introspection
@@ -500,6 +535,11 @@ class EvEndExportOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name("EvBeginExport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),          \
                           EvBeginExportOp<K>);                                                              \
   REGISTER_KERNEL_BUILDER(Name("EvEndExport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"), EvEndExportOp<K>);
+
+REGISTER_KERNEL_BUILDER(Name("EvCheckFinite").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"),
+                        EvCheckFiniteOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("EvCheckFinite").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"),
+                        EvCheckFiniteOp<int64_t>);
 
 EV_REGISTER(int32_t)
 EV_REGISTER(int64_t)

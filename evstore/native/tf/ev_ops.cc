@@ -193,3 +193,15 @@ REGISTER_OP("EvEndExport")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("commit=true drops the snapshot (its checkpoint is durable); false merges it back.");
+
+REGISTER_OP("EvCheckFinite")
+    .Input("keys: Tkeys")
+    .Input("grads: float")
+    .Attr("Tkeys: {int32, int64}")
+    .Attr("ev_name: string = ''")
+    .Output("checked: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return absl::OkStatus();
+    })
+    .Doc("Forwards grads; fails naming the first key whose gradient row is NaN/Inf.");

@@ -1,0 +1,166 @@
+"""Concurrent lookups, applies and exports on one EmbeddingVariable (DESIGN section 2).
+
+TensorFlow's eager ops release the GIL, so Python threads run the kernels at
+once. Every apply adds the same exact constant to all `dim` entries of a row
+(SGD, lr = 1, gradient -1 per occurrence, values exact in float32), so:
+  * a row read or exported mid-run must differ from its initial row by the same
+    whole number in every entry (anything else is a torn row);
+  * SGD with summed gradients is order-free, so the final table must equal a
+    serial run of the same batches.
+"""
+import concurrent.futures
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import evstore
+from evstore._ops import gen
+
+DIM = 8
+OLD_KEYS = np.arange(1, 401, dtype=np.int64) * 7919            # preloaded; the only keys trained
+NEW_KEYS = np.arange(20_000, dtype=np.int64) + 10**12          # inserted by lookups (index growth)
+INIT = (OLD_KEYS[:, None] % 1000 + np.arange(DIM)[None, :] * 0.25).astype(np.float32)
+BANK = np.random.default_rng(0).normal(size=(64, DIM)).astype(np.float32)
+APPLY_THREADS, APPLY_ITERS, APPLY_BATCH = 3, 400, 256
+LOOKUP_THREADS, LOOKUP_ITERS, LOOKUP_BATCH = 2, 200, 256
+STEP = 7
+
+
+def new_ev(name, num_segments):
+    ev = evstore.EmbeddingVariable(name, DIM, initializer=tf.constant_initializer(BANK),
+                                   initializer_bank_size=len(BANK), num_segments=num_segments)
+    ev.load(OLD_KEYS, INIT)
+    return ev
+
+
+def apply_batches(seed):
+    rng = np.random.default_rng(seed)
+    return [rng.choice(OLD_KEYS, size=APPLY_BATCH) for _ in range(APPLY_ITERS)]   # with duplicates
+
+
+def lookup_batches(seed):
+    rng = np.random.default_rng(seed)
+    new = NEW_KEYS[seed::LOOKUP_THREADS]
+    per_iter = len(new) // LOOKUP_ITERS
+    out = []
+    for i in range(LOOKUP_ITERS):
+        fresh = new[i * per_iter:(i + 1) * per_iter]
+        old = rng.choice(OLD_KEYS, size=LOOKUP_BATCH - len(fresh))
+        out.append(np.concatenate([fresh, old]))
+    return out
+
+
+APPLIES = [apply_batches(100 + t) for t in range(APPLY_THREADS)]
+LOOKUPS = [lookup_batches(t) for t in range(LOOKUP_THREADS)]
+
+
+def run_apply(ev, batches):
+    one = tf.constant(1.0)
+    step = tf.constant(STEP, tf.int64)
+    for keys in batches:
+        grads = -tf.ones([len(keys), DIM])          # + 1.0 to every entry, per occurrence
+        gen.ev_apply_sgd(ev.resource_handle, tf.constant(keys), grads, step, one)
+
+
+def run_lookup(ev, batches):
+    for keys in batches:
+        evstore.embedding_lookup(ev, tf.constant(keys))
+
+
+def assert_untorn(keys, values, where):
+    """Rows of OLD_KEYS must be INIT + a whole number, the same in every entry."""
+    index = {int(k): i for i, k in enumerate(OLD_KEYS)}
+    mask = np.array([int(k) in index for k in keys], bool)
+    rows = np.array([index[int(k)] for k in keys[mask]], np.int64)
+    delta = values[mask] - INIT[rows]
+    torn = np.flatnonzero(np.any(delta != delta[:, :1], axis=1))
+    assert torn.size == 0, f"{where}: torn rows for keys {keys[mask][torn][:5]}: {delta[torn][:2]}"
+    assert np.all(delta == np.round(delta)) and np.all(delta >= 0), f"{where}: impossible deltas"
+
+
+def run_readers(ev, stop, results):
+    """Exports and read-only lookups in a loop until `stop`; checks every row it sees."""
+    exports = reads = 0
+    while not stop.is_set():
+        exp = ev.export()
+        assert_untorn(exp["keys"].numpy(), exp["values"].numpy(), "export")
+        exports += 1
+        vals = evstore.embedding_lookup(ev, tf.constant(OLD_KEYS), training=False).numpy()
+        assert_untorn(OLD_KEYS, vals, "read-only lookup")
+        reads += 1
+    results["exports"], results["reads"] = exports, reads
+
+
+def table(ev):
+    exp = ev.export()
+    order = np.argsort(exp["keys"].numpy())
+    return {f: exp[f].numpy()[order] for f in ("keys", "values", "versions", "freqs")}
+
+
+def serial_table(num_segments):
+    ev = new_ev("serial", num_segments)
+    for batches in APPLIES:
+        run_apply(ev, batches)
+    for batches in LOOKUPS:
+        run_lookup(ev, batches)
+    return table(ev)
+
+
+def concurrent_table(num_segments):
+    """Runs the apply and lookup threads at once, with a reader exporting in flight."""
+    ev = new_ev("concurrent", num_segments)
+    stop, reader_results = threading.Event(), {}
+    with concurrent.futures.ThreadPoolExecutor(APPLY_THREADS + LOOKUP_THREADS + 1) as pool:
+        reader = pool.submit(run_readers, ev, stop, reader_results)
+        workers = [pool.submit(run_apply, ev, b) for b in APPLIES]
+        workers += [pool.submit(run_lookup, ev, b) for b in LOOKUPS]
+        try:
+            for w in workers:
+                w.result()
+        finally:
+            stop.set()
+        reader.result()
+    assert reader_results["exports"] >= 1
+    return ev, reader_results
+
+
+@pytest.mark.parametrize("num_segments", [1, 64])
+def test_concurrent_lookups_applies_and_exports_equal_a_serial_run(num_segments):
+    ev, _ = concurrent_table(num_segments)
+    got, want = table(ev), serial_table(num_segments)
+    np.testing.assert_array_equal(got["keys"], want["keys"])
+    np.testing.assert_array_equal(got["freqs"], want["freqs"])
+    np.testing.assert_array_equal(got["versions"], want["versions"])
+    np.testing.assert_array_equal(got["values"], want["values"])
+
+
+def test_serial_run_gives_every_old_key_its_occurrence_count():
+    """The oracle itself: + 1.0 per occurrence, freqs = training lookups, versions = STEP."""
+    got = serial_table(64)
+    counts = {int(k): 0 for k in OLD_KEYS}
+    looks = {int(k): 0 for k in OLD_KEYS}
+    for batches in APPLIES:
+        for b in batches:
+            for k in b:
+                counts[int(k)] += 1
+    for batches in LOOKUPS:
+        for b in batches:
+            for k in b:
+                if int(k) in looks:
+                    looks[int(k)] += 1
+    old = np.isin(got["keys"], OLD_KEYS)
+    assert old.sum() == len(OLD_KEYS) and (~old).sum() == len(NEW_KEYS)
+    idx = np.searchsorted(OLD_KEYS, got["keys"][old])
+    expect = INIT[idx] + np.array([counts[int(k)] for k in got["keys"][old]], np.float32)[:, None]
+    np.testing.assert_array_equal(got["values"][old], expect)
+    np.testing.assert_array_equal(got["freqs"][old], [looks[int(k)] for k in got["keys"][old]])
+    assert set(got["versions"][old].tolist()) <= {STEP, -1}
+    np.testing.assert_array_equal(got["versions"][~old], -1)
+    np.testing.assert_array_equal(got["freqs"][~old], 1)
+
+
+def test_rows_seen_by_readers_during_concurrent_training_are_never_torn():
+    _, results = concurrent_table(4)   # assert_untorn runs inside the reader thread
+    assert results["reads"] >= 1
