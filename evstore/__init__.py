@@ -5,6 +5,7 @@ Public API (DESIGN section 3):
   safe_embedding_lookup_sparse, optimizers.{SGD, Adagrad, Adam}, keras.Embedding.
 """
 from evstore import optimizers  # noqa: F401
+from evstore import training  # noqa: F401
 from evstore import keras  # noqa: F401
 from evstore.filters import CounterFilter
 from evstore.lookup import embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse

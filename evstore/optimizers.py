@@ -24,6 +24,7 @@ import threading
 import keras
 import tensorflow as tf
 
+from evstore import training
 from evstore._ops import gen
 from evstore.variable import EmbeddingVariable, ev_for_variable, resolve_keras_proxy
 
@@ -62,17 +63,9 @@ class _EVMixin:
         ev = ev_for_variable(variable)
         if ev is None:
             return super().update_step(gradient, variable, learning_rate)
-        if not isinstance(gradient, tf.IndexedSlices):
-            raise TypeError(f"the gradient of EmbeddingVariable '{ev.name}' must be tf.IndexedSlices "
-                            f"(keys, row gradients) from evstore lookups, got {type(gradient).__name__}")
-        keys = tf.reshape(gradient.indices, [-1])
-        if keys.dtype != ev.key_dtype:
-            keys = tf.cast(keys, ev.key_dtype)
-        grads = tf.cast(gradient.values, tf.float32)
         step = getattr(self._ev_local, "global_step", None)
-        step = tf.cast(self.iterations if step is None else step, tf.int64)
-        lr = tf.cast(learning_rate, tf.float32)
-        return self._ev_apply(ev, keys, grads, step, lr)
+        step = self.iterations if step is None else step
+        return self._ev_apply(ev, gradient, tf.cast(learning_rate, tf.float32), step)
 
 
 def _refuse_non_finite(grads, evs):
@@ -103,11 +96,8 @@ class SGD(_EVMixin, keras.optimizers.SGD):
         _check_lr(learning_rate)
         super().__init__(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs)
 
-    def _ev_apply(self, ev, keys, grads, step, lr):
-        if self.momentum == 0:
-            return gen.ev_apply_sgd(ev.resource_handle, keys, grads, step, lr)
-        return gen.ev_apply_momentum(ev.resource_handle, keys, grads, step, lr,
-                                     tf.constant(self.momentum, tf.float32), nesterov=self.nesterov)
+    def _ev_apply(self, ev, grad, lr, step):
+        return training.sparse_apply_sgd(ev, grad, lr, step, momentum=self.momentum, nesterov=self.nesterov)
 
 
 class Adagrad(_EVMixin, keras.optimizers.Adagrad):
@@ -120,10 +110,9 @@ class Adagrad(_EVMixin, keras.optimizers.Adagrad):
         super().__init__(learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value,
                          epsilon=epsilon, **kwargs)
 
-    def _ev_apply(self, ev, keys, grads, step, lr):
-        return gen.ev_apply_adagrad(ev.resource_handle, keys, grads, step, lr,
-                                    tf.constant(self.epsilon, tf.float32),
-                                    initial_accumulator_value=float(self.initial_accumulator_value))
+    def _ev_apply(self, ev, grad, lr, step):
+        return training.sparse_apply_adagrad(ev, grad, lr, step, epsilon=self.epsilon,
+                                             initial_accumulator_value=self.initial_accumulator_value)
 
 
 class Adam(_EVMixin, keras.optimizers.Adam):
@@ -136,12 +125,8 @@ class Adam(_EVMixin, keras.optimizers.Adam):
                 raise ValueError(f"{n} must be in [0, 1), got {b}")
         super().__init__(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, **kwargs)
 
-    def _ev_apply(self, ev, keys, grads, step, lr):
+    def _ev_apply(self, ev, grad, lr, step):
         if self.amsgrad:
             raise ValueError("evstore.optimizers.Adam: amsgrad is not supported for EmbeddingVariables")
-        local_step = tf.cast(self.iterations + 1, tf.float32)
-        b1 = tf.cast(self.beta_1, tf.float32)
-        b2 = tf.cast(self.beta_2, tf.float32)
-        alpha = lr * tf.sqrt(1 - tf.pow(b2, local_step)) / (1 - tf.pow(b1, local_step))
-        return gen.ev_apply_adam(ev.resource_handle, keys, grads, step, alpha, b1, b2,
-                                 tf.cast(self.epsilon, tf.float32))
+        return training.sparse_apply_adam(ev, grad, lr, step, beta_1=self.beta_1, beta_2=self.beta_2,
+                                          epsilon=self.epsilon, adam_step=self.iterations + 1)
