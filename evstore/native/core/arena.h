@@ -43,13 +43,12 @@ class RowArena {
 
   int stride() const { return stride_; }
 
-  // Prefetches every cache line of row r's first `floats` floats.
-  void PrefetchRow(const float* row, int floats, int rw = 0) const {
+  // Prefetches every cache line of a row's first `floats` floats. (Read
+  // prefetches only: write-intent prefetch needs -mprfchw, which a portable
+  // build lacks, and GCC then drops the instruction silently.)
+  static void PrefetchRow(const float* row, int floats) {
     const char* p = reinterpret_cast<const char*>(row);
-    for (int off = 0; off < floats * 4; off += 64) {
-      if (rw) __builtin_prefetch(p + off, 1);
-      else __builtin_prefetch(p + off, 0);
-    }
+    for (int off = 0; off < floats * 4; off += 64) __builtin_prefetch(p + off);
   }
 
   float* Row(uint32_t r) const {

@@ -185,7 +185,7 @@ class Table {
         std::shared_lock<std::shared_mutex> lock(seg.mu);
         src.resize(hi - lo);
         for (int64_t j = lo; j < hi; ++j) {
-          if (j + kPrefetch < hi) seg.Prefetch(g.hash[g.order[j + kPrefetch]]);
+          PrefetchAhead(seg, g, j, hi);
           uint32_t i = g.order[j];
           const E* en = seg.Find(keys[i], g.hash[i]);
           const float* p = (en && en->row != kNoRow) ? arena_.Row(en->row) : default_.data();
@@ -217,7 +217,7 @@ class Table {
         pending.clear();
         // Pass 1: count every occurrence (inserting unseen keys), note rows.
         for (int64_t j = lo; j < hi; ++j) {
-          if (j + kPrefetch < hi) seg.Prefetch(g.hash[g.order[j + kPrefetch]]);
+          PrefetchAhead(seg, g, j, hi);
           uint32_t i = g.order[j];
           E* en = seg.Find(keys[i], g.hash[i]);
           if (!en) {
@@ -272,13 +272,13 @@ class Table {
         // Pass 1: resolve entries and prefetch their rows (no inserts, so
         // entry pointers stay valid for pass 2).
         for (int64_t j = lo; j < hi; ++j) {
-          if (j + kPrefetch < hi) seg.Prefetch(g.hash[g.order[j + kPrefetch]]);
+          PrefetchAhead(seg, g, j, hi);
           uint32_t i = g.order[j];
           E* en = seg.Find(keys[i], g.hash[i]);
           if (en && en->row == kNoRow) en = nullptr;
           if (en) {
-            arena_.PrefetchRow(arena_.Row(en->row), stride, 1);
-            __builtin_prefetch(&arena_.Version(en->row), 1);
+            arena_.PrefetchRow(arena_.Row(en->row), stride);
+            __builtin_prefetch(&arena_.Version(en->row));
           }
           hit[j - lo] = en;
         }
@@ -522,8 +522,6 @@ class Table {
   }
 
  private:
-  static constexpr int kPrefetch = 8;
-
   struct Grouping {
     std::vector<uint64_t> hash;
     std::vector<uint32_t> order;   // batch positions sorted by segment
@@ -534,6 +532,14 @@ class Table {
     if (b < 0 || b > 12) throw std::invalid_argument("segments_log2 must be in [0, 12]");
     return b;
   }
+  static constexpr int kCtrlAhead = 16;  // positions ahead to prefetch control bytes
+  static constexpr int kSlotAhead = 8;   // positions ahead to prefetch the matching entry
+
+  static void PrefetchAhead(const Segment<K>& seg, const Grouping& g, int64_t j, int64_t hi) {
+    if (j + kCtrlAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + kCtrlAhead]]);
+    if (j + kSlotAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + kSlotAhead]]);
+  }
+
   int SegmentOf(uint64_t h) const { return seg_bits_ == 0 ? 0 : static_cast<int>(h >> (64 - seg_bits_)); }
 
   void GroupBySegment(const K* keys, int64_t n, Grouping* g) const {
