@@ -176,25 +176,19 @@ class Table {
   void Find(const K* keys, int64_t n, float* out, const ParallelFor& pf) const {
     Grouping g;
     GroupBySegment(keys, n, &g);
-    pf(nseg_, SegmentCost(n, 60), [&](int64_t b, int64_t e) {
-      std::vector<const float*> src;
-      for (int64_t s = b; s < e; ++s) {
-        int64_t lo = g.start[s], hi = g.start[s + 1];
-        if (lo == hi) continue;
-        Segment<K>& seg = segments_[s];
-        std::shared_lock<std::shared_mutex> lock(seg.mu);
-        src.resize(hi - lo);
-        for (int64_t j = lo; j < hi; ++j) {
-          PrefetchAhead(seg, g, j, hi);
-          uint32_t i = g.order[j];
-          const E* en = seg.Find(keys[i], g.hash[i]);
-          const float* p = (en && en->row != kNoRow) ? arena_.Row(en->row) : default_.data();
-          arena_.PrefetchRow(p, dim_);
-          src[j - lo] = p;
-        }
-        for (int64_t j = lo; j < hi; ++j)
-          std::memcpy(out + static_cast<int64_t>(g.order[j]) * dim_, src[j - lo], dim_ * sizeof(float));
+    ForEachSegmentOfBatch<std::shared_lock<std::shared_mutex>>(g, n, 60, pf, [&](Segment<K>& seg, int64_t lo,
+                                                                                 int64_t hi) {
+      thread_local std::vector<const float*> src;  // row per position, prefetched
+      src.resize(hi - lo);
+      for (int64_t j = lo; j < hi; ++j) {
+        PrefetchAhead(seg, g, j, hi);
+        uint32_t i = g.order[j];
+        const E* en = seg.Find(keys[i], g.hash[i]);
+        const float* p = (en && en->row != kNoRow) ? arena_.Row(en->row) : default_.data();
+        arena_.PrefetchRow(p, dim_);
+        src[j - lo] = p;
       }
+      CopyRowsOut(g, lo, hi, src, out);
     });
   }
 
@@ -205,46 +199,39 @@ class Table {
   void FindOrInsert(const K* keys, int64_t n, float* out, const ParallelFor& pf) {
     Grouping g;
     GroupBySegment(keys, n, &g);
-    pf(nseg_, SegmentCost(n, 120), [&](int64_t b, int64_t e) {
-      std::vector<const float*> src;  // row to copy per position (prefetched)
-      std::vector<int64_t> pending;   // positions whose key has no row yet
-      for (int64_t s = b; s < e; ++s) {
-        int64_t lo = g.start[s], hi = g.start[s + 1];
-        if (lo == hi) continue;
-        Segment<K>& seg = segments_[s];
-        std::unique_lock<std::shared_mutex> lock(seg.mu);
-        src.resize(hi - lo);
-        pending.clear();
-        // Pass 1: count every occurrence (inserting unseen keys), note rows.
-        for (int64_t j = lo; j < hi; ++j) {
-          PrefetchAhead(seg, g, j, hi);
-          uint32_t i = g.order[j];
-          E* en = seg.Find(keys[i], g.hash[i]);
-          if (!en) {
-            en = seg.InsertAbsent(keys[i], g.hash[i]);
-            if (!seg.deleted.empty()) seg.deleted.erase(keys[i]);
-          }
-          en->add_freq(1);
-          MarkDirty(seg, en);
-          if (en->row != kNoRow) {
-            src[j - lo] = arena_.Row(en->row);
-            arena_.PrefetchRow(src[j - lo], dim_);
-          } else {
-            pending.push_back(j);
-          }
+    ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 120, pf, [&](Segment<K>& seg, int64_t lo,
+                                                                                  int64_t hi) {
+      thread_local std::vector<const float*> src;  // row per position, prefetched
+      thread_local std::vector<int64_t> pending;   // positions whose key has no row yet
+      src.resize(hi - lo);
+      pending.clear();
+      // Pass 1: count every occurrence (inserting unseen keys), note rows.
+      for (int64_t j = lo; j < hi; ++j) {
+        PrefetchAhead(seg, g, j, hi);
+        uint32_t i = g.order[j];
+        E* en = seg.Find(keys[i], g.hash[i]);
+        if (!en) {
+          en = seg.InsertAbsent(keys[i], g.hash[i]);
+          if (!seg.deleted.empty()) seg.deleted.erase(keys[i]);
         }
-        // Pass 2: keys without a row are admitted once their (batch-complete)
-        // count reaches min_freq, so all occurrences in a batch agree.
-        for (int64_t j : pending) {
-          uint32_t i = g.order[j];
-          E* en = seg.Find(keys[i], g.hash[i]);
-          if (en->row == kNoRow && en->freq() >= min_freq_) Admit(seg, en);
-          src[j - lo] = en->row != kNoRow ? arena_.Row(en->row) : default_.data();
+        en->add_freq(1);
+        MarkDirty(seg, en);
+        if (en->row != kNoRow) {
+          src[j - lo] = arena_.Row(en->row);
+          arena_.PrefetchRow(src[j - lo], dim_);
+        } else {
+          pending.push_back(j);
         }
-        // Pass 3: copy rows out.
-        for (int64_t j = lo; j < hi; ++j)
-          std::memcpy(out + static_cast<int64_t>(g.order[j]) * dim_, src[j - lo], dim_ * sizeof(float));
       }
+      // Pass 2: keys without a row are admitted once their (batch-complete)
+      // count reaches min_freq, so all occurrences in a batch agree.
+      for (int64_t j : pending) {
+        uint32_t i = g.order[j];
+        E* en = seg.Find(keys[i], g.hash[i]);
+        if (en->row == kNoRow && en->freq() >= min_freq_) Admit(seg, en);
+        src[j - lo] = en->row != kNoRow ? arena_.Row(en->row) : default_.data();
+      }
+      CopyRowsOut(g, lo, hi, src, out);
     });
   }
 
@@ -260,37 +247,32 @@ class Table {
     GroupBySegment(keys, n, &g);
     std::atomic<int64_t> applied{0};
     const int stride = this->stride();
-    pf(nseg_, SegmentCost(n, 200), [&](int64_t b, int64_t e) {
+    ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 200, pf, [&](Segment<K>& seg, int64_t lo,
+                                                                                  int64_t hi) {
+      thread_local std::vector<E*> hit;  // entry per position (nullptr: absent or filtered)
+      hit.resize(hi - lo);
+      // Pass 1: resolve entries and prefetch their rows and versions (no
+      // inserts, so entry pointers stay valid for pass 2).
+      for (int64_t j = lo; j < hi; ++j) {
+        PrefetchAhead(seg, g, j, hi);
+        uint32_t i = g.order[j];
+        E* en = seg.Find(keys[i], g.hash[i]);
+        if (en && en->row == kNoRow) en = nullptr;
+        if (en) {
+          arena_.PrefetchRow(arena_.Row(en->row), stride);
+          __builtin_prefetch(&arena_.Version(en->row));
+        }
+        hit[j - lo] = en;
+      }
+      // Pass 2: fused update, version stamp, dirty mark.
       int64_t local = 0;
-      std::vector<E*> hit;  // entry per position (nullptr: absent or filtered)
-      for (int64_t s = b; s < e; ++s) {
-        int64_t lo = g.start[s], hi = g.start[s + 1];
-        if (lo == hi) continue;
-        Segment<K>& seg = segments_[s];
-        std::unique_lock<std::shared_mutex> lock(seg.mu);
-        hit.resize(hi - lo);
-        // Pass 1: resolve entries and prefetch their rows (no inserts, so
-        // entry pointers stay valid for pass 2).
-        for (int64_t j = lo; j < hi; ++j) {
-          PrefetchAhead(seg, g, j, hi);
-          uint32_t i = g.order[j];
-          E* en = seg.Find(keys[i], g.hash[i]);
-          if (en && en->row == kNoRow) en = nullptr;
-          if (en) {
-            arena_.PrefetchRow(arena_.Row(en->row), stride);
-            __builtin_prefetch(&arena_.Version(en->row));
-          }
-          hit[j - lo] = en;
-        }
-        // Pass 2: fused update, version stamp, dirty mark.
-        for (int64_t j = lo; j < hi; ++j) {
-          E* en = hit[j - lo];
-          if (!en) continue;
-          update(arena_.Row(en->row), grads + static_cast<int64_t>(g.order[j]) * dim_);
-          arena_.Version(en->row) = step;
-          MarkDirty(seg, en);
-          ++local;
-        }
+      for (int64_t j = lo; j < hi; ++j) {
+        E* en = hit[j - lo];
+        if (!en) continue;
+        update(arena_.Row(en->row), grads + static_cast<int64_t>(g.order[j]) * dim_);
+        arena_.Version(en->row) = step;
+        MarkDirty(seg, en);
+        ++local;
       }
       applied += local;
     });
@@ -538,6 +520,29 @@ class Table {
   static void PrefetchAhead(const Segment<K>& seg, const Grouping& g, int64_t j, int64_t hi) {
     if (j + kCtrlAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + kCtrlAhead]]);
     if (j + kSlotAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + kSlotAhead]]);
+  }
+
+  // Runs fn(segment, lo, hi) for every segment that holds batch positions
+  // [lo, hi) of g.order, segments in parallel, each under its lock (`Lock`:
+  // shared for reads, unique for writes), taken once per batch.
+  template <typename Lock, typename Fn>
+  void ForEachSegmentOfBatch(const Grouping& g, int64_t n, int64_t ns_per_key, const ParallelFor& pf,
+                             const Fn& fn) const {
+    pf(nseg_, SegmentCost(n, ns_per_key), [&](int64_t b, int64_t e) {
+      for (int64_t s = b; s < e; ++s) {
+        int64_t lo = g.start[s], hi = g.start[s + 1];
+        if (lo == hi) continue;
+        Lock lock(segments_[s].mu);
+        fn(segments_[s], lo, hi);
+      }
+    });
+  }
+
+  // Copies the rows noted for positions [lo, hi) to their output slots.
+  void CopyRowsOut(const Grouping& g, int64_t lo, int64_t hi, const std::vector<const float*>& src,
+                   float* out) const {
+    for (int64_t j = lo; j < hi; ++j)
+      std::memcpy(out + static_cast<int64_t>(g.order[j]) * dim_, src[j - lo], dim_ * sizeof(float));
   }
 
   int SegmentOf(uint64_t h) const { return seg_bits_ == 0 ? 0 : static_cast<int>(h >> (64 - seg_bits_)); }

@@ -58,6 +58,23 @@ absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<EvReso
     return;                                                             \
   }
 
+// Base of every kernel that works on an existing table: looks the resource up
+// (clear error when it is missing or has another key type) and hands the
+// table to ComputeOn.
+template <typename K>
+class EvTableOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) final {
+    tensorflow::core::RefCountPtr<EvResource<K>> res;
+    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
+    ComputeOn(ctx, res->table());
+  }
+
+ protected:
+  virtual void ComputeOn(OpKernelContext* ctx, Table<K>& t) = 0;
+};
+
 // ---------------------------------------------------------------- create
 
 template <typename K>
@@ -126,13 +143,10 @@ class EvIsInitializedOp : public OpKernel {
 // ---------------------------------------------------------------- lookups
 
 template <typename K, bool kTrain>
-class EvLookupOp : public OpKernel {
+class EvLookupOp : public EvTableOp<K> {
  public:
-  explicit EvLookupOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
-    Table<K>& t = res->table();
+  explicit EvLookupOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     OP_REQUIRES(ctx, t.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
     const Tensor& keys = ctx->input(1);
@@ -157,16 +171,13 @@ class EvLookupOp : public OpKernel {
 
 // ---------------------------------------------------------------- apply
 
-// Shared validation and dedup for the fused sparse applies. Subclasses supply
-// Slots() and Run(table, unique keys, summed grads, n, step).
+// Shared validation, NaN/Inf refusal and dedup for the fused sparse applies.
+// Subclasses supply Run(ctx, table, unique keys, summed grads, n, step).
 template <typename K>
-class EvApplyBase : public OpKernel {
+class EvApplyBase : public EvTableOp<K> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
-    Table<K>& t = res->table();
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& grads = ctx->input(2);
     const Tensor& step = ctx->input(3);
@@ -293,26 +304,22 @@ class EvCheckFiniteOp : public OpKernel {
 // ---------------------------------------------------------------- introspection
 
 template <typename K>
-class EvSizeOp : public OpKernel {
+class EvSizeOp : public EvTableOp<K> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = res->table().size();
+    out->scalar<int64_t>()() = t.size();
   }
 };
 
 template <typename K>
-class EvStatsOp : public OpKernel {
+class EvStatsOp : public EvTableOp<K> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
-    TableStats s = res->table().Stats();
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    TableStats s = t.Stats();
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({9}), &out));
     auto o = out->flat<int64_t>();
@@ -323,13 +330,10 @@ class EvStatsOp : public OpKernel {
 };
 
 template <typename K>
-class EvKeyInfoOp : public OpKernel {
+class EvKeyInfoOp : public EvTableOp<K> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
-    Table<K>& t = res->table();
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     const Tensor& keys = ctx->input(1);
     Tensor *freqs, *versions, *admitted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &freqs));
@@ -346,29 +350,24 @@ class EvKeyInfoOp : public OpKernel {
 };
 
 template <typename K>
-class EvRemoveOp : public OpKernel {
+class EvRemoveOp : public EvTableOp<K> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     const Tensor& keys = ctx->input(1);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = res->table().Erase(keys.flat<K>().data(), keys.NumElements());
+    out->scalar<int64_t>()() = t.Erase(keys.flat<K>().data(), keys.NumElements());
   }
 };
 
 // ---------------------------------------------------------------- export / import
 
 template <typename K>
-class EvExportOp : public OpKernel {
+class EvExportOp : public EvTableOp<K> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
-    Table<K>& t = res->table();
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     const int dim = t.dim();
     SlotSpecs slots = t.slots();
     const int ns = static_cast<int>(slots.size());
@@ -414,13 +413,10 @@ class EvExportOp : public OpKernel {
 };
 
 template <typename K>
-class EvImportOp : public OpKernel {
+class EvImportOp : public EvTableOp<K> {
  public:
-  explicit EvImportOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
-    Table<K>& t = res->table();
+  explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     const int dim = t.dim();
     const Tensor &keys = ctx->input(1), &vals = ctx->input(2), &slots = ctx->input(3), &names = ctx->input(4),
                  &vers = ctx->input(5), &freqs = ctx->input(6), &fkeys = ctx->input(7), &ffreqs = ctx->input(8);
@@ -469,14 +465,12 @@ class EvImportOp : public OpKernel {
 // ---------------------------------------------------------------- two-phase export
 
 template <typename K>
-class EvBeginExportOp : public OpKernel {
+class EvBeginExportOp : public EvTableOp<K> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     std::shared_ptr<const typename Table<K>::Snapshot> snap;
-    EV_TRY(ctx, snap = res->table().BeginExport());
+    EV_TRY(ctx, snap = t.BeginExport());
     Tensor *id, *dirty, *deleted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &id));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({static_cast<int64_t>(snap->dirty.size())}), &dirty));
@@ -488,17 +482,15 @@ class EvBeginExportOp : public OpKernel {
 };
 
 template <typename K>
-class EvEndExportOp : public OpKernel {
+class EvEndExportOp : public EvTableOp<K> {
  public:
-  explicit EvEndExportOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
+  explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     uint64_t id = static_cast<uint64_t>(ctx->input(1).scalar<int64_t>()());
     if (commit_) {
-      EV_TRY(ctx, res->table().Commit(id));
+      EV_TRY(ctx, t.Commit(id));
     } else {
-      EV_TRY(ctx, res->table().Abort(id));
+      EV_TRY(ctx, t.Abort(id));
     }
   }
 
