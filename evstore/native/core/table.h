@@ -209,11 +209,7 @@ class Table {
       for (int64_t j = lo; j < hi; ++j) {
         PrefetchAhead(seg, g, j, hi);
         uint32_t i = g.order[j];
-        E* en = seg.Find(keys[i], g.hash[i]);
-        if (!en) {
-          en = seg.InsertAbsent(keys[i], g.hash[i]);
-          if (!seg.deleted.empty()) seg.deleted.erase(keys[i]);
-        }
+        E* en = FindOrAdd(seg, keys[i], g.hash[i]);
         en->add_freq(1);
         MarkDirty(seg, en);
         if (en->row != kNoRow) {
@@ -378,11 +374,7 @@ class Table {
       uint64_t h = HashKey(keys[i]);
       Segment<K>& seg = segments_[SegmentOf(h)];
       std::unique_lock<std::shared_mutex> lock(seg.mu);
-      E* en = seg.Find(keys[i], h);
-      if (!en) {
-        en = seg.InsertAbsent(keys[i], h);
-        if (!seg.deleted.empty()) seg.deleted.erase(keys[i]);
-      }
+      E* en = FindOrAdd(seg, keys[i], h);
       if (en->row == kNoRow) Admit(seg, en);
       float* dst = arena_.Row(en->row);
       const float* src = rows + i * in_stride;
@@ -402,11 +394,7 @@ class Table {
       uint64_t h = HashKey(keys[i]);
       Segment<K>& seg = segments_[SegmentOf(h)];
       std::unique_lock<std::shared_mutex> lock(seg.mu);
-      E* en = seg.Find(keys[i], h);
-      if (!en) {
-        en = seg.InsertAbsent(keys[i], h);
-        if (!seg.deleted.empty()) seg.deleted.erase(keys[i]);
-      }
+      E* en = FindOrAdd(seg, keys[i], h);
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
       if (mark_dirty) MarkDirty(seg, en);
     }
@@ -570,6 +558,17 @@ class Table {
       en->freq_dirty |= E::kDirtyBit;
       seg.dirty.push_back(en->key);
     }
+  }
+
+  // The key's entry, inserted (counted 0, no row) if absent; a re-inserted key
+  // leaves the deleted set. Caller holds the segment lock exclusively.
+  E* FindOrAdd(Segment<K>& seg, K key, uint64_t h) {
+    E* en = seg.Find(key, h);
+    if (!en) {
+      en = seg.InsertAbsent(key, h);
+      if (!seg.deleted.empty()) seg.deleted.erase(key);
+    }
+    return en;
   }
 
   // Gives a filtered key its row: embedding from the bank, slots from their
