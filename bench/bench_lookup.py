@@ -28,13 +28,18 @@ Phases and workloads:
           evstore.train_step  embedding_lookup + GradientTape + optimizers.Adam.apply_gradients
                               (train_apply: the apply_gradients call alone)
           tfra.train_step     the same step through TFRA's Keras path (+ train_apply)
-numpy is freed after the read phase and DenseHashTable after the insert phase;
-the train phase therefore runs on tables holding N + (warmup+batches)*batch keys.
-evstore bytes/key = (index_bytes + meta_bytes) / size from ev.stats() after the fill.
+numpy is dropped after the read phase and DenseHashTable after the insert phase
+(TF does not hand the DenseHashTable's memory back to the OS, so bench/run.py
+runs the train phase in a process without it). The train phase runs on tables
+holding N + (warmup+batches)*batch keys when it follows the insert phase.
+`<workload>_first_s` is the duration of the first (untimed) batch of each workload.
+evstore bytes/key = (index_bytes + meta_bytes) / size from ev.stats(), after the fill (every key
+dirty) and after a committed export (begin_export + commit_export: the dirty list emptied).
 Prints one JSON line (the last line of stdout).
 """
 import argparse
 import gc
+import glob
 import json
 import os
 import subprocess
@@ -77,6 +82,13 @@ class Evstore:
                      "index_bytes_per_key": st["index_bytes"] / max(1, st["size"]),
                      "meta_bytes_per_key": st["meta_bytes"] / max(1, st["size"]),
                      "row_bytes_per_key": st["row_bytes"] / max(1, st["size"])}
+        # The fill marks every key dirty (the dirty list is part of index_bytes);
+        # a committed export (what a checkpoint save does) empties it.
+        sid, _, _ = self.ev.begin_export()
+        self.ev.commit_export(sid)
+        st = self.ev.stats()
+        self.info["stats_after_seal"] = st
+        self.info["index_meta_bytes_per_key_sealed"] = (st["index_bytes"] + st["meta_bytes"]) / max(1, st["size"])
         self.ex = [tf.constant(k) for k in bt.keys]
         self.new = [tf.constant(k) for k in bt.new_keys]
         self.no_proxy = tf.zeros([0])
@@ -207,6 +219,11 @@ class TfraProcess:
             self.p.wait()
 
 
+def progress(msg):
+    """One progress line on stderr with this process's RSS."""
+    print(f"[bench_lookup {time.strftime('%H:%M:%S')}] {msg} (rss {rss_mib():.0f} MiB)", file=sys.stderr, flush=True)
+
+
 def run_phase(name, systems, results, args):
     """Interleaved rounds over the phase's (system, workload) pairs present in `systems`."""
     ops = [(s, w) for s, w in PHASES[name] if s in systems]
@@ -224,9 +241,14 @@ def run_phase(name, systems, results, args):
                 continue
             if r >= args.warmup:
                 times[(s, w)].append(t)
+            elif r == 0:
+                results.setdefault(s, {})[w + "_first_s"] = t[0]
     for (s, w), ts in times.items():
         res = results.setdefault(s, {})
         res[w] = rate(args.batch, [t[0] for t in ts])
+        if ts:  # per-batch seconds: min / median / max (spikes show up in max)
+            sec = sorted(t[0] for t in ts)
+            res[w + "_s_min_med_max"] = [sec[0], sec[len(sec) // 2], sec[-1]]
         if len(ts) and len(ts[0]) > 1:
             res[w.replace("step", "apply")] = rate(args.batch, [t[1] for t in ts])
 
@@ -245,9 +267,9 @@ def main():
                     help=f"comma-separated in-process systems from {','.join(SYSTEMS)} (default: all)")
     ap.add_argument("--peer-python", default="",
                     help="python of the TFRA venv (e.g. .peer-tfra/bin/python); empty: no TFRA")
-    ap.add_argument("--peer-timeout", type=float, default=1800, help="seconds to wait for the TFRA fill")
     ap.add_argument("--log-dir", default="", help="directory for the TFRA peer's stderr log")
-    ap.add_argument("--no-train", action="store_true", help="skip the train phase")
+    ap.add_argument("--phases", default="read,insert,train",
+                    help="comma-separated phases to run, in order: read, insert, train (default: all)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 100k keys, 5 rounds, 1 warmup")
     args = ap.parse_args()
     if args.quick:
@@ -255,9 +277,13 @@ def main():
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
     if set(wanted) - set(SYSTEMS):
         ap.error(f"unknown systems: {sorted(set(wanted) - set(SYSTEMS))}")
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    if set(phases) - set(PHASES):
+        ap.error(f"unknown phases: {sorted(set(phases) - set(PHASES))}")
 
     out = {"keys": args.keys, "dim": args.dim, "batch": args.batch, "batches": args.batches,
-           "warmup": args.warmup, "seed": args.seed}
+           "warmup": args.warmup, "seed": args.seed, "systems": wanted + (["tfra"] if args.peer_python else []),
+           "phases": args.phases}
     peer = None
     if args.peer_python:  # start first: it fills its table while we fill ours
         try:
@@ -267,12 +293,17 @@ def main():
 
     import tensorflow as tf
     out["tf_version"] = tf.__version__
+    if "evstore" in wanted:  # which native build this process measured (the tree may be rebuilt meanwhile)
+        so = glob.glob(os.path.join(os.path.dirname(HERE), "evstore", "native", "_evstore_ops*.so"))
+        out["evstore_so_mtime"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(os.path.getmtime(so[0]))) \
+            if so else None
     bt = Batches(args.keys, args.batch, args.batches + args.warmup, args.seed)
     classes = {"evstore": Evstore, "dense_hash": DenseHash, "numpy": NumpyGather}
     systems, results = {}, {}
     for s in wanted:
         try:
             systems[s] = classes[s](args, bt, tf)
+            progress(f"{s} filled")
         except Exception as e:
             results[s] = {"error": f"setup: {type(e).__name__}: {e}"[:2000]}
     if peer is not None:
@@ -286,15 +317,17 @@ def main():
             peer.close()
             peer = None
 
-    phases = ["read", "insert"] + ([] if args.no_train else ["train"])
     for ph in phases:
         t0 = time.perf_counter()
         run_phase(ph, systems, results, args)
         out[f"phase_{ph}_s"] = time.perf_counter() - t0
+        progress(f"phase {ph} done")
         drop = {"read": "numpy", "insert": "dense_hash"}.get(ph)
         if drop in systems:
-            results[drop].update(systems.pop(drop).stats())
+            results.setdefault(drop, {}).update(systems.pop(drop).stats())
             gc.collect()
+            progress(f"{drop} freed")
+    out["rss_end_mib"] = rss_mib()
     for s, obj in systems.items():
         try:
             results.setdefault(s, {}).update(obj.stats())

@@ -1,0 +1,302 @@
+"""`make bench`: evstore vs TFRA, TF DenseHashTable and numpy gather over a size matrix.
+
+    .venv/bin/python bench/run.py            # default matrix: 1M and 10M keys x dim 16 and 64
+    .venv/bin/python bench/run.py --quick    # ~1 minute smoke run (100k keys, 5 rounds)
+    .venv/bin/python bench/run.py --matrix 1000000x16 --batches 10
+
+For each (keys, dim), one configuration in memory at a time, it runs
+bench/bench_lookup.py twice, each a fresh process measuring its systems
+interleaved batch by batch (every ratio is taken within one run):
+  run A  evstore, TF DenseHashTable, numpy gather   phases read, insert
+  run B  evstore, TFRA                               phases read, insert, train
+TFRA is bench/peer_tfra.py in the .peer-tfra venv (created with
+../shared/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
+unavailable and everything else still runs. A run whose estimated peak memory
+exceeds MemAvailable is skipped (and reported).
+
+Writes bench/results/bench-<UTC time>.json (all raw numbers) and .md (the
+tables printed to stdout); logs go to bench/results/logs/.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from common import mem_available_mib  # noqa: E402
+
+DEFAULT_MATRIX = "1000000x16,1000000x64,10000000x16,10000000x64"
+QUICK_MATRIX = "100000x16,100000x64"
+TARGETS = {"tfra": 3.0, "dense_hash": 2.0, "numpy": 0.6, "adam": 3.0, "bytes": 32}
+
+
+def ensure_peer(venv, log):
+    """Returns (python path, None) if TFRA is importable in `venv`, else (None, reason)."""
+    py = os.path.join(venv, "bin", "python")
+    setup = os.path.join(ROOT, "..", "shared", "peers", "tfra-setup.sh")
+    if not os.path.exists(setup):
+        return (py, None) if os.path.exists(py) else (None, f"{setup} not found and {venv} missing")
+    print(f"checking TFRA peer venv {venv} (tfra-setup.sh; builds it on first use)...", flush=True)
+    r = subprocess.run(["bash", setup, venv], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if r.returncode != 0 or not os.path.exists(py):
+        return None, f"tfra-setup.sh failed (exit {r.returncode}); see {log.name}"
+    return py, None
+
+
+def est_peak_mib(keys, dim):
+    """Rough peak of one run (measured at 10M x 64: run A ~5.8x, run B ~5.9x the raw rows)."""
+    return keys * (4 * dim + 16) * 6 / 2**20 + 1500
+
+
+def run_bench(keys, dim, args, tag, extra, logdir):
+    """One bench_lookup.py process; returns its JSON result (or {"error": ...})."""
+    cmd = [sys.executable, os.path.join(HERE, "bench_lookup.py"), "--keys", str(keys), "--dim", str(dim),
+           "--batch", str(args.batch), "--batches", str(args.batches), "--warmup", str(args.warmup),
+           "--seed", str(args.seed), "--log-dir", logdir] + extra
+    log_path = os.path.join(logdir, f"bench_lookup_{keys}x{dim}_{tag}.log")
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                               timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {args.timeout}s; see {log_path}"}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return {"error": f"bench_lookup exit {r.returncode}; see {log_path}"}
+    res = json.loads(lines[-1])
+    res["wall_s"] = time.time() - t0
+    return res
+
+
+def run_config(keys, dim, args, peer_py, logdir):
+    """Run A: evstore vs DenseHashTable and numpy (read, insert). Run B: evstore
+    vs TFRA (read, insert, train). Separate processes keep the peak memory of
+    10M x 64 in bounds; every ratio is taken within one run."""
+    out = {"keys": keys, "dim": dim}
+    out["A"] = run_bench(keys, dim, args, "A", ["--systems", "evstore,dense_hash,numpy",
+                                                "--phases", "read,insert"], logdir)
+    out["B"] = run_bench(keys, dim, args, "B", ["--systems", "evstore", "--phases", "read,insert,train"]
+                         + (["--peer-python", peer_py] if peer_py else []), logdir)
+    return out
+
+
+def m(x):
+    return "n/a" if x is None else f"{x / 1e6:.2f}"
+
+
+def ratio(a, b, target=None):
+    if a is None or b is None or b == 0:
+        return "n/a"
+    r = a / b
+    mark = "" if target is None else (" ✓" if r >= target else " ✗")
+    return f"{r:.2f}x{mark}"
+
+
+def g(res, run, sys_name, key):
+    v = res.get(run, {}).get(sys_name, {}).get(key)
+    return v if isinstance(v, (int, float)) else None
+
+
+def table(results, title, note, cols):
+    """cols: (header, fn(result) -> cell) pairs after the keys / dim columns."""
+    out = [f"\n### {title}\n", note + "\n" if note else "",
+           "| keys | dim | " + " | ".join(h for h, _ in cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    for r in results:
+        out.append(f"| {r['keys'] / 1e6:g}M | {r['dim']} | " + " | ".join(f(r) for _, f in cols) + " |")
+    return [x for x in out if x != ""]
+
+
+def tables(results, tfra_note):
+    T = TARGETS
+    ok = [r for r in results if "error" not in r]
+    out = []
+
+    def f1(x, p=1):
+        return "n/a" if x is None else f"{x:.{p}f}"
+
+    def rate_cols(ev_a, dht, ev_b, tfra, gather=True):
+        cols = [("evstore (A)", lambda r: m(g(r, "A", "evstore", ev_a))),
+                ("DenseHashTable (A)", lambda r: m(g(r, "A", "dense_hash", dht)))]
+        if gather:
+            cols += [("numpy `t[idx]` (A)", lambda r: m(g(r, "A", "numpy", "gather"))),
+                     ("numpy take (A)", lambda r: m(g(r, "A", "numpy", "take")))]
+        cols += [(f"vs DHT (≥{T['dense_hash']}x)",
+                  lambda r: ratio(g(r, "A", "evstore", ev_a), g(r, "A", "dense_hash", dht), T["dense_hash"])),
+                 (f"vs gather (≥{T['numpy']}x)",
+                  lambda r: ratio(g(r, "A", "evstore", ev_a), g(r, "A", "numpy", "gather"), T["numpy"])),
+                 ("evstore (B)", lambda r: m(g(r, "B", "evstore", ev_b))),
+                 ("TFRA (B)", lambda r: m(g(r, "B", "tfra", tfra))),
+                 (f"vs TFRA (≥{T['tfra']}x)",
+                  lambda r: ratio(g(r, "B", "evstore", ev_b), g(r, "B", "tfra", tfra), T["tfra"]))]
+        return cols
+
+    out += table(ok, "Read-only find (M keys/s)", "evstore EvFind; DenseHashTable.lookup; TFRA "
+                 "CuckooHashTable.lookup.", rate_cols("find", "find", "find", "find"))
+    out += table(ok, "Find-or-insert, existing keys (training-lookup hit; M keys/s)",
+                 "evstore EvFindOrInsert (counts frequency) vs DenseHashTable.lookup (it has no "
+                 "find-or-insert) and TFRA's training read `de.Variable.lookup` (find + initializer rows).",
+                 rate_cols("foi_hit", "find", "foi_hit", "lookup_init", gather=False))
+    out += table(ok, "Find-or-insert, new keys (every key inserted; M keys/s)",
+                 "evstore EvFindOrInsert of never-seen keys vs `insert` of the same keys with supplied rows.",
+                 rate_cols("foi_new", "insert_new", "foi_new", "insert_new", gather=False))
+    def worst(run, system, key):
+        def cell(r):
+            spread = (r.get(run, {}).get(system) or {}).get(key + "_s_min_med_max")
+            return f1(spread[-1] * 1e3, 0) if spread else "n/a"
+        return cell
+
+    out += table(ok, "Insert phase: slowest of the timed batches (ms)",
+                 "Medians hide growth pauses: a table that rehashes all at once shows one slow batch.",
+                 [("evstore (A)", worst("A", "evstore", "foi_new")),
+                  ("DenseHashTable (A)", worst("A", "dense_hash", "insert_new")),
+                  ("evstore (B)", worst("B", "evstore", "foi_new")),
+                  ("TFRA (B)", worst("B", "tfra", "insert_new"))])
+    out += table(ok, "Adam (run B; M keys/s)",
+                 "apply = EvApplyAdam alone; step = lookup + gradient + apply_gradients (its "
+                 "apply_gradients part alone in the next columns). DESIGN target: fused apply ≥ 3x TFRA's step.",
+                 [("evstore apply", lambda r: m(g(r, "B", "evstore", "adam_apply"))),
+                  ("evstore step", lambda r: m(g(r, "B", "evstore", "train_step"))),
+                  ("TFRA step", lambda r: m(g(r, "B", "tfra", "train_step"))),
+                  (f"apply vs TFRA step (≥{T['adam']}x)", lambda r: ratio(
+                      g(r, "B", "evstore", "adam_apply"), g(r, "B", "tfra", "train_step"), T["adam"])),
+                  ("step vs step", lambda r: ratio(g(r, "B", "evstore", "train_step"),
+                                                   g(r, "B", "tfra", "train_step"))),
+                  ("evstore apply_gradients", lambda r: m(g(r, "B", "evstore", "train_apply"))),
+                  ("TFRA apply_gradients", lambda r: m(g(r, "B", "tfra", "train_apply"))),
+                  ("vs", lambda r: ratio(g(r, "B", "evstore", "train_apply"), g(r, "B", "tfra", "train_apply"))),
+                  ("evstore 1st apply (s)", lambda r: f1(g(r, "B", "evstore", "adam_apply_first_s"), 2))])
+
+    def total_sealed(r):
+        st = r.get("A", {}).get("evstore", {}).get("stats_after_seal") or {}
+        if not st.get("size"):
+            return "n/a"
+        tot = (st["index_bytes"] + st["meta_bytes"] + st["row_bytes"]) / st["size"]
+        return f"{tot:.1f} ({'✓' if tot <= 4 * r['dim'] + 32 else '✗'} {4 * r['dim'] + 32})"
+
+    def rows_after_adam(r):
+        st = r.get("B", {}).get("evstore", {}).get("stats_final") or {}
+        return f1(st["row_bytes"] / st["size"]) if st.get("size") else "n/a"
+
+    out += table(ok, "evstore memory (bytes per key)",
+                 f"index + meta target ≤ {T['bytes']} (4*dim+32 in total without slots). 'all dirty': right after "
+                 "the fill, every key on the dirty list (8 B/key of index_bytes); 'sealed': after a committed "
+                 "export. RSS: growth of the process during the fill (run B).",
+                 [("index+meta, all dirty", lambda r: f1(g(r, "A", "evstore", "index_meta_bytes_per_key"))),
+                  ("index+meta, sealed", lambda r: f1(g(r, "A", "evstore", "index_meta_bytes_per_key_sealed"))),
+                  ("rows", lambda r: f1(g(r, "A", "evstore", "row_bytes_per_key"))),
+                  ("total, sealed (≤ 4*dim+32)", lambda r: total_sealed(r)),
+                  ("rows after Adam (w, m, v)", rows_after_adam),
+                  ("evstore RSS (MiB)", lambda r: f1(g(r, "B", "evstore", "rss_fill_mib"), 0)),
+                  ("TFRA RSS (MiB)", lambda r: f1(g(r, "B", "tfra", "rss_fill_mib"), 0))])
+    notes = [f"- {r['keys']}x{r['dim']}: {r['error']}" for r in results if "error" in r]
+    for r in ok:
+        for run in ("A", "B"):
+            rr = r.get(run, {})
+            if "error" in rr:
+                notes.append(f"- {r['keys']}x{r['dim']} run {run}: {rr['error']}")
+            if rr.get("tfra_error"):
+                notes.append(f"- {r['keys']}x{r['dim']} run {run} TFRA: {rr['tfra_error']}")
+            for s in ("evstore", "dense_hash", "numpy", "tfra"):
+                notes += [f"- {r['keys']}x{r['dim']} run {run} {s}.{k}: {v}"
+                          for k, v in (rr.get(s) or {}).items() if k.endswith("error")]
+    if tfra_note:
+        notes.insert(0, f"- TFRA unavailable: {tfra_note}")
+    if notes:
+        out += ["\n### Errors / skipped\n"] + notes
+    return "\n".join(out) + "\n"
+
+
+def evstore_version():
+    """git describe of the tree, plus any uncommitted files under evstore/ (a moving tree says so)."""
+    try:
+        commit = subprocess.run(["git", "describe", "--always"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "evstore", "setup.py"], cwd=ROOT,
+                                 capture_output=True, text=True).stdout.split("\n")
+    except OSError:
+        return "unknown"
+    changed = [c[3:] for c in changed if c.strip()]
+    return commit + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK_MATRIX}, 5 rounds, 1 warmup")
+    ap.add_argument("--matrix", default=None, help=f"comma-separated KEYSxDIM (default {DEFAULT_MATRIX})")
+    ap.add_argument("--batch", type=int, default=65536, help="keys per batch (default 65536)")
+    ap.add_argument("--batches", type=int, default=None, help="timed rounds per phase (default 20; quick 5)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed rounds per phase (default 2; quick 1)")
+    ap.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    ap.add_argument("--peer-venv", default=os.path.join(ROOT, ".peer-tfra"), help="TFRA venv (default .peer-tfra)")
+    ap.add_argument("--no-tfra", action="store_true", help="skip the TFRA peer")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
+    ap.add_argument("--out-dir", default=os.path.join(HERE, "results"), help="results directory")
+    ap.add_argument("--render", metavar="JSON", help="only print the tables of a saved results file")
+    args = ap.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            data = json.load(f)
+        print(tables(data["results"], None if data["meta"]["tfra"] == "available" else data["meta"]["tfra"]))
+        return
+    matrix = args.matrix or (QUICK_MATRIX if args.quick else DEFAULT_MATRIX)
+    args.batches = args.batches or (5 if args.quick else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    configs = [tuple(int(x) for x in c.lower().split("x")) for c in matrix.split(",") if c]
+
+    logdir = os.path.join(args.out_dir, "logs")
+    os.makedirs(logdir, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    peer_py, tfra_note = None, None
+    if args.no_tfra:
+        tfra_note = "--no-tfra"
+    else:
+        with open(os.path.join(logdir, "tfra-setup.log"), "w") as log:
+            peer_py, tfra_note = ensure_peer(args.peer_venv, log)
+
+    commit = evstore_version()
+    t_start = time.time()
+    results = []
+    for keys, dim in configs:
+        need, avail = est_peak_mib(keys, dim), mem_available_mib()
+        if need > avail:
+            results.append({"keys": keys, "dim": dim,
+                            "error": f"skipped: estimated peak {need:.0f} MiB > MemAvailable {avail:.0f} MiB"})
+            print(results[-1]["error"], flush=True)
+            continue
+        print(f"[{time.time() - t_start:6.0f}s] {keys} keys x dim {dim} ...", flush=True)
+        results.append(run_config(keys, dim, args, peer_py, logdir))
+        for run in ("A", "B"):
+            if "error" in results[-1][run]:
+                print(f"  run {run}: " + results[-1][run]["error"], flush=True)
+
+    meta = {"date_utc": stamp, "evstore_commit": commit,
+            "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
+            "host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "batch": args.batch, "batches": args.batches,
+            "warmup": args.warmup, "seed": args.seed, "tfra": tfra_note or "available",
+            "total_s": time.time() - t_start}
+    md = (f"## evstore benchmark {stamp}\n\n`{meta['command']}` — evstore {commit}, {meta['cpus']} CPUs, "
+          f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
+          "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
+          "ratios are within a run.\n"
+          + tables(results, tfra_note))
+    base = os.path.join(args.out_dir, f"bench-{stamp}")
+    with open(base + ".json", "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    print("\n" + md)
+    print(f"results: {os.path.relpath(base, ROOT)}.json / .md", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
