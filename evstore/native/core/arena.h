@@ -79,6 +79,22 @@ class RowArena {
     return r;
   }
 
+  // Allocate() n times under one lock acquisition.
+  void AllocateMany(size_t n, uint32_t* out) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (size_t k = 0; k < n; ++k) {
+      if (!free_.empty()) {
+        out[k] = free_.back();
+        free_.pop_back();
+        continue;
+      }
+      uint32_t b, off;
+      Locate(next_, &b, &off);
+      if (off == 0) EnsureBlock(b);
+      out[k] = next_++;
+    }
+  }
+
   void Free(uint32_t r) {
     std::lock_guard<std::mutex> l(mu_);
     free_.push_back(r);

@@ -78,6 +78,8 @@ class Segment {
   std::unordered_set<K> deleted;
 
   size_t size() const { return size_; }
+  // Bumped by every rehash: entry pointers taken at an older count are stale.
+  uint64_t rehashes() const { return rehashes_; }
   size_t admitted() const { return admitted_; }
   void adjust_admitted(int64_t d) { admitted_ += d; }
   size_t capacity() const { return ngroups_ * kGroup; }
@@ -190,6 +192,7 @@ class Segment {
   }
 
   void Grow() {
+    ++rehashes_;
     // Target load 0.7 after the rehash (a table full of tombstones keeps its size).
     size_t want = (size_ + 1) * 10 / 7 / kGroup + 1;
     if (want < ngroups_) want = ngroups_;
@@ -230,6 +233,7 @@ class Segment {
   size_t size_ = 0;
   size_t tombstones_ = 0;
   size_t admitted_ = 0;
+  uint64_t rehashes_ = 0;
 };
 
 }  // namespace evstore

@@ -202,7 +202,8 @@ class Table {
     ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 120, pf, [&](Segment<K>& seg, int64_t lo,
                                                                                   int64_t hi) {
       thread_local std::vector<const float*> src;  // row per position, prefetched
-      thread_local std::vector<int64_t> pending;   // positions whose key has no row yet
+      thread_local std::vector<Pending> pending;    // positions whose key has no row yet
+      thread_local std::vector<uint32_t> rows;
       src.resize(hi - lo);
       pending.clear();
       // Pass 1: count every occurrence (inserting unseen keys), note rows.
@@ -216,16 +217,29 @@ class Table {
           src[j - lo] = arena_.Row(en->row);
           arena_.PrefetchRow(src[j - lo], dim_);
         } else {
-          pending.push_back(j);
+          pending.push_back({j, en, seg.rehashes()});
         }
       }
       // Pass 2: keys without a row are admitted once their (batch-complete)
-      // count reaches min_freq, so all occurrences in a batch agree.
-      for (int64_t j : pending) {
-        uint32_t i = g.order[j];
-        E* en = seg.Find(keys[i], g.hash[i]);
-        if (en->row == kNoRow && en->freq() >= min_freq_) Admit(seg, en);
-        src[j - lo] = en->row != kNoRow ? arena_.Row(en->row) : default_.data();
+      // count reaches min_freq, so all occurrences in a batch agree. Entry
+      // pointers from pass 1 are reused unless a rehash moved the entries.
+      size_t admit = 0;
+      for (Pending& p : pending) {
+        if (p.rehashes != seg.rehashes()) {
+          uint32_t i = g.order[p.pos];
+          p.en = seg.Find(keys[i], g.hash[i]);
+        }
+        if (p.en->row == kNoRow && p.en->freq() >= min_freq_) {
+          p.en->row = kAdmitting;
+          ++admit;
+        }
+      }
+      rows.resize(admit);
+      if (admit) arena_.AllocateMany(admit, rows.data());
+      size_t next = 0;
+      for (const Pending& p : pending) {
+        if (p.en->row == kAdmitting) Admit(seg, p.en, rows[next++]);
+        src[p.pos - lo] = p.en->row != kNoRow ? arena_.Row(p.en->row) : default_.data();
       }
       CopyRowsOut(g, lo, hi, src, out);
     });
@@ -502,6 +516,15 @@ class Table {
     if (b < 0 || b > 12) throw std::invalid_argument("segments_log2 must be in [0, 12]");
     return b;
   }
+  // A pass-1 entry without a row, for pass 2 of FindOrInsert.
+  struct Pending {
+    int64_t pos;
+    E* en;
+    uint64_t rehashes;  // segment's rehash count when `en` was taken
+  };
+  // Marks an entry chosen for admission while rows are allocated in bulk.
+  static constexpr uint32_t kAdmitting = RowArena::kNoRow - 1;
+
   static constexpr int kCtrlAhead = 16;  // positions ahead to prefetch control bytes
   static constexpr int kSlotAhead = 8;   // positions ahead to prefetch the matching entry
 
@@ -574,8 +597,8 @@ class Table {
   // Gives a filtered key its row: embedding from the bank, slots from their
   // initial values, version -1. Caller holds the segment lock exclusively and
   // decides about the dirty mark (ImportRows with mark_dirty=false must not set it).
-  void Admit(Segment<K>& seg, E* en) {
-    uint32_t r = arena_.Allocate();
+  void Admit(Segment<K>& seg, E* en) { Admit(seg, en, arena_.Allocate()); }
+  void Admit(Segment<K>& seg, E* en, uint32_t r) {
     float* row = arena_.Row(r);
     const float* init = bank_.data() + (BankHash(en->key) % bank_rows_) * dim_;
     std::memcpy(row, init, dim_ * sizeof(float));
