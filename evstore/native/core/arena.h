@@ -30,6 +30,8 @@
 #include <mutex>
 #include <vector>
 
+#include "memory.h"
+
 namespace evstore {
 
 class RowArena {
@@ -182,16 +184,14 @@ class RowArena {
     BlockRec* blk = Block(b);
     size_t n = BlockRows(b);
     blk->data = AllocRows(n, stride_);
-    blk->versions = static_cast<int64_t*>(std::malloc(n * sizeof(int64_t)));
+    blk->versions = static_cast<int64_t*>(AllocLarge(n * sizeof(int64_t)));
     if (!blk->data || !blk->versions) throw std::bad_alloc();
     nblocks_ = b + 1;
   }
-  // Cache-line aligned, so a 16-float row is exactly one line.
+  // Cache-line aligned (a 16-float row is exactly one line); huge-page
+  // backed for large blocks (memory.h).
   static float* AllocRows(size_t n, int stride) {
-    size_t bytes = (n * stride * sizeof(float) + 63) / 64 * 64;
-    float* p = static_cast<float*>(std::aligned_alloc(64, bytes ? bytes : 64));
-    if (!p) throw std::bad_alloc();
-    return p;
+    return static_cast<float*>(AllocLarge(n * stride * sizeof(float)));
   }
   void ReleaseAll() {
     for (uint32_t b = 0; b < nblocks_; ++b) {
