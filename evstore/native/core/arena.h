@@ -127,15 +127,54 @@ class RowArena {
     return total;
   }
 
+  // Widening rows for new optimizer slots happens in two steps so that the
+  // expensive part, getting fresh memory from the kernel (page faults and
+  // zeroing dominate: ~85% of the time measured), runs while lookups and
+  // applies continue:
+  //   PrepareWiden(new_stride)   no table lock: allocates and pre-faults a
+  //                              wider buffer for every existing block;
+  //   Relayout(new_stride, ...)  every segment lock held: copies rows into the
+  //                              prepared buffers (blocks created since are
+  //                              allocated here) and swaps them in.
+  struct Widened {
+    int stride = 0;
+    std::vector<float*> data;  // per block, or empty
+    ~Widened() {
+      for (float* p : data) std::free(p);
+    }
+  };
+  std::unique_ptr<Widened> PrepareWiden(int new_stride) const {
+    uint32_t nblocks;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      nblocks = nblocks_;
+    }
+    auto w = std::make_unique<Widened>();
+    w->stride = new_stride;
+    for (uint32_t b = 0; b < nblocks; ++b) {
+      size_t bytes = BlockRows(b) * new_stride * sizeof(float);
+      char* p = reinterpret_cast<char*>(AllocRows(BlockRows(b), new_stride));
+      for (size_t off = 0; off < bytes; off += 4096) p[off] = 0;  // fault in now
+      w->data.push_back(reinterpret_cast<float*>(p));
+    }
+    return w;
+  }
+
   // Widens every row from `stride_` to `new_stride` floats: the first
   // `stride_` floats are copied, the rest filled from `tail_init`
   // (new_stride - stride_ values). Caller holds every segment lock.
-  void Relayout(int new_stride, const std::vector<float>& tail_init) {
+  void Relayout(int new_stride, const std::vector<float>& tail_init, Widened* prepared) {
     std::lock_guard<std::mutex> l(mu_);
     for (uint32_t b = 0; b < nblocks_; ++b) {
       BlockRec* blk = Block(b);
       size_t n = BlockRows(b);
-      float* nd = AllocRows(n, new_stride);
+      float* nd;
+      if (prepared && prepared->stride == new_stride && b < prepared->data.size()) {
+        nd = prepared->data[b];
+        prepared->data[b] = nullptr;
+      } else {
+        nd = AllocRows(n, new_stride);
+      }
       for (size_t i = 0; i < n; ++i) {
         std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
         std::memcpy(nd + i * new_stride + stride_, tail_init.data(),

@@ -138,6 +138,11 @@ class Table {
       }
     }
     if (!missing.empty() || changed) {
+      // New memory for wider rows is obtained before any segment lock is
+      // taken (arena.h: PrepareWiden), so lookups continue meanwhile.
+      int new_stride = dim_ * (1 + static_cast<int>(slots_.size() + missing.size()));
+      std::unique_ptr<RowArena::Widened> prepared;
+      if (!missing.empty()) prepared = arena_.PrepareWiden(new_stride);
       // Rows and the slot-init row change only with every segment lock held.
       std::vector<std::unique_lock<std::shared_mutex>> locks;
       locks.reserve(nseg_);
@@ -149,7 +154,7 @@ class Table {
       if (!missing.empty()) {
         std::vector<float> tail;
         for (const auto& s : missing) tail.insert(tail.end(), dim_, s.second);
-        arena_.Relayout(arena_.stride() + static_cast<int>(tail.size()), tail);
+        arena_.Relayout(new_stride, tail, prepared.get());
         for (const auto& s : missing) slots_.push_back(s);
       }
       slot_init_row_.clear();
