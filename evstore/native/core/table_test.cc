@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "table.h"
+#include "unique_sum.h"
 
 using namespace evstore;
 

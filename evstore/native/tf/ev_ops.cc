@@ -1,5 +1,5 @@
 // Op registrations (interfaces and shape functions only; kernels are in
-// ev_kernels.cc). Every op takes the EV resource handle first.
+// table_kernels.cc and training_kernels.cc). Every op takes the EV resource handle first.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"

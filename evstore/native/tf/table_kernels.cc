@@ -1,0 +1,292 @@
+// Kernels that create, inspect, export and import a table.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernel_util.h"
+
+namespace evstore {
+namespace tf {
+namespace {
+
+// ---------------------------------------------------------------- create
+
+template <typename K>
+class EvCreateOp : public OpKernel {
+ public:
+  explicit EvCreateOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(c, c->GetAttr("segments_log2", &segments_log2_));
+    OP_REQUIRES_OK(c, c->GetAttr("min_freq", &min_freq_));
+    OP_REQUIRES(c, segments_log2_ >= 0 && segments_log2_ <= 12,
+                errors::InvalidArgument("segments_log2 must be in [0, 12]"));
+    OP_REQUIRES(c, min_freq_ >= 1, errors::InvalidArgument("min_freq must be >= 1, got ", min_freq_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& bank = ctx->input(1);
+    const Tensor& dflt = ctx->input(2);
+    OP_REQUIRES(ctx, bank.dims() == 2 && bank.dim_size(1) == dim_ && bank.dim_size(0) >= 1,
+                errors::InvalidArgument("bank must be [rows >= 1, ", dim_, "], got ", bank.shape().DebugString()));
+    OP_REQUIRES(ctx, dflt.NumElements() == dim_,
+                errors::InvalidArgument("default_value must have ", dim_, " elements, got ",
+                                        dflt.shape().DebugString()));
+    TableConfig cfg;
+    cfg.dim = static_cast<int>(dim_);
+    cfg.segments_log2 = static_cast<int>(segments_log2_);
+    cfg.min_freq = static_cast<uint32_t>(min_freq_);
+    auto b = bank.flat<float>();
+    cfg.bank.assign(b.data(), b.data() + b.size());
+    auto d = dflt.flat<float>();
+    cfg.default_value.assign(d.data(), d.data() + d.size());
+    EvResource<K>* res = nullptr;
+    absl::Status st;
+    try {
+      st = tensorflow::LookupOrCreateResource<EvResource<K>>(
+          ctx, tensorflow::HandleFromInput(ctx, 0), &res, [&cfg](EvResource<K>** r) {
+            *r = new EvResource<K>(cfg);
+            return absl::OkStatus();
+          });
+    } catch (const std::exception& e) {
+      ctx->CtxFailure(errors::InvalidArgument(e.what()));
+      return;
+    }
+    OP_REQUIRES_OK(ctx, st);
+    tensorflow::core::ScopedUnref unref(res);
+    OP_REQUIRES(ctx, res->table().dim() == dim_,
+                errors::FailedPrecondition("EmbeddingVariable '", tensorflow::HandleFromInput(ctx, 0).name(),
+                                           "' already exists with dim ", res->table().dim(), ", not ", dim_));
+  }
+
+ private:
+  int64_t dim_, segments_log2_, min_freq_;
+};
+
+template <typename K>
+class EvIsInitializedOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<EvResource<K>> res;
+    bool ok = tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &res).ok();
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<bool>()() = ok;
+  }
+};
+
+// ---------------------------------------------------------------- introspection
+
+template <typename K>
+class EvSizeOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = t.size();
+  }
+};
+
+template <typename K>
+class EvStatsOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    TableStats s = t.Stats();
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({9}), &out));
+    auto o = out->flat<int64_t>();
+    int64_t v[9] = {s.size, s.admitted, s.filtered, s.free_rows, s.index_bytes,
+                    s.meta_bytes, s.row_bytes, s.dirty, s.deleted};
+    for (int i = 0; i < 9; ++i) o(i) = v[i];
+  }
+};
+
+template <typename K>
+class EvKeyInfoOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    const Tensor& keys = ctx->input(1);
+    Tensor *freqs, *versions, *admitted;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &freqs));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &versions));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, keys.shape(), &admitted));
+    const int64_t n = keys.NumElements();
+    std::vector<uint8_t> present(n), adm(n);
+    std::vector<float> rows(n * t.stride());
+    t.Read(keys.flat<K>().data(), n, t.stride(), present.data(), adm.data(), versions->flat<int64_t>().data(),
+           freqs->flat<int64_t>().data(), rows.data());
+    auto a = admitted->flat<bool>();
+    for (int64_t i = 0; i < n; ++i) a(i) = adm[i] != 0;
+  }
+};
+
+template <typename K>
+class EvRemoveOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    const Tensor& keys = ctx->input(1);
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = t.Erase(keys.flat<K>().data(), keys.NumElements());
+  }
+};
+
+// ---------------------------------------------------------------- export / import
+
+template <typename K>
+class EvExportOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    const int dim = t.dim();
+    SlotSpecs slots = t.slots();
+    const int ns = static_cast<int>(slots.size());
+    // Collected per segment; the stride is re-read under each segment lock via
+    // the row pointer's table stride at the time (slots only grow).
+    std::vector<K> keys, fkeys;
+    std::vector<float> vals, slotv;
+    std::vector<int64_t> vers, freqs, ffreqs;
+    for (int s = 0; s < t.num_segments(); ++s) {
+      t.ForEachInSegment(s, [&](const ExportedKey<K>& x, const float* row) {
+        if (!x.admitted) {
+          fkeys.push_back(x.key);
+          ffreqs.push_back(x.freq);
+          return;
+        }
+        keys.push_back(x.key);
+        vers.push_back(x.version);
+        freqs.push_back(x.freq);
+        vals.insert(vals.end(), row, row + dim);
+        slotv.insert(slotv.end(), row + dim, row + dim * (1 + ns));
+      });
+    }
+    const int64_t n = keys.size(), m = fkeys.size();
+    Tensor* o[8];
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &o[0]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, dim}), &o[1]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n, ns, dim}), &o[2]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({n}), &o[3]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({n}), &o[4]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({m}), &o[5]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({m}), &o[6]));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(7, TensorShape({ns}), &o[7]));
+    std::copy(keys.begin(), keys.end(), o[0]->flat<K>().data());
+    std::copy(vals.begin(), vals.end(), o[1]->flat<float>().data());
+    std::copy(slotv.begin(), slotv.end(), o[2]->flat<float>().data());
+    std::copy(vers.begin(), vers.end(), o[3]->flat<int64_t>().data());
+    std::copy(freqs.begin(), freqs.end(), o[4]->flat<int64_t>().data());
+    std::copy(fkeys.begin(), fkeys.end(), o[5]->flat<K>().data());
+    std::copy(ffreqs.begin(), ffreqs.end(), o[6]->flat<int64_t>().data());
+    auto names = o[7]->flat<tensorflow::tstring>();
+    for (int i = 0; i < ns; ++i) names(i) = slots[i].first;
+  }
+};
+
+template <typename K>
+class EvImportOp : public EvTableOp<K> {
+ public:
+  explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    const int dim = t.dim();
+    const Tensor &keys = ctx->input(1), &vals = ctx->input(2), &slots = ctx->input(3), &names = ctx->input(4),
+                 &vers = ctx->input(5), &freqs = ctx->input(6), &fkeys = ctx->input(7), &ffreqs = ctx->input(8);
+    OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
+    const int64_t n = keys.dim_size(0);
+    const int64_t ns = names.NumElements();
+    OP_REQUIRES(ctx, vals.dims() == 2 && vals.dim_size(0) == n && vals.dim_size(1) == dim,
+                errors::InvalidArgument("values must be [", n, ", ", dim, "], got ", vals.shape().DebugString()));
+    OP_REQUIRES(ctx, slots.dims() == 3 && slots.dim_size(0) == n && slots.dim_size(1) == ns && slots.dim_size(2) == dim,
+                errors::InvalidArgument("slots must be [", n, ", ", ns, ", ", dim, "], got ",
+                                        slots.shape().DebugString()));
+    OP_REQUIRES(ctx, vers.NumElements() == n && freqs.NumElements() == n,
+                errors::InvalidArgument("versions and freqs must have one entry per key"));
+    OP_REQUIRES(ctx, fkeys.NumElements() == ffreqs.NumElements(),
+                errors::InvalidArgument("filtered_keys and filtered_freqs must have the same length"));
+    SlotSpecs want;
+    auto nm = names.flat<tensorflow::tstring>();
+    SlotSpecs have = t.slots();
+    for (int64_t i = 0; i < ns; ++i) {
+      float init = 0.f;
+      for (const auto& h : have)
+        if (h.first == std::string(nm(i))) init = h.second;
+      want.emplace_back(std::string(nm(i)), init);
+    }
+    // Rows arrive as [embedding | slot 0 | slot 1 ...] per key.
+    std::vector<float> rows(n * dim * (1 + ns));
+    auto v = vals.flat<float>();
+    auto sl = slots.flat<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy(v.data() + i * dim, v.data() + (i + 1) * dim, rows.data() + i * dim * (1 + ns));
+      std::copy(sl.data() + i * ns * dim, sl.data() + (i + 1) * ns * dim, rows.data() + i * dim * (1 + ns) + dim);
+    }
+    EV_TRY(ctx, {
+      std::vector<int> offs = t.EnsureSlots(want);
+      if (clear_) t.Clear();
+      t.ImportRows(keys.flat<K>().data(), n, rows.data(), dim * (1 + ns), offs, vers.flat<int64_t>().data(),
+                   freqs.flat<int64_t>().data(), /*mark_dirty=*/!clear_);
+      t.ImportFiltered(fkeys.flat<K>().data(), fkeys.NumElements(), ffreqs.flat<int64_t>().data(), !clear_);
+    });
+  }
+
+ private:
+  bool clear_;
+};
+
+// ---------------------------------------------------------------- two-phase export
+
+template <typename K>
+class EvBeginExportOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    std::shared_ptr<const typename Table<K>::Snapshot> snap;
+    EV_TRY(ctx, snap = t.BeginExport());
+    Tensor *id, *dirty, *deleted;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &id));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({static_cast<int64_t>(snap->dirty.size())}), &dirty));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({static_cast<int64_t>(snap->deleted.size())}), &deleted));
+    id->scalar<int64_t>()() = static_cast<int64_t>(snap->id);
+    std::copy(snap->dirty.begin(), snap->dirty.end(), dirty->flat<K>().data());
+    std::copy(snap->deleted.begin(), snap->deleted.end(), deleted->flat<K>().data());
+  }
+};
+
+template <typename K>
+class EvEndExportOp : public EvTableOp<K> {
+ public:
+  explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    uint64_t id = static_cast<uint64_t>(ctx->input(1).scalar<int64_t>()());
+    if (commit_) {
+      EV_TRY(ctx, t.Commit(id));
+    } else {
+      EV_TRY(ctx, t.Abort(id));
+    }
+  }
+
+ private:
+  bool commit_;
+};
+
+template <typename K>
+using EvHandleKernel = tensorflow::ResourceHandleOp<EvResource<K>>;
+
+EV_REGISTER_KEYED("EvHandleOp", EvHandleKernel);
+EV_REGISTER_KEYED("EvCreate", EvCreateOp);
+EV_REGISTER_KEYED("EvIsInitialized", EvIsInitializedOp);
+EV_REGISTER_KEYED("EvSize", EvSizeOp);
+EV_REGISTER_KEYED("EvStats", EvStatsOp);
+EV_REGISTER_KEYED("EvKeyInfo", EvKeyInfoOp);
+EV_REGISTER_KEYED("EvRemove", EvRemoveOp);
+EV_REGISTER_KEYED("EvExport", EvExportOp);
+EV_REGISTER_KEYED("EvImport", EvImportOp);
+EV_REGISTER_KEYED("EvBeginExport", EvBeginExportOp);
+EV_REGISTER_KEYED("EvEndExport", EvEndExportOp);
+
+}  // namespace
+}  // namespace tf
+}  // namespace evstore

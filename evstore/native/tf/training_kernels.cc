@@ -1,0 +1,193 @@
+// Kernels of a training step: lookups and fused sparse optimizer applies.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../core/unique_sum.h"
+#include "kernel_util.h"
+
+namespace evstore {
+namespace tf {
+namespace {
+
+// ---------------------------------------------------------------- lookups
+
+template <typename K, bool kTrain>
+class EvLookupOp : public EvTableOp<K> {
+ public:
+  explicit EvLookupOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    OP_REQUIRES(ctx, t.dim() == dim_,
+                errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
+    const Tensor& keys = ctx->input(1);
+    TensorShape shape = keys.shape();
+    shape.AddDim(dim_);
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
+    const int64_t n = keys.NumElements();
+    if (n == 0) return;
+    const K* k = keys.flat<K>().data();
+    float* o = out->flat<float>().data();
+    if (kTrain) {
+      EV_TRY(ctx, t.FindOrInsert(k, n, o, IntraOp(ctx)));
+    } else {
+      EV_TRY(ctx, t.Find(k, n, o, IntraOp(ctx)));
+    }
+  }
+
+ private:
+  int64_t dim_;
+};
+
+// ---------------------------------------------------------------- apply
+
+// Shared validation, NaN/Inf refusal and dedup for the fused sparse applies.
+// Subclasses supply Run(ctx, table, unique keys, summed grads, n, step).
+template <typename K>
+class EvApplyBase : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& grads = ctx->input(2);
+    const Tensor& step = ctx->input(3);
+    OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector, got ", keys.shape().DebugString()));
+    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0) && grads.dim_size(1) == t.dim(),
+                errors::InvalidArgument("gradient shape ", grads.shape().DebugString(), " does not match keys [",
+                                        keys.dim_size(0), "] and the table's dim ", t.dim(),
+                                        " (expected [", keys.dim_size(0), ", ", t.dim(), "])"));
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(step.shape()),
+                errors::InvalidArgument("global_step must be a scalar"));
+    for (int i = 4; i < ctx->num_inputs(); ++i)
+      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
+                  errors::InvalidArgument("hyper-parameter input ", i, " must be a scalar"));
+    const int64_t n = keys.dim_size(0);
+    const int dim = t.dim();
+    const K* k = keys.flat<K>().data();
+    const float* g = grads.flat<float>().data();
+    // NaN/Inf policy: refuse the whole batch, change nothing.
+    for (int64_t i = 0; i < n * dim; ++i) {
+      if (!std::isfinite(g[i])) {
+        ctx->CtxFailure(errors::InvalidArgument(
+            "non-finite gradient (", g[i], ") for key ", static_cast<int64_t>(k[i / dim]), " at batch position ",
+            i / dim, "; nothing was applied. Check the loss for NaN/Inf or clip gradients."));
+        return;
+      }
+    }
+    if (n == 0) return;
+    std::vector<K> ukeys;
+    std::vector<float> ugrads;
+    int64_t un = UniqueSum(k, g, n, dim, &ukeys, &ugrads);
+    EV_TRY(ctx, Run(ctx, t, ukeys.data(), ugrads.data(), un, step.scalar<int64_t>()()));
+  }
+
+ protected:
+  float Scalar(OpKernelContext* ctx, int i) { return ctx->input(i).scalar<float>()(); }
+  virtual void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) = 0;
+};
+
+template <typename K>
+class EvApplySgdOp : public EvApplyBase<K> {
+ public:
+  using EvApplyBase<K>::EvApplyBase;
+  void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
+    t.Apply(k, g, n, step, SgdUpdate{this->Scalar(ctx, 4), t.dim()}, IntraOp(ctx));
+  }
+};
+
+template <typename K>
+class EvApplyMomentumOp : public EvApplyBase<K> {
+ public:
+  explicit EvApplyMomentumOp(OpKernelConstruction* c) : EvApplyBase<K>(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
+  }
+  void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
+    auto off = t.EnsureSlots({{"momentum", 0.f}});
+    t.Apply(k, g, n, step,
+            MomentumUpdate{this->Scalar(ctx, 4), this->Scalar(ctx, 5), nesterov_, t.dim(), off[0]},
+            IntraOp(ctx));
+  }
+
+ private:
+  bool nesterov_;
+};
+
+template <typename K>
+class EvApplyAdagradOp : public EvApplyBase<K> {
+ public:
+  explicit EvApplyAdagradOp(OpKernelConstruction* c) : EvApplyBase<K>(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("initial_accumulator_value", &init_));
+  }
+  void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
+    auto off = t.EnsureSlots({{"accumulator", init_}});
+    t.Apply(k, g, n, step, AdagradUpdate{this->Scalar(ctx, 4), this->Scalar(ctx, 5), t.dim(), off[0]},
+            IntraOp(ctx));
+  }
+
+ private:
+  float init_;
+};
+
+template <typename K>
+class EvApplyAdamOp : public EvApplyBase<K> {
+ public:
+  using EvApplyBase<K>::EvApplyBase;
+  void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
+    auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
+    AdamUpdate u{this->Scalar(ctx, 4), this->Scalar(ctx, 5), this->Scalar(ctx, 6), this->Scalar(ctx, 7),
+                 t.dim(), off[0], off[1]};
+    t.Apply(k, g, n, step, u, IntraOp(ctx));
+  }
+};
+
+// Forwards a gradient batch or fails naming the first non-finite key; the
+// optimizers run it on every EV gradient before updating any variable.
+template <typename K>
+class EvCheckFiniteOp : public OpKernel {
+ public:
+  explicit EvCheckFiniteOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("ev_name", &name_)); }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    const Tensor& grads = ctx->input(1);
+    const int64_t n = keys.NumElements();
+    const int64_t total = grads.NumElements();
+    const int64_t dim = n > 0 ? total / n : 0;
+    const float* g = grads.flat<float>().data();
+    const K* k = keys.flat<K>().data();
+    for (int64_t i = 0; i < total; ++i) {
+      if (!std::isfinite(g[i])) {
+        int64_t row = dim > 0 ? i / dim : 0;
+        ctx->CtxFailure(errors::InvalidArgument(
+            "non-finite gradient (", g[i], ") for key ", row < n ? static_cast<int64_t>(k[row]) : -1,
+            " of EmbeddingVariable '", name_, "' at batch position ", row,
+            "; nothing was applied. Check the loss for NaN/Inf or clip gradients."));
+        return;
+      }
+    }
+    ctx->set_output(0, grads);
+  }
+
+ private:
+  std::string name_;
+};
+
+template <typename K>
+using EvFindKernel = EvLookupOp<K, false>;
+template <typename K>
+using EvFindOrInsertKernel = EvLookupOp<K, true>;
+
+EV_REGISTER_KEYED("EvFind", EvFindKernel);
+EV_REGISTER_KEYED("EvFindOrInsert", EvFindOrInsertKernel);
+EV_REGISTER_KEYED("EvApplySgd", EvApplySgdOp);
+EV_REGISTER_KEYED("EvApplyMomentum", EvApplyMomentumOp);
+EV_REGISTER_KEYED("EvApplyAdagrad", EvApplyAdagradOp);
+EV_REGISTER_KEYED("EvApplyAdam", EvApplyAdamOp);
+REGISTER_KERNEL_BUILDER(Name("EvCheckFinite").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"),
+                        EvCheckFiniteOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("EvCheckFinite").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"),
+                        EvCheckFiniteOp<int64_t>);
+
+}  // namespace
+}  // namespace tf
+}  // namespace evstore
