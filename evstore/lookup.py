@@ -138,7 +138,6 @@ def safe_embedding_lookup_sparse(ev, sp_ids, sp_weights=None, combiner="mean", d
     _check_sparse(ev, sp_ids, sp_weights, combiner)
     with tf.name_scope(name or "safe_embedding_lookup_sparse"):
         original_shape = sp_ids.dense_shape
-        rank = tf.size(original_shape)
         sp2 = tf.sparse.reshape(sp_ids, tf.stack([tf.reduce_prod(original_shape[:-1]), original_shape[-1]]))
         weights = None
         if sp_weights is not None:
@@ -161,5 +160,4 @@ def safe_embedding_lookup_sparse(ev, sp_ids, sp_weights=None, combiner="mean", d
         static_rank = sp_ids.dense_shape.shape[0]
         if static_rank is not None:
             final.set_shape([None] * (static_rank - 1) + [ev.dim])
-        del rank
         return final
