@@ -164,3 +164,41 @@ def test_serial_run_gives_every_old_key_its_occurrence_count():
 def test_rows_seen_by_readers_during_concurrent_training_are_never_torn():
     _, results = concurrent_table(4)   # assert_untorn runs inside the reader thread
     assert results["reads"] >= 1
+
+
+def test_two_phase_exports_in_flight_lose_no_dirty_key():
+    """A saver thread seals, then commits or (every third time) aborts, while training
+    runs: the committed snapshots plus the final open set cover every changed key."""
+    ev = new_ev("sealing", 64)
+    sid, _, _ = ev.begin_export()          # the preload counts as saved
+    ev.commit_export(sid)
+    stop, committed, rounds = threading.Event(), set(), [0]
+
+    def saver():
+        while not stop.is_set():
+            sid, dirty, _ = ev.begin_export()
+            rounds[0] += 1
+            if rounds[0] % 3 == 0:
+                ev.abort_export(sid)        # a failed save: its keys must come back
+            else:
+                committed.update(dirty.numpy().tolist())
+                ev.commit_export(sid)
+
+    with concurrent.futures.ThreadPoolExecutor(APPLY_THREADS + LOOKUP_THREADS + 1) as pool:
+        sealer = pool.submit(saver)
+        workers = [pool.submit(run_apply, ev, b) for b in APPLIES]
+        workers += [pool.submit(run_lookup, ev, b) for b in LOOKUPS]
+        try:
+            for w in workers:
+                w.result()
+        finally:
+            stop.set()
+        sealer.result()
+    sid, dirty, deleted = ev.begin_export()
+    ev.commit_export(sid)
+    changed = {int(k) for b in APPLIES for batch in b for k in batch}
+    changed |= {int(k) for b in LOOKUPS for batch in b for k in batch}
+    seen = committed | set(dirty.numpy().tolist())
+    assert rounds[0] >= 3
+    assert changed <= seen, f"{len(changed - seen)} changed keys were never exported"
+    assert deleted.numpy().size == 0
