@@ -38,6 +38,9 @@
 //   lock, so no reader sees a torn row and concurrent applies to one key
 //   serialise (order-free math such as SGD sums gives a serial run's result).
 //   Lock order: slots_mu_ -> export_mu_ -> segments (ascending) -> arena.
+//   Never call the ParallelFor while holding a segment lock: its workers are
+//   TensorFlow's intra-op threads, which may themselves be waiting for that
+//   lock (so slot relayout, which holds them all, copies serially).
 #pragma once
 #include <algorithm>
 #include <atomic>
