@@ -83,7 +83,7 @@ def assert_untorn(keys, values, where):
 def run_readers(ev, stop, results):
     """Exports and read-only lookups in a loop until `stop`; checks every row it sees."""
     exports = reads = 0
-    while not stop.is_set():
+    while not stop.is_set() or exports == 0:   # at least one full round, however threads interleave
         exp = ev.export()
         assert_untorn(exp["keys"].numpy(), exp["values"].numpy(), "export")
         exports += 1
@@ -175,7 +175,7 @@ def test_two_phase_exports_in_flight_lose_no_dirty_key():
     stop, committed, rounds = threading.Event(), set(), [0]
 
     def saver():
-        while not stop.is_set():
+        while not stop.is_set() or rounds[0] < 3:   # commits and an abort, whatever the timing
             sid, dirty, _ = ev.begin_export()
             rounds[0] += 1
             if rounds[0] % 3 == 0:
