@@ -53,7 +53,7 @@ sys.path.insert(1, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 
-from common import Batches, fill_chunks, rate, rss_mib, timed  # noqa: E402
+from common import Batches, add_size_args, fill_chunks, rate, rss_mib, timed  # noqa: E402
 
 SYSTEMS = ("evstore", "dense_hash", "numpy")
 PHASES = {
@@ -256,13 +256,7 @@ def run_phase(name, systems, results, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--keys", type=int, default=1_000_000, help="keys in the table (default 1M)")
-    ap.add_argument("--dim", type=int, default=16, help="embedding dim (default 16)")
-    ap.add_argument("--batch", type=int, default=65536, help="keys per batch (default 65536)")
-    ap.add_argument("--batches", type=int, default=20, help="timed rounds per phase (default 20)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds before each phase (default 2)")
-    ap.add_argument("--seed", type=int, default=0, help="RNG seed for batch key indices (default 0)")
-    ap.add_argument("--fill-chunk", type=int, default=1 << 20, help="keys per load/insert while filling")
+    add_size_args(ap, "keys per load/insert while filling")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
                     help=f"comma-separated in-process systems from {','.join(SYSTEMS)} (default: all)")
     ap.add_argument("--peer-python", default="",

@@ -65,3 +65,14 @@ def mem_available_mib():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) / 1024
     return float("inf")
+
+
+def add_size_args(ap, fill_help="keys per insert while filling"):
+    """The size and sampling flags both sides of a comparison must agree on."""
+    ap.add_argument("--keys", type=int, default=1_000_000, help="keys in the table (default 1M)")
+    ap.add_argument("--dim", type=int, default=16, help="embedding dim (default 16)")
+    ap.add_argument("--batch", type=int, default=65536, help="keys per batch (default 65536)")
+    ap.add_argument("--batches", type=int, default=20, help="timed rounds per workload (default 20)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds before each workload (default 2)")
+    ap.add_argument("--seed", type=int, default=0, help="RNG seed for batch key indices (default 0)")
+    ap.add_argument("--fill-chunk", type=int, default=1 << 20, help=fill_help)

@@ -40,7 +40,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Batches, fill_chunks, rate, rss_mib  # noqa: E402
+from common import Batches, add_size_args, fill_chunks, rate, rss_mib  # noqa: E402
 
 WORKLOADS = ("find", "lookup_init", "upsert_existing", "insert_new", "train_step")
 
@@ -140,13 +140,7 @@ def standalone(peer, args, workloads):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--keys", type=int, default=1_000_000, help="keys in the table (default 1M)")
-    ap.add_argument("--dim", type=int, default=16, help="embedding dim (default 16)")
-    ap.add_argument("--batch", type=int, default=65536, help="keys per batch (default 65536)")
-    ap.add_argument("--batches", type=int, default=20, help="timed batches per workload (default 20)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed batches before each workload (default 2)")
-    ap.add_argument("--seed", type=int, default=0, help="RNG seed for batch key indices (default 0)")
-    ap.add_argument("--fill-chunk", type=int, default=1 << 20, help="keys per insert while filling")
+    add_size_args(ap, "keys per insert while filling")
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
                     help="standalone mode: comma-separated workloads, run in this order (default: all)")
     ap.add_argument("--serve", action="store_true", help="serve batches over stdin/stdout (see above)")
