@@ -1,5 +1,4 @@
 """Embedding lookups on EmbeddingVariables, with the tf.nn functions' semantics."""
-import numpy as np
 import tensorflow as tf
 
 from evstore._ops import gen
@@ -13,24 +12,6 @@ _COMBINERS = ("mean", "sqrtn", "sum")
 def _check_ev(ev):
     if not isinstance(ev, EmbeddingVariable):
         raise TypeError(f"expected an evstore.EmbeddingVariable, got {type(ev).__name__}")
-
-
-def _check_ids(ev, ids, what="ids"):
-    """Validates ids: tensors must already have the EV's key dtype; Python lists
-    and numpy arrays of integers are converted to it."""
-    if not isinstance(ids, (tf.Tensor, tf.SparseTensor)) and not tf.is_tensor(ids):
-        arr = np.asarray(ids)
-        if arr.size and arr.dtype.kind not in "iu":
-            raise TypeError(f"EmbeddingVariable '{ev.name}': {what} must be integers, got {arr.dtype} values")
-        if ev.key_dtype == tf.int32 and arr.size and (arr.min() < -2**31 or arr.max() >= 2**31):
-            raise ValueError(f"EmbeddingVariable '{ev.name}' has int32 keys; {what} hold values outside int32")
-        return tf.convert_to_tensor(arr.astype(ev.key_dtype.as_numpy_dtype))
-    if ids.dtype != ev.key_dtype:
-        hint = (" (ids must be integers)" if not ids.dtype.is_integer
-                else f" (use tf.cast({what}, tf.{ev.key_dtype.name}))")
-        raise TypeError(f"EmbeddingVariable '{ev.name}' has {ev.key_dtype.name} keys but {what} are "
-                        f"{ids.dtype.name}{hint}")
-    return ids
 
 
 def embedding_lookup(ev, ids, training=True, proxy=None, name=None):
@@ -51,7 +32,7 @@ def embedding_lookup(ev, ids, training=True, proxy=None, name=None):
     """
     _check_ev(ev)
     with tf.name_scope(name or "embedding_lookup"):
-        ids = _check_ids(ev, ids)
+        ids = ev._key_tensor(ids, "ids")
         if not training:
             return gen.ev_find(ev.resource_handle, ids, dim=ev.dim)
         proxy = ev._proxy if proxy is None else proxy
@@ -72,7 +53,7 @@ def _check_sparse(ev, sp_ids, sp_weights, combiner):
         raise ValueError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
     if not isinstance(sp_ids, tf.SparseTensor):
         raise TypeError(f"sp_ids must be a tf.SparseTensor, got {type(sp_ids).__name__}")
-    _check_ids(ev, sp_ids.values, "sp_ids")
+    ev._key_tensor(sp_ids.values, "sp_ids")
     if sp_weights is not None:
         if not isinstance(sp_weights, tf.SparseTensor):
             raise TypeError(f"sp_weights must be None or a tf.SparseTensor, got {type(sp_weights).__name__}")

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from evstore import training
 from evstore._ops import gen
-from evstore.variable import EmbeddingVariable, ev_for_variable, resolve_keras_proxy
+from evstore.variable import EmbeddingVariable, ev_for_variable
 
 __all__ = ["SGD", "Adagrad", "Adam"]
 
@@ -54,9 +54,7 @@ class _EVMixin:
         if trainable_variables is not None:
             trainable_variables = [v._proxy if isinstance(v, EmbeddingVariable) else v
                                    for v in trainable_variables]
-            evs = [ev_for_variable(v) if not resolve_keras_proxy(v) else ev_for_variable(v.value)
-                   for v in trainable_variables]
-            grads = _refuse_non_finite(list(grads), evs)
+            grads = _refuse_non_finite(list(grads), [ev_for_variable(v) for v in trainable_variables])
         return super().apply(grads, trainable_variables)
 
     def update_step(self, gradient, variable, learning_rate):

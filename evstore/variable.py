@@ -1,6 +1,8 @@
 """EmbeddingVariable: a native hash-table embedding as a TensorFlow resource."""
 import weakref
 
+import numpy as np
+
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.ops import gen_resource_variable_ops
@@ -30,26 +32,20 @@ def register_proxy(variable, ev):
         _KERAS_PROXIES[id(variable)] = (weakref.ref(variable), weakref.ref(ev))
 
 
-def resolve_keras_proxy(variable):
-    """If `variable` is a registered keras.Variable proxy, registers its (now
-    real) tf.Variable too and returns True."""
-    entry = _KERAS_PROXIES.get(id(variable))
-    if entry is None or entry[0]() is not variable:
-        return False
-    ev = entry[1]()
-    if ev is not None:
-        _PROXIES[variable.value._unique_id] = weakref.ref(ev)
-    return True
-
-
 def ev_for_variable(variable):
-    """The EmbeddingVariable behind a proxy variable (or an EV itself), else None."""
+    """The EmbeddingVariable behind a proxy variable (tf or keras), or an EV
+    itself; None for any other variable. A keras.Variable proxy registers its
+    tf.Variable on first resolution (by then Keras has created it)."""
     if isinstance(variable, EmbeddingVariable):
         return variable
+    entry = _KERAS_PROXIES.get(id(variable))
+    if entry is not None and entry[0]() is variable:
+        ev = entry[1]()
+        if ev is not None:
+            _PROXIES[variable.value._unique_id] = weakref.ref(ev)
+        return ev
     uid = getattr(variable, "_unique_id", None)
-    if uid is None:
-        return None
-    ref = _PROXIES.get(uid)
+    ref = _PROXIES.get(uid) if uid is not None else None
     return ref() if ref is not None else None
 
 
@@ -213,15 +209,23 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
             return dict(zip(_STAT_FIELDS, (int(x) for x in s.numpy())))
         return {k: s[i] for i, k in enumerate(_STAT_FIELDS)}
 
-    def _key_tensor(self, keys):
-        keys = tf.convert_to_tensor(keys)
-        if keys.dtype != self._key_dtype:
-            if keys.dtype.is_integer and self._key_dtype == tf.int64:
-                keys = tf.cast(keys, tf.int64)
-            else:
-                raise TypeError(f"EmbeddingVariable '{self._name}' has {self._key_dtype.name} keys; "
-                                f"got {keys.dtype.name} keys")
-        return keys
+    def _key_tensor(self, ids, what="keys"):
+        """The one validation of keys for every op on this EV: tensors must have
+        the EV's key dtype (TypeError otherwise, nothing runs); Python lists and
+        numpy arrays of integers are converted to it."""
+        if not tf.is_tensor(ids):
+            arr = np.asarray(ids)
+            if arr.size and arr.dtype.kind not in "iu":
+                raise TypeError(f"EmbeddingVariable '{self._name}': {what} must be integers, got {arr.dtype} values")
+            if self._key_dtype == tf.int32 and arr.size and (arr.min() < -2**31 or arr.max() >= 2**31):
+                raise ValueError(f"EmbeddingVariable '{self._name}' has int32 keys; {what} hold values outside int32")
+            return tf.convert_to_tensor(arr.astype(self._key_dtype.as_numpy_dtype))
+        if ids.dtype != self._key_dtype:
+            hint = (" (ids must be integers)" if not ids.dtype.is_integer
+                    else f" (use tf.cast({what}, tf.{self._key_dtype.name}))")
+            raise TypeError(f"EmbeddingVariable '{self._name}' has {self._key_dtype.name} keys but {what} are "
+                            f"{ids.dtype.name}{hint}")
+        return ids
 
     def frequency(self, keys):
         """Lookup counts of `keys` (0 for unseen keys), int64 with keys' shape."""
@@ -241,7 +245,7 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     def remove(self, keys):
         """Erases keys (rows return to the free list; keys join the deleted set).
         Returns how many were present."""
-        return gen.ev_remove(self.resource_handle, self._key_tensor(tf.reshape(keys, [-1])))
+        return gen.ev_remove(self.resource_handle, tf.reshape(self._key_tensor(keys), [-1]))
 
     def export(self):
         """The whole table as a dict of tensors (small tables, debugging, tf.train.Checkpoint).
@@ -267,7 +271,7 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         keys. With clear=True the table is emptied first (a restore); otherwise
         rows are upserted and marked dirty.
         """
-        keys = self._key_tensor(tf.reshape(keys, [-1]))
+        keys = tf.reshape(self._key_tensor(keys), [-1])
         n = tf.shape(keys)[0]
         values = tf.convert_to_tensor(values, tf.float32)
         versions = tf.fill([n], tf.constant(-1, tf.int64)) if versions is None else tf.cast(versions, tf.int64)

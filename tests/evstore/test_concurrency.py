@@ -93,6 +93,22 @@ def run_readers(ev, stop, results):
     results["exports"], results["reads"] = exports, reads
 
 
+def train_concurrently(ev, side_task):
+    """Runs every apply and lookup thread at once with `side_task(stop)` beside
+    them; `stop` is set when training is done. Re-raises any thread's error."""
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(APPLY_THREADS + LOOKUP_THREADS + 1) as pool:
+        side = pool.submit(side_task, stop)
+        workers = [pool.submit(run_apply, ev, b) for b in APPLIES]
+        workers += [pool.submit(run_lookup, ev, b) for b in LOOKUPS]
+        try:
+            for w in workers:
+                w.result()
+        finally:
+            stop.set()
+        side.result()
+
+
 def table(ev):
     exp = ev.export()
     order = np.argsort(exp["keys"].numpy())
@@ -111,17 +127,8 @@ def serial_table(num_segments):
 def concurrent_table(num_segments):
     """Runs the apply and lookup threads at once, with a reader exporting in flight."""
     ev = new_ev("concurrent", num_segments)
-    stop, reader_results = threading.Event(), {}
-    with concurrent.futures.ThreadPoolExecutor(APPLY_THREADS + LOOKUP_THREADS + 1) as pool:
-        reader = pool.submit(run_readers, ev, stop, reader_results)
-        workers = [pool.submit(run_apply, ev, b) for b in APPLIES]
-        workers += [pool.submit(run_lookup, ev, b) for b in LOOKUPS]
-        try:
-            for w in workers:
-                w.result()
-        finally:
-            stop.set()
-        reader.result()
+    reader_results = {}
+    train_concurrently(ev, lambda stop: run_readers(ev, stop, reader_results))
     assert reader_results["exports"] >= 1
     return ev, reader_results
 
@@ -172,9 +179,9 @@ def test_two_phase_exports_in_flight_lose_no_dirty_key():
     ev = new_ev("sealing", 64)
     sid, _, _ = ev.begin_export()          # the preload counts as saved
     ev.commit_export(sid)
-    stop, committed, rounds = threading.Event(), set(), [0]
+    committed, rounds = set(), [0]
 
-    def saver():
+    def saver(stop):
         while not stop.is_set() or rounds[0] < 3:   # commits and an abort, whatever the timing
             sid, dirty, _ = ev.begin_export()
             rounds[0] += 1
@@ -184,16 +191,7 @@ def test_two_phase_exports_in_flight_lose_no_dirty_key():
                 committed.update(dirty.numpy().tolist())
                 ev.commit_export(sid)
 
-    with concurrent.futures.ThreadPoolExecutor(APPLY_THREADS + LOOKUP_THREADS + 1) as pool:
-        sealer = pool.submit(saver)
-        workers = [pool.submit(run_apply, ev, b) for b in APPLIES]
-        workers += [pool.submit(run_lookup, ev, b) for b in LOOKUPS]
-        try:
-            for w in workers:
-                w.result()
-        finally:
-            stop.set()
-        sealer.result()
+    train_concurrently(ev, saver)
     sid, dirty, deleted = ev.begin_export()
     ev.commit_export(sid)
     changed = {int(k) for b in APPLIES for batch in b for k in batch}

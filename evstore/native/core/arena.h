@@ -67,21 +67,12 @@ class RowArena {
   // Returns a fresh or recycled row id. Contents are unspecified; the caller
   // initialises the row (under its segment lock) before publishing the key.
   uint32_t Allocate() {
-    std::lock_guard<std::mutex> l(mu_);
-    if (!free_.empty()) {
-      uint32_t r = free_.back();
-      free_.pop_back();
-      return r;
-    }
-    uint32_t r = next_;
-    uint32_t b, off;
-    Locate(r, &b, &off);
-    if (off == 0) EnsureBlock(b);
-    ++next_;
+    uint32_t r;
+    AllocateMany(1, &r);
     return r;
   }
 
-  // Allocate() n times under one lock acquisition.
+  // n row ids under one lock acquisition: recycled ids first, then fresh ones.
   void AllocateMany(size_t n, uint32_t* out) {
     std::lock_guard<std::mutex> l(mu_);
     for (size_t k = 0; k < n; ++k) {

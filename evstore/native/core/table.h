@@ -367,7 +367,7 @@ class Table {
 
   // Reads keys' current state (for a sealed snapshot's dirty keys). For each
   // key: present[i], admitted[i], version/freq, and its full row in
-  // rows[i*stride] when admitted (zeros otherwise).
+  // rows[i*stride] when admitted (zeros otherwise); rows may be null.
   void Read(const K* keys, int64_t n, int stride, uint8_t* present, uint8_t* admitted, int64_t* versions,
             int64_t* freqs, float* rows) const {
     for (int64_t i = 0; i < n; ++i) {
@@ -379,6 +379,7 @@ class Table {
       admitted[i] = en && en->row != kNoRow;
       versions[i] = admitted[i] ? arena_.Version(en->row) : -1;
       freqs[i] = en ? en->freq() : 0;
+      if (!rows) continue;  // metadata only
       if (admitted[i])
         std::memcpy(rows + i * stride, arena_.Row(en->row), stride * sizeof(float));
       else
@@ -386,12 +387,13 @@ class Table {
     }
   }
 
-  // Upserts admitted keys: rows are `in_stride` floats laid out as
-  // [embedding | slot columns...]; slot_offsets[c] gives where input slot c
-  // goes in the table row (from EnsureSlots). Sets version and frequency.
-  void ImportRows(const K* keys, int64_t n, const float* rows, int in_stride,
-                  const std::vector<int>& slot_offsets, const int64_t* versions, const int64_t* freqs,
-                  bool mark_dirty) {
+  // Upserts admitted keys. Key i's embedding is at values + i*values_stride;
+  // its slot c at slots + i*slots_stride + c*dim, written to the table row at
+  // slot_offsets[c] (from EnsureSlots). Sets version and frequency. Reads the
+  // caller's buffers in place (a restore makes no staging copy).
+  void ImportRows(const K* keys, int64_t n, const float* values, int64_t values_stride, const float* slots,
+                  int64_t slots_stride, const std::vector<int>& slot_offsets, const int64_t* versions,
+                  const int64_t* freqs, bool mark_dirty) {
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = HashKey(keys[i]);
       Segment<K>& seg = segments_[SegmentOf(h)];
@@ -399,10 +401,9 @@ class Table {
       E* en = FindOrAdd(seg, keys[i], h);
       if (en->row == kNoRow) Admit(seg, en);
       float* dst = arena_.Row(en->row);
-      const float* src = rows + i * in_stride;
-      std::memcpy(dst, src, dim_ * sizeof(float));
+      std::memcpy(dst, values + i * values_stride, dim_ * sizeof(float));
       for (size_t c = 0; c < slot_offsets.size(); ++c)
-        std::memcpy(dst + slot_offsets[c], src + (1 + c) * dim_, dim_ * sizeof(float));
+        std::memcpy(dst + slot_offsets[c], slots + i * slots_stride + c * dim_, dim_ * sizeof(float));
       arena_.Version(en->row) = versions[i];
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
       if (mark_dirty) MarkDirty(seg, en);

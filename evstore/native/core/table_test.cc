@@ -534,7 +534,7 @@ static void test_export_import_round_trip() {
   b.EnsureSlots({{"v", 0.2f}});
   std::vector<int> offs = b.EnsureSlots(specs);
   CHECK((offs == std::vector<int>{6, 3}));
-  b.ImportRows(rk.data(), rk.size(), rows.data(), stride, offs, vers.data(), freqs.data(), false);
+  b.ImportRows(rk.data(), rk.size(), rows.data(), stride, rows.data() + dim, stride, offs, vers.data(), freqs.data(), false);
   b.ImportFiltered(fk.data(), fk.size(), ffreqs.data(), false);
   keys.push_back(123456);  // absent in both
   std::vector<KeyState> sa = ReadAll(a, keys), sb = ReadAll(b, keys);
@@ -550,7 +550,7 @@ static void test_export_import_round_trip() {
   CHECK_EQ(d.first.size() + d.second.size(), 0u);
   // With mark_dirty every imported key is dirty; an imported filtered key that
   // is already admitted stays admitted.
-  b.ImportRows(rk.data(), 10, rows.data(), stride, offs, vers.data(), freqs.data(), true);
+  b.ImportRows(rk.data(), 10, rows.data(), stride, rows.data() + dim, stride, offs, vers.data(), freqs.data(), true);
   b.ImportFiltered(rk.data() + 10, 1, ffreqs.data(), true);
   CHECK_EQ(Drain(b).first.size(), 11u);
   CHECK(ReadOne(b, rk[10]).admitted && ReadOne(b, rk[10]).freq == ffreqs[0]);

@@ -115,9 +115,8 @@ class EvKeyInfoOp : public EvTableOp<K> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, keys.shape(), &admitted));
     const int64_t n = keys.NumElements();
     std::vector<uint8_t> present(n), adm(n);
-    std::vector<float> rows(n * t.stride());
     t.Read(keys.flat<K>().data(), n, t.stride(), present.data(), adm.data(), versions->flat<int64_t>().data(),
-           freqs->flat<int64_t>().data(), rows.data());
+           freqs->flat<int64_t>().data(), /*rows=*/nullptr);
     auto a = admitted->flat<bool>();
     for (int64_t i = 0; i < n; ++i) a(i) = adm[i] != 0;
   }
@@ -215,19 +214,11 @@ class EvImportOp : public EvTableOp<K> {
         if (h.first == std::string(nm(i))) init = h.second;
       want.emplace_back(std::string(nm(i)), init);
     }
-    // Rows arrive as [embedding | slot 0 | slot 1 ...] per key.
-    std::vector<float> rows(n * dim * (1 + ns));
-    auto v = vals.flat<float>();
-    auto sl = slots.flat<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy(v.data() + i * dim, v.data() + (i + 1) * dim, rows.data() + i * dim * (1 + ns));
-      std::copy(sl.data() + i * ns * dim, sl.data() + (i + 1) * ns * dim, rows.data() + i * dim * (1 + ns) + dim);
-    }
     EV_TRY(ctx, {
       std::vector<int> offs = t.EnsureSlots(want);
       if (clear_) t.Clear();
-      t.ImportRows(keys.flat<K>().data(), n, rows.data(), dim * (1 + ns), offs, vers.flat<int64_t>().data(),
-                   freqs.flat<int64_t>().data(), /*mark_dirty=*/!clear_);
+      t.ImportRows(keys.flat<K>().data(), n, vals.flat<float>().data(), dim, slots.flat<float>().data(), ns * dim,
+                   offs, vers.flat<int64_t>().data(), freqs.flat<int64_t>().data(), /*mark_dirty=*/!clear_);
       t.ImportFiltered(fkeys.flat<K>().data(), fkeys.NumElements(), ffreqs.flat<int64_t>().data(), !clear_);
     });
   }
