@@ -298,6 +298,10 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         """
         return gen.ev_begin_export(self.resource_handle, key_dtype=self._key_dtype)
 
+    def _begin_export_seal_only(self):
+        """begin_export without materialising the key lists (checkpoint writers stream them)."""
+        return gen.ev_begin_export(self.resource_handle, key_dtype=self._key_dtype, return_keys=False)
+
     def commit_export(self, snapshot_id):
         """Drops a sealed snapshot: its changes are durable elsewhere."""
         return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=True)
