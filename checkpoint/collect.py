@@ -3,8 +3,11 @@ a Keras model, a tf.Module, an optimizer, or a list / dict of those.
 
 Names are the checkpoint's tensor names, so they must be stable across
 processes and unique: an EV is saved under `ev.name`, a Keras variable under
-its `path` ("dense/kernel", "adam/iteration"), a tf.Variable under its name
-without ":0". A dict {name: variable_or_ev} names things explicitly.
+its `path` ("dense/kernel"), an optimizer's variables as "optimizer/<name>"
+("optimizer/iteration"; Keras numbers optimizer names per process), a
+tf.Variable under its name without ":0". A dict {name: variable_or_ev} names
+things explicitly (a dict value that is an optimizer is saved as
+"<key>/<variable>").
 """
 import keras
 import tensorflow as tf
@@ -66,14 +69,19 @@ def _walk(obj, out, name=None):
         out.add_dense(obj, name)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _walk(v, out, k if isinstance(v, (EmbeddingVariable, tf.Variable, keras.Variable)) else None)
+            named = isinstance(v, (EmbeddingVariable, tf.Variable, keras.Variable)) or _is_keras_optimizer(v)
+            _walk(v, out, k if named else None)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             _walk(v, out)
     elif _is_keras_optimizer(obj):
         out.optimizers.append(obj)
+        # Keras names optimizers per process ("adam", "adam_1", ...): save their
+        # variables as "optimizer/<variable>" so another process finds them.
         for v in obj.variables:
-            out.add_dense(v)
+            path = getattr(v, "path", v.name)
+            local = path[len(obj.name) + 1:] if path.startswith(obj.name + "/") else path
+            out.add_dense(v, f"{name or 'optimizer'}/{local}")
     elif isinstance(obj, keras.layers.Layer):
         for layer in obj._flatten_layers(include_self=True):
             ev = getattr(layer, "ev", None)

@@ -1,4 +1,5 @@
 """EmbeddingVariable: a native hash-table embedding as a TensorFlow resource."""
+import functools
 import weakref
 
 import numpy as np
@@ -6,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.ops import gen_resource_variable_ops
+from tensorflow.python.training.saving import saveable_object
 
 from evstore._ops import gen
 from evstore.filters import CounterFilter
@@ -310,14 +312,44 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         """Merges a sealed snapshot back into the open dirty / deleted sets."""
         return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=False)
 
-    # ---- tf.train.Checkpoint / SavedModel (materialises the table) -----------
-    def _serialize_to_tensors(self):
+    # ---- tf.train.Checkpoint / v1 Saver / SavedModel (materialise the table) --
+    # Tensor names follow DESIGN section 4 (`<name>-keys`, `-values`,
+    # `-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`) except that
+    # these paths pack the optimizer slots into `<name>-slots` [N, S, dim] with
+    # `<name>-slot_names` [S]: a restore must build its ops before the EV knows
+    # its slots. tf.train.Checkpoint prefixes them with the object path
+    # (`.../.ATTRIBUTES/-keys`); tf.compat.v1.train.Saver with the EV's name.
+    def _export_tensors(self):
         k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
                                                        dim=self._dim)
-        return {"keys": k, "values": v, "slots": s, "slot_names": names, "versions": ver, "freqs": f,
-                "keys_filtered": fk, "freqs_filtered": ff}
+        return {"-keys": k, "-values": v, "-versions": ver, "-freqs": f, "-keys_filtered": fk,
+                "-freqs_filtered": ff, "-slots": s, "-slot_names": names}
+
+    def _import_tensors(self, t):
+        return gen.ev_import(self.resource_handle, t["-keys"], t["-values"], t["-slots"], t["-slot_names"],
+                             t["-versions"], t["-freqs"], t["-keys_filtered"], t["-freqs_filtered"], clear=True)
+
+    def _serialize_to_tensors(self):
+        return self._export_tensors()
 
     def _restore_from_tensors(self, restored_tensors):
-        t = restored_tensors
-        return gen.ev_import(self.resource_handle, t["keys"], t["values"], t["slots"], t["slot_names"],
-                             t["versions"], t["freqs"], t["keys_filtered"], t["freqs_filtered"], clear=True)
+        return self._import_tensors(restored_tensors)
+
+    def _gather_saveables_for_checkpoint(self):
+        # Used by tf.compat.v1.train.Saver only (TF2 uses the two methods above).
+        return {"ev": functools.partial(_EVSaveable, self, name=self._name)}
+
+
+class _EVSaveable(saveable_object.SaveableObject):
+    """v1 Saver view of an EV: one spec per tensor, named `<name>-keys` etc."""
+
+    def __init__(self, ev, name):
+        self._ev = ev
+        tensors = ev._export_tensors()
+        self._suffixes = list(tensors)
+        specs = [saveable_object.SaveSpec(t, "", name + suffix) for suffix, t in tensors.items()]
+        super().__init__(ev, specs, name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        return self._ev._import_tensors(dict(zip(self._suffixes, restored_tensors)))

@@ -24,7 +24,7 @@ using tensorflow::ResourceHandle;
 // EVSTORE_FAILPOINT=bundle-mid-data the writer, after its first chunk, creates
 // $EVSTORE_FAILPOINT_FILE and waits to be killed.
 void MaybePauseMidData() {
-  static const char* fp = std::getenv("EVSTORE_FAILPOINT");
+  const char* fp = std::getenv("EVSTORE_FAILPOINT");
   if (!fp || std::string(fp) != "bundle-mid-data") return;
   if (const char* f = std::getenv("EVSTORE_FAILPOINT_FILE")) std::ofstream(f) << "paused\n";
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
