@@ -5,8 +5,10 @@ import weakref
 import numpy as np
 
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.ops import gen_resource_variable_ops
+from tensorflow.python.saved_model import save_context
 from tensorflow.python.training.saving import saveable_object
 
 from evstore._ops import gen
@@ -87,8 +89,15 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     """
 
     # Lets tf.GradientTape and optimizers treat the EV like a variable: its
-    # `handle` is the proxy variable that training lookups read.
-    _should_act_as_resource_variable = True
+    # `handle` is the proxy variable that training lookups read. While a
+    # SavedModel is written it is a resource, not a variable (hasattr is
+    # False), so the writer records it as one and traces its save / restore
+    # functions (_serialize_to_tensors) into the SavedModel.
+    @property
+    def _should_act_as_resource_variable(self):
+        if save_context.in_save_context():
+            raise AttributeError("_should_act_as_resource_variable")
+        return True
 
     def __init__(self, name, dim, key_dtype=tf.int64, initializer=None, default_value=None,
                  filter=None, initializer_bank_size=8192, num_segments=64, trainable=True):
@@ -120,6 +129,7 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         if dv.shape.num_elements() != dim:
             raise ValueError(f"default_value must be a scalar or have {dim} elements, got shape {dv.shape}")
         self._default_value = tf.reshape(dv, [dim])
+        self._default_np = self._default_value.numpy() if tf.executing_eagerly() else None
         if tf.executing_eagerly():
             self._shared_name = f"{name}_{_tf_ops.uid()}"
         else:
@@ -139,9 +149,12 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return gen.ev_handle_op(shared_name=self._shared_name, key_dtype=self._key_dtype)
 
     def _initialize(self):
+        return self._create_table(self._default_value)
+
+    def _create_table(self, default_value):
         bank = self._initializer(shape=[self._bank_size, self._dim], dtype=tf.float32)
         min_freq = self._filter.min_freq if self._filter is not None else 1
-        return gen.ev_create(self.resource_handle, bank, self._default_value, key_dtype=self._key_dtype,
+        return gen.ev_create(self.resource_handle, bank, default_value, key_dtype=self._key_dtype,
                              dim=self._dim, segments_log2=self._segments_log2, min_freq=min_freq)
 
     def _destroy_resource(self):
@@ -319,15 +332,27 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     # `<name>-slot_names` [S]: a restore must build its ops before the EV knows
     # its slots. tf.train.Checkpoint prefixes them with the object path
     # (`.../.ATTRIBUTES/-keys`); tf.compat.v1.train.Saver with the EV's name.
+    def _ensure_created_in_saved_model(self):
+        # A loaded SavedModel calls the save / restore functions before it
+        # runs the resource's initializer, so the functions traced for it
+        # create the table first (EvCreate is idempotent).
+        tracing = isinstance(_tf_ops.get_default_graph(), func_graph.FuncGraph)
+        if not (save_context.in_save_context() and tracing and self._default_np is not None):
+            return []
+        return [self._create_table(tf.constant(self._default_np))]
+
     def _export_tensors(self):
-        k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
-                                                       dim=self._dim)
+        with tf.control_dependencies(self._ensure_created_in_saved_model()):
+            k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
+                                                           dim=self._dim)
         return {"-keys": k, "-values": v, "-versions": ver, "-freqs": f, "-keys_filtered": fk,
                 "-freqs_filtered": ff, "-slots": s, "-slot_names": names}
 
     def _import_tensors(self, t):
-        return gen.ev_import(self.resource_handle, t["-keys"], t["-values"], t["-slots"], t["-slot_names"],
-                             t["-versions"], t["-freqs"], t["-keys_filtered"], t["-freqs_filtered"], clear=True)
+        with tf.control_dependencies(self._ensure_created_in_saved_model()):
+            return gen.ev_import(self.resource_handle, t["-keys"], t["-values"], t["-slots"], t["-slot_names"],
+                                 t["-versions"], t["-freqs"], t["-keys_filtered"], t["-freqs_filtered"],
+                                 clear=True)
 
     def _serialize_to_tensors(self):
         return self._export_tensors()
