@@ -1,4 +1,4 @@
-"""Builds and runs the TF-free native core test binary (evstore/native/core/table_test.cc).
+"""Builds and runs the TF-free native core test binaries (evstore/native/core/*_test.cc).
 
 Two builds: with AddressSanitizer + UndefinedBehaviorSanitizer at -O2, and
 without sanitizers at -O3 (catches optimisation-dependent bugs). Each runs as a
@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "evstore" / "native" / "core"
-SOURCE = CORE / "table_test.cc"
+SOURCES = sorted(CORE.glob("*_test.cc"))
 GXX = shutil.which("g++")
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found")
@@ -23,9 +23,9 @@ SANITIZED = ["-O2", "-g", "-fsanitize=address,undefined"]
 OPTIMISED = ["-O3"]
 
 
-def _build(tmp_path: Path, name: str, flags: list) -> Path:
-    exe = tmp_path / name
-    cmd = [GXX, "-std=c++17", *flags, "-pthread", "-I", str(CORE), str(SOURCE), "-o", str(exe)]
+def _build(tmp_path: Path, source: Path, flags: list) -> Path:
+    exe = tmp_path / (source.stem + "_" + flags[0].lstrip("-"))
+    cmd = [GXX, "-std=c++17", *flags, "-pthread", "-I", str(CORE), str(source), "-o", str(exe)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"build failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
     return exe
@@ -44,10 +44,11 @@ def _run(exe: Path) -> str:
     return proc.stdout
 
 
-def test_core_sanitized(tmp_path):
-    out = _run(_build(tmp_path, "table_test", SANITIZED))
-    assert "ok test_growth_million_keys_values_intact" in out
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_core_sanitized(tmp_path, source):
+    _run(_build(tmp_path, source, SANITIZED))
 
 
-def test_core_optimised_o3(tmp_path):
-    _run(_build(tmp_path, "table_test_o3", OPTIMISED))
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_core_optimised_o3(tmp_path, source):
+    _run(_build(tmp_path, source, OPTIMISED))
