@@ -32,6 +32,7 @@ class Storage:
         if self.local:
             self.path = os.path.abspath(self.path)
         self._cache = None
+        self._manifests = {}
 
     def __repr__(self):
         return f"Storage({self.url!r})"
@@ -57,9 +58,13 @@ class Storage:
         return out
 
     def has_manifest(self, dirname):
-        return self.fs.exists(self.join(dirname, MANIFEST))
+        return dirname in self._manifests or self.fs.exists(self.join(dirname, MANIFEST))
 
     def read_manifest(self, dirname):
+        # A committed manifest never changes, so each is read once per Storage
+        # (a scan before every save would otherwise re-read the whole history).
+        if dirname in self._manifests:
+            return self._manifests[dirname]
         path = self.join(dirname, MANIFEST)
         with self.fs.open(path, "rb") as f:
             text = f.read()
@@ -69,6 +74,7 @@ class Storage:
             from checkpoint.errors import CorruptCheckpointError
             raise CorruptCheckpointError(f"{self._display(path)}: manifest says {m.kind} {m.seq}, "
                                          f"but it lives in directory {dirname}")
+        self._manifests[dirname] = m
         return m
 
     def write_manifest(self, dirname, manifest):
@@ -87,6 +93,7 @@ class Storage:
             self.fs.pipe_file(path, data)
 
     def remove_manifest(self, dirname):
+        self._manifests.pop(dirname, None)
         try:
             self.fs.rm_file(self.join(dirname, MANIFEST))
         except FileNotFoundError:
@@ -95,6 +102,7 @@ class Storage:
             _fsync_dir(self.join(dirname))
 
     def remove_dir(self, dirname):
+        self._manifests.pop(dirname, None)
         path = self.join(dirname)
         if self.local:
             shutil.rmtree(path, ignore_errors=True)
