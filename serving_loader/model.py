@@ -1,0 +1,320 @@
+"""ServingModel: a loaded serving export kept fresh by applying checkpoints in place.
+
+Apply protocol (DESIGN section 5):
+  * stage (no lock): pick the next committed checkpoint of the served chain
+    (its manifest's parent is the served sequence, its base the served full),
+    verify every file against the manifest (size, crc32c), read its tensors
+    into memory (a delta is small);
+  * publish (exclusive lock): erase deleted keys and keys that lost their row,
+    upsert changed rows, assign dense variables, set `version`.
+  Predictions hold the lock shared, so none sees half a checkpoint; staging
+  never blocks them. Checkpoints are applied in chain order, each once.
+  * A gap, a bad checksum or a missing file keeps the last good state
+    serving; the failure is counted and kept in `last_error`. Recovery: once
+    the root's newest chain resolves and differs from the served one (the
+    trainer wrote a new full), the model reloads from it (reload holds the
+    lock for its duration; it also runs at start).
+"""
+import json
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from checkpoint.bundle import read_dense
+from checkpoint.chain import resolve_chain, scan, verify_files
+from checkpoint.errors import CheckpointError
+from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.storage import Storage
+from serving_loader.export import FORMAT, MAP_FILE
+
+__all__ = ["ServingModel"]
+
+log = logging.getLogger("evstore.serving")
+
+
+class _RWLock:
+    """Many readers or one writer; a waiting writer blocks new readers."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    def acquire_read(self):
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_read(self):
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    def acquire_write(self):
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+
+    def release_write(self):
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+class _Table:
+    """A loaded DenseHashTable (a restored resource) driven through TF's table ops."""
+
+    def __init__(self, resource, key_dtype):
+        self._h = resource.resource_handle
+        self._kd = tf.as_dtype(key_dtype)
+
+    def size(self):
+        return tf.raw_ops.LookupTableSizeV2(table_handle=self._h)
+
+    def export(self):
+        return tf.raw_ops.LookupTableExportV2(table_handle=self._h, Tkeys=self._kd, Tvalues=tf.float32)
+
+    def insert(self, keys, values):
+        tf.raw_ops.LookupTableInsertV2(table_handle=self._h, keys=keys, values=values)
+
+    def erase(self, keys):
+        tf.raw_ops.LookupTableRemoveV2(table_handle=self._h, keys=keys)
+
+
+class _Staged:
+    """A checkpoint read into memory, ready to publish."""
+
+    def __init__(self, manifest, evs, dense):
+        self.manifest = manifest
+        self.evs = evs        # name -> (erase_keys, upsert_keys, upsert_values)
+        self.dense = dense    # name -> np.ndarray
+
+
+class ServingModel:
+    """A serving export (export_serving_model) plus the checkpoint chain applied to it.
+
+    Args:
+      export_dir: the SavedModel written by `export_serving_model`.
+      checkpoint_root: the trainer's checkpoint root (path or fsspec URL);
+        None serves the export as it is.
+      storage_options: fsspec options for a remote root.
+
+    Attributes: `version` (sequence number served; None before the first
+    checkpoint), `base` (its full), `metrics()` for monitoring.
+    """
+
+    def __init__(self, export_dir, checkpoint_root=None, storage_options=None):
+        map_path = os.path.join(export_dir, MAP_FILE)
+        try:
+            with open(map_path) as f:
+                self.mapping = json.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"{export_dir} is not an evstore serving export (no {MAP_FILE}); write it with "
+                             "serving_loader.export_serving_model") from None
+        if self.mapping.get("format") != FORMAT:
+            raise ValueError(f"{map_path} is not an evstore serving map")
+        self.export_dir = export_dir
+        self._loaded = tf.saved_model.load(export_dir)
+        self._fn = self._loaded.signatures[self.mapping["signature"]]
+        self._tables = {n: _Table(self._loaded.tables[e["index"]], e["key_dtype"])
+                        for n, e in self.mapping["evs"].items()}
+        self._dense = {n: self._loaded.dense[i] for n, i in self.mapping["dense"].items()}
+        self.inputs = {i["name"]: i for i in self.mapping["inputs"]}
+        self._lock = _RWLock()
+        self._poll_lock = threading.Lock()
+        self.version = None
+        self.base = None
+        self.applied = 0
+        self.failures = 0
+        self.last_error = None
+        self.freshness_s = []      # commit -> served, per applied checkpoint (bounded)
+        self.apply_latency_s = []  # stage + publish, per applied checkpoint (bounded)
+        self._sched = None
+        self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
+        if self.storage is not None:
+            self.poll()
+
+    # ---- predictions ---------------------------------------------------------
+    def predict(self, inputs):
+        """Runs the serving signature. `inputs`: {input name: array-like}.
+        Returns {output name: np.ndarray}. Raises ValueError for unknown or
+        missing inputs (shapes and dtypes are checked by the signature)."""
+        if not isinstance(inputs, dict):
+            raise ValueError(f"inputs must be a dict of {sorted(self.inputs)}")
+        unknown = sorted(set(inputs) - set(self.inputs))
+        missing = sorted(set(self.inputs) - set(inputs))
+        if unknown or missing:
+            raise ValueError(f"unknown inputs {unknown}, missing inputs {missing}; the model takes "
+                             f"{sorted(self.inputs)}")
+        tensors = {n: tf.convert_to_tensor(v, dtype=self.inputs[n]["dtype"]) for n, v in inputs.items()}
+        self._lock.acquire_read()
+        try:
+            out = self._fn(**tensors)
+            version = self.version
+        finally:
+            self._lock.release_read()
+        return {k: v.numpy() for k, v in out.items()}, version
+
+    def rows(self):
+        """{EV name: rows in its serving table}."""
+        return {n: int(t.size()) for n, t in self._tables.items()}
+
+    # ---- applying checkpoints ------------------------------------------------
+    def poll(self):
+        """Applies every checkpoint committed since the served one; returns `version`."""
+        if self.storage is None:
+            return self.version
+        with self._poll_lock:
+            sc = scan(self.storage)
+            if not sc.manifests:
+                return self.version
+            if self.version is not None:
+                self._follow_chain(sc)
+            newest = max(sc.manifests)
+            if self.version is None or newest > self.version:
+                self._maybe_reload(sc)
+            return self.version
+
+    def _follow_chain(self, sc):
+        while True:
+            nxt = [m for m in sc.manifests.values()
+                   if m.kind == "delta" and m.parent == self.version and m.base == self.base]
+            if not nxt:
+                return
+            m = min(nxt, key=lambda x: x.seq)
+            t0 = time.time()
+            try:
+                staged = self._stage(m)
+            except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+                self._fail(f"cannot apply {m.dir}: {e}")
+                return
+            self._lock.acquire_write()
+            try:
+                self._publish(staged)
+            finally:
+                self._lock.release_write()
+            self._record(m, t0)
+
+    def _maybe_reload(self, sc):
+        try:
+            chain = resolve_chain(sc, where=self.storage.url)
+        except CheckpointError as e:
+            if self.version is None or max(sc.manifests) > self.version:
+                self._fail(f"newest chain cannot be served: {e}")
+            return
+        if self.version is not None and chain[0].seq == self.base and chain[-1].seq <= self.version:
+            return
+        if self.version is not None and chain[0].seq == self.base:
+            return  # same chain: _follow_chain applies it (it stopped on an error already reported)
+        t0 = time.time()
+        try:
+            staged = [self._stage(m, full_chain=(i == 0)) for i, m in enumerate(chain)]
+        except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+            self._fail(f"cannot reload from {chain[0].dir}: {e}")
+            return
+        self._lock.acquire_write()
+        try:
+            for name, table in self._tables.items():  # drop the previous chain's rows
+                keys, _ = table.export()
+                keys = tf.boolean_mask(keys, tf.logical_and(
+                    keys != self.mapping["evs"][name]["empty_key"], keys != self.mapping["evs"][name]["deleted_key"]))
+                if int(tf.size(keys)):
+                    table.erase(keys)
+            for s in staged:
+                self._publish(s)
+        finally:
+            self._lock.release_write()
+        self._record(chain[-1], t0)
+        log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
+
+    def _stage(self, m, full_chain=False):
+        problems = verify_files(self.storage, m)
+        if problems:
+            raise CheckpointError("; ".join(problems))
+        missing = sorted(set(self._tables) - set(m.evs))
+        if missing:
+            raise CheckpointError(f"{m.dir} holds no EV {missing} that the export serves")
+        d = self.storage.local_dir(m.dir, list(m.files))
+        reader = tf.train.load_checkpoint(os.path.join(d, BUNDLE_PREFIX))
+        evs = {}
+        for name in self._tables:
+            keys = reader.get_tensor(f"{name}-keys")
+            values = reader.get_tensor(f"{name}-values")
+            erase = [reader.get_tensor(f"{name}-keys_filtered")]   # counted keys read the default
+            if m.kind == "delta":
+                erase.append(reader.get_tensor(f"{name}-deleted_keys"))
+            erase = np.concatenate(erase)
+            if values.shape[1:] != (self.mapping["evs"][name]["dim"],):
+                raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]}, the export "
+                                      f"serves dim {self.mapping['evs'][name]['dim']}")
+            evs[name] = (erase, keys, values)
+        dense = read_dense(d, list(self._dense)) if self._dense else {}
+        return _Staged(m, evs, dense)
+
+    def _publish(self, s):
+        """Under the write lock: make the staged checkpoint the served state."""
+        for name, (erase, keys, values) in s.evs.items():
+            table = self._tables[name]
+            if erase.size:
+                table.erase(tf.constant(erase))
+            if keys.size:
+                table.insert(tf.constant(keys), tf.constant(values))
+        for name, value in s.dense.items():
+            self._dense[name].assign(value)
+        self.version = s.manifest.seq
+        self.base = s.manifest.base
+
+    def _record(self, m, t0):
+        now = time.time()
+        self.applied += 1
+        self.apply_latency_s = (self.apply_latency_s + [now - t0])[-1000:]
+        self.freshness_s = (self.freshness_s + [max(0.0, now - m.wall_time)])[-1000:]
+        self.last_applied_wall = now
+
+    def _fail(self, msg):
+        self.failures += 1
+        self.last_error = msg
+        log.warning("%s (still serving %s)", msg, self.version)
+
+    # ---- background polling --------------------------------------------------
+    def start(self, every_s=1.0):
+        """Polls the checkpoint root every `every_s` seconds (apscheduler)."""
+        if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or every_s <= 0:
+            raise ValueError(f"every_s must be a positive number of seconds, got {every_s!r}")
+        if self.storage is None:
+            raise ValueError("no checkpoint_root to poll")
+        if self._sched is not None:
+            raise RuntimeError("already polling; stop() first")
+        from apscheduler.schedulers.background import BackgroundScheduler
+        self._sched = BackgroundScheduler(daemon=True)
+        self._sched.add_job(self._poll_quietly, "interval", seconds=every_s, id="poll", max_instances=1,
+                            coalesce=True)
+        self._sched.start()
+
+    def _poll_quietly(self):
+        try:
+            self.poll()
+        except Exception as e:  # noqa: BLE001 - the poller must survive
+            self._fail(f"poll failed: {e!r}")
+
+    def stop(self):
+        if self._sched is not None:
+            self._sched.shutdown(wait=True)
+            self._sched = None
+
+    def metrics(self):
+        """A snapshot for monitoring: version, applied, failures, rows per table,
+        freshness and apply latency samples (seconds)."""
+        return {"version": self.version, "base": self.base, "applied": self.applied, "failures": self.failures,
+                "last_error": self.last_error, "rows": self.rows(), "freshness_s": list(self.freshness_s),
+                "apply_latency_s": list(self.apply_latency_s)}
