@@ -92,6 +92,13 @@ def load_state(path):
         return {k: z[k] for k in z.files}
 
 
+def probe_inputs():
+    """A fixed batch for comparing predictions across processes."""
+    users = np.array([[1, 2], [3, 4], [5, 6], [7, 8], [10, 11], [12, 13], [999, 5], [2, 3]], np.int64)
+    items = np.array([[1], [2], [3], [4], [5], [6], [7], [8]], np.int32)
+    return users, items
+
+
 def main(argv=None):
     """Subprocess driver. Steps: a JSON list of actions run in order:
       ["train", a, b]         train batches a..b-1
@@ -100,6 +107,7 @@ def main(argv=None):
       ["failpoint", name]     set EVSTORE_FAILPOINT for what follows
       ["restore"]             restore the newest chain; prints the metadata
       ["dump", tag]           live state to <dump>/<tag>.npz
+      ["sleep", seconds]      wait (lets a server poll between saves)
     """
     p = argparse.ArgumentParser()
     p.add_argument("root")
@@ -116,6 +124,7 @@ def main(argv=None):
             latest = mgr.storage.list_dirs()
             nxt = max(latest) + 1 if latest else 1
             save_state(model, os.path.join(a.dump, f"live-{nxt}.npz"))
+            np.save(os.path.join(a.dump, f"probe-{nxt}.npy"), model.predict(list(probe_inputs()), verbose=0))
             seq = (mgr.save_full if op == "full" else mgr.save_delta)(metadata={"pos": step[1]})
             assert seq == nxt, (seq, nxt)
             print("saved", seq, flush=True)
@@ -123,6 +132,9 @@ def main(argv=None):
             os.environ["EVSTORE_FAILPOINT"] = step[1]
         elif op == "restore":
             print("restored", json.dumps(mgr.restore()), flush=True)
+        elif op == "sleep":
+            import time
+            time.sleep(step[1])
         elif op == "dump":
             save_state(model, os.path.join(a.dump, f"{step[1]}.npz"))
         else:

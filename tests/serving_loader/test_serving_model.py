@@ -1,0 +1,240 @@
+"""Serving export and ServingModel: stock-TF export, hot application of
+checkpoints, failure handling, and no prediction ever seeing half a delta."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
+import checkpoint  # noqa: E402
+import evstore  # noqa: E402
+import serving_loader  # noqa: E402
+from ckpt_model import make_model, probe_inputs, train  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(HERE), "checkpoint", "ckpt_model.py")
+
+
+def _predict(sm):
+    users, items = probe_inputs()
+    out, version = sm.predict({"users": users, "items": items})
+    return out["outputs"], version
+
+
+def _want(model):
+    return model.predict(list(probe_inputs()), verbose=0)
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A trained model, its serving export, and a checkpoint manager on a root."""
+    model = make_model()
+    train(model, 0, 3)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    return model, export, mgr
+
+
+LOADER = r'''
+import sys, numpy as np, tensorflow as tf
+m = tf.saved_model.load(sys.argv[1])
+x = np.load(sys.argv[2])
+out = m.signatures["serving_default"](users=tf.constant(x["users"]), items=tf.constant(x["items"]))
+np.save(sys.argv[3], out["outputs"].numpy())
+assert not any(k == "evstore" or k.startswith("evstore.") for k in sys.modules), "evstore was imported"
+with open("/proc/self/maps") as f:
+    assert "_evstore_ops" not in f.read(), "the evstore op library was loaded"
+print("stock-ok")
+'''
+
+
+def test_export_runs_in_a_fresh_interpreter_without_evstore(tmp_path, job):
+    model, export, _ = job
+    users, items = probe_inputs()
+    np.savez(tmp_path / "x.npz", users=users, items=items)
+    (tmp_path / "load.py").write_text(LOADER)
+    p = subprocess.run([sys.executable, str(tmp_path / "load.py"), export, str(tmp_path / "x.npz"),
+                        str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert p.returncode == 0 and "stock-ok" in p.stdout, p.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), _want(model))
+
+
+def test_serving_model_starts_from_the_newest_chain(job):
+    model, export, mgr = job
+    train(model, 3, 5)
+    seq = mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    out, version = _predict(sm)
+    assert version == seq
+    np.testing.assert_array_equal(out, _want(model))
+
+
+def test_each_delta_is_applied_in_order_and_deleted_keys_read_the_default(job):
+    model, export, mgr = job
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    for i in range(3):
+        train(model, 3 + i, 4 + i)
+        seq = mgr.save_delta()
+        assert sm.poll() == seq
+        out, _ = _predict(sm)
+        np.testing.assert_array_equal(out, _want(model))
+    ev = model.get_layer("user").ev
+    ev.remove(tf.constant([1, 2, 3, 4, 5, 6, 7, 8], tf.int64))
+    seq = mgr.save_delta()
+    assert sm.poll() == seq and sm.applied == 5   # the start (full) and four deltas
+    np.testing.assert_array_equal(_predict(sm)[0], _want(model))
+
+
+def test_corrupt_delta_keeps_the_last_good_state_and_a_new_full_recovers(job):
+    model, export, mgr = job
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    good = _want(model)
+    train(model, 3, 5)
+    bad = mgr.save_delta()
+    d = os.path.join(mgr.root, f"delta-{bad:010d}")
+    f = max((os.path.join(d, n) for n in os.listdir(d) if ".data-" in n), key=os.path.getsize)
+    b = bytearray(open(f, "rb").read())
+    b[len(b) // 2] ^= 0x01
+    open(f, "wb").write(bytes(b))
+    assert sm.poll() == 1 and sm.failures >= 1 and os.path.basename(f) in sm.last_error
+    np.testing.assert_array_equal(_predict(sm)[0], good)
+    seq = mgr.save_full()
+    assert sm.poll() == seq
+    np.testing.assert_array_equal(_predict(sm)[0], _want(model))
+
+
+def test_missing_delta_is_a_reported_gap_until_a_new_full(job):
+    model, export, mgr = job
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    train(model, 3, 4)
+    gone = mgr.save_delta()
+    train(model, 4, 5)
+    mgr.save_delta()
+    os.remove(os.path.join(mgr.root, f"delta-{gone:010d}", "MANIFEST.json"))
+    assert sm.poll() == 1 and "gap" in sm.last_error
+    seq = mgr.save_full()
+    assert sm.poll() == seq
+    np.testing.assert_array_equal(_predict(sm)[0], _want(model))
+
+
+def test_restarted_trainer_with_a_new_full_is_followed(job, tmp_path):
+    model, export, mgr = job
+    mgr.save_full()
+    train(model, 3, 4)
+    mgr.save_delta()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    restarted = make_model()
+    mgr2 = checkpoint.CheckpointManager(mgr.root, restarted)
+    mgr2.restore()
+    train(restarted, 4, 6)
+    full = mgr2.save_full()
+    train(restarted, 6, 7)
+    seq = mgr2.save_delta()
+    assert sm.poll() == seq and sm.base == full
+    np.testing.assert_array_equal(_predict(sm)[0], _want(restarted))
+
+
+def test_server_restarted_mid_chain_serves_the_newest_state(job):
+    model, export, mgr = job
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    train(model, 3, 4)
+    mgr.save_delta()
+    sm.poll()
+    train(model, 4, 6)
+    seq = mgr.save_delta()
+    restarted = serving_loader.ServingModel(export, mgr.root)   # a new server process would do the same
+    assert restarted.version == seq
+    np.testing.assert_array_equal(_predict(restarted)[0], _want(model))
+
+
+def test_no_prediction_mixes_two_checkpoints_during_a_predict_storm(tmp_path):
+    inp = keras.Input(shape=(1,), dtype="int64", name="ids")
+    x = keras.layers.Flatten()(evstore.keras.Embedding(4, name="flip")(inp))
+    model = keras.Model(inp, keras.layers.Dense(1, use_bias=False, kernel_initializer="ones", name="sum")(x))
+    ev = model.get_layer("flip").ev
+    keys = np.arange(20000, dtype=np.int64)
+    ev.load(keys, np.full((len(keys), 4), 1.0, np.float32))
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    stop, seen, errors = threading.Event(), set(), []
+
+    def storm():
+        try:
+            while not stop.is_set():
+                out, _ = sm.predict({"ids": keys[:, None]})
+                vals = set(np.unique(out["outputs"]).tolist())
+                seen.update(vals)
+                if len(vals) != 1:
+                    errors.append(vals)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=storm) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for flip in range(2, 8):   # each delta rewrites every row and the kernel: old state 4*a*k, new 4*b*k'
+        ev.load(keys, np.full((len(keys), 4), float(flip), np.float32))
+        model.get_layer("sum").kernel.assign(np.full((4, 1), float(flip), np.float32))
+        mgr.save_delta()
+        sm.poll()
+    time.sleep(0.2)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert seen <= {4.0} | {4.0 * f * f for f in range(2, 8)}, seen
+    assert len(seen) >= 2
+
+
+def test_end_to_end_trainer_process_and_polling_server_agree_at_every_reported_sequence(tmp_path):
+    root, dump = tmp_path / "ckpt", tmp_path / "dump"
+    dump.mkdir()
+    model = make_model()
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    steps = [["train", 0, 2], ["full", 2]]
+    for i in range(2, 8):
+        steps += [["train", i, i + 1], ["delta", i + 1], ["sleep", 0.4]]
+    trainer = subprocess.Popen([sys.executable, WORKER, str(root), str(dump), json.dumps(steps)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (root.exists() and any((root / d / "MANIFEST.json").exists() for d in os.listdir(root))):
+            assert time.time() < deadline and trainer.poll() is None, trainer.stderr.read()[-3000:]
+            time.sleep(0.1)
+        sm = serving_loader.ServingModel(export, str(root))
+        sm.start(every_s=0.1)
+        answers = {}
+        while trainer.poll() is None or len(answers) < 7:
+            out, version = _predict(sm)
+            answers.setdefault(version, out)
+            if trainer.poll() is not None:
+                sm.poll()
+                out, version = _predict(sm)
+                answers.setdefault(version, out)
+                break
+            time.sleep(0.02)
+        sm.stop()
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert trainer.returncode in (0, -9)
+    assert max(answers) == 7 and len(answers) >= 3
+    for version, out in answers.items():
+        np.testing.assert_array_equal(out, np.load(dump / f"probe-{version}.npy"), err_msg=f"seq {version}")
+    assert sm.failures == 0
