@@ -28,7 +28,21 @@ def main(argv=None):
     t.add_argument("root")
     t.add_argument("out_dir", help="output directory (path or fsspec URL)")
     t.add_argument("--seq", type=int, default=None, help="the state restore(seq=SEQ) would give")
+    srv = sub.add_parser("serve", help="serve a serving export over TF Serving's REST API, applying new checkpoints")
+    srv.add_argument("--export", required=True, help="directory written by serving_loader.export_serving_model")
+    srv.add_argument("--checkpoints", default=None,
+                     help="checkpoint root to apply and poll (path or fsspec URL); omitted: serve the export as is")
+    srv.add_argument("--port", type=int, default=8501, help="TCP port (0: any free port, printed at start)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    srv.add_argument("--model-name", default="default", help="the <name> in /v1/models/<name> (default: default)")
+    srv.add_argument("--poll-every", type=float, default=1.0, help="seconds between checkpoint polls")
+    srv.add_argument("--max-request-bytes", type=int, default=10 * 2**20,
+                     help="largest request body accepted (413 past it; default 10 MiB)")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        from serving_loader import server  # imports TensorFlow: only when needed
+
+        return server.cli(args)
     if args.command == "ckpt":
         from checkpoint import tools as ckpt_tools  # imports TensorFlow: only when needed
 
