@@ -131,7 +131,7 @@ class CheckpointManager:
         return 0 if gs is None else int(tf.convert_to_tensor(gs).numpy())
 
     def _save(self, kind, metadata):
-        if metadata is not None and not isinstance(metadata, dict):
+        if metadata is not None and not isinstance(metadata, dict) and not callable(metadata):
             raise TypeError(f"metadata must be a dict (JSON-serialisable), got {type(metadata).__name__}")
         with self._save_lock:
             if kind == "delta" and self._last is None:

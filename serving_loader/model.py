@@ -135,6 +135,7 @@ class ServingModel:
         self.version = None
         self.base = None
         self.applied = 0
+        self.applied_seqs = []     # sequence numbers published, in order (a reload publishes its last)
         self.failures = 0
         self.last_error = None
         self.freshness_s = []      # commit -> served, per applied checkpoint (bounded)
@@ -277,6 +278,7 @@ class ServingModel:
     def _record(self, m, t0):
         now = time.time()
         self.applied += 1
+        self.applied_seqs = (self.applied_seqs + [m.seq])[-10000:]
         self.apply_latency_s = (self.apply_latency_s + [now - t0])[-1000:]
         self.freshness_s = (self.freshness_s + [max(0.0, now - m.wall_time)])[-1000:]
         self.last_applied_wall = now
@@ -315,6 +317,7 @@ class ServingModel:
     def metrics(self):
         """A snapshot for monitoring: version, applied, failures, rows per table,
         freshness and apply latency samples (seconds)."""
-        return {"version": self.version, "base": self.base, "applied": self.applied, "failures": self.failures,
+        return {"version": self.version, "base": self.base, "applied": self.applied,
+                "applied_seqs": list(self.applied_seqs), "failures": self.failures,
                 "last_error": self.last_error, "rows": self.rows(), "freshness_s": list(self.freshness_s),
                 "apply_latency_s": list(self.apply_latency_s)}

@@ -1,0 +1,8 @@
+"""The streaming online-learning job (DESIGN section 6): `evstore demo` and `evstore train`.
+
+The job is the top of the stack: it trains an evstore model on a stream,
+saves scheduled deltas and fulls with checkpoint.CheckpointManager, and
+(`demo`) runs a separate serving process (serving_loader) that hot-applies
+them. Nothing else in evstore imports this package, so the dependency
+direction serving_loader -> checkpoint -> evstore holds for the library.
+"""

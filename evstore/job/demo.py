@@ -1,0 +1,201 @@
+"""`evstore demo`: the whole online-learning loop on the embedded synthetic stream.
+
+  stream -> trainer (filters + eviction on) -> deltas every few seconds,
+  fulls now and then -> a separate `evstore serve` process hot-applies them
+  -> report.
+Every batch is scored before it is trained on by the live server (over its
+REST API) and by a ServingModel frozen at the first full, giving the
+progressive AUC of online updating against no updating. A status poller
+measures freshness (commit -> served, as a client sees it). The run ends
+after `minutes` or on Ctrl-C / SIGTERM: a final delta is committed, the
+server applies it and exits, the final chain is restored into a fresh model
+and compared with the trainer's state, and a summary is printed and written
+to OUT/summary.json.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import tensorflow as tf
+
+from evstore.job.report import Summary
+from evstore.job.synthetic import SPEC, ClickStream
+from evstore.job.trainer import Trainer
+
+__all__ = ["run"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """A real `evstore serve` process and a client for it."""
+
+    def __init__(self, export, root, name="demo", poll_every=0.25, log_path=None):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}/v1/models/{name}"
+        self.log = open(log_path or os.devnull, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "evstore.cli", "serve", "--export", export, "--checkpoints", root,
+             "--port", str(self.port), "--model-name", name, "--poll-every", str(poll_every)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.seen = {}   # version -> wall time first reported
+        self._stop = threading.Event()
+        self._poller = None
+
+    def _get(self, url, timeout=5):
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def wait_ready(self, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the serving process exited with {self.proc.returncode} (see its log)")
+            try:
+                return self.version()
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.2)
+        raise RuntimeError("the serving process did not become ready")
+
+    def version(self):
+        st = self._get(self.base)
+        return int(st["model_version_status"][0]["version"])
+
+    def predict(self, inputs):
+        body = json.dumps({"inputs": {k: v.tolist() for k, v in inputs.items()}}).encode()
+        req = urllib.request.Request(self.base + ":predict", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            out = json.loads(r.read())
+        return np.asarray(out["outputs"], np.float64).reshape(-1)
+
+    def start_polling(self, every=0.05):
+        def loop():
+            while not self._stop.is_set():
+                try:
+                    v = self.version()
+                    self.seen.setdefault(v, time.time())
+                except (urllib.error.URLError, ConnectionError, OSError, KeyError, ValueError):
+                    pass
+                self._stop.wait(every)
+        self._poller = threading.Thread(target=loop, daemon=True)
+        self._poller.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._poller:
+            self._poller.join()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_every=60.0, warmup_batches=60,
+        progress=True, stop_event=None):
+    """Runs the demo; returns the summary dict (also OUT/summary.json)."""
+    import serving_loader
+    out = out or tempfile.mkdtemp(prefix="evstore-demo-")
+    os.makedirs(out, exist_ok=True)
+    root, export = os.path.join(out, "checkpoints"), os.path.join(out, "export")
+    spec = dict(SPEC, batch_size=batch_size)
+    stream = ClickStream(seed=seed, batch_size=batch_size)
+    trainer = Trainer(spec, root, seed=seed)
+    if stop_event is not None:
+        trainer.stop_event = stop_event
+    writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
+    summary = Summary(out, trainer)
+    serving_loader.export_serving_model(trainer.model, export)
+    batches = stream.batches()
+    for _ in range(warmup_batches):                       # a first model worth freezing
+        b, (cols, y) = next(batches)
+        trainer.train(trainer.inputs(cols), y, b + 1)
+    first_full = trainer.manager.save_full(metadata=trainer.metadata())
+    frozen = serving_loader.ServingModel(export, root)     # never polled again: frozen at the first full
+    server = _Server(export, root, log_path=os.path.join(out, "server.log"))
+    bar = None
+    try:
+        server.wait_ready()
+        server.start_polling()
+        trainer.manager.start(delta_every=delta_every, full_every=full_every, metadata=trainer.metadata)
+        deadline = time.time() + 60 * minutes
+        bar = _progress(progress, minutes)
+        t_train, last_stats, step = time.time(), 0.0, 0
+        while time.time() < deadline and not trainer.stop_event.is_set():
+            b, (cols, y) = next(batches)
+            x = trainer.inputs(cols)
+            live = server.predict(x)
+            frozen_out, _ = frozen.predict(x)
+            summary.score(y, live, frozen_out["outputs"].reshape(-1))
+            trainer.train(x, y, b + 1)
+            step += 1
+            if time.time() - last_stats > 2.0:
+                trainer.snapshot_stats()
+                trainer.write_summaries(writer, trainer.examples, summary.running())
+                last_stats = time.time()
+                if bar:
+                    bar.update(last_stats, trainer, summary, server)
+        train_seconds = time.time() - t_train
+        final = trainer.manager.stop()                     # the final delta: nothing trained is lost
+        _wait_for(lambda: server.version() >= final, 60)
+        time.sleep(0.2)
+    finally:
+        server.stop()
+        if bar is not None:
+            bar.close()
+    trainer.snapshot_stats()
+    trainer.write_summaries(writer, trainer.examples, summary.running())
+    result = summary.finish(first_full=first_full, final=final, train_seconds=train_seconds, steps=step,
+                            server_seen=server.seen, spec=spec)
+    return result
+
+
+def _wait_for(cond, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if cond():
+                return True
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("the serving process did not apply the final checkpoint in time")
+
+
+class _Bar:
+    def __init__(self, minutes):
+        from tqdm import tqdm
+        self.t0 = time.time()
+        self.bar = tqdm(total=int(60 * minutes), unit="s", desc="evstore demo", file=sys.stderr,
+                        bar_format="{desc} {bar} {n_fmt}/{total_fmt}s {postfix}")
+
+    def update(self, now, trainer, summary, server):
+        self.bar.n = min(self.bar.total, int(now - self.t0))
+        rows = sum(trainer.timeline[-1]["rows"].values()) if trainer.timeline else 0
+        run = summary.running()
+        self.bar.set_postfix_str(f"{trainer.examples / max(now - trainer.started, 1e-9):,.0f} ex/s  rows {rows:,}  "
+                                 f"served seq {max(server.seen) if server.seen else '-'}  "
+                                 f"AUC live {run.get('auc/live', float('nan')):.3f} "
+                                 f"frozen {run.get('auc/frozen', float('nan')):.3f}")
+
+    def close(self):
+        self.bar.close()
+
+
+def _progress(enabled, minutes):
+    return _Bar(minutes) if enabled else None

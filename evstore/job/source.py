@@ -1,0 +1,76 @@
+"""The user's data as a stream: Parquet or CSV files read with pyarrow,
+joined (optional), sorted by timestamp, cut into batches. A position is the
+row offset in that order; a restored job resumes from the saved position."""
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+__all__ = ["FileStream"]
+
+
+def _read(path, fmt):
+    fmt = fmt or ("parquet" if path.endswith((".parquet", ".pq")) else "csv")
+    if fmt == "parquet":
+        return pq.read_table(path)
+    if fmt == "csv":
+        return pacsv.read_csv(path)
+    raise ValueError(f"spec: data.format must be 'csv' or 'parquet', got {fmt!r}")
+
+
+def _ids(col):
+    """int64 ids of a column: integers as they are, anything else hashed (FarmHash64)."""
+    if pa.types.is_integer(col.type):
+        return col.to_numpy(zero_copy_only=False).astype(np.int64)
+    strings = tf.constant(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False).astype(object))
+    return tf.strings.to_hash_bucket_fast(strings, 2**62).numpy()
+
+
+class FileStream:
+    """Batches of a data file (or every data file of a directory) in timestamp order."""
+
+    def __init__(self, data, spec, max_rows=None):
+        d = spec.get("data", {})
+        fmt = d.get("format")
+        if os.path.isdir(data):
+            ext = (".parquet", ".pq") if fmt == "parquet" else (".csv",) if fmt == "csv" else (".csv", ".parquet")
+            joined = {j["file"] for j in d.get("join", [])}
+            files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(ext) and f not in joined)
+            base = data
+        else:
+            files, base = [data], os.path.dirname(data)
+        if not files:
+            raise ValueError(f"no data files in {data}")
+        table = pa.concat_tables([_read(f, fmt) for f in files])
+        for j in d.get("join", []):
+            right = _read(os.path.join(base, j["file"]), None).select([j["on"]] + list(j["columns"]))
+            table = table.join(right, keys=j["on"], join_type="left outer")
+        ts = d.get("timestamp")
+        if ts:
+            if ts not in table.column_names:
+                raise ValueError(f"spec: timestamp column {ts!r} is not in the data ({table.column_names})")
+            table = table.sort_by([(ts, "ascending")])
+        if max_rows is not None:
+            table = table.slice(0, max_rows)
+        need = [f["column"] for f in spec["sparse"]] + list(spec["dense"]) + [spec["label"]["column"]]
+        missing = [c for c in need if c not in table.column_names]
+        if missing:
+            raise ValueError(f"spec names columns {missing} that the data lacks (it has {table.column_names})")
+        self.rows = table.num_rows
+        self.batch_size = spec["batch_size"]
+        self.cols = {f["column"]: _ids(table[f["column"]]) for f in spec["sparse"]}
+        for c in spec["dense"]:
+            self.cols[c] = pc.fill_null(table[c].cast(pa.float32()), 0.0).to_numpy(zero_copy_only=False)
+        lab = table[spec["label"]["column"]].to_numpy(zero_copy_only=False).astype(np.float64)
+        thr = spec["label"].get("threshold")
+        self.labels = ((lab >= thr) if thr is not None else (lab > 0)).astype(np.float32)
+
+    def batches(self, start=0):
+        """(position after the batch, (columns, labels)) from row `start` to the end."""
+        for lo in range(start, self.rows, self.batch_size):
+            hi = min(lo + self.batch_size, self.rows)
+            yield hi, ({c: v[lo:hi] for c, v in self.cols.items()}, self.labels[lo:hi])

@@ -1,0 +1,118 @@
+"""The training loop shared by `evstore demo` and `evstore train`.
+
+Each batch is first predicted (progressive evaluation: every event is scored
+before the model trains on it), then trained on under the checkpoint
+manager's lock, so every scheduled delta or full is the exact state after a
+batch and records the input position (`{"position": ..., "examples": ...}`)
+that a restarted job resumes from: no example lost or trained twice.
+"""
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import checkpoint
+from evstore.job.model import build_model, model_inputs
+
+__all__ = ["Trainer", "auc"]
+
+# TensorBoard scalars through tf.summary.write (tf.summary.scalar needs the
+# tensorboard package, which the job does not depend on).
+_SCALAR = tf.compat.v1.SummaryMetadata(plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"))
+
+
+def _scalar(tag, value):
+    tf.summary.write(tag, tf.constant(float(value), tf.float32), metadata=_SCALAR)
+
+
+def auc(labels, scores):
+    """ROC AUC (Mann-Whitney, ties averaged); nan when one class is missing."""
+    labels = np.asarray(labels, np.float64)
+    scores = np.asarray(scores, np.float64)
+    pos = labels > 0.5
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    s = scores[order]
+    i = 0
+    while i < len(s):          # average ranks of ties
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+class Trainer:
+    """A model built from `spec`, trained batch by batch, checkpointed under `root`."""
+
+    def __init__(self, spec, root, keep_chains=3, seed=0):
+        self.spec = spec
+        self.model = build_model(spec, seed=seed)
+        self.manager = checkpoint.CheckpointManager(root, self.model, keep_chains=keep_chains)
+        self.position = 0
+        self.examples = 0
+        self.losses = []
+        self.stop_event = threading.Event()
+        self.started = time.time()
+        self.timeline = []       # (seconds, examples, rows per EV, stats per EV)
+
+    @property
+    def evs(self):
+        return {f["name"]: self.model.get_layer(f["name"]).ev for f in self.spec["sparse"]}
+
+    def metadata(self):
+        return {"position": self.position, "examples": self.examples}
+
+    def resume(self):
+        """Restores the newest chain if the root has one; returns the position to resume from."""
+        if self.manager.latest() is None:
+            return 0
+        meta = self.manager.restore()
+        self.position = int(meta.get("position", 0))
+        self.examples = int(meta.get("examples", 0))
+        return self.position
+
+    def predict(self, x):
+        return self.model.predict_on_batch(x).reshape(-1)
+
+    def train(self, x, y, position):
+        with self.manager.lock:
+            loss = float(self.model.train_on_batch(x, y.reshape(-1, 1)))
+            self.position = position
+            self.examples += len(y)
+        self.losses.append(loss)
+        return loss
+
+    def inputs(self, cols):
+        return model_inputs(self.spec, cols)
+
+    def snapshot_stats(self):
+        stats = {n: ev.stats() for n, ev in self.evs.items()}
+        self.timeline.append({"t": round(time.time() - self.started, 2), "examples": self.examples,
+                              "rows": {n: int(s["admitted"]) for n, s in stats.items()},
+                              "filtered": {n: int(s["filtered"]) for n, s in stats.items()},
+                              "evicted": {n: int(s.get("evicted", 0)) for n, s in stats.items()}})
+        return stats
+
+    def write_summaries(self, writer, step, extra=None):
+        if writer is None:
+            return
+        with writer.as_default(step=step):
+            if self.losses:
+                _scalar("train/loss", np.mean(self.losses[-50:]))
+            last = self.timeline[-1] if self.timeline else None
+            if last:
+                for n, r in last["rows"].items():
+                    _scalar(f"table/{n}/rows", r)
+                    _scalar(f"table/{n}/filtered", last["filtered"][n])
+                    _scalar(f"table/{n}/evicted", last["evicted"][n])
+                _scalar("train/examples_per_s", self.examples / max(time.time() - self.started, 1e-9))
+            for k, v in (extra or {}).items():
+                if v == v:  # not nan
+                    _scalar(k, v)
+        writer.flush()
