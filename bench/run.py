@@ -9,6 +9,11 @@ bench/bench_lookup.py twice, each a fresh process measuring its systems
 interleaved batch by batch (every ratio is taken within one run):
   run A  evstore, TF DenseHashTable, numpy gather   phases read, insert
   run B  evstore, TFRA                               phases read, insert, train
+Then bench/bench_checkpoint.py (one process, --checkpoint-keys keys x dim 16 with
+Adam slots): full save vs a sequential write of the same bytes, extra memory,
+delta saves at 0.1% / 1% / 10% dirty keys, restores, and TFRA's
+tf.train.Checkpoint save of the same table (--no-checkpoint skips it,
+--only-checkpoint runs nothing else).
 TFRA is bench/peer_tfra.py in the .peer-tfra venv (created with
 ../shared/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
 unavailable and everything else still runs. A run whose estimated peak memory
@@ -86,6 +91,80 @@ def run_config(keys, dim, args, peer_py, logdir):
     out["B"] = run_bench(keys, dim, args, "B", ["--systems", "evstore", "--phases", "read,insert,train"]
                          + (["--peer-python", peer_py] if peer_py else []), logdir)
     return out
+
+
+def run_checkpoint(args, peer_py, logdir):
+    """One bench_checkpoint.py process; returns its JSON result (or {"error": ...})."""
+    cmd = [sys.executable, os.path.join(HERE, "bench_checkpoint.py"), "--keys", str(args.checkpoint_keys),
+           "--dim", "16", "--repeats", str(args.checkpoint_repeats), "--seed", str(args.seed), "--log-dir", logdir]
+    cmd += ["--peer-python", peer_py] if peer_py else ["--no-tfra"]
+    log_path = os.path.join(logdir, f"bench_checkpoint_{args.checkpoint_keys}x16.log")
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {args.timeout}s; see {log_path}"}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return {"error": f"bench_checkpoint exit {r.returncode}; see {log_path}"}
+    res = json.loads(lines[-1])
+    res["wall_s"] = time.time() - t0
+    return res
+
+
+def checkpoint_tables(c):
+    """The "Checkpoints" table of a bench_checkpoint.py result."""
+    if not c:
+        return ""
+    if "error" in c:
+        return f"\n### Checkpoints\n\n- {c['error']}\n"
+    T = c["targets"]
+    full, seq = c["full"], c["seq_write"]
+    fs = full["save_s_median"]
+
+    def mib(x):
+        return f"{x['extra_mib']:.0f}"
+
+    def mark(ok):
+        return "✓" if ok else "✗"
+
+    mem_max = max([full["extra_mib_max"]] + [d["mem"]["extra_mib"] for d in c["deltas"]])
+    out = [f"\n### Checkpoints: {c['keys'] / 1e6:g}M keys x dim {c['dim']}, Adam slots m, v "
+           f"({full['bytes'] / 1e9:.2f} GB per full)\n",
+           "Local disk, every file fsynced; medians of the full saves / sequential writes (each run listed in the "
+           "JSON). Extra memory: RSS high-water during the operation minus RSS before it. Deltas: that fraction of "
+           "keys updated by sparse Adam since the previous save. Restores: into a new empty EV, crc32c check of "
+           "every file + load (files in the page cache).\n",
+           "| operation | seconds | MB/s | ratio | extra memory (MiB) | DESIGN target |", "|---|---|---|---|---|---|",
+           f"| sequential write + fsync of the same bytes | {seq['s_median']:.2f} | {seq['mbps']:.0f} | 1 | | |",
+           f"| full save (CheckpointManager.save_full) | {fs:.2f} | {full['mbps']:.0f} | "
+           f"{c['full_vs_seq']:.2f}x the sequential write | {full['extra_mib_max']:.0f} | "
+           f"≥ {T['full_vs_seq']}x {mark(c['full_vs_seq'] >= T['full_vs_seq'])}, "
+           f"< {T['extra_mib']} MiB {mark(mem_max < T['extra_mib'])} |"]
+    for d in c["deltas"]:
+        tgt = (f"≤ {T['delta1_vs_full']:.0%} {mark(d['vs_full'] <= T['delta1_vs_full'])}"
+               if abs(d["frac"] - 0.01) < 1e-9 else "")
+        out.append(f"| delta save, {d['frac']:.1%} dirty ({d['keys']} keys, {d['bytes'] / 1e6:.1f} MB) | "
+                   f"{d['save_s']:.3f} | {d['bytes'] / d['save_s'] / 1e6:.0f} | {d['vs_full']:.1%} of the full save | "
+                   f"{mib(d['mem'])} | {tgt} |")
+    for r in c["restore"]:
+        out.append(f"| restore {r['what']} ({r['bytes'] / 1e9:.2f} GB) into a new EV | {r['s']:.2f} (verify "
+                   f"{r['verify_s']:.2f} + load {r['load_s']:.2f}) | {r['bytes'] / r['s'] / 1e6:.0f} | | "
+                   f"{r['mem'].get('transient_mib', r['mem']['extra_mib']):.0f} above the restored table | |")
+    if c.get("restore_live"):
+        r = c["restore_live"]
+        out.append(f"| restore the full into the live table (load only) | {r['load_s']:.2f} | | | {mib(r['mem'])} | |")
+    t = c.get("tfra")
+    if t and "error" not in t:
+        out.append(f"| TFRA 0.8.1 save (tf.train.Checkpoint.write + fsync; {t['bytes'] / 1e9:.2f} GB) | "
+                   f"{t['save_s_median']:.2f} | {t['bytes'] / t['save_s_median'] / 1e6:.0f} | "
+                   f"evstore's full save: {t['save_s_median'] / fs:.2f}x TFRA's speed | {t['extra_mib_max']:.0f} | |")
+        out.append(f"| TFRA 0.8.1 restore (Checkpoint.read into cleared tables) | {t['restore_s']:.2f} | "
+                   f"{t['bytes'] / t['restore_s'] / 1e6:.0f} | | {mib(t['restore_mem'])} | |")
+    elif t:
+        out.append(f"\n- TFRA: {t['error']}")
+    return "\n".join(out) + "\n"
 
 
 def m(x):
@@ -241,16 +320,25 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"), help="results directory")
     ap.add_argument("--render", metavar="JSON", help="only print the tables of a saved results file")
+    ap.add_argument("--checkpoint-keys", type=int, default=None,
+                    help="keys of the checkpoint benchmark (default 10M; quick 200k)")
+    ap.add_argument("--checkpoint-repeats", type=int, default=3, help="full saves in the checkpoint benchmark")
+    ap.add_argument("--no-checkpoint", action="store_true", help="skip the checkpoint benchmark")
+    ap.add_argument("--only-checkpoint", action="store_true", help="run only the checkpoint benchmark")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
             data = json.load(f)
-        print(tables(data["results"], None if data["meta"]["tfra"] == "available" else data["meta"]["tfra"]))
+        print((tables(data["results"], None if data["meta"]["tfra"] == "available" else data["meta"]["tfra"])
+               if data["results"] else "") + checkpoint_tables(data.get("checkpoint")))
         return
     matrix = args.matrix or (QUICK_MATRIX if args.quick else DEFAULT_MATRIX)
     args.batches = args.batches or (5 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     configs = [tuple(int(x) for x in c.lower().split("x")) for c in matrix.split(",") if c]
+    if args.only_checkpoint:
+        configs = []
+    args.checkpoint_keys = args.checkpoint_keys or (200_000 if args.quick else 10_000_000)
 
     logdir = os.path.join(args.out_dir, "logs")
     os.makedirs(logdir, exist_ok=True)
@@ -278,6 +366,13 @@ def main():
             if "error" in results[-1][run]:
                 print(f"  run {run}: " + results[-1][run]["error"], flush=True)
 
+    ckpt = None
+    if not args.no_checkpoint:
+        print(f"[{time.time() - t_start:6.0f}s] checkpoints: {args.checkpoint_keys} keys x dim 16 ...", flush=True)
+        ckpt = run_checkpoint(args, peer_py, logdir)
+        if "error" in ckpt:
+            print("  " + ckpt["error"], flush=True)
+
     meta = {"date_utc": stamp, "evstore_commit": commit,
             "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
             "host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
@@ -285,13 +380,13 @@ def main():
             "warmup": args.warmup, "seed": args.seed, "tfra": tfra_note or "available",
             "total_s": time.time() - t_start}
     md = (f"## evstore benchmark {stamp}\n\n`{meta['command']}` — evstore {commit}, {meta['cpus']} CPUs, "
-          f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
-          "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
-          "ratios are within a run.\n"
-          + tables(results, tfra_note))
+          + (f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
+             "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
+             "ratios are within a run.\n" if results else f"{meta['total_s']:.0f} s total.\n")
+          + (tables(results, tfra_note) if results else "") + checkpoint_tables(ckpt))
     base = os.path.join(args.out_dir, f"bench-{stamp}")
     with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
+        json.dump({"meta": meta, "results": results, "checkpoint": ckpt}, f, indent=1)
     with open(base + ".md", "w") as f:
         f.write(md)
     print("\n" + md)
