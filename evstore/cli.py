@@ -8,11 +8,26 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = argparse.ArgumentParser(prog="evstore", description="Incremental-checkpoint online learning for TensorFlow.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a small EV model on a synthetic click stream")
-    demo.add_argument("--steps", type=int, default=2000)
-    demo.add_argument("--batch-size", type=int, default=512)
-    demo.add_argument("--dim", type=int, default=16)
+    demo = sub.add_parser("demo", help="the whole loop on the embedded synthetic stream: train, checkpoint, "
+                                       "serve in a second process, report")
+    demo.add_argument("--minutes", type=float, default=3.0, help="training time (default 3)")
+    demo.add_argument("--out", default=None, help="output directory (default: a new temporary directory)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--batch-size", type=int, default=512)
+    demo.add_argument("--delta-every", type=float, default=5.0, help="seconds between deltas (default 5)")
+    demo.add_argument("--full-every", type=float, default=60.0, help="seconds between fulls (default 60)")
+    demo.add_argument("--warmup-batches", type=int, default=60, help="batches before the first full (frozen model)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train = sub.add_parser("train", help="train on Parquet / CSV files per a feature spec, with checkpoints")
+    train.add_argument("--data", required=True, help="a data file or a directory of them")
+    train.add_argument("--spec", required=True, help="feature spec (JSON), e.g. examples/movielens.json")
+    train.add_argument("--checkpoints", required=True, help="checkpoint root (path or fsspec URL); resumes from it")
+    train.add_argument("--delta-every", type=float, default=60.0, help="seconds between deltas (default 60)")
+    train.add_argument("--full-every", type=float, default=3600.0, help="seconds between fulls (default 3600)")
+    train.add_argument("--keep-chains", type=int, default=3)
+    train.add_argument("--max-rows", type=int, default=None, help="only the first N rows (in timestamp order)")
+    train.add_argument("--out", default=None, help="summary and TensorBoard directory")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
     ckpt = sub.add_parser("ckpt", help="inspect, verify, compact or export a checkpoint root")
     tools = ckpt.add_subparsers(dest="tool", required=True)
     t = tools.add_parser("inspect", help="list committed checkpoints and the chain restore() applies")
@@ -47,12 +62,46 @@ def main(argv=None):
         from checkpoint import tools as ckpt_tools  # imports TensorFlow: only when needed
 
         return ckpt_tools.cli(args)
-    if args.command == "demo":
-        from evstore import demo as demo_mod
-
-        first, last = demo_mod.run(steps=args.steps, batch_size=args.batch_size, dim=args.dim, seed=args.seed)
-        return 0 if last < first else 1
+    if args.command in ("demo", "train"):
+        return _job(args)
     return 2
+
+
+def _job(args):
+    """Runs `evstore demo` / `evstore train`; Ctrl-C or SIGTERM stops them gracefully
+    (a final delta is committed); a second Ctrl-C aborts."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+
+    def graceful(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        print(f"\nevstore: {signal.Signals(signum).name}: stopping after this batch, committing a final delta",
+              file=sys.stderr)
+        stop.set()
+
+    signal.signal(signal.SIGINT, graceful)
+    signal.signal(signal.SIGTERM, graceful)
+    from evstore.job.report import format_summary
+    from evstore.job.spec import SpecError
+    try:
+        if args.command == "demo":
+            from evstore.job import demo
+            res = demo.run(minutes=args.minutes, out=args.out, seed=args.seed, batch_size=args.batch_size,
+                           delta_every=args.delta_every, full_every=args.full_every,
+                           warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop)
+        else:
+            from evstore.job import train
+            res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
+                            full_every=args.full_every, max_rows=args.max_rows, out=args.out,
+                            keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop)
+    except (SpecError, ValueError, FileNotFoundError) as e:
+        print(f"evstore {args.command}: {e}", file=sys.stderr)
+        return 1
+    print(format_summary(res))
+    return 0 if res.get("restore_matches_trainer", True) else 1
 
 
 if __name__ == "__main__":

@@ -223,6 +223,7 @@ class ServingModel:
         except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
             self._fail(f"cannot reload from {chain[0].dir}: {e}")
             return
+        before = self.version
         self._lock.acquire_write()
         try:
             for name, table in self._tables.items():  # drop the previous chain's rows
@@ -235,7 +236,9 @@ class ServingModel:
                 self._publish(s)
         finally:
             self._lock.release_write()
-        self._record(chain[-1], t0)
+        for m in chain:   # every checkpoint this reload newly serves counts as applied
+            if before is None or m.seq > before or m.seq == chain[-1].seq:
+                self._record(m, t0)
         log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
 
     def _stage(self, m, full_chain=False):

@@ -80,6 +80,13 @@ class _Server:
             out = json.loads(r.read())
         return np.asarray(out["outputs"], np.float64).reshape(-1)
 
+    def metrics(self):
+        """{sample name: value} of the server's Prometheus /metrics (unlabelled samples)."""
+        from prometheus_client.parser import text_string_to_metric_families
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
+
     def start_polling(self, every=0.05):
         def loop():
             while not self._stop.is_set():
@@ -153,7 +160,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         train_seconds = time.time() - t_train
         final = trainer.manager.stop()                     # the final delta: nothing trained is lost
         _wait_for(lambda: server.version() >= final, 60)
-        time.sleep(0.2)
+        server_metrics = server.metrics()
     finally:
         server.stop()
         if bar is not None:
@@ -162,6 +169,14 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     trainer.write_summaries(writer, trainer.examples, summary.running())
     result = summary.finish(first_full=first_full, final=final, train_seconds=train_seconds, steps=step,
                             server_seen=server.seen, spec=spec)
+    sv = result["serving"]
+    sv["applied_by_server"] = int(server_metrics.get("evstore_serving_checkpoints_applied_total", -1))
+    sv["apply_failures"] = int(server_metrics.get("evstore_serving_apply_failures_total", -1))
+    # The server loaded the first full at start, then applied each later commit once.
+    sv["served_every_commit"] = (sv["applied_by_server"] == sv["committed_after_first_full"] + 1
+                                 and sv["apply_failures"] == 0 and sv["served_final"])
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(result, f, indent=1, default=float)
     return result
 
 

@@ -111,11 +111,18 @@ def format_summary(res):
         lines.append("rows over time: " + ", ".join(f"{p['t']:.0f}s {p['rows']:,}" for p in pick))
     s = res.get("serving")
     if s:
-        lines.append(f"serving: final checkpoint served: {s['served_final']}; freshness p50 {s['freshness_p50_s']} s, "
-                     f"p99 {s['freshness_p99_s']} s (commit -> served, seen by a client)")
+        every = s.get("served_every_commit")
+        lines.append(f"serving: {s.get('applied_by_server', '?')} checkpoints applied by the server process "
+                     f"({s['committed_after_first_full']} committed after the first full; every one served: {every}); "
+                     f"freshness p50 {s['freshness_p50_s']} s, p99 {s['freshness_p99_s']} s "
+                     "(commit -> served, seen by a client)")
     a = res["auc"]
-    lines.append(f"progressive AUC: live-updated server {a['live']:.4f} vs frozen at the first full {a['frozen']:.4f}")
+    if a["frozen"] == a["frozen"]:
+        lines.append(f"progressive AUC: live-updated server {a['live']:.4f} vs frozen at the first full "
+                     f"{a['frozen']:.4f}")
+    else:
+        lines.append(f"progressive AUC (each batch scored before training on it): {a['live']:.4f}")
     if "restore_matches_trainer" in res:
         lines.append(f"restore of the final chain equals the trainer's state: {res['restore_matches_trainer']}")
-    lines.append(f"output: {res['out']} (summary.json, tensorboard/, checkpoints/, export/)")
+    lines.append(f"output: {res['out']} (summary.json, tensorboard/)")
     return "\n".join(lines)

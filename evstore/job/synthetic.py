@@ -1,9 +1,10 @@
 """The embedded synthetic click stream: seeded, reproducible, drifting.
 
 Fields (each one id per event, ids spread over int64 as hashed ids are):
-  user      Zipf(1.15) over a window of 200k users that slides forward: new
-            users arrive, old ones fade out;
-  item      Zipf(1.25) over a window of 50k items that slides faster;
+  user      60%: Zipf(1.1) over 100k regular users; 40%: Zipf(1.2) over a
+            100k-wide window of new users that slides forward 4 ids a batch
+            (new users arrive at the head, old ones fade to the tail and out);
+  item      the same shape over 50k regular items and a 50k window (3 a batch);
   category  600 categories, Zipf(1.4), no drift;
   hour      a dense feature in [0, 1).
 The click probability is sigmoid(u[user] + i[item] + c[category] + h(hour) - 1)
@@ -52,7 +53,7 @@ def _effect(ids, salt, scale):
 class ClickStream:
     """Batches of click events: `batch(b)` -> ({column: np.ndarray}, labels)."""
 
-    def __init__(self, seed=0, batch_size=512, users=200_000, items=50_000, user_drift=40, item_drift=25):
+    def __init__(self, seed=0, batch_size=512, users=100_000, items=50_000, user_drift=4, item_drift=3):
         self.seed, self.batch_size = seed, batch_size
         self.users, self.items = users, items
         self.user_drift, self.item_drift = user_drift, item_drift
@@ -60,15 +61,11 @@ class ClickStream:
     def batch(self, b):
         rng = np.random.default_rng([self.seed, b])
         n = self.batch_size
-        u_rank = np.minimum(rng.zipf(1.15, n), self.users)
-        i_rank = np.minimum(rng.zipf(1.25, n), self.items)
-        # The window slides: rank r of batch b is id (b * drift + r); popular
-        # ids are the newest, old ones fade to the tail and out.
-        user = (b * self.user_drift + self.users - u_rank).astype(np.int64)
-        item = (b * self.item_drift + self.items - i_rank).astype(np.int64)
+        user = self._field(rng, n, b, self.users, self.user_drift, 1.1, 1.2)
+        item = self._field(rng, n, b, self.items, self.item_drift, 1.1, 1.2)
         category = (np.minimum(rng.zipf(1.4, n), 600) - 1).astype(np.int64)
         hour = rng.random(n).astype(np.float32)
-        logit = (_effect(user, 1, 1.2) + _effect(item, 2, 1.2) + _effect(category, 3, 0.5)
+        logit = (_effect(user, 1, 1.5) + _effect(item, 2, 1.5) + _effect(category, 3, 0.5)
                  + 0.8 * np.sin(2 * np.pi * hour) - 1.0)
         click = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
         with np.errstate(over="ignore"):
@@ -76,6 +73,15 @@ class ClickStream:
                     "item": (item.astype(np.uint64) * np.uint64(998_244_353) + np.uint64(11)).astype(np.int64),
                     "category": category, "hour": hour}
         return cols, click
+
+    @staticmethod
+    def _field(rng, n, b, size, drift, a_regular, a_new):
+        # Regular ids 0..size-1 (rank r -> id r, permuted by the hash below);
+        # the sliding window's rank r at batch b is id size + b*drift + size - r:
+        # the newest ids are the most popular, each fades as the window moves.
+        regular = np.minimum(rng.zipf(a_regular, n), size) - 1
+        window = size + b * drift + size - np.minimum(rng.zipf(a_new, n), size)
+        return np.where(rng.random(n) < 0.6, regular, window).astype(np.int64)
 
     def batches(self, start=0):
         b = start

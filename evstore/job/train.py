@@ -1,0 +1,75 @@
+"""`evstore train`: the streaming trainer on the user's files.
+
+Reads the data (Parquet or CSV, pyarrow, timestamp order), resumes from the
+checkpoint root's newest chain if it has one (at the saved input position),
+trains batch by batch with progressive evaluation, saves deltas and fulls on
+a schedule, and commits a final delta when the data ends or on Ctrl-C /
+SIGTERM.
+"""
+import os
+import time
+
+import tensorflow as tf
+
+from evstore.job.report import Summary
+from evstore.job.source import FileStream
+from evstore.job.spec import load_spec
+from evstore.job.trainer import Trainer
+
+__all__ = ["run"]
+
+
+def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
+        progress=True, stop_event=None):
+    """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
+    Returns the summary dict (also written to OUT/summary.json; OUT defaults
+    to the checkpoint root's parent directory + /evstore-train when local)."""
+    spec = load_spec(spec)
+    stream = FileStream(data, spec, max_rows=max_rows)
+    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains)
+    if stop_event is not None:
+        trainer.stop_event = stop_event
+    start = trainer.resume()
+    out = out or (os.path.join(os.path.dirname(os.path.abspath(checkpoints)), "evstore-train")
+                  if "://" not in str(checkpoints) else "evstore-train")
+    os.makedirs(out, exist_ok=True)
+    writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
+    summary = Summary(out, trainer)
+    if trainer.manager.last_committed is None:
+        trainer.manager.save_full(metadata=trainer.metadata())   # the chain starts at the initial state
+    first = trainer.manager.last_committed.seq
+    trainer.manager.start(delta_every=delta_every, full_every=full_every, metadata=trainer.metadata)
+    bar = _bar(progress, stream.rows, start)
+    t0, steps, last = time.time(), 0, 0.0
+    try:
+        for position, (cols, y) in stream.batches(start):
+            if trainer.stop_event.is_set():
+                break
+            x = trainer.inputs(cols)
+            summary.score(y, trainer.predict(x))
+            trainer.train(x, y, position)
+            steps += 1
+            if bar is not None:
+                bar.update(len(y))
+            if time.time() - last > 2.0:
+                last = time.time()
+                trainer.snapshot_stats()
+                trainer.write_summaries(writer, trainer.examples, summary.running())
+    finally:
+        final = trainer.manager.stop()
+        if bar is not None:
+            bar.close()
+    trainer.snapshot_stats()
+    trainer.write_summaries(writer, trainer.examples, summary.running())
+    res = summary.finish(first_full=first, final=final, train_seconds=time.time() - t0, steps=steps, spec=spec)
+    res["position"] = trainer.position
+    res["rows_in_data"] = stream.rows
+    return res
+
+
+def _bar(enabled, total, start):
+    if not enabled:
+        return None
+    import sys
+    from tqdm import tqdm
+    return tqdm(total=total, initial=start, unit="ex", desc="evstore train", file=sys.stderr)
