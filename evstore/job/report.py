@@ -56,7 +56,7 @@ class Summary:
             r["auc/frozen"] = auc(y, np.concatenate(self.frozen[-window:]))
         return r
 
-    def finish(self, first_full, final, train_seconds, steps, server_seen=None, spec=None):
+    def finish(self, first_full, final, train_seconds, steps, server_seen=None, spec=None, extra=None):
         from evstore.job.trainer import auc
         t = self.trainer
         sc = checkpoint.scan(t.manager.storage)
@@ -89,6 +89,7 @@ class Summary:
             }
         if spec is not None:
             res["restore_matches_trainer"] = state_matches(spec, t.manager.root, t.model)
+        res.update(extra or {})
         with open(os.path.join(self.out, "summary.json"), "w") as f:
             json.dump(res, f, indent=1, default=float)
         return res

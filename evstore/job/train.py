@@ -61,10 +61,8 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
             bar.close()
     trainer.snapshot_stats()
     trainer.write_summaries(writer, trainer.examples, summary.running())
-    res = summary.finish(first_full=first, final=final, train_seconds=time.time() - t0, steps=steps, spec=spec)
-    res["position"] = trainer.position
-    res["rows_in_data"] = stream.rows
-    return res
+    return summary.finish(first_full=first, final=final, train_seconds=time.time() - t0, steps=steps, spec=spec,
+                          extra={"position": trainer.position, "rows_in_data": stream.rows})
 
 
 def _bar(enabled, total, start):
