@@ -14,6 +14,10 @@ Adam slots): full save vs a sequential write of the same bytes, extra memory,
 delta saves at 0.1% / 1% / 10% dirty keys, restores, and TFRA's
 tf.train.Checkpoint save of the same table (--no-checkpoint skips it,
 --only-checkpoint runs nothing else).
+Then bench/bench_serving.py (one process plus its trainer process): delta apply
+rows/s at dim 16 and 64, memory of a delta apply vs a second load (TF Serving's
+reload), freshness and predict p50/p99 idle vs under continuous application
+(--no-serving skips it, --only-serving runs nothing else).
 TFRA is bench/peer_tfra.py in the .peer-tfra venv (created with
 ../shared/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
 unavailable and everything else still runs. A run whose estimated peak memory
@@ -111,6 +115,35 @@ def run_checkpoint(args, peer_py, logdir):
     res = json.loads(lines[-1])
     res["wall_s"] = time.time() - t0
     return res
+
+
+def run_serving(args, logdir):
+    """One bench_serving.py process; returns its JSON result (or {"error": ...})."""
+    cmd = [sys.executable, os.path.join(HERE, "bench_serving.py"), "--seed", str(args.seed)]
+    if args.quick:
+        cmd += ["--keys", "200000", "--delta-rows", "100000", "--apply-rounds", "2", "--live-s", "10"]
+    log_path = os.path.join(logdir, "bench_serving.log")
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {args.timeout}s; see {log_path}"}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return {"error": f"bench_serving exit {r.returncode}; see {log_path}"}
+    res = json.loads(lines[-1])
+    res["wall_s"] = time.time() - t0
+    return res
+
+
+def serving_tables(s):
+    """The "Serving" section of a bench_serving.py result."""
+    if not s:
+        return ""
+    if "error" in s:
+        return f"\n### Serving\n\n- {s['error']}\n"
+    return "\n" + s["markdown"]
 
 
 def checkpoint_tables(c):
@@ -325,19 +358,26 @@ def main():
     ap.add_argument("--checkpoint-repeats", type=int, default=3, help="full saves in the checkpoint benchmark")
     ap.add_argument("--no-checkpoint", action="store_true", help="skip the checkpoint benchmark")
     ap.add_argument("--only-checkpoint", action="store_true", help="run only the checkpoint benchmark")
+    ap.add_argument("--no-serving", action="store_true", help="skip the serving benchmark")
+    ap.add_argument("--only-serving", action="store_true", help="run only the serving benchmark")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
             data = json.load(f)
         print((tables(data["results"], None if data["meta"]["tfra"] == "available" else data["meta"]["tfra"])
-               if data["results"] else "") + checkpoint_tables(data.get("checkpoint")))
+               if data["results"] else "") + checkpoint_tables(data.get("checkpoint"))
+              + serving_tables(data.get("serving")))
         return
     matrix = args.matrix or (QUICK_MATRIX if args.quick else DEFAULT_MATRIX)
     args.batches = args.batches or (5 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     configs = [tuple(int(x) for x in c.lower().split("x")) for c in matrix.split(",") if c]
-    if args.only_checkpoint:
+    if args.only_checkpoint or args.only_serving:
         configs = []
+    if args.only_serving:
+        args.no_checkpoint = True
+    if args.only_checkpoint:
+        args.no_serving = True
     args.checkpoint_keys = args.checkpoint_keys or (200_000 if args.quick else 10_000_000)
 
     logdir = os.path.join(args.out_dir, "logs")
@@ -373,6 +413,13 @@ def main():
         if "error" in ckpt:
             print("  " + ckpt["error"], flush=True)
 
+    serving = None
+    if not args.no_serving:
+        print(f"[{time.time() - t_start:6.0f}s] serving ...", flush=True)
+        serving = run_serving(args, logdir)
+        if "error" in serving:
+            print("  " + serving["error"], flush=True)
+
     meta = {"date_utc": stamp, "evstore_commit": commit,
             "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
             "host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
@@ -383,10 +430,10 @@ def main():
           + (f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
              "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
              "ratios are within a run.\n" if results else f"{meta['total_s']:.0f} s total.\n")
-          + (tables(results, tfra_note) if results else "") + checkpoint_tables(ckpt))
+          + (tables(results, tfra_note) if results else "") + checkpoint_tables(ckpt) + serving_tables(serving))
     base = os.path.join(args.out_dir, f"bench-{stamp}")
     with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "results": results, "checkpoint": ckpt}, f, indent=1)
+        json.dump({"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving}, f, indent=1)
     with open(base + ".md", "w") as f:
         f.write(md)
     print("\n" + md)
