@@ -157,6 +157,11 @@ class Storage:
                 os.replace(target + ".part", target)
         return dst
 
+    def discard_local(self, dirname):
+        """Drops the downloaded copy of a remote checkpoint (no-op for local roots)."""
+        if not self.local and self._cache:
+            shutil.rmtree(os.path.join(self._cache, dirname), ignore_errors=True)
+
     def close(self):
         if self._cache:
             shutil.rmtree(self._cache, ignore_errors=True)

@@ -263,6 +263,8 @@ class ServingModel:
                                       f"serves dim {self.mapping['evs'][name]['dim']}")
             evs[name] = (erase, keys, values)
         dense = read_dense(d, list(self._dense)) if self._dense else {}
+        del reader
+        self.storage.discard_local(m.dir)   # staged in memory: a remote root's download can go
         return _Staged(m, evs, dense)
 
     def _publish(self, s):

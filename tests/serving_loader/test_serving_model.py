@@ -238,3 +238,18 @@ def test_end_to_end_trainer_process_and_polling_server_agree_at_every_reported_s
     for version, out in answers.items():
         np.testing.assert_array_equal(out, np.load(dump / f"probe-{version}.npy"), err_msg=f"seq {version}")
     assert sm.failures == 0
+
+
+def test_remote_style_root_is_staged_and_applied(tmp_path):
+    model = make_model()
+    train(model, 0, 3)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    root = f"memory://serving-{time.time_ns()}"
+    mgr = checkpoint.CheckpointManager(root, model)
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, root)
+    train(model, 3, 5)
+    seq = mgr.save_delta()
+    assert sm.poll() == seq
+    np.testing.assert_array_equal(_predict(sm)[0], _want(model))
