@@ -43,6 +43,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -230,6 +231,7 @@ class ServingMetrics:
                                       "status", ["code"], registry=r)
         self._seen_applied = 0
         self._seen_failures = 0
+        self._lock = threading.Lock()  # scrapes and the periodic refresh run on different threads
         self.refresh()
 
     def _snapshot(self):
@@ -246,6 +248,10 @@ class ServingMetrics:
             lock.release()
 
     def refresh(self):
+        with self._lock:
+            self._refresh()
+
+    def _refresh(self):
         m = self.model
         snap = self._snapshot()
         new = 0 if snap is None else snap[0] - self._seen_applied
@@ -281,7 +287,7 @@ class ServingApp:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        if not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
+        if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
             raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
         self.model = model
         self.model_name = model_name
@@ -455,6 +461,10 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_n
     if isinstance(poll_every, bool) or not isinstance(poll_every, (int, float)) or not poll_every > 0 \
             or not math.isfinite(poll_every):
         raise ValueError(f"poll_every must be a positive number of seconds, got {poll_every!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+    if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
+        raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
     model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options)
     app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every)
     sock = _bind(host, port)

@@ -321,3 +321,64 @@ def test_sigterm_stops_the_server_with_status_0(tmp_path):
         np.testing.assert_allclose(np.array(body["outputs"]), _want(model), rtol=1e-6, atol=1e-7)
     finally:
         assert server.stop(signal.SIGTERM) == 0
+
+
+# ---- TF Serving's request and response formats, in process -----------------
+ONE_INPUT = {"x": {"name": "x", "dtype": "int64", "shape": [None, 3]}}
+MIXED = {"ids": {"name": "ids", "dtype": "int32", "shape": [None]},
+         "dense": {"name": "dense", "dtype": "float32", "shape": [None, 2]},
+         "flag": {"name": "flag", "dtype": "bool", "shape": [None]}}
+
+
+def test_row_format_of_a_one_input_model_takes_bare_values_or_named_objects():
+    from serving_loader.server import parse_predict_request
+
+    for body in ({"instances": [[1, 2, 3], [4, 5, 6]]}, {"instances": [{"x": [1, 2, 3]}, {"x": [4, 5, 6]}]}):
+        arrays, fmt = parse_predict_request(json.dumps(body), ONE_INPUT)
+        assert fmt == "row" and arrays["x"].dtype == np.int64
+        np.testing.assert_array_equal(arrays["x"], [[1, 2, 3], [4, 5, 6]])
+
+
+def test_columnar_format_of_a_one_input_model_takes_a_bare_batch():
+    from serving_loader.server import parse_predict_request
+
+    arrays, fmt = parse_predict_request(json.dumps({"inputs": [[1, 2, 3]]}), ONE_INPUT)
+    assert fmt == "columnar"
+    np.testing.assert_array_equal(arrays["x"], [[1, 2, 3]])
+
+
+def test_inputs_are_converted_to_each_signature_dtype():
+    from serving_loader.server import parse_predict_request
+
+    body = '{"instances": [{"ids": 7, "dense": [1, NaN], "flag": true}, {"ids": 8, "dense": [0.5, 2], "flag": false}]}'
+    arrays, _ = parse_predict_request(body, MIXED)
+    assert arrays["ids"].dtype == np.int32 and arrays["ids"].tolist() == [7, 8]
+    assert arrays["dense"].dtype == np.float32 and np.isnan(arrays["dense"][0, 1])
+    assert arrays["flag"].dtype == np.bool_ and arrays["flag"].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("field, value", [("flag", 1), ("dense", [True, False]), ("dense", ["1", "2"])])
+def test_a_value_of_another_type_is_refused(field, value):
+    from serving_loader.server import RequestError, parse_predict_request
+
+    inst = {"ids": 7, "dense": [1, 2], "flag": True, field: value}
+    with pytest.raises(RequestError) as e:
+        parse_predict_request(json.dumps({"instances": [inst]}), MIXED)
+    assert e.value.status == 400 and field in e.value.message
+
+
+def test_one_output_is_unwrapped_in_both_formats():
+    from serving_loader.server import format_predict_response
+
+    out = {"score": np.array([[0.5], [0.25]], np.float32)}
+    assert format_predict_response(out, "row") == {"predictions": [[0.5], [0.25]]}
+    assert format_predict_response(out, "columnar") == {"outputs": [[0.5], [0.25]]}
+
+
+def test_several_outputs_are_objects_per_example_or_per_output():
+    from serving_loader.server import format_predict_response
+
+    out = {"score": np.array([0.5, 0.25], np.float32), "label": np.array([1, 0], np.int64)}
+    assert format_predict_response(out, "row") == {"predictions": [{"label": 1, "score": 0.5},
+                                                                   {"label": 0, "score": 0.25}]}
+    assert format_predict_response(out, "columnar") == {"outputs": {"label": [1, 0], "score": [0.5, 0.25]}}
