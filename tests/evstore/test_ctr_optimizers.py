@@ -499,3 +499,30 @@ def test_non_finite_ev_gradient_is_refused_and_changes_nothing(make_opt):
     np.testing.assert_array_equal(after["values"].numpy(), before["values"].numpy())
     for s in before["slots"]:
         np.testing.assert_array_equal(after["slots"][s].numpy(), before["slots"][s].numpy())
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda: evstore.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
+    lambda: evstore.optimizers.AdamW(0.05, weight_decay=0.1),
+    lambda: evstore.optimizers.GroupAdam(0.05, l21_regularization_strength=0.01),
+    lambda: evstore.optimizers.GroupAdagrad(0.1, l21_regularization_strength=0.01),
+], ids=["ftrl", "adamw", "group_adam", "group_adagrad"])
+def test_training_inside_tf_function_matches_eager(make_opt):
+    rows = initial_rows()
+    eager_ev, fn_ev = loaded_ev(rows, "eager_side"), loaded_ev(rows, "function_side")
+    kernel0 = np.random.default_rng(4).normal(size=(DIM, 2)).astype(np.float32)
+    eager_k, fn_k = tf.Variable(kernel0), tf.Variable(kernel0)
+    eager_opt, fn_opt = make_opt(), make_opt()
+
+    def step(ev, kernel, opt, target):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(tf.matmul(evstore.embedding_lookup(ev, KEYS), kernel), target[:, :2])
+        opt.apply_gradients(zip(tape.gradient(loss, [ev, kernel]), [ev, kernel]))
+
+    fn_step = tf.function(lambda target: step(fn_ev, fn_k, fn_opt, target))
+    for target in targets(steps=8):
+        step(eager_ev, eager_k, eager_opt, target)
+        fn_step(tf.constant(target))
+    np.testing.assert_allclose(ev_rows(fn_ev), ev_rows(eager_ev), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(fn_k.numpy(), eager_k.numpy(), atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(fn_ev.version(KEYS).numpy(), np.full(N, 7))
