@@ -124,30 +124,44 @@ struct FtrlUpdate {
 // produced), so z = u + d - Q*w needs no Q_prev: exact for rows updated at any
 // steps and learning-rate schedules, and with l1 = l2 = l21 = 0 it is exactly
 // w -= d/Q (Adam, Adagrad) from any initial row.
-// `Moments` is called as moments.Step(i, g) -> d (updates its slots) and
-// moments.Q(i) -> Q (reads them); both are evaluated once per coordinate and
-// pass, in the same float operations as the dense-variable path.
+// `Moments` is called as moments.Step(i, g) -> d (updates its slots) and then
+// moments.Q(i) -> Q (reads them), once per coordinate, in the same float
+// operations as the dense-variable path. Three simple passes (Q kept in a
+// buffer) so the compiler can vectorise the first and the last.
 template <typename Moments>
 inline void GroupLassoRow(float* w, const float* g, float* u, int dim, float l1, float l2, float l21,
                           const Moments& mo) {
+  constexpr int kStack = 256;
+  float stack[kStack];
+  thread_local std::vector<float> heap;
+  float* q = stack;
+  if (dim > kStack) {
+    heap.resize(dim);
+    q = heap.data();
+  }
+  for (int i = 0; i < dim; ++i) {  // moments, Q, z (held in u until the last pass)
+    const float d = mo.Step(i, g[i]);
+    q[i] = mo.Q(i);
+    u[i] = u[i] + d - q[i] * w[i];
+  }
   float norm2 = 0.f;
   for (int i = 0; i < dim; ++i) {
-    const float d = mo.Step(i, g[i]);
-    const float z = u[i] + d - mo.Q(i) * w[i];
-    u[i] = z;  // holds z until the second pass
-    const float s = std::min(std::max(z, -l1), l1) - z;
+    const float s = std::min(std::max(u[i], -l1), l1) - u[i];
     norm2 += s * s;
   }
   const float thr = l21 * std::sqrt(static_cast<float>(dim));
   const float norm = std::sqrt(norm2);
   const float scale = norm > thr ? 1.0f - thr / norm : 0.0f;
   const float two_l2 = 2.0f * l2;
+  if (scale == 0.0f) {  // the group lasso drops the row
+    for (int i = 0; i < dim; ++i) w[i] = 0.0f;  // u keeps z
+    return;
+  }
   for (int i = 0; i < dim; ++i) {
     const float z = u[i];
-    const float q = mo.Q(i);
     const float s = std::min(std::max(z, -l1), l1) - z;
-    w[i] = scale == 0.0f ? 0.0f : scale * s / (q + two_l2);
-    u[i] = z + q * w[i];
+    w[i] = scale * s / (q[i] + two_l2);
+    u[i] = z + q[i] * w[i];
   }
 }
 
