@@ -14,16 +14,25 @@ namespace evstore {
 namespace tf {
 namespace {
 
-// Fails (InvalidArgument naming the parameter) unless lo <= v (or lo < v when
+// Fails (InvalidArgument naming the parameter) unless lo <= v (lo < v when
 // !lo_inclusive) and v < hi; returns whether the value is acceptable.
 bool CheckRange(OpKernelContext* ctx, const char* name, float v, float lo, bool lo_inclusive,
                 float hi = INFINITY) {
-  bool ok = std::isfinite(v) && (lo_inclusive ? v >= lo : v > lo) && v < hi;
+  const bool ok = std::isfinite(v) && (lo_inclusive ? v >= lo : v > lo) && v < hi;
   if (!ok) {
-    std::string req = std::string(lo_inclusive ? ">= " : "> ") + std::to_string(lo);
-    if (std::isfinite(hi)) req += " and < " + std::to_string(hi);
-    ctx->CtxFailure(errors::InvalidArgument(name, " must be ", req, ", got ", v));
+    if (std::isfinite(hi)) {
+      ctx->CtxFailure(errors::InvalidArgument(name, " must be in ", lo_inclusive ? "[" : "(", lo, ", ", hi,
+                                              "), got ", v));
+    } else {
+      ctx->CtxFailure(errors::InvalidArgument(name, " must be ", lo_inclusive ? ">= " : "> ", lo, ", got ", v));
+    }
   }
+  return ok;
+}
+// Fails unless v <= hi.
+bool CheckAtMost(OpKernelContext* ctx, const char* name, float v, float hi) {
+  const bool ok = std::isfinite(v) && v <= hi;
+  if (!ok) ctx->CtxFailure(errors::InvalidArgument(name, " must be <= ", hi, ", got ", v));
   return ok;
 }
 #define EV_CHECK_RANGE(...) \
@@ -43,7 +52,7 @@ class EvApplyFtrlOp : public EvApplyBase<K> {
     EV_CHECK_RANGE("l1", l1, 0.f, true);
     EV_CHECK_RANGE("l2", l2, 0.f, true);
     EV_CHECK_RANGE("l2_shrinkage", shrink, 0.f, true);
-    EV_CHECK_RANGE("learning_rate_power", -power, 0.f, true);  // power <= 0
+    if (!CheckAtMost(ctx, "learning_rate_power", power, 0.f)) return;
     auto off = t.EnsureSlots({{"accumulator", init_}, {"linear", 0.f}});
     t.Apply(k, g, n, step, FtrlUpdate{lr, power, l1, l2, shrink, t.dim(), off[0], off[1]}, IntraOp(ctx));
   }
@@ -59,10 +68,10 @@ class EvApplyAdamWOp : public EvApplyBase<K> {
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
     const float alpha = this->Scalar(ctx, 4), b1 = this->Scalar(ctx, 5), b2 = this->Scalar(ctx, 6),
                 eps = this->Scalar(ctx, 7), lr = this->Scalar(ctx, 8), wd = this->Scalar(ctx, 9);
-    EV_CHECK_RANGE("alpha (bias-corrected learning rate)", alpha, 0.f, false);
     EV_CHECK_RANGE("beta_1", b1, 0.f, true, 1.f);
     EV_CHECK_RANGE("beta_2", b2, 0.f, true, 1.f);
     EV_CHECK_RANGE("epsilon", eps, 0.f, true);
+    EV_CHECK_RANGE("alpha (bias-corrected learning rate)", alpha, 0.f, false);
     EV_CHECK_RANGE("learning_rate", lr, 0.f, false);
     EV_CHECK_RANGE("weight_decay", wd, 0.f, true);
     auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
@@ -79,10 +88,10 @@ class EvApplyGroupAdamOp : public EvApplyBase<K> {
     const float alpha = this->Scalar(ctx, 4), b1 = this->Scalar(ctx, 5), b2 = this->Scalar(ctx, 6),
                 eps = this->Scalar(ctx, 7), l1 = this->Scalar(ctx, 8), l2 = this->Scalar(ctx, 9),
                 l21 = this->Scalar(ctx, 10);
-    EV_CHECK_RANGE("alpha (bias-corrected learning rate)", alpha, 0.f, false);
     EV_CHECK_RANGE("beta_1", b1, 0.f, true, 1.f);
     EV_CHECK_RANGE("beta_2", b2, 0.f, true, 1.f);
     EV_CHECK_RANGE("epsilon", eps, 0.f, true);
+    EV_CHECK_RANGE("alpha (bias-corrected learning rate)", alpha, 0.f, false);
     EV_CHECK_RANGE("l1", l1, 0.f, true);
     EV_CHECK_RANGE("l2", l2, 0.f, true);
     EV_CHECK_RANGE("l21", l21, 0.f, true);
