@@ -3,7 +3,8 @@
 // arrive as scalar tensors (learning-rate schedules and Adam's bias correction
 // are evaluated by the caller); each is range-checked before the table is
 // touched, so a bad value changes nothing.
-#include <string>
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "../core/zero_rows.h"
