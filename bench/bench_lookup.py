@@ -173,11 +173,11 @@ class NumpyGather:
 class TfraProcess:
     """peer_tfra.py --serve in the peer venv, spoken to over pipes."""
 
-    def __init__(self, args):
-        cmd = [args.peer_python, os.path.join(HERE, "peer_tfra.py"), "--serve", "--keys", str(args.keys),
+    def __init__(self, args, script="peer_tfra.py"):
+        cmd = [args.peer_python, os.path.join(HERE, script), "--serve", "--keys", str(args.keys),
                "--dim", str(args.dim), "--batch", str(args.batch), "--batches", str(args.batches),
                "--warmup", str(args.warmup), "--seed", str(args.seed), "--fill-chunk", str(args.fill_chunk)]
-        self.stderr = open(os.path.join(args.log_dir, f"peer_tfra_{args.keys}x{args.dim}.log"), "w") \
+        self.stderr = open(os.path.join(args.log_dir, f"{script[:-3]}_{args.keys}x{args.dim}.log"), "w") \
             if args.log_dir else subprocess.DEVNULL
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                   text=True, bufsize=1)

@@ -18,6 +18,10 @@ Then bench/bench_serving.py (one process plus its trainer process): delta apply
 rows/s at dim 16 and 64, memory of a delta apply vs a second load (TF Serving's
 reload), freshness and predict p50/p99 idle vs under continuous application
 (--no-serving skips it, --only-serving runs nothing else).
+Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
+bench/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
+Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
+optimizer of the same batch (bench/peer_tfra_optimizers.py).
 TFRA is bench/peer_tfra.py in the .peer-tfra venv (created with
 ../shared/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
 unavailable and everything else still runs. A run whose estimated peak memory
@@ -64,12 +68,12 @@ def est_peak_mib(keys, dim):
     return keys * (4 * dim + 16) * 6 / 2**20 + 1500
 
 
-def run_bench(keys, dim, args, tag, extra, logdir):
-    """One bench_lookup.py process; returns its JSON result (or {"error": ...})."""
-    cmd = [sys.executable, os.path.join(HERE, "bench_lookup.py"), "--keys", str(keys), "--dim", str(dim),
+def run_bench(keys, dim, args, tag, extra, logdir, script="bench_lookup.py"):
+    """One bench_lookup.py (or `script`) process; returns its JSON result (or {"error": ...})."""
+    cmd = [sys.executable, os.path.join(HERE, script), "--keys", str(keys), "--dim", str(dim),
            "--batch", str(args.batch), "--batches", str(args.batches), "--warmup", str(args.warmup),
            "--seed", str(args.seed), "--log-dir", logdir] + extra
-    log_path = os.path.join(logdir, f"bench_lookup_{keys}x{dim}_{tag}.log")
+    log_path = os.path.join(logdir, f"{script[:-3]}_{keys}x{dim}_{tag}.log")
     t0 = time.time()
     with open(log_path, "w") as log:
         try:
@@ -79,7 +83,7 @@ def run_bench(keys, dim, args, tag, extra, logdir):
             return {"error": f"timed out after {args.timeout}s; see {log_path}"}
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode != 0 or not lines:
-        return {"error": f"bench_lookup exit {r.returncode}; see {log_path}"}
+        return {"error": f"{script} exit {r.returncode}; see {log_path}"}
     res = json.loads(lines[-1])
     res["wall_s"] = time.time() - t0
     return res
@@ -94,6 +98,9 @@ def run_config(keys, dim, args, peer_py, logdir):
                                                 "--phases", "read,insert"], logdir)
     out["B"] = run_bench(keys, dim, args, "B", ["--systems", "evstore", "--phases", "read,insert,train"]
                          + (["--peer-python", peer_py] if peer_py else []), logdir)
+    if keys <= args.opt_max_keys:
+        out["O"] = run_bench(keys, dim, args, "O", (["--peer-python", peer_py] if peer_py else []), logdir,
+                             script="bench_optimizers.py")
     return out
 
 
@@ -308,22 +315,50 @@ def tables(results, tfra_note):
                   ("rows after Adam (w, m, v)", rows_after_adam),
                   ("evstore RSS (MiB)", lambda r: f1(g(r, "B", "evstore", "rss_fill_mib"), 0)),
                   ("TFRA RSS (MiB)", lambda r: f1(g(r, "B", "tfra", "rss_fill_mib"), 0))])
+    out += optimizer_table(ok)
     notes = [f"- {r['keys']}x{r['dim']}: {r['error']}" for r in results if "error" in r]
     for r in ok:
-        for run in ("A", "B"):
+        for run in ("A", "B", "O"):
             rr = r.get(run, {})
             if "error" in rr:
                 notes.append(f"- {r['keys']}x{r['dim']} run {run}: {rr['error']}")
             if rr.get("tfra_error"):
                 notes.append(f"- {r['keys']}x{r['dim']} run {run} TFRA: {rr['tfra_error']}")
             for s in ("evstore", "dense_hash", "numpy", "tfra"):
+                entries = (rr.get(s) or {}).items()
+                if run == "O":  # nested per optimizer
+                    entries = [(f"{o}.{k}", v) for o, d in entries for k, v in d.items()]
                 notes += [f"- {r['keys']}x{r['dim']} run {run} {s}.{k}: {v}"
-                          for k, v in (rr.get(s) or {}).items() if k.endswith("error")]
+                          for k, v in entries if k.endswith("error")]
     if tfra_note:
         notes.insert(0, f"- TFRA unavailable: {tfra_note}")
     if notes:
         out += ["\n### Errors / skipped\n"] + notes
     return "\n".join(out) + "\n"
+
+
+def optimizer_table(results):
+    """Run O: one row per (config, optimizer)."""
+    rows = [r for r in results if isinstance(r.get("O"), dict) and "evstore" in r["O"]]
+    if not rows:
+        return []
+    out = ["\n### Optimizer applies (run O; M keys/s)\n",
+           "fused = evstore.training.sparse_apply_<opt> (the fused kernel); apply_gradients = "
+           "evstore.optimizers.<Opt>.apply_gradients (Keras path); TFRA = DynamicEmbeddingOptimizer(tf_keras "
+           "<Opt>).apply_gradients of the same batch. GroupAdam / GroupAdagrad have no TFRA equivalent: "
+           "compared with TFRA's Adam / Adagrad (nearest, marked *).\n",
+           "| keys | dim | optimizer | slots | evstore fused | evstore apply_gradients | TFRA apply_gradients "
+           "| fused vs TFRA | apply_gradients vs TFRA |", "|---" * 9 + "|"]
+    for r in rows:
+        o = r["O"]
+        for name, ev in o["evstore"].items():
+            tf_ = o.get("tfra", {}).get(name, {})
+            t = tf_.get("apply_gradients")
+            tag = tf_.get("workload", "n/a").replace("apply_", "") + ("" if tf_.get("equivalent", True) else "*")
+            out.append(f"| {r['keys'] / 1e6:g}M | {r['dim']} | {name} | {', '.join(ev.get('slots') or []) or '-'} "
+                       f"| {m(ev.get('fused'))} | {m(ev.get('apply_gradients'))} | {m(t)} ({tag}) "
+                       f"| {ratio(ev.get('fused'), t)} | {ratio(ev.get('apply_gradients'), t)} |")
+    return out
 
 
 def evstore_version():
@@ -350,6 +385,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     ap.add_argument("--peer-venv", default=os.path.join(ROOT, ".peer-tfra"), help="TFRA venv (default .peer-tfra)")
     ap.add_argument("--no-tfra", action="store_true", help="skip the TFRA peer")
+    ap.add_argument("--opt-max-keys", type=int, default=1_000_000,
+                    help="run the optimizer benchmark (run O) for configurations up to this many keys (default 1M)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"), help="results directory")
     ap.add_argument("--render", metavar="JSON", help="only print the tables of a saved results file")
@@ -402,8 +439,8 @@ def main():
             continue
         print(f"[{time.time() - t_start:6.0f}s] {keys} keys x dim {dim} ...", flush=True)
         results.append(run_config(keys, dim, args, peer_py, logdir))
-        for run in ("A", "B"):
-            if "error" in results[-1][run]:
+        for run in ("A", "B", "O"):
+            if "error" in results[-1].get(run, {}):
                 print(f"  run {run}: " + results[-1][run]["error"], flush=True)
 
     ckpt = None

@@ -2,7 +2,8 @@
 
 Public API (DESIGN section 3):
   EmbeddingVariable, CounterFilter, embedding_lookup, embedding_lookup_sparse,
-  safe_embedding_lookup_sparse, optimizers.{SGD, Adagrad, Adam}, keras.Embedding.
+  safe_embedding_lookup_sparse, optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam,
+  GroupAdagrad}, keras.Embedding.
 """
 from evstore import optimizers  # noqa: F401
 from evstore import training  # noqa: F401

@@ -17,7 +17,7 @@ from evstore.filters import CounterFilter
 __all__ = ["EmbeddingVariable"]
 
 _STAT_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
-                "row_bytes", "dirty", "deleted")
+                "row_bytes", "dirty", "deleted", "zero_rows")
 
 # Proxies: a proxy is the zero-size trainable variable through which gradients
 # of training lookups reach an optimizer (see embedding_lookup); optimizers
@@ -217,7 +217,10 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
 
         size, admitted, filtered (counted, not admitted), free_rows (recycled rows
         waiting for reuse), index_bytes, meta_bytes (per-row versions), row_bytes
-        (embeddings + slots), dirty (open dirty list length), deleted.
+        (embeddings + slots), dirty (open dirty list length), deleted,
+        zero_rows (admitted keys whose embedding is exactly all zero: rows the
+        group-lasso optimizers dropped, or rows of a zero initializer not yet
+        trained; see `zero_row_keys`).
         """
         s = gen.ev_stats(self.resource_handle, key_dtype=self._key_dtype)
         if tf.executing_eagerly():
@@ -256,6 +259,17 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         """Whether each key owns a row (bool, keys' shape)."""
         _, _, a = gen.ev_key_info(self.resource_handle, self._key_tensor(keys))
         return a
+
+    def zero_row_keys(self):
+        """Keys of admitted rows whose embedding is exactly all zero (int vector).
+
+        With `optimizers.GroupAdam` / `GroupAdagrad` these are the features the
+        group lasso dropped: they contribute nothing to the model, so they are
+        natural eviction candidates (`ev.remove(ev.zero_row_keys())`, or an L2
+        eviction policy with any threshold > 0). Their count is
+        `stats()["zero_rows"]`.
+        """
+        return gen.ev_zero_row_keys(self.resource_handle, key_dtype=self._key_dtype)
 
     def remove(self, keys):
         """Erases keys (rows return to the free list; keys join the deleted set).

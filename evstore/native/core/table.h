@@ -30,6 +30,12 @@
 //     snapshot; Abort(id) merges it back, so a failed save loses nothing.
 //     At most one snapshot is open at a time.
 //
+// Zero rows (zero_rows.h)
+//   zero_rows_[s] counts segment s's admitted rows whose embedding is all zero
+//   (rows the group-lasso optimizers dropped, or zero-initialised rows). It is
+//   kept exact under the segment lock wherever a row is written or freed:
+//   Admit, Apply, ImportRows, EraseLocked, Clear.
+//
 // Concurrency
 //   Every batch op hashes its keys, groups them by segment (counting sort), and
 //   processes segments in parallel through the caller's ParallelFor, taking each
@@ -57,6 +63,7 @@
 #include "optimizers.h"
 #include "parallel.h"
 #include "segment.h"
+#include "zero_rows.h"
 
 namespace evstore {
 
@@ -78,6 +85,7 @@ struct TableStats {
   int64_t row_bytes = 0;   // arena rows (embedding + slots)
   int64_t dirty = 0;       // entries in the open dirty lists (upper bound of dirty keys)
   int64_t deleted = 0;     // keys in the open deleted sets
+  int64_t zero_rows = 0;   // admitted keys whose embedding is all zero (zero_rows.h)
 };
 
 // One exported key (full export or sealed snapshot readout).
@@ -115,6 +123,9 @@ class Table {
     bank_ = cfg.bank.empty() ? std::vector<float>(dim_, 0.f) : cfg.bank;
     if (bank_.size() % dim_ != 0) throw std::invalid_argument("bank size must be a multiple of dim");
     bank_rows_ = bank_.size() / dim_;
+    bank_zero_.resize(bank_rows_);
+    for (size_t r = 0; r < bank_rows_; ++r) bank_zero_[r] = IsZeroRow(bank_.data() + r * dim_, dim_);
+    zero_rows_.reset(new int64_t[nseg_]());
   }
 
   int dim() const { return dim_; }
@@ -283,15 +294,19 @@ class Table {
         hit[j - lo] = en;
       }
       // Pass 2: fused update, version stamp, dirty mark.
-      int64_t local = 0;
+      int64_t local = 0, zero_delta = 0;
       for (int64_t j = lo; j < hi; ++j) {
         E* en = hit[j - lo];
         if (!en) continue;
-        update(arena_.Row(en->row), grads + static_cast<int64_t>(g.order[j]) * dim_);
+        float* row = arena_.Row(en->row);
+        const bool was_zero = IsZeroRow(row, dim_);
+        update(row, grads + static_cast<int64_t>(g.order[j]) * dim_);
+        zero_delta += static_cast<int>(IsZeroRow(row, dim_)) - static_cast<int>(was_zero);
         arena_.Version(en->row) = step;
         MarkDirty(seg, en);
         ++local;
       }
+      if (zero_delta) ZeroCount(seg) += zero_delta;
       applied += local;
     });
     return applied.load();
@@ -348,6 +363,7 @@ class Table {
         if (en.row != kNoRow) arena_.Free(en.row);
       });
       seg.Clear();
+      zero_rows_[s] = 0;
     }
   }
 
@@ -411,7 +427,9 @@ class Table {
       E* en = FindOrAdd(seg, keys[i], h);
       if (en->row == kNoRow) Admit(seg, en);
       float* dst = arena_.Row(en->row);
+      const bool was_zero = IsZeroRow(dst, dim_);
       std::memcpy(dst, values + i * values_stride, dim_ * sizeof(float));
+      ZeroCount(seg) += static_cast<int>(IsZeroRow(dst, dim_)) - static_cast<int>(was_zero);
       for (size_t c = 0; c < slot_offsets.size(); ++c)
         std::memcpy(dst + slot_offsets[c], slots + i * slots_stride + c * slot_stride, dim_ * sizeof(float));
       arena_.Version(en->row) = versions[i];
@@ -521,6 +539,7 @@ class Table {
       st.index_bytes += seg.bytes();
       st.dirty += seg.dirty.size();
       st.deleted += seg.deleted.size();
+      st.zero_rows += zero_rows_[s];
     }
     st.filtered = st.size - st.admitted;
     st.free_rows = arena_.free_rows();
@@ -632,8 +651,9 @@ class Table {
   void Admit(Segment<K>& seg, E* en) { Admit(seg, en, arena_.Allocate()); }
   void Admit(Segment<K>& seg, E* en, uint32_t r) {
     float* row = arena_.Row(r);
-    const float* init = bank_.data() + (BankHash(en->key) % bank_rows_) * dim_;
-    std::memcpy(row, init, dim_ * sizeof(float));
+    const size_t b = BankHash(en->key) % bank_rows_;
+    std::memcpy(row, bank_.data() + b * dim_, dim_ * sizeof(float));
+    if (bank_zero_[b]) ++ZeroCount(seg);
     if (!slot_init_row_.empty())
       std::memcpy(row + dim_, slot_init_row_.data(), slot_init_row_.size() * sizeof(float));
     arena_.Version(r) = -1;
@@ -644,12 +664,16 @@ class Table {
   void EraseLocked(Segment<K>& seg, E* en, bool track_deleted = true) {
     K k = en->key;
     if (en->row != kNoRow) {
+      if (IsZeroRow(arena_.Row(en->row), dim_)) --ZeroCount(seg);
       arena_.Free(en->row);
       seg.adjust_admitted(-1);
     }
     seg.Erase(en);
     if (track_deleted) seg.deleted.insert(k);
   }
+
+  // Zero-row counter of a segment; caller holds its lock (exclusive to write).
+  int64_t& ZeroCount(const Segment<K>& seg) { return zero_rows_[&seg - segments_.get()]; }
 
   int SlotIndexLocked(const std::string& name) const {
     for (size_t i = 0; i < slots_.size(); ++i)
@@ -668,6 +692,8 @@ class Table {
   std::vector<float> default_;
   std::vector<float> bank_;
   size_t bank_rows_ = 1;
+  std::vector<uint8_t> bank_zero_;          // bank row r is all zero
+  std::unique_ptr<int64_t[]> zero_rows_;    // [nseg]: zero rows per segment, under its lock
   std::unique_ptr<Segment<K>[]> segments_;
   RowArena arena_;
   mutable std::mutex slots_mu_;

@@ -4,6 +4,7 @@
 //       -I evstore/native/core evstore/native/core/table_test.cc -o table_test
 // Driven by tests/native/test_core.py. Exits non-zero on the first failure.
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -562,6 +563,83 @@ static void test_export_import_round_trip() {
 #define RUN(fn) (fn(), std::printf("ok %s\n", #fn), std::fflush(stdout))
 #define RUN_K(fn) (RUN(fn<int64_t>), RUN(fn<int32_t>))
 
+// zero_rows counts admitted all-zero rows exactly on every path that writes
+// or frees a row; ZeroRowPredicate erases exactly those rows.
+template <typename K>
+static void test_zero_rows_counted_on_every_path() {
+  TableConfig c = Cfg(2);
+  std::fill(c.bank.begin(), c.bank.end(), 0.f);  // zero initializer: new rows are zero rows
+  Table<K> t(c);
+  auto zero = [&]() { return t.Stats().zero_rows; };
+  Lookup(t, std::vector<K>{1, 2, 3, 4}, true);
+  CHECK_EQ(zero(), 4);
+  Sgd(t, std::vector<K>{1, 2}, {1.f, 0.f, 0.f, -2.f}, 1);  // rows 1, 2 leave zero
+  CHECK_EQ(zero(), 2);
+  Sgd(t, std::vector<K>{1}, {-1.f, 0.f}, 2);  // row 1 back to exactly zero
+  CHECK_EQ(zero(), 3);
+  Sgd(t, std::vector<K>{3}, {0.f, 0.f}, 3);  // zero stays zero: no double count
+  CHECK_EQ(zero(), 3);
+  t.Erase(std::vector<K>{3, 2}.data(), 2);  // one zero row, one non-zero row
+  CHECK_EQ(zero(), 2);
+  std::vector<K> keys{2, 4};
+  std::vector<float> vals{0.f, 0.f, 5.f, 6.f};
+  std::vector<int64_t> ver{1, 1}, freq{1, 1};
+  t.ImportRows(keys.data(), 2, vals.data(), 2, nullptr, 0, {}, ver.data(), freq.data(), false);
+  CHECK_EQ(zero(), 2);  // key 2 re-imported as zero (+1), key 4 overwritten non-zero (-1)
+  int64_t n = t.EraseIf(ZeroRowPredicate{t.dim()});
+  CHECK_EQ(n, 2);
+  CHECK_EQ(zero(), 0);
+  CHECK(ReadOne(t, K(4)).admitted && !ReadOne(t, K(1)).present && !ReadOne(t, K(2)).present);
+  Lookup(t, std::vector<K>{7, 8}, true);
+  CHECK_EQ(zero(), 2);
+  t.Clear();
+  CHECK_EQ(zero(), 0);
+  // A non-zero initializer bank admits no zero rows.
+  Table<K> u(Cfg(3));
+  Lookup(u, std::vector<K>{1, 2, 3}, true);
+  CHECK_EQ(u.Stats().zero_rows, 0);
+}
+
+// GroupAdagrad with l1 = l2 = l21 = 0 is Adagrad; GroupAdam with zero
+// regularisation is Adam (same alpha), to float rounding, from a non-zero row.
+static void test_group_updates_reduce_to_adagrad_and_adam() {
+  const int dim = 3;
+  float ga[3 * dim] = {0.5f, -0.25f, 1.f, 0.1f, 0.1f, 0.1f, 0.f, 0.f, 0.f};  // w | acc | linear
+  float ad[2 * dim] = {0.5f, -0.25f, 1.f, 0.1f, 0.1f, 0.1f};                 // w | acc
+  float gm[4 * dim] = {0.5f, -0.25f, 1.f};                                   // w | m | v | linear
+  float am[3 * dim] = {0.5f, -0.25f, 1.f};                                   // w | m | v
+  for (int t = 1; t <= 30; ++t) {
+    float g[dim] = {0.3f * t, -0.2f, (t % 3) - 1.f};
+    GroupAdagradUpdate{0.1f, 1e-7f, 0.f, 0.f, 0.f, dim, dim, 2 * dim}(ga, g);
+    AdagradUpdate{0.1f, 1e-7f, dim, dim}(ad, g);
+    float alpha = 0.01f * std::sqrt(1.f - std::pow(0.999f, t)) / (1.f - std::pow(0.9f, t));
+    GroupAdamUpdate{alpha, 0.9f, 0.999f, 1e-7f, 0.f, 0.f, 0.f, dim, dim, 2 * dim, 3 * dim}(gm, g);
+    AdamUpdate{alpha, 0.9f, 0.999f, 1e-7f, dim, dim, 2 * dim}(am, g);
+  }
+  for (int i = 0; i < dim; ++i) {
+    CHECK(std::fabs(ga[i] - ad[i]) < 1e-5f);
+    CHECK(std::fabs(gm[i] - am[i]) < 1e-5f);
+  }
+  CHECK(std::fabs(ga[0] - 0.5f) > 0.1f && std::fabs(gm[0] - 0.5f) > 0.1f);  // it trained
+}
+
+// A large l21 zeroes a row whose gradients are tiny and keeps it at zero while
+// they stay tiny; a row with strong gradients stays non-zero.
+static void test_group_lasso_zeroes_weak_rows_only() {
+  const int dim = 4;
+  std::vector<float> weak(3 * dim, 0.f), strong(3 * dim, 0.f);
+  for (int i = 0; i < dim; ++i) weak[i] = strong[i] = 0.05f;
+  for (int i = dim; i < 2 * dim; ++i) weak[i] = strong[i] = 0.1f;
+  GroupAdagradUpdate u{0.1f, 1e-7f, 0.f, 0.f, 0.5f, dim, dim, 2 * dim};
+  for (int t = 0; t < 50; ++t) {
+    float gw[dim] = {1e-3f, -1e-3f, 1e-3f, 0.f}, gs[dim] = {1.f, -2.f, 1.5f, 1.f};
+    u(weak.data(), gw);
+    u(strong.data(), gs);
+    CHECK(IsZeroRow(weak.data(), dim));
+    CHECK(!IsZeroRow(strong.data(), dim));
+  }
+}
+
 int main() {
   RUN(test_invalid_config_throws);
   RUN_K(test_find_never_inserts);
@@ -575,6 +653,9 @@ int main() {
   RUN_K(test_two_phase_export);
   RUN_K(test_concurrent_train_and_export);
   RUN_K(test_export_import_round_trip);
+  RUN_K(test_zero_rows_counted_on_every_path);
+  RUN(test_group_updates_reduce_to_adagrad_and_adam);
+  RUN(test_group_lasso_zeroes_weak_rows_only);
   std::printf("all tests passed\n");
   return 0;
 }

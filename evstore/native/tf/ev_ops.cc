@@ -101,10 +101,10 @@ REGISTER_OP("EvStats")
     .Attr("key_dtype: {int32, int64}")
     .Output("stats: int64")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(9));
+      c->set_output(0, c->Vector(10));
       return absl::OkStatus();
     })
-    .Doc("[size, admitted, filtered, free_rows, index_bytes, meta_bytes, row_bytes, dirty, deleted]");
+    .Doc("[size, admitted, filtered, free_rows, index_bytes, meta_bytes, row_bytes, dirty, deleted, zero_rows]");
 
 REGISTER_OP("EvKeyInfo")
     .Input("handle: resource")

@@ -95,11 +95,12 @@ class EvStatsOp : public EvTableOp<K> {
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     TableStats s = t.Stats();
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({9}), &out));
+    int64_t v[] = {s.size,      s.admitted,  s.filtered, s.free_rows, s.index_bytes,
+                   s.meta_bytes, s.row_bytes, s.dirty,    s.deleted,   s.zero_rows};
+    const int64_t nv = sizeof(v) / sizeof(v[0]);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nv}), &out));
     auto o = out->flat<int64_t>();
-    int64_t v[9] = {s.size, s.admitted, s.filtered, s.free_rows, s.index_bytes,
-                    s.meta_bytes, s.row_bytes, s.dirty, s.deleted};
-    for (int i = 0; i < 9; ++i) o(i) = v[i];
+    for (int64_t i = 0; i < nv; ++i) o(i) = v[i];
   }
 };
 
