@@ -12,6 +12,12 @@ import tensorflow as tf
 
 __all__ = ["ev_stats", "SCALARS"]
 
+# TensorBoard's scalar plugin metadata, written with tf.summary.write (part of
+# TensorFlow; tf.summary.scalar needs the tensorboard package, which evstore
+# does not depend on). TensorBoard shows these exactly like tf.summary.scalar's.
+_SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
+    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"))
+
 SCALARS = ("size", "admitted", "filtered", "evicted", "free_rows", "bytes", "index_bytes", "meta_bytes",
            "row_bytes", "filter_bytes", "dirty", "deleted")
 
@@ -30,5 +36,6 @@ def ev_stats(ev, step=None, prefix="evstore"):
         raise TypeError(f"ev_stats expects an evstore.EmbeddingVariable, got {type(ev).__name__}")
     stats = ev.stats()
     for k in SCALARS:   # no-ops without a default writer
-        tf.summary.scalar(f"{prefix}/{ev.name}/{k}", tf.cast(stats[k], tf.float32), step=step)
+        tf.summary.write(f"{prefix}/{ev.name}/{k}", tf.cast(stats[k], tf.float32), step=step,
+                         metadata=_SCALAR_METADATA)
     return stats
