@@ -82,7 +82,8 @@ def evstore_worker(args):
     st = ev.stats()
     n = args.batch * len(stream)
     live = st["admitted"]
-    return {"system": "evstore", "config": args.config, "lookup_keys_s": args.batch / statistics.median(looks), "step_keys_s": n / t_step,
+    return {"system": "evstore", "config": args.config, "lookup_keys_s": args.batch / statistics.median(looks),
+            "step_keys_s": n / t_step,
             "live": live, "index_entries": st["size"], "filtered": st["filtered"], "evicted": st["evicted"],
             "free_rows": st["free_rows"], "bytes": st["bytes"], "filter_bytes": st["filter_bytes"],
             "bytes_per_live": st["bytes"] / max(live, 1),
@@ -174,7 +175,8 @@ def main():
     meta = {"command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv), "lookups": args.lookups,
             "batch": args.batch, "dim": args.dim, "window": args.window, "shift": args.shift,
             "save_every": args.save_every, "distinct_ids": int(counts.size),
-            "ids_seen_3plus": int((counts >= 3).sum()), "reserve": reserve, "bloom_capacity": args.bloom_capacity}
+            "ids_seen_3plus": int((counts >= 3).sum()), "reserve": reserve,
+            "bloom_capacity": args.bloom_capacity}
     md = render(results, meta)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     base = os.path.join(args.out_dir, f"filters-{stamp}")

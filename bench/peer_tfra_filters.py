@@ -64,7 +64,8 @@ def main():
     live = int(var.size().numpy())
     status = int(var.restrict_policy.status.size().numpy()) if var.restrict_policy is not None else 0
     print(json.dumps({"system": "tfra", "config": args.policy, "tfra_version": tfra.__version__,
-                      "lookup_keys_s": args.batch / statistics.median(looks), "step_keys_s": n / t_step, "live": live,
+                      "lookup_keys_s": args.batch / statistics.median(looks), "step_keys_s": n / t_step,
+                      "live": live,
                       "index_entries": live + status, "bytes_per_live": None,
                       "rss_per_live": (rss_mib() - rss0) * 2**20 / max(live, 1), "evicted": None}), flush=True)
 
