@@ -195,3 +195,23 @@ def test_bad_evict_arguments_raise_clear_errors():
     ev = make_ev("ev_bad2", evstore.GlobalStepEvict(1))
     with pytest.raises(ValueError, match="global_step must be >= 0"):
         ev.evict(-5)
+
+
+def test_filters_and_eviction_work_in_tf_compat_v1_graph_mode():
+    with tf.Graph().as_default():
+        ev = evstore.EmbeddingVariable("ev_v1", DIM, filter=evstore.BloomFilter(2, capacity=1000),
+                                       evict=evstore.GlobalStepEvict(1))
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        step = tf.compat.v1.placeholder(tf.int64, [])
+        emb = evstore.embedding_lookup(ev, ids)
+        grad = tf.compat.v1.gradients(tf.reduce_sum(emb), [ev])[0]
+        train = evstore.training.sparse_apply_sgd(ev, grad, 0.1, step)
+        evict = ev.evict(step)
+        stats = ev.stats()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.tables_initializer(), tf.compat.v1.global_variables_initializer()])
+            sess.run(train, {ids: [1, 1, 2], step: 0})          # 1 admitted, 2 counted in the filter
+            sess.run(train, {ids: [2, 3, 3], step: 3})          # 2 and 3 admitted
+            assert sess.run(evict, {step: 3}) == 1               # key 1: 3 - 0 > 1
+            s = sess.run(stats)
+            assert (s["admitted"], s["evicted"]) == (2, 1)
