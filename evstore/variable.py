@@ -1,11 +1,15 @@
 """EmbeddingVariable: a native hash-table embedding as a TensorFlow resource."""
+import functools
 import weakref
 
 import numpy as np
 
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.ops import gen_resource_variable_ops
+from tensorflow.python.saved_model import save_context
+from tensorflow.python.training.saving import saveable_object
 
 from evstore import evict as _evict
 from evstore._ops import gen
@@ -92,8 +96,15 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     """
 
     # Lets tf.GradientTape and optimizers treat the EV like a variable: its
-    # `handle` is the proxy variable that training lookups read.
-    _should_act_as_resource_variable = True
+    # `handle` is the proxy variable that training lookups read. While a
+    # SavedModel is written it is a resource, not a variable (hasattr is
+    # False), so the writer records it as one and traces its save / restore
+    # functions (_serialize_to_tensors) into the SavedModel.
+    @property
+    def _should_act_as_resource_variable(self):
+        if save_context.in_save_context():
+            raise AttributeError("_should_act_as_resource_variable")
+        return True
 
     def __init__(self, name, dim, key_dtype=tf.int64, initializer=None, default_value=None,
                  filter=None, initializer_bank_size=8192, num_segments=64, trainable=True, evict=None):
@@ -127,6 +138,7 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         if dv.shape.num_elements() != dim:
             raise ValueError(f"default_value must be a scalar or have {dim} elements, got shape {dv.shape}")
         self._default_value = tf.reshape(dv, [dim])
+        self._default_np = self._default_value.numpy() if tf.executing_eagerly() else None
         if tf.executing_eagerly():
             self._shared_name = f"{name}_{_tf_ops.uid()}"
         else:
@@ -146,9 +158,12 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return gen.ev_handle_op(shared_name=self._shared_name, key_dtype=self._key_dtype)
 
     def _initialize(self):
+        return self._create_table(self._default_value)
+
+    def _create_table(self, default_value):
         bank = self._initializer(shape=[self._bank_size, self._dim], dtype=tf.float32)
         attrs = self._filter._native_attrs() if self._filter is not None else {}
-        return gen.ev_create(self.resource_handle, bank, self._default_value, key_dtype=self._key_dtype,
+        return gen.ev_create(self.resource_handle, bank, default_value, key_dtype=self._key_dtype,
                              dim=self._dim, segments_log2=self._segments_log2, **attrs)
 
     def _destroy_resource(self):
@@ -348,6 +363,10 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         """
         return gen.ev_begin_export(self.resource_handle, key_dtype=self._key_dtype)
 
+    def _begin_export_seal_only(self):
+        """begin_export without materialising the key lists (checkpoint writers stream them)."""
+        return gen.ev_begin_export(self.resource_handle, key_dtype=self._key_dtype, return_keys=False)
+
     def commit_export(self, snapshot_id):
         """Drops a sealed snapshot: its changes are durable elsewhere."""
         return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=True)
@@ -356,17 +375,60 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         """Merges a sealed snapshot back into the open dirty / deleted sets."""
         return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=False)
 
-    # ---- tf.train.Checkpoint / SavedModel (materialises the table) -----------
-    def _serialize_to_tensors(self):
-        # Like every checkpoint save, evict first (at the EV's clock).
-        deps = [self.evict()] if self._evict_policies else []
+    # ---- tf.train.Checkpoint / v1 Saver / SavedModel (materialise the table) --
+    # Tensor names follow DESIGN section 4 (`<name>-keys`, `-values`,
+    # `-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`) except that
+    # these paths pack the optimizer slots into `<name>-slots` [N, S, dim] with
+    # `<name>-slot_names` [S]: a restore must build its ops before the EV knows
+    # its slots. tf.train.Checkpoint prefixes them with the object path
+    # (`.../.ATTRIBUTES/-keys`); tf.compat.v1.train.Saver with the EV's name.
+    def _ensure_created_in_saved_model(self):
+        # A loaded SavedModel calls the save / restore functions before it
+        # runs the resource's initializer, so the functions traced for it
+        # create the table first (EvCreate is idempotent).
+        tracing = isinstance(_tf_ops.get_default_graph(), func_graph.FuncGraph)
+        if not (save_context.in_save_context() and tracing and self._default_np is not None):
+            return []
+        return [self._create_table(tf.constant(self._default_np))]
+
+    def _export_tensors(self):
+        deps = self._ensure_created_in_saved_model()
+        if self._evict_policies:   # like every checkpoint save: evict first (at the EV's clock)
+            with tf.control_dependencies(deps):
+                deps = [self.evict()]
         with tf.control_dependencies(deps):
             k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
                                                            dim=self._dim)
-        return {"keys": k, "values": v, "slots": s, "slot_names": names, "versions": ver, "freqs": f,
-                "keys_filtered": fk, "freqs_filtered": ff}
+        return {"-keys": k, "-values": v, "-versions": ver, "-freqs": f, "-keys_filtered": fk,
+                "-freqs_filtered": ff, "-slots": s, "-slot_names": names}
+
+    def _import_tensors(self, t):
+        with tf.control_dependencies(self._ensure_created_in_saved_model()):
+            return gen.ev_import(self.resource_handle, t["-keys"], t["-values"], t["-slots"], t["-slot_names"],
+                                 t["-versions"], t["-freqs"], t["-keys_filtered"], t["-freqs_filtered"],
+                                 clear=True)
+
+    def _serialize_to_tensors(self):
+        return self._export_tensors()
 
     def _restore_from_tensors(self, restored_tensors):
-        t = restored_tensors
-        return gen.ev_import(self.resource_handle, t["keys"], t["values"], t["slots"], t["slot_names"],
-                             t["versions"], t["freqs"], t["keys_filtered"], t["freqs_filtered"], clear=True)
+        return self._import_tensors(restored_tensors)
+
+    def _gather_saveables_for_checkpoint(self):
+        # Used by tf.compat.v1.train.Saver only (TF2 uses the two methods above).
+        return {"ev": functools.partial(_EVSaveable, self, name=self._name)}
+
+
+class _EVSaveable(saveable_object.SaveableObject):
+    """v1 Saver view of an EV: one spec per tensor, named `<name>-keys` etc."""
+
+    def __init__(self, ev, name):
+        self._ev = ev
+        tensors = ev._export_tensors()
+        self._suffixes = list(tensors)
+        specs = [saveable_object.SaveSpec(t, "", name + suffix) for suffix, t in tensors.items()]
+        super().__init__(ev, specs, name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        return self._ev._import_tensors(dict(zip(self._suffixes, restored_tensors)))

@@ -147,7 +147,7 @@ def test_a_tf_checkpoint_save_evicts_first(tmp_path):
     sgd_step(ev, opt, [2], step=5)
     path = tf.train.Checkpoint(ev=ev).save(str(tmp_path / "c"))
     assert keys_of(ev) == [2]
-    assert tf.train.load_checkpoint(path).get_tensor("ev/.ATTRIBUTES/keys").tolist() == [2]
+    assert tf.train.load_checkpoint(path).get_tensor("ev/.ATTRIBUTES/-keys").tolist() == [2]
 
 
 def test_evict_works_inside_tf_function():

@@ -386,7 +386,9 @@ class Table {
 
   // Erases keys (admitted or filtered); their rows go to the free list and the
   // keys to the deleted set. Returns how many were present.
-  int64_t Erase(const K* keys, int64_t n) {
+  // With track_deleted=false (applying a checkpoint's deletions during a
+  // restore) the keys do not enter the deleted set.
+  int64_t Erase(const K* keys, int64_t n, bool track_deleted = true) {
     int64_t erased = 0;
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = HashKey(keys[i]);
@@ -394,7 +396,7 @@ class Table {
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = seg.Find(keys[i], h);
       if (!en) continue;
-      EraseLocked(seg, en);
+      EraseLocked(seg, en, track_deleted);
       ++erased;
     }
     return erased;
@@ -525,6 +527,14 @@ class Table {
   void ImportRows(const K* keys, int64_t n, const float* values, int64_t values_stride, const float* slots,
                   int64_t slots_stride, const std::vector<int>& slot_offsets, const int64_t* versions,
                   const int64_t* freqs, bool mark_dirty) {
+    ImportRows(keys, n, values, values_stride, slots, slots_stride, dim_, slot_offsets, versions, freqs,
+               mark_dirty);
+  }
+  // Same, with slot c of key i at slots + i*slots_stride + c*slot_stride
+  // (slot-major chunks from a checkpoint: slot_stride = n*dim, slots_stride = dim).
+  void ImportRows(const K* keys, int64_t n, const float* values, int64_t values_stride, const float* slots,
+                  int64_t slots_stride, int64_t slot_stride, const std::vector<int>& slot_offsets,
+                  const int64_t* versions, const int64_t* freqs, bool mark_dirty) {
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = HashKey(keys[i]);
       Segment<K>& seg = segments_[SegmentOf(h)];
@@ -534,7 +544,7 @@ class Table {
       float* dst = arena_.Row(en->row);
       std::memcpy(dst, values + i * values_stride, dim_ * sizeof(float));
       for (size_t c = 0; c < slot_offsets.size(); ++c)
-        std::memcpy(dst + slot_offsets[c], slots + i * slots_stride + c * dim_, dim_ * sizeof(float));
+        std::memcpy(dst + slot_offsets[c], slots + i * slots_stride + c * slot_stride, dim_ * sizeof(float));
       arena_.Version(en->row) = versions[i];
       AdvanceClock(VersionReference(versions[i]));
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
@@ -543,13 +553,20 @@ class Table {
   }
 
   // Upserts counted-but-not-admitted keys with their frequencies. A key that
-  // is already admitted stays admitted (only its frequency is set).
-  void ImportFiltered(const K* keys, int64_t n, const int64_t* freqs, bool mark_dirty) {
+  // is already admitted stays admitted (only its frequency is set), unless
+  // `demote` (applying a delta in which the key was evicted and came back
+  // unadmitted): then its row is freed.
+  void ImportFiltered(const K* keys, int64_t n, const int64_t* freqs, bool mark_dirty, bool demote = false) {
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = HashKey(keys[i]);
       Segment<K>& seg = segments_[SegmentOf(h)];
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = FindOrAdd(seg, keys[i], h);
+      if (demote && RowIsReal(en->row)) {
+        arena_.Free(en->row);
+        en->row = kNoRow;
+        seg.adjust_admitted(-1);
+      }
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
       if (mark_dirty) MarkDirty(seg, en);
     }
@@ -612,6 +629,12 @@ class Table {
         seg.deleted.insert(k);
     }
     open_.reset();
+  }
+  // The open snapshot with this id (for a writer streaming it out).
+  std::shared_ptr<const Snapshot> OpenSnapshot(uint64_t id) const {
+    std::lock_guard<std::mutex> l(export_mu_);
+    CheckOpen(id);
+    return open_;
   }
   bool export_in_flight() const {
     std::lock_guard<std::mutex> l(export_mu_);
@@ -760,14 +783,14 @@ class Table {
     seg.adjust_admitted(1);
   }
 
-  void EraseLocked(Segment<K>& seg, E* en) {
+  void EraseLocked(Segment<K>& seg, E* en, bool track_deleted = true) {
     K k = en->key;
     if (RowIsReal(en->row)) {
       arena_.Free(en->row);
       seg.adjust_admitted(-1);
     }
     seg.Erase(en);
-    seg.deleted.insert(k);
+    if (track_deleted) seg.deleted.insert(k);
   }
 
   int SlotIndexLocked(const std::string& name) const {

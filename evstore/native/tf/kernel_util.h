@@ -46,9 +46,9 @@ inline absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr
   return absl::OkStatus();
 }
 
-#define EV_TRY(ctx, expr)                                               \
+#define EV_TRY(ctx, ...)                                                \
   try {                                                                 \
-    expr;                                                               \
+    __VA_ARGS__;                                                        \
   } catch (const std::bad_alloc&) {                                     \
     (ctx)->CtxFailure(errors::ResourceExhausted("EmbeddingVariable: out of memory")); \
     return;                                                             \

@@ -242,18 +242,25 @@ class EvImportOp : public EvTableOp<K> {
 template <typename K>
 class EvBeginExportOp : public EvTableOp<K> {
  public:
-  using EvTableOp<K>::EvTableOp;
+  explicit EvBeginExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("return_keys", &return_keys_));
+  }
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     std::shared_ptr<const typename Table<K>::Snapshot> snap;
     EV_TRY(ctx, snap = t.BeginExport());
+    const int64_t nd = return_keys_ ? snap->dirty.size() : 0, nx = return_keys_ ? snap->deleted.size() : 0;
     Tensor *id, *dirty, *deleted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &id));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({static_cast<int64_t>(snap->dirty.size())}), &dirty));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({static_cast<int64_t>(snap->deleted.size())}), &deleted));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({nd}), &dirty));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({nx}), &deleted));
     id->scalar<int64_t>()() = static_cast<int64_t>(snap->id);
+    if (!return_keys_) return;
     std::copy(snap->dirty.begin(), snap->dirty.end(), dirty->flat<K>().data());
     std::copy(snap->deleted.begin(), snap->deleted.end(), deleted->flat<K>().data());
   }
+
+ private:
+  bool return_keys_;
 };
 
 template <typename K>

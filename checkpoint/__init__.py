@@ -1,0 +1,15 @@
+"""checkpoint: full and delta checkpoints of evstore models (DESIGN section 4).
+
+    manager = checkpoint.CheckpointManager("/data/ckpt", model)
+    manager.save_full(); manager.save_delta(metadata={"offset": 1234})
+    manager.restore()              # newest chain, bit for bit
+    manager.start(delta_every=60, full_every=3600); ...; manager.stop()
+"""
+from checkpoint.chain import resolve_chain, scan, verify_files
+from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError, NoCheckpointError
+from checkpoint.manager import CheckpointManager
+from checkpoint.manifest import Manifest
+from checkpoint.storage import Storage
+
+__all__ = ["CheckpointManager", "Manifest", "Storage", "scan", "resolve_chain", "verify_files",
+           "CheckpointError", "CorruptCheckpointError", "ChainError", "NoCheckpointError"]

@@ -1,0 +1,24 @@
+"""Crash-test hooks: with EVSTORE_FAILPOINT=<point> a saving process stops at
+that point, after creating $EVSTORE_FAILPOINT_FILE, until it is killed; with
+EVSTORE_FAILPOINT=<point>:raise it raises OSError there (a failed save). Unset,
+a hit is one dictionary lookup. Points: before-bundle, before-manifest,
+after-manifest (manifest durable, EV snapshots not yet committed); the native
+writer has bundle-mid-data.
+"""
+import os
+import time
+
+
+def hit(point):
+    fp = os.environ.get("EVSTORE_FAILPOINT")
+    if not fp:
+        return
+    if fp == point + ":raise":
+        raise OSError(f"failpoint {point}: simulated I/O failure")
+    if fp == point:
+        path = os.environ.get("EVSTORE_FAILPOINT_FILE")
+        if path:
+            with open(path, "w") as f:
+                f.write(point)
+        while True:
+            time.sleep(1)

@@ -1,0 +1,112 @@
+"""Reading a root: committed checkpoints, chain resolution, checksum verification.
+
+A checkpoint exists for readers iff its MANIFEST.json exists and parses. The
+chain to restore ends at the newest committed checkpoint (or the newest at or
+before `upto`) and is found by following `parent` links back to its full, so a
+branch abandoned by a restore-in-the-past is ignored and a missing delta is a
+clear ChainError rather than a silently older state.
+"""
+import dataclasses
+
+import tensorflow as tf
+
+from checkpoint.errors import ChainError, CorruptCheckpointError, NoCheckpointError
+
+__all__ = ["Scan", "scan", "resolve_chain", "verify_files", "crc32c_stream"]
+
+_CHUNK = 8 << 20
+
+
+@dataclasses.dataclass
+class Scan:
+    manifests: dict          # seq -> Manifest (committed)
+    uncommitted: dict        # seq -> dirname (no manifest: in flight or abandoned)
+    corrupt: dict            # seq -> error message (manifest present but invalid)
+
+    @property
+    def max_seq(self):
+        seqs = list(self.manifests) + list(self.uncommitted) + list(self.corrupt)
+        return max(seqs) if seqs else 0
+
+
+def scan(storage):
+    """Every checkpoint directory of a root, classified."""
+    s = Scan({}, {}, {})
+    for seq, (kind, dirname) in sorted(storage.list_dirs().items()):
+        if not storage.has_manifest(dirname):
+            s.uncommitted[seq] = dirname
+            continue
+        try:
+            s.manifests[seq] = storage.read_manifest(dirname)
+        except CorruptCheckpointError as e:
+            s.corrupt[seq] = str(e)
+        except FileNotFoundError:  # removed between ls and read (retention)
+            s.uncommitted[seq] = dirname
+    return s
+
+
+def resolve_chain(sc, upto=None, where="checkpoint root"):
+    """[full, delta, delta, ...] ending at the newest committed checkpoint <= upto."""
+    cands = [q for q in sc.manifests if upto is None or q <= upto]
+    if not cands:
+        what = "no committed checkpoint" if upto is None else f"no committed checkpoint at or before seq {upto}"
+        raise NoCheckpointError(f"{where} holds {what}")
+    seq = max(cands)
+    if upto is not None and upto in sc.corrupt:
+        raise CorruptCheckpointError(sc.corrupt[upto])
+    newer_corrupt = [q for q in sc.corrupt if q > seq and (upto is None or q <= upto)]
+    if newer_corrupt:
+        raise CorruptCheckpointError(sc.corrupt[max(newer_corrupt)] + " (it is newer than every valid checkpoint; "
+                                     f"restore(seq={seq}) explicitly to go back to the last valid one)")
+    chain = [sc.manifests[seq]]
+    while chain[-1].kind == "delta":
+        m = chain[-1]
+        parent = sc.manifests.get(m.parent)
+        if parent is None:
+            why = (sc.corrupt[m.parent] if m.parent in sc.corrupt else
+                   "it has no manifest" if m.parent in sc.uncommitted else "it does not exist")
+            raise ChainError(f"{where}: {m.dir} follows checkpoint {m.parent}, which cannot be read ({why}); "
+                             "the chain has a gap. Restore an earlier sequence with restore(seq=...), or start "
+                             "a new chain with save_full().")
+        if parent.base != m.base:
+            raise ChainError(f"{where}: {m.dir} names base {m.base} but its parent {parent.dir} belongs to the "
+                             f"chain of full {parent.base}: the manifest points at a wrong parent")
+        chain.append(parent)
+    chain.reverse()
+    if chain[0].seq != chain[-1].base:
+        raise ChainError(f"{where}: the chain of {chain[-1].dir} starts at {chain[0].dir}, "
+                         f"not at its base full {chain[-1].base}")
+    return chain
+
+
+def crc32c_stream(f):
+    """crc32c (unmasked) and size of a binary file object, read in chunks."""
+    from evstore._ops import gen
+    crc, size = 0, 0
+    while True:
+        b = f.read(_CHUNK)
+        if not b:
+            return crc, size
+        crc = int(gen.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(b)))
+        size += len(b)
+
+
+def verify_files(storage, manifest, checksums=True):
+    """Problems (strings naming the file) with a committed checkpoint's files; empty if sound."""
+    problems = []
+    for name, want in sorted(manifest.files.items()):
+        where = storage.display(manifest.dir, name)
+        try:
+            size = storage.file_size(manifest.dir, name)
+        except FileNotFoundError:
+            problems.append(f"{where}: missing")
+            continue
+        if size != want["size"]:
+            problems.append(f"{where}: size {size} bytes, manifest says {want['size']} (truncated or overwritten)")
+            continue
+        if checksums:
+            with storage.open(manifest.dir, name) as f:
+                crc, _ = crc32c_stream(f)
+            if crc != want["crc32c"]:
+                problems.append(f"{where}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
+    return problems

@@ -1,0 +1,347 @@
+"""CheckpointManager: full and delta checkpoints of a training model, chained,
+crash-safe, on any fsspec root.
+
+Commit protocol (DESIGN sections 4 and 8). One save, in order:
+  1. eviction: every EV with eviction policies runs `ev.evict(global_step)`,
+     so the keys it drops are in this checkpoint's deleted set;
+  2. seal: each EV's dirty and deleted sets are sealed into a snapshot
+     (`begin_export`); changes from now on go to fresh sets;
+  3. write: the native writer streams the bundle (rows in chunks, never a copy
+     of the table) into the checkpoint directory (local roots) or a local
+     staging directory (remote roots), fsyncing every file;
+  4. verify the bundle's index lists every tensor; upload (remote roots);
+  5. commit point: MANIFEST.json (sizes and crc32c of every file, counts,
+     steps, parent/base, caller metadata) written atomically, last;
+  6. only then each EV commits its snapshot.
+Any failure in 1-5 aborts the snapshots (their keys merge back into the open
+sets, so the next save carries every change) and removes the directory. A kill
+anywhere leaves at worst a directory without a manifest, which readers ignore
+and the next save removes; a kill between 5 and 6 leaves a committed
+checkpoint whose changes the restarted job restores.
+
+Exactness: steps 1-3 run under `manager.lock`. A training loop that holds the
+same lock around each step (`with manager.lock: train_step()`) gets
+checkpoints that are exactly the state after a step, matching the global step
+and the caller's metadata (the input position); without it every row is still
+a value it had during the save and the chain never misses a change.
+One writer per root.
+"""
+import logging
+import threading
+import time
+
+import tensorflow as tf
+
+from checkpoint import _failpoints
+from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense, write_bundle
+from checkpoint.chain import resolve_chain, scan, verify_files
+from checkpoint.collect import collect
+from checkpoint.errors import CheckpointError, CorruptCheckpointError
+from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
+from checkpoint.storage import Storage
+
+__all__ = ["CheckpointManager"]
+
+log = logging.getLogger("evstore.checkpoint")
+
+
+class CheckpointManager:
+    """Saves and restores `model` as full and delta checkpoints under `root`.
+
+    Args:
+      root: a local path or any fsspec URL (`memory://job`, `s3://bucket/p`).
+      model: a Keras model, a tf.Module, an optimizer, EmbeddingVariables and
+        variables, or a list / dict of them (see checkpoint.collect).
+      global_step: an integer variable stamped into every checkpoint and
+        restored; default: the Keras optimizer's `iterations` if one is found.
+      keep_chains: chains (a full and its deltas) kept; older ones are deleted
+        after each full. None keeps everything.
+      storage_options: passed to fsspec for remote roots.
+      chunk_rows: keys per streamed chunk (memory of a save ~ chunk_rows x row bytes).
+
+    Raises:
+      ValueError / TypeError: bad arguments, or names that collide.
+    """
+
+    def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536):
+        if keep_chains is not None and (isinstance(keep_chains, bool) or not isinstance(keep_chains, int)
+                                        or keep_chains < 1):
+            raise ValueError(f"keep_chains must be an int >= 1 or None, got {keep_chains!r}")
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        self.storage = Storage(root, storage_options)
+        self.model = model
+        self.keep_chains = keep_chains
+        self.chunk_rows = chunk_rows
+        self._global_step = global_step
+        collect(model)  # validate names now, not at the first save
+        self.lock = threading.RLock()        # training steps and saves' seal + write
+        self._save_lock = threading.Lock()   # one save or restore at a time
+        self._last = None                    # last committed Manifest of this process's chain
+        self._sched = None
+        self._metadata_fn = None
+        self.failures = 0
+        self.last_error = None
+
+    # ---- queries -------------------------------------------------------------
+    @property
+    def root(self):
+        return self.storage.url
+
+    @property
+    def last_committed(self):
+        """Manifest of the last checkpoint this manager saved or restored (None before)."""
+        return self._last
+
+    def latest(self):
+        """The newest committed checkpoint's Manifest under the root, or None."""
+        sc = scan(self.storage)
+        return sc.manifests[max(sc.manifests)] if sc.manifests else None
+
+    def chain(self, seq=None):
+        """Manifests [full, deltas...] that restore(seq) would apply ([] if the root is empty)."""
+        sc = scan(self.storage)
+        if not sc.manifests:
+            return []
+        return resolve_chain(sc, seq, where=self.root)
+
+    # ---- saving --------------------------------------------------------------
+    def save_full(self, metadata=None):
+        """Writes every key of every EV, every dense variable and the global
+        step as a new chain. Returns its sequence number."""
+        return self._save("full", metadata)
+
+    def save_delta(self, metadata=None):
+        """Writes what changed since the last committed checkpoint of this
+        chain: changed rows (values, slots, versions, freqs), newly counted
+        filtered keys, deleted keys, and all dense variables. Returns its
+        sequence number.
+
+        Raises:
+          CheckpointError: no full was saved or restored by this manager yet.
+        """
+        return self._save("delta", metadata)
+
+    def _step_value(self, col):
+        gs = self._global_step
+        if gs is None:
+            for opt in col.optimizers:
+                gs = opt.iterations
+                break
+        return 0 if gs is None else int(tf.convert_to_tensor(gs).numpy())
+
+    def _save(self, kind, metadata):
+        if metadata is not None and not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict (JSON-serialisable), got {type(metadata).__name__}")
+        with self._save_lock:
+            if kind == "delta" and self._last is None:
+                raise CheckpointError("save_delta() needs a chain to extend: call save_full() or restore() first")
+            sc = scan(self.storage)
+            seq = max(sc.max_seq, self._last.seq if self._last else 0) + 1
+            self._remove_leftovers(sc)
+            dirname = dir_name(kind, seq)
+            staging = None
+            sids = {}
+            col = collect(self.model)
+            try:
+                with self.lock:
+                    step = self._step_value(col)
+                    meta = dict(metadata() if callable(metadata) else (metadata or {}))
+                    for ev in col.evs.values():
+                        if getattr(ev, "evict_policies", ()):
+                            ev.evict(step)
+                    for name, ev in col.evs.items():
+                        sid, _, _ = ev._begin_export_seal_only()
+                        sids[name] = int(sid)
+                    dense = {n: tf.convert_to_tensor(v) for n, v in col.dense.items()}
+                    dense[GLOBAL_STEP] = tf.constant(step, tf.int64)
+                    staging = self.storage.staging_dir(dirname)
+                    _failpoints.hit("before-bundle")
+                    files, counts = write_bundle(staging, col.evs, sids, dense, full=(kind == "full"),
+                                                 chunk_rows=self.chunk_rows)
+                self._check_bundle(staging, col, files)
+                self.storage.upload(staging, dirname, list(files))
+                manifest = Manifest(
+                    seq=seq, kind=kind, parent=None if kind == "full" else self._last.seq,
+                    base=seq if kind == "full" else self._last.base, global_step=step, wall_time=time.time(),
+                    files=files,
+                    evs={n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name, **counts[n]} for n, ev in col.evs.items()},
+                    dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in dense.items()},
+                    metadata=meta)
+                manifest.to_json()  # metadata must serialise before anything is committed
+                _failpoints.hit("before-manifest")
+                self.storage.write_manifest(dirname, manifest)
+                _failpoints.hit("after-manifest")
+            except BaseException:
+                for name, sid in sids.items():
+                    try:
+                        col.evs[name].abort_export(sid)
+                    except Exception:  # noqa: BLE001 - keep aborting the others
+                        log.exception("aborting the export of %s failed", name)
+                self.storage.remove_manifest(dirname) if staging else None
+                self.storage.remove_dir(dirname)
+                raise
+            finally:
+                if staging:
+                    self.storage.discard_staging(staging)
+            for name, sid in sids.items():
+                col.evs[name].commit_export(sid)
+            self._last = manifest
+            if kind == "full":
+                self._apply_retention()
+            log.info("committed %s (step %d, %d bytes)", manifest.dir, step, manifest.total_bytes)
+            return seq
+
+    def _check_bundle(self, staging, col, files):
+        """Step 4: the index just written lists every tensor with the right dtype."""
+        import os
+        for name, f in files.items():
+            size = os.path.getsize(os.path.join(staging, name))
+            if size != f["size"]:
+                raise CheckpointError(f"{os.path.join(staging, name)}: wrote {f['size']} bytes, found {size}")
+        listed = tf.train.load_checkpoint(os.path.join(staging, BUNDLE_PREFIX)).get_variable_to_dtype_map()
+        for name in col.evs:
+            for suffix in ("-keys", "-values", "-versions", "-freqs", "-keys_filtered", "-freqs_filtered"):
+                if name + suffix not in listed:
+                    raise CheckpointError(f"checkpoint bundle in {staging} lacks tensor {name + suffix}")
+        for name in list(col.dense) + [GLOBAL_STEP]:
+            if name not in listed:
+                raise CheckpointError(f"checkpoint bundle in {staging} lacks tensor {name}")
+
+    def _remove_leftovers(self, sc):
+        """Directories without a manifest below the next sequence are dead saves (one writer per root)."""
+        for seq, dirname in sc.uncommitted.items():
+            log.info("removing uncommitted checkpoint directory %s", dirname)
+            self.storage.remove_dir(dirname)
+
+    def _apply_retention(self):
+        if self.keep_chains is None:
+            return
+        try:
+            sc = scan(self.storage)
+            fulls = sorted(q for q, m in sc.manifests.items() if m.kind == "full")
+            if len(fulls) <= self.keep_chains:
+                return
+            oldest_kept = fulls[-self.keep_chains]
+            doomed = sorted((q for q, m in sc.manifests.items() if m.base < oldest_kept), reverse=True)
+            doomed += sorted(q for q in list(sc.corrupt) + list(sc.uncommitted) if q < oldest_kept)
+            for q in doomed:
+                m = sc.manifests.get(q)
+                dirname = m.dir if m else self.storage.list_dirs()[q][1]
+                self.storage.remove_manifest(dirname)  # readers stop seeing it first
+                self.storage.remove_dir(dirname)
+        except Exception:  # noqa: BLE001 - retention is best effort; the save is committed
+            log.exception("checkpoint retention failed (the new checkpoint is committed)")
+
+    # ---- restoring -------------------------------------------------------------
+    def restore(self, seq=None, verify=True):
+        """Restores the newest chain (or the chain ending at `seq`) into the model.
+
+        Applies the full then every delta in order: EV rows, slots, versions,
+        frequencies and filtered counts, dense variables and the global step,
+        bit for bit. Every file's size and crc32c is checked against its
+        manifest before anything changes. Returns the caller metadata saved
+        with the restored checkpoint (e.g. the input position).
+
+        Raises:
+          NoCheckpointError: nothing committed (at or before `seq`).
+          ChainError: a delta of the chain is missing or names a wrong parent.
+          CorruptCheckpointError: a file is missing, truncated or corrupt.
+          ValueError: the checkpoint does not match the model (EV names, dims,
+            key dtypes, dense variable names or shapes).
+        """
+        with self._save_lock, self.lock:
+            sc = scan(self.storage)
+            chain = resolve_chain(sc, seq, where=self.root)
+            col = collect(self.model)
+            self._check_compatible(chain, col)
+            if verify:
+                problems = [p for m in chain for p in verify_files(self.storage, m)]
+                if problems:
+                    raise CorruptCheckpointError("cannot restore: " + "; ".join(problems))
+            dirs = [self.storage.local_dir(m.dir, list(m.files)) for m in chain]
+            for name, ev in col.evs.items():
+                for i, (m, d) in enumerate(zip(chain, dirs)):
+                    if name in m.evs:
+                        load_ev(d, ev, name, m.evs[name]["slots"], clear=(i == 0), chunk_rows=self.chunk_rows)
+            last = chain[-1]
+            values = read_dense(dirs[-1], list(col.dense) + [GLOBAL_STEP])
+            for name, v in col.dense.items():
+                v.assign(values[name])
+            if self._global_step is not None:
+                self._global_step.assign(values[GLOBAL_STEP])
+            self._last = last
+            self.storage.close()
+            log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
+            return dict(last.metadata)
+
+    def _check_compatible(self, chain, col):
+        full, last = chain[0], chain[-1]
+        for name, ev in col.evs.items():
+            info = full.evs.get(name)
+            if info is None:
+                raise ValueError(f"EmbeddingVariable {name!r} is not in checkpoint {full.dir} of {self.root} "
+                                 f"(it holds {sorted(full.evs)})")
+            if info["dim"] != ev.dim or info["key_dtype"] != ev.key_dtype.name:
+                raise ValueError(f"EmbeddingVariable {name!r} has dim {ev.dim} / {ev.key_dtype.name} keys, but "
+                                 f"checkpoint {full.dir} holds dim {info['dim']} / {info['key_dtype']}")
+        extra = sorted(set(full.evs) - set(col.evs))
+        if extra:
+            raise ValueError(f"checkpoint {full.dir} of {self.root} holds EmbeddingVariables {extra} that the model "
+                             "lacks; restore into a model that has them")
+        for name, v in col.dense.items():
+            info = last.dense.get(name)
+            if info is None:
+                raise ValueError(f"variable {name!r} is not in checkpoint {last.dir} of {self.root}")
+            if list(info["shape"]) != list(v.shape):
+                raise ValueError(f"variable {name!r} has shape {list(v.shape)}, checkpoint {last.dir} holds "
+                                 f"{info['shape']}")
+
+    # ---- schedules -------------------------------------------------------------
+    def start(self, delta_every=60.0, full_every=None, metadata=None):
+        """Saves on a schedule (apscheduler, background thread) while training goes on.
+
+        Args:
+          delta_every: seconds between deltas (> 0).
+          full_every: seconds between fulls (None: only the first save is a full).
+          metadata: a callable returning the caller metadata of each save
+            (called under `manager.lock`, e.g. the input position).
+        A failed scheduled save is logged and counted (`failures`,
+        `last_error`); its changes go into the next save.
+        """
+        for nm, v in (("delta_every", delta_every), ("full_every", full_every)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+                raise ValueError(f"{nm} must be a positive number of seconds, got {v!r}")
+        if metadata is not None and not callable(metadata):
+            raise TypeError("metadata must be a callable returning a dict")
+        if self._sched is not None:
+            raise RuntimeError("this CheckpointManager's schedule is already running; stop() it first")
+        from apscheduler.schedulers.background import BackgroundScheduler
+        self._metadata_fn = metadata
+        self._sched = BackgroundScheduler(daemon=True)
+        self._sched.add_job(self._scheduled, "interval", seconds=delta_every, args=["delta"], id="delta",
+                            max_instances=1, coalesce=True)
+        if full_every is not None:
+            self._sched.add_job(self._scheduled, "interval", seconds=full_every, args=["full"], id="full",
+                                max_instances=1, coalesce=True)
+        self._sched.start()
+
+    def _scheduled(self, kind):
+        try:
+            if kind == "delta" and self._last is None:
+                kind = "full"
+            self._save(kind, self._metadata_fn)
+        except Exception as e:  # noqa: BLE001 - a scheduler thread must not die
+            self.failures += 1
+            self.last_error = e
+            log.exception("scheduled %s checkpoint failed; the next save carries its changes", kind)
+
+    def stop(self, final_delta=True):
+        """Stops the schedule (waiting for a running save) and, by default,
+        commits a final delta so nothing trained is lost. Returns its seq or None."""
+        if self._sched is not None:
+            self._sched.shutdown(wait=True)
+            self._sched = None
+        if final_delta:
+            return self._save("delta" if self._last is not None else "full", self._metadata_fn)
+        return None

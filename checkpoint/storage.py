@@ -1,0 +1,177 @@
+"""Checkpoint roots on any fsspec filesystem.
+
+Local roots are written in place (bundle files straight into the checkpoint
+directory, fsynced). Other filesystems (s3://, gs://, memory://, ...) are
+staged: the bundle is written to a local temporary directory, uploaded file by
+file, and the manifest is uploaded last (a single object put, atomic on object
+stores). Reads of remote checkpoints download a directory to a local cache
+directory first, because the native reader reads local files.
+"""
+import os
+import posixpath
+import shutil
+import tempfile
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from checkpoint.manifest import MANIFEST, Manifest, parse_dir_name
+
+__all__ = ["Storage"]
+
+
+class Storage:
+    """A checkpoint root: `Storage("/data/ckpt")`, `Storage("memory://job")`, `Storage("s3://b/p")`."""
+
+    def __init__(self, root, storage_options=None):
+        if not isinstance(root, (str, os.PathLike)) or not str(root):
+            raise ValueError(f"checkpoint root must be a path or an fsspec URL, got {root!r}")
+        self.url = str(root)
+        self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.local = isinstance(self.fs, LocalFileSystem)
+        if self.local:
+            self.path = os.path.abspath(self.path)
+        self._cache = None
+
+    def __repr__(self):
+        return f"Storage({self.url!r})"
+
+    def join(self, *parts):
+        return posixpath.join(self.path, *parts) if not self.local else os.path.join(self.path, *parts)
+
+    def makedirs(self, path):
+        self.fs.makedirs(path, exist_ok=True)
+
+    def list_dirs(self):
+        """{seq: (kind, dirname)} of every checkpoint-shaped directory, committed or not."""
+        try:
+            names = self.fs.ls(self.path, detail=False)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for full in names:
+            name = posixpath.basename(str(full).rstrip("/"))
+            parsed = parse_dir_name(name)
+            if parsed:
+                out[parsed[1]] = (parsed[0], name)
+        return out
+
+    def has_manifest(self, dirname):
+        return self.fs.exists(self.join(dirname, MANIFEST))
+
+    def read_manifest(self, dirname):
+        path = self.join(dirname, MANIFEST)
+        with self.fs.open(path, "rb") as f:
+            text = f.read()
+        m = Manifest.from_json(text, where=self._display(path))
+        kind_seq = parse_dir_name(dirname)
+        if kind_seq != (m.kind, m.seq):
+            from checkpoint.errors import CorruptCheckpointError
+            raise CorruptCheckpointError(f"{self._display(path)}: manifest says {m.kind} {m.seq}, "
+                                         f"but it lives in directory {dirname}")
+        return m
+
+    def write_manifest(self, dirname, manifest):
+        """Writes MANIFEST.json atomically and durably: the commit point."""
+        data = manifest.to_json().encode()
+        path = self.join(dirname, MANIFEST)
+        if self.local:
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(os.path.dirname(path))
+        else:
+            self.fs.pipe_file(path, data)
+
+    def remove_manifest(self, dirname):
+        try:
+            self.fs.rm_file(self.join(dirname, MANIFEST))
+        except FileNotFoundError:
+            pass
+        if self.local:
+            _fsync_dir(self.join(dirname))
+
+    def remove_dir(self, dirname):
+        path = self.join(dirname)
+        if self.local:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        try:
+            self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def file_size(self, dirname, name):
+        return self.fs.size(self.join(dirname, name))
+
+    def open(self, dirname, name):
+        return self.fs.open(self.join(dirname, name), "rb")
+
+    # ---- writing: where the native writer puts the bundle -------------------
+    def staging_dir(self, dirname):
+        """Local directory to write the bundle of `dirname` into."""
+        if self.local:
+            path = self.join(dirname)
+            os.makedirs(path, exist_ok=True)
+            _fsync_dir(self.path)
+            return path
+        return tempfile.mkdtemp(prefix=f"evstore-stage-{dirname}-")
+
+    def upload(self, staging, dirname, names):
+        """Copies staged files to the root (no-op for local roots)."""
+        if self.local:
+            return
+        remote = self.join(dirname)
+        self.makedirs(remote)
+        for name in names:
+            self.fs.put_file(os.path.join(staging, name), posixpath.join(remote, name))
+
+    def discard_staging(self, staging):
+        if not self.local:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # ---- reading: a local directory holding a checkpoint's files ------------
+    def local_dir(self, dirname, names):
+        """A local directory with `names` of checkpoint `dirname` (downloaded for remote roots)."""
+        if self.local:
+            return self.join(dirname)
+        if self._cache is None:
+            self._cache = tempfile.mkdtemp(prefix="evstore-ckpt-cache-")
+        dst = os.path.join(self._cache, dirname)
+        os.makedirs(dst, exist_ok=True)
+        for name in names:
+            target = os.path.join(dst, name)
+            if not os.path.exists(target):
+                self.fs.get_file(self.join(dirname, name), target + ".part")
+                os.replace(target + ".part", target)
+        return dst
+
+    def close(self):
+        if self._cache:
+            shutil.rmtree(self._cache, ignore_errors=True)
+            self._cache = None
+
+    def _display(self, path):
+        if self.local:
+            return path
+        proto = self.fs.protocol[0] if isinstance(self.fs.protocol, (tuple, list)) else self.fs.protocol
+        return f"{proto}://{path.lstrip('/')}" if proto not in ("file", "local") else path
+
+    def display(self, dirname, name=None):
+        return self._display(self.join(dirname, name) if name else self.join(dirname))
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,158 @@
+// Streaming readout of a Table for checkpoints. No TensorFlow here.
+//
+// A checkpoint writer implements ExportSink and receives the table in chunks
+// of at most `chunk_rows` keys, so a save needs one chunk of extra memory, not
+// a copy of the table:
+//   Rows(keys, rows, stride, versions, freqs, n)  admitted keys; row i is
+//        rows[i*stride .. i*stride + stride): embedding then the slots named
+//        in the export's `slots` (a prefix of the table's slots).
+//   Filtered(keys, freqs, n)                      counted, not admitted keys.
+//   Deleted(keys, n)                              keys erased since the last
+//        committed export (deltas only).
+//
+// Consistency under concurrent training
+//   * Full: segments are visited one at a time; each segment is read under
+//     its shared lock, chunk flushes included, so every row is a value it had
+//     during the export (never torn) and a segment is one instant. Keys
+//     inserted or changed after the snapshot was sealed may or may not be in
+//     the full; they are in the table's open dirty set either way, so the next
+//     delta carries them (a chain never misses a change).
+//   * Delta: the sealed snapshot's dirty keys are read in chunks (Table::Read,
+//     per-key lock). A dirty key erased since the seal is skipped: its
+//     deletion is in the open deleted set, hence in the next delta.
+//   * Slots added while an export runs (an optimizer's first apply) are
+//     appended after the existing ones, so the captured slot prefix stays
+//     valid; the new slots reach the next checkpoint through the dirty set.
+// A sink reports failure by throwing; the lock guards release on unwind and
+// the caller aborts the snapshot.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "table.h"
+
+namespace evstore {
+
+template <typename K>
+class ExportSink {
+ public:
+  virtual ~ExportSink() = default;
+  virtual void Rows(const K* keys, const float* rows, int stride, const int64_t* versions, const int64_t* freqs,
+                    int64_t n) = 0;
+  virtual void Filtered(const K* keys, const int64_t* freqs, int64_t n) = 0;
+  virtual void Deleted(const K* keys, int64_t n) = 0;
+};
+
+struct ExportCounts {
+  int64_t rows = 0;
+  int64_t filtered = 0;
+  int64_t deleted = 0;
+};
+
+namespace export_internal {
+
+// Chunk buffers shared by both export kinds.
+template <typename K>
+struct Chunk {
+  Chunk(int stride, int64_t cap) : stride(stride), cap(cap) {
+    keys.reserve(cap);
+    rows.reserve(cap * stride);
+    versions.reserve(cap);
+    freqs.reserve(cap);
+    fkeys.reserve(cap);
+    ffreqs.reserve(cap);
+  }
+  const int stride;
+  const int64_t cap;
+  std::vector<K> keys;
+  std::vector<float> rows;
+  std::vector<int64_t> versions, freqs;
+  std::vector<K> fkeys;
+  std::vector<int64_t> ffreqs;
+
+  void FlushRows(ExportSink<K>* sink, ExportCounts* c) {
+    if (keys.empty()) return;
+    sink->Rows(keys.data(), rows.data(), stride, versions.data(), freqs.data(), keys.size());
+    c->rows += keys.size();
+    keys.clear();
+    rows.clear();
+    versions.clear();
+    freqs.clear();
+  }
+  void FlushFiltered(ExportSink<K>* sink, ExportCounts* c) {
+    if (fkeys.empty()) return;
+    sink->Filtered(fkeys.data(), ffreqs.data(), fkeys.size());
+    c->filtered += fkeys.size();
+    fkeys.clear();
+    ffreqs.clear();
+  }
+};
+
+}  // namespace export_internal
+
+// Every key of the table. `num_slots` is the slot prefix written with each row.
+template <typename K>
+ExportCounts ExportFull(const Table<K>& t, int num_slots, int64_t chunk_rows, ExportSink<K>* sink) {
+  const int stride = t.dim() * (1 + num_slots);
+  export_internal::Chunk<K> ch(stride, chunk_rows < 1 ? 1 : chunk_rows);
+  ExportCounts c;
+  for (int s = 0; s < t.num_segments(); ++s) {
+    t.ForEachInSegment(s, [&](const ExportedKey<K>& x, const float* row) {
+      if (x.admitted) {
+        ch.keys.push_back(x.key);
+        ch.rows.insert(ch.rows.end(), row, row + stride);
+        ch.versions.push_back(x.version);
+        ch.freqs.push_back(x.freq);
+        if (static_cast<int64_t>(ch.keys.size()) == ch.cap) ch.FlushRows(sink, &c);
+      } else {
+        ch.fkeys.push_back(x.key);
+        ch.ffreqs.push_back(x.freq);
+        if (static_cast<int64_t>(ch.fkeys.size()) == ch.cap) ch.FlushFiltered(sink, &c);
+      }
+    });
+  }
+  ch.FlushRows(sink, &c);
+  ch.FlushFiltered(sink, &c);
+  return c;
+}
+
+// The sealed snapshot's changes: dirty keys' current state, deleted keys.
+template <typename K>
+ExportCounts ExportDelta(const Table<K>& t, const typename Table<K>::Snapshot& snap, int num_slots,
+                         int64_t chunk_rows, ExportSink<K>* sink) {
+  const int stride = t.dim() * (1 + num_slots);
+  const int64_t cap = chunk_rows < 1 ? 1 : chunk_rows;
+  export_internal::Chunk<K> ch(stride, cap);
+  ExportCounts c;
+  std::vector<uint8_t> present(cap), admitted(cap);
+  std::vector<int64_t> versions(cap), freqs(cap);
+  std::vector<float> rows(cap * stride);
+  const int64_t n = snap.dirty.size();
+  for (int64_t lo = 0; lo < n; lo += cap) {
+    const int64_t m = std::min(cap, n - lo);
+    const K* keys = snap.dirty.data() + lo;
+    t.Read(keys, m, stride, present.data(), admitted.data(), versions.data(), freqs.data(), rows.data());
+    for (int64_t i = 0; i < m; ++i) {
+      if (!present[i]) continue;  // erased since the seal: in the next delta's deleted keys
+      if (admitted[i]) {
+        ch.keys.push_back(keys[i]);
+        ch.rows.insert(ch.rows.end(), rows.data() + i * stride, rows.data() + (i + 1) * stride);
+        ch.versions.push_back(versions[i]);
+        ch.freqs.push_back(freqs[i]);
+      } else {
+        ch.fkeys.push_back(keys[i]);
+        ch.ffreqs.push_back(freqs[i]);
+      }
+    }
+    ch.FlushRows(sink, &c);
+    ch.FlushFiltered(sink, &c);
+  }
+  for (size_t lo = 0; lo < snap.deleted.size(); lo += cap) {
+    const int64_t m = std::min<int64_t>(cap, snap.deleted.size() - lo);
+    sink->Deleted(snap.deleted.data() + lo, m);
+    c.deleted += m;
+  }
+  return c;
+}
+
+}  // namespace evstore

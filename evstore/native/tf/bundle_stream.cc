@@ -1,0 +1,360 @@
+// Streaming tensor bundle writer and reader (see bundle_stream.h).
+#include "bundle_stream.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.pb.h"
+#include "tensorflow/core/framework/versions.pb.h"
+#include "tensorflow/core/util/tensor_bundle/naming.h"
+#include "tensorflow/core/util/tensor_bundle/tensor_bundle.h"
+#include "xla/tsl/lib/hash/crc32c.h"
+#include "xla/tsl/lib/io/iterator.h"
+#include "xla/tsl/lib/io/table.h"
+#include "xla/tsl/lib/io/table_builder.h"
+#include "xla/tsl/lib/io/table_options.h"
+#include "xla/tsl/platform/env.h"
+
+namespace evstore {
+namespace tf {
+
+namespace {
+
+std::runtime_error IoError(const std::string& what, const std::string& path) {
+  return std::runtime_error(what + " '" + path + "': " + std::strerror(errno));
+}
+
+std::string Dirname(const std::string& p) {
+  size_t i = p.rfind('/');
+  return i == std::string::npos ? "." : (i == 0 ? "/" : p.substr(0, i));
+}
+
+void FsyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // best effort: some filesystems do not allow it
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void ThrowIfError(const absl::Status& s, const std::string& what) {
+  if (!s.ok()) throw std::runtime_error(what + ": " + std::string(s.message()));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ OutFile
+
+OutFile::OutFile(std::string path) : path_(std::move(path)), buf_(kBufferBytes) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError("cannot create checkpoint file", path_);
+}
+
+OutFile::~OutFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void OutFile::Write(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  crc_ = tsl::crc32c::Extend(crc_, p, n);
+  size_ += n;
+  while (n > 0) {
+    size_t take = std::min(n, buf_.size() - used_);
+    std::memcpy(buf_.data() + used_, p, take);
+    used_ += take;
+    p += take;
+    n -= take;
+    if (used_ == buf_.size()) Flush();
+  }
+}
+
+void OutFile::Flush() {
+  size_t off = 0;
+  while (off < used_) {
+    ssize_t w = ::write(fd_, buf_.data() + off, used_ - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("cannot write checkpoint file", path_);
+    }
+    off += static_cast<size_t>(w);
+  }
+  used_ = 0;
+}
+
+void OutFile::Close(bool sync) {
+  if (fd_ < 0) return;
+  Flush();
+  if (sync && ::fsync(fd_) != 0) throw IoError("cannot fsync checkpoint file", path_);
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    throw IoError("cannot close checkpoint file", path_);
+  }
+  fd_ = -1;
+  std::vector<char>().swap(buf_);
+}
+
+// ------------------------------------------------------------------ writer
+
+BundleStreamWriter::BundleStreamWriter(std::string prefix) : prefix_(std::move(prefix)) {
+  std::string tmp = prefix_ + ".tmp-main";
+  main_ = std::make_unique<OutFile>(tmp);
+  created_.push_back(tmp);
+}
+
+BundleStreamWriter::~BundleStreamWriter() {
+  if (finished_) return;
+  main_.reset();
+  for (auto& c : cols_) c.file.reset();
+  for (const auto& p : created_) ::unlink(p.c_str());
+}
+
+void BundleStreamWriter::CheckName(const std::string& name) {
+  if (name.empty()) throw std::invalid_argument("checkpoint tensor names must not be empty");
+  if (entries_.count(name)) throw std::invalid_argument("duplicate checkpoint tensor name '" + name + "'");
+  for (const auto& c : cols_)
+    if (c.name == name) throw std::invalid_argument("duplicate checkpoint tensor name '" + name + "'");
+}
+
+void BundleStreamWriter::AddTensor(const std::string& name, const tensorflow::Tensor& t) {
+  CheckName(name);
+  if (!tensorflow::DataTypeCanUseMemcpy(t.dtype()))
+    throw std::invalid_argument("checkpoint tensor '" + name + "' has dtype " +
+                                tensorflow::DataTypeString(t.dtype()) + ", which the streaming writer does not store");
+  tensorflow::BundleEntryProto& e = entries_[name];
+  e.set_dtype(t.dtype());
+  t.shape().AsProto(e.mutable_shape());
+  e.set_shard_id(0);
+  e.set_offset(main_->size());
+  auto bytes = t.tensor_data();
+  main_->Write(bytes.data(), bytes.size());
+  e.set_size(bytes.size());
+  e.set_crc32c(tsl::crc32c::Mask(tsl::crc32c::Value(bytes.data(), bytes.size())));
+}
+
+int BundleStreamWriter::BeginColumn(const std::string& name, tensorflow::DataType dtype,
+                                    std::vector<int64_t> inner_dims) {
+  CheckName(name);
+  Column c;
+  c.name = name;
+  c.dtype = dtype;
+  int64_t elems = 1;
+  for (int64_t d : inner_dims) elems *= d;
+  c.inner = std::move(inner_dims);
+  c.row_bytes = elems * tensorflow::DataTypeSize(dtype);
+  c.temp_path = prefix_ + ".tmp-" + std::to_string(cols_.size());
+  created_.push_back(c.temp_path);
+  c.file = std::make_unique<OutFile>(c.temp_path);
+  cols_.push_back(std::move(c));
+  return static_cast<int>(cols_.size()) - 1;
+}
+
+void BundleStreamWriter::Append(int col, const void* data, int64_t rows) {
+  Column& c = cols_.at(col);
+  if (c.ended) throw std::logic_error("column '" + c.name + "' already ended");
+  c.file->Write(data, rows * c.row_bytes);
+  c.rows += rows;
+}
+
+void BundleStreamWriter::EndColumn(int col) {
+  Column& c = cols_.at(col);
+  if (c.ended) return;
+  c.file->Close(/*sync=*/true);
+  c.size = c.file->size();
+  c.crc = c.file->crc();
+  c.file.reset();
+  c.ended = true;
+}
+
+std::vector<BundleFile> BundleStreamWriter::Finish() {
+  for (size_t i = 0; i < cols_.size(); ++i) EndColumn(static_cast<int>(i));
+  main_->Close(/*sync=*/true);
+  // Shard ids: 0 = whole tensors; 1.. = non-empty columns in creation order.
+  int nonempty = 0;
+  for (const auto& c : cols_) nonempty += c.size > 0;
+  const int num_shards = 1 + nonempty;
+  std::vector<BundleFile> files;
+  auto rename = [&](const std::string& from, int shard, int64_t size, uint32_t crc) {
+    std::string to = tensorflow::DataFilename(prefix_, shard, num_shards);
+    if (::rename(from.c_str(), to.c_str()) != 0) throw IoError("cannot rename checkpoint file to", to);
+    created_.push_back(to);
+    files.push_back({to.substr(to.rfind('/') + 1), size, crc});
+  };
+  rename(prefix_ + ".tmp-main", 0, main_->size(), main_->crc());
+  int shard = 1;
+  for (auto& c : cols_) {
+    tensorflow::BundleEntryProto& e = entries_[c.name];
+    e.set_dtype(c.dtype);
+    tensorflow::TensorShape shape({c.rows});
+    for (int64_t d : c.inner) shape.AddDim(d);
+    shape.AsProto(e.mutable_shape());
+    e.set_size(c.size);
+    e.set_crc32c(tsl::crc32c::Mask(c.crc));
+    if (c.size == 0) {
+      e.set_shard_id(0);
+      e.set_offset(0);
+      ::unlink(c.temp_path.c_str());
+    } else {
+      e.set_shard_id(shard);
+      e.set_offset(0);
+      rename(c.temp_path, shard++, c.size, c.crc);
+    }
+  }
+  // The index, written last (as BundleWriter does): header entry, then the
+  // entries sorted by name (std::map order = the table's byte order).
+  const std::string index = tensorflow::MetaFilename(prefix_);
+  const std::string index_tmp = index + ".tmp";
+  created_.push_back(index_tmp);
+  {
+    std::unique_ptr<tsl::WritableFile> f;
+    ThrowIfError(tsl::Env::Default()->NewWritableFile(index_tmp, &f), "cannot create " + index_tmp);
+    tsl::table::Options opts;
+    opts.compression = tsl::table::kNoCompression;
+    tsl::table::TableBuilder builder(opts, f.get());
+    tensorflow::BundleHeaderProto header;
+    header.set_num_shards(num_shards);
+    header.set_endianness(tensorflow::BundleHeaderProto::LITTLE);
+    header.mutable_version()->set_producer(tensorflow::kTensorBundleVersion);
+    header.mutable_version()->set_min_consumer(tensorflow::kTensorBundleMinConsumer);
+    builder.Add(tensorflow::kHeaderEntryKey, header.SerializeAsString());
+    for (const auto& kv : entries_) builder.Add(kv.first, kv.second.SerializeAsString());
+    ThrowIfError(builder.Finish(), "cannot write " + index_tmp);
+    ThrowIfError(f->Sync(), "cannot fsync " + index_tmp);
+    ThrowIfError(f->Close(), "cannot close " + index_tmp);
+  }
+  if (::rename(index_tmp.c_str(), index.c_str()) != 0) throw IoError("cannot rename checkpoint index to", index);
+  created_.push_back(index);
+  // Index file size and crc, for the caller's manifest.
+  {
+    int fd = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError("cannot reopen", index);
+    std::vector<char> buf(1 << 16);
+    uint32_t crc = 0;
+    int64_t size = 0;
+    ssize_t r;
+    while ((r = ::read(fd, buf.data(), buf.size())) > 0) {
+      crc = tsl::crc32c::Extend(crc, buf.data(), r);
+      size += r;
+    }
+    ::close(fd);
+    if (r < 0) throw IoError("cannot read", index);
+    files.push_back({index.substr(index.rfind('/') + 1), size, crc});
+  }
+  FsyncDir(Dirname(prefix_));
+  finished_ = true;
+  return files;
+}
+
+// ------------------------------------------------------------------ reader
+
+BundleStreamReader::BundleStreamReader(std::string prefix) : prefix_(std::move(prefix)) {
+  const std::string index = tensorflow::MetaFilename(prefix_);
+  tsl::Env* env = tsl::Env::Default();
+  uint64_t size = 0;
+  ThrowIfError(env->GetFileSize(index, &size), "cannot read checkpoint index " + index);
+  std::unique_ptr<tsl::RandomAccessFile> file;
+  ThrowIfError(env->NewRandomAccessFile(index, &file), "cannot open checkpoint index " + index);
+  tsl::table::Table* raw = nullptr;
+  ThrowIfError(tsl::table::Table::Open(tsl::table::Options(), file.get(), size, &raw),
+               "corrupt checkpoint index " + index);
+  std::unique_ptr<tsl::table::Table> table(raw);
+  std::unique_ptr<tsl::table::Iterator> it(table->NewIterator());
+  bool header = false;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    std::string key(it->key());
+    auto value = it->value();
+    if (key.empty()) {
+      tensorflow::BundleHeaderProto h;
+      if (!h.ParseFromArray(value.data(), static_cast<int>(value.size())))
+        throw std::runtime_error("corrupt checkpoint index " + index + ": bad header");
+      num_shards_ = h.num_shards();
+      header = true;
+      continue;
+    }
+    tensorflow::BundleEntryProto e;
+    if (!e.ParseFromArray(value.data(), static_cast<int>(value.size())))
+      throw std::runtime_error("corrupt checkpoint index " + index + ": bad entry for '" + key + "'");
+    entries_.emplace(std::move(key), std::move(e));
+  }
+  ThrowIfError(it->status(), "corrupt checkpoint index " + index);
+  if (!header || num_shards_ < 1) throw std::runtime_error("corrupt checkpoint index " + index + ": no header");
+}
+
+const tensorflow::BundleEntryProto& BundleStreamReader::Entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end())
+    throw std::runtime_error("checkpoint " + prefix_ + " has no tensor '" + name + "'");
+  return it->second;
+}
+
+std::string BundleStreamReader::DataPath(int shard) const {
+  return tensorflow::DataFilename(prefix_, shard, num_shards_);
+}
+
+BundleStreamReader::Column::Column(const BundleStreamReader& r, const std::string& name,
+                                   tensorflow::DataType dtype, int64_t inner_elems)
+    : name_(name) {
+  const tensorflow::BundleEntryProto& e = r.Entry(name);
+  if (e.dtype() != dtype)
+    throw std::invalid_argument("checkpoint tensor '" + name + "' has dtype " +
+                                tensorflow::DataTypeString(e.dtype()) + ", expected " +
+                                tensorflow::DataTypeString(dtype));
+  tensorflow::TensorShape shape(e.shape());
+  int64_t inner = 1;
+  for (int i = 1; i < shape.dims(); ++i) inner *= shape.dim_size(i);
+  if (shape.dims() < 1 || inner != inner_elems)
+    throw std::invalid_argument("checkpoint tensor '" + name + "' has shape " + shape.DebugString() +
+                                ", expected [N, " + std::to_string(inner_elems) + " elements per row]");
+  rows_ = shape.dim_size(0);
+  row_bytes_ = inner * tensorflow::DataTypeSize(dtype);
+  if (e.size() != rows_ * row_bytes_)
+    throw std::runtime_error("checkpoint index entry for '" + name + "' is corrupt (size " + std::to_string(e.size()) +
+                             " for " + std::to_string(rows_) + " rows)");
+  if (e.shard_id() < 0 || e.shard_id() >= r.num_shards_)
+    throw std::runtime_error("checkpoint index entry for '" + name + "' names a missing shard");
+  path_ = r.DataPath(e.shard_id());
+  offset_ = e.offset();
+  end_ = e.offset() + e.size();
+  want_crc_ = tsl::crc32c::Unmask(e.crc32c());
+  if (e.size() == 0) return;
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw IoError("cannot open checkpoint data file", path_);
+  struct stat st;
+  if (::fstat(fd_, &st) != 0 || st.st_size < end_)
+    throw std::runtime_error("checkpoint data file '" + path_ + "' is truncated (tensor '" + name + "' needs " +
+                             std::to_string(end_) + " bytes)");
+}
+
+BundleStreamReader::Column::~Column() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void BundleStreamReader::Column::Read(void* dst, int64_t rows) {
+  int64_t n = rows * row_bytes_;
+  if (offset_ + n > end_) throw std::logic_error("read past the end of tensor '" + name_ + "'");
+  char* p = static_cast<char*>(dst);
+  int64_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd_, p + done, n - done, offset_ + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw std::runtime_error("short read of tensor '" + name_ + "' from '" + path_ + "'");
+    done += r;
+  }
+  crc_ = tsl::crc32c::Extend(crc_, p, n);
+  offset_ += n;
+}
+
+void BundleStreamReader::Column::Finish() {
+  if (offset_ != end_) throw std::logic_error("tensor '" + name_ + "' not fully read");
+  if (crc_ != want_crc_)
+    throw std::runtime_error("checksum mismatch in checkpoint data file '" + path_ + "' (tensor '" + name_ +
+                             "'): the file is corrupt");
+}
+
+}  // namespace tf
+}  // namespace evstore

@@ -1,0 +1,136 @@
+// Streaming TensorFlow tensor bundles (the format of tf.train.Checkpoint and
+// tf.compat.v1.train.Saver) for EmbeddingVariable checkpoints.
+//
+// Why not BundleWriter: BundleWriter (and AddSlice) needs each tensor's full
+// shape before its first byte, but a live table's row count is only known
+// once the rows have been read, and holding the table still for a save would
+// stop training. The bundle format itself does not need it: a tensor is a
+// contiguous byte range (shard, offset, size, crc32c) in one of the data
+// files, and the index is written last. So each streamed tensor gets a data
+// file (shard) of its own, appended chunk by chunk; whole tensors (dense
+// variables, global step) share shard 0. Finish() drops empty columns (their
+// entries point at zero bytes of shard 0), names the shards
+// `prefix.data-SSSSS-of-NNNNN`, fsyncs them, and writes `prefix.index`
+// (TensorFlow's table format via tsl::table::TableBuilder, header entry
+// first, then entries sorted by name, exactly what BundleWriter produces), so
+// tf.train.load_checkpoint and BundleReader read every tensor.
+//
+// Memory: one write buffer per open column (kBufferBytes); a column is
+// closed as soon as its EV is done. Nothing holds a copy of the table.
+// Failure: any error leaves the writer failed; its destructor deletes every
+// file it created unless Finish() succeeded.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/protobuf/tensor_bundle.pb.h"
+
+namespace evstore {
+namespace tf {
+
+// An append-only local file that keeps its size and crc32c as it goes.
+class OutFile {
+ public:
+  static constexpr size_t kBufferBytes = 1 << 20;
+  explicit OutFile(std::string path);  // throws std::runtime_error
+  ~OutFile();
+  void Write(const void* data, size_t n);  // throws std::runtime_error
+  void Close(bool sync);                    // flush (+ fsync), throws
+  const std::string& path() const { return path_; }
+  int64_t size() const { return size_; }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  void Flush();
+  std::string path_;
+  int fd_ = -1;
+  std::vector<char> buf_;
+  size_t used_ = 0;
+  int64_t size_ = 0;
+  uint32_t crc_ = 0;
+};
+
+struct BundleFile {
+  std::string name;  // basename
+  int64_t size;
+  uint32_t crc32c;   // of the whole file, unmasked
+};
+
+class BundleStreamWriter {
+ public:
+  explicit BundleStreamWriter(std::string prefix);
+  ~BundleStreamWriter();
+  BundleStreamWriter(const BundleStreamWriter&) = delete;
+  BundleStreamWriter& operator=(const BundleStreamWriter&) = delete;
+
+  // A whole tensor (memcpy-able dtype) in shard 0. Throws on error.
+  void AddTensor(const std::string& name, const tensorflow::Tensor& t);
+  // A streamed tensor of shape [rows] + inner_dims; returns its column id.
+  int BeginColumn(const std::string& name, tensorflow::DataType dtype, std::vector<int64_t> inner_dims);
+  // Appends `rows` rows (row-major, inner_dims elements each).
+  void Append(int col, const void* data, int64_t rows);
+  // Flushes and closes a column's file (frees its buffer).
+  void EndColumn(int col);
+  // Renames the shards, writes the index, fsyncs. Returns the files written.
+  std::vector<BundleFile> Finish();
+
+ private:
+  struct Column {
+    std::string name;
+    tensorflow::DataType dtype;
+    std::vector<int64_t> inner;
+    int64_t row_bytes;
+    int64_t rows = 0;
+    std::unique_ptr<OutFile> file;
+    std::string temp_path;
+    int64_t size = 0;
+    uint32_t crc = 0;
+    bool ended = false;
+  };
+  void CheckName(const std::string& name);
+  std::string prefix_;
+  std::unique_ptr<OutFile> main_;  // shard 0
+  std::vector<Column> cols_;
+  std::map<std::string, tensorflow::BundleEntryProto> entries_;
+  std::vector<std::string> created_;  // every path to delete on failure
+  bool finished_ = false;
+};
+
+// Reads a bundle's index and streams tensors chunk by chunk, checking each
+// tensor's size against its entry and its crc32c at the end.
+class BundleStreamReader {
+ public:
+  explicit BundleStreamReader(std::string prefix);  // throws std::runtime_error naming the file
+  bool Has(const std::string& name) const { return entries_.count(name) != 0; }
+  const tensorflow::BundleEntryProto& Entry(const std::string& name) const;  // throws if missing
+  std::string DataPath(int shard) const;
+
+  // One tensor opened for sequential chunked reads.
+  class Column {
+   public:
+    Column(const BundleStreamReader& r, const std::string& name, tensorflow::DataType dtype,
+           int64_t inner_elems);  // throws on dtype / shape / size mismatch
+    ~Column();
+    int64_t rows() const { return rows_; }
+    void Read(void* dst, int64_t rows);  // next rows; throws on short read
+    void Finish();                        // all rows read: checks the crc32c
+   private:
+    std::string name_, path_;
+    int fd_ = -1;
+    int64_t rows_ = 0, row_bytes_ = 0, offset_ = 0, end_ = 0;
+    uint32_t crc_ = 0, want_crc_ = 0;
+  };
+
+ private:
+  std::string prefix_;
+  int num_shards_ = 1;
+  std::map<std::string, tensorflow::BundleEntryProto> entries_;
+};
+
+}  // namespace tf
+}  // namespace evstore

@@ -1,0 +1,282 @@
+// Kernels of checkpoint_ops.cc: convert tensors, stream the table through
+// core/export.h into a BundleStreamWriter, or from a BundleStreamReader into
+// the table. No table logic here.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/export.h"
+#include "bundle_stream.h"
+#include "kernel_util.h"
+#include "xla/tsl/lib/hash/crc32c.h"
+
+namespace evstore {
+namespace tf {
+namespace {
+
+using tensorflow::DataType;
+using tensorflow::DataTypeToEnum;
+using tensorflow::ResourceHandle;
+
+// Test hook for the crash tests (a real saver killed mid data file): with
+// EVSTORE_FAILPOINT=bundle-mid-data the writer, after its first chunk, creates
+// $EVSTORE_FAILPOINT_FILE and waits to be killed.
+void MaybePauseMidData() {
+  const char* fp = std::getenv("EVSTORE_FAILPOINT");
+  if (!fp || std::string(fp) != "bundle-mid-data") return;
+  if (const char* f = std::getenv("EVSTORE_FAILPOINT_FILE")) std::ofstream(f) << "paused\n";
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// Streams one EV's export into writer columns.
+template <typename K>
+class BundleSink : public ExportSink<K> {
+ public:
+  BundleSink(BundleStreamWriter* w, const std::string& name, int dim, const SlotSpecs& slots, bool delta)
+      : w_(w), dim_(dim) {
+    const DataType kd = DataTypeToEnum<K>::v();
+    keys_ = w->BeginColumn(name + "-keys", kd, {});
+    values_ = w->BeginColumn(name + "-values", tensorflow::DT_FLOAT, {dim});
+    versions_ = w->BeginColumn(name + "-versions", tensorflow::DT_INT64, {});
+    freqs_ = w->BeginColumn(name + "-freqs", tensorflow::DT_INT64, {});
+    for (const auto& s : slots) slot_cols_.push_back(w->BeginColumn(name + "/" + s.first + "-values",
+                                                                    tensorflow::DT_FLOAT, {dim}));
+    fkeys_ = w->BeginColumn(name + "-keys_filtered", kd, {});
+    ffreqs_ = w->BeginColumn(name + "-freqs_filtered", tensorflow::DT_INT64, {});
+    if (delta) deleted_ = w->BeginColumn(name + "-deleted_keys", kd, {});
+  }
+  void Rows(const K* keys, const float* rows, int stride, const int64_t* versions, const int64_t* freqs,
+            int64_t n) override {
+    w_->Append(keys_, keys, n);
+    w_->Append(versions_, versions, n);
+    w_->Append(freqs_, freqs, n);
+    // Split [embedding | slots...] rows into one contiguous column each.
+    buf_.resize(static_cast<size_t>(n) * dim_);
+    for (int c = 0; c <= static_cast<int>(slot_cols_.size()); ++c) {
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(buf_.data() + i * dim_, rows + i * stride + c * dim_, dim_ * sizeof(float));
+      w_->Append(c == 0 ? values_ : slot_cols_[c - 1], buf_.data(), n);
+    }
+    MaybePauseMidData();
+  }
+  void Filtered(const K* keys, const int64_t* freqs, int64_t n) override {
+    w_->Append(fkeys_, keys, n);
+    w_->Append(ffreqs_, freqs, n);
+  }
+  void Deleted(const K* keys, int64_t n) override { w_->Append(deleted_, keys, n); }
+  void End() {
+    for (int c : {keys_, values_, versions_, freqs_, fkeys_, ffreqs_}) w_->EndColumn(c);
+    for (int c : slot_cols_) w_->EndColumn(c);
+    if (deleted_ >= 0) w_->EndColumn(deleted_);
+  }
+
+ private:
+  BundleStreamWriter* w_;
+  int dim_;
+  int keys_, values_, versions_, freqs_, fkeys_, ffreqs_, deleted_ = -1;
+  std::vector<int> slot_cols_;
+  std::vector<float> buf_;
+};
+
+template <typename K>
+ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStreamWriter* w, const std::string& name,
+                     int64_t snapshot_id, bool full, int64_t chunk_rows, std::vector<std::string>* slot_names,
+                     absl::Status* st) {
+  tensorflow::core::RefCountPtr<EvResource<K>> res;
+  *st = tensorflow::LookupResource(ctx, h, &res);
+  if (!st->ok()) {
+    *st = errors::FailedPrecondition("EmbeddingVariable '", name, "' is not available for saving (", st->message(),
+                                     ")");
+    return {};
+  }
+  Table<K>& t = res->table();
+  auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
+  SlotSpecs slots = t.slots();
+  for (const auto& s : slots) slot_names->push_back(name + "/" + s.first);
+  BundleSink<K> sink(w, name, t.dim(), slots, !full);
+  ExportCounts c = full ? ExportFull(t, static_cast<int>(slots.size()), chunk_rows, &sink)
+                        : ExportDelta(t, *snap, static_cast<int>(slots.size()), chunk_rows, &sink);
+  sink.End();
+  return c;
+}
+
+class EvSaveBundleOp : public OpKernel {
+ public:
+  explicit EvSaveBundleOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("key_dtypes", &key_dtypes_));
+    OP_REQUIRES_OK(c, c->GetAttr("full", &full_));
+    OP_REQUIRES_OK(c, c->GetAttr("chunk_rows", &chunk_rows_));
+    OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    const std::string prefix(ctx->input(0).scalar<tensorflow::tstring>()());
+    tensorflow::OpInputList handles, dense;
+    OP_REQUIRES_OK(ctx, ctx->input_list("handles", &handles));
+    OP_REQUIRES_OK(ctx, ctx->input_list("dense", &dense));
+    const Tensor& names = ctx->input(1 + handles.size());
+    const Tensor& snaps = ctx->input(2 + handles.size());
+    const Tensor& dense_names = ctx->input(3 + handles.size());
+    const int n = handles.size();
+    OP_REQUIRES(ctx, static_cast<int>(key_dtypes_.size()) == n && names.NumElements() == n &&
+                         snaps.NumElements() == n,
+                errors::InvalidArgument("handles, names, snapshot_ids and key_dtypes must have one entry per EV"));
+    OP_REQUIRES(ctx, dense_names.NumElements() == dense.size(),
+                errors::InvalidArgument("dense_names must name every dense tensor"));
+    std::vector<std::string> slot_names;
+    std::vector<ExportCounts> counts(n);
+    std::vector<BundleFile> files;
+    EV_TRY(ctx, {
+      BundleStreamWriter w(prefix);
+      for (int i = 0; i < dense.size(); ++i)
+        w.AddTensor(std::string(dense_names.flat<tensorflow::tstring>()(i)), dense[i]);
+      for (int i = 0; i < n; ++i) {
+        const ResourceHandle& h = handles[i].scalar<ResourceHandle>()();
+        const std::string name(names.flat<tensorflow::tstring>()(i));
+        const int64_t id = snaps.flat<int64_t>()(i);
+        absl::Status st;
+        if (key_dtypes_[i] == tensorflow::DT_INT64)
+          counts[i] = SaveOne<int64_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st);
+        else
+          counts[i] = SaveOne<int32_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st);
+        OP_REQUIRES_OK(ctx, st);
+      }
+      files = w.Finish();
+    });
+    Tensor *fn, *fs, *fc, *cn, *sn;
+    const int64_t nf = files.size();
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nf}), &fn));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({nf}), &fs));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({nf}), &fc));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({n, 3}), &cn));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({static_cast<int64_t>(slot_names.size())}), &sn));
+    for (int64_t i = 0; i < nf; ++i) {
+      fn->flat<tensorflow::tstring>()(i) = files[i].name;
+      fs->flat<int64_t>()(i) = files[i].size;
+      fc->flat<int64_t>()(i) = files[i].crc32c;
+    }
+    for (int i = 0; i < n; ++i) {
+      cn->matrix<int64_t>()(i, 0) = counts[i].rows;
+      cn->matrix<int64_t>()(i, 1) = counts[i].filtered;
+      cn->matrix<int64_t>()(i, 2) = counts[i].deleted;
+    }
+    for (size_t i = 0; i < slot_names.size(); ++i) sn->flat<tensorflow::tstring>()(i) = slot_names[i];
+  }
+
+ private:
+  std::vector<DataType> key_dtypes_;
+  bool full_;
+  int64_t chunk_rows_;
+};
+
+template <typename K>
+class EvLoadBundleOp : public EvTableOp<K> {
+ public:
+  explicit EvLoadBundleOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_));
+    OP_REQUIRES_OK(c, c->GetAttr("chunk_rows", &chunk_rows_));
+    OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
+  }
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    const std::string prefix(ctx->input(1).scalar<tensorflow::tstring>()());
+    const std::string name(ctx->input(2).scalar<tensorflow::tstring>()());
+    const Tensor& slot_names = ctx->input(3);
+    const int dim = t.dim();
+    const DataType kd = DataTypeToEnum<K>::v();
+    ExportCounts c;
+    EV_TRY(ctx, {
+      BundleStreamReader r(prefix);
+      // Every tensor is opened (and checked against the index) before the
+      // table changes, so a wrong dim, dtype or a missing file changes nothing.
+      using Col = BundleStreamReader::Column;
+      Col keys(r, name + "-keys", kd, 1), values(r, name + "-values", tensorflow::DT_FLOAT, dim),
+          versions(r, name + "-versions", tensorflow::DT_INT64, 1), freqs(r, name + "-freqs", tensorflow::DT_INT64, 1),
+          fkeys(r, name + "-keys_filtered", kd, 1), ffreqs(r, name + "-freqs_filtered", tensorflow::DT_INT64, 1);
+      std::vector<std::unique_ptr<Col>> slots;
+      SlotSpecs want, have = t.slots();
+      for (int64_t i = 0; i < slot_names.NumElements(); ++i) {
+        std::string s(slot_names.flat<tensorflow::tstring>()(i));
+        slots.push_back(std::make_unique<Col>(r, name + "/" + s + "-values", tensorflow::DT_FLOAT, dim));
+        float init = 0.f;
+        for (const auto& h : have)
+          if (h.first == s) init = h.second;
+        want.emplace_back(s, init);
+      }
+      std::unique_ptr<Col> deleted;
+      if (r.Has(name + "-deleted_keys")) deleted = std::make_unique<Col>(r, name + "-deleted_keys", kd, 1);
+      const int64_t n = keys.rows();
+      if (values.rows() != n || versions.rows() != n || freqs.rows() != n || fkeys.rows() != ffreqs.rows())
+        throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
+      for (const auto& s : slots)
+        if (s->rows() != n)
+          throw std::runtime_error("checkpoint " + prefix + ": a slot of '" + name + "' has the wrong row count");
+      std::vector<int> offs = t.EnsureSlots(want);
+      if (clear_) t.Clear();
+      const int64_t cap = chunk_rows_;
+      std::vector<K> kbuf(cap);
+      std::vector<int64_t> vbuf(cap), fbuf(cap);
+      if (deleted) {
+        for (int64_t lo = 0; lo < deleted->rows(); lo += cap) {
+          int64_t m = std::min(cap, deleted->rows() - lo);
+          deleted->Read(kbuf.data(), m);
+          t.Erase(kbuf.data(), m, /*track_deleted=*/false);
+        }
+        deleted->Finish();
+        c.deleted = deleted->rows();
+      }
+      std::vector<float> rows(cap * dim), sbuf(cap * dim * std::max<size_t>(1, slots.size()));
+      for (int64_t lo = 0; lo < n; lo += cap) {
+        int64_t m = std::min(cap, n - lo);
+        keys.Read(kbuf.data(), m);
+        values.Read(rows.data(), m);
+        versions.Read(vbuf.data(), m);
+        freqs.Read(fbuf.data(), m);
+        for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(sbuf.data() + s * m * dim, m);
+        t.ImportRows(kbuf.data(), m, rows.data(), dim, sbuf.data(), dim, m * dim, offs, vbuf.data(), fbuf.data(),
+                     /*mark_dirty=*/false);
+      }
+      for (Col* col : {&keys, &values, &versions, &freqs}) col->Finish();
+      for (const auto& s : slots) s->Finish();
+      for (int64_t lo = 0; lo < fkeys.rows(); lo += cap) {
+        int64_t m = std::min(cap, fkeys.rows() - lo);
+        fkeys.Read(kbuf.data(), m);
+        ffreqs.Read(fbuf.data(), m);
+        t.ImportFiltered(kbuf.data(), m, fbuf.data(), /*mark_dirty=*/false, /*demote=*/true);
+      }
+      fkeys.Finish();
+      ffreqs.Finish();
+      c.rows = n;
+      c.filtered = fkeys.rows();
+    });
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({3}), &out));
+    out->flat<int64_t>()(0) = c.rows;
+    out->flat<int64_t>()(1) = c.filtered;
+    out->flat<int64_t>()(2) = c.deleted;
+  }
+
+ private:
+  bool clear_;
+  int64_t chunk_rows_;
+};
+
+class EvCrc32cExtendOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const int64_t crc = ctx->input(0).scalar<int64_t>()();
+    const auto& data = ctx->input(1).scalar<tensorflow::tstring>()();
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = tsl::crc32c::Extend(static_cast<uint32_t>(crc), data.data(), data.size());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("EvSaveBundle").Device(DEVICE_CPU), EvSaveBundleOp);
+EV_REGISTER_KEYED("EvLoadBundle", EvLoadBundleOp);
+REGISTER_KERNEL_BUILDER(Name("EvCrc32cExtend").Device(DEVICE_CPU), EvCrc32cExtendOp);
+
+}  // namespace
+}  // namespace tf
+}  // namespace evstore

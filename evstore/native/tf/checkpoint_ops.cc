@@ -1,0 +1,72 @@
+// Op registrations for streaming checkpoints (kernels: checkpoint_kernels.cc).
+// The tensor names inside a bundle follow DESIGN section 4:
+//   <name>-keys [N], <name>-values [N, dim], <name>-versions [N], <name>-freqs [N],
+//   <name>/<slot>-values [N, dim], <name>-keys_filtered [M], <name>-freqs_filtered [M],
+//   <name>-deleted_keys [D] (deltas only), and the dense tensors under the given names.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+using tensorflow::shape_inference::InferenceContext;
+
+REGISTER_OP("EvSaveBundle")
+    .Input("prefix: string")
+    .Input("handles: N * resource")
+    .Input("names: string")
+    .Input("snapshot_ids: int64")
+    .Input("dense_names: string")
+    .Input("dense: Tdense")
+    .Attr("N: int >= 0")
+    .Attr("key_dtypes: list({int32, int64}) >= 0")
+    .Attr("Tdense: list(type) >= 0")
+    .Attr("full: bool")
+    .Attr("chunk_rows: int = 65536")
+    .Output("files: string")
+    .Output("file_sizes: int64")
+    .Output("file_crc32c: int64")
+    .Output("counts: int64")
+    .Output("slot_names: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
+      c->set_output(3, c->Matrix(c->UnknownDim(), 3));
+      c->set_output(4, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Writes one tensor bundle at `prefix` holding every EV in `handles` (each under
+its name in `names`) and the dense tensors. Each EV must have an open export
+snapshot (`snapshot_ids`, from EvBeginExport): a full writes every key, a delta
+the snapshot's dirty keys and deleted keys. Rows stream in chunks of
+`chunk_rows` keys. Outputs the files written (basenames, sizes, crc32c), per EV
+[rows, filtered, deleted] counts, and "<name>/<slot>" for every slot written.
+)doc");
+
+REGISTER_OP("EvLoadBundle")
+    .Input("handle: resource")
+    .Input("prefix: string")
+    .Input("ev_name: string")
+    .Input("slot_names: string")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("clear: bool")
+    .Attr("chunk_rows: int = 65536")
+    .Output("counts: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(3));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Applies EV `ev_name` of the bundle at `prefix` to the table: with `clear` the
+table is emptied first (a full), then the deleted keys are erased, the rows
+(values, the named slots, versions, freqs) upserted and the filtered keys set,
+streaming in chunks. Nothing becomes dirty or deleted. Outputs [rows, filtered,
+deleted]. Each tensor's crc32c is checked (DataLoss naming the file).
+)doc");
+
+REGISTER_OP("EvCrc32cExtend")
+    .Input("crc: int64")
+    .Input("data: string")
+    .Output("out: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("crc32c (Castagnoli, unmasked) of `data` continued from `crc`.");

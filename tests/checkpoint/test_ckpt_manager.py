@@ -1,0 +1,289 @@
+"""CheckpointManager: fulls and deltas restore bit for bit, chains, retention,
+failed saves, schedules. In-process; crash tests are in test_ckpt_crash.py."""
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import checkpoint
+import evstore
+from ckpt_model import assert_same_state, ev, make_model, state, train
+
+
+@pytest.fixture
+def model():
+    return make_model()
+
+
+def _restored(root, seq=None):
+    fresh = make_model()
+    meta = checkpoint.CheckpointManager(root, fresh).restore(seq)
+    return fresh, meta
+
+
+def test_full_then_deltas_restore_equals_live_state(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 4)
+    mgr.save_full()
+    train(model, 4, 7)
+    mgr.save_delta()
+    train(model, 7, 9)
+    mgr.save_delta()
+    fresh, _ = _restored(str(tmp_path))
+    assert_same_state(state(fresh), state(model))
+
+
+def test_restore_returns_the_saved_metadata(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 2)
+    mgr.save_full(metadata={"file": "part-0", "row": 128})
+    _, meta = _restored(str(tmp_path))
+    assert meta == {"file": "part-0", "row": 128}
+
+
+def test_restored_training_continues_exactly_like_the_uninterrupted_run(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 3)
+    mgr.save_full()
+    train(model, 3, 6)
+    mgr.save_delta(metadata={"pos": 6})
+    fresh, meta = _restored(str(tmp_path))
+    train(model, 6, 10)
+    train(fresh, meta["pos"], 10)
+    assert_same_state(state(fresh), state(model))
+
+
+def test_sequence_numbers_increase_across_fulls_and_deltas(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    seqs = [mgr.save_full(), mgr.save_delta(), mgr.save_full(), mgr.save_delta()]
+    assert seqs == [1, 2, 3, 4]
+    assert [m.dir for m in mgr.chain()] == ["full-0000000003", "delta-0000000004"]
+    assert mgr.chain()[-1].parent == 3 and mgr.chain()[-1].base == 3
+
+
+def test_empty_delta_commits_and_restores(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 2)
+    mgr.save_full()
+    seq = mgr.save_delta()
+    m = mgr.latest()
+    assert m.seq == seq and m.evs["user"]["rows"] == 0 and m.evs["user"]["deleted"] == 0
+    fresh, _ = _restored(str(tmp_path))
+    assert_same_state(state(fresh), state(model))
+
+
+def test_delta_carries_only_changed_rows(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 6)
+    mgr.save_full()
+    total = int(ev(model, "user").size())
+    x = tf.constant([[10, 10]], tf.int64), tf.constant([[1]], tf.int32)
+    model.train_on_batch(list(x), np.ones((1, 1), np.float32))
+    mgr.save_delta()
+    assert mgr.latest().evs["user"]["rows"] == 1 < total
+
+
+def test_delta_after_removal_carries_the_deleted_keys(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 4)
+    mgr.save_full()
+    user = ev(model, "user")
+    gone = state(model)["user:keys"][:3]
+    user.remove(tf.constant(gone, tf.int64))
+    mgr.save_delta()
+    reader = tf.train.load_checkpoint(os.path.join(str(tmp_path), mgr.latest().dir, "ckpt"))
+    assert sorted(reader.get_tensor("user-deleted_keys").tolist()) == sorted(gone.tolist())
+    fresh, _ = _restored(str(tmp_path))
+    assert_same_state(state(fresh), state(model))
+    assert not np.isin(gone, state(fresh)["user:keys"]).any()
+
+
+def test_key_removed_and_seen_again_restores_as_new_key(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 4)
+    mgr.save_full()
+    user = ev(model, "user")
+    k = int(state(model)["user:keys"][0])
+    user.remove(tf.constant([k], tf.int64))
+    evstore.embedding_lookup(user, tf.constant([k], tf.int64))  # back, counted once: filtered
+    mgr.save_delta()
+    fresh, _ = _restored(str(tmp_path))
+    assert_same_state(state(fresh), state(model))
+    assert k in state(fresh)["user:filtered_keys"]
+
+
+def test_every_tensor_of_full_and_delta_reads_with_tf_load_checkpoint(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 3)
+    mgr.save_full()
+    train(model, 3, 4)
+    mgr.save_delta()
+    for m in mgr.chain():
+        reader = tf.train.load_checkpoint(os.path.join(str(tmp_path), m.dir, "ckpt"))
+        names = reader.get_variable_to_shape_map()
+        want = {f"user{s}" for s in ("-keys", "-values", "-versions", "-freqs", "-keys_filtered",
+                                     "-freqs_filtered")} | {"user/m-values", "user/v-values", "global_step"}
+        if m.kind == "delta":
+            want |= {"user-deleted_keys", "item-deleted_keys"}
+        assert want <= set(names)
+        for n in names:
+            reader.get_tensor(n)
+        assert names["user-values"][1] == 8 and names["user-keys"][0] == m.evs["user"]["rows"]
+
+
+def test_restore_of_an_earlier_sequence_goes_back_in_time(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 3)
+    mgr.save_full()
+    train(model, 3, 5)
+    mgr.save_delta()
+    then = state(model)
+    train(model, 5, 8)
+    mgr.save_delta()
+    fresh, _ = _restored(str(tmp_path), seq=2)
+    assert_same_state(state(fresh), then)
+
+
+def test_saving_after_going_back_in_time_continues_the_restored_branch(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 3)
+    mgr.save_full()
+    train(model, 3, 5)
+    mgr.save_delta()
+    train(model, 5, 8)
+    mgr.save_delta()                        # seq 3, abandoned below
+    fresh = make_model()
+    mgr2 = checkpoint.CheckpointManager(str(tmp_path), fresh)
+    mgr2.restore(seq=2)
+    train(fresh, 5, 6)
+    assert mgr2.save_delta() == 4 and mgr2.latest().parent == 2
+    again, _ = _restored(str(tmp_path))
+    assert_same_state(state(again), state(fresh))
+
+
+def test_save_delta_without_a_full_is_refused(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    with pytest.raises(checkpoint.CheckpointError, match="save_full"):
+        mgr.save_delta()
+
+
+def test_restore_of_an_empty_root_says_so(tmp_path, model):
+    with pytest.raises(checkpoint.NoCheckpointError, match="no committed checkpoint"):
+        checkpoint.CheckpointManager(str(tmp_path / "nothing"), model).restore()
+
+
+def test_memory_filesystem_root_round_trips(model):
+    root = f"memory://evstore-test-{time.time_ns()}"
+    mgr = checkpoint.CheckpointManager(root, model)
+    train(model, 0, 3)
+    mgr.save_full()
+    train(model, 3, 5)
+    mgr.save_delta()
+    fresh, _ = _restored(root)
+    assert_same_state(state(fresh), state(model))
+
+
+def test_retention_keeps_the_last_chains(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model, keep_chains=2)
+    for _ in range(4):
+        mgr.save_full()
+        mgr.save_delta()
+    assert sorted(os.listdir(tmp_path)) == ["delta-0000000006", "delta-0000000008", "full-0000000005",
+                                           "full-0000000007"]
+
+
+def test_failed_save_aborts_and_the_next_delta_carries_every_change(tmp_path, model, monkeypatch):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 3)
+    mgr.save_full()
+    train(model, 3, 6)
+    monkeypatch.setenv("EVSTORE_FAILPOINT", "before-manifest:raise")
+    with pytest.raises(OSError, match="simulated"):
+        mgr.save_delta()
+    assert sorted(os.listdir(tmp_path)) == ["full-0000000001"]  # nothing half-written stays
+    monkeypatch.delenv("EVSTORE_FAILPOINT")
+    mgr.save_delta()
+    fresh, _ = _restored(str(tmp_path))
+    assert_same_state(state(fresh), state(model))
+
+
+def test_many_saves_in_a_row_restore_exactly(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    mgr.save_full()
+    for i in range(12):
+        train(model, i, i + 1)
+        mgr.save_delta(metadata={"pos": i + 1})
+    fresh, meta = _restored(str(tmp_path))
+    assert meta == {"pos": 12} and len(mgr.chain()) == 13
+    assert_same_state(state(fresh), state(model))
+
+
+def test_scheduled_saves_run_while_training_and_stop_commits_the_rest(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    mgr.start(delta_every=0.2, full_every=1.0)
+    pos = 0
+    deadline = time.time() + 2.5
+    while time.time() < deadline or len(os.listdir(tmp_path)) < 3:
+        with mgr.lock:
+            train(model, pos, pos + 1)
+            pos += 1
+    mgr.stop()
+    assert mgr.failures == 0
+    kinds = {m.kind for m in checkpoint.scan(mgr.storage).manifests.values()}
+    assert kinds == {"full", "delta"}
+    fresh, _ = _restored(str(tmp_path))
+    assert_same_state(state(fresh), state(model))
+
+
+def test_saves_concurrent_with_unlocked_training_lose_no_change(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    mgr.save_full()
+    stop = threading.Event()
+    errors = []
+
+    def saver():
+        try:
+            while not stop.is_set():
+                mgr.save_delta()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=saver)
+    t.start()
+    train(model, 0, 15)
+    stop.set()
+    t.join()
+    mgr.save_delta()  # after training stopped: the chain must now equal the live state
+    assert not errors and len(mgr.chain()) > 2
+    fresh, _ = _restored(str(tmp_path))
+    assert_same_state(state(fresh), state(model))
+
+
+def test_restore_into_a_model_with_another_dim_is_refused_and_changes_nothing(tmp_path, model):
+    import keras
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 2)
+    mgr.save_full()
+    other = evstore.EmbeddingVariable("user", dim=3)
+    with pytest.raises(ValueError, match="dim 3"):
+        checkpoint.CheckpointManager(str(tmp_path), {"user": other}).restore()
+    assert int(other.size()) == 0
+    del keras
+
+
+def test_manifest_lists_sizes_checksums_counts_and_steps(tmp_path, model):
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 3)
+    seq = mgr.save_full()
+    d = json.loads((tmp_path / f"full-{seq:010d}" / "MANIFEST.json").read_text())
+    assert d["kind"] == "full" and d["parent"] is None and d["base"] == seq and d["global_step"] == 3
+    on_disk = {p.name for p in (tmp_path / f"full-{seq:010d}").iterdir()} - {"MANIFEST.json"}
+    assert set(d["files"]) == on_disk
+    for name, f in d["files"].items():
+        assert (tmp_path / f"full-{seq:010d}" / name).stat().st_size == f["size"]
+    assert d["evs"]["user"]["rows"] == int(ev(model, "user").size())
+    assert d["evs"]["user"]["slots"] == ["m", "v"]
