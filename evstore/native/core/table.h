@@ -265,8 +265,7 @@ class Table {
         E* en;
         if (bloom_) {
           en = seg.Find(keys[i], g.hash[i]);
-          if (!en) {
-            bloom_->Add(s, g.hash[i], 1);
+          if (!en) {  // counted in the filter below (prefetched, so misses overlap)
             pending.push_back({j, nullptr, 0});
             bloom_pending = true;
             continue;
@@ -286,6 +285,12 @@ class Table {
       // Pass 2a (Bloom): a key without an entry is admitted (entry + row)
       // once the filter's batch-complete estimate reaches min_freq.
       if (bloom_pending) {
+        constexpr size_t kBloomAhead = 6;
+        for (size_t q = 0; q < pending.size(); ++q) {
+          if (q + kBloomAhead < pending.size() && !pending[q + kBloomAhead].en)
+            bloom_->Prefetch(s, g.hash[g.order[pending[q + kBloomAhead].pos]]);
+          if (!pending[q].en) bloom_->Add(s, g.hash[g.order[pending[q].pos]], 1);
+        }
         for (const Pending& p : pending) {
           if (p.en) continue;
           uint32_t i = g.order[p.pos];
