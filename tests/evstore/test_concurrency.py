@@ -139,7 +139,10 @@ def test_concurrent_lookups_applies_and_exports_equal_a_serial_run(num_segments)
     got, want = table(ev), serial_table(num_segments)
     np.testing.assert_array_equal(got["keys"], want["keys"])
     np.testing.assert_array_equal(got["freqs"], want["freqs"])
-    np.testing.assert_array_equal(got["versions"], want["versions"])
+    # Never-updated keys store their admission step (-2 - step), which depends
+    # on whether an apply ran before their lookup; compare the public versions.
+    np.testing.assert_array_equal(np.where(got["versions"] < 0, -1, got["versions"]),
+                                  np.where(want["versions"] < 0, -1, want["versions"]))
     np.testing.assert_array_equal(got["values"], want["values"])
 
 
