@@ -18,7 +18,7 @@ commits its change sets (what a checkpoint does), TFRA calls
 `de.Variable.restrict(num_reserved)` (if it has a policy).
 
   evstore/none, /counter3, /bloom3      no filter, CounterFilter(3), BloomFilter(3, capacity=500k, fp 1%)
-  .../+evict                            the same with GlobalStepEvict(steps_to_live=40)
+  .../+evict                            the same with GlobalStepEvict(steps_to_live=40; --ttl)
   tfra/none                             de.Variable, no policy
   tfra/frequency, tfra/timestamp        de.FrequencyRestrictPolicy / TimestampRestrictPolicy,
                                         restrict(num_reserved = evstore/none+evict's live keys)
@@ -70,7 +70,7 @@ def evstore_worker(args):
         name, _, ev_part = cfg.partition("+")
         flt = {"none": None, "counter3": evstore.CounterFilter(3),
                "bloom3": evstore.BloomFilter(3, capacity=args.bloom_capacity, fp_rate=0.01)}[name]
-        evict = evstore.GlobalStepEvict(TTL) if ev_part == "evict" else None
+        evict = evstore.GlobalStepEvict(args.ttl) if ev_part == "evict" else None
         evs.append(evstore.EmbeddingVariable(f"bench_{len(evs)}", args.dim, filter=flt, evict=evict))
     lr = tf.constant(0.1)
     looks = [[] for _ in evs]
@@ -137,7 +137,7 @@ def render(results, meta):
     out = [f"`{meta['command']}` — {meta['lookups']} lookups, batch {meta['batch']}, dim {meta['dim']}, "
            f"window {meta['window']} Zipf(1.1) ranks moving {meta['shift']} ids/step, save every "
            f"{meta['save_every']} steps; {meta['distinct_ids']} distinct ids, {meta['ids_seen_3plus']} seen 3+ "
-           f"times. GlobalStepEvict(steps_to_live={TTL}); BloomFilter capacity {meta.get('bloom_capacity')}; "
+           f"times. GlobalStepEvict(steps_to_live={meta['ttl']}); BloomFilter capacity {meta.get('bloom_capacity')}; "
            f"TFRA restrict(num_reserved={meta.get('reserve')}).\n",
            "| system / config | lookup M keys/s | vs evstore/none | step M keys/s | live keys "
            "| index entries "
@@ -167,6 +167,7 @@ def main():
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--peer-python", default=os.path.join(ROOT, ".peer-tfra", "bin", "python"),
                     help="python of the TFRA venv (default .peer-tfra/bin/python); missing: TFRA is skipped")
+    ap.add_argument("--ttl", type=int, default=TTL, help=f"GlobalStepEvict steps_to_live (default {TTL}; quick 10)")
     ap.add_argument("--bloom-capacity", type=int, default=500_000, help="BloomFilter capacity (default 500k)")
     ap.add_argument("--no-tfra", action="store_true")
     ap.add_argument("--timeout", type=float, default=1200)
@@ -174,6 +175,7 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.lookups = min(args.lookups, 400_000)
+        args.ttl = min(args.ttl, 10)
     if args.worker:
         print(json.dumps(evstore_worker(args)), flush=True)   # a list, one entry per configuration
         return
@@ -187,7 +189,7 @@ def main():
     # one process per configuration.
     def ev_cmd(cfgs):
         return ([sys.executable, os.path.abspath(__file__), "--worker", "evstore", "--config", ",".join(cfgs),
-                 "--bloom-capacity", str(args.bloom_capacity)] + stream_args(args))
+                 "--bloom-capacity", str(args.bloom_capacity), "--ttl", str(args.ttl)] + stream_args(args))
 
     print("evstore: all configurations interleaved (speed) ...", flush=True)
     speed = run_worker(ev_cmd(EV_CONFIGS), os.path.join(logdir, "filters_evstore_speed.log"), args.timeout)
@@ -222,7 +224,7 @@ def main():
             "batch": args.batch, "dim": args.dim, "window": args.window, "shift": args.shift,
             "save_every": args.save_every, "distinct_ids": int(counts.size),
             "ids_seen_3plus": int((counts >= 3).sum()), "reserve": reserve,
-            "bloom_capacity": args.bloom_capacity}
+            "bloom_capacity": args.bloom_capacity, "ttl": args.ttl}
     md = render(results, meta)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     base = os.path.join(args.out_dir, f"filters-{stamp}")
