@@ -76,3 +76,27 @@ def add_size_args(ap, fill_help="keys per insert while filling"):
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds before each workload (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="RNG seed for batch key indices (default 0)")
     ap.add_argument("--fill-chunk", type=int, default=1 << 20, help=fill_help)
+
+
+def zipf_stream(lookups, batch, window, shift, seed, a=1.1):
+    """The filter benchmark's stream: ceil(lookups / batch) batches of int64 ids,
+    id = step * shift + rank, rank ~ Zipf(a) truncated to [0, window) (rank 0
+    the most popular). The window moves by `shift` ids per step, so popular ids
+    fade and new ones arrive. Identical in every venv (numpy default_rng)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, window + 1) ** a
+    cdf = np.cumsum(p / p.sum())
+    steps = -(-lookups // batch)
+    return [(s * shift + np.minimum(np.searchsorted(cdf, rng.random(batch)), window - 1)).astype(np.int64)
+            for s in range(steps)]
+
+
+def add_stream_args(ap):
+    """The stream flags both sides of the filter comparison must agree on."""
+    ap.add_argument("--lookups", type=int, default=2_000_000, help="ids in the stream (default 2M)")
+    ap.add_argument("--batch", type=int, default=8192, help="ids per step (default 8192)")
+    ap.add_argument("--window", type=int, default=200_000, help="Zipf ranks (default 200k)")
+    ap.add_argument("--shift", type=int, default=800, help="ids the window moves per step (default 800)")
+    ap.add_argument("--dim", type=int, default=16, help="embedding dim (default 16)")
+    ap.add_argument("--save-every", type=int, default=10, help="steps between saves: evict / restrict (default 10)")
+    ap.add_argument("--seed", type=int, default=0, help="stream seed (default 0)")

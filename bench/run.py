@@ -27,6 +27,9 @@ TFRA is bench/peer_tfra.py in the .peer-tfra venv (created with
 unavailable and everything else still runs. A run whose estimated peak memory
 exceeds MemAvailable is skipped (and reported).
 
+Then bench/bench_filters.py (admission filters and eviction on a Zipf stream,
+vs TFRA's restrict policies; skip with --no-filters) appends its table.
+
 Writes bench/results/bench-<UTC time>.json (all raw numbers) and .md (the
 tables printed to stdout); logs go to bench/results/logs/.
 """
@@ -397,6 +400,7 @@ def main():
     ap.add_argument("--only-checkpoint", action="store_true", help="run only the checkpoint benchmark")
     ap.add_argument("--no-serving", action="store_true", help="skip the serving benchmark")
     ap.add_argument("--only-serving", action="store_true", help="run only the serving benchmark")
+    ap.add_argument("--no-filters", action="store_true", help="skip bench/bench_filters.py")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
@@ -411,6 +415,7 @@ def main():
     configs = [tuple(int(x) for x in c.lower().split("x")) for c in matrix.split(",") if c]
     if args.only_checkpoint or args.only_serving:
         configs = []
+        args.no_filters = True
     if args.only_serving:
         args.no_checkpoint = True
     if args.only_checkpoint:
@@ -456,6 +461,18 @@ def main():
         serving = run_serving(args, logdir)
         if "error" in serving:
             print("  " + serving["error"], flush=True)
+    filters_md = ""
+    if not args.no_filters:
+        print(f"[{time.time() - t_start:6.0f}s] filters and eviction (bench_filters.py) ...", flush=True)
+        cmd = [sys.executable, os.path.join(HERE, "bench_filters.py"), "--out-dir", args.out_dir]
+        cmd += (["--quick"] if args.quick else []) + (["--no-tfra"] if peer_py is None else
+                                                       ["--peer-python", peer_py])
+        with open(os.path.join(logdir, "bench_filters.log"), "w") as log:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+        table_lines = r.stdout.split("\n\n", 1)[-1].split("results:")[0].strip()
+        filters_md = ("\n### Filters and eviction on a Zipf(1.1) stream (bench_filters.py)\n\n"
+                      + (table_lines if r.returncode == 0 else f"failed (exit {r.returncode}); see "
+                         "bench/results/logs/bench_filters.log") + "\n")
 
     meta = {"date_utc": stamp, "evstore_commit": commit,
             "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
@@ -467,7 +484,8 @@ def main():
           + (f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
              "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
              "ratios are within a run.\n" if results else f"{meta['total_s']:.0f} s total.\n")
-          + (tables(results, tfra_note) if results else "") + checkpoint_tables(ckpt) + serving_tables(serving))
+          + (tables(results, tfra_note) if results else "") + filters_md + checkpoint_tables(ckpt)
+          + serving_tables(serving))
     base = os.path.join(args.out_dir, f"bench-{stamp}")
     with open(base + ".json", "w") as f:
         json.dump({"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving}, f, indent=1)

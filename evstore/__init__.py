@@ -1,18 +1,22 @@
 """evstore: incremental-checkpoint online learning for TensorFlow.
 
 Public API (DESIGN section 3):
-  EmbeddingVariable, CounterFilter, embedding_lookup, embedding_lookup_sparse,
-  safe_embedding_lookup_sparse, optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam,
-  GroupAdagrad}, keras.Embedding.
+  EmbeddingVariable, CounterFilter, BloomFilter, GlobalStepEvict, L2WeightEvict,
+  embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse,
+  optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam, GroupAdagrad}, keras.Embedding,
+  summary.ev_stats.
 """
 from evstore import optimizers  # noqa: F401
 from evstore import training  # noqa: F401
 from evstore import keras  # noqa: F401
-from evstore.filters import CounterFilter
+from evstore import summary  # noqa: F401
+from evstore.evict import GlobalStepEvict, L2WeightEvict
+from evstore.filters import BloomFilter, CounterFilter
 from evstore.lookup import embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse
 from evstore.variable import EmbeddingVariable
 
 __version__ = "0.1.0"
 
-__all__ = ["EmbeddingVariable", "CounterFilter", "embedding_lookup", "embedding_lookup_sparse",
-           "safe_embedding_lookup_sparse", "optimizers", "keras"]
+__all__ = ["EmbeddingVariable", "CounterFilter", "BloomFilter", "GlobalStepEvict", "L2WeightEvict",
+           "embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup_sparse", "optimizers", "keras",
+           "summary"]

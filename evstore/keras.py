@@ -29,7 +29,9 @@ class Embedding(keras.layers.Layer):
       dim: embedding width.
       key_dtype: "int64" (default) or "int32"; integer inputs are cast to it.
       embeddings_initializer: initializer for new rows (see EmbeddingVariable).
-      filter: admission filter, e.g. `evstore.CounterFilter(3)`.
+      filter: admission filter, `evstore.CounterFilter(3)` or `evstore.BloomFilter(...)`.
+      evict: eviction policy or list (`evstore.GlobalStepEvict`, `evstore.L2WeightEvict`);
+        `layer.ev.evict(step)` runs it (checkpoint saves do too).
       default_value: what ids without a row read (zeros by default).
       initializer_bank_size: rows of the initializer bank.
     Inputs must be integer tensors; float inputs raise TypeError (declare
@@ -37,7 +39,7 @@ class Embedding(keras.layers.Layer):
     """
 
     def __init__(self, dim, key_dtype="int64", embeddings_initializer=None, filter=None, default_value=None,
-                 initializer_bank_size=8192, **kwargs):
+                 initializer_bank_size=8192, evict=None, **kwargs):
         super().__init__(**kwargs)
         self.dim = dim
         self.key_dtype = tf.as_dtype(key_dtype)
@@ -47,7 +49,7 @@ class Embedding(keras.layers.Layer):
         self.initializer_bank_size = initializer_bank_size
         self.ev = EmbeddingVariable(self.name, dim, key_dtype=self.key_dtype, initializer=embeddings_initializer,
                                     default_value=default_value, filter=filter,
-                                    initializer_bank_size=initializer_bank_size)
+                                    initializer_bank_size=initializer_bank_size, evict=evict)
 
     def build(self, input_shape=None):
         self.proxy = self.add_weight(name="ev_proxy", shape=(0,), initializer="zeros", trainable=True)

@@ -11,13 +11,14 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from tensorflow.python.saved_model import save_context
 from tensorflow.python.training.saving import saveable_object
 
+from evstore import evict as _evict
 from evstore._ops import gen
-from evstore.filters import CounterFilter
+from evstore.filters import AdmissionFilter
 
 __all__ = ["EmbeddingVariable"]
 
 _STAT_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
-                "row_bytes", "dirty", "deleted", "zero_rows")
+                "row_bytes", "dirty", "deleted", "evicted", "filter_bytes", "zero_rows")
 
 # Proxies: a proxy is the zero-size trainable variable through which gradients
 # of training lookups reach an optimizer (see embedding_lookup); optimizers
@@ -78,14 +79,20 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         default `tf.random_normal_initializer(0, 0.01)`.
       default_value: what a key without a row reads (a scalar or `dim` floats);
         zeros by default.
-      filter: an admission filter, e.g. `evstore.CounterFilter(min_freq=3)`;
-        None admits every key on first sight.
+      filter: an admission filter, `evstore.CounterFilter(min_freq)` or
+        `evstore.BloomFilter(min_freq, capacity, fp_rate)`; None admits every
+        key on first sight (evstore/filters.py).
+      evict: an eviction policy, `evstore.GlobalStepEvict(steps_to_live)` or
+        `evstore.L2WeightEvict(threshold)`, a list of them (a key goes when any
+        selects it), or None. Runs on `ev.evict(global_step)` and before
+        checkpoint saves (evstore/evict.py).
       initializer_bank_size: rows in the initializer bank.
       num_segments: index segments (a power of two, each with its own lock).
       trainable: whether optimizers update it.
 
     Raises:
-      TypeError / ValueError: bad `dim`, `key_dtype`, `default_value` or filter.
+      TypeError / ValueError: bad `dim`, `key_dtype`, `default_value`,
+        `filter` or `evict`.
     """
 
     # Lets tf.GradientTape and optimizers treat the EV like a variable: its
@@ -100,7 +107,7 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return True
 
     def __init__(self, name, dim, key_dtype=tf.int64, initializer=None, default_value=None,
-                 filter=None, initializer_bank_size=8192, num_segments=64, trainable=True):
+                 filter=None, initializer_bank_size=8192, num_segments=64, trainable=True, evict=None):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         _check_dim(dim)
@@ -111,8 +118,10 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
             raise ValueError(f"initializer_bank_size must be a positive int, got {initializer_bank_size!r}")
         if num_segments < 1 or num_segments > 4096 or num_segments & (num_segments - 1):
             raise ValueError(f"num_segments must be a power of two in [1, 4096], got {num_segments}")
-        if filter is not None and not isinstance(filter, CounterFilter):
-            raise TypeError(f"filter must be an evstore.CounterFilter or None, got {type(filter).__name__}")
+        if filter is not None and not isinstance(filter, AdmissionFilter):
+            raise TypeError("filter must be an evstore.CounterFilter, evstore.BloomFilter or None, "
+                            f"got {type(filter).__name__}")
+        self._evict_policies = _evict.normalize(evict)
         self._name = name
         self._dim = dim
         self._key_dtype = key_dtype
@@ -153,9 +162,9 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
 
     def _create_table(self, default_value):
         bank = self._initializer(shape=[self._bank_size, self._dim], dtype=tf.float32)
-        min_freq = self._filter.min_freq if self._filter is not None else 1
+        attrs = self._filter._native_attrs() if self._filter is not None else {}
         return gen.ev_create(self.resource_handle, bank, default_value, key_dtype=self._key_dtype,
-                             dim=self._dim, segments_log2=self._segments_log2, min_freq=min_freq)
+                             dim=self._dim, segments_log2=self._segments_log2, **attrs)
 
     def _destroy_resource(self):
         if tf.executing_eagerly() and self._resource_handle is not None:
@@ -204,6 +213,11 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     def filter(self):
         return self._filter
 
+    @property
+    def evict_policies(self):
+        """The eviction policies, a tuple (empty when none)."""
+        return self._evict_policies
+
     def __repr__(self):
         return f"<evstore.EmbeddingVariable '{self._name}' dim={self._dim} key_dtype={self._key_dtype.name}>"
 
@@ -215,17 +229,48 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     def stats(self):
         """Table statistics as a dict of Python ints (eager) or int64 tensors (graph).
 
-        size, admitted, filtered (counted, not admitted), free_rows (recycled rows
-        waiting for reuse), index_bytes, meta_bytes (per-row versions), row_bytes
-        (embeddings + slots), dirty (open dirty list length), deleted,
-        zero_rows (admitted keys whose embedding is exactly all zero: rows the
-        group-lasso optimizers dropped, or rows of a zero initializer not yet
-        trained; see `zero_row_keys`).
+        size: keys in the index (admitted + filtered by a CounterFilter);
+        admitted: keys that own a row; filtered: keys counted but not admitted
+        (exact with a CounterFilter; with a BloomFilter an estimate of the
+        distinct keys counted in the filter and not admitted); free_rows:
+        recycled rows waiting for reuse; index_bytes; meta_bytes (per-row
+        versions); row_bytes (embeddings + slots, free rows included);
+        filter_bytes (Bloom counters); bytes: all of those; dirty (open dirty
+        list length); deleted (open deleted set); evicted: keys evicted since
+        the EV was created (this process). `evstore.summary.ev_stats` writes
+        them as TensorBoard scalars; zero_rows: admitted keys whose
+        embedding is exactly all zero (rows the group-lasso optimizers dropped,
+        or rows of a zero initializer not yet trained; see `zero_row_keys`).
         """
         s = gen.ev_stats(self.resource_handle, key_dtype=self._key_dtype)
         if tf.executing_eagerly():
-            return dict(zip(_STAT_FIELDS, (int(x) for x in s.numpy())))
-        return {k: s[i] for i, k in enumerate(_STAT_FIELDS)}
+            out = dict(zip(_STAT_FIELDS, (int(x) for x in s.numpy())))
+        else:
+            out = {k: s[i] for i, k in enumerate(_STAT_FIELDS)}
+        out["bytes"] = out["index_bytes"] + out["meta_bytes"] + out["row_bytes"] + out["filter_bytes"]
+        return out
+
+    def evict(self, global_step=None):
+        """Runs this EV's eviction policies at `global_step`; returns how many keys
+        were evicted (an int64 scalar tensor).
+
+        `global_step` (int or int64 tensor, >= 0) is the current training step;
+        None uses the EV's clock (the highest global step it has seen from
+        optimizer applies and evict calls). Evicted keys leave the table like
+        `remove`: rows to the free list, keys to the deleted set. With no policy
+        (`evict_policies == ()`) nothing is evicted (returns 0).
+
+        Raises:
+          ValueError: a negative Python `global_step`.
+        """
+        if global_step is None:
+            step = tf.constant(-1, tf.int64)
+        else:
+            if isinstance(global_step, (int, np.integer)) and not isinstance(global_step, bool) and global_step < 0:
+                raise ValueError(f"global_step must be >= 0, got {global_step}")
+            step = tf.cast(global_step, tf.int64)
+        return gen.ev_evict(self.resource_handle, step, key_dtype=self._key_dtype,
+                            **_evict.native_attrs(self._evict_policies))
 
     def _key_tensor(self, ids, what="keys"):
         """The one validation of keys for every op on this EV: tensors must have
@@ -281,6 +326,10 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
 
         keys [N], values [N, dim], versions [N], freqs [N], slots {name: [N, dim]},
         filtered_keys [M], filtered_freqs [M] (counted but not admitted keys).
+        `versions` are the stored values, as checkpoints hold them: v >= 0 is
+        the step of the last update; v < 0 means never updated, with v = -2 - s
+        for a key admitted at step s (-1: admission step unknown). `version()`
+        returns -1 for every never-updated key.
         """
         k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
                                                        dim=self._dim)
@@ -356,7 +405,11 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return [self._create_table(tf.constant(self._default_np))]
 
     def _export_tensors(self):
-        with tf.control_dependencies(self._ensure_created_in_saved_model()):
+        deps = self._ensure_created_in_saved_model()
+        if self._evict_policies:   # like every checkpoint save: evict first (at the EV's clock)
+            with tf.control_dependencies(deps):
+                deps = [self.evict()]
+        with tf.control_dependencies(deps):
             k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
                                                            dim=self._dim)
         return {"-keys": k, "-values": v, "-versions": ver, "-freqs": f, "-keys_filtered": fk,

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include "memory.h"
@@ -37,6 +38,7 @@ namespace evstore {
 class RowArena {
  public:
   static constexpr uint32_t kNoRow = 0xFFFFFFFFu;
+  static constexpr uint32_t kMaxRows = 0x80000000u;
 
   explicit RowArena(int stride) : stride_(stride) {}
   ~RowArena() { ReleaseAll(); }
@@ -81,6 +83,9 @@ class RowArena {
         free_.pop_back();
         continue;
       }
+      // Row ids stay below 2^31: entries use the ids above for filtered
+      // keys' last-seen steps (evict_policy.h).
+      if (next_ >= kMaxRows) throw std::length_error("table is full (2^31 rows)");
       uint32_t b, off;
       Locate(next_, &b, &off);
       if (off == 0) EnsureBlock(b);

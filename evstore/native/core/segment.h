@@ -8,8 +8,9 @@
 // hash bits 7..38, fast range reduction, so ngroups needs not be a power of
 // two) and walks groups linearly; SSE2 compares 16 control bytes at once.
 //
-// Per-key metadata lives in the entry: `row` (kNoRow = counted but not
-// admitted, i.e. the key costs index space only), `freq` (31-bit saturating
+// Per-key metadata lives in the entry: `row` (a row id < 2^31, or, for a key
+// counted but not admitted, which costs index space only, kNoRow or its
+// last-seen step: evict_policy.h), `freq` (31-bit saturating
 // lookup count) and the `dirty` bit (changed since the last sealed export).
 // The version lives beside the row in the arena (only admitted keys have one).
 //

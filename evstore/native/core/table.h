@@ -12,10 +12,26 @@
 //                 from the TF initializer, deterministic, lock-free).
 //
 // Key states
-//   absent      not in the index.
-//   filtered    in the index with row == kNoRow: counted, not admitted, reads
-//               the default value, ignores gradients, costs one index slot.
-//   admitted    has a row; version = global step of its last update (-1: never).
+//   absent      not in the index (with a BloomFilter, a key that is counted
+//               but not admitted is absent too: its count lives in bloom_).
+//   filtered    in the index without a row (!RowIsReal(row)): counted, not
+//               admitted, reads the default value, ignores gradients, costs
+//               one index slot. Its `row` field holds its last-seen step.
+//   admitted    has a row (row < 2^31); version slot = global step of its last
+//               update, or (never updated) its encoded admission step.
+//   Encodings of versions and last-seen steps: evict_policy.h.
+//
+// Admission (filter_policy.h): a key is admitted on the training lookup whose
+// batch brings its count to min_freq: exact counts in the entry (CounterFilter,
+// and min_freq = 1 for no filter), or a counting Bloom filter's estimate
+// (BloomFilter: no index entry before admission; the admitted key's frequency
+// starts from the estimate).
+//
+// Clock and eviction: clock_ is the highest global step the table has seen
+// (Apply, Evict, versions of imported rows). Training lookups stamp admitted
+// keys' admission step and filtered keys' last sighting with it. Evict(step,
+// policy) erases keys the policy selects (evict_policy.h) exactly like Erase:
+// rows to the free list, keys to the deleted set.
 //
 // Dirty / deleted tracking (what a delta checkpoint must carry)
 //   * A key whose persisted state changes (frequency, row, version, admission)
@@ -59,6 +75,8 @@
 #include <vector>
 
 #include "arena.h"
+#include "evict_policy.h"
+#include "filter_policy.h"
 #include "hash.h"
 #include "optimizers.h"
 #include "parallel.h"
@@ -73,6 +91,7 @@ struct TableConfig {
   std::vector<float> bank;           // bank_rows * dim; empty = zeros
   std::vector<float> default_value;  // dim; empty = zeros
   uint32_t min_freq = 1;             // admission threshold (1 = admit at first sight)
+  BloomConfig bloom;                 // capacity > 0: count non-admitted keys in a Bloom filter
 };
 
 struct TableStats {
@@ -86,6 +105,8 @@ struct TableStats {
   int64_t dirty = 0;       // entries in the open dirty lists (upper bound of dirty keys)
   int64_t deleted = 0;     // keys in the open deleted sets
   int64_t zero_rows = 0;   // admitted keys whose embedding is all zero (zero_rows.h)
+  int64_t evicted = 0;     // keys erased by Evict since the table was created
+  int64_t filter_bytes = 0;  // Bloom filter counters (0 without one)
 };
 
 // One exported key (full export or sealed snapshot readout).
@@ -126,10 +147,25 @@ class Table {
     bank_zero_.resize(bank_rows_);
     for (size_t r = 0; r < bank_rows_; ++r) bank_zero_[r] = IsZeroRow(bank_.data() + r * dim_, dim_);
     zero_rows_.reset(new int64_t[nseg_]());
+    if (cfg.bloom.capacity > 0) {
+      if (min_freq_ > CountingBloom::kMaxCount)
+        throw std::invalid_argument("a Bloom filter counts up to 255: min_freq must be <= 255, got " +
+                                    std::to_string(min_freq_));
+      bloom_ = std::make_unique<CountingBloom>(cfg.bloom, nseg_);
+    }
   }
 
   int dim() const { return dim_; }
   uint32_t min_freq() const { return min_freq_; }
+  bool has_bloom() const { return bloom_ != nullptr; }
+  const CountingBloom* bloom() const { return bloom_.get(); }
+  // Highest global step seen (-1: none yet); see evict_policy.h.
+  int64_t clock() const { return clock_.load(std::memory_order_relaxed); }
+  void AdvanceClock(int64_t step) {
+    int64_t c = clock_.load(std::memory_order_relaxed);
+    while (step > c && !clock_.compare_exchange_weak(c, step, std::memory_order_relaxed)) {
+    }
+  }
   void set_min_freq(uint32_t f) { min_freq_ = f < 1 ? 1 : f; }
   const std::vector<float>& default_value() const { return default_; }
 
@@ -203,7 +239,7 @@ class Table {
         PrefetchAhead(seg, g, j, hi);
         uint32_t i = g.order[j];
         const E* en = seg.Find(keys[i], g.hash[i]);
-        const float* p = (en && en->row != kNoRow) ? arena_.Row(en->row) : default_.data();
+        const float* p = (en && RowIsReal(en->row)) ? arena_.Row(en->row) : default_.data();
         arena_.PrefetchRow(p, dim_);
         src[j - lo] = p;
       }
@@ -213,52 +249,105 @@ class Table {
 
   // Training lookup: inserts unseen keys, adds every occurrence to the key's
   // frequency, admits keys whose frequency reaches min_freq (initial row from
-  // the bank), and writes the row (or the default value for filtered keys).
-  // All occurrences of a key in one batch see the same result.
+  // the bank, admission step = clock), stamps keys left filtered with the
+  // clock as their last sighting, and writes the row (or the default value
+  // for keys not admitted). With a Bloom filter, keys without an entry are
+  // counted in the filter and get an entry only when admitted. All
+  // occurrences of a key in one batch see the same result.
   void FindOrInsert(const K* keys, int64_t n, float* out, const ParallelFor& pf) {
     Grouping g;
     GroupBySegment(keys, n, &g);
+    const int64_t clock = this->clock();
+    const uint32_t seen_mark = FilteredMark(clock);
     ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 120, pf, [&](Segment<K>& seg, int64_t lo,
                                                                                   int64_t hi) {
+      const int s = static_cast<int>(&seg - segments_.get());
       thread_local std::vector<const float*> src;  // row per position, prefetched
       thread_local std::vector<Pending> pending;    // positions whose key has no row yet
       thread_local std::vector<uint32_t> rows;
       src.resize(hi - lo);
       pending.clear();
-      // Pass 1: count every occurrence (inserting unseen keys), note rows.
+      bool bloom_pending = false;
+      // Pass 1: count every occurrence (inserting unseen keys, or counting
+      // them in the Bloom filter), note rows.
       for (int64_t j = lo; j < hi; ++j) {
         PrefetchAhead(seg, g, j, hi);
         uint32_t i = g.order[j];
-        E* en = FindOrAdd(seg, keys[i], g.hash[i]);
+        E* en;
+        if (bloom_) {
+          en = seg.Find(keys[i], g.hash[i]);
+          if (!en) {  // counted in the filter below (prefetched, so misses overlap)
+            pending.push_back({j, nullptr, 0});
+            bloom_pending = true;
+            continue;
+          }
+        } else {
+          en = FindOrAdd(seg, keys[i], g.hash[i]);
+        }
         en->add_freq(1);
         MarkDirty(seg, en);
-        if (en->row != kNoRow) {
+        if (RowIsReal(en->row)) {
           src[j - lo] = arena_.Row(en->row);
           arena_.PrefetchRow(src[j - lo], dim_);
         } else {
           pending.push_back({j, en, seg.rehashes()});
         }
       }
-      // Pass 2: keys without a row are admitted once their (batch-complete)
-      // count reaches min_freq, so all occurrences in a batch agree. Entry
-      // pointers from pass 1 are reused unless a rehash moved the entries.
+      // Pass 2a (Bloom): a key without an entry is admitted (entry + row)
+      // once the filter's batch-complete estimate reaches min_freq.
+      if (bloom_pending) {
+        constexpr size_t kBloomAhead = 6;
+        for (size_t q = 0; q < pending.size(); ++q) {
+          if (q + kBloomAhead < pending.size() && !pending[q + kBloomAhead].en)
+            bloom_->Prefetch(s, g.hash[g.order[pending[q + kBloomAhead].pos]]);
+          if (!pending[q].en) bloom_->Add(s, g.hash[g.order[pending[q].pos]], 1);
+        }
+        for (const Pending& p : pending) {
+          if (p.en) continue;
+          uint32_t i = g.order[p.pos];
+          E* en = seg.Find(keys[i], g.hash[i]);  // admitted by an earlier occurrence?
+          if (!en) {
+            uint32_t est = bloom_->Estimate(s, g.hash[i]);
+            if (est < min_freq_) {
+              src[p.pos - lo] = default_.data();
+              continue;
+            }
+            en = FindOrAdd(seg, keys[i], g.hash[i]);
+            en->set_freq(est);
+            MarkDirty(seg, en);
+            Admit(seg, en, arena_.Allocate());
+            bloom_admitted_.fetch_add(1, std::memory_order_relaxed);
+          }
+          src[p.pos - lo] = arena_.Row(en->row);
+        }
+      }
+      // Pass 2b: keys with an entry but no row are admitted once their
+      // (batch-complete) count reaches min_freq, so all occurrences in a batch
+      // agree; the others record this sighting. Entry pointers from pass 1 are
+      // reused unless a rehash moved the entries.
       size_t admit = 0;
       for (Pending& p : pending) {
+        if (!p.en) continue;
         if (p.rehashes != seg.rehashes()) {
           uint32_t i = g.order[p.pos];
           p.en = seg.Find(keys[i], g.hash[i]);
+          p.rehashes = seg.rehashes();
         }
-        if (p.en->row == kNoRow && p.en->freq() >= min_freq_) {
+        if (p.en->row == kAdmitting || RowIsReal(p.en->row)) continue;
+        if (p.en->freq() >= min_freq_) {
           p.en->row = kAdmitting;
           ++admit;
+        } else {
+          p.en->row = seen_mark;
         }
       }
       rows.resize(admit);
       if (admit) arena_.AllocateMany(admit, rows.data());
       size_t next = 0;
       for (const Pending& p : pending) {
+        if (!p.en) continue;
         if (p.en->row == kAdmitting) Admit(seg, p.en, rows[next++]);
-        src[p.pos - lo] = p.en->row != kNoRow ? arena_.Row(p.en->row) : default_.data();
+        src[p.pos - lo] = RowIsReal(p.en->row) ? arena_.Row(p.en->row) : default_.data();
       }
       CopyRowsOut(g, lo, hi, src, out);
     });
@@ -276,6 +365,7 @@ class Table {
     GroupBySegment(keys, n, &g);
     std::atomic<int64_t> applied{0};
     const int stride = this->stride();
+    AdvanceClock(step);
     ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 200, pf, [&](Segment<K>& seg, int64_t lo,
                                                                                   int64_t hi) {
       thread_local std::vector<E*> hit;  // entry per position (nullptr: absent or filtered)
@@ -286,7 +376,7 @@ class Table {
         PrefetchAhead(seg, g, j, hi);
         uint32_t i = g.order[j];
         E* en = seg.Find(keys[i], g.hash[i]);
-        if (en && en->row == kNoRow) en = nullptr;
+        if (en && !RowIsReal(en->row)) en = nullptr;
         if (en) {
           arena_.PrefetchRow(arena_.Row(en->row), stride);
           __builtin_prefetch(&arena_.Version(en->row));
@@ -332,7 +422,8 @@ class Table {
     return erased;
   }
 
-  // Erases every key for which pred(key, admitted, version, freq, row) is true.
+  // Erases every key for which pred(key, admitted, version, freq, row) is true
+  // (version: the public one, -1 if never updated).
   // Used by eviction policies. Returns the number erased.
   template <typename Pred>
   int64_t EraseIf(const Pred& pred) {
@@ -343,8 +434,8 @@ class Table {
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       victims.clear();
       seg.ForEach([&](const E& en) {
-        bool adm = en.row != kNoRow;
-        int64_t ver = adm ? arena_.Version(en.row) : -1;
+        bool adm = RowIsReal(en.row);
+        int64_t ver = adm ? PublicVersion(arena_.Version(en.row)) : -1;
         if (pred(en.key, adm, ver, static_cast<int64_t>(en.freq()), adm ? arena_.Row(en.row) : nullptr))
           victims.push_back(en.key);
       });
@@ -354,16 +445,58 @@ class Table {
     return erased;
   }
 
+  // Evicts at global step `step` (advancing the clock to it) every key the
+  // policy selects (evict_policy.h: Decide). Evicted keys are erased like
+  // Erase does (rows to the free list, keys to the deleted set). Keys whose
+  // age reference is unknown are stamped with `step` instead; an admitted
+  // key's stamp changes its saved version, so it is marked dirty. Returns
+  // the number of keys evicted.
+  int64_t Evict(int64_t step, const EvictPolicy& policy) {
+    AdvanceClock(step);
+    if (!policy.any()) return 0;
+    int64_t erased = 0;
+    std::vector<K> victims;
+    for (int s = 0; s < nseg_; ++s) {
+      Segment<K>& seg = segments_[s];
+      std::unique_lock<std::shared_mutex> lock(seg.mu);
+      victims.clear();
+      seg.ForEach([&](E& en) {
+        const bool adm = RowIsReal(en.row);
+        const int64_t ref = adm ? VersionReference(arena_.Version(en.row)) : FilteredReference(en.row);
+        switch (Decide(policy, step, ref, adm ? arena_.Row(en.row) : nullptr, dim_)) {
+          case EvictDecision::kEvict:
+            victims.push_back(en.key);
+            break;
+          case EvictDecision::kStamp:
+            if (adm) {
+              arena_.Version(en.row) = EncodeAdmission(step);
+              MarkDirty(seg, &en);
+            } else {
+              en.row = FilteredMark(step);
+            }
+            break;
+          case EvictDecision::kKeep:
+            break;
+        }
+      });
+      for (K k : victims) EraseLocked(seg, seg.Find(k, HashKey(k)));
+      erased += victims.size();
+    }
+    evicted_.fetch_add(erased, std::memory_order_relaxed);
+    return erased;
+  }
+
   // Drops every key, row, dirty and deleted mark (before a restore).
   void Clear() {
     for (int s = 0; s < nseg_; ++s) {
       Segment<K>& seg = segments_[s];
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       seg.ForEach([&](const E& en) {
-        if (en.row != kNoRow) arena_.Free(en.row);
+        if (RowIsReal(en.row)) arena_.Free(en.row);
       });
       seg.Clear();
       zero_rows_[s] = 0;
+      if (bloom_) bloom_->ClearSegment(s);
     }
   }
 
@@ -376,7 +509,7 @@ class Table {
     const Segment<K>& seg = segments_[s];
     std::shared_lock<std::shared_mutex> lock(seg.mu);
     seg.ForEach([&](const E& en) {
-      bool adm = en.row != kNoRow;
+      bool adm = RowIsReal(en.row);
       ExportedKey<K> x{en.key, adm, adm ? arena_.Version(en.row) : -1, static_cast<int64_t>(en.freq())};
       fn(x, adm ? arena_.Row(en.row) : nullptr);
     });
@@ -384,7 +517,8 @@ class Table {
   int num_segments() const { return nseg_; }
 
   // Reads keys' current state (for a sealed snapshot's dirty keys). For each
-  // key: present[i], admitted[i], version/freq, and its full row in
+  // key: present[i], admitted[i], version (the raw slot: evict_policy.h;
+  // -1 for filtered keys) / freq, and its full row in
   // rows[i*stride] when admitted (zeros otherwise); rows may be null.
   void Read(const K* keys, int64_t n, int stride, uint8_t* present, uint8_t* admitted, int64_t* versions,
             int64_t* freqs, float* rows) const {
@@ -394,7 +528,7 @@ class Table {
       std::shared_lock<std::shared_mutex> lock(seg.mu);
       const E* en = seg.Find(keys[i], h);
       present[i] = en != nullptr;
-      admitted[i] = en && en->row != kNoRow;
+      admitted[i] = en && RowIsReal(en->row);
       versions[i] = admitted[i] ? arena_.Version(en->row) : -1;
       freqs[i] = en ? en->freq() : 0;
       if (!rows) continue;  // metadata only
@@ -407,8 +541,10 @@ class Table {
 
   // Upserts admitted keys. Key i's embedding is at values + i*values_stride;
   // its slot c at slots + i*slots_stride + c*dim, written to the table row at
-  // slot_offsets[c] (from EnsureSlots). Sets version and frequency. Reads the
-  // caller's buffers in place (a restore makes no staging copy).
+  // slot_offsets[c] (from EnsureSlots). Sets version (raw slot value,
+  // evict_policy.h) and frequency, and advances the clock to the newest step
+  // the versions name. Reads the caller's buffers in place (a restore makes
+  // no staging copy).
   void ImportRows(const K* keys, int64_t n, const float* values, int64_t values_stride, const float* slots,
                   int64_t slots_stride, const std::vector<int>& slot_offsets, const int64_t* versions,
                   const int64_t* freqs, bool mark_dirty) {
@@ -425,7 +561,7 @@ class Table {
       Segment<K>& seg = segments_[SegmentOf(h)];
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = FindOrAdd(seg, keys[i], h);
-      if (en->row == kNoRow) Admit(seg, en);
+      if (!RowIsReal(en->row)) Admit(seg, en);
       float* dst = arena_.Row(en->row);
       const bool was_zero = IsZeroRow(dst, dim_);
       std::memcpy(dst, values + i * values_stride, dim_ * sizeof(float));
@@ -433,6 +569,7 @@ class Table {
       for (size_t c = 0; c < slot_offsets.size(); ++c)
         std::memcpy(dst + slot_offsets[c], slots + i * slots_stride + c * slot_stride, dim_ * sizeof(float));
       arena_.Version(en->row) = versions[i];
+      AdvanceClock(VersionReference(versions[i]));
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
       if (mark_dirty) MarkDirty(seg, en);
     }
@@ -448,7 +585,8 @@ class Table {
       Segment<K>& seg = segments_[SegmentOf(h)];
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = FindOrAdd(seg, keys[i], h);
-      if (demote && en->row != kNoRow) {
+      if (demote && RowIsReal(en->row)) {
+        if (IsZeroRow(arena_.Row(en->row), dim_)) --ZeroCount(seg);
         arena_.Free(en->row);
         en->row = kNoRow;
         seg.adjust_admitted(-1);
@@ -529,8 +667,12 @@ class Table {
 
   // ---- stats -------------------------------------------------------------------
 
+  // `filtered` is exact for keys with an entry; with a Bloom filter it adds an
+  // estimate of the distinct keys counted in the filter and not admitted
+  // (distinct keys in the filter minus admissions through it, floored at 0).
   TableStats Stats() const {
     TableStats st;
+    double bloom_distinct = 0;
     for (int s = 0; s < nseg_; ++s) {
       const Segment<K>& seg = segments_[s];
       std::shared_lock<std::shared_mutex> lock(seg.mu);
@@ -540,8 +682,14 @@ class Table {
       st.dirty += seg.dirty.size();
       st.deleted += seg.deleted.size();
       st.zero_rows += zero_rows_[s];
+      if (bloom_) bloom_distinct += bloom_->DistinctEstimate(s);
     }
     st.filtered = st.size - st.admitted;
+    if (bloom_) {
+      st.filtered += std::max<int64_t>(0, std::llround(bloom_distinct) - bloom_admitted_.load());
+      st.filter_bytes = bloom_->bytes();
+    }
+    st.evicted = evicted_.load();
     st.free_rows = arena_.free_rows();
     st.meta_bytes = arena_.version_bytes();
     st.row_bytes = arena_.bytes() - st.meta_bytes;
@@ -646,7 +794,7 @@ class Table {
   }
 
   // Gives a filtered key its row: embedding from the bank, slots from their
-  // initial values, version -1. Caller holds the segment lock exclusively and
+  // initial values, version = the encoded admission step (the clock). Caller holds the segment lock exclusively and
   // decides about the dirty mark (ImportRows with mark_dirty=false must not set it).
   void Admit(Segment<K>& seg, E* en) { Admit(seg, en, arena_.Allocate()); }
   void Admit(Segment<K>& seg, E* en, uint32_t r) {
@@ -656,14 +804,14 @@ class Table {
     if (bank_zero_[b]) ++ZeroCount(seg);
     if (!slot_init_row_.empty())
       std::memcpy(row + dim_, slot_init_row_.data(), slot_init_row_.size() * sizeof(float));
-    arena_.Version(r) = -1;
+    arena_.Version(r) = EncodeAdmission(clock());
     en->row = r;
     seg.adjust_admitted(1);
   }
 
   void EraseLocked(Segment<K>& seg, E* en, bool track_deleted = true) {
     K k = en->key;
-    if (en->row != kNoRow) {
+    if (RowIsReal(en->row)) {
       if (IsZeroRow(arena_.Row(en->row), dim_)) --ZeroCount(seg);
       arena_.Free(en->row);
       seg.adjust_admitted(-1);
@@ -689,6 +837,10 @@ class Table {
   const int seg_bits_;
   const int nseg_;
   uint32_t min_freq_;
+  std::unique_ptr<CountingBloom> bloom_;  // BloomFilter admission; null otherwise
+  std::atomic<int64_t> bloom_admitted_{0};
+  std::atomic<int64_t> clock_{-1};
+  std::atomic<int64_t> evicted_{0};
   std::vector<float> default_;
   std::vector<float> bank_;
   size_t bank_rows_ = 1;

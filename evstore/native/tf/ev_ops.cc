@@ -38,6 +38,8 @@ REGISTER_OP("EvCreate")
     .Attr("dim: int >= 1")
     .Attr("segments_log2: int = 6")
     .Attr("min_freq: int = 1")
+    .Attr("bloom_capacity: int = 0")
+    .Attr("bloom_fp_rate: float = 0.01")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Creates the table behind `handle` if absent (idempotent for the same dim).");
 
@@ -101,10 +103,11 @@ REGISTER_OP("EvStats")
     .Attr("key_dtype: {int32, int64}")
     .Output("stats: int64")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(10));
+      c->set_output(0, c->Vector(12));
       return absl::OkStatus();
     })
-    .Doc("[size, admitted, filtered, free_rows, index_bytes, meta_bytes, row_bytes, dirty, deleted, zero_rows]");
+    .Doc("[size, admitted, filtered, free_rows, index_bytes, meta_bytes, row_bytes, dirty, deleted, "
+         "evicted, filter_bytes, zero_rows]");
 
 REGISTER_OP("EvKeyInfo")
     .Input("handle: resource")

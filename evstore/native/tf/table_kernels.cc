@@ -19,6 +19,8 @@ class EvCreateOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(c, c->GetAttr("segments_log2", &segments_log2_));
     OP_REQUIRES_OK(c, c->GetAttr("min_freq", &min_freq_));
+    OP_REQUIRES_OK(c, c->GetAttr("bloom_capacity", &bloom_capacity_));
+    OP_REQUIRES_OK(c, c->GetAttr("bloom_fp_rate", &bloom_fp_rate_));
     OP_REQUIRES(c, segments_log2_ >= 0 && segments_log2_ <= 12,
                 errors::InvalidArgument("segments_log2 must be in [0, 12]"));
     OP_REQUIRES(c, min_freq_ >= 1, errors::InvalidArgument("min_freq must be >= 1, got ", min_freq_));
@@ -35,6 +37,8 @@ class EvCreateOp : public OpKernel {
     cfg.dim = static_cast<int>(dim_);
     cfg.segments_log2 = static_cast<int>(segments_log2_);
     cfg.min_freq = static_cast<uint32_t>(min_freq_);
+    cfg.bloom.capacity = bloom_capacity_;
+    cfg.bloom.fp_rate = bloom_fp_rate_;
     auto b = bank.flat<float>();
     cfg.bank.assign(b.data(), b.data() + b.size());
     auto d = dflt.flat<float>();
@@ -59,7 +63,8 @@ class EvCreateOp : public OpKernel {
   }
 
  private:
-  int64_t dim_, segments_log2_, min_freq_;
+  int64_t dim_, segments_log2_, min_freq_, bloom_capacity_;
+  float bloom_fp_rate_;
 };
 
 template <typename K>
@@ -95,12 +100,12 @@ class EvStatsOp : public EvTableOp<K> {
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     TableStats s = t.Stats();
     Tensor* out;
-    int64_t v[] = {s.size,      s.admitted,  s.filtered, s.free_rows, s.index_bytes,
-                   s.meta_bytes, s.row_bytes, s.dirty,    s.deleted,   s.zero_rows};
-    const int64_t nv = sizeof(v) / sizeof(v[0]);
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nv}), &out));
+    const int64_t v[] = {s.size,      s.admitted, s.filtered, s.free_rows, s.index_bytes,  s.meta_bytes,
+                         s.row_bytes, s.dirty,    s.deleted,  s.evicted,   s.filter_bytes, s.zero_rows};
+    const int n = sizeof(v) / sizeof(v[0]);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
     auto o = out->flat<int64_t>();
-    for (int64_t i = 0; i < nv; ++i) o(i) = v[i];
+    for (int i = 0; i < n; ++i) o(i) = v[i];
   }
 };
 
@@ -119,7 +124,11 @@ class EvKeyInfoOp : public EvTableOp<K> {
     t.Read(keys.flat<K>().data(), n, t.stride(), present.data(), adm.data(), versions->flat<int64_t>().data(),
            freqs->flat<int64_t>().data(), /*rows=*/nullptr);
     auto a = admitted->flat<bool>();
-    for (int64_t i = 0; i < n; ++i) a(i) = adm[i] != 0;
+    auto v = versions->flat<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      a(i) = adm[i] != 0;
+      v(i) = PublicVersion(v(i));  // -1 for never updated (the slot may encode the admission step)
+    }
   }
 };
 

@@ -1,0 +1,126 @@
+// Admission filters. No TensorFlow.
+//
+// CounterFilter needs no code here: the table counts exact frequencies in the
+// index entry (segment.h) and admits a key when its count reaches min_freq.
+//
+// BloomFilter (CountingBloom below): keys that are not admitted get no index
+// entry at all; their sightings are counted in a counting Bloom filter and a
+// key is admitted when its estimate reaches min_freq.
+//
+// Layout: `counters_` holds nseg regions of `per_seg_` 8-bit saturating
+// counters (255 max). A key only touches the region of its index segment, so
+// every access happens under that segment's lock and needs no atomics (the
+// segment-parallel FindOrInsert stays lock-free between segments).
+// Positions: k = round(m/n * ln 2) probes by double hashing of an independent
+// mix of the key hash; m = -n ln(p) / ln(2)^2 counters for capacity n and
+// false-positive rate p (one byte each).
+//
+// Counting uses conservative update: adding c sightings raises each of the
+// key's k counters to max(counter, min + c). The estimate (min over the k
+// counters) is therefore never below the key's true count: a key is never
+// admitted late. Another key sharing all k counters can push it over the
+// threshold early; with up to `capacity` distinct keys counted, the chance that
+// a given key's estimate is inflated at all is about fp_rate. Counters never
+// decrease (no deletion), so past `capacity` distinct keys the rate of early
+// admissions grows; DistinctEstimate() tells how full the filter is.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hash.h"
+
+namespace evstore {
+
+struct BloomConfig {
+  int64_t capacity = 0;   // expected distinct keys; 0 = no Bloom filter
+  double fp_rate = 0.01;  // in (0, 1)
+};
+
+class CountingBloom {
+ public:
+  static constexpr uint32_t kMaxCount = 255;
+
+  CountingBloom(const BloomConfig& cfg, int nseg) : nseg_(nseg) {
+    if (cfg.capacity < 1) throw std::invalid_argument("bloom capacity must be >= 1");
+    if (!(cfg.fp_rate > 0.0 && cfg.fp_rate < 1.0))
+      throw std::invalid_argument("bloom fp_rate must be in (0, 1), got " + std::to_string(cfg.fp_rate));
+    const double ln2 = std::log(2.0);
+    double m = std::ceil(-static_cast<double>(cfg.capacity) * std::log(cfg.fp_rate) / (ln2 * ln2));
+    int k = static_cast<int>(std::lround(m / cfg.capacity * ln2));
+    hashes_ = std::min(30, std::max(1, k));
+    per_seg_ = std::max<uint64_t>(64, static_cast<uint64_t>(std::ceil(m / nseg)));
+    counters_.assign(per_seg_ * nseg, 0);
+  }
+
+  int hashes() const { return hashes_; }
+  int64_t counters() const { return static_cast<int64_t>(counters_.size()); }
+  int64_t bytes() const { return counters(); }
+
+  // Adds `n` sightings of the key with hash h in segment s (conservative
+  // update). Caller holds segment s's lock exclusively.
+  void Add(int s, uint64_t h, uint32_t n) {
+    uint8_t* c = &counters_[s * per_seg_];
+    uint64_t pos[32];
+    Positions(h, pos);
+    uint32_t lo = kMaxCount;
+    for (int i = 0; i < hashes_; ++i) lo = std::min<uint32_t>(lo, c[pos[i]]);
+    uint32_t want = std::min<uint32_t>(kMaxCount, lo + n);
+    for (int i = 0; i < hashes_; ++i)
+      if (c[pos[i]] < want) c[pos[i]] = static_cast<uint8_t>(want);
+  }
+
+  // Prefetches the key's counters (k cache lines at most): batch callers
+  // prefetch a few keys ahead of Add/Estimate so the misses overlap.
+  void Prefetch(int s, uint64_t h) const {
+    const uint8_t* c = &counters_[s * per_seg_];
+    uint64_t pos[32];
+    Positions(h, pos);
+    for (int i = 0; i < hashes_; ++i) __builtin_prefetch(c + pos[i]);
+  }
+
+  // The key's count estimate (>= its true count, saturating at 255). Caller
+  // holds segment s's lock (shared is enough).
+  uint32_t Estimate(int s, uint64_t h) const {
+    const uint8_t* c = &counters_[s * per_seg_];
+    uint64_t pos[32];
+    Positions(h, pos);
+    uint32_t lo = kMaxCount;
+    for (int i = 0; i < hashes_; ++i) lo = std::min<uint32_t>(lo, c[pos[i]]);
+    return lo;
+  }
+
+  // Estimated number of distinct keys counted in segment s (from the share of
+  // non-zero counters: -m/k ln(1 - X/m)). Caller holds segment s's lock.
+  double DistinctEstimate(int s) const {
+    const uint8_t* c = &counters_[s * per_seg_];
+    uint64_t nonzero = 0;
+    for (uint64_t i = 0; i < per_seg_; ++i) nonzero += c[i] != 0;
+    if (nonzero >= per_seg_) nonzero = per_seg_ - 1;
+    double m = static_cast<double>(per_seg_);
+    return -m / hashes_ * std::log(1.0 - nonzero / m);
+  }
+
+  // Zeroes segment s's counters (Table::Clear). Caller holds its lock.
+  void ClearSegment(int s) { std::fill_n(&counters_[s * per_seg_], per_seg_, 0); }
+
+ private:
+  void Positions(uint64_t h, uint64_t* pos) const {
+    uint64_t g = Mix64(h ^ 0xb492b66fbe98f273ULL);
+    uint32_t a = static_cast<uint32_t>(g), b = static_cast<uint32_t>(g >> 32) | 1u;
+    for (int i = 0; i < hashes_; ++i) {
+      uint32_t x = a + static_cast<uint32_t>(i) * b;
+      pos[i] = (static_cast<uint64_t>(x) * per_seg_) >> 32;
+    }
+  }
+
+  int nseg_;
+  int hashes_ = 1;
+  uint64_t per_seg_ = 0;
+  std::vector<uint8_t> counters_;
+};
+
+}  // namespace evstore

@@ -1,0 +1,17 @@
+// Op registrations for feature eviction (kernels: evict_kernels.cc).
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+REGISTER_OP("EvEvict")
+    .Input("handle: resource")
+    .Input("global_step: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("steps_to_live: int = -1")
+    .Attr("l2_threshold: float = 0")
+    .Output("evicted: int64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Evicts keys with global_step - version > steps_to_live (steps_to_live >= 0) or whose "
+         "embedding's L2 norm < l2_threshold (> 0). global_step < 0: the table's clock (highest step "
+         "seen). Evicted keys join the deleted set; their rows the free list. Returns how many.");
