@@ -27,6 +27,7 @@ them into one line on stderr and exit code 1.
 import datetime
 import gc
 import json
+import logging
 import os
 import posixpath
 import sys
@@ -44,6 +45,7 @@ __all__ = ["RootNotFoundError", "inspect", "format_inspect", "verify", "compact"
            "materialize", "cli"]
 
 CHUNK_ROWS = 65536
+log = logging.getLogger("evstore.checkpoint")
 
 
 class RootNotFoundError(CheckpointError):
@@ -312,7 +314,7 @@ def write_full(root, evs, dense, global_step, metadata=None, seq=None, storage_o
             try:
                 evs[name].abort_export(sid)
             except Exception:  # noqa: BLE001 - keep aborting the others
-                pass
+                log.exception("aborting the export of %s failed", name)
         if staging:
             storage.remove_manifest(dirname)
             storage.remove_dir(dirname)

@@ -216,7 +216,7 @@ def test_compact_restores_bit_for_bit_like_the_chain(chain_root, capsys):
 
 def test_compact_writes_a_full_that_inspect_and_verify_accept(chain_root):
     root, _ = chain_root
-    chain, m = tools.compact(root)
+    _, m = tools.compact(root)
     assert (m.kind, m.seq, m.parent, m.base, m.global_step) == ("full", 4, None, 4, 3)
     assert m.evs["user"]["slots"] == ["m", "v"] and m.evs["item"]["slots"] == []
     assert tools.inspect(root)["restore_chain"] == [4]
@@ -324,12 +324,12 @@ def test_to_parquet_rows_equal_ev_export(chain_root, tmp_path, capsys):
         np.testing.assert_array_equal(t["version"].to_numpy()[torder], ex["versions"].numpy()[order])
         np.testing.assert_array_equal(t["freq"].to_numpy()[torder], ex["freqs"].numpy()[order])
 
-        def rows(col):
-            return np.stack(t[col].to_numpy(zero_copy_only=False))[torder].reshape(-1, dim)
+        def rows(column, torder=torder, dim=dim):
+            return np.stack(column.to_numpy(zero_copy_only=False))[torder].reshape(-1, dim)
 
-        assert rows("value").tobytes() == ex["values"].numpy()[order].tobytes()
+        assert rows(t["value"]).tobytes() == ex["values"].numpy()[order].tobytes()
         for s in slots:
-            assert rows(f"slot_{s}").tobytes() == ex["slots"][s].numpy()[order].tobytes()
+            assert rows(t[f"slot_{s}"]).tobytes() == ex["slots"][s].numpy()[order].tobytes()
         f = pq.read_table(out / f"{name}.filtered.parquet")
         forder, eorder = np.argsort(f["key"].to_numpy()), np.argsort(ex["filtered_keys"].numpy())
         np.testing.assert_array_equal(f["key"].to_numpy()[forder], ex["filtered_keys"].numpy()[eorder])
@@ -345,3 +345,21 @@ def test_to_parquet_seq_writes_the_state_restore_seq_gives(chain_root, tmp_path)
     assert res["seq"] == 1
     t = pq.read_table(res["files"]["user"]["rows"])
     assert sorted(t["key"].to_numpy().tolist()) == sorted(model["user"].export()["keys"].numpy().tolist())
+
+
+def test_to_parquet_quotes_ev_names_holding_a_slash(tmp_path):
+    ev = evstore.EmbeddingVariable("ns/user", dim=2)
+    evstore.embedding_lookup(ev, tf.constant([4, 5], tf.int64))
+    CheckpointManager(str(tmp_path / "ckpt"), {"ns/user": ev}).save_full()
+    res = tools.to_parquet(str(tmp_path / "ckpt"), str(tmp_path / "pq"))
+    assert os.path.basename(res["files"]["ns/user"]["rows"]) == "ns%2Fuser.parquet"
+    assert sorted(pq.read_table(res["files"]["ns/user"]["rows"])["key"].to_pylist()) == [4, 5]
+
+
+def test_to_parquet_of_an_empty_ev_writes_empty_files_with_the_schema(tmp_path):
+    ev = evstore.EmbeddingVariable("empty", dim=3)
+    CheckpointManager(str(tmp_path / "ckpt"), [ev]).save_full()
+    res = tools.to_parquet(str(tmp_path / "ckpt"), str(tmp_path / "pq"))
+    t = pq.read_table(res["files"]["empty"]["rows"])
+    assert t.num_rows == 0 and t.column_names == ["key", "version", "freq", "value"]
+    assert pq.read_table(res["files"]["empty"]["filtered"]).num_rows == 0
