@@ -38,10 +38,15 @@ every served row comes from checkpoints. Keys are bench/common.py's keys.
                       poll) and under application (ServingModel.start(every_s=
                       --poll-every) applies every delta as it commits).
                       Freshness = commit -> served per applied delta
-                      (ServingModel.freshness_s).
+                      (ServingModel.freshness_s). After loading, the process
+                      runs gc.collect(); gc.freeze() as `evstore serve` does
+                      (--no-gc-freeze: without; then full garbage collections
+                      of the model's heap, ~0.4 s each here, land in either
+                      window at random and decide both p99s).
 Prints one JSON line (the last line of stdout); progress goes to stderr.
 """
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -311,6 +316,9 @@ def bench_live(args, workdir):
         sm._publish = timed_publish
         rng = np.random.default_rng(args.seed + 2)
         predict_loop(sm, 2.0, args.predict_hz, args.predict_batch, args.keys, rng)   # warm-up
+        if not args.no_gc_freeze:   # as `evstore serve` does after loading: full collections skip the model
+            gc.collect()
+            gc.freeze()
         for w in range(windows):
             for mode in (("idle", "busy") if w % 2 == 0 else ("busy", "idle")):
                 if mode == "idle":
@@ -335,6 +343,7 @@ def bench_live(args, workdir):
         proc.wait()
     out = {"live_rows": args.live_rows, "every_s": args.every, "poll_every_s": args.poll_every,
            "predict_batch": args.predict_batch, "predict_hz": args.predict_hz, "windows": windows,
+           "gc_freeze": not args.no_gc_freeze,
            "window_s": args.window_s, "deltas_applied": len(fresh), "failures": sm.failures,
            "freshness_p50_s": pct(fresh, 50), "freshness_p99_s": pct(fresh, 99), "freshness_max_s": max(fresh or [0]),
            "apply_p50_s": pct(lat, 50), "publish_max_ms": max(busy_pub or [0]) * 1e3,
@@ -367,7 +376,8 @@ def markdown(res):
     lv = res.get("live")
     if lv:
         lines += ["", f"Live (dim 16, {lv['live_rows']:,} rows per delta every {lv['every_s']} s, polled every "
-                      f"{lv['poll_every_s']} s, {lv['deltas_applied']} deltas applied, {lv['failures']} failures): "
+                      f"{lv['poll_every_s']} s, {lv['deltas_applied']} deltas applied, {lv['failures']} failures, "
+                      f"gc.freeze() after load: {lv.get('gc_freeze', False)}): "
                       f"freshness p50 {lv['freshness_p50_s']:.3f} s, p99 {lv['freshness_p99_s']:.3f} s. Predict "
                       f"({lv['predict_batch']} examples, {lv['predict_hz']:.0f}/s open loop, {lv['windows']} idle and "
                       f"{lv['windows']} busy windows of {lv['window_s']:.0f} s alternating) p50/p99 idle "
@@ -397,6 +407,7 @@ def main(argv=None):
     p.add_argument("--predict-batch", type=int, default=256)
     p.add_argument("--predict-hz", type=float, default=100.0)
     p.add_argument("--no-live", action="store_true")
+    p.add_argument("--no-gc-freeze", action="store_true", help="live phase without gc.freeze() after loading")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
     p.add_argument("--trainer", action="store_true", help=argparse.SUPPRESS)

@@ -35,6 +35,7 @@ from its counters and sample lists at each scrape and every poll interval.
 """
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -467,6 +468,12 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_n
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
     model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options)
     app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every)
+    # The loaded model leaves a large heap of long-lived Python objects (TF,
+    # Keras, the restored graph); a full garbage collection walks all of them
+    # and stalls every request for hundreds of milliseconds (measured ~0.4 s
+    # here). Frozen, they are skipped by every later collection.
+    gc.collect()
+    gc.freeze()
     sock = _bind(host, port)
     config = uvicorn.Config(app.app, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=10)
