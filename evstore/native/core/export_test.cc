@@ -181,6 +181,37 @@ void test_import_filtered_demote_frees_the_row_and_untracked_erase_leaves_no_del
   TCHECK_EQ(t.Stats().dirty, int64_t{0});
 }
 
+void test_reserved_table_imports_a_full_export_in_table_order() {
+  Table<int64_t> src(Cfg(2, 1));
+  std::vector<int64_t> keys(20000);
+  for (int64_t i = 0; i < 20000; ++i) keys[i] = i * 2654435761LL;
+  Insert(src, keys);
+  VecSink<int64_t> sink;
+  ExportFull(src, 0, 4096, &sink);
+  // Re-import in the order a checkpoint holds them (table order, i.e. hash order).
+  std::vector<int64_t> order;
+  Table<int64_t> src2(Cfg(2, 1));
+  struct Ordered : ExportSink<int64_t> {
+    std::vector<int64_t>* out;
+    void Rows(const int64_t* k, const float*, int, const int64_t*, const int64_t*, int64_t n) override {
+      out->insert(out->end(), k, k + n);
+    }
+    void Filtered(const int64_t*, const int64_t*, int64_t) override {}
+    void Deleted(const int64_t*, int64_t) override {}
+  } ordered;
+  ordered.out = &order;
+  ExportFull(src, 0, 4096, &ordered);
+  Table<int64_t> dst(Cfg(2, 1));
+  dst.Reserve(static_cast<int64_t>(order.size()));
+  std::vector<float> vals(order.size() * 2, 1.f);
+  std::vector<int64_t> vers(order.size(), 3), freqs(order.size(), 1);
+  dst.ImportRows(order.data(), order.size(), vals.data(), 2, nullptr, 0, {}, vers.data(), freqs.data(), false);
+  TCHECK_EQ(dst.Stats().admitted, int64_t{20000});
+  std::vector<float> out(order.size() * 2);
+  dst.Find(order.data(), order.size(), out.data(), SerialFor);
+  TCHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 1.f; }));
+}
+
 }  // namespace
 
 #define RUN(fn) (fn(), std::printf("ok %s\n", #fn), std::fflush(stdout))
@@ -191,6 +222,7 @@ int main() {
   RUN(test_export_during_concurrent_training_sees_whole_rows);
   RUN(test_import_rows_reads_slot_major_chunks);
   RUN(test_import_filtered_demote_frees_the_row_and_untracked_erase_leaves_no_deletion);
+  RUN(test_reserved_table_imports_a_full_export_in_table_order);
   std::printf("all tests passed\n");
   return 0;
 }

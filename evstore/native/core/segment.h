@@ -167,6 +167,14 @@ class Segment {
     admitted_ = 0;
   }
 
+  // Makes room for `n` entries in total without further growth (a bulk
+  // import: keys that arrive in hash order would otherwise pile into the
+  // few groups of a small, repeatedly growing segment).
+  void Reserve(size_t n) {
+    size_t want = n * 10 / 7 / kGroup + 1;
+    if (want > ngroups_) Rehash(want);
+  }
+
  private:
   size_t HomeGroup(uint64_t h) const {
     return static_cast<size_t>(((h >> 7) & 0xFFFFFFFFu) * ngroups_ >> 32);
@@ -193,10 +201,13 @@ class Segment {
   }
 
   void Grow() {
-    ++rehashes_;
     // Target load 0.7 after the rehash (a table full of tombstones keeps its size).
     size_t want = (size_ + 1) * 10 / 7 / kGroup + 1;
-    if (want < ngroups_) want = ngroups_;
+    Rehash(want < ngroups_ ? ngroups_ : want);
+  }
+
+  void Rehash(size_t want) {
+    ++rehashes_;
     uint8_t* old_ctrl = ctrl_;
     E* old_slots = slots_;
     size_t old_cap = capacity();

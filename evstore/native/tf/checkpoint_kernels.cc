@@ -213,6 +213,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
           throw std::runtime_error("checkpoint " + prefix + ": a slot of '" + name + "' has the wrong row count");
       std::vector<int> offs = t.EnsureSlots(want);
       if (clear_) t.Clear();
+      t.Reserve(t.Stats().size + n + fkeys.rows());
       const int64_t cap = chunk_rows_;
       std::vector<K> kbuf(cap);
       std::vector<int64_t> vbuf(cap), fbuf(cap);

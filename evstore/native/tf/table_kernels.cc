@@ -227,6 +227,7 @@ class EvImportOp : public EvTableOp<K> {
     EV_TRY(ctx, {
       std::vector<int> offs = t.EnsureSlots(want);
       if (clear_) t.Clear();
+      t.Reserve(t.Stats().size + n + fkeys.NumElements());
       t.ImportRows(keys.flat<K>().data(), n, vals.flat<float>().data(), dim, slots.flat<float>().data(), ns * dim,
                    offs, vers.flat<int64_t>().data(), freqs.flat<int64_t>().data(), /*mark_dirty=*/!clear_);
       t.ImportFiltered(fkeys.flat<K>().data(), fkeys.NumElements(), ffreqs.flat<int64_t>().data(), !clear_);
