@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "crc32c.h"
 #include "export.h"
 #include "test_check.h"
 
@@ -212,6 +213,17 @@ void test_reserved_table_imports_a_full_export_in_table_order() {
   TCHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 1.f; }));
 }
 
+void test_crc32c_matches_the_standard_check_value_in_any_split() {
+  const char* check = "123456789";
+  TCHECK_EQ(Crc32cExtend(0, check, 9), 0xE3069283u);
+  std::vector<uint8_t> buf(100003);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + 7);
+  uint32_t whole = Crc32cExtend(0, buf.data(), buf.size());
+  uint32_t split = Crc32cExtend(Crc32cExtend(0, buf.data(), 13), buf.data() + 13, buf.size() - 13);
+  TCHECK_EQ(whole, split);
+  TCHECK_EQ(whole, ~crc32c_internal::Software(~0u, buf.data(), buf.size()));
+}
+
 }  // namespace
 
 #define RUN(fn) (fn(), std::printf("ok %s\n", #fn), std::fflush(stdout))
@@ -223,6 +235,7 @@ int main() {
   RUN(test_import_rows_reads_slot_major_chunks);
   RUN(test_import_filtered_demote_frees_the_row_and_untracked_erase_leaves_no_deletion);
   RUN(test_reserved_table_imports_a_full_export_in_table_order);
+  RUN(test_crc32c_matches_the_standard_check_value_in_any_split);
   std::printf("all tests passed\n");
   return 0;
 }

@@ -15,7 +15,8 @@
 #include "tensorflow/core/framework/versions.pb.h"
 #include "tensorflow/core/util/tensor_bundle/naming.h"
 #include "tensorflow/core/util/tensor_bundle/tensor_bundle.h"
-#include "xla/tsl/lib/hash/crc32c.h"
+#include "xla/tsl/lib/hash/crc32c.h"  // Mask / Unmask of entry checksums
+#include "../core/crc32c.h"
 #include "xla/tsl/lib/io/iterator.h"
 #include "xla/tsl/lib/io/table.h"
 #include "xla/tsl/lib/io/table_builder.h"
@@ -62,7 +63,7 @@ OutFile::~OutFile() {
 
 void OutFile::Write(const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
-  crc_ = tsl::crc32c::Extend(crc_, p, n);
+  crc_ = Crc32cExtend(crc_, p, n);
   size_ += n;
   while (n > 0) {
     size_t take = std::min(n, buf_.size() - used_);
@@ -134,7 +135,7 @@ void BundleStreamWriter::AddTensor(const std::string& name, const tensorflow::Te
   auto bytes = t.tensor_data();
   main_->Write(bytes.data(), bytes.size());
   e.set_size(bytes.size());
-  e.set_crc32c(tsl::crc32c::Mask(tsl::crc32c::Value(bytes.data(), bytes.size())));
+  e.set_crc32c(tsl::crc32c::Mask(Crc32cExtend(0, bytes.data(), bytes.size())));
 }
 
 int BundleStreamWriter::BeginColumn(const std::string& name, tensorflow::DataType dtype,
@@ -238,7 +239,7 @@ std::vector<BundleFile> BundleStreamWriter::Finish() {
     int64_t size = 0;
     ssize_t r;
     while ((r = ::read(fd, buf.data(), buf.size())) > 0) {
-      crc = tsl::crc32c::Extend(crc, buf.data(), r);
+      crc = Crc32cExtend(crc, buf.data(), r);
       size += r;
     }
     ::close(fd);
@@ -345,7 +346,7 @@ void BundleStreamReader::Column::Read(void* dst, int64_t rows) {
     if (r <= 0) throw std::runtime_error("short read of tensor '" + name_ + "' from '" + path_ + "'");
     done += r;
   }
-  crc_ = tsl::crc32c::Extend(crc_, p, n);
+  crc_ = Crc32cExtend(crc_, p, n);
   offset_ += n;
 }
 

@@ -1,7 +1,12 @@
 // Kernels of checkpoint_ops.cc: convert tensors, stream the table through
 // core/export.h into a BundleStreamWriter, or from a BundleStreamReader into
 // the table. No table logic here.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -10,7 +15,7 @@
 #include "../core/export.h"
 #include "bundle_stream.h"
 #include "kernel_util.h"
-#include "xla/tsl/lib/hash/crc32c.h"
+#include "../core/crc32c.h"
 
 namespace evstore {
 namespace tf {
@@ -270,13 +275,43 @@ class EvCrc32cExtendOp : public OpKernel {
     const auto& data = ctx->input(1).scalar<tensorflow::tstring>()();
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = tsl::crc32c::Extend(static_cast<uint32_t>(crc), data.data(), data.size());
+    out->scalar<int64_t>()() = Crc32cExtend(static_cast<uint32_t>(crc), data.data(), data.size());
+  }
+};
+
+// crc32c and size of a local file, read in 4 MiB chunks.
+class EvFileCrc32cOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const std::string path(ctx->input(0).scalar<tensorflow::tstring>()());
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    OP_REQUIRES(ctx, fd >= 0, errors::NotFound("cannot open '", path, "': ", std::strerror(errno)));
+    std::vector<char> buf(4 << 20);
+    uint32_t crc = 0;
+    int64_t size = 0;
+    ssize_t r;
+    while ((r = ::read(fd, buf.data(), buf.size())) != 0) {
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) break;
+      crc = Crc32cExtend(crc, buf.data(), r);
+      size += r;
+    }
+    const int err = r < 0 ? errno : 0;
+    ::close(fd);
+    OP_REQUIRES(ctx, err == 0, errors::DataLoss("cannot read '", path, "': ", std::strerror(err)));
+    Tensor *c, *s;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &c));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &s));
+    c->scalar<int64_t>()() = crc;
+    s->scalar<int64_t>()() = size;
   }
 };
 
 REGISTER_KERNEL_BUILDER(Name("EvSaveBundle").Device(DEVICE_CPU), EvSaveBundleOp);
 EV_REGISTER_KEYED("EvLoadBundle", EvLoadBundleOp);
 REGISTER_KERNEL_BUILDER(Name("EvCrc32cExtend").Device(DEVICE_CPU), EvCrc32cExtendOp);
+REGISTER_KERNEL_BUILDER(Name("EvFileCrc32c").Device(DEVICE_CPU), EvFileCrc32cOp);
 
 }  // namespace
 }  // namespace tf

@@ -70,3 +70,14 @@ REGISTER_OP("EvCrc32cExtend")
     .Output("out: int64")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc("crc32c (Castagnoli, unmasked) of `data` continued from `crc`.");
+
+REGISTER_OP("EvFileCrc32c")
+    .Input("path: string")
+    .Output("crc: int64")
+    .Output("size: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("crc32c (Castagnoli, unmasked) and size of a local file.");
