@@ -401,6 +401,7 @@ def main():
     ap.add_argument("--no-serving", action="store_true", help="skip the serving benchmark")
     ap.add_argument("--only-serving", action="store_true", help="run only the serving benchmark")
     ap.add_argument("--no-filters", action="store_true", help="skip bench/bench_filters.py")
+    ap.add_argument("--no-e2e", action="store_true", help="skip bench/bench_e2e.py (end-to-end training)")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
@@ -416,6 +417,7 @@ def main():
     if args.only_checkpoint or args.only_serving:
         configs = []
         args.no_filters = True
+        args.no_e2e = True
     if args.only_serving:
         args.no_checkpoint = True
     if args.only_checkpoint:
@@ -461,6 +463,21 @@ def main():
         serving = run_serving(args, logdir)
         if "error" in serving:
             print("  " + serving["error"], flush=True)
+    e2e_md = ""
+    if not args.no_e2e:
+        print(f"[{time.time() - t_start:6.0f}s] end-to-end training (bench_e2e.py) ...", flush=True)
+        cmd = [sys.executable, os.path.join(HERE, "bench_e2e.py"), "--out-dir", args.out_dir]
+        cmd += (["--quick"] if args.quick else [])
+        cmd += (["--peer-venv", args.peer_venv] if peer_py else ["--systems", "evstore,tf_hash"])
+        with open(os.path.join(logdir, "bench_e2e.log"), "w") as log:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
+        # bench_e2e prints "results: bench/results/e2e-<stamp>.json / .md"
+        md = [os.path.join(ROOT, ln.split("results:", 1)[1].split()[0][:-len(".json")] + ".md")
+              for ln in r.stdout.splitlines() if ln.startswith("results:")]
+        md = [m for m in md if os.path.exists(m)]
+        e2e_md = ("\n" + open(md[-1]).read()) if r.returncode == 0 and md else (
+            f"\n### End-to-end training\n\nfailed (exit {r.returncode}); see bench/results/logs/bench_e2e.log\n")
+
     filters_md = ""
     if not args.no_filters:
         print(f"[{time.time() - t_start:6.0f}s] filters and eviction (bench_filters.py) ...", flush=True)
@@ -484,7 +501,7 @@ def main():
           + (f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
              "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
              "ratios are within a run.\n" if results else f"{meta['total_s']:.0f} s total.\n")
-          + (tables(results, tfra_note) if results else "") + filters_md + checkpoint_tables(ckpt)
+          + (tables(results, tfra_note) if results else "") + filters_md + e2e_md + checkpoint_tables(ckpt)
           + serving_tables(serving))
     base = os.path.join(args.out_dir, f"bench-{stamp}")
     with open(base + ".json", "w") as f:
