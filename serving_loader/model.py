@@ -319,6 +319,17 @@ class ServingModel:
             self._sched.shutdown(wait=True)
             self._sched = None
 
+    def apply_samples(self, wait=True):
+        """(applied, freshness samples, apply-latency samples) as of one moment
+        (taken under the poll lock). With wait=False returns None instead of
+        waiting while a checkpoint is being applied."""
+        if not self._poll_lock.acquire(blocking=wait):
+            return None
+        try:
+            return self.applied, list(self.freshness_s), list(self.apply_latency_s)
+        finally:
+            self._poll_lock.release()
+
     def metrics(self):
         """A snapshot for monitoring: version, applied, failures, rows per table,
         freshness and apply latency samples (seconds)."""

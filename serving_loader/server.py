@@ -239,14 +239,7 @@ class ServingMetrics:
         """(applied, freshness samples, latency samples) as of one moment, or
         None while the model is applying (its poll lock is busy; the samples
         are picked up by the next refresh)."""
-        m = self.model
-        lock = m._poll_lock  # held by every poll around each apply and its samples
-        if not lock.acquire(blocking=False):
-            return None
-        try:
-            return m.applied, m.freshness_s, m.apply_latency_s
-        finally:
-            lock.release()
+        return self.model.apply_samples(wait=False)
 
     def refresh(self):
         with self._lock:
