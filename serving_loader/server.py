@@ -235,19 +235,19 @@ class ServingMetrics:
         self._lock = threading.Lock()  # scrapes and the periodic refresh run on different threads
         self.refresh()
 
-    def _snapshot(self):
+    def _snapshot(self, wait=False):
         """(applied, freshness samples, latency samples) as of one moment, or
         None while the model is applying (its poll lock is busy; the samples
         are picked up by the next refresh)."""
-        return self.model.apply_samples(wait=False)
+        return self.model.apply_samples(wait=wait)
 
-    def refresh(self):
+    def refresh(self, wait=False):
         with self._lock:
-            self._refresh()
+            self._refresh(wait)
 
-    def _refresh(self):
+    def _refresh(self, wait=False):
         m = self.model
-        snap = self._snapshot()
+        snap = self._snapshot(wait)
         new = 0 if snap is None else snap[0] - self._seen_applied
         if new > 0:
             applied, fresh, lat = snap
@@ -268,7 +268,7 @@ class ServingMetrics:
     def exposition(self):
         from prometheus_client import generate_latest
 
-        self.refresh()
+        self.refresh(wait=True)   # a scrape waits for an apply in progress: its counts are current
         return generate_latest(self.registry)
 
 

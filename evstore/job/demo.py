@@ -160,7 +160,14 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         train_seconds = time.time() - t_train
         final = trainer.manager.stop()                     # the final delta: nothing trained is lost
         _wait_for(lambda: server.version() >= final, 60)
-        server_metrics = server.metrics()
+        committed = sum(1 for q in checkpoint_seqs(trainer) if q > first_full)
+        deadline = time.time() + 10     # the server's counters follow its applies
+        while True:
+            server_metrics = server.metrics()
+            if (server_metrics.get("evstore_serving_checkpoints_applied_total", 0) >= committed + 1
+                    or time.time() > deadline):
+                break
+            time.sleep(0.2)
     finally:
         server.stop()
         if bar is not None:
@@ -178,6 +185,11 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(result, f, indent=1, default=float)
     return result
+
+
+def checkpoint_seqs(trainer):
+    import checkpoint
+    return sorted(checkpoint.scan(trainer.manager.storage).manifests)
 
 
 def _wait_for(cond, timeout):
