@@ -14,17 +14,19 @@ again comes back as a new key: fresh initial row, frequency counted from zero.
 Policies are small classes behind one interface (`EvictPolicy`); the native
 table applies them in one pass (evstore/native/core/evict_policy.h).
 """
+import abc
+
 import math
 
 __all__ = ["EvictPolicy", "GlobalStepEvict", "L2WeightEvict"]
 
 
-class EvictPolicy:
+class EvictPolicy(abc.ABC):
     """Base class of eviction policies (the interface the EV uses)."""
 
+    @abc.abstractmethod
     def _native_attrs(self):
         """Attributes of the EvEvict op that enable this policy."""
-        raise NotImplementedError
 
 
 class GlobalStepEvict(EvictPolicy):

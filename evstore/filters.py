@@ -16,6 +16,8 @@ no row and ignores gradients. Read-only lookups (`training=False`) never count.
 Filters are small classes behind one interface (`AdmissionFilter`): each tells
 the native table how to build its admission policy (`_native_attrs`).
 """
+import abc
+
 import math
 
 __all__ = ["AdmissionFilter", "CounterFilter", "BloomFilter"]
@@ -28,14 +30,14 @@ def _check_min_freq(cls, min_freq, upper=None):
         raise ValueError(f"{cls}: min_freq must be <= {upper} (its counters are 8-bit), got {min_freq}")
 
 
-class AdmissionFilter:
+class AdmissionFilter(abc.ABC):
     """Base class of admission filters (the interface the EV uses)."""
 
     min_freq = 1
 
+    @abc.abstractmethod
     def _native_attrs(self):
         """Attributes of the table's create op (EvCreate) that set this policy."""
-        raise NotImplementedError
 
 
 class CounterFilter(AdmissionFilter):
