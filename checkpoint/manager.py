@@ -28,16 +28,14 @@ One writer per root.
 """
 import logging
 import threading
-import time
 
 import tensorflow as tf
 
-from checkpoint import _failpoints
-from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense, write_bundle
+from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
 from checkpoint.chain import resolve_chain, scan, verify_files
 from checkpoint.collect import collect
+from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import CheckpointError, CorruptCheckpointError
-from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
 from checkpoint.storage import Storage
 
 __all__ = ["CheckpointManager"]
@@ -139,74 +137,25 @@ class CheckpointManager:
             sc = scan(self.storage)
             seq = max(sc.max_seq, self._last.seq if self._last else 0) + 1
             self._remove_leftovers(sc)
-            dirname = dir_name(kind, seq)
-            staging = None
-            sids = {}
             col = collect(self.model)
-            try:
-                with self.lock:
-                    step = self._step_value(col)
-                    meta = dict(metadata() if callable(metadata) else (metadata or {}))
-                    for ev in col.evs.values():
-                        if getattr(ev, "evict_policies", ()):
-                            ev.evict(step)
-                    for name, ev in col.evs.items():
-                        sid, _, _ = ev._begin_export_seal_only()
-                        sids[name] = int(sid)
-                    dense = {n: tf.convert_to_tensor(v) for n, v in col.dense.items()}
-                    dense[GLOBAL_STEP] = tf.constant(step, tf.int64)
-                    staging = self.storage.staging_dir(dirname)
-                    _failpoints.hit("before-bundle")
-                    files, counts = write_bundle(staging, col.evs, sids, dense, full=(kind == "full"),
-                                                 chunk_rows=self.chunk_rows)
-                self._check_bundle(staging, col, files)
-                self.storage.upload(staging, dirname, list(files))
-                manifest = Manifest(
-                    seq=seq, kind=kind, parent=None if kind == "full" else self._last.seq,
-                    base=seq if kind == "full" else self._last.base, global_step=step, wall_time=time.time(),
-                    files=files,
-                    evs={n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name, **counts[n]} for n, ev in col.evs.items()},
-                    dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in dense.items()},
-                    metadata=meta)
-                manifest.to_json()  # metadata must serialise before anything is committed
-                _failpoints.hit("before-manifest")
-                self.storage.write_manifest(dirname, manifest)
-                _failpoints.hit("after-manifest")
-            except BaseException:
-                for name, sid in sids.items():
-                    try:
-                        col.evs[name].abort_export(sid)
-                    except Exception:  # noqa: BLE001 - keep aborting the others
-                        log.exception("aborting the export of %s failed", name)
-                self.storage.remove_manifest(dirname) if staging else None
-                self.storage.remove_dir(dirname)
-                raise
-            finally:
-                if staging:
-                    self.storage.discard_staging(staging)
-            for name, sid in sids.items():
-                col.evs[name].commit_export(sid)
+
+            def prepare():
+                step = self._step_value(col)
+                meta = metadata() if callable(metadata) else metadata
+                for ev in col.evs.values():
+                    if getattr(ev, "evict_policies", ()):
+                        ev.evict(step)
+                return step, meta
+
+            manifest = commit_checkpoint(
+                self.storage, kind, seq, col.evs, dense_fn=lambda: dict(col.dense), prepare=prepare,
+                parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
+                chunk_rows=self.chunk_rows, lock=self.lock)
             self._last = manifest
             if kind == "full":
                 self._apply_retention()
-            log.info("committed %s (step %d, %d bytes)", manifest.dir, step, manifest.total_bytes)
+            log.info("committed %s (step %d, %d bytes)", manifest.dir, manifest.global_step, manifest.total_bytes)
             return seq
-
-    def _check_bundle(self, staging, col, files):
-        """Step 4: the index just written lists every tensor with the right dtype."""
-        import os
-        for name, f in files.items():
-            size = os.path.getsize(os.path.join(staging, name))
-            if size != f["size"]:
-                raise CheckpointError(f"{os.path.join(staging, name)}: wrote {f['size']} bytes, found {size}")
-        listed = tf.train.load_checkpoint(os.path.join(staging, BUNDLE_PREFIX)).get_variable_to_dtype_map()
-        for name in col.evs:
-            for suffix in ("-keys", "-values", "-versions", "-freqs", "-keys_filtered", "-freqs_filtered"):
-                if name + suffix not in listed:
-                    raise CheckpointError(f"checkpoint bundle in {staging} lacks tensor {name + suffix}")
-        for name in list(col.dense) + [GLOBAL_STEP]:
-            if name not in listed:
-                raise CheckpointError(f"checkpoint bundle in {staging} lacks tensor {name}")
 
     def _remove_leftovers(self, sc):
         """Directories without a manifest below the next sequence are dead saves (one writer per root)."""

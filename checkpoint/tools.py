@@ -31,14 +31,14 @@ import logging
 import os
 import posixpath
 import sys
-import time
 import urllib.parse
 import uuid
 
-from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense, write_bundle
+from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
 from checkpoint.chain import resolve_chain, scan, verify_files
+from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
-from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
+from checkpoint.manifest import MANIFEST
 from checkpoint.storage import Storage
 
 __all__ = ["RootNotFoundError", "inspect", "format_inspect", "verify", "compact", "write_full", "to_parquet",
@@ -278,7 +278,6 @@ def write_full(root, evs, dense, global_step, metadata=None, seq=None, storage_o
     Returns:
       The committed Manifest.
     """
-    import tensorflow as tf
     storage = root if isinstance(root, Storage) else Storage(root, storage_options)
     if GLOBAL_STEP in dense:
         raise ValueError(f"dense must not hold {GLOBAL_STEP!r}: pass it as global_step")
@@ -289,56 +288,8 @@ def write_full(root, evs, dense, global_step, metadata=None, seq=None, storage_o
         seq = top + 1
     elif seq <= top:
         raise ValueError(f"seq must be above every checkpoint of {storage.url} (the newest is {top}), got {seq}")
-    dirname = dir_name("full", seq)
-    tensors = {n: tf.convert_to_tensor(v) for n, v in dense.items()}
-    tensors[GLOBAL_STEP] = tf.constant(int(global_step), tf.int64)
-    sids, staging = {}, None
-    try:
-        for name, ev in evs.items():
-            sid, _, _ = ev._begin_export_seal_only()
-            sids[name] = int(sid)
-        staging = storage.staging_dir(dirname)
-        files, counts = write_bundle(staging, evs, sids, tensors, full=True, chunk_rows=chunk_rows)
-        _check_written(staging, files, list(evs), list(tensors))
-        storage.upload(staging, dirname, list(files))
-        manifest = Manifest(
-            seq=seq, kind="full", parent=None, base=seq, global_step=int(global_step), wall_time=time.time(),
-            files=files,
-            evs={n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name, **counts[n]} for n, ev in evs.items()},
-            dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in tensors.items()},
-            metadata=dict(metadata or {}))
-        manifest.to_json()
-        storage.write_manifest(dirname, manifest)
-    except BaseException:
-        for name, sid in sids.items():
-            try:
-                evs[name].abort_export(sid)
-            except Exception:  # noqa: BLE001 - keep aborting the others
-                log.exception("aborting the export of %s failed", name)
-        if staging:
-            storage.remove_manifest(dirname)
-            storage.remove_dir(dirname)
-        raise
-    finally:
-        if staging:
-            storage.discard_staging(staging)
-    for name, sid in sids.items():
-        evs[name].commit_export(sid)
-    return manifest
-
-
-def _check_written(staging, files, ev_names, dense_names):
-    import tensorflow as tf
-    for name, f in files.items():
-        size = os.path.getsize(os.path.join(staging, name))
-        if size != f["size"]:
-            raise CheckpointError(f"{os.path.join(staging, name)}: wrote {f['size']} bytes, found {size}")
-    listed = tf.train.load_checkpoint(os.path.join(staging, BUNDLE_PREFIX)).get_variable_to_dtype_map()
-    want = [n + s for n in ev_names for s in ("-keys", "-values", "-versions", "-freqs", "-keys_filtered",
-                                                  "-freqs_filtered")] + dense_names
-    missing = [w for w in want if w not in listed]
-    if missing:
-        raise CheckpointError(f"checkpoint bundle in {staging} lacks tensors {missing}")
+    return commit_checkpoint(storage, "full", seq, evs, dense_fn=lambda: dict(dense),
+                             prepare=lambda: (int(global_step), dict(metadata or {})), chunk_rows=chunk_rows)
 
 
 # ---- compact ------------------------------------------------------------------------------

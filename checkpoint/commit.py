@@ -1,0 +1,97 @@
+"""The commit protocol (DESIGN sections 4 and 8), in one place: used by
+CheckpointManager saves and by `tools.write_full` (compact).
+
+  1. under `lock`: `prepare()` (the caller's eviction, step and metadata),
+     seal each EV's dirty and deleted sets into a snapshot, read the dense
+     tensors, stream the bundle into the checkpoint directory (local roots)
+     or a staging directory (remote roots), fsyncing every file;
+  2. check the files' sizes and that the index lists every tensor; upload;
+  3. the commit point: MANIFEST.json written atomically, last;
+  4. only then each EV commits its snapshot.
+Any failure in 1-3 aborts the snapshots (the next save carries every change)
+and removes the directory; a kill leaves at worst a directory without a
+manifest, which readers ignore.
+"""
+import contextlib
+import logging
+import os
+import time
+
+import tensorflow as tf
+
+from checkpoint import _failpoints
+from checkpoint.bundle import GLOBAL_STEP, write_bundle
+from checkpoint.errors import CheckpointError
+from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
+
+__all__ = ["commit_checkpoint"]
+
+log = logging.getLogger("evstore.checkpoint")
+_EV_TENSORS = ("-keys", "-values", "-versions", "-freqs", "-keys_filtered", "-freqs_filtered")
+
+
+def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, base=None, chunk_rows=65536,
+                      lock=None):
+    """Writes and commits checkpoint `seq` of `kind` ("full" / "delta"); returns its Manifest.
+
+    Args:
+      evs: {checkpoint name: EmbeddingVariable}.
+      dense_fn: () -> {name: tensor-like}, read under `lock` after the seal.
+      prepare: () -> (global_step, metadata dict), run under `lock` first.
+      parent, base: the delta's parent and base (a full is its own base).
+      lock: held for step 1 (a training loop holding it gets exact snapshots).
+    """
+    dirname = dir_name(kind, seq)
+    sids, staging = {}, None
+    try:
+        with lock if lock is not None else contextlib.nullcontext():
+            step, meta = prepare()
+            for name, ev in evs.items():
+                sids[name] = int(ev._begin_export_seal_only()[0])
+            dense = {n: tf.convert_to_tensor(v) for n, v in dense_fn().items()}
+            if GLOBAL_STEP in dense:
+                raise ValueError(f"a dense tensor may not be named {GLOBAL_STEP!r}")
+            dense[GLOBAL_STEP] = tf.constant(int(step), tf.int64)
+            staging = storage.staging_dir(dirname)
+            _failpoints.hit("before-bundle")
+            files, counts = write_bundle(staging, evs, sids, dense, full=(kind == "full"), chunk_rows=chunk_rows)
+        _check_written(staging, files, list(evs), list(dense))
+        storage.upload(staging, dirname, list(files))
+        manifest = Manifest(
+            seq=seq, kind=kind, parent=None if kind == "full" else parent, base=seq if kind == "full" else base,
+            global_step=int(step), wall_time=time.time(), files=files,
+            evs={n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name, **counts[n]} for n, ev in evs.items()},
+            dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in dense.items()},
+            metadata=dict(meta or {}))
+        manifest.to_json()  # metadata must serialise before anything is committed
+        _failpoints.hit("before-manifest")
+        storage.write_manifest(dirname, manifest)
+        _failpoints.hit("after-manifest")
+    except BaseException:
+        for name, sid in sids.items():
+            try:
+                evs[name].abort_export(sid)
+            except Exception:  # noqa: BLE001 - keep aborting the others
+                log.exception("aborting the export of %s failed", name)
+        if staging:
+            storage.remove_manifest(dirname)
+        storage.remove_dir(dirname)
+        raise
+    finally:
+        if staging:
+            storage.discard_staging(staging)
+    for name, sid in sids.items():
+        evs[name].commit_export(sid)
+    return manifest
+
+
+def _check_written(staging, files, ev_names, dense_names):
+    """Step 2: sizes on disk match what was written; the index lists every tensor."""
+    for name, f in files.items():
+        size = os.path.getsize(os.path.join(staging, name))
+        if size != f["size"]:
+            raise CheckpointError(f"{os.path.join(staging, name)}: wrote {f['size']} bytes, found {size}")
+    listed = tf.train.load_checkpoint(os.path.join(staging, BUNDLE_PREFIX)).get_variable_to_dtype_map()
+    missing = [w for w in [n + s for n in ev_names for s in _EV_TENSORS] + list(dense_names) if w not in listed]
+    if missing:
+        raise CheckpointError(f"checkpoint bundle in {staging} lacks tensors {missing}")
