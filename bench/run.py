@@ -107,24 +107,30 @@ def run_config(keys, dim, args, peer_py, logdir):
     return out
 
 
+def _run_json_bench(cmd, log_path, what, timeout):
+    """Runs one benchmark process whose last stdout line starting with "{" is its
+    JSON result; returns it with its wall time (or {"error": ...})."""
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout}s; see {log_path}"}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return {"error": f"{what} exit {r.returncode}; see {log_path}"}
+    res = json.loads(lines[-1])
+    res["wall_s"] = time.time() - t0
+    return res
+
+
 def run_checkpoint(args, peer_py, logdir):
     """One bench_checkpoint.py process; returns its JSON result (or {"error": ...})."""
     cmd = [sys.executable, os.path.join(HERE, "bench_checkpoint.py"), "--keys", str(args.checkpoint_keys),
            "--dim", "16", "--repeats", str(args.checkpoint_repeats), "--seed", str(args.seed), "--log-dir", logdir]
     cmd += ["--peer-python", peer_py] if peer_py else ["--no-tfra"]
     log_path = os.path.join(logdir, f"bench_checkpoint_{args.checkpoint_keys}x16.log")
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout}s; see {log_path}"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"bench_checkpoint exit {r.returncode}; see {log_path}"}
-    res = json.loads(lines[-1])
-    res["wall_s"] = time.time() - t0
-    return res
+    return _run_json_bench(cmd, log_path, "bench_checkpoint", args.timeout)
 
 
 def run_serving(args, logdir):
@@ -132,19 +138,7 @@ def run_serving(args, logdir):
     cmd = [sys.executable, os.path.join(HERE, "bench_serving.py"), "--seed", str(args.seed)]
     if args.quick:
         cmd += ["--keys", "200000", "--delta-rows", "100000", "--apply-rounds", "2", "--live-s", "10"]
-    log_path = os.path.join(logdir, "bench_serving.log")
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout}s; see {log_path}"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"bench_serving exit {r.returncode}; see {log_path}"}
-    res = json.loads(lines[-1])
-    res["wall_s"] = time.time() - t0
-    return res
+    return _run_json_bench(cmd, os.path.join(logdir, "bench_serving.log"), "bench_serving", args.timeout)
 
 
 def serving_tables(s):
