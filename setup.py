@@ -7,6 +7,9 @@ tf.sysconfig, so `pip install .` needs no hand steps.
 """
 import glob
 import os
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -27,7 +30,44 @@ class TFBuildExt(build_ext):
         # setuptools compiles with the C compiler driver; make it g++-compatible.
         if self.compiler.compiler_so and "-std=c++17" not in " ".join(self.compiler.compiler_so):
             self.compiler.compiler_so = [a for a in self.compiler.compiler_so if a != "-Wstrict-prototypes"]
+        # Compile the translation units side by side (distutils compiles one
+        # after another), printing one progress line per file; use ccache when
+        # it is installed (EVSTORE_CCACHE=0 turns it off).
+        if shutil.which("ccache") and os.environ.get("EVSTORE_CCACHE", "1") != "0":
+            for attr in ("compiler_so", "compiler_so_cxx"):  # C and (setuptools >= 72) C++ drivers
+                if getattr(self.compiler, attr, None):
+                    setattr(self.compiler, attr, ["ccache"] + getattr(self.compiler, attr))
+            # Paths under the checkout (its .venv's TensorFlow headers included)
+            # hash the same in every checkout, so worktrees share cache hits.
+            os.environ.setdefault("CCACHE_BASEDIR", HERE)
+            os.environ.setdefault("CCACHE_NOHASHDIR", "1")
+        _compile_in_parallel(self.compiler, int(os.environ.get("EVSTORE_BUILD_JOBS", os.cpu_count() or 1)))
         super().build_extensions()
+
+
+def _compile_in_parallel(compiler, jobs):
+    """Replaces compiler.compile with one that runs `jobs` compilations at once."""
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+        todo = [obj for obj in objects if obj in build]
+        done = [0]
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+            done[0] += 1
+            print(f"evstore native build: [{done[0]}/{len(todo)}] {os.path.basename(src)}",
+                  file=sys.stderr, flush=True)
+
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            list(pool.map(one, todo))
+        return objects
+
+    compiler.compile = compile
 
 
 sources = sorted(glob.glob(os.path.join("evstore", "native", "tf", "*.cc")))
