@@ -1,7 +1,8 @@
 """evstore: incremental-checkpoint online learning for TensorFlow.
 
 Public API (DESIGN section 3):
-  EmbeddingVariable (ShardedEmbeddingVariable with shards=N), shard_index, CounterFilter, BloomFilter, GlobalStepEvict, L2WeightEvict,
+  EmbeddingVariable (ShardedEmbeddingVariable with shards=N), CollectiveEmbeddingVariable (synchronous,
+  sharded over MultiWorkerMirroredStrategy workers), shard_index, CounterFilter, BloomFilter, GlobalStepEvict, L2WeightEvict,
   embedding_lookup, embedding_lookup_group, embedding_lookup_sparse, safe_embedding_lookup_sparse,
   optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam, GroupAdagrad}, keras.Embedding,
   summary.ev_stats.
@@ -10,6 +11,7 @@ from evstore import optimizers  # noqa: F401
 from evstore import training  # noqa: F401
 from evstore import keras  # noqa: F401
 from evstore import summary  # noqa: F401
+from evstore.collective import CollectiveEmbeddingVariable
 from evstore.evict import GlobalStepEvict, L2WeightEvict
 from evstore.filters import BloomFilter, CounterFilter
 from evstore.group import embedding_lookup_group
@@ -19,6 +21,6 @@ from evstore.variable import EmbeddingVariable
 
 __version__ = "0.1.0"
 
-__all__ = ["EmbeddingVariable", "ShardedEmbeddingVariable", "shard_index", "CounterFilter", "BloomFilter", "GlobalStepEvict", "L2WeightEvict",
+__all__ = ["EmbeddingVariable", "ShardedEmbeddingVariable", "CollectiveEmbeddingVariable", "shard_index", "CounterFilter", "BloomFilter", "GlobalStepEvict", "L2WeightEvict",
            "embedding_lookup", "embedding_lookup_group", "embedding_lookup_sparse", "safe_embedding_lookup_sparse", "optimizers", "keras",
            "summary"]

@@ -16,6 +16,7 @@ Semantics are exactly those of calling `embedding_lookup` on each table
 """
 import tensorflow as tf
 
+from evstore import collective as _collective
 from evstore._ops import gen
 from evstore.sharded import ShardedEmbeddingVariable
 from evstore.variable import EmbeddingVariable
@@ -164,10 +165,16 @@ def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):
         raise ValueError(f"embedding_lookup_group needs one ids tensor per EV, got {len(evs)} EVs and "
                          f"{len(ids)} ids")
     for ev in evs:
-        if not isinstance(ev, (EmbeddingVariable, ShardedEmbeddingVariable)):
+        if not isinstance(ev, (EmbeddingVariable, ShardedEmbeddingVariable, _collective.CollectiveEmbeddingVariable)):
             raise TypeError(f"expected evstore.EmbeddingVariables, got {type(ev).__name__}")
     if len({id(ev) for ev in evs}) != len(evs):
         raise ValueError("embedding_lookup_group: each EV may appear once (concatenate its ids instead)")
+    collective = [isinstance(ev, _collective.CollectiveEmbeddingVariable) for ev in evs]
+    if any(collective) and not all(collective):
+        raise ValueError("embedding_lookup_group: CollectiveEmbeddingVariables are looked up by an exchange of "
+                         "their own; look them up in a group of their own")
+    if evs and all(collective):
+        return _collective.embedding_lookup_group(evs, ids, training=training, name=name)
     if proxies is None:
         proxies = [None] * len(evs)
     with tf.name_scope(name or "embedding_lookup_group"):

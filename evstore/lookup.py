@@ -4,6 +4,7 @@ import threading
 
 import tensorflow as tf
 
+from evstore import collective as _collective
 from evstore._ops import gen
 from evstore.sharded import ShardedEmbeddingVariable
 from evstore.variable import EmbeddingVariable
@@ -29,7 +30,7 @@ def _serving_lookups(tables):
 
 
 def _check_ev(ev):
-    if not isinstance(ev, (EmbeddingVariable, ShardedEmbeddingVariable)):
+    if not isinstance(ev, (EmbeddingVariable, ShardedEmbeddingVariable, _collective.CollectiveEmbeddingVariable)):
         raise TypeError(f"expected an evstore.EmbeddingVariable, got {type(ev).__name__}")
 
 
@@ -59,6 +60,8 @@ def embedding_lookup(ev, ids, training=True, proxy=None, name=None):
         served = getattr(_serving, "tables", None)
         if served is not None and id(ev) in served:
             return served[id(ev)](ids)
+        if isinstance(ev, _collective.CollectiveEmbeddingVariable):
+            return _collective.embedding_lookup_group([ev], [ids], training=training)[0]
         if isinstance(ev, ShardedEmbeddingVariable):
             return ev._lookup(ids, training, proxy)
         if not training:

@@ -32,6 +32,7 @@ import threading
 import keras
 import tensorflow as tf
 
+from evstore import collective as _collective
 from evstore import group as _group
 from evstore import training
 from evstore._ops import gen
@@ -92,12 +93,39 @@ class _EVMixin:
         if trainable_variables is not None:
             trainable_variables = [v._proxy if isinstance(v, EmbeddingVariable) else v
                                    for v in trainable_variables]
-            grads = _refuse_non_finite(list(grads), [ev_for_variable(v) for v in trainable_variables])
+            evs = [ev_for_variable(v) for v in trainable_variables]
+            grads = _refuse_non_finite(list(grads), evs)
+            owned = [i for i, ev in enumerate(evs) if ev is not None and _collective.owner_of(ev) is not None]
+            if owned:
+                return self._apply_with_owned_shards(grads, trainable_variables, owned)
         self._ev_scalars = {}
         try:
             return super().apply(grads, trainable_variables)
         finally:
             self._ev_scalars = None
+
+    def _apply_with_owned_shards(self, grads, variables, owned):
+        """Synchronous mode (evstore/collective.py): a worker's shard of a
+        CollectiveEmbeddingVariable gets its gradient from the all-to-all,
+        summed over the workers already, and applies it here, at the step's
+        `iterations`; only the other variables go through Keras (all-reduced
+        by the strategy, which then counts the step)."""
+        self._ev_scalars = {}
+        try:
+            lr = self._get_current_learning_rate()
+            for i in owned:
+                if grads[i] is not None:
+                    self.update_step(grads[i], variables[i], lr)
+        finally:
+            self._ev_scalars = None
+        rest = [i for i in range(len(variables)) if i not in set(owned)]
+        if rest:
+            self._ev_scalars = {}
+            try:
+                return super().apply([grads[i] for i in rest], [variables[i] for i in rest])
+            finally:
+                self._ev_scalars = None
+        self.iterations.assign_add(1)
 
     def _ev_scalar(self, name, fn):
         """A per-step scalar shared by every EV apply of this step (computed
