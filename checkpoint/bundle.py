@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from checkpoint.manifest import BUNDLE_PREFIX
 
-__all__ = ["write_bundle", "write_bundles", "load_ev", "read_dense", "GLOBAL_STEP"]
+__all__ = ["write_bundle", "write_bundles", "merge_parts", "load_ev", "read_dense", "GLOBAL_STEP"]
 
 GLOBAL_STEP = "global_step"
 CHUNK_ROWS = 65536
@@ -102,7 +102,13 @@ def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_RO
 
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(run, jobs))
-    prefixes = [j[0] for j in jobs]
+    return merge_parts(directory, [j[0] for j in jobs], results)
+
+
+def merge_parts(directory, prefixes, results):
+    """Joins the part bundles `<directory>/<prefix>.*` (each written by
+    `write_bundle`, whose (files, counts) are `results`) into one
+    `<directory>/ckpt` bundle; returns its (files, counts)."""
     # MergeV2Checkpoints renumbers the data files it keeps (those an index
     # entry points to) in its own order; a rename keeps the inode, which maps
     # each merged file back to the size and crc32c its writer reported.

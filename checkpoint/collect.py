@@ -17,6 +17,7 @@ them into any number of shards).
 import keras
 import tensorflow as tf
 
+from evstore.collective import CollectiveEmbeddingVariable, owner_of
 from evstore.sharded import SHARD_ROUTE, ShardedEmbeddingVariable
 from evstore.variable import EmbeddingVariable, ev_for_variable
 
@@ -46,6 +47,21 @@ class Collected:
             self.evs[part] = ev
             self.shard_info[part] = {"ev": name, "index": i, "count": sev.num_shards, "route": SHARD_ROUTE}
 
+    def add_collective(self, cev, name=None):
+        """A CollectiveEmbeddingVariable: its local shard, saved as the part
+        of this worker (`<name>/part_<rank>` of `num_workers`)."""
+        if id(cev) in self._seen:
+            return
+        self._seen.add(id(cev))
+        name = name or cev.name
+        self._check_new(name, cev)
+        self.sharded[name] = cev
+        part = f"{name}/part_{cev.rank}"
+        self._seen.add(id(cev.local))
+        self._check_new(part, cev.local)
+        self.evs[part] = cev.local
+        self.shard_info[part] = dict(cev.shard_info, ev=name)
+
     def logical_evs(self):
         """{name: EV or ShardedEmbeddingVariable}: what a model calls its tables."""
         out = {}
@@ -63,6 +79,10 @@ class Collected:
         parent = getattr(ev, "_sharded_parent", None)
         if parent is not None and parent() is not None:
             self.add_sharded(parent())
+            return
+        owner = owner_of(ev)
+        if owner is not None:
+            self.add_collective(owner)
             return
         self._seen.add(id(ev))
         name = name or ev.name
@@ -104,7 +124,9 @@ def _is_keras_optimizer(obj):
 
 
 def _walk(obj, out, name=None):
-    if isinstance(obj, ShardedEmbeddingVariable):
+    if isinstance(obj, CollectiveEmbeddingVariable):
+        out.add_collective(obj, name)
+    elif isinstance(obj, ShardedEmbeddingVariable):
         out.add_sharded(obj, name)
     elif isinstance(obj, EmbeddingVariable):
         out.add_ev(obj, name)
@@ -112,7 +134,8 @@ def _walk(obj, out, name=None):
         out.add_dense(obj, name)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            named = (isinstance(v, (EmbeddingVariable, ShardedEmbeddingVariable, tf.Variable, keras.Variable))
+            named = (isinstance(v, (EmbeddingVariable, ShardedEmbeddingVariable, CollectiveEmbeddingVariable,
+                                    tf.Variable, keras.Variable))
                      or _is_keras_optimizer(v))
             _walk(v, out, k if named else None)
     elif isinstance(obj, (list, tuple)):

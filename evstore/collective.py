@@ -52,6 +52,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from evstore._ops import gen
 from evstore.sharded import SHARD_ROUTE
+from evstore.substitution import substitute_for
 from evstore.variable import EmbeddingVariable
 
 __all__ = ["CollectiveEmbeddingVariable", "embedding_lookup_group", "exchange_stats", "GROUP_KEY"]
@@ -188,8 +189,27 @@ class CollectiveEmbeddingVariable(tf.Module):
     def variables(self):
         return [self._local]
 
+    @property
+    def default_value(self):
+        return self._local.default_value
+
     def _key_tensor(self, ids, what="keys"):
         return self._local._key_tensor(ids, what)
+
+    def export(self):
+        """The whole table (`EmbeddingVariable.export()`): with one worker, its
+        local shard. With several, each worker holds only its shard
+        (`cev.local.export()`); a serving export of the whole table restores
+        the synchronous checkpoint chain into one process and exports there.
+
+        Raises:
+          ValueError: more than one worker.
+        """
+        if self._num_workers != 1:
+            raise ValueError(f"CollectiveEmbeddingVariable '{self.name}' is spread over {self._num_workers} workers; "
+                             "export `cev.local` (this worker's shard), or restore the checkpoint chain into one "
+                             "process to export the whole table")
+        return self._local.export()
 
     def __repr__(self):
         return (f"<evstore.CollectiveEmbeddingVariable '{self.name}' dim={self.dim} rank={self.rank} "
@@ -277,6 +297,9 @@ def embedding_lookup_group(cevs, ids, training=True, name=None):
     num_workers = cevs[0].num_workers
     if any(c.num_workers != num_workers for c in cevs):
         raise ValueError("embedding_lookup_group: tables of different strategies (worker counts)")
+    subs = [substitute_for(c) for c in cevs]
+    if all(sub is not None for sub in subs):   # a serving export's stock tables
+        return [sub(c._key_tensor(x, "ids")) for sub, c, x in zip(subs, cevs, ids)]
     with tf.name_scope(name or "collective_embedding_lookup"):
         if num_workers == 1:
             from evstore.group import embedding_lookup_group as local_group
@@ -364,3 +387,18 @@ def _exchange(plans, training, W, rank):
         r.set_shape(p.ids.shape.concatenate([p.dim]))
         results.append(r)
     return results
+
+
+def all_gather_ints(values, num_workers):
+    """Every worker's int64 vector `values` (same length everywhere), as a
+    [num_workers, len] numpy array, by one all-gather in evstore's collective
+    group. Every worker must call it at the same point of its program (it is
+    how checkpoint saves agree on a sequence number and a commit)."""
+    values = tf.reshape(tf.convert_to_tensor(values, tf.int64), [1, -1])
+    if num_workers == 1:
+        return values.numpy()
+    if values.shape[1] == 0:
+        raise ValueError("all_gather_ints: no values (a zero-element collective is never issued)")
+    ik = _counter().assign_add(1) * _KEYS_PER_EXCHANGE + _INSTANCE_BASE
+    out = _collective(tf.raw_ops.CollectiveGatherV2, values, ik, num_workers)
+    return out.numpy()

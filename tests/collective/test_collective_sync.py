@@ -19,7 +19,8 @@ def runs(tmp_path_factory):
     logs = [str(d / f"{n}.log") for n in ("single", "w0", "w1")]
     procs = [h.start([os.path.join(h.HERE, "sync_model.py"), d / "single.npz", "single"],
                      logs[0])]
-    procs += [h.start([os.path.join(h.HERE, "sync_model.py"), d / f"w{r}.npz", "worker", r, ports], logs[1 + r])
+    procs += [h.start([os.path.join(h.HERE, "sync_model.py"), d / f"w{r}.npz", "worker", "--rank", r, "--ports", ports],
+                      logs[1 + r])
               for r in range(2)]
     codes = h.wait_all(procs, logs)
     assert codes == [0, 0, 0], "\n".join(f"--- {lg}\n{h.tail(lg)}" for lg in logs)

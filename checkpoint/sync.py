@@ -1,0 +1,216 @@
+"""Checkpoints of synchronous training (evstore/collective.py): every worker
+saves its own shards into the same chain.
+
+One save, called by every worker at the same point of its program (after
+the same step), in order:
+  1. worker 0 (the chief) removes dead saves and picks the sequence number;
+     an all-gather gives it to every worker (and is the barrier that keeps a
+     worker from writing before the chief cleaned up);
+  2. each worker, under its manager's lock: eviction at the global step, seal
+     of its shards' dirty and deleted sets, its part bundle `ckpt_part<rank>`
+     streamed into the checkpoint directory (the chief's part also holds the
+     dense variables, which are mirrored, and the global step), and a small
+     `part<rank>.json` listing its files, counts and shard entries;
+  3. an all-gather of every worker's outcome: the chief, when every part was
+     written, joins the parts into one `ckpt` bundle (MergeV2Checkpoints, as
+     the parameter-server save does), checks it and writes MANIFEST.json: one
+     manifest naming every shard (`<ev>/part_<r>`, "shard": {index r, count W});
+  4. an all-gather of the commit outcome: each worker commits its snapshots
+     when the manifest is written, and aborts them otherwise (their changes
+     go into the next save).
+A worker that dies fails the collectives of the others (the save raises, its
+directory stays without a manifest and the next save removes it); a kill
+after the manifest leaves a committed checkpoint. The root must be a path
+every worker sees (a local disk for local workers, a shared filesystem).
+
+Restores need no coordination: each worker reads the chain and keeps the keys
+its shard owns (checkpoint/shards.py), so a chain saved by W workers restores
+into any number of workers, into a ShardedEmbeddingVariable or into one EV.
+"""
+import json
+import logging
+import os
+import time
+
+import tensorflow as tf
+
+from checkpoint import _failpoints
+from checkpoint.bundle import GLOBAL_STEP, merge_parts, write_bundle
+from checkpoint.chain import scan
+from checkpoint.collect import collect
+from checkpoint.commit import _check_written
+from checkpoint.errors import CheckpointError
+from checkpoint.manager import CheckpointManager
+from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
+from evstore.collective import all_gather_ints
+
+__all__ = ["SyncCheckpointManager"]
+
+log = logging.getLogger("evstore.checkpoint")
+
+
+class SyncCheckpointManager(CheckpointManager):
+    """A CheckpointManager for synchronous training on `num_workers` workers.
+
+    Every worker creates one over the same `root` and calls `save_full` /
+    `save_delta` at the same step (the calls are collective); `restore` is
+    per worker. Arguments are CheckpointManager's, plus:
+      rank, num_workers: this worker's index and the number of workers
+        (default: those of the model's CollectiveEmbeddingVariables).
+
+    Raises:
+      ValueError: a root that is not a local path; rank / num_workers that
+        disagree with the model's tables.
+      RuntimeError (start): scheduled saves, which cannot be collective.
+    """
+
+    def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536,
+                 rank=None, num_workers=None):
+        super().__init__(root, model, global_step, keep_chains, storage_options, chunk_rows)
+        if not self.storage.local:
+            raise ValueError(f"every worker writes its part of a synchronous checkpoint: {self.storage.url} must "
+                             "be a path every worker sees (a local disk or a shared filesystem)")
+        tables = list(collect(model).sharded.values())
+        known = {(t.rank, t.num_workers) for t in tables if hasattr(t, "rank")}
+        if len(known) > 1:
+            raise ValueError(f"the model's tables disagree on this worker's rank / worker count: {sorted(known)}")
+        r, w = known.pop() if known else (0, 1)
+        self.rank = r if rank is None else int(rank)
+        self.num_workers = w if num_workers is None else int(num_workers)
+        if known and (self.rank, self.num_workers) != (r, w):
+            raise ValueError(f"rank / num_workers {self.rank}/{self.num_workers} disagree with the model's "
+                             f"tables ({r}/{w})")
+
+    def start(self, *args, **kwargs):
+        raise RuntimeError("a synchronous checkpoint is collective: call save_full / save_delta on every worker "
+                           "after the same step (scheduled saves would not line up)")
+
+    def _gather(self, values):
+        return all_gather_ints(values, self.num_workers)
+
+    def _save(self, kind, metadata):
+        if metadata is not None and not isinstance(metadata, dict) and not callable(metadata):
+            raise TypeError(f"metadata must be a dict (JSON-serialisable), got {type(metadata).__name__}")
+        with self._save_lock:
+            seq = 0
+            if self.rank == 0:
+                sc = scan(self.storage)
+                seq = max(sc.max_seq, self._last.seq if self._last else 0) + 1
+                self._remove_leftovers(sc)
+            has_chain = int(kind == "full" or self._last is not None)
+            agreed = self._gather([seq, has_chain])
+            seq = int(agreed[:, 0].max())
+            if not agreed[:, 1].all():
+                raise CheckpointError("save_delta() needs a chain to extend on every worker: call save_full() or "
+                                      "restore() first")
+            manifest = self._commit(kind, seq, collect(self.model), metadata)
+            self._last = manifest
+            if kind == "full" and self.rank == 0:
+                self._apply_retention()
+            log.info("worker %d committed %s (step %d)", self.rank, manifest.dir, manifest.global_step)
+            return seq
+
+    def _commit(self, kind, seq, col, metadata):
+        dirname = dir_name(kind, seq)
+        directory = self.storage.join(dirname)
+        evs = col.evs
+        sids, wrote, committed = {}, False, False
+        try:
+            try:
+                with self.lock:
+                    step = self._step_value(col)
+                    meta = metadata() if callable(metadata) else metadata
+                    for ev in evs.values():
+                        if getattr(ev, "evict_policies", ()):
+                            ev.evict(step)
+                    for name, ev in evs.items():
+                        sids[name] = int(ev.begin_export(return_keys=False)[0])
+                    dense = {}
+                    if self.rank == 0:
+                        dense = {n: tf.convert_to_tensor(v) for n, v in col.dense.items()}
+                        if GLOBAL_STEP in dense:
+                            raise ValueError(f"a dense tensor may not be named {GLOBAL_STEP!r}")
+                        dense[GLOBAL_STEP] = tf.constant(int(step), tf.int64)
+                    self.storage.makedirs(directory)
+                    _failpoints.hit("before-bundle")
+                    files, counts = write_bundle(directory, evs, sids, dense, full=(kind == "full"),
+                                                 chunk_rows=self.chunk_rows, prefix=_part(self.rank))
+                report = {"files": files, "counts": counts, "step": int(step), "meta": meta or {},
+                          "evs": {n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name,
+                                      **({"shard": col.shard_info[n]} if n in col.shard_info else {})}
+                                  for n, ev in evs.items()}}
+                _write_json(os.path.join(directory, f"part{self.rank}.json"), report)
+                wrote = True
+            finally:
+                everyone = self._gather([int(wrote)])   # also when this worker failed: the others must not hang
+            if not everyone.all():
+                raise CheckpointError(f"checkpoint {dirname}: workers {[i for i, ok in enumerate(everyone[:, 0]) if not ok]} "
+                                      "failed to write their parts; nothing is committed")
+            manifest = None
+            try:
+                if self.rank == 0:
+                    manifest = self._join(kind, seq, dirname, directory)
+                committed = True
+            finally:
+                decided = self._gather([int(committed)])
+            if not decided.all():
+                raise CheckpointError(f"checkpoint {dirname}: the chief could not commit it")
+            if manifest is None:
+                manifest = self.storage.read_manifest(dirname)
+        except BaseException:
+            for name, sid in sids.items():
+                try:
+                    evs[name].abort_export(sid)
+                except Exception:  # noqa: BLE001 - keep aborting the others
+                    log.exception("aborting the export of %s failed", name)
+            if self.rank == 0 and not committed:
+                self.storage.remove_manifest(dirname)
+                self.storage.remove_dir(dirname)
+            raise
+        for name, sid in sids.items():
+            evs[name].commit_export(sid)
+        return manifest
+
+    def _join(self, kind, seq, dirname, directory):
+        """Chief: the parts into one bundle, checked, and the manifest (the commit point)."""
+        reports = []
+        for r in range(self.num_workers):
+            with open(os.path.join(directory, f"part{r}.json")) as f:
+                reports.append(json.load(f))
+        files, counts = merge_parts(directory, [_part(r) for r in range(self.num_workers)],
+                                    [(rep["files"], rep["counts"]) for rep in reports])
+        for r in range(self.num_workers):
+            os.remove(os.path.join(directory, f"part{r}.json"))
+        evs = {}
+        for rep in reports:
+            for n, info in rep["evs"].items():
+                evs[n] = {"dim": info["dim"], "key_dtype": info["key_dtype"], **counts[n],
+                          **({"shard": info["shard"]} if "shard" in info else {})}
+        names = list(collect(self.model).dense) + [GLOBAL_STEP]
+        _check_written(directory, files, list(evs), names)
+        reader = tf.train.load_checkpoint(os.path.join(directory, BUNDLE_PREFIX))
+        dtypes, shapes = reader.get_variable_to_dtype_map(), reader.get_variable_to_shape_map()
+        dense = {n: {"dtype": tf.as_dtype(dtypes[n]).name, "shape": list(shapes[n])} for n in names}
+        chief = reports[0]
+        manifest = Manifest(
+            seq=seq, kind=kind, parent=None if kind == "full" else self._last.seq,
+            base=seq if kind == "full" else self._last.base, global_step=chief["step"], wall_time=time.time(),
+            files=files, evs=evs, dense=dense, metadata=dict(chief["meta"]))
+        manifest.to_json()
+        _failpoints.hit("before-manifest")
+        self.storage.write_manifest(dirname, manifest)
+        _failpoints.hit("after-manifest")
+        return manifest
+
+
+def _part(rank):
+    return f"ckpt_part{rank}"
+
+
+def _write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
