@@ -73,7 +73,24 @@ def main(argv=None):
     tc.add_argument("--learning-rate", type=float, default=0.05)
     tc.add_argument("--seed", type=int, default=0)
     tc.add_argument("--sync", action="store_true", help="one step at a time (fixed update order)")
+    ts = sub.add_parser("train-sync", help="synchronous training of the CTR model on local worker processes: "
+                                           "tables sharded over the workers (all-to-all), dense weights all-reduced")
+    ts.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    ts.add_argument("--checkpoints", required=True,
+                    help="checkpoint root every worker sees; the job resumes from its newest chain")
+    ts.add_argument("--steps", type=int, default=200, help="train up to this many batches in all (default 200)")
+    ts.add_argument("--batch-size", type=int, default=256, help="global batch, split over the workers")
+    ts.add_argument("--delta-every", type=int, default=20, help="batches between checkpoints (default 20)")
+    ts.add_argument("--full-every", type=int, default=None, help="batches between fulls (default: first only)")
+    ts.add_argument("--learning-rate", type=float, default=0.05)
+    ts.add_argument("--seed", type=int, default=0)
+    ts.add_argument("--max-restarts", type=int, default=3,
+                    help="whole-job restarts from the last commit after a worker dies (default 3)")
+    ts.add_argument("--directory", default=None, help="worker logs and pids (default: a new temp directory)")
+    ts.add_argument("--state-out", default=None, help="write each worker's final shard state here (npz)")
     args = parser.parse_args(argv)
+    if args.command == "train-sync":
+        return _train_sync(args)
     if args.command == "train-cluster":
         return _train_cluster(args)
     if args.command == "server":
@@ -143,6 +160,27 @@ def _train_cluster(args):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip the eager context's teardown RPCs to the cluster's tasks
+
+
+def _train_sync(args):
+    """Runs `evstore train-sync` (evstore_app.job.sync_train.run_local); prints a JSON summary."""
+    import json
+
+    from evstore_app.job import sync_train
+    try:
+        res = sync_train.run_local(args.workers, args.checkpoints, steps=args.steps, batch_size=args.batch_size,
+                                   seed=args.seed, learning_rate=args.learning_rate, delta_every=args.delta_every,
+                                   full_every=args.full_every, max_restarts=args.max_restarts,
+                                   directory=args.directory, state_out=args.state_out,
+                                   log=lambda m: print(m, file=sys.stderr, flush=True))
+    except ValueError as e:
+        print(f"evstore train-sync: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"evstore train-sync: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(res), flush=True)
+    return 0
 
 
 def _job(args):

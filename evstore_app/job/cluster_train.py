@@ -24,6 +24,7 @@ on a worker that dies is re-run elsewhere, see README: Distributed training).
 `ClusterJob(local=True)` runs the same model and steps in this process with
 unsharded EVs and no cluster: the single-process reference.
 """
+import functools
 import time
 
 import numpy as np
@@ -47,17 +48,20 @@ class CtrModel(tf.Module):
       shards: shards of each embedding table (None: unsharded EVs).
       seed: seeds the initializer banks and the dense weights (two models
         with the same seed start equal, sharded or not).
+      table: makes each table, table(name, dim, **ev_kwargs) (default: an
+        EmbeddingVariable of `shards` shards).
     """
 
-    def __init__(self, shards=None, seed=0):
+    def __init__(self, shards=None, seed=0, table=None):
         super().__init__(name="ctr")
         rng = np.random.default_rng(seed)
         self.tables = {}
         self.weights = {}
+        table = table or functools.partial(evstore.EmbeddingVariable, shards=shards)
         for field, dim in FIELDS:
             bank = rng.normal(0.0, 0.05, size=(BANK, dim)).astype(np.float32)
-            self.tables[field] = evstore.EmbeddingVariable(
-                field, dim, shards=shards, initializer=tf.constant_initializer(bank), initializer_bank_size=BANK)
+            self.tables[field] = table(field, dim, initializer=tf.constant_initializer(bank),
+                                       initializer_bank_size=BANK)
             self.weights[field] = tf.Variable(rng.normal(0.0, 0.5, size=(dim,)).astype(np.float32), name=f"w_{field}")
         self.w_hour = tf.Variable(0.1, name="w_hour")
         self.bias = tf.Variable(-0.5, name="bias")

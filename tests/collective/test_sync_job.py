@@ -1,0 +1,66 @@
+"""`evstore train-sync`: the CTR job trained synchronously by 2 local worker
+processes (evstore_app.job.sync_train) equals the one-process job, through a
+worker killed mid-run (the launcher restarts every worker from the last
+commit) and through a whole-job stop and rerun."""
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+import sync_harness as h
+
+STEPS, BATCH, DELTA = 12, 64, 4
+
+
+@functools.lru_cache(maxsize=None)
+def reference():
+    from evstore_app.job.cluster_train import ClusterJob
+    job = ClusterJob(local=True, batch_size=BATCH)
+    job.train(STEPS)
+    return job.model.state()
+
+
+def train_sync(tmp, run, extra_env=None, max_restarts=3):
+    """Runs the CLI; returns (exit code, stdout, stderr)."""
+    env = dict(h.env(), **(extra_env or {}))
+    argv = [sys.executable, "-m", "evstore_app", "train-sync", "--workers", "2", "--checkpoints", str(tmp / "ckpt"),
+            "--steps", str(STEPS), "--batch-size", str(BATCH), "--delta-every", str(DELTA),
+            "--max-restarts", str(max_restarts), "--directory", str(tmp / run), "--state-out", str(tmp / "state")]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400, start_new_session=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def assert_equals_reference(tmp):
+    from evstore_app.job.sync_train import merge_states
+    got = merge_states([dict(np.load(tmp / "state" / f"state-{r}.npz")) for r in range(2)])
+    want = reference()
+    assert sorted(got) == sorted(want)
+    for k in want:
+        if want[k].dtype.kind == "f":
+            np.testing.assert_allclose(got[k], want[k], atol=1e-5, rtol=0, err_msg=k)
+        else:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)   # keys, versions, frequencies exactly
+
+
+def test_a_killed_worker_restarts_the_job_from_the_last_commit_with_nothing_lost(tmp_path):
+    code, out, err = train_sync(tmp_path, "run", {"EVSTORE_SYNC_KILL_AT": "1:7"})   # worker 1 SIGKILLs itself
+    assert code == 0, err[-3000:]
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["restarts"] == 1 and res["resumed_at"] == 4      # the commit at batch 4
+    assert res["position"] == res["global_step"] == STEPS
+    assert "worker 1 exited with code -9; stopping every worker" in err
+    assert_equals_reference(tmp_path)
+
+
+def test_a_stopped_job_resumes_from_its_last_commit_when_run_again(tmp_path):
+    code, out, err = train_sync(tmp_path, "run1", {"EVSTORE_SYNC_KILL_AT": "0:6"}, max_restarts=0)
+    assert code == 1 and "run the job again to resume from its last commit" in err, err[-3000:]
+    assert not list((tmp_path / "state").glob("*.npz"))     # no worker finished
+    code, out, err = train_sync(tmp_path, "run2")
+    assert code == 0, err[-3000:]
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["restarts"] == 0 and res["resumed_at"] == 4 and res["global_step"] == STEPS
+    assert_equals_reference(tmp_path)
