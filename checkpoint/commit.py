@@ -78,11 +78,7 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
         storage.write_manifest(dirname, manifest)
         _failpoints.hit("after-manifest")
     except BaseException:
-        for name, sid in sids.items():
-            try:
-                evs[name].abort_export(sid)
-            except Exception:  # noqa: BLE001 - keep aborting the others
-                log.exception("aborting the export of %s failed", name)
+        abort_snapshots(evs, sids)
         if staging:
             storage.remove_manifest(dirname)
         storage.remove_dir(dirname)
@@ -93,6 +89,16 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
     for name, sid in sids.items():
         evs[name].commit_export(sid)
     return manifest
+
+
+def abort_snapshots(evs, sids):
+    """Aborts every sealed snapshot {name: id} of `evs` (their keys merge back
+    into the open sets, so the next save carries them), logging failures."""
+    for name, sid in sids.items():
+        try:
+            evs[name].abort_export(sid)
+        except Exception:  # noqa: BLE001 - keep aborting the others
+            log.exception("aborting the export of %s failed", name)
 
 
 def _check_written(staging, files, ev_names, dense_names):

@@ -38,7 +38,7 @@ from checkpoint import _failpoints
 from checkpoint.bundle import GLOBAL_STEP, merge_parts, write_bundle
 from checkpoint.chain import scan
 from checkpoint.collect import collect
-from checkpoint.commit import _check_written
+from checkpoint.commit import _check_written, abort_snapshots
 from checkpoint.errors import CheckpointError
 from checkpoint.manager import CheckpointManager
 from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
@@ -158,11 +158,7 @@ class SyncCheckpointManager(CheckpointManager):
             if manifest is None:
                 manifest = self.storage.read_manifest(dirname)
         except BaseException:
-            for name, sid in sids.items():
-                try:
-                    evs[name].abort_export(sid)
-                except Exception:  # noqa: BLE001 - keep aborting the others
-                    log.exception("aborting the export of %s failed", name)
+            abort_snapshots(evs, sids)
             if self.rank == 0 and not committed:
                 self.storage.remove_manifest(dirname)
                 self.storage.remove_dir(dirname)

@@ -200,12 +200,7 @@ class ClusterJob:
     def save(self):
         """Waits for the scheduled steps and commits a checkpoint at the current position; returns its seq."""
         self.join()
-        full = self.manager.last_committed is None or (
-            self.full_every is not None and self.position % self.full_every == 0)
-        meta = {"position": self.position}
-        seq = self.manager.save_full(meta) if full else self.manager.save_delta(meta)
-        self.commits.append((seq, "full" if full else "delta", self.position))
-        return seq
+        return commit_position(self.manager, self.position, self.full_every, self.commits)
 
     def train(self, steps, sync=False, on_commit=None):
         """Trains batches `position .. steps - 1`, committing every `delta_every` batches and at the end.
@@ -236,6 +231,17 @@ class ClusterJob:
             if on_commit:
                 on_commit(seq, self.position)
         return self.position
+
+
+def commit_position(manager, position, full_every, commits):
+    """Commits a checkpoint with the input position as metadata (the chain's
+    first a full, then deltas, a full every `full_every` batches); appends
+    (seq, kind, position) to `commits`; returns the seq."""
+    full = manager.last_committed is None or (full_every is not None and position % full_every == 0)
+    meta = {"position": position}
+    seq = manager.save_full(meta) if full else manager.save_delta(meta)
+    commits.append((seq, "full" if full else "delta", position))
+    return seq
 
 
 def run(cluster=None, checkpoints=None, steps=100, batch_size=256, seed=0, learning_rate=0.05, delta_every=20,

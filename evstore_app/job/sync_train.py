@@ -133,12 +133,9 @@ class SyncJob:
         return self.position
 
     def save(self):
-        full = self.manager.last_committed is None or (
-            self.full_every is not None and self.position % self.full_every == 0)
-        meta = {"position": self.position}
-        seq = self.manager.save_full(meta) if full else self.manager.save_delta(meta)
-        self.commits.append((seq, "full" if full else "delta", self.position))
-        return seq
+        """Commits a checkpoint at the current position (collective: every worker at once); returns its seq."""
+        from evstore_app.job.cluster_train import commit_position
+        return commit_position(self.manager, self.position, self.full_every, self.commits)
 
     def train(self, steps, on_commit=None):
         """Trains batches `position .. steps - 1`, committing every `delta_every` batches and at the end."""
@@ -258,7 +255,7 @@ def run_local(workers=2, checkpoints=None, steps=100, batch_size=256, seed=0, le
       RuntimeError: the workers failed more than `max_restarts` times (the
         message holds the tail of the failed worker's log).
     """
-    from evstore_app.cluster import _free_ports
+    from evstore_app.cluster import _free_ports, _tail
     for name, v in (("workers", workers), ("steps", steps)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -337,14 +334,6 @@ def _kill_all(procs):
                 pass
     for p in procs:
         p.wait()
-
-
-def _tail(path, lines=30):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 if __name__ == "__main__":

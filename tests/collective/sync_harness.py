@@ -2,9 +2,10 @@
 ports (bounded in time, process groups always cleaned up)."""
 import os
 import signal
-import socket
 import subprocess
 import sys
+
+from evstore_app.cluster import _free_ports, _tail as tail  # noqa: F401  (tail: for the tests)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -20,14 +21,6 @@ def start(argv, log_path):
     with open(log_path, "wb") as log:
         return subprocess.Popen([sys.executable] + [str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env(), start_new_session=True)
-
-
-def tail(path, n=30):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return ""
 
 
 def wait_all(procs, logs, timeout=240):
@@ -47,12 +40,5 @@ def wait_all(procs, logs, timeout=240):
 
 
 def ports(n):
-    """n distinct free loopback ports, "p1,p2,..." (all bound at once)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return ",".join(str(s.getsockname()[1]) for s in socks)
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct free loopback ports, "p1,p2,..."."""
+    return ",".join(str(p) for p in _free_ports(n))
