@@ -3,7 +3,6 @@ import tensorflow as tf
 
 from evstore import collective as _collective
 from evstore._ops import gen
-from evstore.sharded import ShardedEmbeddingVariable
 from evstore.substitution import substitute_for
 from evstore.variable import EmbeddingVariable
 
@@ -12,7 +11,7 @@ __all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup
 _COMBINERS = ("mean", "sqrtn", "sum")
 
 def _check_ev(ev):
-    if not isinstance(ev, (EmbeddingVariable, ShardedEmbeddingVariable, _collective.CollectiveEmbeddingVariable)):
+    if not isinstance(ev, (EmbeddingVariable, _collective.CollectiveEmbeddingVariable)):
         raise TypeError(f"expected an evstore.EmbeddingVariable, got {type(ev).__name__}")
 
 
@@ -44,7 +43,7 @@ def embedding_lookup(ev, ids, training=True, proxy=None, name=None):
             return substitute(ids)
         if isinstance(ev, _collective.CollectiveEmbeddingVariable):
             return _collective.embedding_lookup_group([ev], [ids], training=training)[0]
-        if isinstance(ev, ShardedEmbeddingVariable):
+        if ev.sharded:
             return ev._lookup(ids, training, proxy)
         if not training:
             return gen.ev_find(ev.resource_handle, ids, dim=ev.dim)
