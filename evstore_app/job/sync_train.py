@@ -14,9 +14,11 @@ chain (checkpoint/sync.py; the first commit a full, then deltas, a full every
 `full_every`), with the position (batches trained) as metadata. A worker
 restores the newest chain at start and resumes at its position.
 
-Failures: the collective runtime cannot continue without a worker. The
-launcher (`run_local`) watches its workers; when one dies, it kills the
-others and starts them all again (new ports), and they resume from the last
+Failures: the collective runtime cannot continue without a worker: a
+survivor's next collective fails (UnavailableError within a second on
+loopback, the dead peer's connections reset) and the worker exits with code
+75 saying so. The launcher (`run_local`) watches its workers; when one dies,
+it gives the others 10 s to stop so, kills what is left and starts them all again (new ports), and they resume from the last
 commit: nothing committed is lost and no batch is trained twice into the
 state. After `max_restarts` restarts it gives up (RuntimeError); running the
 job again resumes the same way.
@@ -221,8 +223,16 @@ def main(argv=None):
                   learning_rate=a.learning_rate, delta_every=a.delta_every, full_every=a.full_every)
     start = job.resume()
     print(f"worker {a.rank}: resuming at batch {start}", file=sys.stderr, flush=True)
-    job.train(a.steps, on_commit=lambda seq, pos: print(f"worker {a.rank}: committed seq={seq} position={pos}",
-                                                        file=sys.stderr, flush=True))
+    import tensorflow as tf
+    try:
+        job.train(a.steps, on_commit=lambda seq, pos: print(f"worker {a.rank}: committed seq={seq} position={pos}",
+                                                            file=sys.stderr, flush=True))
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as e:
+        # A peer died: its collectives fail here (within a second on loopback, connection reset).
+        print(f"worker {a.rank}: a collective failed at batch {job.position} ({type(e).__name__}): another worker "
+              "is gone and the collective runtime cannot continue; stopping (the job resumes from its last commit)",
+              file=sys.stderr, flush=True)
+        os._exit(75)
     if a.state_out:
         import numpy as np
         np.savez(a.state_out, **job.state())
@@ -292,11 +302,13 @@ def run_local(workers=2, checkpoints=None, steps=100, batch_size=256, seed=0, le
         with open(os.path.join(directory, "workers.json"), "w") as f:
             json.dump({"incarnation": restarts, "pids": [p.pid for p in procs]}, f)
         failed = _wait(procs)
-        if failed is None:
+        if not failed:
             break
-        rank, code = failed
-        log(f"evstore train-sync: worker {rank} exited with code {code}; stopping every worker")
-        _kill_all(procs)
+        for rank, code in failed:
+            log(f"evstore train-sync: worker {rank} exited with code {code}; stopping every worker")
+        rank, code = failed[0]
+        for r, c in _stop_all(procs, failed):
+            log(f"evstore train-sync: worker {r} " + ("stopped by itself" if c == 75 else "exited") + f" with code {c}")
         if restarts >= max_restarts:
             raise RuntimeError(f"worker {rank} exited with code {code} and {restarts} restart(s) were used "
                                f"(max_restarts={max_restarts}); run the job again to resume from its last commit. "
@@ -314,18 +326,25 @@ def run_local(workers=2, checkpoints=None, steps=100, batch_size=256, seed=0, le
 
 
 def _wait(procs):
-    """None when every worker exited 0; else (rank, code) of the first that failed."""
+    """[] when every worker exited 0; else [(rank, code)] of the workers that failed, killed by a signal first
+    (a survivor fails its next collective within a second of its peer's death: both are often seen at once)."""
     while True:
         codes = [p.poll() for p in procs]
-        for r, c in enumerate(codes):
-            if c is not None and c != 0:
-                return r, c
+        failed = [(r, c) for r, c in enumerate(codes) if c is not None and c != 0]
+        if failed:
+            return sorted(failed, key=lambda rc: (rc[1] >= 0, rc[0]))
         if all(c == 0 for c in codes):
-            return None
+            return []
         time.sleep(0.2)
 
 
-def _kill_all(procs):
+def _stop_all(procs, failed, grace=10.0):
+    """Gives the other workers `grace` seconds to stop by themselves (their
+    collectives fail), then SIGKILLs what is left; returns [(rank, code)] of
+    the workers not in `failed`."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
     for p in procs:
         if p.poll() is None:
             try:
@@ -334,6 +353,8 @@ def _kill_all(procs):
                 pass
     for p in procs:
         p.wait()
+    done = {r for r, _ in failed}
+    return [(r, p.returncode) for r, p in enumerate(procs) if r not in done]
 
 
 if __name__ == "__main__":

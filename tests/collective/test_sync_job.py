@@ -45,13 +45,16 @@ def assert_equals_reference(tmp):
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)   # keys, versions, frequencies exactly
 
 
-def test_a_killed_worker_restarts_the_job_from_the_last_commit_with_nothing_lost(tmp_path):
+def test_a_killed_worker_stops_the_step_and_the_job_restarts_from_the_last_commit_with_nothing_lost(tmp_path):
     code, out, err = train_sync(tmp_path, "run", {"EVSTORE_SYNC_KILL_AT": "1:7"})   # worker 1 SIGKILLs itself
     assert code == 0, err[-3000:]
     res = json.loads(out.strip().splitlines()[-1])
     assert res["restarts"] == 1 and res["resumed_at"] == 4      # the commit at batch 4
     assert res["position"] == res["global_step"] == STEPS
     assert "worker 1 exited with code -9; stopping every worker" in err
+    # the survivor's next collective failed: it stopped by itself, saying why
+    assert "worker 0 stopped by itself with code 75" in err, err[-3000:]
+    assert "another worker is gone and the collective runtime cannot continue" in open(tmp_path / "run" / "worker-0.log").read()
     assert_equals_reference(tmp_path)
 
 
