@@ -6,11 +6,14 @@ ops against it).
 Checkpoint tensors of an EmbeddingVariable `<ev>` (our bundles):
   `<ev>-keys`, `<ev>-values`, `<ev>-versions`, `<ev>-freqs`,
   `<ev>/<slot>-values` per optimizer slot, `<ev>-keys_filtered`,
-  `<ev>-freqs_filtered`, and in deltas `<ev>-deleted_keys`.
+  `<ev>-freqs_filtered`, `<ev>-seen_filtered`, `<ev>-clock`, with a BloomFilter
+  `<ev>-bloom_geometry`, `<ev>-bloom_blocks`, `<ev>-bloom_counters`, and in
+  deltas `<ev>-deleted_keys`.
 A tf.train.Checkpoint packs the slots as `<ev>-slots` and `<ev>-slot_names`.
 """
 
-__all__ = ["KEYS", "VALUES", "VERSIONS", "FREQS", "KEYS_FILTERED", "FREQS_FILTERED", "DELETED_KEYS", "SLOTS",
+__all__ = ["KEYS", "VALUES", "VERSIONS", "FREQS", "KEYS_FILTERED", "FREQS_FILTERED", "DELETED_KEYS", "SEEN_FILTERED", "CLOCK",
+           "BLOOM_GEOMETRY", "BLOOM_BLOCKS", "BLOOM_COUNTERS", "SLOTS",
            "SLOT_NAMES", "SLOT_SEPARATOR", "SLOT_VALUES", "EV_TENSORS", "tensor", "slot_prefix", "slot_tensor",
            "STATS_FIELDS", "HANDLE", "KEYS_INPUT", "GRADS_INPUT", "GLOBAL_STEP_INPUT", "APPLY_INPUTS"]
 
@@ -21,6 +24,11 @@ VERSIONS = "-versions"
 FREQS = "-freqs"
 KEYS_FILTERED = "-keys_filtered"
 FREQS_FILTERED = "-freqs_filtered"
+SEEN_FILTERED = "-seen_filtered"
+CLOCK = "-clock"
+BLOOM_GEOMETRY = "-bloom_geometry"    # BloomFilter only
+BLOOM_BLOCKS = "-bloom_blocks"        # BloomFilter only
+BLOOM_COUNTERS = "-bloom_counters"    # BloomFilter only
 DELETED_KEYS = "-deleted_keys"
 SLOTS = "-slots"              # tf.train.Checkpoint only
 SLOT_NAMES = "-slot_names"    # tf.train.Checkpoint only
@@ -28,7 +36,7 @@ SLOT_SEPARATOR = "/"
 SLOT_VALUES = "-values"
 
 # The tensors every EV has in every bundle (full or delta), slots aside.
-EV_TENSORS = (KEYS, VALUES, VERSIONS, FREQS, KEYS_FILTERED, FREQS_FILTERED)
+EV_TENSORS = (KEYS, VALUES, VERSIONS, FREQS, KEYS_FILTERED, FREQS_FILTERED, SEEN_FILTERED, CLOCK)
 
 
 def tensor(ev, suffix):

@@ -40,7 +40,9 @@ def _op_inputs(op_name):
 def test_checkpoint_tensor_names_match_the_header():
     pairs = {"kKeys": schema.KEYS, "kValues": schema.VALUES, "kVersions": schema.VERSIONS, "kFreqs": schema.FREQS,
              "kKeysFiltered": schema.KEYS_FILTERED, "kFreqsFiltered": schema.FREQS_FILTERED,
-             "kDeletedKeys": schema.DELETED_KEYS, "kSlots": schema.SLOTS, "kSlotNames": schema.SLOT_NAMES,
+             "kDeletedKeys": schema.DELETED_KEYS, "kSeenFiltered": schema.SEEN_FILTERED, "kClock": schema.CLOCK,
+             "kBloomGeometry": schema.BLOOM_GEOMETRY, "kBloomBlocks": schema.BLOOM_BLOCKS,
+             "kBloomCounters": schema.BLOOM_COUNTERS, "kSlots": schema.SLOTS, "kSlotNames": schema.SLOT_NAMES,
              "kSlotSeparator": schema.SLOT_SEPARATOR, "kSlotValues": schema.SLOT_VALUES}
     for cname, pyvalue in pairs.items():
         assert _header_string(cname) == pyvalue, cname

@@ -10,6 +10,10 @@
 //       <ev>/<slot>-values [N, dim]   one per optimizer slot
 //       <ev>-keys_filtered [M]   counted, not admitted keys
 //       <ev>-freqs_filtered [M]  their counts
+//       <ev>-seen_filtered [M]   their last-seen steps (-1 unknown)
+//       <ev>-clock [1]           the table's clock (evict_policy.h)
+//       <ev>-bloom_geometry [3], <ev>-bloom_blocks [B], <ev>-bloom_counters
+//                                [B, 4096]: a BloomFilter's counters (filter_policy.h)
 //       <ev>-deleted_keys [D]    deltas only: keys erased since the parent
 //     and, in a tf.train.Checkpoint (not our bundles), the slots packed as
 //       <ev>-slots [N, S, dim] and <ev>-slot_names [S]
@@ -29,6 +33,11 @@ inline constexpr const char* kVersions = "-versions";
 inline constexpr const char* kFreqs = "-freqs";
 inline constexpr const char* kKeysFiltered = "-keys_filtered";
 inline constexpr const char* kFreqsFiltered = "-freqs_filtered";
+inline constexpr const char* kSeenFiltered = "-seen_filtered";  // their last-seen steps (-1 unknown)
+inline constexpr const char* kClock = "-clock";                  // [1]: the table's clock
+inline constexpr const char* kBloomGeometry = "-bloom_geometry";  // BloomFilter only: [3]
+inline constexpr const char* kBloomBlocks = "-bloom_blocks";      // BloomFilter only: block ids
+inline constexpr const char* kBloomCounters = "-bloom_counters";  // BloomFilter only: [n, kBlock]
 inline constexpr const char* kDeletedKeys = "-deleted_keys";
 inline constexpr const char* kSlots = "-slots";            // tf.train.Checkpoint only
 inline constexpr const char* kSlotNames = "-slot_names";  // tf.train.Checkpoint only

@@ -87,6 +87,7 @@
 #include "optimizers.h"
 #include "parallel.h"
 #include "row_store.h"
+#include "schema.h"
 #include "segment.h"
 #include "zero_rows.h"
 
@@ -101,20 +102,14 @@ struct TableConfig {
   BloomConfig bloom;                 // capacity > 0: count non-admitted keys in a Bloom filter
 };
 
+// One int64 per field of the schema (schema.h: EVSTORE_STATS_FIELDS, which
+// documents each; EvStats writes them in that order).
 struct TableStats {
-  int64_t size = 0;        // keys in the index (admitted + filtered)
-  int64_t admitted = 0;    // keys with a row
-  int64_t filtered = 0;    // counted, not admitted
-  int64_t free_rows = 0;   // rows in the arena's free list
-  int64_t index_bytes = 0; // segments: control bytes, entries, dirty lists, deleted sets
-  int64_t meta_bytes = 0;  // per-row metadata (versions)
-  int64_t row_bytes = 0;   // arena rows (embedding + slots)
-  int64_t dirty = 0;       // entries in the open dirty lists (upper bound of dirty keys)
-  int64_t deleted = 0;     // keys in the open deleted sets
-  int64_t zero_rows = 0;   // admitted keys whose embedding is all zero (zero_rows.h)
-  int64_t evicted = 0;     // keys erased by Evict since the table was created
-  int64_t filter_bytes = 0;  // Bloom filter counters (0 without one)
+#define EVSTORE_STATS_MEMBER_(name, doc) int64_t name = 0;
+  EVSTORE_STATS_FIELDS(EVSTORE_STATS_MEMBER_)
+#undef EVSTORE_STATS_MEMBER_
 };
+static_assert(sizeof(TableStats) == schema::kNumStatsFields * sizeof(int64_t), "one int64 per stats field");
 
 // One exported key (full export or sealed snapshot readout).
 template <typename K>
@@ -123,6 +118,7 @@ struct ExportedKey {
   bool admitted;
   int64_t version;
   int64_t freq;
+  int64_t seen = -1;  // filtered key: step last seen at (-1 unknown); admitted: -1
 };
 
 template <typename K, typename Traits = KeyTraits<K>, typename Store = RowArena>
@@ -140,6 +136,7 @@ class Table {
     uint64_t id = 0;
     std::vector<Owned> dirty;
     std::vector<Owned> deleted;
+    std::vector<int64_t> bloom_blocks;  // Bloom counter blocks raised (filter_policy.h)
   };
 
   explicit Table(TableConfig cfg)
@@ -165,6 +162,8 @@ class Table {
   // True when keys not yet admitted are counted outside the index (Bloom).
   bool has_bloom() const { return !admission_->CountsInIndex(); }
   const AdmissionPolicy& admission() const { return *admission_; }
+  // The admission policy's Bloom counters (checkpointed in blocks), or null.
+  const CountingBloom* bloom() const { return admission_->bloom(); }
   // Highest global step seen (-1: none yet); see evict_policy.h.
   int64_t clock() const { return clock_.load(std::memory_order_relaxed); }
   void AdvanceClock(int64_t step) {
@@ -172,6 +171,8 @@ class Table {
     while (step > c && !clock_.compare_exchange_weak(c, step, std::memory_order_relaxed)) {
     }
   }
+  // Sets the clock (a full restore: the saved table's clock, exactly).
+  void SetClock(int64_t step) { clock_.store(step < -1 ? -1 : step, std::memory_order_relaxed); }
   const std::vector<float>& default_value() const { return default_; }
 
   // ---- optimizer slots ---------------------------------------------------
@@ -467,10 +468,10 @@ class Table {
           case EvictDecision::kStamp:
             if (adm) {
               rows_.Version(en.row) = EncodeAdmission(step);
-              seg.MarkDirty(&en);
             } else {
               en.row = FilteredMark(step);
             }
+            seg.MarkDirty(&en);  // the stamp is saved state (version / last-seen step)
             break;
           case EvictDecision::kKeep:
             break;
@@ -510,7 +511,8 @@ class Table {
     std::shared_lock<std::shared_mutex> lock(seg.mu);
     seg.ForEach([&](const E& en) {
       bool adm = RowIsReal(en.row);
-      ExportedKey<K> x{Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1, static_cast<int64_t>(en.freq())};
+      ExportedKey<K> x{Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1, static_cast<int64_t>(en.freq()),
+                       adm ? -1 : FilteredReference(en.row)};
       fn(x, adm ? rows_.Row(en.row) : nullptr);
     });
   }
@@ -519,9 +521,10 @@ class Table {
   // Reads keys' current state (for a sealed snapshot's dirty keys). For each
   // key: present[i], admitted[i], version (the raw slot: evict_policy.h;
   // -1 for filtered keys) / freq, and its full row in
-  // rows[i*stride] when admitted (zeros otherwise); rows may be null.
+  // rows[i*stride] when admitted (zeros otherwise); rows may be null. `seen`
+  // (optional) gets a filtered key's last-seen step (-1 unknown or admitted).
   void Read(const K* keys, int64_t n, int stride, uint8_t* present, uint8_t* admitted, int64_t* versions,
-            int64_t* freqs, float* rows) const {
+            int64_t* freqs, float* rows, int64_t* seen = nullptr) const {
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = Traits::Hash(keys[i]);
       const Seg& seg = index_.SegmentFor(h);
@@ -531,6 +534,7 @@ class Table {
       admitted[i] = en && RowIsReal(en->row);
       versions[i] = admitted[i] ? rows_.Version(en->row) : -1;
       freqs[i] = en ? en->freq() : 0;
+      if (seen) seen[i] = (en && !admitted[i]) ? FilteredReference(en->row) : -1;
       if (!rows) continue;  // metadata only
       if (admitted[i])
         std::memcpy(rows + i * stride, rows_.Row(en->row), stride * sizeof(float));
@@ -578,8 +582,10 @@ class Table {
   // Upserts counted-but-not-admitted keys with their frequencies. A key that
   // is already admitted stays admitted (only its frequency is set), unless
   // `demote` (applying a delta in which the key was evicted and came back
-  // unadmitted): then its row is freed.
-  void ImportFiltered(const K* keys, int64_t n, const int64_t* freqs, bool mark_dirty, bool demote = false) {
+  // unadmitted): then its row is freed. `seen` (optional) restores a key left
+  // unadmitted's last-seen step (-1 unknown; evict_policy.h).
+  void ImportFiltered(const K* keys, int64_t n, const int64_t* freqs, bool mark_dirty, bool demote = false,
+                      const int64_t* seen = nullptr) {
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = Traits::Hash(keys[i]);
       Seg& seg = index_.SegmentFor(h);
@@ -591,6 +597,7 @@ class Table {
         en->row = kNoRow;
         seg.adjust_admitted(-1);
       }
+      if (seen && !RowIsReal(en->row)) en->row = FilteredMark(seen[i]);
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
       if (mark_dirty) seg.MarkDirty(en);
     }
@@ -617,6 +624,7 @@ class Table {
         }
       }
       std::vector<Owned>().swap(seg.dirty);
+      if (CountingBloom* b = admission_->mutable_bloom()) b->SealDirty(s, &snap->bloom_blocks);
       snap->deleted.insert(snap->deleted.end(), seg.deleted.begin(), seg.deleted.end());
       seg.deleted.clear();
     }
@@ -655,7 +663,29 @@ class Table {
       else
         seg.deleted.insert(o);
     }
+    if (CountingBloom* bloom = admission_->mutable_bloom()) {
+      for (int64_t b : open_->bloom_blocks) {
+        std::unique_lock<std::shared_mutex> lock(index_.segment(bloom->SegmentOfBlock(b)).mu);
+        bloom->MarkBlockDirty(b);
+      }
+    }
     open_.reset();
+  }
+
+  // Bloom counter block `id` (filter_policy.h) into out[0, kBlock), under its
+  // segment's lock; returns whether any counter is non-zero. Needs a Bloom filter.
+  bool ReadBloomBlock(int64_t id, uint8_t* out) const {
+    const CountingBloom* bloom = admission_->bloom();
+    std::shared_lock<std::shared_mutex> lock(index_.segment(bloom->SegmentOfBlock(id)).mu);
+    return bloom->ReadBlock(id, out);
+  }
+  // Overwrites Bloom counter block `id` (a restore); throws std::out_of_range
+  // for an id outside the filter.
+  void WriteBloomBlock(int64_t id, const uint8_t* in) {
+    CountingBloom* bloom = admission_->mutable_bloom();
+    if (id < 0 || id >= bloom->num_blocks()) throw std::out_of_range("bloom block id out of range");
+    std::unique_lock<std::shared_mutex> lock(index_.segment(bloom->SegmentOfBlock(id)).mu);
+    bloom->WriteBlock(id, in);
   }
   // Sizes every segment for `total_keys` keys in the whole table (spread
   // evenly, with 10% slack), so a bulk import does not grow them step by step.
