@@ -1,7 +1,7 @@
 """The bundle inside a checkpoint directory: writing EVs and dense tensors with
 the native streaming writer, and applying an EV's tensors back to a table.
 
-Tensor names (DESIGN section 4): per EV `<name>-keys`, `-values`, `-versions`,
+Tensor names (docs/ARCHITECTURE.md, "Checkpoints"): per EV `<name>-keys`, `-values`, `-versions`,
 `-freqs`, `-keys_filtered`, `-freqs_filtered`, `<name>/<slot>-values`, and in
 deltas `<name>-deleted_keys`; dense tensors under their own names; `global_step`.
 """

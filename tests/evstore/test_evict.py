@@ -1,4 +1,4 @@
-"""Feature eviction: GlobalStepEvict, L2WeightEvict (DESIGN section 2, DeepRec's semantics).
+"""Feature eviction: GlobalStepEvict, L2WeightEvict (docs/ARCHITECTURE.md, "Table"; DeepRec's semantics).
 
 Evicted keys leave the table like `remove`: rows to the free list, keys to the
 deleted set (observed through `ev.begin_export()`)."""
