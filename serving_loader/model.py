@@ -1,6 +1,6 @@
 """ServingModel: a loaded serving export kept fresh by applying checkpoints in place.
 
-Apply protocol (DESIGN section 5):
+Apply protocol (docs/ARCHITECTURE.md, "Serving"):
   * stage (no lock): pick the next committed checkpoint of the served chain
     (its manifest's parent is the served sequence, its base the served full),
     verify every file against the manifest (size, crc32c), read its tensors
