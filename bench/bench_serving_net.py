@@ -1,0 +1,291 @@
+"""Serving over the network: `evstore serve` (REST and gRPC) against the same
+export's in-process signature call rate, measured side by side in one run.
+
+    .venv/bin/python bench/bench_serving_net.py                 # ~4 minutes
+    .venv/bin/python bench/bench_serving_net.py --seconds 5     # quicker
+
+The served model is the demo's (evstore/job/synthetic.py SPEC: three EVs,
+a dense feature, MLP 64-32), trained on the synthetic click stream for a few
+batches, exported (serving_loader.export_serving_model) and checkpointed.
+
+  in-process   one thread calls the export's `serving_default` signature
+               (ServingModel's loaded concrete function) on batch-1 tensors,
+               back to back: calls/s. Measured before, between and after the
+               network runs (the machine is shared); the mean is the baseline.
+  REST         wrk (C, 2 threads) with a lua script POSTing one fixed
+               :predict body ("instances", batch 1 or 64), --connections
+               keep-alive connections, --seconds each: requests/s, p50, p99.
+  gRPC         a Python load loop in its own process (grpc.aio, --connections
+               concurrent calls in flight; the PredictRequest is serialized
+               once and answers are not decoded, so the client spends as
+               little CPU as possible): requests/s, p50, p99.
+  live         p99 of REST predict (wrk, same load) on a server that applies
+               a delta every --delta-every seconds (the trainer in this
+               process trains and commits continuously) against a server of
+               the same export whose polling is off (the trainer runs all the
+               same): p99 ratio live / idle.
+Prints one JSON line (the last line of stdout); progress on stderr.
+"""
+import argparse
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+TARGETS = {"served_over_inprocess": 1.0, "p99_ms": 20.0, "grpc_over_rest": 1.0, "live_p99_ratio": 2.0}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---- the job ------------------------------------------------------------------------
+def make_job(workdir, seed=0, warmup=20):
+    from evstore.job.synthetic import SPEC, ClickStream
+    from evstore.job.trainer import Trainer
+    import serving_loader
+
+    root, export = os.path.join(workdir, "ckpt"), os.path.join(workdir, "export")
+    spec = dict(SPEC, batch_size=256)
+    trainer = Trainer(spec, root, seed=seed)
+    stream = ClickStream(seed=seed, batch_size=256)
+    serving_loader.export_serving_model(trainer.model, export)
+    batches = stream.batches()
+    for _ in range(warmup):
+        b, (cols, y) = next(batches)
+        trainer.train(trainer.inputs(cols), y, b + 1)
+    trainer.manager.save_full(metadata=trainer.metadata())
+    b, (cols, _) = next(batches)
+    probe = {k: np.asarray(v) for k, v in trainer.inputs(cols).items()}
+    return trainer, batches, root, export, probe
+
+
+def rows(probe, n):
+    return {k: v[:n] for k, v in probe.items()}
+
+
+def inprocess_rate(sm, x, seconds):
+    import tensorflow as tf
+
+    t = {k: tf.constant(v) for k, v in x.items()}
+    for _ in range(50):
+        sm._fn(**t)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(100):
+            sm._fn(**t)
+        n += 100
+    return n / (time.perf_counter() - t0)
+
+
+# ---- servers and load generators ------------------------------------------------------
+class Server:
+    def __init__(self, export, root, poll_every, workdir, name):
+        cmd = [sys.executable, "-m", "evstore.cli", "serve", "--export", export, "--checkpoints", root,
+               "--port", "0", "--rest_api_port", "0", "--model_name", "m", "--poll-every", str(poll_every)]
+        self.log = open(os.path.join(workdir, f"server-{name}.log"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
+        deadline = time.time() + 300
+        self.rest = self.grpc = None
+        while self.rest is None or self.grpc is None:
+            try:
+                ln = lines.get(timeout=1)
+            except queue.Empty:
+                ln = ""
+            if ln.startswith("serving "):
+                self.rest = int(ln.rsplit(":", 1)[1])
+            elif ln.startswith("grpc "):
+                self.grpc = int(ln.rsplit(":", 1)[1])
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"server did not start (see {self.log.name})")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def _ms(text):
+    v, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def wrk(port, body, connections, seconds, workdir):
+    script = os.path.join(workdir, "post.lua")
+    with open(script, "w") as f:
+        f.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                f"wrk.body = {json.dumps(body)}\n")
+    out = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", script,
+                          f"http://127.0.0.1:{port}/v1/models/m:predict"], capture_output=True, text=True,
+                         check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rps": rps, "p50_ms": _ms(lat["50"]), "p99_ms": _ms(lat["99"]),
+            "errors": int(errors.group(1)) if errors else 0}
+
+
+def grpc_load(port, x, connections, seconds):
+    """Runs this file's --grpc-client mode in its own process; returns its JSON."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = "m"
+    for k, v in x.items():
+        req.inputs[k].CopyFrom(tf.make_tensor_proto(v))
+    with tempfile.NamedTemporaryFile(suffix=".pb", delete=False) as f:
+        f.write(req.SerializeToString())
+    try:
+        out = subprocess.run([sys.executable, __file__, "--grpc-client", f.name, "--port", str(port),
+                              "--connections", str(connections), "--seconds", str(seconds)],
+                             capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def grpc_client(args):
+    import asyncio
+
+    import grpc
+
+    body = open(args.grpc_client, "rb").read()
+
+    async def main():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{args.port}") as ch:
+            call = ch.unary_unary("/tensorflow.serving.PredictionService/Predict")   # bytes in, bytes out
+            await call(body)
+            lat = []
+            stop = time.perf_counter() + args.seconds
+
+            async def worker():
+                while time.perf_counter() < stop:
+                    t = time.perf_counter()
+                    await call(body)
+                    lat.append(time.perf_counter() - t)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*[worker() for _ in range(args.connections)])
+            dt = time.perf_counter() - t0
+            a = np.asarray(lat) * 1e3
+            return {"rps": len(lat) / dt, "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
+
+    print(json.dumps(asyncio.run(main())))
+
+
+def instances(x):
+    keys = sorted(x)
+    n = len(x[keys[0]])
+    return json.dumps({"instances": [{k: x[k][i].tolist() for k in keys} for i in range(n)]})
+
+
+# ---- the run ----------------------------------------------------------------------------------
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=10, help="seconds per load run")
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--delta-every", type=float, default=0.5, help="live: seconds between deltas")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grpc-client", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.grpc_client:
+        return grpc_client(args)
+    if shutil.which("wrk") is None:
+        raise SystemExit("bench_serving_net.py needs wrk (apt-get install wrk)")
+    from serving_loader import ServingModel
+
+    workdir = tempfile.mkdtemp(prefix="evstore-bench-net-")
+    res = {"connections": args.connections, "seconds": args.seconds}
+    try:
+        trainer, batches, root, export, probe = make_job(workdir, args.seed)
+        sm = ServingModel(export, root)
+        one, sixty_four = rows(probe, 1), rows(probe, 64)
+        inproc = [inprocess_rate(sm, one, args.seconds / 2)]
+        log(f"in-process: {inproc[-1]:.0f} calls/s")
+        server = Server(export, root, 3600, workdir, "idle")
+        try:
+            for batch, x in ((1, one), (64, sixty_four)):
+                r = wrk(server.rest, instances(x), args.connections, args.seconds, workdir)
+                res[f"rest_b{batch}"] = r
+                log(f"REST batch {batch}: {r}")
+                if batch == 1:
+                    inproc.append(inprocess_rate(sm, one, args.seconds / 2))
+                    log(f"in-process: {inproc[-1]:.0f} calls/s")
+                g = grpc_load(server.grpc, x, args.connections, args.seconds)
+                res[f"grpc_b{batch}"] = g
+                log(f"gRPC batch {batch}: {g}")
+            inproc.append(inprocess_rate(sm, one, args.seconds / 2))
+            log(f"in-process: {inproc[-1]:.0f} calls/s")
+            res["inprocess_calls_per_s"] = inproc
+            base = float(np.mean(inproc))
+            res["rest_over_inprocess"] = res["rest_b1"]["rps"] / base
+            res["grpc_over_inprocess"] = res["grpc_b1"]["rps"] / base
+            res["grpc_over_rest"] = res["grpc_b1"]["rps"] / res["rest_b1"]["rps"]
+
+            # live: the same load while deltas commit, on a polling server vs this (non-polling) one
+            stop = threading.Event()
+            deltas = []
+
+            def train():
+                last = time.time()
+                while not stop.is_set():
+                    b, (cols, y) = next(batches)
+                    trainer.train(trainer.inputs(cols), y, b + 1)
+                    if time.time() - last >= args.delta_every:
+                        deltas.append(trainer.manager.save_delta(metadata=trainer.metadata()))
+                        last = time.time()
+
+            t = threading.Thread(target=train, daemon=True)
+            t.start()
+            try:
+                res["idle"] = wrk(server.rest, instances(one), args.connections, args.seconds, workdir)
+                log(f"idle (trainer running, no polling): {res['idle']}")
+            finally:
+                server.stop()
+            live = Server(export, root, 0.25, workdir, "live")
+            try:
+                before = len(deltas)
+                res["live"] = wrk(live.rest, instances(one), args.connections, args.seconds, workdir)
+                res["live"]["deltas_committed"] = len(deltas) - before
+                status = json.loads(subprocess.run(["curl", "-s", f"http://127.0.0.1:{live.rest}/v1/models/m"],
+                                                   capture_output=True, text=True).stdout)
+                res["live"]["served_version"] = int(status["model_version_status"][0]["version"])
+                res["live"]["newest_delta"] = deltas[-1] if deltas else None
+                log(f"live (applying deltas): {res['live']}")
+            finally:
+                stop.set()
+                t.join()
+                live.stop()
+            res["live_p99_ratio"] = res["live"]["p99_ms"] / res["idle"]["p99_ms"]
+        finally:
+            if server.proc.poll() is None:
+                server.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    res["targets"] = TARGETS
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
