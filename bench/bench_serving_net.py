@@ -144,7 +144,7 @@ def wrk(port, body, connections, seconds, workdir):
             "errors": int(errors.group(1)) if errors else 0}
 
 
-def grpc_load(port, x, connections, seconds):
+def grpc_load(port, x, connections, seconds, client="aio"):
     """Runs this file's --grpc-client mode in its own process; returns its JSON."""
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
@@ -157,7 +157,7 @@ def grpc_load(port, x, connections, seconds):
         f.write(req.SerializeToString())
     try:
         out = subprocess.run([sys.executable, __file__, "--grpc-client", f.name, "--port", str(port),
-                              "--connections", str(connections), "--seconds", str(seconds)],
+                              "--connections", str(connections), "--seconds", str(seconds), "--client", client],
                              capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
@@ -170,6 +170,30 @@ def grpc_client(args):
     import grpc
 
     body = open(args.grpc_client, "rb").read()
+    if args.client == "threads":
+        ch = grpc.insecure_channel(f"127.0.0.1:{args.port}")
+        call = ch.unary_unary("/tensorflow.serving.PredictionService/Predict")
+        call(body)
+        lat = [[] for _ in range(args.connections)]
+        stop = time.perf_counter() + args.seconds
+
+        def worker(out):
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                call(body)
+                out.append(time.perf_counter() - t)
+
+        ts = [threading.Thread(target=worker, args=(lat[i],)) for i in range(args.connections)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        dt = time.perf_counter() - t0
+        a = np.concatenate([np.asarray(x) for x in lat]) * 1e3
+        print(json.dumps({"rps": a.size / dt, "p50_ms": float(np.percentile(a, 50)),
+                          "p99_ms": float(np.percentile(a, 99))}))
+        return
 
     async def main():
         async with grpc.aio.insecure_channel(f"127.0.0.1:{args.port}") as ch:
@@ -208,6 +232,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--grpc-client", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--client", default="aio", choices=["aio", "threads"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.grpc_client:
         return grpc_client(args)

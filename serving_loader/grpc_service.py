@@ -1,7 +1,7 @@
 """TF Serving's gRPC API: tensorflow.serving.PredictionService (Predict,
 Classify, Regress, GetModelMetadata) and tensorflow.serving.ModelService
 (GetModelStatus), on the protos and stubs of the `tensorflow-serving-api`
-package, served by grpc.aio in the same asyncio loop as the REST API.
+package, served by grpc's thread-pool server next to the REST loop.
 
 Requests reach the model exactly as REST ones do (ServingApp.submit: the
 default signature through the batcher); errors are TF Serving's canonical
@@ -82,10 +82,10 @@ def _spec(request):
     return spec.name, version, label
 
 
-async def _abort(context, e):
+def _abort(context, e):
     if isinstance(e, ServingError):
-        await context.abort(getattr(grpc.StatusCode, e.code), e.message)
-    await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        context.abort(getattr(grpc.StatusCode, e.code), e.message)
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -98,14 +98,14 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         response.model_spec.version.value = version or 0
         response.model_spec.signature_name = key
 
-    async def _call(self, key, arrays, version):
-        outputs, served = await self.app.submit(key, arrays)
+    def _call(self, key, arrays, version):
+        outputs, served = self.app.submit_sync(key, arrays)
         if version is not None and (served or 0) != version:
             raise ServingError("NOT_FOUND", f"Servable not found for request: Specific({self.servable.name}, "
                                             f"{version})")
         return outputs, served
 
-    async def Predict(self, request, context):
+    def Predict(self, request, context):
         try:
             name, version, label = _spec(request)
             self.servable.check_spec(name, version, label)
@@ -123,16 +123,16 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                     raise invalid(f"output tensor alias not found in signature: {n} Outputs expected to be in the "
                                   f"set {{{','.join(sorted(outs))}}}.")
             arrays = {n: tensor_to_array(n, request.inputs[n], inputs[n]) for n in inputs}
-            outputs, served = await self._call(key, arrays, version)
+            outputs, served = self._call(key, arrays, version)
             response = predict_pb2.PredictResponse()
             self._fill_spec(response, key, served)
             for n in wanted or outputs:
                 array_to_tensor(outputs[n], response.outputs[n])
             return response
         except Exception as e:  # noqa: BLE001 - answered with its status
-            await _abort(context, e)
+            _abort(context, e)
 
-    async def _examples(self, request, method):
+    def _examples(self, request, method):
         name, version, label = _spec(request)
         self.servable.check_spec(name, version, label)
         key = self.servable.signature(request.model_spec.signature_name, method)
@@ -147,12 +147,12 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         if not examples:
             raise invalid("Input is empty.")
         (input_name,) = self.servable.inputs[key]
-        outputs, served = await self._call(key, {input_name: np.array(examples, dtype=object)}, version)
+        outputs, served = self._call(key, {input_name: np.array(examples, dtype=object)}, version)
         return key, outputs, served
 
-    async def Classify(self, request, context):
+    def Classify(self, request, context):
         try:
-            key, outputs, served = await self._examples(request, CLASSIFY_METHOD)
+            key, outputs, served = self._examples(request, CLASSIFY_METHOD)
             scores, classes = outputs.get("scores"), outputs.get("classes")
             if scores is None and classes is None:
                 raise invalid("classification signature has neither 'classes' nor 'scores'")
@@ -172,11 +172,11 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                         cls.score = float(scores[i, j])
             return response
         except Exception as e:  # noqa: BLE001
-            await _abort(context, e)
+            _abort(context, e)
 
-    async def Regress(self, request, context):
+    def Regress(self, request, context):
         try:
-            key, outputs, served = await self._examples(request, REGRESS_METHOD)
+            key, outputs, served = self._examples(request, REGRESS_METHOD)
             if "outputs" not in outputs:
                 raise invalid("regression signature has no 'outputs'")
             response = regression_pb2.RegressionResponse()
@@ -185,9 +185,9 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 response.result.regressions.add().value = v
             return response
         except Exception as e:  # noqa: BLE001
-            await _abort(context, e)
+            _abort(context, e)
 
-    async def GetModelMetadata(self, request, context):
+    def GetModelMetadata(self, request, context):
         try:
             name, version, label = _spec(request)
             self.servable.check_spec(name, version, label)
@@ -205,14 +205,14 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             response.metadata["signature_def"].Pack(sigs)
             return response
         except Exception as e:  # noqa: BLE001
-            await _abort(context, e)
+            _abort(context, e)
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def __init__(self, app):
         self.servable = app.servable
 
-    async def GetModelStatus(self, request, context):
+    def GetModelStatus(self, request, context):
         try:
             name, version, label = _spec(request)
             self.servable.check_status_spec(name, label)
@@ -225,13 +225,16 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
                 s.status.error_code = 0
             return response
         except Exception as e:  # noqa: BLE001
-            await _abort(context, e)
+            _abort(context, e)
 
 
-async def start_grpc(app, host, port):
-    """Starts the gRPC server of `app` on host:port (0: any free port) in the
-    running loop; returns (server, bound port)."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", app.max_request_bytes),
+def start_grpc(app, host, port, threads=16):
+    """Starts the gRPC server of `app` on host:port (0: any free port) with
+    `threads` handler threads; returns (server, bound port)."""
+    import concurrent.futures
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
+                         maximum_concurrent_rpcs=None, options=[("grpc.max_receive_message_length", app.max_request_bytes),
                                       ("grpc.so_reuseport", 0)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(app), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(app), server)
@@ -239,5 +242,5 @@ async def start_grpc(app, host, port):
     bound = server.add_insecure_port(address)
     if not bound:
         raise OSError(f"cannot bind the gRPC port {address}")
-    await server.start()
+    server.start()
     return server, bound

@@ -90,6 +90,11 @@ class ServingMetrics:
                                          buckets=_LATENCY_BUCKETS)
         self.request_errors = Counter("evstore_serving_request_errors", "Refused or failed requests by HTTP "
                                       "status", ["code"], registry=r)
+        self.batches = Counter("evstore_serving_batches", "Model calls of the predict batcher", registry=r)
+        self.batched = Counter("evstore_serving_batched_requests", "Requests answered by the predict batcher "
+                               "(batched_requests / batches = mean requests per model call)", registry=r)
+        self.batcher = None      # set by ServingApp when it batches
+        self._seen_batches = self._seen_tasks = 0
         self._seen_applied = 0
         self._seen_failures = 0
         self._lock = threading.Lock()  # scrapes and the periodic refresh run on different threads
@@ -121,6 +126,12 @@ class ServingMetrics:
         if failures > self._seen_failures:
             self.failures.inc(failures - self._seen_failures)
             self._seen_failures = failures
+        b = self.batcher
+        if b is not None:
+            batches, tasks = b.batches, b.tasks
+            self.batches.inc(batches - self._seen_batches)
+            self.batched.inc(tasks - self._seen_tasks)
+            self._seen_batches, self._seen_tasks = batches, tasks
         self.version.set(-1 if m.version is None else m.version)
         for name, n in m.rows().items():
             self.rows.labels(table=name).set(n)
@@ -154,6 +165,7 @@ class ServingApp:
         self.refresh_every_s = refresh_every_s
         self.metrics = ServingMetrics(model)
         self.batcher = Batcher(self._run_default, batching) if batching is not None else None
+        self.metrics.batcher = self.batcher
         self.router = Router()
         self.router.add(["GET"], r"/metrics", self._metrics)
         self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"], r"(?i)/v1/.*", self._v1)
@@ -179,6 +191,29 @@ class ServingApp:
         if self.batcher is not None and key == self.servable.default_signature:
             return self.batcher.submit(arrays, loop)
         return loop.run_in_executor(None, self._run, key, arrays)
+
+    def warm_up(self):
+        """Calls each predict signature once on a one-example batch of zeros
+        (empty strings), so the first client does not pay TensorFlow's first
+        call; a signature that refuses zeros is skipped."""
+        for key, inputs in self.servable.inputs.items():
+            if self.servable.signature_defs[key].method_name not in ("", "tensorflow/serving/predict"):
+                continue
+            arrays = {}
+            for n, (dtype, shape, _) in inputs.items():
+                dims = [1 if d is None else d for d in (shape or [1])]
+                arrays[n] = np.full(dims, b"", dtype=object) if dtype is None else np.zeros(dims, dtype)
+            try:
+                self._run(key, arrays)
+            except Exception as e:  # noqa: BLE001 - a warm-up only
+                log.info("warm-up of signature %r skipped: %s", key, e)
+
+    def submit_sync(self, key, arrays):
+        """(outputs, version) of signature `key` on `arrays`, from any thread
+        but the loop's; the default signature goes through the batcher."""
+        if self.batcher is not None and key == self.servable.default_signature:
+            return self.batcher.submit(arrays).result()
+        return self._run(key, arrays)
 
     # -- plumbing
     def _count(self, status):
@@ -341,6 +376,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     # Keras, the restored graph); a full garbage collection walks all of them
     # and stalls every request for hundreds of milliseconds (measured ~0.4 s
     # here). Frozen, they are skipped by every later collection.
+    app.warm_up()
     gc.collect()
     gc.freeze()
     rest_sock = _bind(host, rest_api_port) if rest_api_port is not None else None
@@ -362,7 +398,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         loop.add_signal_handler(s, stop.set)
     grpc_server = grpc_port = None
     if port is not None:
-        grpc_server, grpc_port = await start_grpc(app, host, port)
+        grpc_server, grpc_port = start_grpc(app, host, port)
     if rest_sock is not None:
         await app.http.start(rest_sock)
     refresh = asyncio.create_task(app.refresh_loop())
@@ -381,7 +417,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         refresh.cancel()
         await app.http.stop(grace_s=10.0)
         if grpc_server is not None:
-            await grpc_server.stop(grace=10.0)
+            await loop.run_in_executor(None, lambda: grpc_server.stop(grace=10.0).wait())
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
     return 0
