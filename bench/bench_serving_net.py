@@ -1,7 +1,7 @@
 """Serving over the network: `evstore serve` (REST and gRPC) against the same
 export's in-process signature call rate, measured side by side in one run.
 
-    .venv/bin/python bench/bench_serving_net.py                 # ~4 minutes
+    .venv/bin/python bench/bench_serving_net.py                 # ~5 minutes
     .venv/bin/python bench/bench_serving_net.py --seconds 5     # quicker
 
 The served model is the demo's (evstore/job/synthetic.py SPEC: three EVs,
@@ -10,8 +10,9 @@ batches, exported (serving_loader.export_serving_model) and checkpointed.
 
   in-process   one thread calls the export's `serving_default` signature
                (ServingModel's loaded concrete function) on batch-1 tensors,
-               back to back: calls/s. Measured before, between and after the
-               network runs (the machine is shared); the mean is the baseline.
+               back to back: calls/s. Interleaved with the network runs
+               (--rounds rounds of in-process, REST, gRPC); each round gives
+               ratios, the medians are reported.
   REST         wrk (C, 2 threads) with a lua script POSTing one fixed
                :predict body ("instances", batch 1 or 64), --connections
                keep-alive connections, --seconds each: requests/s, p50, p99.
@@ -228,6 +229,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=10, help="seconds per load run")
     ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved in-process / REST / gRPC rounds at batch 1")
     ap.add_argument("--delta-every", type=float, default=0.5, help="live: seconds between deltas")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--grpc-client", default=None, help=argparse.SUPPRESS)
@@ -246,27 +248,28 @@ def main(argv=None):
         trainer, batches, root, export, probe = make_job(workdir, args.seed)
         sm = ServingModel(export, root)
         one, sixty_four = rows(probe, 1), rows(probe, 64)
-        inproc = [inprocess_rate(sm, one, args.seconds / 2)]
-        log(f"in-process: {inproc[-1]:.0f} calls/s")
         server = Server(export, root, 3600, workdir, "idle")
         try:
-            for batch, x in ((1, one), (64, sixty_four)):
-                r = wrk(server.rest, instances(x), args.connections, args.seconds, workdir)
-                res[f"rest_b{batch}"] = r
-                log(f"REST batch {batch}: {r}")
-                if batch == 1:
-                    inproc.append(inprocess_rate(sm, one, args.seconds / 2))
-                    log(f"in-process: {inproc[-1]:.0f} calls/s")
-                g = grpc_load(server.grpc, x, args.connections, args.seconds)
-                res[f"grpc_b{batch}"] = g
-                log(f"gRPC batch {batch}: {g}")
-            inproc.append(inprocess_rate(sm, one, args.seconds / 2))
-            log(f"in-process: {inproc[-1]:.0f} calls/s")
-            res["inprocess_calls_per_s"] = inproc
-            base = float(np.mean(inproc))
-            res["rest_over_inprocess"] = res["rest_b1"]["rps"] / base
-            res["grpc_over_inprocess"] = res["grpc_b1"]["rps"] / base
-            res["grpc_over_rest"] = res["grpc_b1"]["rps"] / res["rest_b1"]["rps"]
+            # batch 1: in-process, REST, gRPC, interleaved --rounds times (the machine is shared)
+            for r in range(args.rounds):
+                ip = inprocess_rate(sm, one, args.seconds / 2)
+                rest = wrk(server.rest, instances(one), args.connections, args.seconds, workdir)
+                g = grpc_load(server.grpc, one, args.connections, args.seconds)
+                res.setdefault("rounds", []).append({"inprocess_calls_per_s": ip, "rest_b1": rest, "grpc_b1": g,
+                                                     "rest_over_inprocess": rest["rps"] / ip,
+                                                     "grpc_over_inprocess": g["rps"] / ip,
+                                                     "grpc_over_rest": g["rps"] / rest["rps"]})
+                log(f"round {r}: in-process {ip:.0f} calls/s, REST {rest}, gRPC {g}")
+            for k in ("rest_over_inprocess", "grpc_over_inprocess", "grpc_over_rest"):
+                res[k] = float(np.median([x[k] for x in res["rounds"]]))
+            for k in ("rest_b1", "grpc_b1"):
+                res[k] = {m: float(np.median([x[k][m] for x in res["rounds"]])) for m in ("rps", "p50_ms", "p99_ms")}
+            res["inprocess_calls_per_s"] = float(np.median([x["inprocess_calls_per_s"] for x in res["rounds"]]))
+            res["rest_b64"] = wrk(server.rest, instances(sixty_four), args.connections, args.seconds, workdir)
+            log(f"REST batch 64: {res['rest_b64']}")
+            res["grpc_b64"] = grpc_load(server.grpc, sixty_four, args.connections, args.seconds)
+            log(f"gRPC batch 64: {res['grpc_b64']}")
+            res["inprocess_b64_calls_per_s"] = inprocess_rate(sm, sixty_four, args.seconds / 2)
 
             # live: the same load while deltas commit, on a polling server vs this (non-polling) one
             stop = threading.Event()
