@@ -4,7 +4,7 @@ export's in-process signature call rate, measured side by side in one run.
     .venv/bin/python bench/bench_serving_net.py                 # ~5 minutes
     .venv/bin/python bench/bench_serving_net.py --seconds 5     # quicker
 
-The served model is the demo's (evstore/job/synthetic.py SPEC: three EVs,
+The served model is the demo's (evstore_app/job/synthetic.py SPEC: three EVs,
 a dense feature, MLP 64-32), trained on the synthetic click stream for a few
 batches, exported (serving_loader.export_serving_model) and checkpointed.
 
@@ -56,8 +56,8 @@ def log(*a):
 
 # ---- the job ------------------------------------------------------------------------
 def make_job(workdir, seed=0, warmup=20):
-    from evstore.job.synthetic import SPEC, ClickStream
-    from evstore.job.trainer import Trainer
+    from evstore_app.job.synthetic import SPEC, ClickStream
+    from evstore_app.job.trainer import Trainer
     import serving_loader
 
     root, export = os.path.join(workdir, "ckpt"), os.path.join(workdir, "export")
@@ -96,7 +96,7 @@ def inprocess_rate(sm, x, seconds):
 # ---- servers and load generators ------------------------------------------------------
 class Server:
     def __init__(self, export, root, poll_every, workdir, name):
-        cmd = [sys.executable, "-m", "evstore.cli", "serve", "--export", export, "--checkpoints", root,
+        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
                "--port", "0", "--rest_api_port", "0", "--model_name", "m", "--poll-every", str(poll_every)]
         self.log = open(os.path.join(workdir, f"server-{name}.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)

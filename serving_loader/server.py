@@ -424,7 +424,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
 
 
 def cli(args):
-    """`evstore serve` (arguments parsed by evstore.cli)."""
+    """`evstore serve` (arguments parsed by evstore_app.cli)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll otherwise
     try:

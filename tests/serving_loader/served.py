@@ -20,7 +20,7 @@ class Server:
     """An `evstore serve` subprocess; `call` speaks REST, `channel()` gRPC."""
 
     def __init__(self, tmp, export, root=None, name="ctr", extra=(), max_body=None):
-        cmd = [sys.executable, "-m", "evstore.cli", "serve", "--export", export, "--port", "0",
+        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--port", "0",
                "--rest_api_port", "0", "--model_name", name, "--poll-every", "0.2", *extra]
         if max_body is not None:
             cmd += ["--max-request-bytes", str(max_body)]
