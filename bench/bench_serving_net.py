@@ -258,6 +258,11 @@ def markdown(res):
                f"{res['live']['deltas_committed']} deltas over {len(res['live_rounds'])} runs)", res["live"], 1,
                f"p99 {res['live_p99_ratio']:.2f}x idle (≤ {T['live_p99_ratio']}x "
                f"{mark(res['live_p99_ratio'] <= T['live_p99_ratio'])})")]
+    rounds = res["rounds"]
+    out.append("\nPer round (in-process calls/s; REST / in-process; gRPC / REST): " + "; ".join(
+        f"{x['inprocess_calls_per_s']:,.0f}, {x['rest_over_inprocess']:.2f}x, {x['grpc_over_rest']:.2f}x" for x in rounds)
+        + ". Live / idle p99 per pair: " + ", ".join(
+        f"{x['live']['p99_ms'] / x['idle']['p99_ms']:.2f}x" for x in res["live_rounds"]) + ".")
     return "\n".join(out) + "\n"
 
 

@@ -108,3 +108,27 @@ class Server:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode
+
+
+def serve_ctr(tmp):
+    """The checkpoint tests' CTR model trained 3 steps, exported with TF
+    Serving's classification and regression signatures, a full checkpoint,
+    and a server on them once it serves that full: (model, manager, server).
+    The caller stops the server."""
+    import checkpoint
+    import serving_loader
+    from ckpt_model import make_model, train   # tests/checkpoint on sys.path (the caller's)
+
+    model = make_model()
+    train(model, 0, 3)
+    export = os.path.join(tmp, "export")
+    serving_loader.export_serving_model(model, export, example_signatures=["classify", "regress"])
+    mgr = checkpoint.CheckpointManager(os.path.join(tmp, "ckpt"), model)
+    mgr.save_full()
+    server = Server(tmp, export, os.path.join(tmp, "ckpt"))
+    try:
+        server.wait_version(mgr.last_committed.seq)
+    except BaseException:
+        server.stop()
+        raise
+    return model, mgr, server

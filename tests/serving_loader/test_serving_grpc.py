@@ -14,25 +14,15 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
-import checkpoint  # noqa: E402
-import serving_loader  # noqa: E402
-from ckpt_model import make_model, probe_inputs, train  # noqa: E402
-from served import Server  # noqa: E402
+from ckpt_model import probe_inputs, train  # noqa: E402
+from served import serve_ctr  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grpc")
-    model = make_model()
-    train(model, 0, 3)
-    export = str(tmp / "export")
-    serving_loader.export_serving_model(model, export, example_signatures=["classify", "regress"])
-    mgr = checkpoint.CheckpointManager(str(tmp / "ckpt"), model)
-    mgr.save_full()
-    server = Server(str(tmp), export, str(tmp / "ckpt"))
+    model, mgr, server = serve_ctr(str(tmp_path_factory.mktemp("grpc")))
     channel = server.channel()
     try:
-        server.wait_version(mgr.last_committed.seq)
         yield model, mgr, server, prediction_service_pb2_grpc.PredictionServiceStub(channel), channel
     finally:
         channel.close()

@@ -13,26 +13,17 @@ import tensorflow as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
-import checkpoint  # noqa: E402
 import serving_loader  # noqa: E402
-from ckpt_model import make_model, probe_inputs, train  # noqa: E402
-from served import Server  # noqa: E402
+from ckpt_model import probe_inputs, train  # noqa: E402
+from served import Server, serve_ctr  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ctr(tmp_path_factory):
     """The test CTR model exported with TF Serving's classification and
     regression signatures, a full checkpoint, and a server on them."""
-    tmp = tmp_path_factory.mktemp("conformance")
-    model = make_model()
-    train(model, 0, 3)
-    export = str(tmp / "export")
-    serving_loader.export_serving_model(model, export, example_signatures=["classify", "regress"])
-    mgr = checkpoint.CheckpointManager(str(tmp / "ckpt"), model)
-    mgr.save_full()
-    server = Server(str(tmp), export, str(tmp / "ckpt"))
+    model, mgr, server = serve_ctr(str(tmp_path_factory.mktemp("conformance")))
     try:
-        server.wait_version(mgr.last_committed.seq)
         yield model, mgr, server
     finally:
         server.stop()
