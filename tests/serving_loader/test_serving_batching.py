@@ -227,3 +227,33 @@ def test_storm_of_callers_gets_own_rows_from_one_committed_version_while_deltas_
     samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     assert float(samples["evstore_serving_batched_requests_total"]) == 10 * 40
     assert float(samples["evstore_serving_batches_total"]) < 10 * 40     # requests shared model calls
+
+
+def test_without_batching_each_request_is_its_own_model_call(tmp_path):
+    import checkpoint
+    import serving_loader
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    model, ev = _build()
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    _set_version(ev, 3)
+    mgr.save_full()
+    server = Server(str(tmp_path), export, str(tmp_path / "ckpt"), name="m", extra=["--no-enable_batching"])
+    try:
+        server.wait_version(mgr.last_committed.seq)
+        ids = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int64)
+        status, body = server.predict({"instances": ids.tolist()})
+        assert status == 200 and _check(ids, body["predictions"], {3}) == 3
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name = "m"
+        req.inputs["ids"].CopyFrom(tf.make_tensor_proto(ids))
+        with server.channel() as channel:
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=60)
+        assert _check(ids, tf.make_ndarray(answer.outputs["outputs"]), {3}) == 3
+        _, text = server.call("GET", "/metrics")
+        assert "evstore_serving_batches_total" not in text or "evstore_serving_batches_total 0.0" in text
+    finally:
+        server.stop()
