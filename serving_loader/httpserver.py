@@ -114,6 +114,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.head = None          # (Request, body offset, length or -1 for chunked, keep_alive)
         self.continued = False
+        self.draining = False
 
     def connection_made(self, transport):
         self.transport = transport
@@ -124,6 +125,8 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
 
     def data_received(self, data):
+        if self.draining:         # answered and closing: what the client still sends is read and dropped
+            return
         self.buf += data
         if not self.busy:
             self._process()
@@ -263,6 +266,23 @@ class _Connection(asyncio.Protocol):
             body += buf[pos:pos + size]
             pos += size + 2
 
+    def _linger(self):
+        """Closes after an answer without losing it: the write side is shut
+        (the client reads the answer, then end of stream) while whatever the
+        client is still sending (e.g. the rest of a refused body) is read and
+        dropped, so the kernel does not reset the connection over unread
+        data; the socket closes when the client closes it, or after 5 s."""
+        self.draining = True
+        self.buf.clear()
+        try:
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+                asyncio.get_running_loop().call_later(5.0, self.transport.close)
+                return
+        except (OSError, RuntimeError):
+            pass
+        self.transport.close()
+
     # -- dispatch and answer
     def _dispatch(self, req):
         keep_alive = req.headers.pop("__keep_alive")
@@ -298,7 +318,7 @@ class _Connection(asyncio.Protocol):
         self.server.on_response(resp.status)
         if not keep_alive or self.server.stopping:
             self.closed = True
-            self.transport.close()
+            self._linger()
             return
         self.busy = False
         if self.buf:
