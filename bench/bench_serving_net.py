@@ -95,9 +95,9 @@ def inprocess_rate(sm, x, seconds):
 
 # ---- servers and load generators ------------------------------------------------------
 class Server:
-    def __init__(self, export, root, poll_every, workdir, name):
+    def __init__(self, export, root, poll_every, workdir, name, extra=()):
         cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
-               "--port", "0", "--rest_api_port", "0", "--model_name", "m", "--poll-every", str(poll_every)]
+               "--port", "0", "--rest_api_port", "0", "--model_name", "m", "--poll-every", str(poll_every), *extra]
         self.log = open(os.path.join(workdir, f"server-{name}.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)
         lines = queue.Queue()
@@ -274,6 +274,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="interleaved in-process / REST / gRPC rounds at batch 1")
     ap.add_argument("--delta-every", type=float, default=0.5, help="live: seconds between deltas")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-timeout-micros", type=int, default=0, help="the server's --batch_timeout_micros")
     ap.add_argument("--grpc-client", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--client", default="aio", choices=["aio", "threads"], help=argparse.SUPPRESS)
@@ -290,7 +291,8 @@ def main(argv=None):
         trainer, batches, root, export, probe = make_job(workdir, args.seed)
         sm = ServingModel(export, root)
         one, sixty_four = rows(probe, 1), rows(probe, 64)
-        server = Server(export, root, 0.25, workdir, "serve")
+        server = Server(export, root, 0.25, workdir, "serve",
+                        ["--batch_timeout_micros", str(args.batch_timeout_micros)])
         try:
             # batch 1: in-process, REST, gRPC, interleaved --rounds times (the machine is shared)
             for r in range(args.rounds):

@@ -128,8 +128,8 @@ def _set_version(ev, v):
     ev.load(keys, (v * 1000 + keys).astype(np.float32).reshape(-1, 1))
 
 
-@pytest.fixture
-def storm_server(tmp_path):
+def _serve(tmp_path, version, extra):
+    """The model exported, a full of `version`, a server (flags `extra`) serving it: (ev, manager, server)."""
     import checkpoint
     import serving_loader
 
@@ -137,12 +137,21 @@ def storm_server(tmp_path):
     export = str(tmp_path / "export")
     serving_loader.export_serving_model(model, export)
     mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
-    _set_version(ev, 1)
+    _set_version(ev, version)
     mgr.save_full()
-    server = Server(str(tmp_path), export, str(tmp_path / "ckpt"), name="m",
-                    extra=["--max_batch_size", "8", "--batch_timeout_micros", "20000"])
+    server = Server(str(tmp_path), export, str(tmp_path / "ckpt"), name="m", extra=extra)
     try:
         server.wait_version(mgr.last_committed.seq)
+    except BaseException:
+        server.stop()
+        raise
+    return ev, mgr, server
+
+
+@pytest.fixture
+def storm_server(tmp_path):
+    ev, mgr, server = _serve(tmp_path, 1, ["--max_batch_size", "8", "--batch_timeout_micros", "20000"])
+    try:
         yield ev, mgr, server
     finally:
         server.stop()
@@ -230,20 +239,11 @@ def test_storm_of_callers_gets_own_rows_from_one_committed_version_while_deltas_
 
 
 def test_without_batching_each_request_is_its_own_model_call(tmp_path):
-    import checkpoint
-    import serving_loader
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    model, ev = _build()
-    export = str(tmp_path / "export")
-    serving_loader.export_serving_model(model, export)
-    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
-    _set_version(ev, 3)
-    mgr.save_full()
-    server = Server(str(tmp_path), export, str(tmp_path / "ckpt"), name="m", extra=["--no-enable_batching"])
+    _, _, server = _serve(tmp_path, 3, ["--no-enable_batching"])
     try:
-        server.wait_version(mgr.last_committed.seq)
         ids = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int64)
         status, body = server.predict({"instances": ids.tolist()})
         assert status == 200 and _check(ids, body["predictions"], {3}) == 3
