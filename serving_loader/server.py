@@ -149,8 +149,9 @@ class ServingApp:
     ServingModel) served as `model_name`.
 
     `router` (serving_loader.httpserver.Router) holds the routes: add more
-    with `app.router.add(methods, path_regex, handler)`; a handler takes a
-    Request and returns a Response or an awaitable of one.
+    with `app.router.add(methods, path_regex, handler)` (a handler takes a
+    Request and returns a Response or an awaitable of one); a path no route
+    takes goes to TF Serving's API under /v1/, else is 404.
     `batching`: BatchingOptions, or None to call the model once per request.
     """
 
@@ -166,9 +167,9 @@ class ServingApp:
         self.metrics = ServingMetrics(model)
         self.batcher = Batcher(self._run_default, batching) if batching is not None else None
         self.metrics.batcher = self.batcher
-        self.router = Router()
+        # TF Serving's API takes every /v1/ path no route takes (routes added later win over it)
+        self.router = Router(fallback=self._unrouted)
         self.router.add(["GET"], r"/metrics", self._metrics)
-        self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"], r"(?i)/v1/.*", self._v1)
         self.http = HttpServer(self.router, max_request_bytes, on_response=self._count)
         self._loop = None
 
@@ -236,6 +237,11 @@ class ServingApp:
         return Response(200, text, CONTENT_TYPE_LATEST)
 
     # -- TF Serving's /v1 API
+    def _unrouted(self, request):
+        if request.path[:4].lower() == "/v1/":
+            return self._v1(request)
+        raise ServingError("NOT_FOUND", f"no such endpoint: {request.method} {request.path}")
+
     def _v1(self, request):
         path, method = request.path, request.method
         if method == "POST":
