@@ -7,12 +7,13 @@ branch abandoned by a restore-in-the-past is ignored and a missing delta is a
 clear ChainError rather than a silently older state.
 """
 import dataclasses
+import os
 
 import tensorflow as tf
 
 from checkpoint.errors import ChainError, CorruptCheckpointError, NoCheckpointError
 
-__all__ = ["Scan", "scan", "resolve_chain", "verify_files", "crc32c_stream"]
+__all__ = ["Scan", "scan", "resolve_chain", "verify_files", "verify_staged", "crc32c_stream"]
 
 _CHUNK = 8 << 20
 
@@ -113,4 +114,23 @@ def verify_files(storage, manifest, checksums=True):
                     crc, _ = crc32c_stream(f)
             if crc != want["crc32c"]:
                 problems.append(f"{where}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
+    return problems
+
+
+def verify_staged(local_dir, manifest, display):
+    """Problems with the staged (local, private) copy of a checkpoint's files:
+    sizes and crc32c against the manifest. `display(name)` names a file in errors."""
+    from evstore._ops import gen
+    problems = []
+    for name, want in sorted(manifest.files.items()):
+        path = os.path.join(local_dir, name)
+        if not os.path.exists(path):
+            problems.append(f"{display(name)}: missing")
+            continue
+        crc, size = (int(x) for x in gen.ev_file_crc32c(path))
+        if size != want["size"]:
+            problems.append(f"{display(name)}: size {size} bytes, manifest says {want['size']} "
+                            "(truncated or overwritten)")
+        elif crc != want["crc32c"]:
+            problems.append(f"{display(name)}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
     return problems

@@ -27,15 +27,17 @@ a value it had during the save and the chain never misses a change.
 One writer per root.
 """
 import logging
+import os
 import threading
 
 import tensorflow as tf
 
 from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
-from checkpoint.chain import resolve_chain, scan, verify_files
+from checkpoint.chain import resolve_chain, scan, verify_staged
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
-from checkpoint.errors import CheckpointError, CorruptCheckpointError
+from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
+from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import load_plan, logical_name
 from checkpoint.storage import Storage
 
@@ -188,40 +190,86 @@ class CheckpointManager:
         """Restores the newest chain (or the chain ending at `seq`) into the model.
 
         Applies the full then every delta in order: EV rows, slots, versions,
-        frequencies and filtered counts, dense variables and the global step,
-        bit for bit. Every file's size and crc32c is checked against its
-        manifest before anything changes. Returns the caller metadata saved
-        with the restored checkpoint (e.g. the input position).
+        frequencies, filtered counts and last-seen steps, the EVs' clocks and
+        Bloom counters, dense variables and the global step, bit for bit.
+
+        Stage, check, publish: the chain's files are first staged (hard links
+        or downloads that no other process deletes), then checked before the
+        model changes at all: every manifest against its schema and checksum,
+        every staged file's size and crc32c, every tensor the load reads (name,
+        dtype, shape, row count), the model's compatibility. Only then are they
+        applied. A refused restore changes nothing in the model. A checkpoint
+        removed by a concurrent writer's retention while this restore stages
+        it is retried with a fresh scan (up to 3 times).
+
+        Returns the caller metadata saved with the restored checkpoint (e.g.
+        the input position).
 
         Raises:
           NoCheckpointError: nothing committed (at or before `seq`).
           ChainError: a delta of the chain is missing or names a wrong parent.
-          CorruptCheckpointError: a file is missing, truncated or corrupt.
+          CorruptCheckpointError: a manifest or file is missing, truncated,
+            corrupt or does not match the schema.
           ValueError: the checkpoint does not match the model (EV names, dims,
-            key dtypes, dense variable names or shapes).
+            key dtypes, optimizer slots, dense variable names or shapes).
         """
         with self._save_lock, self.lock:
-            sc = scan(self.storage)
-            chain = resolve_chain(sc, seq, where=self.root)
-            col = collect(self.model)
-            self._check_compatible(chain, col)
-            if verify:
-                problems = [p for m in chain for p in verify_files(self.storage, m)]
-                if problems:
-                    raise CorruptCheckpointError("cannot restore: " + "; ".join(problems))
-            dirs = [self.storage.local_dir(m.dir, list(m.files)) for m in chain]
+            for attempt in range(3):
+                sc = scan(self.storage)
+                chain = resolve_chain(sc, seq, where=self.root)
+                col = collect(self.model)
+                self._check_compatible(chain, col)
+                staged = []
+                try:
+                    for m in chain:
+                        staged.append(self.storage.stage(m.dir, list(m.files)))
+                    gone = [m.dir for m in chain if not self.storage.has_manifest(m.dir, cached=False)]
+                    if gone:   # retention (manifest first, then files) removed a checkpoint meanwhile
+                        if attempt < 2:
+                            log.warning("checkpoints %s were removed while staging them; rescanning", gone)
+                            continue
+                        raise ChainError(f"cannot restore from {self.root}: checkpoints {gone} were removed while "
+                                         "this restore read them (a writer's retention); retry")
+                    values = self._check_staged(chain, staged, col, verify)
+                    # Publish: everything was checked; only local private files are read from here on.
+                    for name, ev in col.evs.items():
+                        self._restore_ev(chain, staged, name, ev, col.shard_info.get(name))
+                    for name, v in col.dense.items():
+                        v.assign(values[name])
+                    if self._global_step is not None:
+                        self._global_step.assign(values[GLOBAL_STEP])
+                finally:
+                    for d in staged:
+                        self.storage.unstage(d)
+                last = chain[-1]
+                self._last = last
+                self.storage.close()
+                log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
+                return dict(last.metadata)
+
+    def _check_staged(self, chain, staged, col, verify):
+        """The check step of restore: files, tensors, shapes. Returns the dense values to assign."""
+        if verify:
+            problems = [p for m, d in zip(chain, staged)
+                        for p in verify_staged(d, m, lambda n, m=m: self.storage.display(m.dir, n))]
+            if problems:
+                raise CorruptCheckpointError("cannot restore: " + "; ".join(problems))
+        for m, d in zip(chain, staged):
+            where = self.storage.display(m.dir, BUNDLE_PREFIX + ".index")
+            try:
+                reader = tf.train.load_checkpoint(os.path.join(d, BUNDLE_PREFIX))
+            except (tf.errors.OpError, ValueError) as e:
+                raise CorruptCheckpointError(f"{where}: cannot read the bundle index ({e})") from None
+            shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
             for name, ev in col.evs.items():
-                self._restore_ev(chain, dirs, name, ev, col.shard_info.get(name))
-            last = chain[-1]
-            values = read_dense(dirs[-1], list(col.dense) + [GLOBAL_STEP])
-            for name, v in col.dense.items():
-                v.assign(values[name])
-            if self._global_step is not None:
-                self._global_step.assign(values[GLOBAL_STEP])
-            self._last = last
-            self.storage.close()
-            log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
-            return dict(last.metadata)
+                for src, _, _ in load_plan(m, name, col.shard_info.get(name)):
+                    _check_ev_tensors(where, m, src, ev, shapes, dtypes)
+        values = read_dense(staged[-1], list(col.dense) + [GLOBAL_STEP])
+        for name, v in col.dense.items():
+            if list(values[name].shape) != list(v.shape):
+                raise CorruptCheckpointError(f"{self.storage.display(chain[-1].dir)}: tensor {name!r} has shape "
+                                             f"{list(values[name].shape)}, the model's variable {list(v.shape)}")
+        return values
 
     def _restore_ev(self, chain, dirs, name, ev, shard):
         """Loads the chain into EV `name` (a shard when `shard` is its info):
@@ -308,3 +356,23 @@ class CheckpointManager:
         if final_delta:
             return self._save("delta" if self._last is not None else "full", self._metadata_fn)
         return None
+
+
+def _check_ev_tensors(where, m, src, ev, shapes, dtypes):
+    """Every tensor EvLoadBundle reads for entry `src` of checkpoint `m` is in
+    the bundle with the dtype, shape and row count the manifest and `ev` expect."""
+    info = m.evs[src]
+    kd, n = ev.key_dtype, info["rows"]
+    want = {f"{src}-keys": (kd, [n]), f"{src}-values": (tf.float32, [n, ev.dim]),
+            f"{src}-versions": (tf.int64, [n]), f"{src}-freqs": (tf.int64, [n]),
+            f"{src}-keys_filtered": (kd, [info["filtered"]]), f"{src}-freqs_filtered": (tf.int64, [info["filtered"]])}
+    for slot in info["slots"]:
+        want[f"{src}/{slot}-values"] = (tf.float32, [n, ev.dim])
+    if m.kind == "delta":
+        want[f"{src}-deleted_keys"] = (kd, [info["deleted"]])
+    for t, (dtype, shape) in want.items():
+        if t not in shapes:
+            raise CorruptCheckpointError(f"{where}: tensor {t!r} is missing (the manifest and the bundle disagree)")
+        if dtypes[t] != dtype or list(shapes[t]) != shape:
+            raise CorruptCheckpointError(f"{where}: tensor {t!r} is {dtypes[t].name} {list(shapes[t])}, expected "
+                                         f"{dtype.name} {shape} (the manifest and the bundle disagree)")
