@@ -2,15 +2,12 @@
 renamed field is refused with an error naming the file, a refused restore
 changes nothing in the model, and `evstore ckpt verify` exits non-zero."""
 import os
-import subprocess
-import sys
 
 import pytest
 
 import checkpoint
+from evstore_app import cli
 from ckpt_model import assert_same_state, make_model, state, train
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +32,12 @@ def root(saved):
     return r
 
 
-def _verify_exit_code(root):
-    p = subprocess.run([sys.executable, "-m", "evstore.cli", "ckpt", "verify", str(root)], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stdout + p.stderr
+def _verify_exit_code(root, capsys):
+    """`evstore ckpt verify ROOT`: (exit code, output)."""
+    capsys.readouterr()
+    code = cli.main(["ckpt", "verify", str(root)])
+    out = capsys.readouterr()
+    return code, out.out + out.err
 
 
 # (directory, text replaced, replacement): one character, or a field renamed.
@@ -54,7 +53,7 @@ EDITS = {
 
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
-def test_edited_manifest_is_refused_naming_the_file_and_restore_changes_nothing(root, edit):
+def test_edited_manifest_is_refused_naming_the_file_and_restore_changes_nothing(root, edit, capsys):
     d, old, new = EDITS[edit]
     path = root / d / "MANIFEST.json"
     text = path.read_text()
@@ -66,11 +65,11 @@ def test_edited_manifest_is_refused_naming_the_file_and_restore_changes_nothing(
     with pytest.raises(checkpoint.CheckpointError, match=f"{d}.*MANIFEST.json"):
         checkpoint.CheckpointManager(str(root), model).restore()
     assert_same_state(state(model), before)
-    code, out = _verify_exit_code(root)
+    code, out = _verify_exit_code(root, capsys)
     assert code != 0 and "MANIFEST.json" in out, out
 
 
-def test_unedited_manifests_verify_and_restore(root):
-    code, out = _verify_exit_code(root)
+def test_unedited_manifests_verify_and_restore(root, capsys):
+    code, out = _verify_exit_code(root, capsys)
     assert code == 0, out
     assert checkpoint.CheckpointManager(str(root), make_model()).restore() == {"pos": 50}
