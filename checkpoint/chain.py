@@ -34,7 +34,7 @@ def scan(storage):
     """Every checkpoint directory of a root, classified."""
     s = Scan({}, {}, {})
     for seq, (kind, dirname) in sorted(storage.list_dirs().items()):
-        if not storage.has_manifest(dirname):
+        if not storage.has_manifest(dirname, cached=False):   # a withdrawn manifest disappears
             s.uncommitted[seq] = dirname
             continue
         try:
@@ -69,6 +69,10 @@ def resolve_chain(sc, upto=None, where="checkpoint root"):
             raise ChainError(f"{where}: {m.dir} follows checkpoint {m.parent}, which cannot be read ({why}); "
                              "the chain has a gap. Restore an earlier sequence with restore(seq=...), or start "
                              "a new chain with save_full().")
+        if m.parent_checksum and parent.checksum and m.parent_checksum != parent.checksum:
+            raise ChainError(f"{where}: {m.dir} follows checkpoint {m.parent} with content {m.parent_checksum}, but "
+                             f"{parent.dir} holds other content ({parent.checksum}): its parent was withdrawn and "
+                             "the sequence number reused")
         if parent.base != m.base:
             raise ChainError(f"{where}: {m.dir} names base {m.base} but its parent {parent.dir} belongs to the "
                              f"chain of full {parent.base}: the manifest points at a wrong parent")

@@ -79,6 +79,7 @@ class CheckpointManager:
         self.lock = threading.RLock()        # training steps and saves' seal + write
         self._save_lock = threading.Lock()   # one save or restore at a time
         self._last = None                    # last committed Manifest of this process's chain
+        self._burned = 0                     # highest sequence number a failed save used
         self._sched = None
         self._metadata_fn = None
         self.failures = 0
@@ -138,7 +139,9 @@ class CheckpointManager:
             if kind == "delta" and self._last is None:
                 raise CheckpointError("save_delta() needs a chain to extend: call save_full() or restore() first")
             sc = scan(self.storage)
-            seq = max(sc.max_seq, self._last.seq if self._last else 0) + 1
+            # Never a sequence number a failed save used: its manifest may have
+            # become visible (a lost acknowledgement) and been applied by a reader.
+            seq = max(sc.max_seq, self._last.seq if self._last else 0, self._burned) + 1
             self._remove_leftovers(sc)
             col = collect(self.model)
 
@@ -150,10 +153,15 @@ class CheckpointManager:
                         ev.evict(step)
                 return step, meta
 
-            manifest = commit_checkpoint(
-                self.storage, kind, seq, col.evs, dense_fn=lambda: dict(col.dense), prepare=prepare,
-                parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
-                chunk_rows=self.chunk_rows, lock=self.lock, shard_info=col.shard_info)
+            try:
+                manifest = commit_checkpoint(
+                    self.storage, kind, seq, col.evs, dense_fn=lambda: dict(col.dense), prepare=prepare,
+                    parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
+                    chunk_rows=self.chunk_rows, lock=self.lock, shard_info=col.shard_info,
+                    parent_checksum=self._last.checksum if self._last else None)
+            except BaseException:
+                self._burned = max(self._burned, seq)
+                raise
             self._last = manifest
             if kind == "full":
                 self._apply_retention()

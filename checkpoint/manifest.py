@@ -23,6 +23,12 @@ every field present with its type, no unknown field), then checks the
 checksum; any failure is a CorruptCheckpointError naming the file and the
 field. Manifests written before the checksum existed (same format version 1)
 have no "checksum" field and are read as before.
+
+The checksum is also the checkpoint's content identity (`Manifest.checksum`):
+a delta names its parent by sequence number and by the parent's checksum
+(`"parent_checksum"`), so the chain is a hash chain, and a reader that
+applied a checkpoint can tell whether the checkpoint it holds is still the
+committed one (a withdrawn commit: see checkpoint/commit.py).
 """
 import dataclasses
 import hashlib
@@ -45,6 +51,7 @@ _DIR_RE = re.compile(r"^(full|delta)-(\d{10})$")
 _INT = {"type": "integer"}
 _COUNT = {"type": "integer", "minimum": 0}
 _SEQ = {"type": "integer", "minimum": 1}
+_CHECKSUM = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -54,7 +61,8 @@ SCHEMA = {
     "properties": {
         "format": {"const": FORMAT},
         "version": {"const": VERSION},
-        "checksum": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+        "checksum": _CHECKSUM,
+        "parent_checksum": {"oneOf": [{"type": "null"}, _CHECKSUM]},
         "seq": _SEQ,
         "kind": {"enum": ["full", "delta"]},
         "parent": {"oneOf": [{"type": "null"}, _SEQ]},
@@ -116,6 +124,10 @@ class Manifest:
     evs: dict                 # name -> {"dim", "key_dtype", "slots", "rows", "filtered", "deleted"}
     dense: dict               # name -> {"dtype", "shape"}
     metadata: dict = dataclasses.field(default_factory=dict)
+    parent_checksum: str | None = None   # the parent manifest's checksum (deltas; None: not recorded)
+    # `checksum` (an attribute, not a field): this manifest's content identity,
+    # set by to_json / from_json (None for a manifest without one).
+    checksum = None
 
     @property
     def dir(self):
@@ -128,7 +140,7 @@ class Manifest:
     def to_json(self):
         d = {"format": FORMAT, "version": VERSION}
         d.update(dataclasses.asdict(self))
-        d["checksum"] = canonical_checksum(d)
+        d["checksum"] = self.checksum = canonical_checksum(d)
         return json.dumps(d, indent=1, sort_keys=True, allow_nan=False)
 
     @classmethod
@@ -153,7 +165,8 @@ class Manifest:
                                          "was written); the checkpoint is corrupt")
         m = cls(seq=d["seq"], kind=d["kind"], parent=d["parent"], base=d["base"], global_step=d["global_step"],
                 wall_time=float(d["wall_time"]), files=d["files"], evs=d["evs"], dense=d["dense"],
-                metadata=d.get("metadata") or {})
+                metadata=d.get("metadata") or {}, parent_checksum=d.get("parent_checksum"))
+        m.checksum = d.get("checksum")
         if m.kind == "full" and (m.parent is not None or m.base != m.seq):
             raise CorruptCheckpointError(f"{where}: a full must have no parent and be its own base")
         if m.kind == "delta" and (m.parent is None or m.parent >= m.seq or m.base > m.parent):

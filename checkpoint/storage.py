@@ -28,7 +28,9 @@ class Storage:
             raise ValueError(f"checkpoint root must be a path or an fsspec URL, got {root!r}")
         self.url = str(root)
         self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
-        self.local = isinstance(self.fs, LocalFileSystem)
+        # Exactly the local filesystem: a subclass (another protocol over local
+        # disk) may change what writes do, so it goes through the fsspec calls.
+        self.local = type(self.fs) is LocalFileSystem
         if self.local:
             self.path = os.path.abspath(self.path)
         self._cache = None

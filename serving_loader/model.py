@@ -9,11 +9,18 @@ Apply protocol (DESIGN section 5):
     upsert changed rows, assign dense variables, set `version`.
   Predictions hold the lock shared, so none sees half a checkpoint; staging
   never blocks them. Checkpoints are applied in chain order, each once.
-  * A gap, a bad checksum or a missing file keeps the last good state
-    serving; the failure is counted and kept in `last_error`. Recovery: once
-    the root's newest chain resolves and differs from the served one (the
-    trainer wrote a new full), the model reloads from it (reload holds the
-    lock for its duration; it also runs at start).
+  * A gap, a bad checksum, a missing file or content the served tables cannot
+    hold keeps the last good state serving; the failure is counted once per
+    checkpoint (`failures`, kept in `last_error`) and that checkpoint is not
+    retried. Recovery: once the root's newest chain resolves and does not
+    contain the served checkpoint (the trainer wrote a new full), the model
+    reloads from it (reload holds the lock for its duration; it also runs at
+    start).
+  * Identity, not just numbers: the served checkpoint is known by its
+    sequence number and its manifest checksum, and a delta is applied only if
+    its parent link names both. If the served checkpoint was withdrawn (a
+    writer's lost acknowledgement: its manifest disappears or the newest
+    chain no longer contains it), the model reloads from the newest chain.
 """
 import json
 import logging
@@ -135,6 +142,9 @@ class ServingModel:
         self._poll_lock = threading.Lock()
         self.version = None
         self.base = None
+        self._served_checksum = None   # content identity of the served checkpoint
+        self._bad = {}                 # (seq, checksum) -> error of a checkpoint refused for good
+        self._counted = set()          # checkpoints whose failure `failures` counted
         self.applied = 0
         self.applied_seqs = []     # sequence numbers published, in order (a reload publishes its last)
         self.failures = 0
@@ -180,25 +190,30 @@ class ServingModel:
             sc = scan(self.storage)
             if not sc.manifests:
                 return self.version
-            if self.version is not None:
+            if self.version is not None and self._served_is_committed(sc):
                 self._follow_chain(sc)
-            newest = max(sc.manifests)
-            if self.version is None or newest > self.version:
-                self._maybe_reload(sc)
+            self._maybe_reload(sc)
             return self.version
+
+    def _served_is_committed(self, sc):
+        m = sc.manifests.get(self.version)
+        return m is not None and m.checksum == self._served_checksum
 
     def _follow_chain(self, sc):
         while True:
             nxt = [m for m in sc.manifests.values()
-                   if m.kind == "delta" and m.parent == self.version and m.base == self.base]
+                   if m.kind == "delta" and m.parent == self.version and m.base == self.base
+                   and (m.parent_checksum is None or m.parent_checksum == self._served_checksum)]
             if not nxt:
                 return
             m = min(nxt, key=lambda x: x.seq)
+            if (m.seq, m.checksum) in self._bad:
+                return   # refused once already: wait for a new full
             t0 = time.time()
             try:
                 staged = self._stage(m)
             except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
-                self._fail(f"cannot apply {m.dir}: {e}")
+                self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
                 return
             self._lock.acquire_write()
             try:
@@ -212,17 +227,21 @@ class ServingModel:
             chain = resolve_chain(sc, where=self.storage.url)
         except CheckpointError as e:
             if self.version is None or max(sc.manifests) > self.version:
-                self._fail(f"newest chain cannot be served: {e}")
+                self._refuse(None, f"newest chain cannot be served: {e}", key=("chain", str(e)))
             return
-        if self.version is not None and chain[0].seq == self.base and chain[-1].seq <= self.version:
-            return
-        if self.version is not None and chain[0].seq == self.base:
-            return  # same chain: _follow_chain applies it (it stopped on an error already reported)
+        served = (self.version, self._served_checksum)
+        if any((m.seq, m.checksum) == served for m in chain):
+            return  # the served checkpoint is in the newest chain: _follow_chain applies the rest
+        if (chain[-1].seq, chain[-1].checksum) in self._bad:
+            return  # this chain was refused already: wait for a newer one
+        if self.version is not None:
+            log.warning("served %s is not in the newest chain (%s..%s): it was withdrawn or the chain was "
+                        "replaced; reloading", self.version, chain[0].dir, chain[-1].dir)
         t0 = time.time()
         try:
             staged = [self._stage(m, full_chain=(i == 0)) for i, m in enumerate(chain)]
         except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
-            self._fail(f"cannot reload from {chain[0].dir}: {e}")
+            self._refuse(chain[-1], f"cannot reload from {chain[0].dir}: {e}", retry=isinstance(e, OSError))
             return
         before = self.version
         self._lock.acquire_write()
@@ -282,6 +301,7 @@ class ServingModel:
             self._dense[name].assign(value)
         self.version = s.manifest.seq
         self.base = s.manifest.base
+        self._served_checksum = s.manifest.checksum
 
     def _record(self, m, t0):
         now = time.time()
@@ -290,6 +310,20 @@ class ServingModel:
         self.apply_latency_s = (self.apply_latency_s + [now - t0])[-1000:]
         self.freshness_s = (self.freshness_s + [max(0.0, now - m.wall_time)])[-1000:]
         self.last_applied_wall = now
+
+    def _refuse(self, m, msg, key=None, retry=False):
+        """A checkpoint (or chain) that cannot be served: counted once; not
+        retried unless the cause may pass (`retry`: an I/O error)."""
+        key = key or (m.seq, m.checksum)
+        if key in self._bad:
+            return
+        if not retry:
+            self._bad[key] = msg
+        if key in self._counted:
+            self.last_error = msg
+            return
+        self._counted.add(key)
+        self._fail(msg)
 
     def _fail(self, msg):
         self.failures += 1
@@ -315,7 +349,7 @@ class ServingModel:
         try:
             self.poll()
         except Exception as e:  # noqa: BLE001 - the poller must survive
-            self._fail(f"poll failed: {e!r}")
+            self._refuse(None, f"poll failed: {e!r}", key=("poll", repr(e)), retry=True)  # counted once
 
     def stop(self):
         if self._sched is not None:

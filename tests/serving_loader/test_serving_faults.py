@@ -1,0 +1,117 @@
+"""Faults between a trainer and a running ServingModel (issue 13, items 3 and 4):
+a lost acknowledgement never reuses a sequence number and a server that
+applied withdrawn content converges; a delta the server cannot hold is
+refused whole, counted once, and the next full repairs it."""
+import os
+import sys
+
+import numpy as np
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.registry import register_implementation
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
+import checkpoint  # noqa: E402
+import serving_loader  # noqa: E402
+from ckpt_model import make_model, probe_inputs, train  # noqa: E402
+
+
+class LostAckFileSystem(LocalFileSystem):
+    """Local disk under its own protocol, seen by evstore as a remote store
+    (staged uploads, manifests put whole). Armed, the next MANIFEST.json put
+    writes the object and then fails, as a remote store whose reply was lost;
+    `on_lost_ack` runs between the two (a server polling at that moment).
+    With `unreadable` the writer's read-back of that manifest fails too (it
+    cannot tell whether the put landed); with `fail_cleanup` so does its
+    delete."""
+
+    protocol = ("lostack",)
+    root_marker = "/"
+    armed = False
+    unreadable = False
+    fail_cleanup = False
+    on_lost_ack = None
+    _read_fails = False
+
+    def pipe_file(self, path, value, **kwargs):
+        super().pipe_file(path, value, **kwargs)
+        cls = type(self)
+        if cls.armed and path.endswith("MANIFEST.json"):
+            cls.armed = False
+            if cls.on_lost_ack:
+                cls.on_lost_ack()
+            cls._read_fails = cls.unreadable
+            raise TimeoutError(f"lostack: no reply for the put of {path} (the object was written)")
+
+    def _open(self, path, mode="rb", **kwargs):
+        cls = type(self)
+        if cls._read_fails and "r" in mode and str(path).endswith("MANIFEST.json"):
+            cls._read_fails = False
+            raise TimeoutError(f"lostack: no reply for the get of {path}")
+        return super()._open(path, mode=mode, **kwargs)
+
+    def rm_file(self, path):
+        if type(self).fail_cleanup and path.endswith("MANIFEST.json"):
+            raise TimeoutError(f"lostack: no reply for the delete of {path}")
+        return super().rm_file(path)
+
+
+register_implementation("lostack", LostAckFileSystem, clobber=True)
+
+
+@pytest.fixture
+def lostack():
+    yield LostAckFileSystem
+    LostAckFileSystem.armed = LostAckFileSystem.fail_cleanup = LostAckFileSystem.unreadable = False
+    LostAckFileSystem._read_fails = False
+    LostAckFileSystem.on_lost_ack = None
+
+
+def _probe(sm):
+    users, items = probe_inputs()
+    out, version = sm.predict({"users": users, "items": items})
+    return out["outputs"], version
+
+
+# What the writer can find out after the lost reply: the manifest is there
+# (the save committed after all), it cannot tell and withdraws it, or it cannot
+# withdraw it either.
+@pytest.mark.parametrize("case", ["confirmed", "withdrawn", "withdrawal-fails"])
+def test_lost_acknowledgement_never_reuses_a_sequence_and_the_server_converges(tmp_path, lostack, case):
+    model = make_model()
+    train(model, 0, 3)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    root = f"lostack://{tmp_path}/ckpt"
+    mgr = checkpoint.CheckpointManager(root, model)
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, root)
+    assert sm.version == 1
+    # The put of delta 2's manifest lands, its reply is lost; the server applies it meanwhile.
+    train(model, 3, 5)
+    lostack.armed = True
+    lostack.unreadable = case != "confirmed"
+    lostack.fail_cleanup = case == "withdrawal-fails"
+    lostack.on_lost_ack = sm.poll
+    if case == "confirmed":
+        assert mgr.save_delta() == 2
+    else:
+        with pytest.raises(TimeoutError):
+            mgr.save_delta()
+    lostack.on_lost_ack = None
+    lostack.fail_cleanup = False
+    assert sm.version == 2 and sm.failures == 0
+    first = _probe(sm)[0]
+    # The writer goes on: never sequence 2 with other content.
+    train(model, 5, 8)
+    seq = mgr.save_delta()
+    assert seq == 3
+    chain = [m.seq for m in mgr.chain()]
+    assert chain == ([1, 2, 3] if case == "confirmed" else [1, 3])
+    # The server converges to the committed chain (reloading from the full if it applied withdrawn content).
+    sm.poll()
+    out, version = _probe(sm)
+    assert version == seq
+    np.testing.assert_array_equal(out, model.predict(list(probe_inputs()), verbose=0))
+    assert not np.array_equal(out, first)
