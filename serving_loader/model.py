@@ -37,7 +37,7 @@ from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
-from serving_loader.export import FORMAT, MAP_FILE
+from serving_loader.export import FORMAT, MAP_FILE, sentinels
 
 __all__ = ["ServingModel"]
 
@@ -137,6 +137,9 @@ class ServingModel:
         self._tables = {n: _Table(self._loaded.tables[e["index"]], e["key_dtype"])
                         for n, e in self.mapping["evs"].items()}
         self._dense = {n: self._loaded.dense[i] for n, i in self.mapping["dense"].items()}
+        # The two sentinel keys' rows (export.py); absent in exports older than them.
+        self._reserved = {n: (self._loaded.reserved_rows[e["reserved"]], self._loaded.reserved_present[e["reserved"]])
+                          for n, e in self.mapping["evs"].items() if "reserved" in e}
         self.inputs = {i["name"]: i for i in self.mapping["inputs"]}
         self._lock = _RWLock()
         self._poll_lock = threading.Lock()
@@ -173,6 +176,8 @@ class ServingModel:
         try:
             out = self._fn(**tensors)
             version = self.version
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError(f"the serving signature refused the inputs: {e.message}") from None
         finally:
             self._lock.release_read()
         return {k: v.numpy() for k, v in out.items()}, version
@@ -252,6 +257,8 @@ class ServingModel:
                     keys != self.mapping["evs"][name]["empty_key"], keys != self.mapping["evs"][name]["deleted_key"]))
                 if int(tf.size(keys)):
                     table.erase(keys)
+            for _, present_var in self._reserved.values():
+                present_var.assign(tf.zeros_like(present_var))
             for s in staged:
                 self._publish(s)
         finally:
@@ -280,23 +287,64 @@ class ServingModel:
             if m.kind == "delta":
                 erase += [reader.get_tensor(f"{p}-deleted_keys") for p in srcs]
             erase = np.concatenate(erase)
-            if values.shape[1:] != (self.mapping["evs"][name]["dim"],):
-                raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]}, the export "
-                                      f"serves dim {self.mapping['evs'][name]['dim']}")
-            evs[name] = (erase, keys, values)
+            evs[name] = self._checked(m, name, erase, keys, values)
         dense = read_dense(d, list(self._dense)) if self._dense else {}
+        for n, v in dense.items():
+            if tuple(v.shape) != tuple(self._dense[n].shape) or v.dtype != self._dense[n].dtype.as_numpy_dtype:
+                raise CheckpointError(f"{m.dir}: dense {n!r} is {v.dtype} {list(v.shape)}, the export serves "
+                                      f"{self._dense[n].dtype.name} {self._dense[n].shape.as_list()}")
         del reader
         self.storage.discard_local(m.dir)   # staged in memory: a remote root's download can go
         return _Staged(m, evs, dense)
 
+    def _checked(self, m, name, erase, keys, values):
+        """Validates an EV's staged tensors completely (publish must not fail
+        half-way): dtypes, dim, row counts; splits off the sentinel keys, which
+        live beside the table. Returns (erase, keys, values, reserved) with
+        reserved = {j: row or None (erased)} for key min + j."""
+        info = self.mapping["evs"][name]
+        kd = tf.as_dtype(info["key_dtype"]).as_numpy_dtype
+        if keys.dtype != kd or erase.dtype != kd:
+            raise CheckpointError(f"{m.dir}: EV {name!r} has {keys.dtype} keys, the export serves {info['key_dtype']}")
+        if values.dtype != np.float32 or values.ndim != 2 or values.shape != (len(keys), info["dim"]):
+            raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]} for {len(keys)} keys, "
+                                  f"the export serves dim {info['dim']}")
+        empty, deleted = sentinels(info["key_dtype"])
+        reserved = {}
+        for j, k in enumerate((empty, deleted)):
+            if (erase == k).any():
+                reserved[j] = None
+            hit = np.flatnonzero(keys == k)
+            if hit.size:
+                reserved[j] = values[hit[-1]]
+        if reserved:
+            if name not in self._reserved:
+                raise CheckpointError(f"{m.dir}: EV {name!r} holds key {empty + min(reserved)}, which this export "
+                                      "cannot serve (written before sentinel keys were served): re-export it "
+                                      "with export_serving_model")
+            keep = (keys != empty) & (keys != deleted)
+            keys, values = keys[keep], values[keep]
+            erase = erase[(erase != empty) & (erase != deleted)]
+        return erase, keys, values, reserved
+
     def _publish(self, s):
-        """Under the write lock: make the staged checkpoint the served state."""
-        for name, (erase, keys, values) in s.evs.items():
+        """Under the write lock: make the staged checkpoint the served state.
+        Everything was validated by _stage, so no step here fails on content."""
+        for name, (erase, keys, values, reserved) in s.evs.items():
             table = self._tables[name]
             if erase.size:
                 table.erase(tf.constant(erase))
             if keys.size:
                 table.insert(tf.constant(keys), tf.constant(values))
+            if reserved:
+                rows_var, present_var = self._reserved[name]
+                rows, present = rows_var.numpy(), present_var.numpy()
+                for j, row in reserved.items():
+                    present[j] = row is not None
+                    if row is not None:
+                        rows[j] = row
+                rows_var.assign(rows)
+                present_var.assign(present)
         for name, value in s.dense.items():
             self._dense[name].assign(value)
         self.version = s.manifest.seq

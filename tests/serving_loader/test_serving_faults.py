@@ -115,3 +115,61 @@ def test_lost_acknowledgement_never_reuses_a_sequence_and_the_server_converges(t
     assert version == seq
     np.testing.assert_array_equal(out, model.predict(list(probe_inputs()), verbose=0))
     assert not np.array_equal(out, first)
+
+
+def _extreme_batch(i, key_dtype_min=True):
+    """A batch whose ids include the two smallest keys of each EV's dtype (int64 users, int32 items)."""
+    users = np.array([[np.iinfo(np.int64).min, np.iinfo(np.int64).min + 1]] * 8 + [[5 + i, 6]] * 8, np.int64)
+    items = np.array([[np.iinfo(np.int32).min]] * 8 + [[np.iinfo(np.int32).min + 1]] * 8, np.int32)
+    y = np.arange(16).reshape(16, 1) % 2
+    return [users, items], y.astype(np.float32)
+
+
+def test_the_two_smallest_keys_of_the_dtype_are_exported_applied_whole_and_predicted(tmp_path):
+    model = make_model()
+    train(model, 0, 2)
+    for i in range(2):
+        model.train_on_batch(*_extreme_batch(i))   # admitted (min_freq 2) and trained
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)   # holds them (a raw TF error before)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    x, _ = _extreme_batch(0)
+    out, version = sm.predict({"users": x[0], "items": x[1]})
+    np.testing.assert_array_equal(out["outputs"], model.predict(x, verbose=0))
+    # A delta changing those keys' rows (and many others) is applied whole.
+    model.train_on_batch(*_extreme_batch(2))
+    train(model, 2, 4)
+    seq = mgr.save_delta()
+    assert sm.poll() == seq and sm.failures == 0
+    out, _ = sm.predict({"users": x[0], "items": x[1]})
+    np.testing.assert_array_equal(out["outputs"], model.predict(x, verbose=0))
+    users, items = probe_inputs()
+    out, _ = sm.predict({"users": users, "items": items})
+    np.testing.assert_array_equal(out["outputs"], model.predict([users, items], verbose=0))
+
+
+def test_a_bad_delta_is_counted_once_not_retried_and_the_next_full_repairs(tmp_path):
+    model = make_model()
+    train(model, 0, 3)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    train(model, 3, 5)
+    bad = mgr.save_delta()
+    d = tmp_path / "ckpt" / f"delta-{bad:010d}"
+    f = max((p for p in d.iterdir() if ".data-" in p.name), key=lambda p: p.stat().st_size)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    f.write_bytes(bytes(data))
+    for _ in range(3):
+        assert sm.poll() == 1
+    assert sm.failures == 1 and "crc32c" in sm.last_error   # one failed checkpoint, polled three times
+    full = mgr.save_full()
+    assert sm.poll() == full and sm.failures == 1
+    users, items = probe_inputs()
+    out, _ = sm.predict({"users": users, "items": items})
+    np.testing.assert_array_equal(out["outputs"], model.predict([users, items], verbose=0))
