@@ -24,7 +24,7 @@ same lock around each step (`with manager.lock: train_step()`) gets
 checkpoints that are exactly the state after a step, matching the global step
 and the caller's metadata (the input position); without it every row is still
 a value it had during the save and the chain never misses a change.
-One writer per root.
+One writer per root, enforced by a lease file (checkpoint/lease.py).
 """
 import logging
 import os
@@ -37,6 +37,7 @@ from checkpoint.chain import resolve_chain, scan, verify_staged
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
+from checkpoint.lease import process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import load_plan, logical_name
 from checkpoint.storage import Storage
@@ -59,18 +60,30 @@ class CheckpointManager:
         after each full. None keeps everything.
       storage_options: passed to fsspec for remote roots.
       chunk_rows: keys per streamed chunk (memory of a save ~ chunk_rows x row bytes).
+      lease: take the root's writer lease (checkpoint/lease.py) at the first
+        save: a second writer process on the root is refused with
+        LeaseHeldError naming the holder. Managers of one process share it.
+      lease_timeout: seconds without a heartbeat after which a lease is
+        stale and taken over (the holder renews it every lease_timeout / 3).
+      take_over: take the lease even from a holder that looks alive (say so
+        only when it is gone).
 
     Raises:
       ValueError / TypeError: bad arguments, or names that collide.
     """
 
-    def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536):
+    def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536,
+                 lease=True, lease_timeout=60.0, take_over=False):
         if keep_chains is not None and (isinstance(keep_chains, bool) or not isinstance(keep_chains, int)
                                         or keep_chains < 1):
             raise ValueError(f"keep_chains must be an int >= 1 or None, got {keep_chains!r}")
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
         self.storage = Storage(root, storage_options)
+        if isinstance(lease_timeout, bool) or not isinstance(lease_timeout, (int, float)) or lease_timeout <= 0:
+            raise ValueError(f"lease_timeout must be a positive number of seconds, got {lease_timeout!r}")
+        self._lease_args = (lease_timeout, take_over) if lease else None
+        self._lease = None
         self.model = model
         self.keep_chains = keep_chains
         self.chunk_rows = chunk_rows
@@ -138,6 +151,11 @@ class CheckpointManager:
         with self._save_lock:
             if kind == "delta" and self._last is None:
                 raise CheckpointError("save_delta() needs a chain to extend: call save_full() or restore() first")
+            if self._lease_args is not None:
+                if self._lease is None or not self._lease.held:
+                    self._lease = process_lease(self.storage, *self._lease_args)
+                    self._lease.acquire()
+                self._lease.check()
             sc = scan(self.storage)
             # Never a sequence number a failed save used: its manifest may have
             # become visible (a lost acknowledgement) and been applied by a reader.
@@ -167,6 +185,13 @@ class CheckpointManager:
                 self._apply_retention()
             log.info("committed %s (step %d, %d bytes)", manifest.dir, manifest.global_step, manifest.total_bytes)
             return seq
+
+    def close(self):
+        """Releases this process's writer lease on the root (shared by its managers there); a later save
+        takes it again. A process that ends releases it too; a killed one leaves it to be taken over."""
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def _remove_leftovers(self, sc):
         """Directories without a manifest below the next sequence are dead saves (one writer per root)."""
