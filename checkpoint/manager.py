@@ -92,6 +92,7 @@ class CheckpointManager:
         self.lock = threading.RLock()        # training steps and saves' seal + write
         self._save_lock = threading.Lock()   # one save or restore at a time
         self._last = None                    # last committed Manifest of this process's chain
+        self._slot_filter = None             # slots a restore loads (None: all)
         self._burned = 0                     # highest sequence number a failed save used
         self._sched = None
         self._metadata_fn = None
@@ -219,7 +220,7 @@ class CheckpointManager:
             log.exception("checkpoint retention failed (the new checkpoint is committed)")
 
     # ---- restoring -------------------------------------------------------------
-    def restore(self, seq=None, verify=True):
+    def restore(self, seq=None, verify=True, drop_unused_slots=False):
         """Restores the newest chain (or the chain ending at `seq`) into the model.
 
         Applies the full then every delta in order: EV rows, slots, versions,
@@ -234,6 +235,13 @@ class CheckpointManager:
         applied. A refused restore changes nothing in the model. A checkpoint
         removed by a concurrent writer's retention while this restore stages
         it is retried with a fresh scan (up to 3 times).
+
+        Optimizer slots: when the model has evstore optimizers, a checkpoint
+        whose EVs hold slots none of them uses (an Adam checkpoint restored into
+        an SGD model) is refused with a ValueError naming them, unless
+        `drop_unused_slots=True`, which loads only the slots the model's
+        optimizers use. Slots the checkpoint lacks start from their initial
+        values at the first update. Without an optimizer every slot is loaded.
 
         Returns the caller metadata saved with the restored checkpoint (e.g.
         the input position).
@@ -252,6 +260,7 @@ class CheckpointManager:
                 chain = resolve_chain(sc, seq, where=self.root)
                 col = collect(self.model)
                 self._check_compatible(chain, col)
+                self._slot_filter = self._slots_to_load(chain, col, drop_unused_slots)
                 staged = []
                 try:
                     for m in chain:
@@ -310,11 +319,31 @@ class CheckpointManager:
         first = True
         for m, d in zip(chain, dirs):
             for src, j, n in load_plan(m, name, shard):
-                load_ev(d, ev, src, m.evs[src]["slots"], clear=first, chunk_rows=self.chunk_rows,
-                        shard_index=j, num_shards=n)
+                slots = [s for s in m.evs[src]["slots"] if self._slot_filter is None or s in self._slot_filter]
+                load_ev(d, ev, src, slots, clear=first, chunk_rows=self.chunk_rows, shard_index=j, num_shards=n)
                 first = False
         if first:  # nothing saved for it in this chain (e.g. a new shard count with no rows)
             ev.load(tf.zeros([0], ev.key_dtype), tf.zeros([0, ev.dim]), clear=True)
+
+    def _slots_to_load(self, chain, col, drop_unused):
+        """None (every slot) or the set of slot names the model's optimizers use."""
+        opts = [o for o in col.optimizers if hasattr(o, "ev_slot_names")]
+        if not opts or len(opts) != len(col.optimizers):
+            return None
+        used = {s for o in opts for s in o.ev_slot_names}
+        extra = {}
+        for m in chain:
+            for name, e in m.evs.items():
+                unused = sorted(set(e["slots"]) - used)
+                if unused:
+                    extra.setdefault(name, unused)
+        if extra and not drop_unused:
+            kinds = ", ".join(sorted({type(o).__name__ for o in opts}))
+            raise ValueError(f"checkpoint {chain[-1].dir} of {self.root} holds optimizer slots {extra} that the "
+                             f"model's optimizer ({kinds}) does not use: it was trained with another optimizer. "
+                             "Restore into a model with that optimizer, or pass drop_unused_slots=True to load "
+                             "rows without those slots")
+        return used
 
     def _check_compatible(self, chain, col):
         full, last = chain[0], chain[-1]
@@ -360,9 +389,9 @@ class CheckpointManager:
             raise TypeError("metadata must be a callable returning a dict")
         if self._sched is not None:
             raise RuntimeError("this CheckpointManager's schedule is already running; stop() it first")
-        from apscheduler.schedulers.background import BackgroundScheduler
+        from checkpoint.schedule import background_scheduler
         self._metadata_fn = metadata
-        self._sched = BackgroundScheduler(daemon=True)
+        self._sched = background_scheduler("checkpoint")
         self._sched.add_job(self._scheduled, "interval", seconds=delta_every, args=["delta"], id="delta",
                             max_instances=1, coalesce=True)
         if full_every is not None:

@@ -163,6 +163,11 @@ def _refuse_non_finite(grads, evs):
 class SGD(_EVMixin, keras.optimizers.SGD):
     """Stochastic gradient descent (Keras semantics), optional momentum / Nesterov."""
 
+    @property
+    def ev_slot_names(self):
+        """Names of the slots this optimizer keeps in EV rows."""
+        return ("momentum",) if self.momentum else ()
+
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, **kwargs):
         learning_rate = _lr_arg(learning_rate)
         super().__init__(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs)
@@ -173,6 +178,8 @@ class SGD(_EVMixin, keras.optimizers.SGD):
 
 class Adagrad(_EVMixin, keras.optimizers.Adagrad):
     """Adagrad (Keras semantics): acc += g^2; w -= lr * g / sqrt(acc + epsilon)."""
+
+    ev_slot_names = ("accumulator",)   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7, **kwargs):
         learning_rate = _lr_arg(learning_rate)
@@ -188,6 +195,8 @@ class Adagrad(_EVMixin, keras.optimizers.Adagrad):
 
 class Adam(_EVMixin, keras.optimizers.Adam):
     """Adam (Keras semantics, global beta powers; amsgrad is not supported for EVs)."""
+
+    ev_slot_names = ("m", "v")   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, **kwargs):
         learning_rate = _lr_arg(learning_rate)
@@ -212,6 +221,8 @@ class AdamW(_EVMixin, keras.optimizers.AdamW):
     cost O(table) per step and would dirty every key for the next delta
     checkpoint.) `exclude_from_weight_decay` applies to EVs by their name.
     """
+
+    ev_slot_names = ("m", "v")   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, weight_decay=0.004, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  **kwargs):
@@ -241,6 +252,8 @@ class Ftrl(_EVMixin, keras.optimizers.Ftrl):
     beta / (2 * lr) to l2, as Keras). Dense variables train exactly as with
     `keras.optimizers.Ftrl`; EV rows get the same update fused in one pass.
     """
+
+    ev_slot_names = ("accumulator", "linear")   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, learning_rate_power=-0.5, initial_accumulator_value=0.1,
                  l1_regularization_strength=0.0, l2_regularization_strength=0.0,
@@ -360,6 +373,8 @@ class GroupAdam(_EVMixin, _DenseGroupAdam):
     `ev.zero_row_keys()`; they stay zero while their gradients stay small.
     """
 
+    ev_slot_names = ("m", "v", "linear")   # the slots this optimizer keeps in EV rows
+
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  l1_regularization_strength=0.0, l2_regularization_strength=0.0,
                  l21_regularization_strength=0.0, name="group_adam", **kwargs):
@@ -429,6 +444,8 @@ class GroupAdagrad(_EVMixin, _DenseGroupAdagrad):
     l1 = l2 = l21 = 0 this is Keras's Adagrad from any initial row (unlike
     `Ftrl`, whose linear term starts at 0 and so pulls weights towards 0).
     """
+
+    ev_slot_names = ("accumulator", "linear")   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7,
                  l1_regularization_strength=0.0, l2_regularization_strength=0.0,

@@ -387,8 +387,8 @@ class ServingModel:
             raise ValueError("no checkpoint_root to poll")
         if self._sched is not None:
             raise RuntimeError("already polling; stop() first")
-        from apscheduler.schedulers.background import BackgroundScheduler
-        self._sched = BackgroundScheduler(daemon=True)
+        from checkpoint.schedule import background_scheduler
+        self._sched = background_scheduler("serving")
         self._sched.add_job(self._poll_quietly, "interval", seconds=every_s, id="poll", max_instances=1,
                             coalesce=True)
         self._sched.start()

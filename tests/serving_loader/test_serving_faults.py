@@ -2,8 +2,10 @@
 a lost acknowledgement never reuses a sequence number and a server that
 applied withdrawn content converges; a delta the server cannot hold is
 refused whole, counted once, and the next full repairs it."""
+import logging
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -173,3 +175,23 @@ def test_a_bad_delta_is_counted_once_not_retried_and_the_next_full_repairs(tmp_p
     users, items = probe_inputs()
     out, _ = sm.predict({"users": users, "items": items})
     np.testing.assert_array_equal(out["outputs"], model.predict([users, items], verbose=0))
+
+
+def test_fast_polling_does_not_fill_the_log_with_skipped_runs(tmp_path, caplog):
+    model = make_model()
+    train(model, 0, 2)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    for i in range(6):
+        train(model, 2 + i, 3 + i)
+        mgr.save_delta()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    with caplog.at_level("DEBUG"):
+        sm.start(every_s=0.001)   # each poll (a scan of 7 checkpoints) takes longer than that
+        time.sleep(2)
+        sm.stop()
+    skipped = [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]
+    assert skipped, "no poll overlapped its successor: the test did not exercise skips"
+    assert all(r.levelno == logging.DEBUG for r in skipped)
