@@ -70,6 +70,24 @@ def lostack():
     LostAckFileSystem.on_lost_ack = None
 
 
+def _served(tmp_path, root=None, steps=3):
+    """A model trained `steps` batches, its serving export, a manager on `root`
+    (default: a local directory) that saved a full, and a ServingModel on it."""
+    model = make_model()
+    train(model, 0, steps)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    mgr = checkpoint.CheckpointManager(root or str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    return model, mgr, serving_loader.ServingModel(export, mgr.root)
+
+
+def _assert_serves(sm, model):
+    users, items = probe_inputs()
+    out, _ = sm.predict({"users": users, "items": items})
+    np.testing.assert_array_equal(out["outputs"], model.predict([users, items], verbose=0))
+
+
 def _probe(sm):
     users, items = probe_inputs()
     out, version = sm.predict({"users": users, "items": items})
@@ -81,14 +99,7 @@ def _probe(sm):
 # withdraw it either.
 @pytest.mark.parametrize("case", ["confirmed", "withdrawn", "withdrawal-fails"])
 def test_lost_acknowledgement_never_reuses_a_sequence_and_the_server_converges(tmp_path, lostack, case):
-    model = make_model()
-    train(model, 0, 3)
-    export = str(tmp_path / "export")
-    serving_loader.export_serving_model(model, export)
-    root = f"lostack://{tmp_path}/ckpt"
-    mgr = checkpoint.CheckpointManager(root, model)
-    mgr.save_full()
-    sm = serving_loader.ServingModel(export, root)
+    model, mgr, sm = _served(tmp_path, root=f"lostack://{tmp_path}/ckpt")
     assert sm.version == 1
     # The put of delta 2's manifest lands, its reply is lost; the server applies it meanwhile.
     train(model, 3, 5)
@@ -147,19 +158,11 @@ def test_the_two_smallest_keys_of_the_dtype_are_exported_applied_whole_and_predi
     assert sm.poll() == seq and sm.failures == 0
     out, _ = sm.predict({"users": x[0], "items": x[1]})
     np.testing.assert_array_equal(out["outputs"], model.predict(x, verbose=0))
-    users, items = probe_inputs()
-    out, _ = sm.predict({"users": users, "items": items})
-    np.testing.assert_array_equal(out["outputs"], model.predict([users, items], verbose=0))
+    _assert_serves(sm, model)
 
 
 def test_a_bad_delta_is_counted_once_not_retried_and_the_next_full_repairs(tmp_path):
-    model = make_model()
-    train(model, 0, 3)
-    export = str(tmp_path / "export")
-    serving_loader.export_serving_model(model, export)
-    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
-    mgr.save_full()
-    sm = serving_loader.ServingModel(export, mgr.root)
+    model, mgr, sm = _served(tmp_path)
     train(model, 3, 5)
     bad = mgr.save_delta()
     d = tmp_path / "ckpt" / f"delta-{bad:010d}"
@@ -172,22 +175,15 @@ def test_a_bad_delta_is_counted_once_not_retried_and_the_next_full_repairs(tmp_p
     assert sm.failures == 1 and "crc32c" in sm.last_error   # one failed checkpoint, polled three times
     full = mgr.save_full()
     assert sm.poll() == full and sm.failures == 1
-    users, items = probe_inputs()
-    out, _ = sm.predict({"users": users, "items": items})
-    np.testing.assert_array_equal(out["outputs"], model.predict([users, items], verbose=0))
+    _assert_serves(sm, model)
 
 
 def test_fast_polling_does_not_fill_the_log_with_skipped_runs(tmp_path, caplog):
-    model = make_model()
-    train(model, 0, 2)
-    export = str(tmp_path / "export")
-    serving_loader.export_serving_model(model, export)
-    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
-    mgr.save_full()
+    model, mgr, sm = _served(tmp_path, steps=2)
     for i in range(6):
         train(model, 2 + i, 3 + i)
         mgr.save_delta()
-    sm = serving_loader.ServingModel(export, mgr.root)
+    sm.poll()
     with caplog.at_level("DEBUG"):
         sm.start(every_s=0.001)   # each poll (a scan of 7 checkpoints) takes longer than that
         time.sleep(2)
