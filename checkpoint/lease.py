@@ -126,7 +126,7 @@ class Lease:
                 raise LeaseHeldError(
                     f"{self.storage.url} is being written by {self.describe(rec)}: one writer per root. If that "
                     f"writer is gone, wait until its heartbeat is {rec.get('timeout', self.timeout):.0f} s old or "
-                    "pass take_over=True (evstore: --take-over)")
+                    "pass CheckpointManager(..., take_over=True)")
             log.warning("taking over the lease of %s from %s (%s)", self.storage.url, self.describe(rec), why)
             self._set_aside(rec)
         else:
