@@ -20,7 +20,7 @@ def saved(tmp_path_factory):
     mgr.save_full(metadata={"pos": 30})
     train(model, 3, 5)
     mgr.save_delta(metadata={"pos": 50})
-    return root, {d: (root / d / "MANIFEST.json").read_bytes() for d in os.listdir(root)}
+    return root, {d: (root / d / "MANIFEST.json").read_bytes() for d in os.listdir(root) if (root / d).is_dir()}
 
 
 @pytest.fixture
