@@ -41,6 +41,7 @@ from checkpoint.lease import process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import load_plan, logical_name
 from checkpoint.storage import Storage
+from evstore import schema
 
 __all__ = ["CheckpointManager"]
 
@@ -425,16 +426,17 @@ def _check_ev_tensors(where, m, src, ev, shapes, dtypes):
     the bundle with the dtype, shape and row count the manifest and `ev` expect."""
     info = m.evs[src]
     kd, n = ev.key_dtype, info["rows"]
-    want = {f"{src}-keys": (kd, [n]), f"{src}-values": (tf.float32, [n, ev.dim]),
-            f"{src}-versions": (tf.int64, [n]), f"{src}-freqs": (tf.int64, [n]),
-            f"{src}-keys_filtered": (kd, [info["filtered"]]), f"{src}-freqs_filtered": (tf.int64, [info["filtered"]])}
+    t, nf = schema.tensor, info["filtered"]
+    want = {t(src, schema.KEYS): (kd, [n]), t(src, schema.VALUES): (tf.float32, [n, ev.dim]),
+            t(src, schema.VERSIONS): (tf.int64, [n]), t(src, schema.FREQS): (tf.int64, [n]),
+            t(src, schema.KEYS_FILTERED): (kd, [nf]), t(src, schema.FREQS_FILTERED): (tf.int64, [nf])}
     for slot in info["slots"]:
-        want[f"{src}/{slot}-values"] = (tf.float32, [n, ev.dim])
+        want[schema.slot_tensor(src, slot)] = (tf.float32, [n, ev.dim])
     if m.kind == "delta":
-        want[f"{src}-deleted_keys"] = (kd, [info["deleted"]])
-    for t, (dtype, shape) in want.items():
-        if t not in shapes:
-            raise CorruptCheckpointError(f"{where}: tensor {t!r} is missing (the manifest and the bundle disagree)")
-        if dtypes[t] != dtype or list(shapes[t]) != shape:
-            raise CorruptCheckpointError(f"{where}: tensor {t!r} is {dtypes[t].name} {list(shapes[t])}, expected "
-                                         f"{dtype.name} {shape} (the manifest and the bundle disagree)")
+        want[t(src, schema.DELETED_KEYS)] = (kd, [info["deleted"]])
+    for name, (dtype, shape) in want.items():
+        if name not in shapes:
+            raise CorruptCheckpointError(f"{where}: tensor {name!r} is missing (the manifest and the bundle disagree)")
+        if dtypes[name] != dtype or list(shapes[name]) != shape:
+            raise CorruptCheckpointError(f"{where}: tensor {name!r} is {dtypes[name].name} {list(shapes[name])}, "
+                                         f"expected {dtype.name} {shape} (the manifest and the bundle disagree)")
