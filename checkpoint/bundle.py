@@ -1,7 +1,7 @@
 """The bundle inside a checkpoint directory: writing EVs and dense tensors with
 the native streaming writer, and applying an EV's tensors back to a table.
 
-Tensor names: evstore/schema.py (mirror of evstore/native/core/schema.h; the
+Tensor names (docs/ARCHITECTURE.md, "Checkpoints"): evstore/schema.py (mirror of evstore/native/core/schema.h; the
 native writer, evstore/native/tf/checkpoint_kernels.cc, uses the header): per EV
 `<name>-keys`, `-values`, `-versions`, `-freqs`, `-keys_filtered`,
 `-freqs_filtered`, `-seen_filtered`, `-clock`, `<name>/<slot>-values`, with a

@@ -1,4 +1,4 @@
-"""The commit protocol (DESIGN sections 4 and 8), in one place: used by
+"""The commit protocol (docs/ARCHITECTURE.md, "Checkpoints" and "Reliability"), in one place: used by
 CheckpointManager saves and by `tools.write_full` (compact).
 
   1. under `lock`: `prepare()` (the caller's eviction, step and metadata),

@@ -1,4 +1,4 @@
-"""Feature eviction: GlobalStepEvict, L2WeightEvict (DeepRec's semantics; docs/ARCHITECTURE.md).
+"""Feature eviction: GlobalStepEvict, L2WeightEvict (docs/ARCHITECTURE.md, "Table"; DeepRec's semantics).
 
 Evicted keys leave the table like `remove`: rows to the free list, keys to the
 deleted set (observed through `ev.begin_export()`)."""
