@@ -32,10 +32,12 @@ import threading
 import keras
 import tensorflow as tf
 
-from evstore import group as _group
+from evstore import generic
 from evstore import training
 from evstore._ops import gen
 from evstore.variable import EmbeddingVariable, ev_for_variable
+
+generic.install()   # every other Keras optimizer trains EVs through the generic row path
 
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad"]
 
@@ -92,7 +94,7 @@ class _EVMixin:
         if trainable_variables is not None:
             trainable_variables = [v._proxy if isinstance(v, EmbeddingVariable) else v
                                    for v in trainable_variables]
-            grads = _refuse_non_finite(list(grads), [ev_for_variable(v) for v in trainable_variables])
+            grads = generic.refuse_non_finite(list(grads), trainable_variables)
         self._ev_scalars = {}
         try:
             return super().apply(grads, trainable_variables)
@@ -118,6 +120,7 @@ class _EVMixin:
         ev = ev_for_variable(variable)
         if ev is None:
             return super().update_step(gradient, variable, learning_rate)
+        gradient = generic.ev_gradient(gradient, variable, ev)
         step = getattr(self._ev_local, "global_step", None)
         if step is None:
             step = getattr(self, "_ev_merge_step", None)
@@ -129,35 +132,6 @@ class _EVMixin:
         # more transfer per table and step.
         with tf.device(ev.device or None):
             return self._ev_apply(ev, gradient, lr, step, variable=variable)
-
-
-def _refuse_non_finite(grads, evs):
-    """NaN/Inf policy: if any EV gradient is non-finite, fail before *any*
-    variable (EV or dense) is updated, so a refused step changes nothing."""
-    # Gradients of grouped lookups (evstore.group) were checked on the worker
-    # before they were sent to the parameter server that applies them: their
-    # checks join the others, and they are not copied back to be checked.
-    checks, prechecked = _group.checked_gradients(grads)
-    checks = list(checks)
-    for g, ev in zip(grads, evs):
-        if ev is not None and isinstance(g, tf.IndexedSlices) and id(g.values) not in prechecked:
-            checks.append(gen.ev_check_finite(g.indices, tf.cast(g.values, tf.float32), ev_name=ev.name))
-    if not checks:
-        return grads
-    out = []
-    passed = tf.group(checks)   # one op: one control edge per parameter server below
-    with tf.control_dependencies([passed]):
-        for g in grads:
-            if g is None:
-                out.append(g)
-            elif isinstance(g, tf.IndexedSlices) and id(g.values) in prechecked:
-                with tf.device(g.values.device or None):   # stays where it is applied
-                    out.append(tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape))
-            elif isinstance(g, tf.IndexedSlices):
-                out.append(tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape))
-            else:
-                out.append(tf.identity(g))
-    return out
 
 
 class SGD(_EVMixin, keras.optimizers.SGD):

@@ -1,0 +1,178 @@
+// Row read / write by key, with named optimizer slots: what the generic
+// optimizer path (evstore/generic.py) needs to run any Keras optimizer's own
+// update rule on the touched rows. EvReadRows gathers [w | slots] of unique
+// keys; EvWriteRows writes them back like a fused apply does (version = step,
+// dirty mark, absent / filtered / evicted-meanwhile keys skipped). Slots are
+// the table's ordinary slots (Table::EnsureSlots), so they are exported,
+// checkpointed, delta-saved and evicted with the row like the fused ones.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernel_util.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace evstore {
+namespace tf {
+
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("EvReadRows")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("slot_names: string")
+    .Input("slot_inits: float")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .Output("values: float")
+    .Output("slots: float")
+    .Output("admitted: bool")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      auto n = c->Dim(c->input(1), 0);
+      auto s = c->Dim(c->input(2), 0);
+      c->set_output(0, c->MakeShape({n, dim}));
+      c->set_output(1, c->MakeShape({n, s, dim}));
+      c->set_output(2, c->MakeShape({n}));
+      return absl::OkStatus();
+    })
+    .Doc("Reads the rows and the named slots (created with their initial values if missing) of keys. "
+         "Never inserts or counts; rows of keys without a row read as zeros with admitted = false.");
+
+REGISTER_OP("EvWriteRows")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("values: float")
+    .Input("slots: float")
+    .Input("slot_names: string")
+    .Input("slot_inits: float")
+    .Input("global_step: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .Output("written: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Writes rows and named slots of unique keys that own a row: version = global_step, key marked dirty. "
+         "Keys without a row are skipped.");
+
+namespace {
+
+// (name, initial value) of each slot input, checked against each other.
+absl::Status SlotSpecsOf(OpKernelContext* ctx, int names_in, int inits_in, SlotSpecs* out) {
+  const Tensor& names = ctx->input(names_in);
+  const Tensor& inits = ctx->input(inits_in);
+  if (names.dims() != 1 || inits.dims() != 1 || names.dim_size(0) != inits.dim_size(0))
+    return errors::InvalidArgument("slot_names and slot_inits must be vectors of one length, got ",
+                                   names.shape().DebugString(), " and ", inits.shape().DebugString());
+  for (int64_t i = 0; i < names.dim_size(0); ++i) {
+    const std::string& n = names.flat<tensorflow::tstring>()(i);
+    if (n.empty() || n.find('/') != std::string::npos)
+      return errors::InvalidArgument("slot name '", n, "' must be non-empty and hold no '/'");
+    out->emplace_back(n, inits.flat<float>()(i));
+  }
+  return absl::OkStatus();
+}
+
+template <typename K>
+class EvReadRowsOp : public EvTableOp<K> {
+ public:
+  explicit EvReadRowsOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    OP_REQUIRES(ctx, t.dim() == dim_, errors::InvalidArgument("expects dim ", dim_, " but the table has dim ", t.dim()));
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
+    SlotSpecs specs;
+    OP_REQUIRES_OK(ctx, SlotSpecsOf(ctx, 2, 3, &specs));
+    std::vector<int> offs;
+    EV_TRY(ctx, offs = t.EnsureSlots(specs));
+    const int64_t n = keys.dim_size(0);
+    const int64_t ns = static_cast<int64_t>(specs.size());
+    Tensor *values, *slots, *admitted;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, ns, dim_}), &slots));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &admitted));
+    if (n == 0) return;
+    // Slots are only ever appended, so the offsets stay valid even if another
+    // optimizer widens the rows meanwhile; rows are read at this stride.
+    int stride = 0;
+    for (int o : offs) stride = std::max(stride, o + static_cast<int>(dim_));
+    stride = std::max(stride, static_cast<int>(dim_));
+    std::vector<uint8_t> present(n), adm(n);
+    std::vector<int64_t> versions(n), freqs(n);
+    std::vector<float> rows(static_cast<size_t>(n) * stride);
+    t.Read(keys.flat<K>().data(), n, stride, present.data(), adm.data(), versions.data(), freqs.data(), rows.data());
+    float* v = values->flat<float>().data();
+    float* s = slots->flat<float>().data();
+    auto a = admitted->flat<bool>();
+    const size_t row_bytes = dim_ * sizeof(float);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* r = rows.data() + i * stride;
+      a(i) = adm[i] != 0;
+      std::memcpy(v + i * dim_, r, row_bytes);
+      for (int64_t c = 0; c < ns; ++c) std::memcpy(s + (i * ns + c) * dim_, r + offs[c], row_bytes);
+    }
+  }
+
+ private:
+  int64_t dim_;
+};
+
+// Copies key i's new [w | slots] into its row (called by Table::Apply, which
+// hands the i-th "gradient" row: values + i * dim).
+struct CopyRow {
+  const float* values;
+  const float* slots;
+  const std::vector<int>* offs;
+  int dim;
+  void operator()(float* row, const float* g) const {
+    const int64_t i = (g - values) / dim;
+    std::memcpy(row, g, dim * sizeof(float));
+    const int64_t ns = static_cast<int64_t>(offs->size());
+    for (int64_t c = 0; c < ns; ++c) std::memcpy(row + (*offs)[c], slots + (i * ns + c) * dim, dim * sizeof(float));
+  }
+};
+
+template <typename K>
+class EvWriteRowsOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    const Tensor& slots = ctx->input(3);
+    const Tensor& step = ctx->input(6);
+    SlotSpecs specs;
+    OP_REQUIRES_OK(ctx, SlotSpecsOf(ctx, 4, 5, &specs));
+    const int64_t n = keys.NumElements();
+    const int64_t ns = static_cast<int64_t>(specs.size());
+    OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
+    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == t.dim(),
+                errors::InvalidArgument("values must be [", n, ", ", t.dim(), "], got ", values.shape().DebugString()));
+    OP_REQUIRES(ctx, slots.dims() == 3 && slots.dim_size(0) == n && slots.dim_size(1) == ns &&
+                         slots.dim_size(2) == t.dim(),
+                errors::InvalidArgument("slots must be [", n, ", ", ns, ", ", t.dim(), "], got ",
+                                        slots.shape().DebugString()));
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(step.shape()),
+                errors::InvalidArgument("global_step must be a scalar"));
+    std::vector<int> offs;
+    EV_TRY(ctx, offs = t.EnsureSlots(specs));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = 0;
+    if (n == 0) return;
+    const float* v = values.flat<float>().data();
+    CopyRow copy{v, slots.flat<float>().data(), &offs, t.dim()};
+    EV_TRY(ctx, out->scalar<int64_t>()() = t.Apply(keys.flat<K>().data(), v, n, step.scalar<int64_t>()(), copy,
+                                                   IntraOp(ctx)));
+  }
+};
+
+}  // namespace
+
+EV_REGISTER_KEYED("EvReadRows", EvReadRowsOp);
+EV_REGISTER_KEYED("EvWriteRows", EvWriteRowsOp);
+
+}  // namespace tf
+}  // namespace evstore
