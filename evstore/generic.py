@@ -27,7 +27,7 @@ gradient neither move nor decay. Optimizers whose rule is not row-local are
 refused with a ValueError naming them (`Adafactor`, `Lamb`, `Muon`);
 `use_ema=True` is refused for EVs.
 
-evstore installs this into Keras when it is imported (`install()`): four
+evstore installs this into Keras when it is imported (`install()`): six
 methods of Keras's optimizer base classes get a branch for EVs and their
 proxies; with no EV in the variable list they run Keras's code unchanged.
 """
@@ -146,9 +146,16 @@ def _rows_for(opt, proxy, ev):
 
 def _constant_of(initializer, what):
     init = keras.initializers.get(initializer)
+    if isinstance(init, keras.initializers.Zeros):
+        return 0.0
+    if isinstance(init, keras.initializers.Ones):
+        return 1.0
+    if isinstance(init, keras.initializers.Constant) and np.size(init.value) == 1:
+        return float(np.asarray(init.value).reshape(()))
     with tf.init_scope():
-        v = np.asarray(keras.ops.convert_to_numpy(init(shape=(2,), dtype="float32")))
-    if v[0] != v[1]:
+        v = init(shape=(2,), dtype="float32")
+        v = tf.get_static_value(v) if tf.is_tensor(v) else np.asarray(v)
+    if v is None or v[0] != v[1]:
         raise ValueError(f"the initializer of optimizer slot {what!r} is not a constant; EV rows need one "
                          "initial slot value")
     return float(v[0])
@@ -392,6 +399,13 @@ def apply_rows(opt, ev, proxy, grad, learning_rate, global_step=None):
                                  tf.cast(step, tf.int64))
 
 
+def _backend_increment_gradient_accumulators(self, grads, acc_grads):
+    # EV gradients were accumulated by key (_accumulate); Keras's accumulators
+    # of their proxies hold nothing.
+    pairs = [(g, a) for g, a in zip(grads, acc_grads) if not isinstance(a, _NullAccumulator)]
+    return _orig["_backend_increment_gradient_accumulators"](self, [g for g, _ in pairs], [a for _, a in pairs])
+
+
 _installed = False
 
 
@@ -409,3 +423,43 @@ def install():
     B.apply = _with_evs(B.apply, check=True)
     _lso.LossScaleOptimizer.apply = _with_evs(_lso.LossScaleOptimizer.apply, check=False)
     T._distributed_tf_update_step = _distributed_tf_update_step
+    _orig["_backend_increment_gradient_accumulators"] = T._backend_increment_gradient_accumulators
+    T._backend_increment_gradient_accumulators = _backend_increment_gradient_accumulators
+
+
+def sparse_apply_keras(optimizer, grads_and_evs, global_step):
+    """One step of a Keras optimizer's own rule on EVs, as a function (any
+    execution mode, including `tf.compat.v1` graph mode with a Session, where
+    Keras 3 optimizers cannot build a train op themselves).
+
+    `grads_and_evs`: (IndexedSlices(row grads, keys), EmbeddingVariable)
+    pairs, e.g. from `tf.compat.v1.gradients(loss, evs)`. The optimizer's
+    `iterations` is set to `global_step` (steps completed before this one: what
+    its rule's bias corrections and schedules read), every EV's touched rows
+    are updated lazily (the generic row path) and stamped `version =
+    global_step`. Returns the op (graph) / the rows written (eager). Optimizers
+    refused by the generic path raise ValueError; so do the fused
+    `evstore.optimizers` (use `evstore.training.sparse_apply_*`)."""
+    pairs = [(g, ev) for g, ev in grads_and_evs if g is not None]
+    if _is_fused(optimizer):
+        raise ValueError(f"{type(optimizer).__name__} is fused: use evstore.training.sparse_apply_* for it")
+    if isinstance(optimizer, _lso.LossScaleOptimizer):
+        raise ValueError("sparse_apply_keras takes the optimizer inside a LossScaleOptimizer (unscaled gradients)")
+    for _, ev in pairs:
+        if not isinstance(ev, EmbeddingVariable):
+            raise TypeError(f"sparse_apply_keras trains EmbeddingVariables, got {type(ev).__name__}")
+    if not optimizer.built:
+        optimizer.build([ev._proxy for _, ev in pairs])
+    for _, ev in pairs:
+        _rows_for(optimizer, ev._proxy, ev)
+
+    def step():
+        optimizer._iterations.assign(tf.cast(global_step, optimizer._iterations.dtype))
+        lr = optimizer._get_current_learning_rate()
+        optimizer._backend_update_step([], [], lr)   # per-step work of the rule (e.g. Nadam's momentum product)
+        out = [apply_rows(optimizer, ev, ev._proxy, g, lr, global_step=global_step) for g, ev in pairs]
+        return tf.add_n(out) if out else tf.constant(0, tf.int64)
+
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        return step()
+    return tf.function(step, autograph=False)()   # v1 graph: ordered like a tf.function body
