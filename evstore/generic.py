@@ -212,8 +212,8 @@ def _get_variable_index(self, variable):
 
 
 def _unique_sum(keys, values):
-    uk, idx = tf.unique(keys)
-    return uk, tf.math.unsorted_segment_sum(values, idx, tf.size(uk))
+    """Unique keys (first-occurrence order) and their summed gradient rows."""
+    return gen.ev_unique_sum(keys, values)
 
 
 def _accumulate(opt, rows, keys, values):
@@ -381,20 +381,20 @@ def apply_rows(opt, ev, proxy, grad, learning_rate, global_step=None):
     names = tf.constant([n for n, _, _ in rows.slots], tf.string, shape=[len(rows.slots)])
     inits = tf.constant([i for _, _, i in rows.slots], tf.float32, shape=[len(rows.slots)])
     with tf.device(ev.device or None):
-        w, slots, admitted = gen.ev_read_rows(ev.resource_handle, keys, names, inits, dim=ev.dim)
-        sel = tf.reshape(tf.where(admitted), [-1])
-        keys, w, slots, values = (tf.gather(x, sel) for x in (keys, w, slots, values))
+        # Rows of keys without one (not admitted, evicted) read as zeros and
+        # are computed on like the others; EvWriteRows skips them.
+        w, slots, _ = gen.ev_read_rows(ev.resource_handle, keys, names, inits, dim=ev.dim)
         rows.w.assign(w)
         for i, (_, var, _) in enumerate(rows.slots):
-            var.assign(slots[:, i, :])
+            var.assign(slots[i])
         if getattr(opt, "weight_decay", None) and opt._use_weight_decay(proxy):
             # Keras decays every weight before the update step; here the touched rows.
             lr = tf.cast(opt.learning_rate, tf.float32)
             rows.w.assign_sub(rows.w * tf.cast(opt.weight_decay, tf.float32) * lr)
         opt.update_step(values, rows.w, learning_rate)
         step = opt.iterations if global_step is None else global_step
-        new_slots = (tf.stack([var.read_value() for _, var, _ in rows.slots], axis=1) if rows.slots
-                     else tf.zeros([tf.shape(keys)[0], 0, ev.dim]))
+        new_slots = (tf.stack([var.read_value() for _, var, _ in rows.slots], axis=0) if rows.slots
+                     else tf.zeros([0, tf.shape(keys)[0], ev.dim]))
         return gen.ev_write_rows(ev.resource_handle, keys, rows.w.read_value(), new_slots, names, inits,
                                  tf.cast(step, tf.int64))
 

@@ -1,14 +1,18 @@
 // Row read / write by key, with named optimizer slots: what the generic
 // optimizer path (evstore/generic.py) needs to run any Keras optimizer's own
-// update rule on the touched rows. EvReadRows gathers [w | slots] of unique
-// keys; EvWriteRows writes them back like a fused apply does (version = step,
-// dirty mark, absent / filtered / evicted-meanwhile keys skipped). Slots are
-// the table's ordinary slots (Table::EnsureSlots), so they are exported,
-// checkpointed, delta-saved and evicted with the row like the fused ones.
+// update rule on the touched rows. EvUniqueSum deduplicates a gradient;
+// EvReadRows gathers [w | slots] of unique keys; EvWriteRows writes them back
+// like a fused apply does (version = step, dirty mark, absent / filtered /
+// evicted-meanwhile keys skipped). Slots are the table's ordinary slots
+// (Table::EnsureSlots), so they are exported, checkpointed, delta-saved and
+// evicted with the row like the fused ones. Slot tensors are slot-major
+// [S, n, dim], so each slot is a contiguous [n, dim] slice.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "../core/unique_sum.h"
 #include "kernel_util.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -19,6 +23,19 @@ namespace tf {
 
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("EvUniqueSum")
+    .Input("keys: Tkeys")
+    .Input("grads: float")
+    .Attr("Tkeys: {int32, int64}")
+    .Output("unique_keys: Tkeys")
+    .Output("summed: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, c->Dim(c->input(1), 1)));
+      return absl::OkStatus();
+    })
+    .Doc("Unique keys (first-occurrence order) and the sums of their gradient rows.");
 
 REGISTER_OP("EvReadRows")
     .Input("handle: resource")
@@ -36,7 +53,7 @@ REGISTER_OP("EvReadRows")
       auto n = c->Dim(c->input(1), 0);
       auto s = c->Dim(c->input(2), 0);
       c->set_output(0, c->MakeShape({n, dim}));
-      c->set_output(1, c->MakeShape({n, s, dim}));
+      c->set_output(1, c->MakeShape({s, n, dim}));
       c->set_output(2, c->MakeShape({n}));
       return absl::OkStatus();
     })
@@ -91,7 +108,7 @@ class EvReadRowsOp : public EvTableOp<K> {
     const int64_t ns = static_cast<int64_t>(specs.size());
     Tensor *values, *slots, *admitted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, ns, dim_}), &slots));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({ns, n, dim_}), &slots));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &admitted));
     if (n == 0) return;
     // Slots are only ever appended, so the offsets stay valid even if another
@@ -99,20 +116,26 @@ class EvReadRowsOp : public EvTableOp<K> {
     int stride = 0;
     for (int o : offs) stride = std::max(stride, o + static_cast<int>(dim_));
     stride = std::max(stride, static_cast<int>(dim_));
-    std::vector<uint8_t> present(n), adm(n);
-    std::vector<int64_t> versions(n), freqs(n);
-    std::vector<float> rows(static_cast<size_t>(n) * stride);
-    t.Read(keys.flat<K>().data(), n, stride, present.data(), adm.data(), versions.data(), freqs.data(), rows.data());
     float* v = values->flat<float>().data();
     float* s = slots->flat<float>().data();
-    auto a = admitted->flat<bool>();
+    bool* a = admitted->flat<bool>().data();
+    const K* k = keys.flat<K>().data();
     const size_t row_bytes = dim_ * sizeof(float);
-    for (int64_t i = 0; i < n; ++i) {
-      const float* r = rows.data() + i * stride;
-      a(i) = adm[i] != 0;
-      std::memcpy(v + i * dim_, r, row_bytes);
-      for (int64_t c = 0; c < ns; ++c) std::memcpy(s + (i * ns + c) * dim_, r + offs[c], row_bytes);
-    }
+    // Chunks of keys read in parallel (Table::Read takes a shared lock per key).
+    IntraOp(ctx)(n, 400, [&](int64_t lo, int64_t hi) {
+      const int64_t m = hi - lo;
+      std::vector<uint8_t> present(m), adm(m);
+      std::vector<int64_t> versions(m), freqs(m);
+      std::vector<float> rows(static_cast<size_t>(m) * stride);
+      t.Read(k + lo, m, stride, present.data(), adm.data(), versions.data(), freqs.data(), rows.data());
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t i = lo + j;
+        const float* r = rows.data() + j * stride;
+        a[i] = adm[j] != 0;
+        std::memcpy(v + i * dim_, r, row_bytes);
+        for (int64_t c = 0; c < ns; ++c) std::memcpy(s + (c * n + i) * dim_, r + offs[c], row_bytes);
+      }
+    });
   }
 
  private:
@@ -123,14 +146,15 @@ class EvReadRowsOp : public EvTableOp<K> {
 // hands the i-th "gradient" row: values + i * dim).
 struct CopyRow {
   const float* values;
-  const float* slots;
+  const float* slots;  // [S, n, dim]
   const std::vector<int>* offs;
+  int64_t n;
   int dim;
   void operator()(float* row, const float* g) const {
     const int64_t i = (g - values) / dim;
     std::memcpy(row, g, dim * sizeof(float));
     const int64_t ns = static_cast<int64_t>(offs->size());
-    for (int64_t c = 0; c < ns; ++c) std::memcpy(row + (*offs)[c], slots + (i * ns + c) * dim, dim * sizeof(float));
+    for (int64_t c = 0; c < ns; ++c) std::memcpy(row + (*offs)[c], slots + (c * n + i) * dim, dim * sizeof(float));
   }
 };
 
@@ -150,9 +174,9 @@ class EvWriteRowsOp : public EvTableOp<K> {
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == t.dim(),
                 errors::InvalidArgument("values must be [", n, ", ", t.dim(), "], got ", values.shape().DebugString()));
-    OP_REQUIRES(ctx, slots.dims() == 3 && slots.dim_size(0) == n && slots.dim_size(1) == ns &&
+    OP_REQUIRES(ctx, slots.dims() == 3 && slots.dim_size(0) == ns && slots.dim_size(1) == n &&
                          slots.dim_size(2) == t.dim(),
-                errors::InvalidArgument("slots must be [", n, ", ", ns, ", ", t.dim(), "], got ",
+                errors::InvalidArgument("slots must be [", ns, ", ", n, ", ", t.dim(), "], got ",
                                         slots.shape().DebugString()));
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(step.shape()),
                 errors::InvalidArgument("global_step must be a scalar"));
@@ -163,14 +187,42 @@ class EvWriteRowsOp : public EvTableOp<K> {
     out->scalar<int64_t>()() = 0;
     if (n == 0) return;
     const float* v = values.flat<float>().data();
-    CopyRow copy{v, slots.flat<float>().data(), &offs, t.dim()};
+    CopyRow copy{v, slots.flat<float>().data(), &offs, n, t.dim()};
     EV_TRY(ctx, out->scalar<int64_t>()() = t.Apply(keys.flat<K>().data(), v, n, step.scalar<int64_t>()(), copy,
                                                    IntraOp(ctx)));
   }
 };
 
+template <typename K>
+class EvUniqueSumOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    const Tensor& grads = ctx->input(1);
+    OP_REQUIRES(ctx, keys.dims() == 1 && grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0),
+                errors::InvalidArgument("keys [n] and grads [n, dim] expected, got ", keys.shape().DebugString(),
+                                        " and ", grads.shape().DebugString()));
+    const int dim = static_cast<int>(grads.dim_size(1));
+    std::vector<K> ukeys;
+    std::vector<float> ugrads;
+    const int64_t un = UniqueSum(keys.flat<K>().data(), grads.flat<float>().data(), keys.dim_size(0), dim, &ukeys,
+                                 &ugrads);
+    Tensor *ko, *go;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({un}), &ko));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({un, dim}), &go));
+    if (un == 0) return;
+    std::memcpy(ko->flat<K>().data(), ukeys.data(), un * sizeof(K));
+    std::memcpy(go->flat<float>().data(), ugrads.data(), static_cast<size_t>(un) * dim * sizeof(float));
+  }
+};
+
 }  // namespace
 
+REGISTER_KERNEL_BUILDER(Name("EvUniqueSum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"),
+                        EvUniqueSumOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("EvUniqueSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"),
+                        EvUniqueSumOp<int64_t>);
 EV_REGISTER_KEYED("EvReadRows", EvReadRowsOp);
 EV_REGISTER_KEYED("EvWriteRows", EvWriteRowsOp);
 
