@@ -1,9 +1,12 @@
 """The bundle inside a checkpoint directory: writing EVs and dense tensors with
 the native streaming writer, and applying an EV's tensors back to a table.
 
-Tensor names (DESIGN section 4): per EV `<name>-keys`, `-values`, `-versions`,
-`-freqs`, `-keys_filtered`, `-freqs_filtered`, `<name>/<slot>-values`, and in
-deltas `<name>-deleted_keys`; dense tensors under their own names; `global_step`.
+Tensor names (DESIGN section 4; defined by the native writer,
+evstore/native/tf/checkpoint_kernels.cc): per EV `<name>-keys`, `-values`,
+`-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`, `-seen_filtered`,
+`-clock`, `<name>/<slot>-values`, with a BloomFilter `-bloom_geometry`,
+`-bloom_blocks`, `-bloom_counters`, and in deltas `<name>-deleted_keys`; dense
+tensors under their own names; `global_step`.
 """
 import concurrent.futures
 import os
@@ -30,10 +33,10 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
     Returns:
       (files {basename: {"size", "crc32c"}}, per-EV {"rows", "filtered", "deleted", "slots"}).
     """
-    from evstore._ops import gen
+    from evstore import ops
     names = list(evs)
     with tf.device(device):
-        out = _save_op(gen, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows)
+        out = _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows)
     files = {f.decode(): {"size": int(s), "crc32c": int(c)}
              for f, s, c in zip(out.files.numpy(), out.file_sizes.numpy(), out.file_crc32c.numpy())}
     slots = {n: [] for n in names}
@@ -47,8 +50,8 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
     return files, counts
 
 
-def _save_op(gen, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows):
-    return gen.ev_save_bundle(
+def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows):
+    return ops.ev_save_bundle(
         prefix=os.path.join(directory, prefix),
         handles=[evs[n].resource_handle for n in names],
         names=tf.constant(names, tf.string, shape=[len(names)]),
@@ -62,8 +65,8 @@ def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_inde
     """Applies EV `name` of the bundle in `directory` to `ev` (on the EV's
     device; with num_shards > 1 only the keys routed to `shard_index`);
     returns (rows, filtered, deleted) applied."""
-    from evstore._ops import gen
-    out = gen.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
+    from evstore import ops
+    out = ops.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
                              tf.constant(list(slots), tf.string, shape=[len(slots)]),
                              key_dtype=ev.key_dtype, clear=clear, chunk_rows=chunk_rows,
                              shard_index=shard_index, num_shards=num_shards)
@@ -124,8 +127,8 @@ def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_RO
     index = os.path.join(directory, BUNDLE_PREFIX + ".index")
     _fsync(index)
     _fsync(directory)
-    from evstore._ops import gen
-    crc, size = gen.ev_file_crc32c(index)
+    from evstore import ops
+    crc, size = ops.ev_file_crc32c(index)
     files[BUNDLE_PREFIX + ".index"] = {"size": int(size), "crc32c": int(crc)}
     return files, counts
 
