@@ -21,7 +21,6 @@ side and ones on TFRA's (the update's cost does not depend on the values).
 keys/s = batch / median seconds. Prints one JSON line (stdout); progress on stderr.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -30,7 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import Batches, add_size_args, fill_chunks, rate, rss_mib  # noqa: E402
+from bench_optimizers import add_optimizer_args, finish, interleave, setup  # noqa: E402
+from common import fill_chunks, rate, rss_mib  # noqa: E402
 
 OPTIMIZERS = {"rmsprop": "RMSprop", "nadam": "Nadam"}   # ours -> keras.optimizers class; TFRA workload apply_<ours>
 
@@ -79,52 +79,21 @@ class GenericOptimizer:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    add_size_args(ap, "keys per load while filling")
-    ap.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated (default: all)")
-    ap.add_argument("--peer-python", default="", help="python of the TFRA venv; empty: no TFRA")
-    ap.add_argument("--log-dir", default="", help="directory for the TFRA peer's stderr log")
-    args = ap.parse_args()
+    add_optimizer_args(ap, OPTIMIZERS)
+    args, names, bt, out, peer = setup(ap, OPTIMIZERS)
     import tensorflow as tf
 
-    names = [o for o in args.optimizers.split(",") if o]
-    for o in names:
-        if o not in OPTIMIZERS:
-            ap.error(f"unknown optimizer {o!r}; one of {sorted(OPTIMIZERS)}")
-    bt = Batches(args.keys, args.batch, args.batches + args.warmup, args.seed)
-    out = {"keys": args.keys, "dim": args.dim, "batch": args.batch, "batches": args.batches,
-           "warmup": args.warmup, "seed": args.seed, "tf_version": tf.__version__, "evstore": {}, "tfra": {}}
-    peer = None
-    if args.peer_python:
-        from bench_lookup import TfraProcess
-        try:
-            peer = TfraProcess(args, script="peer_tfra_optimizers.py")
-            peer.wait_ready()
-            out["tfra_info"] = peer.info
-        except Exception as e:  # report, run our side alone
-            out["tfra_error"] = f"cannot start TFRA peer: {e}"
-            peer = None
     for name in names:
         progress(f"{name}: filling {args.keys} keys x dim {args.dim}")
         ours = GenericOptimizer(name, args, bt, tf)
         ops = [("evstore", "generic"), ("evstore", "generic_fn")]
         if peer is not None:
             ops.append(("tfra", "apply_" + name))
-        times = {op: [] for op in ops}
         res = out["evstore"].setdefault(name, {})
-        for r in range(args.warmup + args.batches):
-            k = r % len(ops)
-            for s, w in ops[k:] + ops[:k]:
-                if (s, w) not in times:
-                    continue
-                try:
-                    t = ours.run(w, r) if s == "evstore" else peer.run(w, r)
-                except Exception as e:  # record and drop this workload
-                    target = res if s == "evstore" else out["tfra"].setdefault(name, {})
-                    target[w + "_error"] = f"{type(e).__name__}: {e}"[:2000]
-                    del times[(s, w)]
-                    continue
-                if r >= args.warmup:
-                    times[(s, w)].append(t[0])
+        peer_errors = {}
+        times = interleave(ours, peer, ops, args, res, peer_errors)
+        if peer_errors:
+            out["tfra"][name] = peer_errors
         for (s, w), ts in times.items():
             if s == "evstore":
                 res[w] = rate(args.batch, ts)
@@ -137,13 +106,7 @@ def main():
         del ours
         progress(f"{name}: generic {res.get('generic', 0) / 1e6:.2f} M keys/s, tf.function "
                  f"{res.get('generic_fn', 0) / 1e6:.2f} M keys/s, tfra {(tfra or 0) / 1e6:.2f} M keys/s")
-    if peer is not None:
-        try:
-            out["tfra_stats"] = peer.stats()
-        finally:
-            peer.close()
-    print(json.dumps(out), flush=True)
-
+    finish(out, peer)
 
 if __name__ == "__main__":
     sys.exit(main())
