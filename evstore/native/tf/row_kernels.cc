@@ -22,16 +22,21 @@ namespace tf {
 namespace {
 
 // (name, initial value) of each slot input, checked against each other.
-absl::Status SlotSpecsOf(OpKernelContext* ctx, int names_in, int inits_in, SlotSpecs* out) {
-  const Tensor& names = ctx->input(names_in);
-  const Tensor& inits = ctx->input(inits_in);
+absl::Status SlotSpecsOf(OpKernelContext* ctx, SlotSpecs* out) {
+  const Tensor* names_in = nullptr;
+  const Tensor* inits_in = nullptr;
+  TF_RETURN_IF_ERROR(ctx->input("slot_names", &names_in));
+  TF_RETURN_IF_ERROR(ctx->input("slot_inits", &inits_in));
+  const Tensor& names = *names_in;
+  const Tensor& inits = *inits_in;
   if (names.dims() != 1 || inits.dims() != 1 || names.dim_size(0) != inits.dim_size(0))
     return errors::InvalidArgument("slot_names and slot_inits must be vectors of one length, got ",
                                    names.shape().DebugString(), " and ", inits.shape().DebugString());
   for (int64_t i = 0; i < names.dim_size(0); ++i) {
     const std::string& n = names.flat<tensorflow::tstring>()(i);
-    if (n.empty() || n.find('/') != std::string::npos)
-      return errors::InvalidArgument("slot name '", n, "' must be non-empty and hold no '/'");
+    if (n.empty() || n.find(schema::kSlotSeparator) != std::string::npos)
+      return errors::InvalidArgument("slot name '", n, "' must be non-empty and hold no '", schema::kSlotSeparator,
+                                     "'");
     out->emplace_back(n, inits.flat<float>()(i));
   }
   return absl::OkStatus();
@@ -43,10 +48,10 @@ class EvReadRowsOp : public EvTableOp<K> {
   explicit EvReadRowsOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     OP_REQUIRES(ctx, t.dim() == dim_, errors::InvalidArgument("expects dim ", dim_, " but the table has dim ", t.dim()));
-    const Tensor& keys = ctx->input(1);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
     SlotSpecs specs;
-    OP_REQUIRES_OK(ctx, SlotSpecsOf(ctx, 2, 3, &specs));
+    OP_REQUIRES_OK(ctx, SlotSpecsOf(ctx, &specs));
     std::vector<int> offs;
     EV_TRY(ctx, offs = t.EnsureSlots(specs));
     const int64_t n = keys.dim_size(0);
@@ -108,12 +113,12 @@ class EvWriteRowsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
-    const Tensor& keys = ctx->input(1);
-    const Tensor& values = ctx->input(2);
-    const Tensor& slots = ctx->input(3);
-    const Tensor& step = ctx->input(6);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_INPUT(ctx, values, "values");
+    EV_INPUT(ctx, slots, "slots");
+    EV_INPUT(ctx, step, schema::kGlobalStepInput);
     SlotSpecs specs;
-    OP_REQUIRES_OK(ctx, SlotSpecsOf(ctx, 4, 5, &specs));
+    OP_REQUIRES_OK(ctx, SlotSpecsOf(ctx, &specs));
     const int64_t n = keys.NumElements();
     const int64_t ns = static_cast<int64_t>(specs.size());
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
@@ -143,8 +148,8 @@ class EvUniqueSumOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& keys = ctx->input(0);
-    const Tensor& grads = ctx->input(1);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_INPUT(ctx, grads, schema::kGradsInput);
     OP_REQUIRES(ctx, keys.dims() == 1 && grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0),
                 errors::InvalidArgument("keys [n] and grads [n, dim] expected, got ", keys.shape().DebugString(),
                                         " and ", grads.shape().DebugString()));
