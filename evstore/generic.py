@@ -56,7 +56,42 @@ REFUSED = {
 }
 
 _lock = threading.Lock()
-_KEYS = {}      # id of a proxy tf.Variable -> unique keys of the gradient being applied
+
+
+class _Keys:
+    """proxy uid -> the unique keys of the EV gradient being applied. Kept per
+    thread (trainer threads may apply to one EV at once) and, for a
+    tf.distribute merge_call that applies in the strategy's thread, also
+    process-wide (the newest registration)."""
+
+    def __init__(self):
+        self._local = threading.local()
+        self._shared = {}
+
+    def _mine(self):
+        d = getattr(self._local, "d", None)
+        if d is None:
+            d = self._local.d = {}
+        return d
+
+    def __contains__(self, uid):
+        return uid in self._mine()
+
+    def __setitem__(self, uid, keys):
+        self._mine()[uid] = keys
+        self._shared[uid] = keys
+
+    def get(self, uid):
+        keys = self._mine().get(uid)
+        return keys if keys is not None else self._shared.get(uid)
+
+    def pop(self, uid):
+        keys = self._mine().pop(uid, None)
+        if self._shared.get(uid) is keys:
+            self._shared.pop(uid, None)
+
+
+_KEYS = _Keys()
 _STATE = weakref.WeakKeyDictionary()   # optimizer -> _OptimizerRows
 
 
@@ -349,7 +384,7 @@ def _with_evs(apply_fn, check):
             return apply_fn(self, grads, proxies)
         finally:
             for uid in registered:
-                _KEYS.pop(uid, None)
+                _KEYS.pop(uid)
     return apply
 
 
@@ -376,7 +411,7 @@ def apply_rows(opt, ev, proxy, grad, learning_rate, global_step=None):
         keys, values = _unique_sum(tf.cast(tf.reshape(grad.indices, [-1]), ev.key_dtype),
                                    tf.reshape(tf.cast(grad.values, tf.float32), [-1, ev.dim]))
     else:
-        keys, values = _KEYS[_uid(proxy)], tf.cast(grad, tf.float32)
+        keys, values = _KEYS.get(_uid(proxy)), tf.cast(grad, tf.float32)
     rows = _rows_for(opt, proxy, ev)
     names = tf.constant([n for n, _, _ in rows.slots], tf.string, shape=[len(rows.slots)])
     inits = tf.constant([i for _, _, i in rows.slots], tf.float32, shape=[len(rows.slots)])
