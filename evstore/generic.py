@@ -43,7 +43,7 @@ from keras.src.optimizers import loss_scale_optimizer as _lso
 
 from evstore import group as _group
 from evstore._ops import gen
-from evstore.variable import EmbeddingVariable, ev_for_variable
+from evstore.variable import EmbeddingVariable, _colocated_with, ev_for_variable
 
 __all__ = ["install", "REFUSED"]
 
@@ -109,14 +109,14 @@ class _Rows:
 
     def __init__(self, ev, name):
         self.ev = ev
-        with tf.init_scope(), tf.device(ev.device or None):
+        with tf.init_scope(), _colocated_with(ev.resource_handle):   # where the table is (also under a PS strategy)
             self.w = tf.Variable(tf.zeros([0, ev.dim]), shape=tf.TensorShape([None, ev.dim]), trainable=False,
                                  name=f"{name}_rows")
         self.slots = []    # (table slot name, scratch variable, initial value)
         self.acc = None    # (keys, values) accumulation buffers, with gradient_accumulation_steps
 
     def add_slot(self, table_name, init):
-        with tf.init_scope(), tf.device(self.ev.device or None):
+        with tf.init_scope(), _colocated_with(self.ev.resource_handle):
             var = tf.Variable(tf.fill([0, self.ev.dim], np.float32(init)), shape=tf.TensorShape([None, self.ev.dim]),
                               trainable=False, name=table_name)
         self.slots.append((table_name, var, float(init)))
@@ -124,7 +124,7 @@ class _Rows:
 
     def accumulators(self):
         if self.acc is None:
-            with tf.init_scope(), tf.device(self.ev.device or None):
+            with tf.init_scope(), _colocated_with(self.ev.resource_handle):
                 self.acc = (tf.Variable(tf.zeros([0], self.ev.key_dtype), shape=tf.TensorShape([None]),
                                         trainable=False, name="acc_keys"),
                             tf.Variable(tf.zeros([0, self.ev.dim]), shape=tf.TensorShape([None, self.ev.dim]),
