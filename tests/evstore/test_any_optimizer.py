@@ -166,6 +166,19 @@ def test_model_fit_with_mixed_bfloat16_and_loss_scale_trains_an_ev():
     assert int(tf.reduce_max(emb.ev.version(np.arange(50)))) == 11   # 12 steps, versions 0..11
 
 
+def test_keras_optimizer_trains_a_sharded_ev_through_its_layer():
+    ids_in = keras.Input((2,), dtype="int64")
+    emb = evstore.keras.Embedding(4, name="generic_sharded", shards=2)
+    model = keras.Model(ids_in, keras.layers.Dense(1)(keras.layers.Flatten()(emb(ids_in))))
+    model.compile(optimizer=keras.optimizers.Lion(0.001, gradient_accumulation_steps=2), loss="mse")
+    rs = np.random.RandomState(0)
+    model.fit(rs.randint(0, 40, (32, 2)), rs.rand(32, 1), epochs=2, batch_size=8, verbose=0)
+    for shard in emb.ev.shards:
+        x = shard.export()
+        assert sorted(x["slots"]) == ["lion_momentum"]
+        assert np.abs(x["slots"]["lion_momentum"].numpy()).sum() > 0
+
+
 @pytest.mark.parametrize("make,word", [(lambda: keras.optimizers.Adafactor(0.01), "Adafactor"),
                                        (lambda: keras.optimizers.Lamb(0.01), "Lamb"),
                                        (lambda: keras.optimizers.RMSprop(0.01, use_ema=True), "use_ema")])
