@@ -2,9 +2,6 @@
 evstore/generic.py): parity with Keras on a dense variable holding the same
 rows, clipping, gradient accumulation, loss scaling and mixed precision,
 refusals, v1 graph mode, and slots that checkpoint / evict with the row."""
-import os
-import sys
-
 import keras
 import numpy as np
 import pytest
@@ -14,8 +11,7 @@ import checkpoint
 import evstore
 from evstore.generic import sparse_apply_keras
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "checkpoint"))
-from ckpt_model import assert_same_state, batch, make_model, state  # noqa: E402
+from ckpt_model import assert_same_state, make_model, state, train
 
 N, D, STEPS = 8, 4, 20
 INIT = np.random.RandomState(0).normal(size=(N, D)).astype(np.float32)
@@ -272,22 +268,17 @@ def _generic_model():
     return model
 
 
-def _train(model, start, stop):
-    for i in range(start, stop):
-        model.train_on_batch(*batch(i))
-
-
 def test_checkpoint_round_trip_mid_training_resumes_bit_for_bit(tmp_path):
     model = _generic_model()
     mgr = checkpoint.CheckpointManager(str(tmp_path), model)
-    _train(model, 0, 4)
+    train(model, 0, 4)
     mgr.save_full()
-    _train(model, 4, 7)
+    train(model, 4, 7)
     mgr.save_delta()            # the delta carries the changed rows with their RMSprop slots
-    _train(model, 7, 12)
+    train(model, 7, 12)
     fresh = _generic_model()
     checkpoint.CheckpointManager(str(tmp_path), fresh).restore()
-    _train(fresh, 7, 12)
+    train(fresh, 7, 12)
     got, want = state(fresh), state(model)
     assert {k.split(":slot:")[1] for k in want if ":slot:" in k} == {
         "rmsprop_velocity", "rmsprop_momentum", "rmsprop_average_gradient"}
