@@ -32,14 +32,19 @@ methods of Keras's optimizer base classes get a branch for EVs and their
 proxies; with no EV in the variable list they run Keras's code unchanged.
 """
 import threading
+import warnings
 import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.tensorflow import optimizer as _tf_optimizer
-from keras.src.optimizers import base_optimizer as _base
-from keras.src.optimizers import loss_scale_optimizer as _lso
+
+try:   # the Keras internals the hooks attach to (Keras 3 as TensorFlow 2.21 ships it)
+    from keras.src.backend.tensorflow import optimizer as _tf_optimizer
+    from keras.src.optimizers import base_optimizer as _base
+    from keras.src.optimizers import loss_scale_optimizer as _lso
+except ImportError:   # another Keras layout: install() warns, the fused optimizers still work
+    _tf_optimizer = _base = _lso = None
 
 from evstore import group as _group
 from evstore._ops import gen
@@ -450,6 +455,12 @@ def install():
     if _installed:
         return
     _installed = True
+    needed = ("add_variable_from_reference", "_get_variable_index", "apply")
+    if _base is None or not all(hasattr(_base.BaseOptimizer, n) for n in needed) or not hasattr(
+            _tf_optimizer.TFOptimizer, "_distributed_tf_update_step"):
+        warnings.warn(f"evstore: this Keras ({keras.__version__}) does not have the optimizer internals the "
+                      "generic EV path attaches to; only evstore.optimizers train EmbeddingVariables")
+        return
     B, T = _base.BaseOptimizer, _tf_optimizer.TFOptimizer
     _orig["add_variable_from_reference"] = B.add_variable_from_reference
     _orig["_get_variable_index"] = B._get_variable_index
@@ -478,7 +489,7 @@ def sparse_apply_keras(optimizer, grads_and_evs, global_step):
     pairs = [(g, ev) for g, ev in grads_and_evs if g is not None]
     if _is_fused(optimizer):
         raise ValueError(f"{type(optimizer).__name__} is fused: use evstore.training.sparse_apply_* for it")
-    if isinstance(optimizer, _lso.LossScaleOptimizer):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise ValueError("sparse_apply_keras takes the optimizer inside a LossScaleOptimizer (unscaled gradients)")
     for _, ev in pairs:
         if not isinstance(ev, EmbeddingVariable):
