@@ -238,8 +238,9 @@ def _gather_rows(flat, pos, dim):
 class _Plan:
     """One table of an exchange: this worker's distinct ids, ordered by owner."""
 
-    def __init__(self, cev, ids, training, num_workers):
+    def __init__(self, cev, ids, training, num_workers, proxy=None):
         self.cev, self.dim = cev, cev.dim
+        self.proxy = cev.local._proxy if proxy is None else proxy
         self.ids = cev._key_tensor(ids, "ids")
         flat = tf.reshape(self.ids, [-1])
         uniq, self.idx, cnt = tf.unique_with_counts(flat, out_idx=tf.int32)
@@ -266,7 +267,7 @@ def _collective(op, x, ik, num_workers):
               instance_key=ik, ordering_token=[], communication_hint="auto")
 
 
-def embedding_lookup_group(cevs, ids, training=True, name=None):
+def embedding_lookup_group(cevs, ids, training=True, proxies=None, name=None):
     """`[embedding_lookup(cev, i, training) for cev, i in zip(cevs, ids)]` in one
     exchange (the module docstring): every worker must call it with the same
     tables in the same order, at the same step (ids may differ in size, be
@@ -276,6 +277,9 @@ def embedding_lookup_group(cevs, ids, training=True, name=None):
       cevs: distinct CollectiveEmbeddingVariables of one strategy.
       ids: one ids tensor per table (any shape, the table's key dtype).
       training: counted find-or-insert, differentiable (True), or read-only.
+      proxies: advanced: per table the zero-size variable its gradient flows
+        to (default: the local shard's own; `evstore.keras.Embedding` gives
+        its Keras weight, registered to the local shard).
     Returns:
       float32 tensors, `ids[i].shape + [cevs[i].dim]`.
     Raises:
@@ -292,6 +296,9 @@ def embedding_lookup_group(cevs, ids, training=True, name=None):
     for c in cevs:
         if not isinstance(c, CollectiveEmbeddingVariable):
             raise TypeError(f"expected CollectiveEmbeddingVariables, got {type(c).__name__}")
+    proxies = [None] * len(cevs) if proxies is None else list(proxies)
+    if len(proxies) != len(cevs):
+        raise ValueError(f"embedding_lookup_group: {len(proxies)} proxies for {len(cevs)} tables")
     if len({id(c) for c in cevs}) != len(cevs):
         raise ValueError("embedding_lookup_group: each table may appear once (concatenate its ids instead)")
     num_workers = cevs[0].num_workers
@@ -303,9 +310,15 @@ def embedding_lookup_group(cevs, ids, training=True, name=None):
     with tf.name_scope(name or "collective_embedding_lookup"):
         if num_workers == 1:
             from evstore.group import embedding_lookup_group as local_group
-            return local_group([c.local for c in cevs], ids, training=training)
-        plans = [_Plan(c, x, training, num_workers) for c, x in zip(cevs, ids)]
+            return local_group([c.local for c in cevs], ids, training=training,
+                               proxies=None if all(p is None for p in proxies) else proxies)
+        plans = [_Plan(c, x, training, num_workers, p) for c, x, p in zip(cevs, ids, proxies)]
         return _exchange(plans, training, num_workers, cevs[0].rank)
+
+
+def _proxy_value(proxy):
+    """A tf.Variable, or a keras.Variable's tf.Variable."""
+    return proxy if isinstance(proxy, tf.Variable) else getattr(proxy, "value", proxy)
 
 
 def _exchange(plans, training, W, rank):
@@ -373,9 +386,9 @@ def _exchange(plans, training, W, rank):
                 return out
             return lookups(pvs), grad
 
-        back = differentiable(*[tf.convert_to_tensor(p.cev.local._proxy) for p in plans])
+        back = differentiable(*[tf.convert_to_tensor(_proxy_value(p.proxy)) for p in plans])
     else:
-        back = lookups(None)
+        back = lookups([None] * len(plans))
 
     # 4. my rows, from each owner's segment: table-major like what I sent.
     back_off = _exclusive_cumsum(mine * dims_t, 1)                             # [W dst, T]

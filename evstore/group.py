@@ -150,7 +150,7 @@ def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):
         raise ValueError("embedding_lookup_group: CollectiveEmbeddingVariables are looked up by an exchange of "
                          "their own; look them up in a group of their own")
     if evs and all(collective):
-        return _collective.embedding_lookup_group(evs, ids, training=training, name=name)
+        return _collective.embedding_lookup_group(evs, ids, training=training, proxies=proxies, name=name)
     if proxies is None:
         proxies = [None] * len(evs)
     with tf.name_scope(name or "embedding_lookup_group"):

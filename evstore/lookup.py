@@ -81,7 +81,8 @@ def embedding_lookup(ev, ids, training=True, proxy=None, name=None, max_norm=Non
         if substitute is not None:
             return substitute(ids)
         if isinstance(ev, _collective.CollectiveEmbeddingVariable):
-            return _collective.embedding_lookup_group([ev], [ids], training=training)[0]
+            return _collective.embedding_lookup_group([ev], [ids], training=training,
+                                                      proxies=None if proxy is None else [proxy])[0]
         if ev.sharded:
             return ev._lookup(ids, training, proxy)
         if not training:

@@ -70,6 +70,11 @@ def _check_betas(beta_1, beta_2):
         training.check_hyper(n, b, 0.0, True, 1.0)
 
 
+def _owned_shard(variable):
+    ev = ev_for_variable(variable)
+    return ev is not None and _collective.owner_of(ev) is not None
+
+
 class _EVMixin:
     """Routes EV gradients to fused kernels; everything else to Keras."""
 
@@ -89,6 +94,14 @@ class _EVMixin:
         finally:
             self._ev_local.global_step = None
             self._ev_merge_step = outer
+
+    def build(self, var_list):
+        # A worker's shard of a CollectiveEmbeddingVariable keeps its slots in
+        # its table; Keras slots for its (worker-local, zero-size) proxy would be
+        # mirrored, and broadcasting a zero-size variable is a zero-element
+        # collective, which the runtime does not survive (model.fit builds the
+        # optimizer on every trainable weight).
+        return super().build([v for v in var_list if not _owned_shard(v)])
 
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is not None:

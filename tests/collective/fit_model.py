@@ -1,0 +1,82 @@
+"""A tiny Keras model (`evstore.keras.Embedding(collective=True)` + Dense)
+trained by `model.fit`, either by W worker processes under
+MultiWorkerMirroredStrategy (each worker the slice of every global batch that
+the strategy's DATA auto-sharding gives it) or by one process on the global
+batches. test_collective_fit.py runs both and compares.
+
+Usage: python fit_model.py OUT.npz single
+       python fit_model.py OUT.npz worker --rank R --ports P0,P1
+"""
+import argparse
+import json
+import os
+
+STEPS = 5
+GLOBAL_BATCH = 8
+DIM = 4
+
+
+def dataset():
+    """Global batches: ids [8, 3] (one hot id in every example), labels [8]."""
+    import numpy as np
+    import tensorflow as tf
+    rng = np.random.RandomState(7)
+    ids = rng.randint(0, 30, size=(STEPS * GLOBAL_BATCH, 3)).astype(np.int64) * 1000003
+    ids[:, 0] = 11
+    y = rng.uniform(-1, 1, size=(STEPS * GLOBAL_BATCH, 1)).astype(np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((ids, y)).batch(GLOBAL_BATCH)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options)
+
+
+def bank_initializer(shape, dtype):
+    import tensorflow as tf
+    n = shape[0] * shape[1]
+    return tf.reshape(tf.sin(tf.range(n, dtype=tf.float32) * 0.37) * 0.1, shape)
+
+
+def build(collective):
+    import keras
+
+    import evstore
+    inp = keras.Input(shape=(3,), dtype="int64")
+    emb = evstore.keras.Embedding(DIM, embeddings_initializer=bank_initializer, initializer_bank_size=64,
+                                  filter=evstore.CounterFilter(2), collective=collective, name="table")
+    x = keras.layers.Flatten()(emb(inp))
+    out = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(0.1), bias_initializer="zeros")(x)
+    model = keras.Model(inp, out)
+    model.compile(optimizer=evstore.optimizers.Adam(learning_rate=0.05), loss="mse")
+    return model, emb
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("mode", choices=["single", "worker"])
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--ports", default="")
+    a = ap.parse_args()
+    ports = [p for p in a.ports.split(",") if p]
+    if ports:
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                              "task": {"type": "worker", "index": a.rank}})
+    import numpy as np
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if ports else tf.distribute.get_strategy()
+    with strategy.scope():
+        model, emb = build(collective=bool(ports))
+    model.fit(dataset(), epochs=1, shuffle=False, verbose=0)
+    ev = emb.ev.local if ports else emb.ev
+    e = ev.export()
+    arrays = {k: e[k].numpy() for k in ("keys", "values", "versions", "freqs", "filtered_keys", "filtered_freqs")}
+    arrays.update({f"slot_{s}": v.numpy() for s, v in e["slots"].items()})
+    dense = model.layers[-1]
+    arrays.update(kernel=dense.kernel.numpy(), bias=dense.bias.numpy(),
+                  iterations=int(model.optimizer.iterations.numpy()))
+    np.savez(a.out, **arrays)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""`model.fit` trains `evstore.keras.Embedding(collective=True)` synchronously:
+2 worker processes under MultiWorkerMirroredStrategy, each fed its slice of
+every global batch by the strategy, end equal to one process running
+`model.fit` on the global batches (fit_model.py)."""
+import os
+
+import numpy as np
+import pytest
+
+import sync_harness as h
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fit")
+    ports = h.ports(2)
+    logs = [str(d / f"{n}.log") for n in ("single", "w0", "w1")]
+    script = os.path.join(h.HERE, "fit_model.py")
+    procs = [h.start([script, d / "single.npz", "single"], logs[0])]
+    procs += [h.start([script, d / f"w{r}.npz", "worker", "--rank", r, "--ports", ports], logs[1 + r])
+              for r in range(2)]
+    codes = h.wait_all(procs, logs)
+    assert codes == [0, 0, 0], "\n".join(f"--- {lg}\n{h.tail(lg)}" for lg in logs)
+    return np.load(d / "single.npz"), [np.load(d / f"w{r}.npz") for r in range(2)]
+
+
+def _table(npzs, field):
+    keys = np.concatenate([z["keys"] for z in npzs])
+    vals = np.concatenate([z[field] for z in npzs])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], vals[order]
+
+
+def test_each_worker_holds_the_keys_it_owns_and_together_the_single_process_keys(runs):
+    single, workers = runs
+    from evstore import shard_index
+    for r, w in enumerate(workers):
+        assert len(w["keys"]) > 0 and (shard_index(w["keys"], 2).numpy() == r).all()
+    np.testing.assert_array_equal(_table(workers, "values")[0], np.sort(single["keys"]))
+
+
+def test_fit_values_and_adam_slots_equal_single_process_fit(runs):
+    single, workers = runs
+    for field in ("values", "slot_m", "slot_v"):
+        np.testing.assert_allclose(_table(workers, field)[1], _table([single], field)[1], atol=1e-5, rtol=0,
+                                   err_msg=field)
+
+
+def test_fit_versions_frequencies_and_filter_counts_equal_single_process_exactly(runs):
+    single, workers = runs
+    for field in ("versions", "freqs"):
+        np.testing.assert_array_equal(_table(workers, field)[1], _table([single], field)[1], err_msg=field)
+    keys = np.concatenate([w["filtered_keys"] for w in workers])
+    freqs = np.concatenate([w["filtered_freqs"] for w in workers])
+    o, o0 = np.argsort(keys), np.argsort(single["filtered_keys"])
+    np.testing.assert_array_equal(keys[o], single["filtered_keys"][o0])
+    np.testing.assert_array_equal(freqs[o], single["filtered_freqs"][o0])
+
+
+def test_fit_dense_layer_is_all_reduced_like_single_process(runs):
+    single, workers = runs
+    for w in workers:
+        for name in ("kernel", "bias"):
+            np.testing.assert_allclose(w[name], single[name], atol=1e-5, rtol=0, err_msg=name)
+        assert int(w["iterations"]) == int(single["iterations"]) == 5
