@@ -74,6 +74,9 @@ class Collected:
         return out
 
     def add_ev(self, ev, name=None):
+        if isinstance(ev, CollectiveEmbeddingVariable):
+            self.add_collective(ev, name)
+            return
         if ev.sharded:
             self.add_sharded(ev, name)
             return
@@ -134,7 +137,7 @@ def _walk(obj, out, name=None):
         out.add_dense(obj, name)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            named = (isinstance(v, (EmbeddingVariable, CollectiveEmbeddingVariable, tf.Variable, keras.Variable))
+            named = (isinstance(v, (EmbeddingVariable, tf.Variable, keras.Variable))
                      or _is_keras_optimizer(v))
             _walk(v, out, k if named else None)
     elif isinstance(obj, (list, tuple)):

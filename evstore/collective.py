@@ -46,6 +46,7 @@ With one worker (or no strategy) a CollectiveEmbeddingVariable is its one
 local shard and a lookup is a plain local lookup.
 """
 import weakref
+import zlib
 
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
@@ -102,7 +103,7 @@ def _counter():
     return _COUNTER[0]
 
 
-class CollectiveEmbeddingVariable(tf.Module):
+class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module):
     """An embedding table split by key over the workers of a MultiWorkerMirroredStrategy.
 
     Args:
@@ -112,6 +113,13 @@ class CollectiveEmbeddingVariable(tf.Module):
         none in scope: one worker, the whole table local).
       **ev_kwargs: every other EmbeddingVariable argument (key_dtype,
         initializer, filter, evict, ...), given to the local shard.
+
+    It is an EmbeddingVariable (`isinstance(cev, evstore.EmbeddingVariable)`),
+    of the sharded kind (`cev.sharded` is True: it is saved as parts
+    `<name>/part_<i>`); `cev.shards` are the parts this process holds,
+    `(cev.local,)`. The per-table methods (`size`, `stats`, `evict`,
+    `frequency`, `version`, `admitted`, `remove`, `load`, the snapshot calls)
+    act on this worker's shard: keys owned by another worker are absent here.
 
     Look it up with `evstore.collective.embedding_lookup_group` (or
     `evstore.embedding_lookup` / `evstore.embedding_lookup_group`, which
@@ -165,6 +173,15 @@ class CollectiveEmbeddingVariable(tf.Module):
         return {"ev": self._ev_name, "index": self._rank, "count": self._num_workers, "route": SHARD_ROUTE}
 
     @property
+    def sharded(self):
+        return True
+
+    @property
+    def shards(self):
+        """The parts this process holds: `(cev.local,)`."""
+        return (self._local,)
+
+    @property
     def dim(self):
         return self._local.dim
 
@@ -173,17 +190,8 @@ class CollectiveEmbeddingVariable(tf.Module):
         return self._local.key_dtype
 
     @property
-    def dtype(self):
-        return tf.float32
-
-    @property
     def trainable(self):
         return self._local.trainable
-
-    @property
-    def trainable_variables(self):
-        """The local shard (what `tape.gradient` and `apply_gradients` take)."""
-        return [self._local] if self.trainable else []
 
     @property
     def variables(self):
@@ -193,23 +201,92 @@ class CollectiveEmbeddingVariable(tf.Module):
     def default_value(self):
         return self._local.default_value
 
+    @property
+    def filter(self):
+        return self._local.filter
+
+    @property
+    def evict_policies(self):
+        return self._local.evict_policies
+
     def _key_tensor(self, ids, what="keys"):
         return self._local._key_tensor(ids, what)
 
+    # ---- this worker's shard -------------------------------------------------
+    def size(self):
+        return self._local.size()
+
+    def stats(self):
+        return self._local.stats()
+
+    def evict(self, global_step=None):
+        return self._local.evict(global_step)
+
+    def frequency(self, keys):
+        return self._local.frequency(keys)
+
+    def version(self, keys):
+        return self._local.version(keys)
+
+    def admitted(self, keys):
+        return self._local.admitted(keys)
+
+    def remove(self, keys):
+        return self._local.remove(keys)
+
+    def load(self, *args, **kwargs):
+        return self._local.load(*args, **kwargs)
+
+    def begin_export(self, return_keys=True):
+        return self._local.begin_export(return_keys)
+
+    def commit_export(self, snapshot_id):
+        return self._local.commit_export(snapshot_id)
+
+    def abort_export(self, snapshot_id):
+        return self._local.abort_export(snapshot_id)
+
     def export(self):
-        """The whole table (`EmbeddingVariable.export()`): with one worker, its
-        local shard. With several, each worker holds only its shard
-        (`cev.local.export()`); a serving export of the whole table restores
-        the synchronous checkpoint chain into one process and exports there.
+        """The whole table, as `EmbeddingVariable.export()` (keys, values,
+        versions, freqs, slots, filtered_keys, filtered_freqs), on every worker.
+
+        With several workers this is collective: every worker must call it at
+        the same point of its program. Each exports its shard and three
+        all-gathers (rows, their integer fields, the filtered keys; each padded
+        to the largest shard, never of zero elements) join the shards, worker
+        0's first. `cev.local.export()` is this worker's shard alone. Eager only.
 
         Raises:
-          ValueError: more than one worker.
+          RuntimeError: called in a graph with more than one worker.
+          ValueError: the workers' shards hold different optimizer slots (a
+            shard that no apply has reached yet has none).
         """
-        if self._num_workers != 1:
-            raise ValueError(f"CollectiveEmbeddingVariable '{self.name}' is spread over {self._num_workers} workers; "
-                             "export `cev.local` (this worker's shard), or restore the checkpoint chain into one "
-                             "process to export the whole table")
-        return self._local.export()
+        part = self._local.export()
+        W = self._num_workers
+        if W == 1:
+            return part
+        if not tf.executing_eagerly():
+            raise RuntimeError(f"CollectiveEmbeddingVariable '{self.name}'.export() joins the workers' shards "
+                               "eagerly; in a graph export `cev.local`")
+        names = sorted(part["slots"])
+        n, m = int(tf.size(part["keys"])), int(tf.size(part["filtered_keys"]))
+        sig = zlib.crc32("\0".join(names).encode())
+        sizes = all_gather_ints([n, m, sig], W)
+        if len(set(sizes[:, 2].tolist())) != 1:
+            raise ValueError(f"CollectiveEmbeddingVariable '{self.name}': the workers' shards hold different "
+                             "optimizer slots (export after every shard has been trained, or export cev.local)")
+        d = self.dim
+        rows = tf.concat([part["values"]] + [part["slots"][k] for k in names], 1)
+        ints = tf.stack([tf.cast(part["keys"], tf.int64), part["versions"], part["freqs"]], 1)
+        filtered = tf.stack([tf.cast(part["filtered_keys"], tf.int64), part["filtered_freqs"]], 1)
+        ik = _counter().assign_add(1) * _KEYS_PER_EXCHANGE + _INSTANCE_BASE
+        rows = _gather_padded(rows, sizes[:, 0], ik, W)
+        ints = _gather_padded(ints, sizes[:, 0], ik + 1, W)
+        filtered = _gather_padded(filtered, sizes[:, 1], ik + 2, W)
+        kd = self.key_dtype
+        return {"keys": tf.cast(ints[:, 0], kd), "values": rows[:, :d], "versions": ints[:, 1], "freqs": ints[:, 2],
+                "slots": {k: rows[:, d * (1 + i):d * (2 + i)] for i, k in enumerate(names)},
+                "filtered_keys": tf.cast(filtered[:, 0], kd), "filtered_freqs": filtered[:, 1]}
 
     def __repr__(self):
         return (f"<evstore.CollectiveEmbeddingVariable '{self.name}' dim={self.dim} rank={self.rank} "
@@ -400,6 +477,17 @@ def _exchange(plans, training, W, rank):
         r.set_shape(p.ids.shape.concatenate([p.dim]))
         results.append(r)
     return results
+
+
+def _gather_padded(x, counts, ik, num_workers):
+    """Every worker's rows `x` [counts[rank], w], joined in rank order: one
+    all-gather of the rows padded to the largest count (at least one row)."""
+    width = int(x.shape[1])
+    top = max(int(max(counts)), 1)
+    padded = tf.pad(x, [[0, top - tf.shape(x)[0]], [0, 0]])
+    out = _collective(tf.raw_ops.CollectiveGatherV2, tf.reshape(padded, [1, top * width]), ik, num_workers)
+    out = tf.reshape(out, [num_workers, top, width])
+    return tf.concat([out[r, :int(c)] for r, c in enumerate(counts)], 0)
 
 
 def all_gather_ints(values, num_workers):

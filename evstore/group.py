@@ -141,7 +141,7 @@ def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):
         raise ValueError(f"embedding_lookup_group needs one ids tensor per EV, got {len(evs)} EVs and "
                          f"{len(ids)} ids")
     for ev in evs:
-        if not isinstance(ev, (EmbeddingVariable, _collective.CollectiveEmbeddingVariable)):
+        if not isinstance(ev, EmbeddingVariable):
             raise TypeError(f"expected evstore.EmbeddingVariables, got {type(ev).__name__}")
     if len({id(ev) for ev in evs}) != len(evs):
         raise ValueError("embedding_lookup_group: each EV may appear once (concatenate its ids instead)")

@@ -12,7 +12,7 @@ _COMBINERS = ("mean", "sqrtn", "sum")
 
 
 def _check_ev(ev):
-    if not isinstance(ev, (EmbeddingVariable, _collective.CollectiveEmbeddingVariable)):
+    if not isinstance(ev, EmbeddingVariable):
         raise TypeError(f"expected an evstore.EmbeddingVariable, got {type(ev).__name__}")
 
 
