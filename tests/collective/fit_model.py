@@ -14,6 +14,7 @@ import os
 STEPS = 5
 GLOBAL_BATCH = 8
 DIM = 4
+STEPS_TO_LIVE = 2   # after the fit, keys last updated before step STEPS - 2 are evicted
 
 
 def dataset():
@@ -42,7 +43,8 @@ def build(collective):
     import evstore
     inp = keras.Input(shape=(3,), dtype="int64")
     emb = evstore.keras.Embedding(DIM, embeddings_initializer=bank_initializer, initializer_bank_size=64,
-                                  filter=evstore.CounterFilter(2), collective=collective, name="table")
+                                  filter=evstore.CounterFilter(2), evict=evstore.GlobalStepEvict(STEPS_TO_LIVE),
+                                  collective=collective, name="table")
     x = keras.layers.Flatten()(emb(inp))
     out = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(0.1), bias_initializer="zeros")(x)
     model = keras.Model(inp, out)
@@ -71,6 +73,9 @@ def main():
     e = ev.export()
     arrays = {k: e[k].numpy() for k in ("keys", "values", "versions", "freqs", "filtered_keys", "filtered_freqs")}
     arrays.update({f"slot_{s}": v.numpy() for s, v in e["slots"].items()})
+    evicted = emb.ev.evict(model.optimizer.iterations)   # every worker, at the same global step: its shard
+    e = ev.export()
+    arrays.update(evicted=int(evicted.numpy()), kept_keys=e["keys"].numpy(), kept_values=e["values"].numpy())
     dense = model.layers[-1]
     arrays.update(kernel=dense.kernel.numpy(), bias=dense.bias.numpy(),
                   iterations=int(model.optimizer.iterations.numpy()))

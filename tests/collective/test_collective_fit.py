@@ -57,6 +57,19 @@ def test_fit_versions_frequencies_and_filter_counts_equal_single_process_exactly
     np.testing.assert_array_equal(freqs[o], single["filtered_freqs"][o0])
 
 
+def test_global_step_eviction_runs_per_shard_and_equals_single_process(runs):
+    single, workers = runs
+    assert sum(int(w["evicted"]) for w in workers) == int(single["evicted"]) > 0
+    keys = np.concatenate([w["kept_keys"] for w in workers])
+    values = np.concatenate([w["kept_values"] for w in workers])
+    o, o0 = np.argsort(keys), np.argsort(single["kept_keys"])
+    assert 0 < len(keys) < len(_table(workers, "values")[0])
+    np.testing.assert_array_equal(keys[o], single["kept_keys"][o0])
+    np.testing.assert_allclose(values[o], single["kept_values"][o0], atol=1e-5, rtol=0)
+    for w in workers:   # each shard evicted among its own keys only
+        assert set(w["kept_keys"].tolist()) <= set(w["keys"].tolist())
+
+
 def test_fit_dense_layer_is_all_reduced_like_single_process(runs):
     single, workers = runs
     for w in workers:
