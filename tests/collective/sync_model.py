@@ -98,6 +98,12 @@ def save_npz(out, model, extra=None):
             arrays[f"{tag}_{k}"] = e[k].numpy()
         for s, val in e["slots"].items():
             arrays[f"{tag}_slot_{s}"] = val.numpy()
+    for tag, table in zip(("a", "b"), (model.ta, model.tb)):   # the whole table, on every worker
+        e = table.export()
+        for k in ("keys", "values", "versions", "freqs", "filtered_keys", "filtered_freqs"):
+            arrays[f"whole_{tag}_{k}"] = e[k].numpy()
+        for s, val in e["slots"].items():
+            arrays[f"whole_{tag}_slot_{s}"] = val.numpy()
     arrays.update(extra or {})
     np.savez(out, **arrays)
 

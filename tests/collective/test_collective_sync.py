@@ -79,3 +79,20 @@ def test_dense_variables_are_all_reduced_like_single_process(runs):
         for name in ("w", "v", "bias"):
             np.testing.assert_allclose(w[name], single[name], atol=1e-5, rtol=0, err_msg=name)
         assert int(w["iterations"]) == int(single["iterations"]) == 6
+
+
+@pytest.mark.parametrize("tag", ["a", "b"])
+def test_whole_table_export_on_every_worker_equals_single_process_table(runs, tag):
+    single, workers = runs
+    order0 = np.argsort(single[f"{tag}_keys"])
+    for w in workers:
+        keys = w[f"whole_{tag}_keys"]
+        order = np.argsort(keys)
+        np.testing.assert_array_equal(keys[order], single[f"{tag}_keys"][order0])
+        for field in ("values", "slot_m", "slot_v"):
+            np.testing.assert_allclose(w[f"whole_{tag}_{field}"][order], single[f"{tag}_{field}"][order0],
+                                       atol=1e-5, rtol=0, err_msg=field)
+        for field in ("versions", "freqs"):
+            np.testing.assert_array_equal(w[f"whole_{tag}_{field}"][order], single[f"{tag}_{field}"][order0])
+        fk = w[f"whole_{tag}_filtered_keys"]
+        np.testing.assert_array_equal(np.sort(fk), np.sort(single[f"{tag}_filtered_keys"]))
