@@ -17,13 +17,19 @@ $(BIN)/python:
 
 $(DEPS): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip "setuptools>=70" wheel
-	$(BIN)/pip install -q --disable-pip-version-check "tensorflow==2.21.*" numpy pyarrow fsspec "apscheduler>=3.10,<4" \
-		"starlette>=0.40" "uvicorn>=0.30" "prometheus_client>=0.20" "tqdm>=4.60" pytest
+	@echo "evstore: installing the dependencies into $(VENV) (TensorFlow is a ~600 MB download the first time) ..."
+	$(BIN)/pip install --disable-pip-version-check "tensorflow==2.21.*" numpy pyarrow fsspec \
+		"apscheduler>=3.10,<4" "starlette>=0.40" "uvicorn>=0.30" "prometheus_client>=0.20" "tqdm>=4.60" \
+		"jsonschema>=4.18" "matplotlib>=3.7" pytest s3fs "moto[server]"
 	touch $@
 
-# The op library builds against the venv's TensorFlow (tf.sysconfig flags);
-# an editable install keeps the source tree importable by tests and tools.
+# The op library builds against the venv's TensorFlow (tf.sysconfig flags),
+# in place and in view (one progress line per file; pip would hide them); the
+# editable install then reuses it (no second compile) and keeps the source
+# tree importable by tests and tools.
 $(NATIVE): $(DEPS) $(NATIVE_SRC)
+	@echo "evstore: building the native op library (12 C++ files, in parallel; a few minutes the first time) ..."
+	$(BIN)/python setup.py -q build_ext --inplace
 	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 
