@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.deps-stamp
+TESTDEPS := $(VENV)/.test-deps-stamp
 NATIVE := $(VENV)/.native-stamp
 NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
@@ -20,7 +21,13 @@ $(DEPS): pyproject.toml | $(BIN)/python
 	@echo "evstore: installing the dependencies into $(VENV) (TensorFlow is a ~600 MB download the first time) ..."
 	$(BIN)/pip install --disable-pip-version-check "tensorflow==2.21.*" numpy pyarrow fsspec \
 		"apscheduler>=3.10,<4" "starlette>=0.40" "uvicorn>=0.30" "prometheus_client>=0.20" "tqdm>=4.60" \
-		"jsonschema>=4.18" "matplotlib>=3.7" pytest s3fs "moto[server]"
+		"jsonschema>=4.18" "matplotlib>=3.7"
+	touch $@
+
+# What only the tests need (pyproject's [test] extra): kept out of the first
+# `make demo`; the S3 test runs moto's standalone server.
+$(TESTDEPS): pyproject.toml | $(DEPS)
+	$(BIN)/pip install -q --disable-pip-version-check pytest "import-linter>=2.1" s3fs "moto[server]"
 	touch $@
 
 # The op library builds against the venv's TensorFlow (tf.sysconfig flags),
@@ -35,7 +42,7 @@ $(NATIVE): $(DEPS) $(NATIVE_SRC)
 
 install: $(NATIVE)
 
-test: install
+test: install $(TESTDEPS)
 	$(BIN)/python -m pytest -q tests
 
 demo: install
