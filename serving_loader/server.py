@@ -443,7 +443,8 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_n
           max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, storage_options=None, out=sys.stdout):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves until SIGTERM / SIGINT (then stops
-    polling, finishes requests in flight and returns 0).
+    polling, finishes requests in flight and returns 0 after SIGTERM, 130
+    after SIGINT / Ctrl-C, the shell's convention for an interrupted command).
 
     Prints `serving <name> version <v> on http://<host>:<port>` to `out` once
     the socket listens (with port=0 the printed port is the one bound).
@@ -474,8 +475,11 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_n
 
     # uvicorn captures SIGINT/SIGTERM while it serves, shuts down gracefully
     # and then re-raises the signal to the handler that was installed before:
-    # ours only asks to exit, so the process ends with status 0.
+    # ours only asks to exit and records which signal it was.
+    received = []
+
     def _exit(signum, frame):
+        received.append(signum)
         server.should_exit = True
 
     previous = {s: signal.signal(s, _exit) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -492,7 +496,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_n
         sock.close()
         for s, h in previous.items():
             signal.signal(s, h)
-    return 0
+    return 130 if signal.SIGINT in received else 0
 
 
 def cli(args):
@@ -504,4 +508,4 @@ def cli(args):
                      poll_every=args.poll_every, max_request_bytes=args.max_request_bytes)
     except (ValueError, OSError) as e:
         print(f"evstore serve: {e}", file=sys.stderr)
-        return 2
+        return 1
