@@ -77,6 +77,8 @@ class CheckpointManager:
         self.lock = threading.RLock()        # training steps and saves' seal + write
         self._save_lock = threading.Lock()   # one save or restore at a time
         self._last = None                    # last committed Manifest of this process's chain
+        self.history = []                    # every Manifest this manager committed, in order (kept
+                                             # when retention later deletes the checkpoint)
         self._sched = None
         self._metadata_fn = None
         self.failures = 0
@@ -153,6 +155,7 @@ class CheckpointManager:
                 parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
                 chunk_rows=self.chunk_rows, lock=self.lock, shard_info=col.shard_info)
             self._last = manifest
+            self.history.append(manifest)
             if kind == "full":
                 self._apply_retention()
             log.info("committed %s (step %d, %d bytes)", manifest.dir, manifest.global_step, manifest.total_bytes)

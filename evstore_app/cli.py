@@ -49,6 +49,8 @@ def build_parser():
                       help="seconds between full checkpoints (default 60)")
     demo.add_argument("--warmup-batches", type=int, default=60,
                       help="batches trained before the first full, the frozen model compared against (default 60)")
+    demo.add_argument("--keep-chains", type=int, default=3,
+                      help="chains (a full and its deltas) kept; older ones are deleted (default 3)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     train = command("train", "train on Parquet / CSV files per a feature spec, with checkpoints")
     train.add_argument("--data", required=True, help="a data file or a directory of them")
@@ -248,6 +250,9 @@ def _job(args):
 
     signal.signal(signal.SIGINT, graceful)
     signal.signal(signal.SIGTERM, graceful)
+    if not args.verbose:   # "skipped: maximum number of running instances" when a save outlasts its interval
+        import logging
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
     from evstore_app.job.report import format_summary
     from evstore_app.job.spec import SpecError
     try:
@@ -255,7 +260,8 @@ def _job(args):
             from evstore_app.job import demo
             res = demo.run(minutes=args.minutes, out=args.out, seed=args.seed, batch_size=args.batch_size,
                            delta_every=args.delta_every, full_every=args.full_every,
-                           warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop)
+                           warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop,
+                           keep_chains=args.keep_chains)
         else:
             from evstore_app.job import train
             res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
