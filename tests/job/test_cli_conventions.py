@@ -74,5 +74,5 @@ def test_delta_every_means_seconds_wherever_it_exists():
         for a in p._actions:
             if "--delta-every" in a.option_strings or "--full-every" in a.option_strings:
                 assert a.metavar == "SECONDS" and "seconds" in a.help, name
-            if any(o.endswith("-steps") for o in a.option_strings):
+            if any(o.endswith("-every-steps") for o in a.option_strings):
                 assert a.metavar == "STEPS", name
