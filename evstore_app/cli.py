@@ -43,26 +43,16 @@ def build_parser():
     demo.add_argument("--out", default=None, help="output directory (default: a new temporary directory)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
     demo.add_argument("--batch-size", type=int, default=512, help="examples per batch (default 512)")
-    demo.add_argument("--delta-every", type=float, default=5.0, metavar="SECONDS",
-                      help="seconds between delta checkpoints (default 5)")
-    demo.add_argument("--full-every", type=float, default=60.0, metavar="SECONDS",
-                      help="seconds between full checkpoints (default 60)")
+    _schedule_flags(demo, delta_every=5.0, full_every=60.0)
     demo.add_argument("--warmup-batches", type=int, default=60,
                       help="batches trained before the first full, the frozen model compared against (default 60)")
-    demo.add_argument("--keep-chains", type=int, default=3,
-                      help="chains (a full and its deltas) kept; older ones are deleted (default 3)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     train = command("train", "train on Parquet / CSV files per a feature spec, with checkpoints")
     train.add_argument("--data", required=True, help="a data file or a directory of them")
     train.add_argument("--spec", required=True, help="feature spec (JSON), e.g. examples/movielens.json")
     train.add_argument("--checkpoints", required=True,
                        help="checkpoint root (path or fsspec URL such as s3://bucket/path); resumes from it")
-    train.add_argument("--delta-every", type=float, default=60.0, metavar="SECONDS",
-                       help="seconds between delta checkpoints (default 60)")
-    train.add_argument("--full-every", type=float, default=3600.0, metavar="SECONDS",
-                       help="seconds between full checkpoints (default 3600)")
-    train.add_argument("--keep-chains", type=int, default=3,
-                       help="chains (a full and its deltas) kept; older ones are deleted (default 3)")
+    _schedule_flags(train, delta_every=60.0, full_every=3600.0)
     train.add_argument("--max-rows", type=int, default=None, help="only the first N rows (in timestamp order)")
     train.add_argument("--out", default=None, help="directory of summary.json, report.png and tensorboard/ "
                        "(default: <checkpoint root>.train next to a local root, else ./evstore-train-<root name>)")
@@ -116,6 +106,17 @@ def build_parser():
     tc.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
     tc.add_argument("--sync", action="store_true", help="one step at a time (fixed update order)")
     return parser
+
+
+def _schedule_flags(parser, delta_every, full_every):
+    """The checkpoint schedule of `demo` and `train`: intervals in seconds (train-cluster counts steps
+    and says so in its flag names), and retention."""
+    parser.add_argument("--delta-every", type=float, default=delta_every, metavar="SECONDS",
+                        help=f"seconds between delta checkpoints (default {delta_every:g})")
+    parser.add_argument("--full-every", type=float, default=full_every, metavar="SECONDS",
+                        help=f"seconds between full checkpoints (default {full_every:g})")
+    parser.add_argument("--keep-chains", type=int, default=3,
+                        help="chains (a full and its deltas) kept; older ones are deleted (default 3)")
 
 
 def main(argv=None):
