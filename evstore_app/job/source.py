@@ -54,8 +54,8 @@ class FileStream:
         table = pa.concat_tables([_read(f, fmt) for f in files])
         # The order is deterministic: files by name, rows as read, then a stable
         # sort by timestamp with the read order breaking ties (a join reorders
-        # rows), so runs are bit-reproducible and a resumed position means the
-        # same rows.
+        # rows), so every run reads the same rows in the same order and a resumed
+        # position means the same rows.
         table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
         for i, j in enumerate(d.get("join", [])):
             path = os.path.join(base, j["file"])
