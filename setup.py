@@ -6,8 +6,10 @@ registrations and kernels (evstore/native/tf). Compile and link flags come from
 tf.sysconfig, so `pip install .` needs no hand steps.
 """
 import glob
+import json
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
@@ -35,10 +37,7 @@ class TFBuildExt(build_ext):
         super().build_extension(ext)
 
     def build_extensions(self):
-        import tensorflow as tf  # noqa: imported at build time only
-
-        cflags = tf.sysconfig.get_compile_flags()
-        lflags = tf.sysconfig.get_link_flags()
+        cflags, lflags = _tf_flags()
         for ext in self.extensions:
             ext.extra_compile_args = cflags + ["-O3", "-fPIC", "-Wno-deprecated-declarations",
                                                "-Wno-sign-compare", "-Wno-unused-function",
@@ -60,6 +59,20 @@ class TFBuildExt(build_ext):
             os.environ.setdefault("CCACHE_NOHASHDIR", "1")
         _compile_in_parallel(self.compiler, int(os.environ.get("EVSTORE_BUILD_JOBS", os.cpu_count() or 1)))
         super().build_extensions()
+
+
+def _tf_flags():
+    """(compile flags, link flags) of the installed TensorFlow, asked in a child
+    process: its start-up log lines (oneDNN, CUDA probing) stay out of the build
+    output unless the import fails."""
+    code = "import json, tensorflow as tf; print(json.dumps([tf.sysconfig.get_compile_flags(), " \
+           "tf.sysconfig.get_link_flags()]))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        raise RuntimeError("the native build needs TensorFlow 2.21 installed in this Python (make install does it)")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def _compile_in_parallel(compiler, jobs):
