@@ -1,4 +1,4 @@
-"""checkpoint: full and delta checkpoints of evstore models (DESIGN section 4).
+"""checkpoint: full and delta checkpoints of evstore models (docs/ARCHITECTURE.md, "Checkpoints").
 
     manager = checkpoint.CheckpointManager("/data/ckpt", model)
     manager.save_full(); manager.save_delta(metadata={"offset": 1234})

@@ -1,4 +1,4 @@
-"""The commit protocol (DESIGN sections 4 and 8), in one place: used by
+"""The commit protocol (docs/ARCHITECTURE.md, "Checkpoints" and "Reliability"), in one place: used by
 CheckpointManager saves and by `tools.write_full` (compact).
 
   1. under `lock`: `prepare()` (the caller's eviction, step and metadata),
@@ -24,12 +24,12 @@ from checkpoint.bundle import GLOBAL_STEP, write_bundles
 from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
 from checkpoint.shards import device_groups
+from evstore import schema
 
 __all__ = ["commit_checkpoint"]
 
 log = logging.getLogger("evstore.checkpoint")
-_EV_TENSORS = ("-keys", "-values", "-versions", "-freqs", "-keys_filtered", "-freqs_filtered", "-seen_filtered",
-               "-clock")
+_EV_TENSORS = schema.EV_TENSORS
 
 
 def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, base=None, chunk_rows=65536,

@@ -1,7 +1,7 @@
 """CheckpointManager: full and delta checkpoints of a training model, chained,
 crash-safe, on any fsspec root.
 
-Commit protocol (DESIGN sections 4 and 8). One save, in order:
+Commit protocol (docs/ARCHITECTURE.md, "Checkpoints" and "Reliability"). One save, in order:
   1. eviction: every EV with eviction policies runs `ev.evict(global_step)`,
      so the keys it drops are in this checkpoint's deleted set;
   2. seal: each EV's dirty and deleted sets are sealed into a snapshot

@@ -1,6 +1,6 @@
 """ServingModel: a loaded serving export kept fresh by applying checkpoints in place.
 
-Apply protocol (DESIGN section 5):
+Apply protocol (docs/ARCHITECTURE.md, "Serving"):
   * stage (no lock): pick the next committed checkpoint of the served chain
     (its manifest's parent is the served sequence, its base the served full),
     verify every file against the manifest (size, crc32c), read its tensors
@@ -30,6 +30,7 @@ from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
+from evstore import schema
 from serving_loader.export import FORMAT, MAP_FILE
 
 __all__ = ["ServingModel"]
@@ -255,11 +256,12 @@ class ServingModel:
         evs = {}
         for name in self._tables:
             srcs = parts[name]
-            keys = np.concatenate([reader.get_tensor(f"{p}-keys") for p in srcs])
-            values = np.concatenate([reader.get_tensor(f"{p}-values") for p in srcs])
-            erase = [reader.get_tensor(f"{p}-keys_filtered") for p in srcs]   # counted keys read the default
+            keys = np.concatenate([reader.get_tensor(schema.tensor(p, schema.KEYS)) for p in srcs])
+            values = np.concatenate([reader.get_tensor(schema.tensor(p, schema.VALUES)) for p in srcs])
+            # counted keys read the default
+            erase = [reader.get_tensor(schema.tensor(p, schema.KEYS_FILTERED)) for p in srcs]
             if m.kind == "delta":
-                erase += [reader.get_tensor(f"{p}-deleted_keys") for p in srcs]
+                erase += [reader.get_tensor(schema.tensor(p, schema.DELETED_KEYS)) for p in srcs]
             erase = np.concatenate(erase)
             if values.shape[1:] != (self.mapping["evs"][name]["dim"],):
                 raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]}, the export "

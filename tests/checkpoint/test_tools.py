@@ -1,4 +1,4 @@
-"""`evstore ckpt inspect|verify|compact|to-parquet` (checkpoint/tools.py, DESIGN section 4):
+"""`evstore ckpt inspect|verify|compact|to-parquet` (checkpoint/tools.py, docs/ARCHITECTURE.md, "Checkpoints"):
 real CheckpointManager chains, the CLI as a subprocess for inspect and verify."""
 import json
 import os

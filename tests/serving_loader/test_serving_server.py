@@ -16,11 +16,11 @@ import urllib.request
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
-import checkpoint  # noqa: E402
-import serving_loader  # noqa: E402
-from ckpt_model import make_model, probe_inputs, train  # noqa: E402
+import checkpoint
+import serving_loader
+
+from ckpt_model import make_model, probe_inputs, train  # tests/checkpoint, registered by tests/conftest.py
+
 
 MAX_BODY = 64 * 1024
 STARTUP_S = 240   # TensorFlow import + SavedModel load on a busy machine
