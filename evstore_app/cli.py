@@ -72,17 +72,32 @@ def build_parser():
     t.add_argument("root", help="checkpoint root: a path or fsspec URL")
     t.add_argument("out_dir", help="output directory (path or fsspec URL)")
     t.add_argument("--seq", type=int, default=None, help="the state restore(seq=SEQ) would give")
-    srv = command("serve", "serve a serving export over TF Serving's REST API, applying new checkpoints")
+    srv = command("serve", "serve a serving export over TF Serving's REST and gRPC APIs, applying new checkpoints")
     srv.add_argument("--export", required=True, help="directory written by serving_loader.export_serving_model")
     srv.add_argument("--checkpoints", default=None,
                      help="checkpoint root to apply and poll (path or fsspec URL); omitted: serve the export as is")
-    srv.add_argument("--port", type=int, default=8501, help="TCP port (0: any free port, printed at start)")
+    srv.add_argument("--port", type=int, default=8500,
+                     help="gRPC port, as TF Serving's --port (default 8500; 0: any free port, printed at start; "
+                          "-1: no gRPC)")
+    srv.add_argument("--rest_api_port", "--rest-api-port", type=int, default=8501,
+                     help="REST port, as TF Serving's --rest_api_port (default 8501; 0: any free port, printed at "
+                          "start; -1: no REST)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    srv.add_argument("--model-name", default="default", help="the <name> in /v1/models/<name> (default: default)")
-    srv.add_argument("--poll-every", type=float, default=1.0, metavar="SECONDS",
+    srv.add_argument("--model_name", "--model-name", default="default",
+                     help="the <name> in /v1/models/<name> and in gRPC model specs (default: default)")
+    srv.add_argument("--poll-every", "--poll_every", type=float, default=1.0, metavar="SECONDS",
                      help="seconds between checkpoint polls (default 1)")
-    srv.add_argument("--max-request-bytes", type=int, default=10 * 2**20,
-                     help="largest request body accepted (413 past it; default 10 MiB)")
+    srv.add_argument("--max-request-bytes", "--max_request_bytes", type=int, default=10 * 2**20,
+                     help="largest request body accepted (REST 413 / gRPC RESOURCE_EXHAUSTED past it; default 10 MiB)")
+    srv.add_argument("--enable_batching", "--enable-batching", default=True, action=argparse.BooleanOptionalAction,
+                     help="batch concurrent predict requests into one model call (default on; --no-enable_batching "
+                          "calls the model once per request)")
+    srv.add_argument("--max_batch_size", type=int, default=1000, help="most rows in one batched model call (1000)")
+    srv.add_argument("--batch_timeout_micros", type=int, default=0,
+                     help="longest wait for a batch to fill, from its first request (default 0: run at once)")
+    srv.add_argument("--max_enqueued_batches", type=int, default=100,
+                     help="queued requests are refused (UNAVAILABLE / 503) past this many full batches (100)")
+    srv.add_argument("--num_batch_threads", type=int, default=1, help="threads running batches (default 1)")
     task = command("server", "run one PS or worker task of a parameter-server cluster (serves until SIGTERM / "
                              "SIGINT)")
     task.add_argument("--job", default=None, help="the task's job: ps or worker (default: TF_CONFIG's task type)")

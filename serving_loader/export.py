@@ -63,7 +63,57 @@ def _input_specs(model, input_signature):
     return specs
 
 
-def export_serving_model(model, export_dir, input_signature=None, output_name="outputs"):
+# TF Serving's signature method names (tensorflow/cc/saved_model/signature_constants.h)
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+EXAMPLE_SIGNATURES = {"classify": ("classification", CLASSIFY_METHOD), "regress": ("regression", REGRESS_METHOD)}
+
+
+def _feature_spec(spec):
+    if not spec.shape[1:].is_fully_defined():
+        raise ValueError(f"input {spec.name!r} has shape {spec.shape}: a tf.Example signature needs every dimension "
+                         "but the batch one fixed")
+    kind = tf.string if spec.dtype == tf.string else tf.float32 if spec.dtype.is_floating else tf.int64
+    return tf.io.FixedLenFeature(spec.shape[1:], kind)
+
+
+def _example_signature(kind, specs, forward):
+    """TF Serving's classification / regression signature over `forward`: one
+    string input "inputs" (serialized tf.Example protos, a feature per model
+    input named as the input) and "scores" [batch, n] / "outputs" [batch]."""
+    features = {s.name: _feature_spec(s) for s in specs}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def fn(serialized):
+        parsed = tf.io.parse_example(serialized, features)
+        out = forward([tf.cast(parsed[s.name], s.dtype) for s in specs])
+        if len(out) != 1:
+            raise ValueError(f"a {kind} signature needs a model with one output, got {sorted(out)}")
+        (y,) = out.values()
+        y = tf.cast(y, tf.float32)
+        if kind == "classify":
+            return {"scores": tf.reshape(y, [tf.shape(y)[0], -1])}
+        if y.shape.rank is not None and (y.shape.rank > 2 or (y.shape.rank == 2 and y.shape[1] != 1)):
+            raise ValueError(f"a regress signature needs one value per example, the model answers {y.shape}")
+        return {"outputs": tf.reshape(y, [-1])}
+
+    return fn
+
+
+def _set_method_names(export_dir, methods):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = os.path.join(export_dir, "saved_model.pb")
+    sm = saved_model_pb2.SavedModel()
+    with open(path, "rb") as f:
+        sm.ParseFromString(f.read())
+    for key, method in methods.items():
+        sm.meta_graphs[0].signature_def[key].method_name = method
+    with open(path, "wb") as f:
+        f.write(sm.SerializeToString())
+
+
+def export_serving_model(model, export_dir, input_signature=None, output_name="outputs", example_signatures=()):
     """Writes a stock-TensorFlow SavedModel of `model` to `export_dir`.
 
     Args:
@@ -72,12 +122,23 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
       export_dir: a new or empty directory.
       input_signature: list of named tf.TensorSpec, one per model input.
       output_name: the signature's output key (a dict output keeps its keys).
+      example_signatures: any of "classify", "regress": also write TF
+        Serving's tf.Example signatures ("classification" with method
+        tensorflow/serving/classify answering "scores" [batch, n];
+        "regression" with tensorflow/serving/regress answering "outputs"
+        [batch]), for its :classify / :regress APIs. They take serialized
+        tf.Example protos ("inputs") with one feature per model input, named
+        as the input and shaped as it without the batch dimension; the model
+        must have one output.
     The tables start with the EVs' current rows (materialised once here).
     Returns the serving map (see the module docstring).
 
     Raises:
       ValueError: unnamed / duplicate inputs, a non-empty export_dir.
     """
+    unknown = sorted(set(example_signatures) - set(EXAMPLE_SIGNATURES))
+    if unknown or isinstance(example_signatures, str):
+        raise ValueError(f"example_signatures takes a list of {sorted(EXAMPLE_SIGNATURES)}, got {example_signatures!r}")
     if os.path.exists(export_dir) and os.listdir(export_dir):
         raise ValueError(f"export_dir {export_dir!r} is not empty; export into a new directory")
     specs = _input_specs(model, input_signature)
@@ -107,15 +168,28 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
         mapping["dense"][name] = len(module.dense)
         module.dense.append(v.value if isinstance(v, keras.Variable) else v)
 
-    @tf.function(input_signature=specs)
-    def serve(*args):
+    def forward(args):
         with substitute_lookups(served):
             x = list(args) if len(args) > 1 else args[0]
             out = model(x, training=False) if isinstance(model, keras.Model) else model(x)
         return dict(out) if isinstance(out, dict) else {output_name: out}
 
+    @tf.function(input_signature=specs)
+    def serve(*args):
+        return forward(args)
+
     module.serve = serve
-    tf.saved_model.save(module, export_dir, signatures={"serving_default": serve.get_concrete_function()})
+    signatures = {"serving_default": serve.get_concrete_function()}
+    methods = {}
+    for kind in example_signatures:
+        key, method = EXAMPLE_SIGNATURES[kind]
+        fn = _example_signature(kind, specs, forward)
+        setattr(module, f"serve_{kind}", fn)
+        signatures[key] = fn.get_concrete_function()
+        methods[key] = method
+    tf.saved_model.save(module, export_dir, signatures=signatures)
+    if methods:
+        _set_method_names(export_dir, methods)
     os.makedirs(os.path.join(export_dir, "assets.extra"), exist_ok=True)
     with open(os.path.join(export_dir, MAP_FILE), "w") as f:
         json.dump(mapping, f, indent=1, sort_keys=True)

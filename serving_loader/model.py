@@ -38,6 +38,18 @@ __all__ = ["ServingModel"]
 log = logging.getLogger("evstore.serving")
 
 
+def _read_signature_defs(export_dir):
+    """{signature key: SignatureDef proto} of the export's (only) meta graph, as
+    saved_model.pb holds them (TF Serving's metadata answers with these,
+    including the `__saved_model_init_op` entry of a TF2 SavedModel)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    sm = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+        sm.ParseFromString(f.read())
+    return dict(sm.meta_graphs[0].signature_def)
+
+
 class _RWLock:
     """Many readers or one writer; a waiting writer blocks new readers."""
 
@@ -127,7 +139,9 @@ class ServingModel:
             raise ValueError(f"{map_path} is not an evstore serving map")
         self.export_dir = export_dir
         self._loaded = tf.saved_model.load(export_dir)
-        self._fn = self._loaded.signatures[self.mapping["signature"]]
+        self.signature = self.mapping["signature"]
+        self._fn = self._loaded.signatures[self.signature]
+        self.signature_defs = _read_signature_defs(export_dir)
         self._tables = {n: _Table(self._loaded.tables[e["index"]], e["key_dtype"])
                         for n, e in self.mapping["evs"].items()}
         self._dense = {n: self._loaded.dense[i] for n, i in self.mapping["dense"].items()}
@@ -163,6 +177,21 @@ class ServingModel:
         self._lock.acquire_read()
         try:
             out = self._fn(**tensors)
+            version = self.version
+        finally:
+            self._lock.release_read()
+        return {k: v.numpy() for k, v in out.items()}, version
+
+    def run(self, signature, inputs):
+        """Runs signature `signature` of the export on `inputs` ({input name:
+        np.ndarray of the signature's dtype}) under the read lock: the answer
+        comes from exactly one applied checkpoint. Returns ({output name:
+        np.ndarray}, version). Raises KeyError for an unknown signature and
+        TensorFlow's errors for inputs the signature refuses."""
+        fn = self._fn if signature == self.signature else self._loaded.signatures[signature]
+        self._lock.acquire_read()
+        try:
+            out = fn(**inputs)
             version = self.version
         finally:
             self._lock.release_read()

@@ -48,7 +48,7 @@ class _Server:
         self.log = open(log_path or os.devnull, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
-             "--port", str(self.port), "--model-name", name, "--poll-every", str(poll_every)],
+             "--rest_api_port", str(self.port), "--port", "-1", "--model-name", name, "--poll-every", str(poll_every)],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.seen = {}   # version -> wall time first reported
         self._stop = threading.Event()
