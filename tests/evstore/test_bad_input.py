@@ -1,6 +1,6 @@
 """Bad input gets a clear error and changes nothing (docs/ARCHITECTURE.md, "Ops and Python API").
 
-NaN/Inf policy (evstore/optimizers.py): a batch holding any non-finite EV gradient
+NaN/Inf policy (evstore/finite.py): a batch holding any non-finite EV gradient
 is refused with InvalidArgumentError naming the key, and nothing is applied.
 """
 import numpy as np
