@@ -32,7 +32,6 @@ import threading
 import keras
 import tensorflow as tf
 
-from evstore import finite
 from evstore import generic
 from evstore import training
 from evstore.variable import EmbeddingVariable, ev_for_variable

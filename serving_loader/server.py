@@ -356,7 +356,8 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
     `port` (TF Serving's flags; 0: any free port; None: that API off) until
     SIGTERM / SIGINT (then stops polling, finishes requests in flight and
-    returns 0).
+    returns 0 after SIGTERM, 130 after SIGINT / Ctrl-C, the shell's
+    convention for an interrupted command).
 
     Prints `serving <name> version <v> on http://<host>:<rest port>` and then
     `grpc <name> on <host>:<port>` to `out` once the sockets listen (with
@@ -400,8 +401,9 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    received = []
     for s in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(s, stop.set)
+        loop.add_signal_handler(s, lambda s=s: (received.append(s), stop.set()))
     grpc_server = grpc_port = None
     if port is not None:
         grpc_server, grpc_port = start_grpc(app, host, port)
@@ -426,7 +428,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
             await loop.run_in_executor(None, lambda: grpc_server.stop(grace=10.0).wait())
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
-    return 0
+    return 130 if signal.SIGINT in received else 0
 
 
 def cli(args):
@@ -447,4 +449,4 @@ def cli(args):
                      max_request_bytes=args.max_request_bytes, batching=batching)
     except (ValueError, OSError) as e:
         print(f"evstore serve: {e}", file=sys.stderr)
-        return 2
+        return 1
