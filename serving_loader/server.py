@@ -49,6 +49,8 @@ import time
 
 import numpy as np
 
+from serving_loader import admin
+
 log = logging.getLogger("evstore.serving")
 
 __all__ = ["ServingApp", "ServingMetrics", "RequestError", "parse_predict_request", "format_predict_response",
@@ -290,7 +292,9 @@ class ServingApp:
         self.signature = model.mapping.get("signature", "serving_default")
         self.metrics = ServingMetrics(model)
         self._signature_def = self._read_signature_def()
-        self.app = Starlette(routes=[Route("/metrics", self._metrics, methods=["GET"]),
+        admin.register_metrics(self.metrics.registry, model)
+        self.app = Starlette(routes=[*admin.routes(model, model_name),
+                                     Route("/metrics", self._metrics, methods=["GET"]),
                                      Route("/v1/models/{rest:path}", self._models, methods=["GET", "POST"])],
                              exception_handlers={404: self._not_found, 405: self._not_allowed},
                              lifespan=self._lifespan)
@@ -440,13 +444,16 @@ def _bind(host, port):
 
 
 def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_name="default", poll_every=1.0,
-          max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, storage_options=None, out=sys.stdout):
+          max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, storage_options=None, out=sys.stdout, allow_empty=False):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves until SIGTERM / SIGINT (then stops
     polling, finishes requests in flight and returns 0).
 
     Prints `serving <name> version <v> on http://<host>:<port>` to `out` once
     the socket listens (with port=0 the printed port is the one bound).
+
+    Raises NothingToServeError (a ValueError, one line) when `checkpoint_root`
+    does not exist or has nothing the export serves, unless `allow_empty`.
     """
     import uvicorn
 
@@ -459,7 +466,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_n
         raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
     if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
-    model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options)
+    model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty)
     app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every)
     # The loaded model leaves a large heap of long-lived Python objects (TF,
     # Keras, the restored graph); a full garbage collection walks all of them
@@ -501,7 +508,8 @@ def cli(args):
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll otherwise
     try:
         return serve(args.export, args.checkpoints, host=args.host, port=args.port, model_name=args.model_name,
-                     poll_every=args.poll_every, max_request_bytes=args.max_request_bytes)
+                     poll_every=args.poll_every, max_request_bytes=args.max_request_bytes,
+                     allow_empty=args.allow_empty)
     except (ValueError, OSError) as e:
         print(f"evstore serve: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,9 @@ Reads the data (Parquet or CSV, pyarrow, timestamp order), resumes from the
 checkpoint root's newest chain if it has one (at the saved input position),
 trains batch by batch with progressive evaluation, saves deltas and fulls on
 a schedule, and commits a final delta when the data ends or on Ctrl-C /
-SIGTERM.
+SIGTERM. With `export`, the serving export is written first (or kept if it
+is this model's), so `evstore serve --export EXPORT --checkpoints ROOT` can
+follow the run from its first commit.
 """
 import os
 import time
@@ -20,8 +22,11 @@ __all__ = ["run"]
 
 
 def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
-        progress=True, stop_event=None):
+        progress=True, stop_event=None, export=None):
     """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
+    `export`: a local directory for the model's serving export
+    (serving_loader.ensure_serving_export: written before training, kept when
+    it already holds this model's export; ValueError if it holds another's).
     Returns the summary dict (also written to OUT/summary.json; OUT defaults
     to the checkpoint root's parent directory + /evstore-train when local)."""
     spec = load_spec(spec)
@@ -30,6 +35,12 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     if stop_event is not None:
         trainer.stop_event = stop_event
     start = trainer.resume()
+    extra = {}
+    if export is not None:
+        import serving_loader
+        _, written = serving_loader.ensure_serving_export(trainer.model, export)
+        extra["export"] = {"dir": os.path.abspath(export), "written": written,
+                           "serve": serve_command(export, checkpoints)}
     out = out or (os.path.join(os.path.dirname(os.path.abspath(checkpoints)), "evstore-train")
                   if "://" not in str(checkpoints) else "evstore-train")
     os.makedirs(out, exist_ok=True)
@@ -62,7 +73,14 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     trainer.snapshot_stats()
     trainer.write_summaries(writer, trainer.examples, summary.running())
     return summary.finish(first_full=first, final=final, train_seconds=time.time() - t0, steps=steps, spec=spec,
-                          extra={"position": trainer.position, "rows_in_data": stream.rows})
+                          extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
+
+
+def serve_command(export, checkpoints):
+    """The `evstore serve` command line that serves `export` kept fresh from `checkpoints`."""
+    import shlex
+    root = checkpoints if "://" in str(checkpoints) else os.path.abspath(checkpoints)
+    return f"evstore serve --export {shlex.quote(os.path.abspath(export))} --checkpoints {shlex.quote(str(root))}"
 
 
 def _bar(enabled, total, start):
