@@ -511,5 +511,8 @@ def cli(args):
                      poll_every=args.poll_every, max_request_bytes=args.max_request_bytes,
                      allow_empty=args.allow_empty)
     except (ValueError, OSError) as e:
-        print(f"evstore serve: {e}", file=sys.stderr)
+        from serving_loader.model import NothingToServeError
+
+        hint = " (--allow-empty serves the export as it is)" if isinstance(e, NothingToServeError) else ""
+        print(f"evstore serve: {e}{hint}", file=sys.stderr)
         return 2
