@@ -18,7 +18,7 @@ $(BIN)/python:
 $(DEPS): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip "setuptools>=70" wheel
 	$(BIN)/pip install -q --disable-pip-version-check "tensorflow==2.21.*" numpy pyarrow fsspec "apscheduler>=3.10,<4" \
-		"starlette>=0.40" "uvicorn>=0.30" "prometheus_client>=0.20" "tqdm>=4.60" pytest
+		"starlette>=0.40" "uvicorn>=0.30" "prometheus_client>=0.20" "tqdm>=4.60" pytest "import-linter>=2.1"
 	touch $@
 
 # The op library builds against the venv's TensorFlow (tf.sysconfig flags);

@@ -10,7 +10,7 @@ Every run is one chief process (`--chief`: this file for evstore,
 bench/peer_tfra_cluster.py in the .peer-tfra venv for TFRA) that starts its
 own loopback cluster of --ps PS tasks and W worker tasks, each a separate
 process of its venv that loads the system's ops before starting
-`tf.distribute.Server` (`python -m evstore server` for evstore,
+`tf.distribute.Server` (`python -m evstore_app server` for evstore,
 bench/cluster_server.py importing TFRA for TFRA), and drives it the same way
 for both systems: ParameterServerStrategy + ClusterCoordinator, one
 `coord.schedule` per step of a tf.function running `strategy.run(step)` on a

@@ -67,8 +67,8 @@ PHASES = {
 class Evstore:
     def __init__(self, args, bt, tf):
         import evstore
-        from evstore._ops import gen
-        self.tf, self.gen, self.evstore, self.dim, self.bt = tf, gen, evstore, args.dim, bt
+        from evstore import ops
+        self.tf, self.ops, self.evstore, self.dim, self.bt = tf, ops, evstore, args.dim, bt
         rss0 = rss_mib()
         self.ev = evstore.EmbeddingVariable("bench", dim=args.dim, key_dtype=tf.int64)
         self.h = self.ev.resource_handle
@@ -97,18 +97,18 @@ class Evstore:
         self.opt = None
 
     def run(self, w, i):
-        tf, gen, h, dim = self.tf, self.gen, self.h, self.dim
+        tf, ops, h, dim = self.tf, self.ops, self.h, self.dim
         ids = self.ex[i % self.bt.count]
         if w == "find":
-            return [timed(lambda: gen.ev_find(h, ids, dim=dim).numpy())]
+            return [timed(lambda: ops.ev_find(h, ids, dim=dim).numpy())]
         if w == "foi_hit":
-            return [timed(lambda: gen.ev_find_or_insert(h, ids, self.no_proxy, dim=dim).numpy())]
+            return [timed(lambda: ops.ev_find_or_insert(h, ids, self.no_proxy, dim=dim).numpy())]
         if w == "foi_new":
             new = self.new[i % self.bt.count]
-            return [timed(lambda: gen.ev_find_or_insert(h, new, self.no_proxy, dim=dim).numpy())]
+            return [timed(lambda: ops.ev_find_or_insert(h, new, self.no_proxy, dim=dim).numpy())]
         if w == "adam_apply":
             step = tf.constant(i + 1, tf.int64)
-            return [timed(lambda: gen.ev_apply_adam(h, ids, self.grads, step, *self.adam_hp))]
+            return [timed(lambda: ops.ev_apply_adam(h, ids, self.grads, step, *self.adam_hp))]
         if w == "train_step":
             if self.opt is None:
                 self.opt = self.evstore.optimizers.Adam(1e-3)

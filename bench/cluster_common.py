@@ -1,7 +1,7 @@
 """Processes and counters of bench/bench_cluster.py (stdlib + numpy only: imported in both venvs).
 
 * `LoopbackServers`: the PS and worker tasks of one loopback cluster, each a
-  separate process (`python -m evstore server` for evstore, `cluster_server.py`
+  separate process (`python -m evstore_app server` for evstore, `cluster_server.py`
   for TFRA; its own process group, killed on exit and when the chief dies),
   logging gRPC client calls (`TF_CPP_VMODULE=grpc_state=2`: TensorFlow's
   RPCState logs "Starting call: <method>" for every unary RPC a process issues).
@@ -61,10 +61,10 @@ def cluster_spec(num_ps, num_workers):
 
 def server_command(python, system, job, task, spec_file, threads=0):
     """(argv, ready-line prefix) of one PS / worker task: evstore's own launcher
-    (`python -m evstore server`, which loads the op library) for evstore, the
+    (`python -m evstore_app server`, which loads the op library) for evstore, the
     bench's cluster_server.py (which imports TFRA's kernels) for TFRA."""
     if system == "evstore":
-        return ([python, "-m", "evstore", "server", "--job", job, "--task", str(task), "--cluster", spec_file,
+        return ([python, "-m", "evstore_app", "server", "--job", job, "--task", str(task), "--cluster", spec_file,
                  "--exit-with-parent"], b"evstore server: ready")
     return ([python, os.path.join(HERE, "cluster_server.py"), "--system", system, "--job", job, "--task", str(task),
              "--cluster", spec_file, "--threads", str(threads)], b"ready")

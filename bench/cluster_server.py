@@ -2,7 +2,7 @@
 
     .peer-tfra/bin/python bench/cluster_server.py --system tfra --job worker --task 1 --cluster cluster.json
 
-(evstore's tasks run evstore's own launcher, `python -m evstore server`; `--system
+(evstore's tasks run evstore's own launcher, `python -m evstore_app server`; `--system
 evstore` here does the same job without it.) Imports the system's op library first (`import evstore`, or TFRA's
 `dynamic_embedding` module, which registers its kernels), so that the server
 can run the ops the chief places on it, then starts

@@ -30,10 +30,10 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
     Returns:
       (files {basename: {"size", "crc32c"}}, per-EV {"rows", "filtered", "deleted", "slots"}).
     """
-    from evstore._ops import gen
+    from evstore import ops
     names = list(evs)
     with tf.device(device):
-        out = _save_op(gen, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows)
+        out = _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows)
     files = {f.decode(): {"size": int(s), "crc32c": int(c)}
              for f, s, c in zip(out.files.numpy(), out.file_sizes.numpy(), out.file_crc32c.numpy())}
     slots = {n: [] for n in names}
@@ -47,8 +47,8 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
     return files, counts
 
 
-def _save_op(gen, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows):
-    return gen.ev_save_bundle(
+def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows):
+    return ops.ev_save_bundle(
         prefix=os.path.join(directory, prefix),
         handles=[evs[n].resource_handle for n in names],
         names=tf.constant(names, tf.string, shape=[len(names)]),
@@ -62,8 +62,8 @@ def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_inde
     """Applies EV `name` of the bundle in `directory` to `ev` (on the EV's
     device; with num_shards > 1 only the keys routed to `shard_index`);
     returns (rows, filtered, deleted) applied."""
-    from evstore._ops import gen
-    out = gen.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
+    from evstore import ops
+    out = ops.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
                              tf.constant(list(slots), tf.string, shape=[len(slots)]),
                              key_dtype=ev.key_dtype, clear=clear, chunk_rows=chunk_rows,
                              shard_index=shard_index, num_shards=num_shards)
@@ -124,8 +124,8 @@ def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_RO
     index = os.path.join(directory, BUNDLE_PREFIX + ".index")
     _fsync(index)
     _fsync(directory)
-    from evstore._ops import gen
-    crc, size = gen.ev_file_crc32c(index)
+    from evstore import ops
+    crc, size = ops.ev_file_crc32c(index)
     files[BUNDLE_PREFIX + ".index"] = {"size": int(size), "crc32c": int(crc)}
     return files, counts
 

@@ -81,13 +81,13 @@ def resolve_chain(sc, upto=None, where="checkpoint root"):
 
 def crc32c_stream(f):
     """crc32c (unmasked) and size of a binary file object, read in chunks."""
-    from evstore._ops import gen
+    from evstore import ops
     crc, size = 0, 0
     while True:
         b = f.read(_CHUNK)
         if not b:
             return crc, size
-        crc = int(gen.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(b)))
+        crc = int(ops.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(b)))
         size += len(b)
 
 
@@ -106,8 +106,8 @@ def verify_files(storage, manifest, checksums=True):
             continue
         if checksums:
             if storage.local:   # read natively: no copy through Python bytes
-                from evstore._ops import gen
-                crc = int(gen.ev_file_crc32c(storage.join(manifest.dir, name))[0])
+                from evstore import ops
+                crc = int(ops.ev_file_crc32c(storage.join(manifest.dir, name))[0])
             else:
                 with storage.open(manifest.dir, name) as f:
                     crc, _ = crc32c_stream(f)

@@ -55,7 +55,7 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
         with lock if lock is not None else contextlib.nullcontext():
             step, meta = prepare()
             for name, ev in evs.items():
-                sids[name] = int(ev._begin_export_seal_only()[0])
+                sids[name] = int(ev.begin_export(return_keys=False)[0])
             dense = {n: tf.convert_to_tensor(v) for n, v in dense_fn().items()}
             if GLOBAL_STEP in dense:
                 raise ValueError(f"a dense tensor may not be named {GLOBAL_STEP!r}")

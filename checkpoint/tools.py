@@ -407,7 +407,7 @@ def to_parquet(root, out_dir, seq=None, storage_options=None, chunk_rows=CHUNK_R
 
 # ---- command line ---------------------------------------------------------------------------
 def cli(args):
-    """Runs `evstore ckpt <tool>` for parsed `args` (see evstore/cli.py); returns the exit code.
+    """Runs `evstore ckpt <tool>` for parsed `args` (see evstore_app/cli.py); returns the exit code.
 
     0: done / sound; 1: the root has problems (verify) or an expected error
     (missing root, corrupt or missing files, gaps), reported on stderr in one

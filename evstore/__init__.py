@@ -1,24 +1,26 @@
 """evstore: incremental-checkpoint online learning for TensorFlow.
 
-Public API (DESIGN section 3):
+Public API (docs/ARCHITECTURE.md, "Ops and Python API"):
   EmbeddingVariable (ShardedEmbeddingVariable with shards=N), shard_index, CounterFilter, BloomFilter, GlobalStepEvict, L2WeightEvict,
   embedding_lookup, embedding_lookup_group, embedding_lookup_sparse, safe_embedding_lookup_sparse,
   optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam, GroupAdagrad}, keras.Embedding,
-  summary.ev_stats.
+  summary.ev_stats, substitute_lookups (the lookup hook serving exports use), ops (the kernels).
 """
 from evstore import optimizers  # noqa: F401
 from evstore import training  # noqa: F401
 from evstore import keras  # noqa: F401
+from evstore import ops  # noqa: F401
 from evstore import summary  # noqa: F401
 from evstore.evict import GlobalStepEvict, L2WeightEvict
 from evstore.filters import BloomFilter, CounterFilter
 from evstore.group import embedding_lookup_group
 from evstore.lookup import embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse
 from evstore.sharded import ShardedEmbeddingVariable, shard_index
+from evstore.substitution import substitute_lookups
 from evstore.variable import EmbeddingVariable
 
 __version__ = "0.1.0"
 
 __all__ = ["EmbeddingVariable", "ShardedEmbeddingVariable", "shard_index", "CounterFilter", "BloomFilter", "GlobalStepEvict", "L2WeightEvict",
            "embedding_lookup", "embedding_lookup_group", "embedding_lookup_sparse", "safe_embedding_lookup_sparse", "optimizers", "keras",
-           "summary"]
+           "summary", "ops", "substitute_lookups"]

@@ -1,32 +1,14 @@
 """Embedding lookups on EmbeddingVariables, with the tf.nn functions' semantics."""
-import contextlib
-import threading
-
 import tensorflow as tf
 
 from evstore._ops import gen
 from evstore.sharded import ShardedEmbeddingVariable
+from evstore.substitution import substitute_for
 from evstore.variable import EmbeddingVariable
 
 __all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
 
 _COMBINERS = ("mean", "sqrtn", "sum")
-
-# Serving export (serving_loader.export_serving_model): while a model is traced
-# for a stock-TensorFlow SavedModel, lookups of these EVs become lookups of a
-# stock table (id(ev) -> fn(ids) returning ids.shape + [dim]).
-_serving = threading.local()
-
-
-@contextlib.contextmanager
-def _serving_lookups(tables):
-    prev = getattr(_serving, "tables", None)
-    _serving.tables = tables
-    try:
-        yield
-    finally:
-        _serving.tables = prev
-
 
 def _check_ev(ev):
     if not isinstance(ev, (EmbeddingVariable, ShardedEmbeddingVariable)):
@@ -56,9 +38,9 @@ def embedding_lookup(ev, ids, training=True, proxy=None, name=None):
     _check_ev(ev)
     with tf.name_scope(name or "embedding_lookup"):
         ids = ev._key_tensor(ids, "ids")
-        served = getattr(_serving, "tables", None)
-        if served is not None and id(ev) in served:
-            return served[id(ev)](ids)
+        substitute = substitute_for(ev)   # evstore/substitution.py (serving export)
+        if substitute is not None:
+            return substitute(ids)
         if isinstance(ev, ShardedEmbeddingVariable):
             return ev._lookup(ids, training, proxy)
         if not training:

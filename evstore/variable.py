@@ -256,6 +256,12 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return self._init_op
 
     @property
+    def default_value(self):
+        """What a key without a row reads: float32 numpy [dim] for an EV built
+        eagerly; None for one built inside a graph (the value is a graph tensor)."""
+        return self._default_np
+
+    @property
     def filter(self):
         return self._filter
 
@@ -410,21 +416,19 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
                              versions, freqs, fk, ff, clear=clear)
 
     # ---- two-phase export (used by checkpoint savers) ----------------------
-    def begin_export(self):
+    def begin_export(self, return_keys=True):
         """Seals the keys changed and deleted since the last sealed export.
 
-        Returns (snapshot_id, dirty_keys, deleted_keys). Changes made from now on
+        Returns (snapshot_id, dirty_keys, deleted_keys); with return_keys=False
+        the key lists are left empty (checkpoint writers stream the sealed keys
+        from the snapshot instead of materialising them). Changes made from now on
         go to fresh sets. Exactly one of `commit_export(snapshot_id)` (the
         checkpoint holding these keys is durable) or `abort_export(snapshot_id)`
         (it failed: the keys are merged back, so the next export carries them)
         must follow; a second begin_export before that raises
         FailedPreconditionError.
         """
-        return gen.ev_begin_export(self.resource_handle, key_dtype=self._key_dtype)
-
-    def _begin_export_seal_only(self):
-        """begin_export without materialising the key lists (checkpoint writers stream them)."""
-        return gen.ev_begin_export(self.resource_handle, key_dtype=self._key_dtype, return_keys=False)
+        return gen.ev_begin_export(self.resource_handle, key_dtype=self._key_dtype, return_keys=bool(return_keys))
 
     def commit_export(self, snapshot_id):
         """Drops a sealed snapshot: its changes are durable elsewhere."""

@@ -1,5 +1,5 @@
 """Hold and roll back a served model: the admin REST routes and their metrics
-(`evstore serve-admin`, in evstore.cli, is their client).
+(`evstore serve-admin`, in evstore_app.cli, is their client).
 
 REST (on the serving port, next to TF Serving's API; JSON bodies, errors {"error": message}):
   GET  /v1/models/<name>/admin             the admin status (ServingModel.admin_status + "retained")

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from checkpoint.collect import collect
-from evstore import lookup as _lookup
+from evstore.substitution import substitute_lookups
 from evstore.sharded import ShardedEmbeddingVariable
 
 __all__ = ["export_serving_model", "ensure_serving_export", "MAP_FILE", "sentinels"]
@@ -92,7 +92,7 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
     served = {}
     for name, ev in col.logical_evs().items():   # a sharded EV is one table, like an unsharded one
         empty, deleted = sentinels(ev.key_dtype)
-        dnp = (ev.shards[0] if isinstance(ev, ShardedEmbeddingVariable) else ev)._default_np
+        dnp = (ev.shards[0] if isinstance(ev, ShardedEmbeddingVariable) else ev).default_value
         default = dnp if dnp is not None else np.zeros([ev.dim], np.float32)
         table = tf.lookup.experimental.DenseHashTable(
             key_dtype=ev.key_dtype, value_dtype=tf.float32, default_value=tf.constant(default),
@@ -103,7 +103,7 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
         mapping["evs"][name] = {"index": len(module.tables), "dim": ev.dim, "key_dtype": ev.key_dtype.name,
                                 "empty_key": empty, "deleted_key": deleted}
         module.tables.append(table)
-        served[id(ev)] = (lambda ids, t=table, d=ev.dim: _shaped(t.lookup(tf.reshape(ids, [-1])), ids, d))
+        served[ev] = (lambda ids, t=table, d=ev.dim: _shaped(t.lookup(tf.reshape(ids, [-1])), ids, d))
     for name, v in col.dense.items():
         if name.startswith("optimizer/"):
             continue
@@ -112,7 +112,7 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
 
     @tf.function(input_signature=specs)
     def serve(*args):
-        with _lookup._serving_lookups(served):
+        with substitute_lookups(served):
             x = list(args) if len(args) > 1 else args[0]
             out = model(x, training=False) if isinstance(model, keras.Model) else model(x)
         return dict(out) if isinstance(out, dict) else {output_name: out}

@@ -503,7 +503,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_n
 
 
 def cli(args):
-    """`evstore serve` (arguments parsed by evstore.cli)."""
+    """`evstore serve` (arguments parsed by evstore_app.cli)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll otherwise
     try:

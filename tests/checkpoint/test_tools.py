@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import evstore
 from checkpoint import CheckpointManager, tools
-from evstore import cli
+from evstore_app import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -89,7 +89,7 @@ def restored_state(root, seq=None):
 
 def run_cli(*args):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-m", "evstore.cli", "ckpt", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "evstore_app.cli", "ckpt", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

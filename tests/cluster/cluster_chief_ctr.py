@@ -1,5 +1,5 @@
 """The chief of a CTR training job on a cluster for the cluster-training tests,
-run as a real subprocess (evstore.job.cluster_train.ClusterJob plus test
+run as a real subprocess (evstore_app.job.cluster_train.ClusterJob plus test
 hooks): `python cluster_chief_ctr.py --cluster FILE --steps N [options]`.
 
 Prints `ACTION kill <job> <task>` (answered `ok` by the test, which owns the
@@ -19,7 +19,7 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from evstore.job.cluster_train import ClusterJob  # noqa: E402
+from evstore_app.job.cluster_train import ClusterJob  # noqa: E402
 
 
 def save_npz(path, state):

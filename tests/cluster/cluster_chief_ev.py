@@ -31,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import evstore  # noqa: E402
-from evstore.cluster import load_cluster  # noqa: E402
+from evstore_app.cluster import load_cluster  # noqa: E402
 
 PS1 = "/job:ps/replica:0/task:1/device:CPU:0"
 

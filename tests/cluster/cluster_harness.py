@@ -32,7 +32,7 @@ def run_chief(lc, script, args, timeout=180.0, log_path=None, actions=None, stop
     """Runs `python script args...` as the chief of `lc`; returns the parsed RESULT.
 
     `script` is a file in this directory, or a list (an argv prefix, e.g.
-    `["-m", "evstore", "train-cluster"]`; then the RESULT is the last stdout
+    `["-m", "evstore_app", "train-cluster"]`; then the RESULT is the last stdout
     line, parsed as JSON). `ACTION kill|restart <job> <task>` lines are
     carried out on `lc` and answered with `ok`; `actions` (a list) records
     them. `stop_on`: a line on which the chief is SIGKILLed (returns None).

@@ -1,4 +1,4 @@
-"""The cluster launcher: `evstore.cluster` (load_cluster, start_server,
+"""The cluster launcher: `evstore_app.cluster` (load_cluster, start_server,
 LocalCluster) and `evstore server`, with real PS / worker processes, and what
 TF's ClusterCoordinator does when a task dies (README: Distributed training)."""
 import json
@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 
 from cluster_harness import ROOT, run_chief
-from evstore import cluster
-from evstore.cluster import LocalCluster
+from evstore_app import cluster
+from evstore_app.cluster import LocalCluster
 
 CHIEF = "cluster_chief_ev.py"
 
@@ -82,7 +82,7 @@ def test_local_cluster_spec_file_and_close_leave_no_process(tmp_path):
 
 def test_local_cluster_tasks_exit_when_their_owner_is_killed(tmp_path):
     # The owner dies by SIGKILL: no close(), no atexit. Its tasks notice and exit.
-    code = ("import sys, time; from evstore.cluster import LocalCluster; "
+    code = ("import sys, time; from evstore_app.cluster import LocalCluster; "
             f"lc = LocalCluster(num_ps=1, num_workers=1, directory={str(tmp_path)!r}); "
             "print(*[p.pid for p in lc._procs.values()], flush=True); time.sleep(600)")
     owner = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT),
@@ -111,7 +111,7 @@ def test_evstore_server_takes_cluster_and_task_from_tf_config(tmp_path):
     port = cluster._free_ports(1)[0]
     tf_config = {"cluster": {"ps": [f"127.0.0.1:{port}"]}, "task": {"type": "ps", "index": 0}}
     env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.Popen([sys.executable, "-m", "evstore", "server"], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "evstore_app", "server"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     timer = _bounded(proc)
     try:
@@ -131,7 +131,7 @@ def test_evstore_server_takes_cluster_and_task_from_tf_config(tmp_path):
 def test_evstore_server_rejects_a_task_out_of_range_before_serving(tmp_path):
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}))
-    r = subprocess.run([sys.executable, "-m", "evstore", "server", "--job", "ps", "--task", "3",
+    r = subprocess.run([sys.executable, "-m", "evstore_app", "server", "--job", "ps", "--task", "3",
                         "--cluster", str(path)], env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2

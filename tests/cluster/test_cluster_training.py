@@ -1,5 +1,5 @@
 """A CTR job with sharded EVs trained by a real parameter-server cluster
-(evstore.job.cluster_train; chief, PS and worker processes) against the same
+(evstore_app.job.cluster_train; chief, PS and worker processes) against the same
 job in one process with unsharded EVs, under failures and restarts."""
 import functools
 import os
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from cluster_harness import run_chief
-from evstore.cluster import LocalCluster
-from evstore.job.cluster_train import FIELDS, ClusterJob
+from evstore_app.cluster import LocalCluster
+from evstore_app.job.cluster_train import FIELDS, ClusterJob
 
 CHIEF = "cluster_chief_ctr.py"
 BATCH = 128
@@ -57,7 +57,7 @@ def test_sync_cluster_training_equals_single_process_training(tmp_path):
 def test_async_cluster_training_via_cli_has_the_single_process_keys_and_frequencies(tmp_path):
     root = str(tmp_path / "ckpt")
     with LocalCluster(num_ps=2, num_workers=2, directory=str(tmp_path)) as lc:
-        r = run_chief(lc, ["-m", "evstore", "train-cluster"],
+        r = run_chief(lc, ["-m", "evstore_app", "train-cluster"],
                       ["--cluster", lc.cluster_file, "--checkpoints", root, "--steps", 30, "--batch-size", BATCH,
                        "--delta-every", 10])
     assert (r["resumed_at"], r["position"], r["global_step"], r["commits"]) == (0, 30, 30, 3)

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import evstore
-from evstore._ops import gen
+from evstore import ops
 
 DIM = 4
 KEYS = [11, 22, 33]
@@ -43,7 +43,7 @@ def assert_unchanged(ev, before):
 
 
 def raw_sgd(ev, keys, grads, step=5, lr=0.1):
-    return gen.ev_apply_sgd(ev.resource_handle, keys, grads, tf.constant(step, tf.int64), tf.constant(lr))
+    return ops.ev_apply_sgd(ev.resource_handle, keys, grads, tf.constant(step, tf.int64), tf.constant(lr))
 
 
 # ---- ids of the wrong type -------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import evstore
-from evstore._ops import gen
+from evstore import ops
 
 DIM = 8
 OLD_KEYS = np.arange(1, 401, dtype=np.int64) * 7919            # preloaded; the only keys trained
@@ -61,7 +61,7 @@ def run_apply(ev, batches):
     step = tf.constant(STEP, tf.int64)
     for keys in batches:
         grads = -tf.ones([len(keys), DIM])          # + 1.0 to every entry, per occurrence
-        gen.ev_apply_sgd(ev.resource_handle, tf.constant(keys), grads, step, one)
+        ops.ev_apply_sgd(ev.resource_handle, tf.constant(keys), grads, step, one)
 
 
 def run_lookup(ev, batches):

@@ -5,7 +5,7 @@ What works where (found by these tests):
   * eager and tf.function: tape gradients + evstore optimizers, or the raw apply ops.
   * tf.compat.v1 graph + Session: training lookups, `tf.compat.v1.gradients` w.r.t.
     the EV (IndexedSlices of keys) or w.r.t. the lookup output, and the raw fused
-    apply ops (`evstore._ops.gen.ev_apply_*`). The evstore optimizers are Keras 3
+    apply ops (`evstore.ops.ev_apply_*`). The evstore optimizers are Keras 3
     optimizers: in a v1 graph `apply_gradients` returns Keras's `iterations`
     variable, not a runnable train op, so they are not a graph-mode training API.
 """
@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import evstore
-from evstore._ops import gen
+from evstore import ops
 
 DIM = 3
 BANK = np.random.default_rng(0).normal(size=(16, DIM)).astype(np.float32)
@@ -56,7 +56,7 @@ def eager_raw_apply_table():
         with tf.GradientTape() as tape:
             loss = loss_of(evstore.embedding_lookup(ev, tf.constant(ids, tf.int64)), target)
         grad = tape.gradient(loss, ev)
-        gen.ev_apply_sgd(ev.resource_handle, grad.indices, grad.values, tf.constant(step, tf.int64),
+        ops.ev_apply_sgd(ev.resource_handle, grad.indices, grad.values, tf.constant(step, tf.int64),
                          tf.constant(LR))
     return table(ev.export())
 
@@ -81,7 +81,7 @@ def test_tf_function_training_matches_eager():
         with tf.GradientTape() as tape:
             loss = loss_of(evstore.embedding_lookup(ev, ids), target)
         grad = tape.gradient(loss, ev)
-        gen.ev_apply_sgd(ev.resource_handle, grad.indices, grad.values, step, tf.constant(LR))
+        ops.ev_apply_sgd(ev.resource_handle, grad.indices, grad.values, step, tf.constant(LR))
 
     for step, (ids, target) in enumerate(zip(BATCHES, TARGETS)):
         train_step(tf.constant(ids, tf.int64), target, tf.constant(step, tf.int64))
@@ -121,7 +121,7 @@ def graph_session_table(grad_wrt):
         else:
             (rows,) = tf.compat.v1.gradients(loss, [emb])
             keys = ids
-        apply = gen.ev_apply_sgd(ev.resource_handle, keys, rows, step, tf.constant(LR))
+        apply = ops.ev_apply_sgd(ev.resource_handle, keys, rows, step, tf.constant(LR))
         export = ev.export()
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.tables_initializer(), tf.compat.v1.global_variables_initializer()])

@@ -70,7 +70,7 @@ def test_route_is_fixed_because_checkpoints_depend_on_it():
 def test_counted_lookup_refuses_counts_below_one():
     ev = evstore.EmbeddingVariable("t", DIM)
     with pytest.raises(tf.errors.InvalidArgumentError, match="counts must be >= 1"):
-        evstore._ops.gen.ev_find_or_insert_counted(ev.resource_handle, tf.constant([1, 2], tf.int64),
+        evstore.ops.ev_find_or_insert_counted(ev.resource_handle, tf.constant([1, 2], tf.int64),
                                                    tf.constant([1, 0], tf.int64), tf.zeros([0]), dim=DIM)
     assert int(ev.size()) == 0
 

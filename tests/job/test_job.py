@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from evstore.job.spec import SpecError, load_spec
-from evstore.job.synthetic import ClickStream
-from evstore.job.trainer import auc
+from evstore_app.job.spec import SpecError, load_spec
+from evstore_app.job.synthetic import ClickStream
+from evstore_app.job.trainer import auc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The shared dataset when this checkout sits next to ../shared, else the slice shipped with the tests.
@@ -23,7 +23,7 @@ SPEC = os.path.join(REPO, "examples", "movielens.json")
 
 
 def _evstore(*args, timeout=600):
-    p = subprocess.run([sys.executable, "-m", "evstore.cli", *args], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "evstore_app.cli", *args], capture_output=True, text=True,
                        timeout=timeout)
     return p
 
@@ -60,7 +60,7 @@ def test_train_on_movielens_resumes_from_the_saved_position(tmp_path):
 
 def test_sigterm_stops_the_demo_gracefully_with_a_final_delta_served(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.Popen([sys.executable, "-m", "evstore.cli", "demo", "--minutes", "10", "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "evstore_app.cli", "demo", "--minutes", "10", "--out", str(out),
                              "--delta-every", "1", "--warmup-batches", "20", "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     root = out / "checkpoints"

@@ -33,11 +33,11 @@ def trained(tmp_path_factory):
 
 def _queries():
     """Model inputs of the slice's last rows (ids as the trainer computes them)."""
-    from evstore.job.source import FileStream
-    from evstore.job.spec import load_spec
+    from evstore_app.job.source import FileStream
+    from evstore_app.job.spec import load_spec
     spec = load_spec(SPEC)
     _, (cols, _) = next(FileStream(DATA, spec).batches(29000))
-    from evstore.job.model import model_inputs
+    from evstore_app.job.model import model_inputs
     return spec, {k: v[:16] for k, v in model_inputs(spec, cols).items()}
 
 
@@ -51,7 +51,7 @@ def test_train_export_writes_the_serving_export_next_to_the_checkpoints(trained)
 
 def test_train_export_then_serve_answers_with_the_trainers_predictions(trained):
     import checkpoint
-    from evstore.job.model import build_model
+    from evstore_app.job.model import build_model
 
     tmp, summary, _ = trained
     spec, x = _queries()
@@ -78,8 +78,8 @@ def test_resumed_training_keeps_the_export_of_the_same_model(trained):
 
 def test_an_export_directory_of_other_files_is_refused_and_left_as_it_was(tmp_path):
     import serving_loader
-    from evstore.job.model import build_model
-    from evstore.job.spec import load_spec
+    from evstore_app.job.model import build_model
+    from evstore_app.job.spec import load_spec
 
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "notes.txt").write_text("mine")

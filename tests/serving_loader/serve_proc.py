@@ -18,8 +18,8 @@ WAIT_S = 120      # an upper bound for a poll to see a commit (a loaded machine 
 
 
 def evstore(*args, timeout=600):
-    """`python -m evstore.cli ARGS` to completion: the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", "evstore.cli", *args], capture_output=True, text=True,
+    """`python -m evstore_app.cli ARGS` to completion: the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "evstore_app.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -32,7 +32,7 @@ class Served:
     """`evstore serve --export EXPORT [ARGS]` on a free port."""
 
     def __init__(self, log_dir, export, *args, name="m"):
-        cmd = [sys.executable, "-m", "evstore.cli", "serve", "--export", export, "--port", "0", "--model-name", name,
+        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--port", "0", "--model-name", name,
                "--poll-every", "0.2", *args]
         self.name = name
         self.log = open(os.path.join(log_dir, f"serve-{name}-{time.time_ns()}.log"), "w")

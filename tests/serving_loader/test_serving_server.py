@@ -31,7 +31,7 @@ class Server:
     """An `evstore serve` subprocess on a free port (port 0; the bound port is read from its first line)."""
 
     def __init__(self, tmp, export, root=None, name="ctr"):
-        cmd = [sys.executable, "-m", "evstore.cli", "serve", "--export", export, "--port", "0",
+        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--port", "0",
                "--model-name", name, "--poll-every", "0.2", "--max-request-bytes", str(MAX_BODY)]
         if root is not None:
             cmd += ["--checkpoints", root]

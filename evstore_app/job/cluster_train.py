@@ -1,8 +1,8 @@
 """The chief of a parameter-server training job (`evstore train-cluster`).
 
 The chief connects to a cluster of PS and worker tasks (`evstore server`, see
-evstore.cluster) with `ParameterServerStrategy`, builds a small CTR model on
-the synthetic click stream (evstore.job.synthetic.ClickStream) whose
+evstore_app.cluster) with `ParameterServerStrategy`, builds a small CTR model on
+the synthetic click stream (evstore_app.job.synthetic.ClickStream) whose
 embedding tables are ShardedEmbeddingVariables with one shard per PS, and
 trains it by scheduling one function per batch on a `ClusterCoordinator`.
 
@@ -31,7 +31,7 @@ import tensorflow as tf
 
 import checkpoint
 import evstore
-from evstore.job.synthetic import ClickStream
+from evstore_app.job.synthetic import ClickStream
 from evstore.sharded import ShardedEmbeddingVariable
 
 __all__ = ["CtrModel", "ClusterJob", "FIELDS", "run"]
@@ -100,7 +100,7 @@ class ClusterJob:
 
     Args:
       cluster: the cluster (a JSON file, a dict or None: `TF_CONFIG`; see
-        evstore.cluster.load_cluster). Ignored when `local`.
+        evstore_app.cluster.load_cluster). Ignored when `local`.
       checkpoints: checkpoint root every task can reach (None: no checkpoints).
       batch_size: examples per batch (one scheduled step).
       seed: the stream's and the model's seed.
@@ -131,7 +131,7 @@ class ClusterJob:
             self.num_ps = 0
             shards = None
         else:
-            from evstore.cluster import load_cluster
+            from evstore_app.cluster import load_cluster
 
             spec = load_cluster(cluster)
             if "ps" not in spec or "worker" not in spec or "chief" not in spec:

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import checkpoint
-from evstore.job.model import build_model, model_inputs
+from evstore_app.job.model import build_model, model_inputs
 
 __all__ = ["Trainer", "auc"]
 

@@ -157,7 +157,7 @@ def _tail(path, lines=30):
 class LocalCluster:
     """PS and worker processes on loopback ports; the calling process is the chief.
 
-    Each task runs `python -m evstore server --job J --task I --cluster FILE
+    Each task runs `python -m evstore_app server --job J --task I --cluster FILE
     --exit-with-parent` in its own process group, logging to
     `<directory>/<job>-<task>.log`. The constructor returns once every server
     has printed its ready line and accepts TCP connections. Use it as a
@@ -235,7 +235,7 @@ class LocalCluster:
         with open(self.log_path(job, task), "ab") as log:
             self._log_start[(job, task)] = log.tell()   # this incarnation's "ready" line comes after it
             self._procs[(job, task)] = subprocess.Popen(
-                [self._python, "-m", "evstore", "server", "--job", job, "--task", str(task),
+                [self._python, "-m", "evstore_app", "server", "--job", job, "--task", str(task),
                  "--cluster", self.cluster_file, "--exit-with-parent"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._env,
                 start_new_session=True)

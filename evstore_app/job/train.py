@@ -13,10 +13,10 @@ import time
 
 import tensorflow as tf
 
-from evstore.job.report import Summary
-from evstore.job.source import FileStream
-from evstore.job.spec import load_spec
-from evstore.job.trainer import Trainer
+from evstore_app.job.report import Summary
+from evstore_app.job.source import FileStream
+from evstore_app.job.spec import load_spec
+from evstore_app.job.trainer import Trainer
 
 __all__ = ["run"]
 

@@ -19,7 +19,7 @@ __all__ = ["ClickStream", "SPEC"]
 
 _M = np.uint64(0x9E3779B97F4A7C15)
 
-# The model spec the demo trains on this stream (see evstore.job.spec).
+# The model spec the demo trains on this stream (see evstore_app.job.spec).
 SPEC = {
     "label": {"column": "click"},
     "sparse": [

@@ -35,7 +35,7 @@ def _evict(e):
 
 
 def build_model(spec, seed=0):
-    """A compiled keras.Model for `spec` (see evstore.job.spec)."""
+    """A compiled keras.Model for `spec` (see evstore_app.job.spec)."""
     inputs, parts = [], []
     for f in spec["sparse"]:
         inp = keras.Input(shape=(1,), dtype="int64", name=f"{f['name']}_ids")

@@ -26,10 +26,10 @@ import urllib.request
 import numpy as np
 import tensorflow as tf
 
-from evstore.job.report import Summary
-from evstore.job.synthetic import SPEC, ClickStream
-from evstore.job.train import serve_command
-from evstore.job.trainer import Trainer
+from evstore_app.job.report import Summary
+from evstore_app.job.synthetic import SPEC, ClickStream
+from evstore_app.job.train import serve_command
+from evstore_app.job.trainer import Trainer
 
 __all__ = ["run"]
 
@@ -48,7 +48,7 @@ class _Server:
         self.base = f"http://127.0.0.1:{self.port}/v1/models/{name}"
         self.log = open(log_path or os.devnull, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "evstore.cli", "serve", "--export", export, "--checkpoints", root,
+            [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
              "--port", str(self.port), "--model-name", name, "--poll-every", str(poll_every)],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.seen = {}   # version -> wall time first reported

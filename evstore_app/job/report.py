@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 import checkpoint
-from evstore.job.model import build_model
+from evstore_app.job.model import build_model
 
 __all__ = ["Summary", "state_matches"]
 
@@ -47,7 +47,7 @@ class Summary:
             self.frozen.append(np.asarray(frozen))
 
     def running(self, window=200):
-        from evstore.job.trainer import auc
+        from evstore_app.job.trainer import auc
         if not self.labels:
             return {}
         y = np.concatenate(self.labels[-window:])
@@ -57,7 +57,7 @@ class Summary:
         return r
 
     def finish(self, first_full, final, train_seconds, steps, server_seen=None, spec=None, extra=None):
-        from evstore.job.trainer import auc
+        from evstore_app.job.trainer import auc
         t = self.trainer
         sc = checkpoint.scan(t.manager.storage)
         ms = [m for q, m in sorted(sc.manifests.items()) if q >= first_full]

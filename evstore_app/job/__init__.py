@@ -3,6 +3,6 @@
 The job is the top of the stack: it trains an evstore model on a stream,
 saves scheduled deltas and fulls with checkpoint.CheckpointManager, and
 (`demo`) runs a separate serving process (serving_loader) that hot-applies
-them. Nothing else in evstore imports this package, so the dependency
-direction serving_loader -> checkpoint -> evstore holds for the library.
+them. It is part of the application package evstore_app, which no library
+package imports: evstore_app -> serving_loader -> checkpoint -> evstore.
 """

@@ -151,7 +151,7 @@ def _server(args):
     import signal
     import threading
 
-    from evstore import cluster
+    from evstore_app import cluster
 
     try:
         spec = cluster.load_cluster(args.cluster)
@@ -182,10 +182,10 @@ def _server(args):
 
 
 def _train_cluster(args):
-    """Runs `evstore train-cluster` (evstore.job.cluster_train.run); prints a JSON summary."""
+    """Runs `evstore train-cluster` (evstore_app.job.cluster_train.run); prints a JSON summary."""
     import json
 
-    from evstore.job import cluster_train
+    from evstore_app.job import cluster_train
     try:
         res = cluster_train.run(args.cluster, args.checkpoints, steps=args.steps, batch_size=args.batch_size,
                                 seed=args.seed, learning_rate=args.learning_rate, delta_every=args.delta_every,
@@ -217,16 +217,16 @@ def _job(args):
 
     signal.signal(signal.SIGINT, graceful)
     signal.signal(signal.SIGTERM, graceful)
-    from evstore.job.report import format_summary
-    from evstore.job.spec import SpecError
+    from evstore_app.job.report import format_summary
+    from evstore_app.job.spec import SpecError
     try:
         if args.command == "demo":
-            from evstore.job import demo
+            from evstore_app.job import demo
             res = demo.run(minutes=args.minutes, out=args.out, seed=args.seed, batch_size=args.batch_size,
                            delta_every=args.delta_every, full_every=args.full_every,
                            warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop)
         else:
-            from evstore.job import train
+            from evstore_app.job import train
             res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
