@@ -7,7 +7,9 @@ REST (on the serving port, next to TF Serving's API; JSON bodies, errors {"error
   POST /v1/models/<name>/admin/resume      apply new commits again (catches up before answering)
   POST /v1/models/<name>/admin/rollback    {"version": <seq>, "then": "pin" | "resume"} ("pin" by default):
                                            serve the retained commit <seq>, whole or not at all
-Each POST answers the admin status after the operation. Statuses: 400 bad body
+Each POST answers the admin status after the operation. `handle` holds the
+logic, independent of the HTTP stack; `routes` adapts it to starlette.
+Statuses: 400 bad body
 or argument, 404 unknown model or commit not retained, 409 the operation cannot
 be done (no checkpoint root; the commit's chain cannot be staged: still serving
 the previous version), 405 wrong method.
@@ -19,16 +21,67 @@ Metrics (a collector in the server's registry, read at each scrape):
   (gauge, -1 none), evstore_serving_last_rollback_seconds (gauge: stage + publish).
 """
 import json
+import re
 
-__all__ = ["routes", "register_metrics", "MAX_BODY"]
+__all__ = ["handle", "routes", "register_metrics", "PATH", "MAX_BODY"]
 
 MAX_BODY = 64 * 1024
 
 
-def _json(obj, status=200):
-    from starlette.responses import Response
+PATH = r"/v1/models/(?P<name>[^/:]+)/admin(?:/(?P<action>[^/]*))?"
+_PATH = re.compile(PATH)
+_ACTIONS = ("pin", "resume", "rollback")
 
-    return Response(json.dumps(obj), status_code=status, media_type="application/json")
+
+def handle(model, model_name, method, path, body=b""):
+    """Answers one admin request: (HTTP status, JSON-able answer), or None when
+    `path` is not an admin path. Blocking (it waits for an apply in progress and
+    runs the rollback): call it off the event loop. Independent of the HTTP
+    stack: a server routes PATH (a regex, full match) here."""
+    from serving_loader.model import RollbackError
+
+    m = _PATH.fullmatch(path)
+    if m is None:
+        return None
+    name, what = m["name"], m["action"]
+    if name != model_name:
+        return 404, {"error": f"Servable not found for request: Latest({name}) (serving {model_name!r})"}
+    if what is not None and what not in _ACTIONS:
+        return 404, {"error": f"no admin action {what!r}; the actions are {', '.join(_ACTIONS)}"}
+    want = "GET" if what is None else "POST"
+    if method != want:
+        return 405, {"error": f"method {method} not allowed on {path} (allowed: {want})"}
+    if what is None:
+        return 200, _state(model)
+    if len(body) > MAX_BODY:
+        return 413, {"error": f"admin request body exceeds {MAX_BODY} bytes"}
+    try:
+        args = json.loads(body) if body.strip() else {}
+    except (ValueError, RecursionError) as e:
+        return 400, {"error": f"request body is not valid JSON: {e}"}
+    if not isinstance(args, dict):
+        return 400, {"error": "request body must be a JSON object"}
+    allowed = {"version", "then"} if what == "rollback" else set()
+    unknown = sorted(set(args) - allowed)
+    if unknown:
+        return 400, {"error": f"unknown fields {unknown} for {what}; it takes {sorted(allowed)}"}
+    try:
+        if what == "pin":
+            model.pin()
+        elif what == "resume":
+            if model.storage is None:
+                raise RollbackError(409, "no checkpoint root: this server serves its export as it is")
+            model.resume()
+        else:
+            if "version" not in args:
+                raise RollbackError(400, 'a rollback names the commit: {"version": <sequence number>}')
+            seq = args["version"]
+            if isinstance(seq, str) and seq.isdigit():   # TF Serving writes versions as strings
+                seq = int(seq)
+            model.rollback(seq, args.get("then", "pin"))
+    except RollbackError as e:
+        return e.status, {"error": e.message}
+    return 200, _state(model)
 
 
 def _state(model):
@@ -39,66 +92,21 @@ def routes(model, model_name):
     """Starlette routes of the admin endpoints for `model` served as `model_name`
     (place them before the catch-all /v1/models route)."""
     from starlette.concurrency import run_in_threadpool
+    from starlette.responses import Response
     from starlette.routing import Route
 
-    from serving_loader.model import RollbackError
-
-    def check(request):
-        name = request.path_params["name"]
-        if name != model_name:
-            return _json({"error": f"Servable not found for request: Latest({name}) (serving {model_name!r})"}, 404)
-        return None
-
-    async def status(request):
-        return check(request) or _json(await run_in_threadpool(_state, model))
-
-    async def action(request):
-        bad = check(request)
-        if bad:
-            return bad
-        what = request.path_params["action"]
-        if what not in ("pin", "resume", "rollback"):
-            return _json({"error": f"no admin action {what!r}; the actions are pin, resume and rollback"}, 404)
+    async def endpoint(request):
         body = b""
         async for chunk in request.stream():
             body += chunk
             if len(body) > MAX_BODY:
-                return _json({"error": f"admin request body exceeds {MAX_BODY} bytes"}, 413)
-        try:
-            args = json.loads(body) if body.strip() else {}
-        except (ValueError, RecursionError) as e:
-            return _json({"error": f"request body is not valid JSON: {e}"}, 400)
-        if not isinstance(args, dict):
-            return _json({"error": "request body must be a JSON object"}, 400)
-        allowed = {"version", "then"} if what == "rollback" else set()
-        unknown = sorted(set(args) - allowed)
-        if unknown:
-            return _json({"error": f"unknown fields {unknown} for {what}; it takes {sorted(allowed)}"}, 400)
-        try:
-            if what == "pin":
-                await run_in_threadpool(model.pin)
-            elif what == "resume":
-                if model.storage is None:
-                    raise RollbackError(409, "no checkpoint root: this server serves its export as it is")
-                await run_in_threadpool(model.resume)
-            else:
-                if "version" not in args:
-                    raise RollbackError(400, 'a rollback names the commit: {"version": <sequence number>}')
-                seq = args["version"]
-                if isinstance(seq, str) and seq.isdigit():   # TF Serving writes versions as strings
-                    seq = int(seq)
-                await run_in_threadpool(model.rollback, seq, args.get("then", "pin"))
-        except RollbackError as e:
-            return _json({"error": e.message}, e.status)
-        return _json(await run_in_threadpool(_state, model))
+                break
+        status, answer = await run_in_threadpool(handle, model, model_name, request.method, request.url.path, body)
+        return Response(json.dumps(answer), status_code=status, media_type="application/json")
 
-    async def wrong_method(request):
-        return _json({"error": f"method {request.method} not allowed on {request.url.path}"}, 405)
-
-    return [Route("/v1/models/{name}/admin", status, methods=["GET"]),
-            Route("/v1/models/{name}/admin", wrong_method, methods=["POST", "PUT", "DELETE", "PATCH"]),
-            Route("/v1/models/{name}/admin/{action}", action, methods=["POST"]),
-            Route("/v1/models/{name}/admin/{action}", wrong_method, methods=["GET", "PUT", "DELETE", "PATCH"])]
+    methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
+    return [Route("/v1/models/{name}/admin", endpoint, methods=methods),
+            Route("/v1/models/{name}/admin/{action}", endpoint, methods=methods)]
 
 
 class _Collector:
