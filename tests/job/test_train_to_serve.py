@@ -11,7 +11,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "serving_loader"))
-from serve_proc import Served, evstore, last_line  # noqa: E402
+from serve_proc import Server, evstore, last_line, predict_columns, wait_until  # noqa: E402
 
 DATA = os.path.join(REPO, "tests", "data", "movielens-slice", "ratings.csv")
 SPEC = os.path.join(REPO, "examples", "movielens.json")
@@ -57,10 +57,10 @@ def test_train_export_then_serve_answers_with_the_trainers_predictions(trained):
     spec, x = _queries()
     model = build_model(spec)
     checkpoint.CheckpointManager(str(tmp / "ckpt"), model).restore()   # the trainer's final state
-    server = Served(str(tmp), str(tmp / "export"), "--checkpoints", str(tmp / "ckpt"), name="movielens")
+    server = Server(str(tmp), str(tmp / "export"), str(tmp / "ckpt"), name="movielens")
     try:
         assert server.version() == summary["checkpoints"]["final"]
-        got = np.asarray(server.predict(x))
+        got = np.asarray(predict_columns(server, x))
         np.testing.assert_allclose(got, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
         assert got.shape == (16, 1) and np.all((got > 0) & (got < 1))
     finally:
@@ -126,11 +126,11 @@ def test_serve_with_allow_empty_serves_the_export_and_applies_the_first_commit(t
 
     tmp, _, _ = trained
     root = tmp_path / "later"
-    server = Served(str(tmp_path), str(tmp / "export"), "--checkpoints", str(root), "--allow-empty", name="m")
+    server = Server(str(tmp_path), str(tmp / "export"), str(root), name="m", extra=["--allow-empty"])
     try:
         assert server.version() == 0            # the export as written
         shutil.copytree(tmp / "ckpt", tmp_path / "staging")
         os.rename(tmp_path / "staging", root)   # the trainer's commits arrive
-        server.wait(lambda: server.version() > 0, "the first commit to be served")
+        wait_until(lambda: server.version() > 0, "the first commit to be served")
     finally:
         assert server.stop() == 0

@@ -1,6 +1,8 @@
-"""A real `evstore serve` process for tests of the train -> serve path and the
-admin endpoints: started on a free port (port 0, read back from its ready
-line), driven over HTTP with urllib, stopped with SIGTERM."""
+"""Helpers for tests of the train -> serve path and the admin endpoints: the
+`evstore` command as a subprocess, and an `evstore serve` process (`Server`,
+started on a free port read back from its ready line). Server's interface
+(constructor, call, predict, version, stop) is the one the serving tests'
+server helper has, so either can drive these tests."""
 import json
 import os
 import queue
@@ -28,72 +30,77 @@ def last_line(text):
     return lines[-1] if lines else ""
 
 
-class Served:
-    """`evstore serve --export EXPORT [ARGS]` on a free port."""
+def wait_until(cond, what):
+    deadline = time.time() + WAIT_S
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
 
-    def __init__(self, log_dir, export, *args, name="m"):
-        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--port", "0", "--model-name", name,
-               "--poll-every", "0.2", *args]
+
+def predict_columns(server, columns):
+    """The outputs of a columnar predict of `columns` ({input: ndarray})."""
+    status, body = server.predict({"inputs": {k: v.tolist() for k, v in columns.items()}})
+    assert status == 200, body
+    return body["outputs"]
+
+
+def admin(server, action=None, body=None):
+    """(status, answer) of GET /v1/models/<name>/admin, or of POST .../admin/<action>."""
+    path = f"/v1/models/{server.name}/admin"
+    return server.call("GET", path) if action is None else server.call("POST", f"{path}/{action}", body or {})
+
+
+def metrics(server):
+    """{sample name: value} of the server's /metrics (unlabelled samples)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=60) as r:
+        text = r.read().decode()
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
+
+
+class Server:
+    """`evstore serve --export EXPORT [--checkpoints ROOT] [EXTRA]` on a free port."""
+
+    def __init__(self, tmp, export, root=None, name="ctr", extra=()):
+        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--port", "0",
+               "--model-name", name, "--poll-every", "0.2", *extra]
+        if root is not None:
+            cmd += ["--checkpoints", root]
         self.name = name
-        self.log = open(os.path.join(log_dir, f"serve-{name}-{time.time_ns()}.log"), "w")
+        self.log = open(os.path.join(tmp, f"serve-{name}-{time.monotonic_ns()}.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
         lines = queue.Queue()
         threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
         deadline = time.time() + STARTUP_S
         while True:
             try:
-                line = lines.get(timeout=1)
+                found = re.search(r"^serving .* on http://\S+:(\d+)", lines.get(timeout=1))
             except queue.Empty:
-                line = ""
-            found = re.search(r"http://\S+:(\d+)", line)
+                found = None
             if found:
                 self.port = int(found[1])
-                self.url = f"http://127.0.0.1:{self.port}"
                 return
             if self.proc.poll() is not None or time.time() > deadline:
                 self.stop()
                 raise AssertionError(f"server did not start: {open(self.log.name).read()[-3000:]}")
 
     def call(self, method, path, body=None):
-        """(HTTP status, parsed JSON body) of one request."""
-        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
-        req = urllib.request.Request(self.url + path, data=data, method=method)
+        """(HTTP status, parsed JSON answer) of one request."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method)
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
 
-    def predict(self, columns):
-        """The outputs of a columnar predict of `columns` ({input: array})."""
-        status, body = self.call("POST", f"/v1/models/{self.name}:predict",
-                                 {"inputs": {k: v.tolist() for k, v in columns.items()}})
-        assert status == 200, body
-        return body["outputs"]
+    def predict(self, body):
+        return self.call("POST", f"/v1/models/{self.name}:predict", body)
 
     def version(self):
         status, body = self.call("GET", f"/v1/models/{self.name}")
         assert status == 200, body
         return int(body["model_version_status"][0]["version"])
-
-    def admin(self, action=None, body=None):
-        """(status, body) of GET .../admin, or of POST .../admin/<action>."""
-        path = f"/v1/models/{self.name}/admin"
-        return self.call("GET", path) if action is None else self.call("POST", f"{path}/{action}", body or {})
-
-    def wait(self, cond, what):
-        deadline = time.time() + WAIT_S
-        while not cond():
-            assert time.time() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.1)
-
-    def metrics(self):
-        """{sample name: value} of /metrics (unlabelled samples)."""
-        from prometheus_client.parser import text_string_to_metric_families
-        with urllib.request.urlopen(self.url + "/metrics", timeout=60) as r:
-            text = r.read().decode()
-        return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                if not s.labels}
 
     def stop(self):
         if self.proc.poll() is None:

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
 import checkpoint  # noqa: E402
 import serving_loader  # noqa: E402
 from ckpt_model import make_model, probe_inputs, train  # noqa: E402
-from serve_proc import WAIT_S, Served, evstore, last_line  # noqa: E402
+from serve_proc import WAIT_S, Server, admin, evstore, last_line, metrics, predict_columns, wait_until  # noqa: E402
 from serving_loader.model import RollbackError  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def served(tmp_path_factory):
     for i, a in enumerate(seqs):   # every commit answers the probe differently: an answer names its version
         for b in seqs[i + 1:]:
             assert not np.allclose(job.want[a], job.want[b], rtol=1e-6, atol=1e-7), (a, b)
-    server = Served(str(tmp), job.export, "--checkpoints", job.mgr.root, name="ctr")
+    server = Server(str(tmp), job.export, job.mgr.root, name="ctr")
     try:
         yield job, server
     finally:
@@ -77,11 +77,11 @@ def served(tmp_path_factory):
 
 def _serving(job, server, seq):
     assert server.version() == seq
-    assert job.versions_matching(server.predict(_probe())) == [seq]
+    assert job.versions_matching(predict_columns(server, _probe())) == [seq]
 
 
 def _at_newest(job, server):
-    status, body = server.admin("resume")
+    status, body = admin(server, "resume")
     assert status == 200 and body["version"] == job.newest and body["pinned"] is False, body
 
 
@@ -89,7 +89,7 @@ def test_rollback_serves_the_trainers_predictions_at_that_commit(served):
     job, server = served
     _at_newest(job, server)
     for seq in (2, 3, 1):      # into the older chain, forward in it, back to its full
-        status, body = server.admin("rollback", {"version": seq})
+        status, body = admin(server, "rollback", {"version": seq})
         assert status == 200, body
         assert body["version"] == seq and body["pinned"] is True and body["last_rollback"]["to"] == seq
         _serving(job, server, seq)
@@ -99,30 +99,30 @@ def test_pin_stops_applying_new_commits(served):
     job, server = served
     _at_newest(job, server)
     held = job.newest
-    status, body = server.admin("pin")
+    status, body = admin(server, "pin")
     assert status == 200 and body["pinned"] is True and body["version"] == held, body
     new = job.commit()
-    server.wait(lambda: server.admin()[1]["newest_committed"] == new, f"the server to see commit {new}")
+    wait_until(lambda: admin(server)[1]["newest_committed"] == new, f"the server to see commit {new}")
     _serving(job, server, held)
 
 
 def test_resume_catches_up_to_the_newest_commit(served):
     job, server = served
-    status, body = server.admin("rollback", {"version": 2})
+    status, body = admin(server, "rollback", {"version": 2})
     assert status == 200 and body["pinned"] is True, body
     job.commit()
-    status, body = server.admin("resume")
+    status, body = admin(server, "resume")
     assert status == 200, body
     assert body["version"] == job.newest and body["pinned"] is False
     _serving(job, server, job.newest)
     new = job.commit()          # resumed: later commits are applied again
-    server.wait(lambda: server.version() == new, f"commit {new} to be served")
+    wait_until(lambda: server.version() == new, f"commit {new} to be served")
     _serving(job, server, new)
 
 
 def test_rollback_then_resume_serves_the_newest_commit_and_keeps_applying(served):
     job, server = served
-    status, body = server.admin("rollback", {"version": "3", "then": "resume"})   # a version as TF Serving writes it
+    status, body = admin(server, "rollback", {"version": "3", "then": "resume"})   # a version as TF Serving writes it
     assert status == 200, body
     assert body["last_rollback"]["to"] == 3 and body["last_rollback"]["then"] == "resume"
     assert body["pinned"] is False and body["version"] == job.newest
@@ -137,7 +137,7 @@ def test_each_answer_during_rollbacks_comes_from_exactly_one_committed_version(s
     def storm():
         try:
             while not stop.is_set():
-                answers.append(server.predict(_probe()))
+                answers.append(predict_columns(server, _probe()))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(repr(e))
 
@@ -149,7 +149,7 @@ def test_each_answer_during_rollbacks_comes_from_exactly_one_committed_version(s
     try:
         for i in itertools.count():     # until the answers span several versions (the storm overlapped)
             seq = targets[i % len(targets)]
-            status, body = server.admin("rollback", {"version": seq})
+            status, body = admin(server, "rollback", {"version": seq})
             assert status == 200 and body["version"] == seq, body
             spanned = {tuple(job.versions_matching(a)) for a in list(answers)}
             if (i >= len(targets) and len(spanned) >= 3) or time.time() > deadline:
@@ -170,9 +170,9 @@ def test_each_answer_during_rollbacks_comes_from_exactly_one_committed_version(s
 def test_rollback_to_a_commit_not_retained_is_404_and_changes_nothing(served):
     job, server = served
     _at_newest(job, server)
-    status, body = server.admin("rollback", {"version": 999})
+    status, body = admin(server, "rollback", {"version": 999})
     assert status == 404 and "not retained" in body["error"], body
-    status, body = server.admin()
+    status, body = admin(server)
     assert body["pinned"] is False and body["version"] == job.newest
     _serving(job, server, job.newest)
 
@@ -181,37 +181,37 @@ def test_rollback_to_a_commit_not_retained_is_404_and_changes_nothing(served):
                                   {"version": 2, "then": "later"}, {"version": 2, "extra": 1}, [2]])
 def test_a_bad_rollback_request_is_400_with_an_error_body(served, body):
     _, server = served
-    status, answer = server.admin("rollback", body)
+    status, answer = admin(server, "rollback", body)
     assert status == 400 and isinstance(answer["error"], str), answer
 
 
 def test_rollback_and_pin_are_reported_in_metrics_and_the_admin_status(served):
     job, server = served
-    before = server.metrics()["evstore_serving_rollbacks_total"]
-    status, _ = server.admin("rollback", {"version": 3})
+    before = metrics(server)["evstore_serving_rollbacks_total"]
+    status, _ = admin(server, "rollback", {"version": 3})
     assert status == 200
-    m = server.metrics()
+    m = metrics(server)
     assert m["evstore_serving_rollbacks_total"] == before + 1
     assert m["evstore_serving_pinned"] == 1 and m["evstore_serving_last_rollback_sequence"] == 3
     assert m["evstore_serving_applied_sequence"] == 3
     assert m["evstore_serving_newest_committed_sequence"] == job.newest
     assert m["evstore_serving_rollback_failures_total"] == 0
-    _, st = server.admin()
+    _, st = admin(server)
     assert st["last_rollback"]["to"] == 3 and st["last_rollback"]["then"] == "pin" and st["pinned"] is True
     assert set(job.want) <= set(st["retained"])
     _at_newest(job, server)
-    assert server.metrics()["evstore_serving_pinned"] == 0
+    assert metrics(server)["evstore_serving_pinned"] == 0
 
 
 def test_serve_admin_cli_rolls_back_resumes_and_reports_a_refusal_in_one_line(served):
     job, server = served
-    p = evstore("serve-admin", "--url", server.url, "--model-name", "ctr", "rollback", "2")
+    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.port}", "--model-name", "ctr", "rollback", "2")
     assert p.returncode == 0, p.stderr[-2000:]
     assert '"version": 2' in p.stdout
     _serving(job, server, 2)
-    p = evstore("serve-admin", "--url", server.url, "--model-name", "ctr", "resume")
+    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.port}", "--model-name", "ctr", "resume")
     assert p.returncode == 0 and f'"version": {job.newest}' in p.stdout, p.stderr[-2000:]
-    p = evstore("serve-admin", "--url", server.url, "--model-name", "ctr", "rollback", "999")
+    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.port}", "--model-name", "ctr", "rollback", "999")
     assert p.returncode == 1
     assert last_line(p.stderr).startswith("evstore serve-admin: rollback refused (404): commit 999 is not retained")
 
