@@ -10,7 +10,9 @@ resumed (back to the newest: one delta applied), and for comparison a second
 ServingModel of the same export and root is loaded (what a reload-based server
 such as TF Serving holds while a new version loads). Extra RSS: peak during the
 call minus RSS before it (bench/peak_rss.py: VmHWM and a 2 ms VmRSS sampler).
-Prints one JSON line.
+Also the latency of back-to-back batch-1 predictions on a second thread: idle
+for 1 s, and during the rollback (its longest is how long the publish blocks
+predictions). Prints one JSON line.
 """
 import argparse
 import json
@@ -23,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from bench_serving import make_job, touch  # noqa: E402
+from bench_serving import IDS_PER_EXAMPLE, make_job, touch  # noqa: E402
 from peak_rss import PeakRss  # noqa: E402
 
 
@@ -48,9 +50,11 @@ def main():
     assert sm.version == newest
     with PeakRss() as pin:
         sm.pin()
+    ids = {"ids": np.arange(IDS_PER_EXAMPLE, dtype=np.int64)[None, :]}
+    idle = _predict_latencies(sm, ids, lambda: time.sleep(1.0))
     with PeakRss() as rb:
         t = time.perf_counter()
-        sm.rollback(newest - 1)
+        during = _predict_latencies(sm, ids, lambda: sm.rollback(newest - 1))
         rollback_s = time.perf_counter() - t
     assert sm.version == newest - 1 and sm.pinned
     with PeakRss() as rs:
@@ -72,7 +76,34 @@ def main():
         "rollback_s": round(rollback_s, 3), "rollback_extra_mib": round(rb.extra_mib, 1),
         "resume_s": round(resume_s, 3), "resume_extra_mib": round(rs.extra_mib, 1),
         "second_model_load_s": round(second_s, 3), "second_model_load_extra_mib": round(second.extra_mib, 1),
-        "rss_before_rollback_mib": round(rb.start_mib, 1)}))
+        "rss_before_rollback_mib": round(rb.start_mib, 1),
+        "predict_ms_idle": {"p50": _ms(idle, 50), "max": _ms(idle, 100)},
+        "predict_ms_during_rollback": {"p50": _ms(during, 50), "max": _ms(during, 100), "n": len(during)}}))
+
+
+def _predict_latencies(sm, inputs, action):
+    """Latencies of back-to-back batch-1 predictions on another thread while `action` runs."""
+    import threading
+    stop, lat = threading.Event(), []
+
+    def loop():
+        while not stop.is_set():
+            t = time.perf_counter()
+            sm.predict(inputs)
+            lat.append(time.perf_counter() - t)
+
+    th = threading.Thread(target=loop)
+    th.start()
+    try:
+        action()
+    finally:
+        stop.set()
+        th.join()
+    return lat
+
+
+def _ms(xs, q):
+    return round(float(np.percentile(xs, q)) * 1e3, 2) if xs else None
 
 
 if __name__ == "__main__":
