@@ -1,9 +1,12 @@
 """The bundle inside a checkpoint directory: writing EVs and dense tensors with
 the native streaming writer, and applying an EV's tensors back to a table.
 
-Tensor names (DESIGN section 4): per EV `<name>-keys`, `-values`, `-versions`,
-`-freqs`, `-keys_filtered`, `-freqs_filtered`, `<name>/<slot>-values`, and in
-deltas `<name>-deleted_keys`; dense tensors under their own names; `global_step`.
+Tensor names (DESIGN section 4; defined by the native writer,
+evstore/native/tf/checkpoint_kernels.cc): per EV `<name>-keys`, `-values`,
+`-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`, `-seen_filtered`,
+`-clock`, `<name>/<slot>-values`, with a BloomFilter `-bloom_geometry`,
+`-bloom_blocks`, `-bloom_counters`, and in deltas `<name>-deleted_keys`; dense
+tensors under their own names; `global_step`.
 """
 import concurrent.futures
 import os

@@ -28,7 +28,8 @@ from checkpoint.shards import device_groups
 __all__ = ["commit_checkpoint"]
 
 log = logging.getLogger("evstore.checkpoint")
-_EV_TENSORS = ("-keys", "-values", "-versions", "-freqs", "-keys_filtered", "-freqs_filtered")
+_EV_TENSORS = ("-keys", "-values", "-versions", "-freqs", "-keys_filtered", "-freqs_filtered", "-seen_filtered",
+               "-clock")
 
 
 def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, base=None, chunk_rows=65536,

@@ -42,7 +42,8 @@ class GlobalStepEvict(EvictPolicy):
       * for a key counted but not admitted (CounterFilter): the step it was
         last looked up at (the clock, likewise).
     A key whose reference is unknown (admitted before the EV saw any global
-    step, rows loaded without versions, filtered keys after a restore) is not
+    step, rows loaded without versions, filtered keys restored from a
+    checkpoint older than `-seen_filtered` or through tf.train.Checkpoint) is not
     evicted by that call: it is stamped with `global_step` and counts from it.
 
     Raises:

@@ -47,7 +47,8 @@ class CounterFilter(AdmissionFilter):
     index entry holding its count and the step it was last seen at) and ignores
     gradients. The training lookup that brings its count to `min_freq` admits
     it. Counts of keys not yet admitted are saved with the EV (checkpoint
-    tensors `-keys_filtered` / `-freqs_filtered`) and survive a restore; an EV
+    tensors `-keys_filtered` / `-freqs_filtered`, with the step each was last
+    seen at in `-seen_filtered`) and survive a restore; an EV
     restored with another `min_freq` keeps admitted keys admitted. With an
     eviction policy, keys not yet admitted are evicted too (by the step they
     were last seen at, see `evstore.GlobalStepEvict`).
@@ -87,8 +88,12 @@ class BloomFilter(AdmissionFilter):
     admitted). A key evicted and seen again is re-admitted at once (its counters
     still hold its count): an early admission.
 
-    The counters are not saved in checkpoints: after a restore, keys not yet
-    admitted count from zero again (admitted keys stay admitted).
+    The counters are saved with the EV (checkpoint tensors `-bloom_geometry`,
+    `-bloom_blocks`, `-bloom_counters`: every non-zero block of 4096 counters
+    in a full, the blocks raised since the last save in a delta), so a restored
+    job admits exactly as the saved one would have. They restore only into a
+    filter of the same `capacity`, `fp_rate` and shard layout; otherwise (or
+    through `tf.train.Checkpoint`) keys not yet admitted count from zero.
 
     Args:
       min_freq: sightings needed for admission, an int in [1, 255].

@@ -17,9 +17,9 @@
 //     row == kNoRow                     filtered, last-seen step unknown
 //     kRowLimit <= row < kNoRow - 1     filtered, last seen at row - kRowLimit
 //   (steps saturate at 2^31 - 3; kNoRow - 1 is the table's transient
-//   "admitting" mark). Checkpoints carry filtered keys' counts only
-//   (-keys_filtered / -freqs_filtered), so a restored filtered key's
-//   last-seen step is unknown.
+//   "admitting" mark). Checkpoints carry filtered keys' counts and last-seen
+//   steps (-keys_filtered / -freqs_filtered / -seen_filtered) and the clock
+//   (-clock), so a restored table ages keys exactly as the saved one would.
 //
 // "Now" for a lookup is the table's clock: the highest global step it has
 // seen (optimizer applies, evict calls, versions of restored rows). A key

@@ -6,9 +6,17 @@
 //   Rows(keys, rows, stride, versions, freqs, n)  admitted keys; row i is
 //        rows[i*stride .. i*stride + stride): embedding then the slots named
 //        in the export's `slots` (a prefix of the table's slots).
-//   Filtered(keys, freqs, n)                      counted, not admitted keys.
+//   Filtered(keys, freqs, seen, n)                counted, not admitted keys
+//        with the step each was last seen at (-1 unknown): eviction ages
+//        them from it.
 //   Deleted(keys, n)                              keys erased since the last
 //        committed export (deltas only).
+//   BloomBlocks(ids, counters, n)                 a BloomFilter's counter
+//        blocks (filter_policy.h), CountingBloom::kBlock bytes each: in a
+//        full every non-zero block, in a delta the blocks raised since the
+//        last committed export. Nothing without a Bloom filter.
+// With the table's clock (the kernel saves it), this is everything that
+// decides a future admission or eviction, so a restore resumes exactly.
 //
 // Consistency under concurrent training
 //   * Full: segments are visited one at a time; each segment is read under
@@ -26,6 +34,7 @@
 // A sink reports failure by throwing; the lock guards release on unwind and
 // the caller aborts the snapshot.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -39,14 +48,16 @@ class ExportSink {
   virtual ~ExportSink() = default;
   virtual void Rows(const K* keys, const float* rows, int stride, const int64_t* versions, const int64_t* freqs,
                     int64_t n) = 0;
-  virtual void Filtered(const K* keys, const int64_t* freqs, int64_t n) = 0;
+  virtual void Filtered(const K* keys, const int64_t* freqs, const int64_t* seen, int64_t n) = 0;
   virtual void Deleted(const K* keys, int64_t n) = 0;
+  virtual void BloomBlocks(const int64_t* ids, const uint8_t* counters, int64_t n) = 0;
 };
 
 struct ExportCounts {
   int64_t rows = 0;
   int64_t filtered = 0;
   int64_t deleted = 0;
+  int64_t bloom_blocks = 0;
 };
 
 namespace export_internal {
@@ -61,6 +72,7 @@ struct Chunk {
     freqs.reserve(cap);
     fkeys.reserve(cap);
     ffreqs.reserve(cap);
+    fseen.reserve(cap);
   }
   const int stride;
   const int64_t cap;
@@ -68,7 +80,7 @@ struct Chunk {
   std::vector<float> rows;
   std::vector<int64_t> versions, freqs;
   std::vector<K> fkeys;
-  std::vector<int64_t> ffreqs;
+  std::vector<int64_t> ffreqs, fseen;
 
   void FlushRows(ExportSink<K>* sink, ExportCounts* c) {
     if (keys.empty()) return;
@@ -81,12 +93,39 @@ struct Chunk {
   }
   void FlushFiltered(ExportSink<K>* sink, ExportCounts* c) {
     if (fkeys.empty()) return;
-    sink->Filtered(fkeys.data(), ffreqs.data(), fkeys.size());
+    sink->Filtered(fkeys.data(), ffreqs.data(), fseen.data(), fkeys.size());
     c->filtered += fkeys.size();
     fkeys.clear();
     ffreqs.clear();
+    fseen.clear();
   }
 };
+
+// Streams Bloom counter blocks `ids` (all of them when ids is null, then only
+// the non-zero ones) in chunks of at most `cap` blocks.
+template <typename K>
+void ExportBloom(const Table<K>& t, const std::vector<int64_t>* ids, int64_t cap, ExportSink<K>* sink,
+                 ExportCounts* c) {
+  if (!t.has_bloom()) return;
+  const int64_t B = CountingBloom::kBlock, total = ids ? ids->size() : t.bloom()->num_blocks();
+  cap = std::max<int64_t>(1, std::min<int64_t>(cap, (64 << 20) / B));  // at most 64 MiB per chunk
+  std::vector<int64_t> out_ids;
+  std::vector<uint8_t> buf(cap * B);
+  auto flush = [&] {
+    if (out_ids.empty()) return;
+    sink->BloomBlocks(out_ids.data(), buf.data(), out_ids.size());
+    c->bloom_blocks += out_ids.size();
+    out_ids.clear();
+  };
+  for (int64_t j = 0; j < total; ++j) {
+    const int64_t id = ids ? (*ids)[j] : j;
+    uint8_t* dst = buf.data() + out_ids.size() * B;
+    if (!t.ReadBloomBlock(id, dst) && !ids) continue;  // a full skips all-zero blocks
+    out_ids.push_back(id);
+    if (static_cast<int64_t>(out_ids.size()) == cap) flush();
+  }
+  flush();
+}
 
 }  // namespace export_internal
 
@@ -107,12 +146,14 @@ ExportCounts ExportFull(const Table<K>& t, int num_slots, int64_t chunk_rows, Ex
       } else {
         ch.fkeys.push_back(x.key);
         ch.ffreqs.push_back(x.freq);
+        ch.fseen.push_back(x.seen);
         if (static_cast<int64_t>(ch.fkeys.size()) == ch.cap) ch.FlushFiltered(sink, &c);
       }
     });
   }
   ch.FlushRows(sink, &c);
   ch.FlushFiltered(sink, &c);
+  export_internal::ExportBloom(t, nullptr, ch.cap, sink, &c);
   return c;
 }
 
@@ -125,13 +166,14 @@ ExportCounts ExportDelta(const Table<K>& t, const typename Table<K>::Snapshot& s
   export_internal::Chunk<K> ch(stride, cap);
   ExportCounts c;
   std::vector<uint8_t> present(cap), admitted(cap);
-  std::vector<int64_t> versions(cap), freqs(cap);
+  std::vector<int64_t> versions(cap), freqs(cap), seen(cap);
   std::vector<float> rows(cap * stride);
   const int64_t n = snap.dirty.size();
   for (int64_t lo = 0; lo < n; lo += cap) {
     const int64_t m = std::min(cap, n - lo);
     const K* keys = snap.dirty.data() + lo;
-    t.Read(keys, m, stride, present.data(), admitted.data(), versions.data(), freqs.data(), rows.data());
+    t.Read(keys, m, stride, present.data(), admitted.data(), versions.data(), freqs.data(), rows.data(),
+           seen.data());
     for (int64_t i = 0; i < m; ++i) {
       if (!present[i]) continue;  // erased since the seal: in the next delta's deleted keys
       if (admitted[i]) {
@@ -142,6 +184,7 @@ ExportCounts ExportDelta(const Table<K>& t, const typename Table<K>::Snapshot& s
       } else {
         ch.fkeys.push_back(keys[i]);
         ch.ffreqs.push_back(freqs[i]);
+        ch.fseen.push_back(seen[i]);
       }
     }
     ch.FlushRows(sink, &c);
@@ -152,6 +195,7 @@ ExportCounts ExportDelta(const Table<K>& t, const typename Table<K>::Snapshot& s
     sink->Deleted(snap.deleted.data() + lo, m);
     c.deleted += m;
   }
+  export_internal::ExportBloom(t, &snap.bloom_blocks, cap, sink, &c);
   return c;
 }
 

@@ -26,6 +26,8 @@ template <typename K>
 struct VecSink : ExportSink<K> {
   std::map<K, Row> rows;
   std::map<K, int64_t> filtered;
+  std::map<K, int64_t> seen;
+  std::map<int64_t, std::vector<uint8_t>> bloom;
   std::vector<K> deleted;
   int64_t row_calls = 0, max_chunk = 0;
   void Rows(const K* keys, const float* r, int stride, const int64_t* v, const int64_t* f, int64_t n) override {
@@ -36,10 +38,14 @@ struct VecSink : ExportSink<K> {
       rows[keys[i]] = {std::vector<float>(r + i * stride, r + (i + 1) * stride), v[i], f[i]};
     }
   }
-  void Filtered(const K* keys, const int64_t* f, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) filtered[keys[i]] = f[i];
+  void Filtered(const K* keys, const int64_t* f, const int64_t* s, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) filtered[keys[i]] = f[i], seen[keys[i]] = s[i];
   }
   void Deleted(const K* keys, int64_t n) override { deleted.insert(deleted.end(), keys, keys + n); }
+  void BloomBlocks(const int64_t* ids, const uint8_t* c, int64_t n) override {
+    const int64_t B = CountingBloom::kBlock;
+    for (int64_t i = 0; i < n; ++i) bloom[ids[i]].assign(c + i * B, c + (i + 1) * B);
+  }
 };
 
 TableConfig Cfg(int dim, uint32_t min_freq) {
@@ -197,8 +203,9 @@ void test_reserved_table_imports_a_full_export_in_table_order() {
     void Rows(const int64_t* k, const float*, int, const int64_t*, const int64_t*, int64_t n) override {
       out->insert(out->end(), k, k + n);
     }
-    void Filtered(const int64_t*, const int64_t*, int64_t) override {}
+    void Filtered(const int64_t*, const int64_t*, const int64_t*, int64_t) override {}
     void Deleted(const int64_t*, int64_t) override {}
+    void BloomBlocks(const int64_t*, const uint8_t*, int64_t) override {}
   } ordered;
   ordered.out = &order;
   ExportFull(src, 0, 4096, &ordered);
@@ -224,6 +231,46 @@ void test_crc32c_matches_the_standard_check_value_in_any_split() {
   TCHECK_EQ(whole, ~crc32c_internal::Software(~0u, buf.data(), buf.size()));
 }
 
+
+void test_filter_state_last_seen_steps_and_bloom_blocks_are_exported() {
+  // CounterFilter: a filtered key's last-seen step goes with its count.
+  Table<int64_t> t(Cfg(2, 3));
+  t.AdvanceClock(7);
+  Insert(t, std::vector<int64_t>{5});
+  VecSink<int64_t> full;
+  ExportFull(t, 0, 16, &full);
+  TCHECK_EQ(full.seen.at(5), int64_t{7});
+  Table<int64_t> back(Cfg(2, 3));
+  int64_t k = 5, f = 1, seen = 7;
+  back.ImportFiltered(&k, 1, &f, false, true, &seen);
+  back.AdvanceClock(20);
+  back.Evict(12, EvictPolicy{4, 0.f});  // 12 - 7 > 4: evicted by its restored age
+  TCHECK_EQ(back.Stats().size, int64_t{0});
+  // BloomFilter: counters go out in blocks; a delta carries only raised blocks.
+  TableConfig c = Cfg(2, 3);
+  c.bloom.capacity = 100000;
+  Table<int64_t> b(c);
+  auto s0 = b.BeginExport();
+  b.Commit(s0->id);
+  Insert(b, std::vector<int64_t>{11});
+  auto s1 = b.BeginExport();
+  TCHECK(!s1->bloom_blocks.empty() && s1->bloom_blocks.size() <= 30);
+  VecSink<int64_t> delta;
+  ExportDelta(b, *s1, 0, 16, &delta);
+  TCHECK_EQ(delta.bloom.size(), s1->bloom_blocks.size());
+  b.Abort(s1->id);  // a failed export's blocks go out with the next one
+  auto s2 = b.BeginExport();
+  TCHECK_EQ(s2->bloom_blocks.size(), s1->bloom_blocks.size());
+  b.Commit(s2->id);
+  Table<int64_t> r(c);
+  for (const auto& kv : delta.bloom) r.WriteBloomBlock(kv.first, kv.second.data());
+  Insert(r, std::vector<int64_t>{11, 11});  // count 1 restored + 2 = 3: admitted
+  TCHECK_EQ(r.Stats().admitted, int64_t{1});
+  VecSink<int64_t> rf;
+  ExportFull(r, 0, 16, &rf);
+  TCHECK(!rf.bloom.empty());
+}
+
 }  // namespace
 
 #define RUN(fn) (fn(), std::printf("ok %s\n", #fn), std::fflush(stdout))
@@ -236,6 +283,7 @@ int main() {
   RUN(test_import_filtered_demote_frees_the_row_and_untracked_erase_leaves_no_deletion);
   RUN(test_reserved_table_imports_a_full_export_in_table_order);
   RUN(test_crc32c_matches_the_standard_check_value_in_any_split);
+  RUN(test_filter_state_last_seen_steps_and_bloom_blocks_are_exported);
   std::printf("all tests passed\n");
   return 0;
 }

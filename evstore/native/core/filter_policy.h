@@ -23,10 +23,20 @@
 // a given key's estimate is inflated at all is about fp_rate. Counters never
 // decrease (no deletion), so past `capacity` distinct keys the rate of early
 // admissions grows; DistinctEstimate() tells how full the filter is.
+//
+// Checkpoints: the counters decide future admissions, so they are saved. Each
+// segment's region is cut into blocks of kBlock counters (the last one of a
+// region is short); Add marks the blocks it raises dirty (a flag per block,
+// under the segment lock, like the index's dirty list). A full checkpoint
+// carries every non-zero block, a delta the blocks raised since the last
+// committed export (SealDirty / MarkBlocksDirty follow the table's two-phase
+// export). Geometry() (segments, counters per segment, hashes) is saved with
+// them: counters are only meaningful in a filter of the same geometry.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -43,6 +53,7 @@ struct BloomConfig {
 class CountingBloom {
  public:
   static constexpr uint32_t kMaxCount = 255;
+  static constexpr int64_t kBlock = 4096;  // counters per checkpoint block
 
   CountingBloom(const BloomConfig& cfg, int nseg) : nseg_(nseg) {
     if (cfg.capacity < 1) throw std::invalid_argument("bloom capacity must be >= 1");
@@ -54,6 +65,8 @@ class CountingBloom {
     hashes_ = std::min(30, std::max(1, k));
     per_seg_ = std::max<uint64_t>(64, static_cast<uint64_t>(std::ceil(m / nseg)));
     counters_.assign(per_seg_ * nseg, 0);
+    blocks_per_seg_ = static_cast<int64_t>((per_seg_ + kBlock - 1) / kBlock);
+    block_dirty_.assign(blocks_per_seg_ * nseg, 0);
   }
 
   int hashes() const { return hashes_; }
@@ -70,7 +83,10 @@ class CountingBloom {
     for (int i = 0; i < hashes_; ++i) lo = std::min<uint32_t>(lo, c[pos[i]]);
     uint32_t want = std::min<uint32_t>(kMaxCount, lo + n);
     for (int i = 0; i < hashes_; ++i)
-      if (c[pos[i]] < want) c[pos[i]] = static_cast<uint8_t>(want);
+      if (c[pos[i]] < want) {
+        c[pos[i]] = static_cast<uint8_t>(want);
+        block_dirty_[s * blocks_per_seg_ + static_cast<int64_t>(pos[i]) / kBlock] = 1;
+      }
   }
 
   // Prefetches the key's counters (k cache lines at most): batch callers
@@ -104,8 +120,50 @@ class CountingBloom {
     return -m / hashes_ * std::log(1.0 - nonzero / m);
   }
 
-  // Zeroes segment s's counters (Table::Clear). Caller holds its lock.
-  void ClearSegment(int s) { std::fill_n(&counters_[s * per_seg_], per_seg_, 0); }
+  // Zeroes segment s's counters and dirty flags (Table::Clear). Caller holds its lock.
+  void ClearSegment(int s) {
+    std::fill_n(&counters_[s * per_seg_], per_seg_, 0);
+    std::fill_n(&block_dirty_[s * blocks_per_seg_], blocks_per_seg_, 0);
+  }
+
+  // ---- checkpoint blocks (ids are global: segment * blocks_per_seg + block) ----
+  // (segments, counters per segment, hashes): what positions depend on.
+  std::vector<int64_t> Geometry() const {
+    return {nseg_, static_cast<int64_t>(per_seg_), hashes_};
+  }
+  int64_t blocks_per_segment() const { return blocks_per_seg_; }
+  int64_t num_blocks() const { return static_cast<int64_t>(block_dirty_.size()); }
+  int SegmentOfBlock(int64_t id) const { return static_cast<int>(id / blocks_per_seg_); }
+  // Appends segment s's dirty block ids to `out` and clears their flags.
+  // Caller holds segment s's lock exclusively.
+  void SealDirty(int s, std::vector<int64_t>* out) {
+    for (int64_t b = 0; b < blocks_per_seg_; ++b) {
+      uint8_t& d = block_dirty_[s * blocks_per_seg_ + b];
+      if (d) {
+        out->push_back(s * blocks_per_seg_ + b);
+        d = 0;
+      }
+    }
+  }
+  // Re-marks a block dirty (a failed export's blocks). Caller holds its segment's lock.
+  void MarkBlockDirty(int64_t id) { block_dirty_[id] = 1; }
+  // Copies block `id` to out[0, kBlock) (zero-padded past the region's end);
+  // returns whether any counter is non-zero. Caller holds its segment's lock.
+  bool ReadBlock(int64_t id, uint8_t* out) const {
+    const int64_t n = BlockLength(id);
+    const uint8_t* src = BlockStart(id);
+    std::memcpy(out, src, n);
+    std::memset(out + n, 0, kBlock - n);
+    for (int64_t i = 0; i < n; ++i)
+      if (src[i]) return true;
+    return false;
+  }
+  // Overwrites block `id` from in[0, kBlock) (a restore). Caller holds its
+  // segment's lock exclusively.
+  void WriteBlock(int64_t id, const uint8_t* in) {
+    if (id < 0 || id >= num_blocks()) throw std::out_of_range("bloom block id out of range");
+    std::memcpy(const_cast<uint8_t*>(BlockStart(id)), in, BlockLength(id));
+  }
 
  private:
   void Positions(uint64_t h, uint64_t* pos) const {
@@ -117,10 +175,19 @@ class CountingBloom {
     }
   }
 
+  const uint8_t* BlockStart(int64_t id) const {
+    return &counters_[SegmentOfBlock(id) * per_seg_ + (id % blocks_per_seg_) * kBlock];
+  }
+  int64_t BlockLength(int64_t id) const {
+    return std::min<int64_t>(kBlock, static_cast<int64_t>(per_seg_) - (id % blocks_per_seg_) * kBlock);
+  }
+
   int nseg_;
   int hashes_ = 1;
   uint64_t per_seg_ = 0;
+  int64_t blocks_per_seg_ = 1;
   std::vector<uint8_t> counters_;
+  std::vector<uint8_t> block_dirty_;  // [nseg * blocks_per_seg]: raised since the last seal
 };
 
 }  // namespace evstore

@@ -116,6 +116,7 @@ struct ExportedKey {
   bool admitted;
   int64_t version;
   int64_t freq;
+  int64_t seen = -1;  // filtered key: step last seen at (-1 unknown); admitted: -1
 };
 
 template <typename K>
@@ -128,6 +129,7 @@ class Table {
     uint64_t id = 0;
     std::vector<K> dirty;
     std::vector<K> deleted;
+    std::vector<int64_t> bloom_blocks;  // Bloom counter blocks raised (filter_policy.h)
   };
 
   explicit Table(TableConfig cfg)
@@ -166,6 +168,8 @@ class Table {
     while (step > c && !clock_.compare_exchange_weak(c, step, std::memory_order_relaxed)) {
     }
   }
+  // Sets the clock (a full restore: the saved table's clock, exactly).
+  void SetClock(int64_t step) { clock_.store(step < -1 ? -1 : step, std::memory_order_relaxed); }
   void set_min_freq(uint32_t f) { min_freq_ = f < 1 ? 1 : f; }
   const std::vector<float>& default_value() const { return default_; }
 
@@ -483,10 +487,10 @@ class Table {
           case EvictDecision::kStamp:
             if (adm) {
               arena_.Version(en.row) = EncodeAdmission(step);
-              MarkDirty(seg, &en);
             } else {
               en.row = FilteredMark(step);
             }
+            MarkDirty(seg, &en);  // the stamp is saved state (version / last-seen step)
             break;
           case EvictDecision::kKeep:
             break;
@@ -523,7 +527,8 @@ class Table {
     std::shared_lock<std::shared_mutex> lock(seg.mu);
     seg.ForEach([&](const E& en) {
       bool adm = RowIsReal(en.row);
-      ExportedKey<K> x{en.key, adm, adm ? arena_.Version(en.row) : -1, static_cast<int64_t>(en.freq())};
+      ExportedKey<K> x{en.key, adm, adm ? arena_.Version(en.row) : -1, static_cast<int64_t>(en.freq()),
+                       adm ? -1 : FilteredReference(en.row)};
       fn(x, adm ? arena_.Row(en.row) : nullptr);
     });
   }
@@ -532,9 +537,10 @@ class Table {
   // Reads keys' current state (for a sealed snapshot's dirty keys). For each
   // key: present[i], admitted[i], version (the raw slot: evict_policy.h;
   // -1 for filtered keys) / freq, and its full row in
-  // rows[i*stride] when admitted (zeros otherwise); rows may be null.
+  // rows[i*stride] when admitted (zeros otherwise); rows may be null. `seen`
+  // (optional) gets a filtered key's last-seen step (-1 unknown or admitted).
   void Read(const K* keys, int64_t n, int stride, uint8_t* present, uint8_t* admitted, int64_t* versions,
-            int64_t* freqs, float* rows) const {
+            int64_t* freqs, float* rows, int64_t* seen = nullptr) const {
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = HashKey(keys[i]);
       const Segment<K>& seg = segments_[SegmentOf(h)];
@@ -544,6 +550,7 @@ class Table {
       admitted[i] = en && RowIsReal(en->row);
       versions[i] = admitted[i] ? arena_.Version(en->row) : -1;
       freqs[i] = en ? en->freq() : 0;
+      if (seen) seen[i] = (en && !admitted[i]) ? FilteredReference(en->row) : -1;
       if (!rows) continue;  // metadata only
       if (admitted[i])
         std::memcpy(rows + i * stride, arena_.Row(en->row), stride * sizeof(float));
@@ -591,8 +598,10 @@ class Table {
   // Upserts counted-but-not-admitted keys with their frequencies. A key that
   // is already admitted stays admitted (only its frequency is set), unless
   // `demote` (applying a delta in which the key was evicted and came back
-  // unadmitted): then its row is freed.
-  void ImportFiltered(const K* keys, int64_t n, const int64_t* freqs, bool mark_dirty, bool demote = false) {
+  // unadmitted): then its row is freed. `seen` (optional) restores a key left
+  // unadmitted's last-seen step (-1 unknown; evict_policy.h).
+  void ImportFiltered(const K* keys, int64_t n, const int64_t* freqs, bool mark_dirty, bool demote = false,
+                      const int64_t* seen = nullptr) {
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = HashKey(keys[i]);
       Segment<K>& seg = segments_[SegmentOf(h)];
@@ -604,6 +613,7 @@ class Table {
         en->row = kNoRow;
         seg.adjust_admitted(-1);
       }
+      if (seen && !RowIsReal(en->row)) en->row = FilteredMark(seen[i]);
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
       if (mark_dirty) MarkDirty(seg, en);
     }
@@ -629,6 +639,7 @@ class Table {
         }
       }
       std::vector<K>().swap(seg.dirty);
+      if (bloom_) bloom_->SealDirty(s, &snap->bloom_blocks);
       snap->deleted.insert(snap->deleted.end(), seg.deleted.begin(), seg.deleted.end());
       seg.deleted.clear();
     }
@@ -665,7 +676,25 @@ class Table {
       else
         seg.deleted.insert(k);
     }
+    for (int64_t b : open_->bloom_blocks) {
+      std::unique_lock<std::shared_mutex> lock(segments_[bloom_->SegmentOfBlock(b)].mu);
+      bloom_->MarkBlockDirty(b);
+    }
     open_.reset();
+  }
+
+  // Bloom counter block `id` (filter_policy.h) into out[0, kBlock), under its
+  // segment's lock; returns whether any counter is non-zero. Needs a Bloom filter.
+  bool ReadBloomBlock(int64_t id, uint8_t* out) const {
+    std::shared_lock<std::shared_mutex> lock(segments_[bloom_->SegmentOfBlock(id)].mu);
+    return bloom_->ReadBlock(id, out);
+  }
+  // Overwrites Bloom counter block `id` (a restore); throws std::out_of_range
+  // for an id outside the filter.
+  void WriteBloomBlock(int64_t id, const uint8_t* in) {
+    if (id < 0 || id >= bloom_->num_blocks()) throw std::out_of_range("bloom block id out of range");
+    std::unique_lock<std::shared_mutex> lock(segments_[bloom_->SegmentOfBlock(id)].mu);
+    bloom_->WriteBlock(id, in);
   }
   // Sizes every segment for `total_keys` keys in the whole table (spread
   // evenly, with 10% slack), so a bulk import does not grow them step by step.

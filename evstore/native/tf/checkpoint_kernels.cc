@@ -36,11 +36,22 @@ void MaybePauseMidData() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// Streams one EV's export into writer columns.
+// Streams one EV's export into writer columns. Tensor names (DESIGN section 4):
+//   <name>-keys, -values, -versions, -freqs, <name>/<slot>-values   admitted keys
+//   <name>-keys_filtered, -freqs_filtered, -seen_filtered            counted, not admitted
+//        (-seen_filtered: the step each was last seen at, -1 unknown)
+//   <name>-deleted_keys                                              deltas only
+//   <name>-clock        int64 [1]: the table's clock (evict_policy.h)
+//   <name>-bloom_geometry int64 [3], -bloom_blocks int64 [n], -bloom_counters uint8 [n, 4096]:
+//        a BloomFilter's counters (filter_policy.h); only with a Bloom filter.
+// Checkpoints written before -seen_filtered / -clock / -bloom_* existed still
+// load: their filtered keys' last-seen step is unknown, their clock is the
+// newest version, and Bloom counters start from zero.
 template <typename K>
 class BundleSink : public ExportSink<K> {
  public:
-  BundleSink(BundleStreamWriter* w, const std::string& name, int dim, const SlotSpecs& slots, bool delta)
+  BundleSink(BundleStreamWriter* w, const std::string& name, int dim, const SlotSpecs& slots, bool delta,
+             const CountingBloom* bloom)
       : w_(w), dim_(dim) {
     const DataType kd = DataTypeToEnum<K>::v();
     keys_ = w->BeginColumn(name + "-keys", kd, {});
@@ -51,7 +62,17 @@ class BundleSink : public ExportSink<K> {
                                                                     tensorflow::DT_FLOAT, {dim}));
     fkeys_ = w->BeginColumn(name + "-keys_filtered", kd, {});
     ffreqs_ = w->BeginColumn(name + "-freqs_filtered", tensorflow::DT_INT64, {});
+    fseen_ = w->BeginColumn(name + "-seen_filtered", tensorflow::DT_INT64, {});
     if (delta) deleted_ = w->BeginColumn(name + "-deleted_keys", kd, {});
+    clock_ = w->BeginColumn(name + "-clock", tensorflow::DT_INT64, {});
+    if (bloom) {
+      std::vector<int64_t> geo = bloom->Geometry();
+      const int g = w->BeginColumn(name + "-bloom_geometry", tensorflow::DT_INT64, {});
+      w->Append(g, geo.data(), static_cast<int64_t>(geo.size()));
+      w->EndColumn(g);
+      bblocks_ = w->BeginColumn(name + "-bloom_blocks", tensorflow::DT_INT64, {});
+      bcounters_ = w->BeginColumn(name + "-bloom_counters", tensorflow::DT_UINT8, {CountingBloom::kBlock});
+    }
   }
   void Rows(const K* keys, const float* rows, int stride, const int64_t* versions, const int64_t* freqs,
             int64_t n) override {
@@ -67,21 +88,30 @@ class BundleSink : public ExportSink<K> {
     }
     MaybePauseMidData();
   }
-  void Filtered(const K* keys, const int64_t* freqs, int64_t n) override {
+  void Filtered(const K* keys, const int64_t* freqs, const int64_t* seen, int64_t n) override {
     w_->Append(fkeys_, keys, n);
     w_->Append(ffreqs_, freqs, n);
+    w_->Append(fseen_, seen, n);
   }
   void Deleted(const K* keys, int64_t n) override { w_->Append(deleted_, keys, n); }
-  void End() {
-    for (int c : {keys_, values_, versions_, freqs_, fkeys_, ffreqs_}) w_->EndColumn(c);
+  void BloomBlocks(const int64_t* ids, const uint8_t* counters, int64_t n) override {
+    w_->Append(bblocks_, ids, n);
+    w_->Append(bcounters_, counters, n);
+  }
+  // `clock`: the table's clock once the export is read.
+  void End(int64_t clock) {
+    w_->Append(clock_, &clock, 1);
+    for (int c : {keys_, values_, versions_, freqs_, fkeys_, ffreqs_, fseen_, clock_}) w_->EndColumn(c);
     for (int c : slot_cols_) w_->EndColumn(c);
-    if (deleted_ >= 0) w_->EndColumn(deleted_);
+    for (int c : {deleted_, bblocks_, bcounters_})
+      if (c >= 0) w_->EndColumn(c);
   }
 
  private:
   BundleStreamWriter* w_;
   int dim_;
-  int keys_, values_, versions_, freqs_, fkeys_, ffreqs_, deleted_ = -1;
+  int keys_, values_, versions_, freqs_, fkeys_, ffreqs_, fseen_, clock_, deleted_ = -1, bblocks_ = -1,
+      bcounters_ = -1;
   std::vector<int> slot_cols_;
   std::vector<float> buf_;
 };
@@ -101,10 +131,10 @@ ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStream
   auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
   SlotSpecs slots = t.slots();
   for (const auto& s : slots) slot_names->push_back(name + "/" + s.first);
-  BundleSink<K> sink(w, name, t.dim(), slots, !full);
+  BundleSink<K> sink(w, name, t.dim(), slots, !full, t.bloom());
   ExportCounts c = full ? ExportFull(t, static_cast<int>(slots.size()), chunk_rows, &sink)
                         : ExportDelta(t, *snap, static_cast<int>(slots.size()), chunk_rows, &sink);
-  sink.End();
+  sink.End(t.clock());
   return c;
 }
 
@@ -234,8 +264,31 @@ class EvLoadBundleOp : public EvTableOp<K> {
           if (h.first == s) init = h.second;
         want.emplace_back(s, init);
       }
-      std::unique_ptr<Col> deleted;
+      std::unique_ptr<Col> deleted, fseen, clock, bblocks, bcounters;
       if (r.Has(name + "-deleted_keys")) deleted = std::make_unique<Col>(r, name + "-deleted_keys", kd, 1);
+      if (r.Has(name + "-seen_filtered"))
+        fseen = std::make_unique<Col>(r, name + "-seen_filtered", tensorflow::DT_INT64, 1);
+      if (r.Has(name + "-clock")) clock = std::make_unique<Col>(r, name + "-clock", tensorflow::DT_INT64, 1);
+      const bool routed = num_shards_ > 1;
+      // Bloom counters restore into a filter of the same geometry (same
+      // capacity, fp_rate and segments) holding the same keys (not re-routed).
+      if (t.has_bloom() && !routed && r.Has(name + "-bloom_geometry")) {
+        Col geo(r, name + "-bloom_geometry", tensorflow::DT_INT64, 1);
+        std::vector<int64_t> saved(geo.rows());
+        geo.Read(saved.data(), geo.rows());
+        geo.Finish();
+        if (saved == t.bloom()->Geometry()) {
+          bblocks = std::make_unique<Col>(r, name + "-bloom_blocks", tensorflow::DT_INT64, 1);
+          bcounters = std::make_unique<Col>(r, name + "-bloom_counters", tensorflow::DT_UINT8, CountingBloom::kBlock);
+          if (bblocks->rows() != bcounters->rows())
+            throw std::runtime_error("checkpoint " + prefix + ": Bloom tensors of '" + name +
+                                     "' disagree on their row count");
+        }
+      }
+      if (fseen && fseen->rows() != fkeys.rows())
+        throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
+      if (clock && clock->rows() != 1)
+        throw std::runtime_error("checkpoint " + prefix + ": '" + name + "-clock' must hold one value");
       const int64_t n = keys.rows();
       if (values.rows() != n || versions.rows() != n || freqs.rows() != n || fkeys.rows() != ffreqs.rows())
         throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
@@ -244,13 +297,12 @@ class EvLoadBundleOp : public EvTableOp<K> {
           throw std::runtime_error("checkpoint " + prefix + ": a slot of '" + name + "' has the wrong row count");
       std::vector<int> offs = t.EnsureSlots(want);
       if (clear_) t.Clear();
-      const bool routed = num_shards_ > 1;
       const int64_t incoming = n + fkeys.rows();
       t.Reserve(t.Stats().size + (routed ? incoming / num_shards_ + incoming / (8 * num_shards_) + 1024 : incoming));
       std::vector<int64_t> keep;
       const int64_t cap = chunk_rows_;
       std::vector<K> kbuf(cap);
-      std::vector<int64_t> vbuf(cap), fbuf(cap);
+      std::vector<int64_t> vbuf(cap), fbuf(cap), sbuf_seen(cap);
       if (deleted) {
         for (int64_t lo = 0; lo < deleted->rows(); lo += cap) {
           int64_t m = std::min(cap, deleted->rows() - lo);
@@ -292,16 +344,42 @@ class EvLoadBundleOp : public EvTableOp<K> {
         int64_t m = std::min(cap, fkeys.rows() - lo);
         fkeys.Read(kbuf.data(), m);
         ffreqs.Read(fbuf.data(), m);
+        if (fseen) fseen->Read(sbuf_seen.data(), m);
         if (routed) {
           m = Route(kbuf.data(), m, &keep);
           Compact(kbuf.data(), 1, keep);
           Compact(fbuf.data(), 1, keep);
+          Compact(sbuf_seen.data(), 1, keep);
         }
-        t.ImportFiltered(kbuf.data(), m, fbuf.data(), /*mark_dirty=*/false, /*demote=*/true);
+        t.ImportFiltered(kbuf.data(), m, fbuf.data(), /*mark_dirty=*/false, /*demote=*/true,
+                         fseen ? sbuf_seen.data() : nullptr);
         c.filtered += m;
       }
       fkeys.Finish();
       ffreqs.Finish();
+      if (fseen) fseen->Finish();
+      if (bblocks) {
+        const int64_t B = CountingBloom::kBlock, bcap = std::max<int64_t>(1, (16 << 20) / B);
+        std::vector<int64_t> ids(bcap);
+        std::vector<uint8_t> cnt(bcap * B);
+        for (int64_t lo = 0; lo < bblocks->rows(); lo += bcap) {
+          const int64_t m = std::min(bcap, bblocks->rows() - lo);
+          bblocks->Read(ids.data(), m);
+          bcounters->Read(cnt.data(), m);
+          for (int64_t j = 0; j < m; ++j) t.WriteBloomBlock(ids[j], cnt.data() + j * B);
+        }
+        bblocks->Finish();
+        bcounters->Finish();
+      }
+      if (clock) {
+        int64_t saved = -1;
+        clock->Read(&saved, 1);
+        clock->Finish();
+        if (clear_)
+          t.SetClock(saved);  // a full restore: exactly the saved table's clock
+        else
+          t.AdvanceClock(saved);
+      }
     });
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({3}), &out));
