@@ -40,6 +40,7 @@ def test_demo_serves_every_commit_restores_exactly_and_live_beats_frozen(tmp_pat
     assert s["auc"]["live"] > s["auc"]["frozen"]
     assert s["checkpoints"]["fulls"] >= 2 and s["checkpoints"]["deltas"] >= 5
     assert "progressive AUC" in p.stdout and os.listdir(out / "tensorboard")
+    assert (out / "export" / "saved_model.pb").exists() and s["export"]["serve"] in p.stdout   # next to checkpoints/
 
 
 def test_train_on_movielens_resumes_from_the_saved_position(tmp_path):

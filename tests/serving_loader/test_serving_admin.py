@@ -234,3 +234,15 @@ def test_a_rollback_that_cannot_be_staged_keeps_the_served_version_and_the_pin(t
     users, items = probe_inputs()
     out, version = sm.predict({"users": users, "items": items})
     assert version == job.newest and job.versions_matching(out["outputs"]) == [job.newest]
+
+
+def test_rollback_and_resume_without_a_checkpoint_root_are_refused(tmp_path):
+    model = make_model()
+    train(model, 0, 1)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    sm = serving_loader.ServingModel(export)          # the export as it is
+    with pytest.raises(RollbackError) as e:
+        sm.rollback(1)
+    assert e.value.status == 409 and "no checkpoint root" in e.value.message
+    assert sm.version is None and sm.rollback_failures == 0
