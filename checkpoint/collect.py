@@ -17,7 +17,7 @@ them into any number of shards).
 import keras
 import tensorflow as tf
 
-from evstore.sharded import SHARD_ROUTE, ShardedEmbeddingVariable
+from evstore.sharded import SHARD_ROUTE
 from evstore.variable import EmbeddingVariable, ev_for_variable
 
 __all__ = ["Collected", "collect"]
@@ -25,7 +25,7 @@ __all__ = ["Collected", "collect"]
 
 class Collected:
     def __init__(self):
-        self.evs = {}        # name -> EmbeddingVariable (a sharded EV's shards: "<name>/part_<i>")
+        self.evs = {}        # name -> unsharded EmbeddingVariable (a sharded EV's shards: "<name>/part_<i>")
         self.shard_info = {}  # shard's name -> {"ev", "index", "count", "route"}
         self.sharded = {}    # name -> ShardedEmbeddingVariable
         self.dense = {}      # name -> tf.Variable or keras.Variable
@@ -58,6 +58,9 @@ class Collected:
         return out
 
     def add_ev(self, ev, name=None):
+        if ev.sharded:
+            self.add_sharded(ev, name)
+            return
         if id(ev) in self._seen:
             return
         parent = getattr(ev, "_sharded_parent", None)
@@ -104,15 +107,13 @@ def _is_keras_optimizer(obj):
 
 
 def _walk(obj, out, name=None):
-    if isinstance(obj, ShardedEmbeddingVariable):
-        out.add_sharded(obj, name)
-    elif isinstance(obj, EmbeddingVariable):
+    if isinstance(obj, EmbeddingVariable):
         out.add_ev(obj, name)
     elif isinstance(obj, (tf.Variable, keras.Variable)):
         out.add_dense(obj, name)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            named = (isinstance(v, (EmbeddingVariable, ShardedEmbeddingVariable, tf.Variable, keras.Variable))
+            named = (isinstance(v, (EmbeddingVariable, tf.Variable, keras.Variable))
                      or _is_keras_optimizer(v))
             _walk(v, out, k if named else None)
     elif isinstance(obj, (list, tuple)):
@@ -129,9 +130,7 @@ def _walk(obj, out, name=None):
     elif isinstance(obj, keras.layers.Layer):
         for layer in obj._flatten_layers(include_self=True):
             ev = getattr(layer, "ev", None)
-            if isinstance(ev, ShardedEmbeddingVariable):
-                out.add_sharded(ev)
-            elif isinstance(ev, EmbeddingVariable):
+            if isinstance(ev, EmbeddingVariable):
                 out.add_ev(ev)
         for v in obj.variables:
             out.add_dense(v)
@@ -143,7 +142,7 @@ def _walk(obj, out, name=None):
                 opt.build(obj.trainable_variables)
             _walk(opt, out)
     elif isinstance(obj, tf.Module):
-        for ev in obj._flatten(predicate=lambda x: isinstance(x, (EmbeddingVariable, ShardedEmbeddingVariable)),
+        for ev in obj._flatten(predicate=lambda x: isinstance(x, EmbeddingVariable),
                                expand_composites=False):
             _walk(ev, out)
         for v in obj.variables:

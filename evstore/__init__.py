@@ -1,7 +1,8 @@
 """evstore: incremental-checkpoint online learning for TensorFlow.
 
 Public API (docs/ARCHITECTURE.md, "Ops and Python API"):
-  EmbeddingVariable (ShardedEmbeddingVariable with shards=N), shard_index, CounterFilter, BloomFilter, GlobalStepEvict, L2WeightEvict,
+  EmbeddingVariable (builds an UnshardedEmbeddingVariable, or a ShardedEmbeddingVariable with shards=N),
+  shard_index, CounterFilter, BloomFilter, GlobalStepEvict, L2WeightEvict,
   embedding_lookup, embedding_lookup_group, embedding_lookup_sparse, safe_embedding_lookup_sparse,
   optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam, GroupAdagrad}, keras.Embedding,
   summary.ev_stats, substitute_lookups (the lookup hook serving exports use), ops (the kernels).
@@ -17,10 +18,11 @@ from evstore.group import embedding_lookup_group
 from evstore.lookup import embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse
 from evstore.sharded import ShardedEmbeddingVariable, shard_index
 from evstore.substitution import substitute_lookups
-from evstore.variable import EmbeddingVariable
+from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
 __version__ = "0.1.0"
 
-__all__ = ["EmbeddingVariable", "ShardedEmbeddingVariable", "shard_index", "CounterFilter", "BloomFilter", "GlobalStepEvict", "L2WeightEvict",
+__all__ = ["EmbeddingVariable", "ShardedEmbeddingVariable", "UnshardedEmbeddingVariable",
+           "shard_index", "CounterFilter", "BloomFilter", "GlobalStepEvict", "L2WeightEvict",
            "embedding_lookup", "embedding_lookup_group", "embedding_lookup_sparse", "safe_embedding_lookup_sparse", "optimizers", "keras",
            "summary", "ops", "substitute_lookups"]

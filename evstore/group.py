@@ -13,18 +13,16 @@ whatever T is (tables of different key dtypes form separate groups).
 
 Semantics are exactly those of calling `embedding_lookup` on each table
 (counts, admission, rows, gradients); tests/evstore/test_group.py holds that.
+A table with a lookup substitute (evstore/substitution.py) returns the
+substitute's rows and takes no part in the exchange.
 """
 import tensorflow as tf
 
 from evstore._ops import gen
-from evstore.sharded import ShardedEmbeddingVariable
+from evstore.substitution import substitute_for
 from evstore.variable import EmbeddingVariable
 
 __all__ = ["embedding_lookup_group"]
-
-
-def _tables(ev):
-    return list(ev.shards) if isinstance(ev, ShardedEmbeddingVariable) else [ev]
 
 
 def _proxy_value(p):
@@ -164,7 +162,7 @@ def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):
         raise ValueError(f"embedding_lookup_group needs one ids tensor per EV, got {len(evs)} EVs and "
                          f"{len(ids)} ids")
     for ev in evs:
-        if not isinstance(ev, (EmbeddingVariable, ShardedEmbeddingVariable)):
+        if not isinstance(ev, EmbeddingVariable):
             raise TypeError(f"expected evstore.EmbeddingVariables, got {type(ev).__name__}")
     if len({id(ev) for ev in evs}) != len(evs):
         raise ValueError("embedding_lookup_group: each EV may appear once (concatenate its ids instead)")
@@ -175,6 +173,10 @@ def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):
         plans, groups = [], {}   # groups: (device, key dtype) -> _Group
         for e, (ev, x, px) in enumerate(zip(evs, ids, proxies)):
             x = ev._key_tensor(x, "ids")
+            substitute = substitute_for(ev)   # evstore/substitution.py (serving export)
+            if substitute is not None:
+                plans.append(substitute(x))
+                continue
             flat = tf.reshape(x, [-1])
             if training:
                 uniq, idx, cnt = tf.unique_with_counts(flat, out_idx=tf.int32)
@@ -182,7 +184,7 @@ def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):
             else:
                 uniq, idx = tf.unique(flat, out_idx=tf.int32)
                 cnt = None
-            tables = _tables(ev)
+            tables = ev.shards
             if px is None:
                 px = [t._proxy for t in tables]
             elif not isinstance(px, (list, tuple)):
@@ -203,7 +205,11 @@ def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):
             plans.append((x, idx, pos, slots, ev.dim))
         results = dict(zip(groups, _exchange(list(groups.values()), training)))
         out = []
-        for x, idx, pos, slots, dim in plans:
+        for plan in plans:
+            if not isinstance(plan, tuple):   # a substitute's rows
+                out.append(plan)
+                continue
+            x, idx, pos, slots, dim = plan
             rows = [results[g][j] for g, j in slots]
             uniq_rows = rows[0] if pos is None else tf.dynamic_stitch(pos, rows)
             r = tf.reshape(tf.gather(uniq_rows, idx), tf.concat([tf.shape(x), [dim]], 0))

@@ -17,7 +17,6 @@ import keras
 import tensorflow as tf
 
 from evstore.lookup import embedding_lookup
-from evstore.sharded import ShardedEmbeddingVariable
 from evstore.variable import EmbeddingVariable, register_proxy
 
 __all__ = ["Embedding"]
@@ -58,7 +57,7 @@ class Embedding(keras.layers.Layer):
         self.shards = shards
 
     def build(self, input_shape=None):
-        if isinstance(self.ev, ShardedEmbeddingVariable):
+        if self.ev.sharded:
             self.proxies = []
             for i, ev in enumerate(self.ev.shards):
                 p = self.add_weight(name=f"ev_proxy_{i}", shape=(0,), initializer="zeros", trainable=True)
@@ -76,7 +75,7 @@ class Embedding(keras.layers.Layer):
                             "(declare keras.Input(..., dtype='int64'))")
         if ids.dtype != self.key_dtype:
             ids = tf.cast(ids, self.key_dtype)
-        if isinstance(self.ev, ShardedEmbeddingVariable):
+        if self.ev.sharded:
             proxy = [p.value for p in self.proxies]
         else:
             proxy = self.proxy.value

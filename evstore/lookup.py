@@ -2,7 +2,6 @@
 import tensorflow as tf
 
 from evstore._ops import gen
-from evstore.sharded import ShardedEmbeddingVariable
 from evstore.substitution import substitute_for
 from evstore.variable import EmbeddingVariable
 
@@ -11,7 +10,7 @@ __all__ = ["embedding_lookup", "embedding_lookup_sparse", "safe_embedding_lookup
 _COMBINERS = ("mean", "sqrtn", "sum")
 
 def _check_ev(ev):
-    if not isinstance(ev, (EmbeddingVariable, ShardedEmbeddingVariable)):
+    if not isinstance(ev, EmbeddingVariable):
         raise TypeError(f"expected an evstore.EmbeddingVariable, got {type(ev).__name__}")
 
 
@@ -41,7 +40,7 @@ def embedding_lookup(ev, ids, training=True, proxy=None, name=None):
         substitute = substitute_for(ev)   # evstore/substitution.py (serving export)
         if substitute is not None:
             return substitute(ids)
-        if isinstance(ev, ShardedEmbeddingVariable):
+        if ev.sharded:
             return ev._lookup(ids, training, proxy)
         if not training:
             return gen.ev_find(ev.resource_handle, ids, dim=ev.dim)

@@ -26,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from evstore._ops import gen
-from evstore.variable import _STAT_FIELDS, EmbeddingVariable
+from evstore.group import embedding_lookup_group
+from evstore.variable import _STAT_FIELDS, EmbeddingVariable, UnshardedEmbeddingVariable
 
 __all__ = ["ShardedEmbeddingVariable", "shard_index", "SHARD_ROUTE"]
 
@@ -77,8 +78,8 @@ def _resolve_devices(shards, devices):
     return [devices[i % len(devices)] for i in range(shards)]
 
 
-class ShardedEmbeddingVariable(tf.Module):
-    """An embedding table split by key over `shards` EmbeddingVariables.
+class ShardedEmbeddingVariable(EmbeddingVariable, tf.Module, sharded_implementation=True):
+    """An EmbeddingVariable split by key over `shards` unsharded EmbeddingVariables.
 
     Built by `evstore.EmbeddingVariable(name, dim, ..., shards=N, devices=None)`
     (every other argument is an EmbeddingVariable's, given to each shard).
@@ -92,6 +93,9 @@ class ShardedEmbeddingVariable(tf.Module):
     work on it as on an EmbeddingVariable, with equal results: take
     gradients with respect to `sev.trainable_variables` (the shard EVs) and
     apply them with `opt.apply_gradients(zip(grads, sev.trainable_variables))`.
+
+    It is an EmbeddingVariable (`isinstance(sev, evstore.EmbeddingVariable)`):
+    its shards are `UnshardedEmbeddingVariable`s.
 
     Raises:
       ValueError / TypeError: bad `shards` or `devices`, or any argument an
@@ -107,7 +111,7 @@ class ShardedEmbeddingVariable(tf.Module):
         evs = []
         for i, dev in enumerate(self._devices):
             with tf.device(dev):
-                evs.append(EmbeddingVariable(f"{name}/part_{i}", dim, **ev_kwargs))
+                evs.append(UnshardedEmbeddingVariable(f"{name}/part_{i}", dim, **ev_kwargs))
         for ev in evs:   # a shard found on its own (e.g. via its proxy) is saved with its siblings
             ev._sharded_parent = weakref.ref(self)
         self._shards = evs
@@ -116,6 +120,10 @@ class ShardedEmbeddingVariable(tf.Module):
     @property
     def name(self):
         return self._ev_name
+
+    @property
+    def sharded(self):
+        return True
 
     @property
     def shards(self):
@@ -140,12 +148,12 @@ class ShardedEmbeddingVariable(tf.Module):
         return self._shards[0].key_dtype
 
     @property
-    def dtype(self):
-        return tf.float32
-
-    @property
     def filter(self):
         return self._shards[0].filter
+
+    @property
+    def default_value(self):
+        return self._shards[0].default_value
 
     @property
     def evict_policies(self):
@@ -154,11 +162,6 @@ class ShardedEmbeddingVariable(tf.Module):
     @property
     def trainable(self):
         return self._shards[0].trainable
-
-    @property
-    def trainable_variables(self):
-        """The shard EVs (what `tape.gradient` and `apply_gradients` take)."""
-        return list(self._shards) if self.trainable else []
 
     @property
     def variables(self):
@@ -195,7 +198,6 @@ class ShardedEmbeddingVariable(tf.Module):
     def _lookup(self, ids, training, proxies=None):
         """Rows of `ids` (ids.shape + [dim]): the grouped lookup of this one EV
         (evstore/group.py holds the one routing path: dedup, route, exchange)."""
-        from evstore.group import embedding_lookup_group
         return embedding_lookup_group([self], [ids], training=training, proxies=[proxies])[0]
 
     # ---- inspection and maintenance (summed or routed over the shards) ------

@@ -16,7 +16,7 @@ from evstore import evict as _evict
 from evstore._ops import gen
 from evstore.filters import AdmissionFilter
 
-__all__ = ["EmbeddingVariable"]
+__all__ = ["EmbeddingVariable", "UnshardedEmbeddingVariable"]
 
 _STAT_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
                 "row_bytes", "dirty", "deleted", "evicted", "filter_bytes", "zero_rows")
@@ -95,7 +95,7 @@ def _check_dim(dim):
         raise ValueError(f"dim must be a positive int, got {dim}")
 
 
-class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
+class EmbeddingVariable:
     """An embedding table keyed by sparse ids, with no vocabulary size.
 
     Each admitted key owns one row of `dim` float32 values (plus optimizer
@@ -124,14 +124,71 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
       num_segments: index segments (a power of two, each with its own lock).
       trainable: whether optimizers update it.
       shards, devices: split the table by key over `shards` tables on
-        `devices`; the constructor then returns an
+        `devices`; the constructor then builds the subclass
         `evstore.ShardedEmbeddingVariable` (evstore/sharded.py). Under a
         ParameterServerStrategy scope, `devices=None` spreads the shards over
-        the parameter servers.
+        the parameter servers. Without them it builds the subclass
+        `UnshardedEmbeddingVariable`: one table in one resource.
+
+    Both kinds are EmbeddingVariables with one surface: every lookup,
+    optimizer, checkpoint and serving export takes either. `ev.shards` are
+    the tables that hold the rows (`(ev,)` for an unsharded EV), `ev.sharded`
+    tells whether the EV is split into parts (its checkpoint then names
+    each part `<name>/part_<i>`).
 
     Raises:
       TypeError / ValueError: bad `dim`, `key_dtype`, `default_value`,
         `filter` or `evict`.
+    """
+
+
+    _sharded_class = None   # ShardedEmbeddingVariable, registered by its class statement (evstore/sharded.py)
+
+    def __new__(cls, *args, shards=None, devices=None, **kwargs):
+        # Like tf.Variable: constructing the base builds one of its subclasses.
+        if cls is EmbeddingVariable:
+            sharded = shards is not None or devices is not None
+            cls = EmbeddingVariable._sharded_class if sharded else UnshardedEmbeddingVariable
+            if cls is None:
+                raise ImportError("evstore.sharded is not imported (import evstore first)")
+        return super().__new__(cls)
+
+    def __init_subclass__(cls, sharded_implementation=False, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if sharded_implementation:
+            EmbeddingVariable._sharded_class = cls
+
+    # ---- the surface both kinds share ----------------------------------------
+    @property
+    def sharded(self):
+        """Whether the EV is split by key into parts (`shards` > its own table)."""
+        raise NotImplementedError
+
+    @property
+    def shards(self):
+        """The unsharded EVs that hold the rows: shard i holds the keys k with
+        `shard_index(k, num_shards) == i`; `(self,)` for an unsharded EV."""
+        raise NotImplementedError
+
+    @property
+    def num_shards(self):
+        return len(self.shards)
+
+    @property
+    def trainable_variables(self):
+        """What `tape.gradient` and `apply_gradients` take for this EV: its shards
+        (`[ev]` when unsharded), or `[]` when it is not trainable."""
+        return list(self.shards) if self.trainable else []
+
+    @property
+    def dtype(self):
+        return tf.float32
+
+
+class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.TrackableResource):
+    """One EmbeddingVariable table in one TensorFlow resource (what
+    `EmbeddingVariable(...)` builds without `shards` / `devices`; the shards of
+    a ShardedEmbeddingVariable are these). See EmbeddingVariable for the arguments.
     """
 
     # Lets tf.GradientTape and optimizers treat the EV like a variable: its
@@ -144,12 +201,6 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         if save_context.in_save_context():
             raise AttributeError("_should_act_as_resource_variable")
         return True
-
-    def __new__(cls, *args, shards=None, devices=None, **kwargs):
-        if cls is EmbeddingVariable and (shards is not None or devices is not None):
-            from evstore.sharded import ShardedEmbeddingVariable
-            return ShardedEmbeddingVariable(*args, shards=shards, devices=devices, **kwargs)
-        return super().__new__(cls)
 
     def __init__(self, name, dim, key_dtype=tf.int64, initializer=None, default_value=None,
                  filter=None, initializer_bank_size=8192, num_segments=64, trainable=True, evict=None,
@@ -230,8 +281,12 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return self._key_dtype
 
     @property
-    def dtype(self):
-        return tf.float32
+    def sharded(self):
+        return False
+
+    @property
+    def shards(self):
+        return (self,)
 
     @property
     def shape(self):
@@ -439,7 +494,7 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=False)
 
     # ---- tf.train.Checkpoint / v1 Saver / SavedModel (materialise the table) --
-    # Tensor names follow DESIGN section 4 (`<name>-keys`, `-values`,
+    # Tensor names follow docs/ARCHITECTURE.md, "Checkpoints" (`<name>-keys`, `-values`,
     # `-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`) except that
     # these paths pack the optimizer slots into `<name>-slots` [N, S, dim] with
     # `<name>-slot_names` [S]: a restore must build its ops before the EV knows

@@ -32,7 +32,6 @@ import tensorflow as tf
 
 from checkpoint.collect import collect
 from evstore.substitution import substitute_lookups
-from evstore.sharded import ShardedEmbeddingVariable
 
 __all__ = ["export_serving_model", "ensure_serving_export", "MAP_FILE", "sentinels"]
 
@@ -92,8 +91,7 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
     served = {}
     for name, ev in col.logical_evs().items():   # a sharded EV is one table, like an unsharded one
         empty, deleted = sentinels(ev.key_dtype)
-        dnp = (ev.shards[0] if isinstance(ev, ShardedEmbeddingVariable) else ev).default_value
-        default = dnp if dnp is not None else np.zeros([ev.dim], np.float32)
+        default = ev.default_value if ev.default_value is not None else np.zeros([ev.dim], np.float32)
         table = tf.lookup.experimental.DenseHashTable(
             key_dtype=ev.key_dtype, value_dtype=tf.float32, default_value=tf.constant(default),
             empty_key=empty, deleted_key=deleted, name=f"ev_{len(module.tables)}")

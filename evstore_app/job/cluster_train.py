@@ -32,7 +32,6 @@ import tensorflow as tf
 import checkpoint
 import evstore
 from evstore_app.job.synthetic import ClickStream
-from evstore.sharded import ShardedEmbeddingVariable
 
 __all__ = ["CtrModel", "ClusterJob", "FIELDS", "run"]
 
@@ -77,7 +76,7 @@ class CtrModel(tf.Module):
         out = []
         for field, _ in FIELDS:
             t = self.tables[field]
-            out.extend(t.trainable_variables if isinstance(t, ShardedEmbeddingVariable) else [t])
+            out.extend(t.trainable_variables)
         return out + [self.weights[f] for f, _ in FIELDS] + [self.w_hour, self.bias]
 
     def state(self):

@@ -52,6 +52,19 @@ def test_shards_argument_returns_a_sharded_ev_of_named_shards():
     assert not isinstance(evstore.EmbeddingVariable("plain", DIM), evstore.ShardedEmbeddingVariable)
 
 
+def test_a_sharded_ev_is_an_embedding_variable_with_the_same_surface():
+    sev = evstore.EmbeddingVariable("user", DIM, shards=2, default_value=0.25)
+    plain = evstore.EmbeddingVariable("plain", DIM, default_value=0.25)
+    assert isinstance(sev, evstore.EmbeddingVariable) and isinstance(plain, evstore.EmbeddingVariable)
+    assert isinstance(plain, evstore.UnshardedEmbeddingVariable)
+    assert all(isinstance(s, evstore.UnshardedEmbeddingVariable) for s in sev.shards)
+    assert (sev.sharded, plain.sharded) == (True, False)
+    assert plain.shards == (plain,) and plain.num_shards == 1
+    assert plain.trainable_variables == [plain] and sev.trainable_variables == list(sev.shards)
+    np.testing.assert_array_equal(sev.default_value, plain.default_value)
+    assert evstore.summary.ev_stats(sev)["size"] == 0
+
+
 def test_keys_are_routed_by_a_hash_so_patterned_ids_spread_evenly():
     keys = np.arange(0, 4000 * 1000, 1000, dtype=np.int64)   # multiples of 1000: k % 4 == 0 for all
     shard = evstore.shard_index(keys, 4).numpy()
