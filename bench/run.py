@@ -16,8 +16,10 @@ tf.train.Checkpoint save of the same table (--no-checkpoint skips it,
 --only-checkpoint runs nothing else).
 Then bench/bench_serving.py (one process plus its trainer process): delta apply
 rows/s at dim 16 and 64, memory of a delta apply vs a second load (TF Serving's
-reload), freshness and predict p50/p99 idle vs under continuous application
-(--no-serving skips it, --only-serving runs nothing else).
+reload), freshness and predict p50/p99 idle vs under continuous application;
+then bench/bench_serving_net.py: `evstore serve` over REST (wrk) and gRPC
+against the export's in-process signature call rate, batch 1 and 64, and p99
+while deltas apply (--no-serving skips both, --only-serving runs nothing else).
 Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
 bench/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
 Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
@@ -144,7 +146,13 @@ def run_serving(args, logdir):
     cmd = [sys.executable, os.path.join(HERE, "bench_serving.py"), "--seed", str(args.seed)]
     if args.quick:
         cmd += ["--keys", "200000", "--delta-rows", "100000", "--apply-rounds", "2", "--live-s", "10"]
-    return _run_json_bench(cmd, os.path.join(logdir, "bench_serving.log"), "bench_serving", args.timeout)
+    res = _run_json_bench(cmd, os.path.join(logdir, "bench_serving.log"), "bench_serving", args.timeout)
+    net = [sys.executable, os.path.join(HERE, "bench_serving_net.py"), "--seed", str(args.seed)]
+    if args.quick:
+        net += ["--seconds", "5", "--rounds", "2"]
+    res["net"] = _run_json_bench(net, os.path.join(logdir, "bench_serving_net.log"), "bench_serving_net",
+                                 args.timeout)
+    return res
 
 
 def run_cluster(args, peer_py, logdir):

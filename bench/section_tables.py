@@ -13,9 +13,12 @@ def serving_tables(s):
     """The "Serving" section of a bench_serving.py result."""
     if not s:
         return ""
+    net = s.get("net")
+    net = "" if not net else (f"\n### Serving over the network\n\n- {net['error']}\n" if "error" in net
+                              else net["markdown"])
     if "error" in s:
-        return f"\n### Serving\n\n- {s['error']}\n"
-    return "\n" + s["markdown"]
+        return f"\n### Serving\n\n- {s['error']}\n" + net
+    return "\n" + s["markdown"] + net
 
 
 def checkpoint_tables(c):

@@ -1,4 +1,4 @@
-"""checkpoint: full and delta checkpoints of evstore models (DESIGN section 4).
+"""checkpoint: full and delta checkpoints of evstore models (docs/ARCHITECTURE.md, "Checkpoints").
 
     manager = checkpoint.CheckpointManager("/data/ckpt", model)
     manager.save_full(); manager.save_delta(metadata={"offset": 1234})
@@ -7,9 +7,11 @@
 """
 from checkpoint.chain import resolve_chain, scan, verify_files
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError, NoCheckpointError
+from checkpoint.lease import LeaseHeldError, LeaseLostError
 from checkpoint.manager import CheckpointManager
 from checkpoint.manifest import Manifest
 from checkpoint.storage import Storage
 
 __all__ = ["CheckpointManager", "Manifest", "Storage", "scan", "resolve_chain", "verify_files",
-           "CheckpointError", "CorruptCheckpointError", "ChainError", "NoCheckpointError"]
+           "CheckpointError", "CorruptCheckpointError", "ChainError", "NoCheckpointError", "LeaseHeldError",
+           "LeaseLostError"]

@@ -1,12 +1,12 @@
 """The bundle inside a checkpoint directory: writing EVs and dense tensors with
 the native streaming writer, and applying an EV's tensors back to a table.
 
-Tensor names (DESIGN section 4; defined by the native writer,
-evstore/native/tf/checkpoint_kernels.cc): per EV `<name>-keys`, `-values`,
-`-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`, `-seen_filtered`,
-`-clock`, `<name>/<slot>-values`, with a BloomFilter `-bloom_geometry`,
-`-bloom_blocks`, `-bloom_counters`, and in deltas `<name>-deleted_keys`; dense
-tensors under their own names; `global_step`.
+Tensor names (docs/ARCHITECTURE.md, "Checkpoints"): evstore/schema.py (mirror of evstore/native/core/schema.h; the
+native writer, evstore/native/tf/checkpoint_kernels.cc, uses the header): per EV
+`<name>-keys`, `-values`, `-versions`, `-freqs`, `-keys_filtered`,
+`-freqs_filtered`, `-seen_filtered`, `-clock`, `<name>/<slot>-values`, with a
+BloomFilter `-bloom_geometry`, `-bloom_blocks`, `-bloom_counters`, and in deltas
+`<name>-deleted_keys`; dense tensors under their own names; `global_step`.
 """
 import concurrent.futures
 import os
@@ -14,6 +14,7 @@ import os
 import tensorflow as tf
 
 from checkpoint.manifest import BUNDLE_PREFIX
+from evstore import schema
 
 __all__ = ["write_bundle", "write_bundles", "load_ev", "read_dense", "GLOBAL_STEP"]
 
@@ -41,7 +42,7 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
              for f, s, c in zip(out.files.numpy(), out.file_sizes.numpy(), out.file_crc32c.numpy())}
     slots = {n: [] for n in names}
     for s in out.slot_names.numpy():
-        ev_name, slot = s.decode().rsplit("/", 1)
+        ev_name, slot = s.decode().rsplit(schema.SLOT_SEPARATOR, 1)
         slots[ev_name].append(slot)
     counts = {}
     for i, n in enumerate(names):

@@ -11,8 +11,11 @@ key, so a table whose live set is constant does not grow) and the key joins the
 deleted set, so the next delta checkpoint deletes it. A key evicted and seen
 again comes back as a new key: fresh initial row, frequency counted from zero.
 
-Policies are small classes behind one interface (`EvictPolicy`); the native
-table applies them in one pass (evstore/native/core/evict_policy.h).
+Policies are small classes behind one interface (`EvictPolicy`), mirrored by
+one C++ class each (evstore/native/core/evict_policy.h: GlobalStepEviction,
+L2WeightEviction); the native table applies them in one pass. Several policies
+of one kind are merged by that kind (`_merge`): the shortest `steps_to_live`,
+the highest L2 threshold.
 """
 import abc
 
@@ -27,6 +30,12 @@ class EvictPolicy(abc.ABC):
     @abc.abstractmethod
     def _native_attrs(self):
         """Attributes of the EvEvict op that enable this policy."""
+
+    @classmethod
+    @abc.abstractmethod
+    def _merge(cls, policies):
+        """One policy of this class equivalent to `policies` (all of this class)
+        applied together: a key any of them selects is selected."""
 
 
 class GlobalStepEvict(EvictPolicy):
@@ -58,6 +67,10 @@ class GlobalStepEvict(EvictPolicy):
     def _native_attrs(self):
         return {"steps_to_live": self.steps_to_live}
 
+    @classmethod
+    def _merge(cls, policies):
+        return cls(min(p.steps_to_live for p in policies))
+
     def __repr__(self):
         return f"GlobalStepEvict(steps_to_live={self.steps_to_live})"
 
@@ -82,6 +95,10 @@ class L2WeightEvict(EvictPolicy):
     def _native_attrs(self):
         return {"l2_threshold": self.threshold}
 
+    @classmethod
+    def _merge(cls, policies):
+        return cls(max(p.threshold for p in policies))
+
     def __repr__(self):
         return f"L2WeightEvict(threshold={self.threshold})"
 
@@ -99,15 +116,12 @@ def normalize(evict):
 
 
 def native_attrs(policies):
-    """Combines policies (any selects) into EvEvict attributes: the shortest
-    steps_to_live and the highest L2 threshold."""
-    attrs = {}
+    """EvEvict attributes for `policies` (any selects): each policy class merges
+    its own instances (`_merge`), then contributes its own attributes."""
+    by_class = {}
     for p in policies:
-        for k, v in p._native_attrs().items():
-            if k not in attrs:
-                attrs[k] = v
-            elif k == "steps_to_live":
-                attrs[k] = min(attrs[k], v)
-            else:
-                attrs[k] = max(attrs[k], v)
+        by_class.setdefault(type(p), []).append(p)
+    attrs = {}
+    for cls, group in by_class.items():
+        attrs.update(cls._merge(group)._native_attrs())
     return attrs

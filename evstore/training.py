@@ -21,6 +21,7 @@ with InvalidArgumentError naming the key, and nothing changes.
 import numpy as np
 import tensorflow as tf
 
+from evstore import schema
 from evstore._ops import gen
 
 __all__ = ["sparse_apply_sgd", "sparse_apply_adagrad", "sparse_apply_adam", "sparse_apply_adamw",
@@ -60,6 +61,12 @@ def check_hyper(name, value, low=0.0, low_inclusive=True, high=None):
         raise ValueError(f"{name} must be {rng}, got {value}")
 
 
+def _apply_inputs(ev, keys, values, global_step):
+    """The inputs every fused apply takes first, by name (schema.APPLY_INPUTS)."""
+    return {schema.HANDLE: ev.resource_handle, schema.KEYS_INPUT: keys, schema.GRADS_INPUT: values,
+            schema.GLOBAL_STEP_INPUT: _step(global_step)}
+
+
 def _adam_alpha(learning_rate, global_step, beta_1, beta_2, adam_step):
     t = _f32(_step(global_step) + 1 if adam_step is None else adam_step)
     b1, b2 = _f32(beta_1), _f32(beta_2)
@@ -71,17 +78,17 @@ def sparse_apply_sgd(ev, grad, learning_rate, global_step, momentum=0.0, nestero
     m = momentum * m - lr * g; w += m (nesterov: w += momentum * m - lr * g)."""
     keys, values = _unpack(ev, grad)
     if momentum == 0:
-        return gen.ev_apply_sgd(ev.resource_handle, keys, values, _step(global_step), _f32(learning_rate))
-    return gen.ev_apply_momentum(ev.resource_handle, keys, values, _step(global_step), _f32(learning_rate),
-                                 _f32(momentum), nesterov=bool(nesterov))
+        return gen.ev_apply_sgd(**_apply_inputs(ev, keys, values, global_step), lr=_f32(learning_rate))
+    return gen.ev_apply_momentum(**_apply_inputs(ev, keys, values, global_step), lr=_f32(learning_rate),
+                                 momentum=_f32(momentum), nesterov=bool(nesterov))
 
 
 def sparse_apply_adagrad(ev, grad, learning_rate, global_step, epsilon=1e-7, initial_accumulator_value=0.1):
     """acc += g^2; w -= lr * g / sqrt(acc + epsilon) (slot "accumulator", new
     rows start at `initial_accumulator_value`)."""
     keys, values = _unpack(ev, grad)
-    return gen.ev_apply_adagrad(ev.resource_handle, keys, values, _step(global_step), _f32(learning_rate),
-                                _f32(epsilon), initial_accumulator_value=float(initial_accumulator_value))
+    return gen.ev_apply_adagrad(**_apply_inputs(ev, keys, values, global_step), lr=_f32(learning_rate),
+                                epsilon=_f32(epsilon), initial_accumulator_value=float(initial_accumulator_value))
 
 
 def sparse_apply_adam(ev, grad, learning_rate, global_step, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
@@ -91,7 +98,8 @@ def sparse_apply_adam(ev, grad, learning_rate, global_step, beta_1=0.9, beta_2=0
     alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), t = `adam_step` (default global_step + 1)."""
     keys, values = _unpack(ev, grad)
     alpha, b1, b2 = _adam_alpha(learning_rate, global_step, beta_1, beta_2, adam_step)
-    return gen.ev_apply_adam(ev.resource_handle, keys, values, _step(global_step), alpha, b1, b2, _f32(epsilon))
+    return gen.ev_apply_adam(**_apply_inputs(ev, keys, values, global_step), alpha=alpha, beta1=b1, beta2=b2,
+                             epsilon=_f32(epsilon))
 
 
 def sparse_apply_adamw(ev, grad, learning_rate, global_step, weight_decay=0.004, beta_1=0.9, beta_2=0.999,
@@ -110,8 +118,8 @@ def sparse_apply_adamw(ev, grad, learning_rate, global_step, weight_decay=0.004,
     check_hyper("epsilon", epsilon)
     keys, values = _unpack(ev, grad)
     alpha, b1, b2 = _adam_alpha(learning_rate, global_step, beta_1, beta_2, adam_step)
-    return gen.ev_apply_adam_w(ev.resource_handle, keys, values, _step(global_step), alpha, b1, b2, _f32(epsilon),
-                               _f32(learning_rate), _f32(weight_decay))
+    return gen.ev_apply_adam_w(**_apply_inputs(ev, keys, values, global_step), alpha=alpha, beta1=b1, beta2=b2,
+                               epsilon=_f32(epsilon), lr=_f32(learning_rate), weight_decay=_f32(weight_decay))
 
 
 def sparse_apply_ftrl(ev, grad, learning_rate, global_step, learning_rate_power=-0.5,
@@ -132,8 +140,8 @@ def sparse_apply_ftrl(ev, grad, learning_rate, global_step, learning_rate_power=
     keys, values = _unpack(ev, grad)
     lr = _f32(learning_rate)
     l2_total = _f32(l2) + _f32(beta) / (2.0 * lr)
-    return gen.ev_apply_ftrl(ev.resource_handle, keys, values, _step(global_step), lr, _f32(l1), l2_total,
-                             _f32(l2_shrinkage), _f32(learning_rate_power),
+    return gen.ev_apply_ftrl(**_apply_inputs(ev, keys, values, global_step), lr=lr, l1=_f32(l1), l2=l2_total,
+                             l2_shrinkage=_f32(l2_shrinkage), lr_power=_f32(learning_rate_power),
                              initial_accumulator_value=float(initial_accumulator_value))
 
 
@@ -156,8 +164,8 @@ def sparse_apply_group_adam(ev, grad, learning_rate, global_step, beta_1=0.9, be
         check_hyper(n, v)
     keys, values = _unpack(ev, grad)
     alpha, b1, b2 = _adam_alpha(learning_rate, global_step, beta_1, beta_2, adam_step)
-    return gen.ev_apply_group_adam(ev.resource_handle, keys, values, _step(global_step), alpha, b1, b2,
-                                   _f32(epsilon), _f32(l1), _f32(l2), _f32(l21))
+    return gen.ev_apply_group_adam(**_apply_inputs(ev, keys, values, global_step), alpha=alpha, beta1=b1,
+                                   beta2=b2, epsilon=_f32(epsilon), l1=_f32(l1), l2=_f32(l2), l21=_f32(l21))
 
 
 def sparse_apply_group_adagrad(ev, grad, learning_rate, global_step, initial_accumulator_value=0.1,
@@ -174,6 +182,6 @@ def sparse_apply_group_adagrad(ev, grad, learning_rate, global_step, initial_acc
                  ("l2", l2), ("l21", l21)):
         check_hyper(n, v)
     keys, values = _unpack(ev, grad)
-    return gen.ev_apply_group_adagrad(ev.resource_handle, keys, values, _step(global_step), _f32(learning_rate),
-                                      _f32(epsilon), _f32(l1), _f32(l2), _f32(l21),
+    return gen.ev_apply_group_adagrad(**_apply_inputs(ev, keys, values, global_step), lr=_f32(learning_rate),
+                                      epsilon=_f32(epsilon), l1=_f32(l1), l2=_f32(l2), l21=_f32(l21),
                                       initial_accumulator_value=float(initial_accumulator_value))

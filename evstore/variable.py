@@ -13,13 +13,13 @@ from tensorflow.python.saved_model import save_context
 from tensorflow.python.training.saving import saveable_object
 
 from evstore import evict as _evict
+from evstore import schema
 from evstore._ops import gen
 from evstore.filters import AdmissionFilter
 
 __all__ = ["EmbeddingVariable", "UnshardedEmbeddingVariable"]
 
-_STAT_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
-                "row_bytes", "dirty", "deleted", "evicted", "filter_bytes", "zero_rows")
+_STAT_FIELDS = schema.STATS_FIELDS
 
 # Proxies: a proxy is the zero-size trainable variable through which gradients
 # of training lookups reach an optimizer (see embedding_lookup); optimizers
@@ -306,6 +306,19 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         return self.resource_handle.device
 
     @property
+    def proxy(self):
+        """The zero-size tf.Variable that training lookups read: gradients reach it,
+        and optimizers update the EV in its place (`optimizer.build` takes it;
+        `ev_for_variable(ev.proxy) is ev`)."""
+        return self._proxy
+
+    @property
+    def owner(self):
+        """The ShardedEmbeddingVariable this EV is a shard of, or None."""
+        ref = getattr(self, "_sharded_parent", None)
+        return ref() if ref is not None else None
+
+    @property
     def initializer(self):
         """The op that creates the table (graph mode); also in TABLE_INITIALIZERS."""
         return self._init_op
@@ -517,13 +530,15 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         with tf.control_dependencies(deps):
             k, v, s, ver, f, fk, ff, names = gen.ev_export(self.resource_handle, key_dtype=self._key_dtype,
                                                            dim=self._dim)
-        return {"-keys": k, "-values": v, "-versions": ver, "-freqs": f, "-keys_filtered": fk,
-                "-freqs_filtered": ff, "-slots": s, "-slot_names": names}
+        return {schema.KEYS: k, schema.VALUES: v, schema.VERSIONS: ver, schema.FREQS: f, schema.KEYS_FILTERED: fk,
+                schema.FREQS_FILTERED: ff, schema.SLOTS: s, schema.SLOT_NAMES: names}
 
     def _import_tensors(self, t):
         with tf.control_dependencies(self._ensure_created_in_saved_model()):
-            return gen.ev_import(self.resource_handle, t["-keys"], t["-values"], t["-slots"], t["-slot_names"],
-                                 t["-versions"], t["-freqs"], t["-keys_filtered"], t["-freqs_filtered"],
+            return gen.ev_import(handle=self.resource_handle, keys=t[schema.KEYS], values=t[schema.VALUES],
+                                 slots=t[schema.SLOTS], slot_names=t[schema.SLOT_NAMES],
+                                 versions=t[schema.VERSIONS], freqs=t[schema.FREQS],
+                                 filtered_keys=t[schema.KEYS_FILTERED], filtered_freqs=t[schema.FREQS_FILTERED],
                                  clear=True)
 
     def _serialize_to_tensors(self):

@@ -1,4 +1,5 @@
-"""serving_loader: stock-TensorFlow serving export, hot checkpoint application, REST server (DESIGN section 5)."""
+"""serving_loader: stock-TensorFlow serving export, hot checkpoint application, REST server
+(docs/ARCHITECTURE.md, "Serving")."""
 from serving_loader.export import ensure_serving_export, export_serving_model
 from serving_loader.model import ServingModel
 

@@ -8,7 +8,7 @@ REST (on the serving port, next to TF Serving's API; JSON bodies, errors {"error
   POST /v1/models/<name>/admin/rollback    {"version": <seq>, "then": "pin" | "resume"} ("pin" by default):
                                            serve the retained commit <seq>, whole or not at all
 Each POST answers the admin status after the operation. `handle` holds the
-logic, independent of the HTTP stack; `routes` adapts it to starlette.
+logic, independent of the HTTP stack (the server routes PATH to it).
 Statuses: 400 bad body
 or argument, 404 unknown model or commit not retained, 409 the operation cannot
 be done (no checkpoint root; the commit's chain cannot be staged: still serving
@@ -23,7 +23,7 @@ Metrics (a collector in the server's registry, read at each scrape):
 import json
 import re
 
-__all__ = ["handle", "routes", "register_metrics", "PATH", "MAX_BODY"]
+__all__ = ["handle", "register_metrics", "PATH", "MAX_BODY"]
 
 MAX_BODY = 64 * 1024
 
@@ -86,27 +86,6 @@ def handle(model, model_name, method, path, body=b""):
 
 def _state(model):
     return dict(model.admin_status(), retained=model.retained())
-
-
-def routes(model, model_name):
-    """Starlette routes of the admin endpoints for `model` served as `model_name`
-    (place them before the catch-all /v1/models route)."""
-    from starlette.concurrency import run_in_threadpool
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    async def endpoint(request):
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_BODY:
-                break
-        status, answer = await run_in_threadpool(handle, model, model_name, request.method, request.url.path, body)
-        return Response(json.dumps(answer), status_code=status, media_type="application/json")
-
-    methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
-    return [Route("/v1/models/{name}/admin", endpoint, methods=methods),
-            Route("/v1/models/{name}/admin/{action}", endpoint, methods=methods)]
 
 
 class _Collector:

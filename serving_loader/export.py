@@ -2,9 +2,12 @@
 
 Each EmbeddingVariable (a ShardedEmbeddingVariable too: one table of all its
 shards' rows, the same export as unsharded) becomes a `tf.lookup.experimental.DenseHashTable`
-(key -> [dim] float32 row, the EV's default value for missing keys; the
-table's empty / deleted sentinel keys are the two smallest values of the key
-dtype, which therefore cannot be served); dense weights stay variables. The
+(key -> [dim] float32 row, the EV's default value for missing keys); dense
+weights stay variables. The table's empty / deleted sentinel keys are the two
+smallest values of the key dtype, which a DenseHashTable cannot hold; training
+can, so their rows live beside the table in a [2, dim] variable
+(`reserved_rows[i]`, row j for key `min + j`, with `reserved_present[i]` [2]
+bool) and the traced lookup selects them: every key training holds is served. The
 model's forward pass is traced with every EV lookup replaced by a lookup of
 its table, so the graph holds no evstore op: TF Serving, or any process with
 TensorFlow and without evstore, loads and runs it.
@@ -14,13 +17,15 @@ export's objects (the checkpoint names: EVs by `ev.name`, dense variables as
 checkpoint.collect names them), so ServingModel can apply checkpoints to it:
 
     {"format": "evstore-serving", "version": 1,
-     "evs": {"user": {"index": 0, "dim": 16, "key_dtype": "int64",
+     "evs": {"user": {"index": 0, "dim": 16, "key_dtype": "int64", "reserved": 0,
                       "empty_key": -9223372036854775808, "deleted_key": -9223372036854775807}},
      "dense": {"out/kernel": 0, "out/bias": 1},
      "inputs": [{"name": "users", "dtype": "int64", "shape": [null, 2]}],
      "signature": "serving_default"}
-The loaded object exposes the tables as `tables[i]` and the variables as
-`dense[i]` (indices from the map).
+The loaded object exposes the tables as `tables[i]`, the sentinel keys' rows as
+`reserved_rows[i]` / `reserved_present[i]` and the variables as `dense[i]`
+(indices from the map; exports written before `reserved` existed cannot serve
+the two sentinel keys, and ServingModel refuses checkpoints holding them).
 """
 import json
 import os
@@ -45,6 +50,18 @@ def sentinels(key_dtype):
     return lo, lo + 1
 
 
+def _served_lookup(ids, table, rows, present, lo, default, dim):
+    """Rows of `ids` from the table, the two sentinel keys from their side rows."""
+    flat = tf.reshape(ids, [-1])
+    is0, is1 = tf.equal(flat, lo), tf.equal(flat, lo + 1)
+    safe = tf.where(tf.logical_or(is0, is1), tf.constant(lo + 2, flat.dtype), flat)
+    out = table.lookup(safe)
+    r0 = tf.where(present[0], rows[0], default)
+    r1 = tf.where(present[1], rows[1], default)
+    out = tf.where(is0[:, None], r0[None, :], tf.where(is1[:, None], r1[None, :], out))
+    return _shaped(out, ids, dim)
+
+
 def _shaped(rows, ids, dim):
     rows = tf.reshape(rows, tf.concat([tf.shape(ids), [dim]], 0))
     rows.set_shape(ids.shape.concatenate([dim]))
@@ -64,7 +81,57 @@ def _input_specs(model, input_signature):
     return specs
 
 
-def export_serving_model(model, export_dir, input_signature=None, output_name="outputs"):
+# TF Serving's signature method names (tensorflow/cc/saved_model/signature_constants.h)
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+EXAMPLE_SIGNATURES = {"classify": ("classification", CLASSIFY_METHOD), "regress": ("regression", REGRESS_METHOD)}
+
+
+def _feature_spec(spec):
+    if not spec.shape[1:].is_fully_defined():
+        raise ValueError(f"input {spec.name!r} has shape {spec.shape}: a tf.Example signature needs every dimension "
+                         "but the batch one fixed")
+    kind = tf.string if spec.dtype == tf.string else tf.float32 if spec.dtype.is_floating else tf.int64
+    return tf.io.FixedLenFeature(spec.shape[1:], kind)
+
+
+def _example_signature(kind, specs, forward):
+    """TF Serving's classification / regression signature over `forward`: one
+    string input "inputs" (serialized tf.Example protos, a feature per model
+    input named as the input) and "scores" [batch, n] / "outputs" [batch]."""
+    features = {s.name: _feature_spec(s) for s in specs}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def fn(serialized):
+        parsed = tf.io.parse_example(serialized, features)
+        out = forward([tf.cast(parsed[s.name], s.dtype) for s in specs])
+        if len(out) != 1:
+            raise ValueError(f"a {kind} signature needs a model with one output, got {sorted(out)}")
+        (y,) = out.values()
+        y = tf.cast(y, tf.float32)
+        if kind == "classify":
+            return {"scores": tf.reshape(y, [tf.shape(y)[0], -1])}
+        if y.shape.rank is not None and (y.shape.rank > 2 or (y.shape.rank == 2 and y.shape[1] != 1)):
+            raise ValueError(f"a regress signature needs one value per example, the model answers {y.shape}")
+        return {"outputs": tf.reshape(y, [-1])}
+
+    return fn
+
+
+def _set_method_names(export_dir, methods):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = os.path.join(export_dir, "saved_model.pb")
+    sm = saved_model_pb2.SavedModel()
+    with open(path, "rb") as f:
+        sm.ParseFromString(f.read())
+    for key, method in methods.items():
+        sm.meta_graphs[0].signature_def[key].method_name = method
+    with open(path, "wb") as f:
+        f.write(sm.SerializeToString())
+
+
+def export_serving_model(model, export_dir, input_signature=None, output_name="outputs", example_signatures=()):
     """Writes a stock-TensorFlow SavedModel of `model` to `export_dir`.
 
     Args:
@@ -73,18 +140,31 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
       export_dir: a new or empty directory.
       input_signature: list of named tf.TensorSpec, one per model input.
       output_name: the signature's output key (a dict output keeps its keys).
+      example_signatures: any of "classify", "regress": also write TF
+        Serving's tf.Example signatures ("classification" with method
+        tensorflow/serving/classify answering "scores" [batch, n];
+        "regression" with tensorflow/serving/regress answering "outputs"
+        [batch]), for its :classify / :regress APIs. They take serialized
+        tf.Example protos ("inputs") with one feature per model input, named
+        as the input and shaped as it without the batch dimension; the model
+        must have one output.
     The tables start with the EVs' current rows (materialised once here).
     Returns the serving map (see the module docstring).
 
     Raises:
       ValueError: unnamed / duplicate inputs, a non-empty export_dir.
     """
+    unknown = sorted(set(example_signatures) - set(EXAMPLE_SIGNATURES))
+    if unknown or isinstance(example_signatures, str):
+        raise ValueError(f"example_signatures takes a list of {sorted(EXAMPLE_SIGNATURES)}, got {example_signatures!r}")
     if os.path.exists(export_dir) and os.listdir(export_dir):
         raise ValueError(f"export_dir {export_dir!r} is not empty; export into a new directory")
     specs = _input_specs(model, input_signature)
     col = collect(model)
     module = tf.Module()
     module.tables = []
+    module.reserved_rows = []
+    module.reserved_present = []
     module.dense = []
     mapping = {"format": FORMAT, "version": 1, "evs": {}, "dense": {}, "signature": "serving_default",
                "inputs": [{"name": s.name, "dtype": s.dtype.name, "shape": s.shape.as_list()} for s in specs]}
@@ -96,27 +176,52 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
             key_dtype=ev.key_dtype, value_dtype=tf.float32, default_value=tf.constant(default),
             empty_key=empty, deleted_key=deleted, name=f"ev_{len(module.tables)}")
         rows = ev.export()
-        if int(tf.size(rows["keys"])):
-            table.insert(rows["keys"], rows["values"])
-        mapping["evs"][name] = {"index": len(module.tables), "dim": ev.dim, "key_dtype": ev.key_dtype.name,
+        keys, values = rows["keys"].numpy(), rows["values"].numpy()
+        res_rows = np.zeros([2, ev.dim], np.float32)
+        res_present = np.zeros([2], bool)
+        for j, k in enumerate((empty, deleted)):
+            hit = np.flatnonzero(keys == k)
+            if hit.size:
+                res_rows[j], res_present[j] = values[hit[0]], True
+        keep = (keys != empty) & (keys != deleted)
+        if keep.any():
+            table.insert(tf.constant(keys[keep]), tf.constant(values[keep]))
+        i = len(module.tables)
+        mapping["evs"][name] = {"index": i, "dim": ev.dim, "key_dtype": ev.key_dtype.name, "reserved": i,
                                 "empty_key": empty, "deleted_key": deleted}
         module.tables.append(table)
-        served[ev] = (lambda ids, t=table, d=ev.dim: _shaped(t.lookup(tf.reshape(ids, [-1])), ids, d))
+        module.reserved_rows.append(tf.Variable(res_rows, trainable=False, name=f"ev_{i}_reserved_rows"))
+        module.reserved_present.append(tf.Variable(res_present, trainable=False, name=f"ev_{i}_reserved_present"))
+        served[ev] = (lambda ids, t=table, r=module.reserved_rows[i], p=module.reserved_present[i], lo=empty,
+                      dv=tf.constant(default, tf.float32), d=ev.dim: _served_lookup(ids, t, r, p, lo, dv, d))
     for name, v in col.dense.items():
         if name.startswith("optimizer/"):
             continue
         mapping["dense"][name] = len(module.dense)
         module.dense.append(v.value if isinstance(v, keras.Variable) else v)
 
-    @tf.function(input_signature=specs)
-    def serve(*args):
+    def forward(args):
         with substitute_lookups(served):
             x = list(args) if len(args) > 1 else args[0]
             out = model(x, training=False) if isinstance(model, keras.Model) else model(x)
         return dict(out) if isinstance(out, dict) else {output_name: out}
 
+    @tf.function(input_signature=specs)
+    def serve(*args):
+        return forward(args)
+
     module.serve = serve
-    tf.saved_model.save(module, export_dir, signatures={"serving_default": serve.get_concrete_function()})
+    signatures = {"serving_default": serve.get_concrete_function()}
+    methods = {}
+    for kind in example_signatures:
+        key, method = EXAMPLE_SIGNATURES[kind]
+        fn = _example_signature(kind, specs, forward)
+        setattr(module, f"serve_{kind}", fn)
+        signatures[key] = fn.get_concrete_function()
+        methods[key] = method
+    tf.saved_model.save(module, export_dir, signatures=signatures)
+    if methods:
+        _set_method_names(export_dir, methods)
     os.makedirs(os.path.join(export_dir, "assets.extra"), exist_ok=True)
     with open(os.path.join(export_dir, MAP_FILE), "w") as f:
         json.dump(mapping, f, indent=1, sort_keys=True)

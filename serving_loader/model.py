@@ -1,6 +1,6 @@
 """ServingModel: a loaded serving export kept fresh by applying checkpoints in place.
 
-Apply protocol (DESIGN section 5):
+Apply protocol (docs/ARCHITECTURE.md, "Serving"):
   * stage (no lock): pick the next committed checkpoint of the served chain
     (its manifest's parent is the served sequence, its base the served full),
     verify every file against the manifest (size, crc32c), read its tensors
@@ -9,11 +9,18 @@ Apply protocol (DESIGN section 5):
     upsert changed rows, assign dense variables, set `version`.
   Predictions hold the lock shared, so none sees half a checkpoint; staging
   never blocks them. Checkpoints are applied in chain order, each once.
-  * A gap, a bad checksum or a missing file keeps the last good state
-    serving; the failure is counted and kept in `last_error`. Recovery: once
-    the root's newest chain resolves and differs from the served one (the
-    trainer wrote a new full), the model reloads from it (reload holds the
-    lock for its duration; it also runs at start).
+  * A gap, a bad checksum, a missing file or content the served tables cannot
+    hold keeps the last good state serving; the failure is counted once per
+    checkpoint (`failures`, kept in `last_error`) and that checkpoint is not
+    retried. Recovery: once the root's newest chain resolves and does not
+    contain the served checkpoint (the trainer wrote a new full), the model
+    reloads from it (reload holds the lock for its duration; it also runs at
+    start).
+  * Identity, not just numbers: the served checkpoint is known by its
+    sequence number and its manifest checksum, and a delta is applied only if
+    its parent link names both. If the served checkpoint was withdrawn (a
+    writer's lost acknowledgement: its manifest disappears or the newest
+    chain no longer contains it), the model reloads from the newest chain.
 
 Hold and roll back (an operator's controls):
   * `pin()` stops applying new commits (polls still scan the root, so
@@ -45,11 +52,24 @@ from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
-from serving_loader.export import FORMAT, MAP_FILE
+from evstore import schema
+from serving_loader.export import FORMAT, MAP_FILE, sentinels
 
 __all__ = ["ServingModel", "NothingToServeError", "RollbackError"]
 
 log = logging.getLogger("evstore.serving")
+
+
+def _read_signature_defs(export_dir):
+    """{signature key: SignatureDef proto} of the export's (only) meta graph, as
+    saved_model.pb holds them (TF Serving's metadata answers with these,
+    including the `__saved_model_init_op` entry of a TF2 SavedModel)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    sm = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+        sm.ParseFromString(f.read())
+    return dict(sm.meta_graphs[0].signature_def)
 
 
 class _RWLock:
@@ -172,15 +192,23 @@ class ServingModel:
             if why:
                 raise NothingToServeError(why)
         self._loaded = tf.saved_model.load(export_dir)
-        self._fn = self._loaded.signatures[self.mapping["signature"]]
+        self.signature = self.mapping["signature"]
+        self._fn = self._loaded.signatures[self.signature]
+        self.signature_defs = _read_signature_defs(export_dir)
         self._tables = {n: _Table(self._loaded.tables[e["index"]], e["key_dtype"])
                         for n, e in self.mapping["evs"].items()}
         self._dense = {n: self._loaded.dense[i] for n, i in self.mapping["dense"].items()}
+        # The two sentinel keys' rows (export.py); absent in exports older than them.
+        self._reserved = {n: (self._loaded.reserved_rows[e["reserved"]], self._loaded.reserved_present[e["reserved"]])
+                          for n, e in self.mapping["evs"].items() if "reserved" in e}
         self.inputs = {i["name"]: i for i in self.mapping["inputs"]}
         self._lock = _RWLock()
         self._poll_lock = threading.Lock()
         self.version = None
         self.base = None
+        self._served_checksum = None   # content identity of the served checkpoint
+        self._bad = {}                 # (seq, checksum) -> error of a checkpoint refused for good
+        self._counted = set()          # checkpoints whose failure `failures` counted
         self.applied = 0
         self.applied_seqs = []     # sequence numbers published, in order (a reload publishes its last)
         self.failures = 0
@@ -235,6 +263,23 @@ class ServingModel:
         try:
             out = self._fn(**tensors)
             version = self.version
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError(f"the serving signature refused the inputs: {e.message}") from None
+        finally:
+            self._lock.release_read()
+        return {k: v.numpy() for k, v in out.items()}, version
+
+    def run(self, signature, inputs):
+        """Runs signature `signature` of the export on `inputs` ({input name:
+        np.ndarray of the signature's dtype}) under the read lock: the answer
+        comes from exactly one applied checkpoint. Returns ({output name:
+        np.ndarray}, version). Raises KeyError for an unknown signature and
+        TensorFlow's errors for inputs the signature refuses."""
+        fn = self._fn if signature == self.signature else self._loaded.signatures[signature]
+        self._lock.acquire_read()
+        try:
+            out = fn(**inputs)
+            version = self.version
         finally:
             self._lock.release_read()
         return {k: v.numpy() for k, v in out.items()}, version
@@ -255,25 +300,30 @@ class ServingModel:
             self.newest_committed = max(sc.manifests)
             if self.pinned:
                 return self.version
-            if self.version is not None:
+            if self.version is not None and self._served_is_committed(sc):
                 self._follow_chain(sc)
-            newest = max(sc.manifests)
-            if self.version is None or newest > self.version:
-                self._maybe_reload(sc)
+            self._maybe_reload(sc)
             return self.version
+
+    def _served_is_committed(self, sc):
+        m = sc.manifests.get(self.version)
+        return m is not None and m.checksum == self._served_checksum
 
     def _follow_chain(self, sc):
         while True:
             nxt = [m for m in sc.manifests.values()
-                   if m.kind == "delta" and m.parent == self.version and m.base == self.base]
+                   if m.kind == "delta" and m.parent == self.version and m.base == self.base
+                   and (m.parent_checksum is None or m.parent_checksum == self._served_checksum)]
             if not nxt:
                 return
             m = min(nxt, key=lambda x: x.seq)
+            if (m.seq, m.checksum) in self._bad:
+                return   # refused once already: wait for a new full
             t0 = time.time()
             try:
                 staged = self._stage(m)
             except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
-                self._fail(f"cannot apply {m.dir}: {e}")
+                self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
                 return
             self._lock.acquire_write()
             try:
@@ -287,18 +337,22 @@ class ServingModel:
             chain = resolve_chain(sc, where=self.storage.url)
         except CheckpointError as e:
             if self.version is None or max(sc.manifests) > self.version:
-                self._fail(f"newest chain cannot be served: {e}")
+                self._refuse(None, f"newest chain cannot be served: {e}", key=("chain", str(e)))
             return
-        if self.version is not None and chain[0].seq == self.base and chain[-1].seq <= self.version:
-            return
-        if self.version is not None and chain[0].seq == self.base:
-            return  # same chain: _follow_chain applies it (it stopped on an error already reported)
+        served = (self.version, self._served_checksum)
+        if any((m.seq, m.checksum) == served for m in chain):
+            return  # the served checkpoint is in the newest chain: _follow_chain applies the rest
+        if (chain[-1].seq, chain[-1].checksum) in self._bad:
+            return  # this chain was refused already: wait for a newer one
+        if self.version is not None:
+            log.warning("served %s is not in the newest chain (%s..%s): it was withdrawn or the chain was "
+                        "replaced; reloading", self.version, chain[0].dir, chain[-1].dir)
         t0 = time.time()
         before = self.version
         try:
             self._load_chain(chain)
         except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
-            self._fail(f"cannot reload from {chain[0].dir}: {e}")
+            self._refuse(chain[-1], f"cannot reload from {chain[0].dir}: {e}", retry=isinstance(e, OSError))
             return
         for m in chain:   # every checkpoint this reload newly serves counts as applied
             if before is None or m.seq > before or m.seq == chain[-1].seq:
@@ -317,6 +371,8 @@ class ServingModel:
                     keys != self.mapping["evs"][name]["empty_key"], keys != self.mapping["evs"][name]["deleted_key"]))
                 if int(tf.size(keys)):
                     table.erase(keys)
+            for _, present_var in self._reserved.values():
+                present_var.assign(tf.zeros_like(present_var))
             for s in staged:
                 self._publish(s)
         finally:
@@ -405,33 +461,76 @@ class ServingModel:
         evs = {}
         for name in self._tables:
             srcs = parts[name]
-            keys = np.concatenate([reader.get_tensor(f"{p}-keys") for p in srcs])
-            values = np.concatenate([reader.get_tensor(f"{p}-values") for p in srcs])
-            erase = [reader.get_tensor(f"{p}-keys_filtered") for p in srcs]   # counted keys read the default
+            keys = np.concatenate([reader.get_tensor(schema.tensor(p, schema.KEYS)) for p in srcs])
+            values = np.concatenate([reader.get_tensor(schema.tensor(p, schema.VALUES)) for p in srcs])
+            # counted keys read the default
+            erase = [reader.get_tensor(schema.tensor(p, schema.KEYS_FILTERED)) for p in srcs]
             if m.kind == "delta":
-                erase += [reader.get_tensor(f"{p}-deleted_keys") for p in srcs]
+                erase += [reader.get_tensor(schema.tensor(p, schema.DELETED_KEYS)) for p in srcs]
             erase = np.concatenate(erase)
-            if values.shape[1:] != (self.mapping["evs"][name]["dim"],):
-                raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]}, the export "
-                                      f"serves dim {self.mapping['evs'][name]['dim']}")
-            evs[name] = (erase, keys, values)
+            evs[name] = self._checked(m, name, erase, keys, values)
         dense = read_dense(d, list(self._dense)) if self._dense else {}
+        for n, v in dense.items():
+            if tuple(v.shape) != tuple(self._dense[n].shape) or v.dtype != self._dense[n].dtype.as_numpy_dtype:
+                raise CheckpointError(f"{m.dir}: dense {n!r} is {v.dtype} {list(v.shape)}, the export serves "
+                                      f"{self._dense[n].dtype.name} {self._dense[n].shape.as_list()}")
         del reader
         self.storage.discard_local(m.dir)   # staged in memory: a remote root's download can go
         return _Staged(m, evs, dense)
 
+    def _checked(self, m, name, erase, keys, values):
+        """Validates an EV's staged tensors completely (publish must not fail
+        half-way): dtypes, dim, row counts; splits off the sentinel keys, which
+        live beside the table. Returns (erase, keys, values, reserved) with
+        reserved = {j: row or None (erased)} for key min + j."""
+        info = self.mapping["evs"][name]
+        kd = tf.as_dtype(info["key_dtype"]).as_numpy_dtype
+        if keys.dtype != kd or erase.dtype != kd:
+            raise CheckpointError(f"{m.dir}: EV {name!r} has {keys.dtype} keys, the export serves {info['key_dtype']}")
+        if values.dtype != np.float32 or values.ndim != 2 or values.shape != (len(keys), info["dim"]):
+            raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]} for {len(keys)} keys, "
+                                  f"the export serves dim {info['dim']}")
+        empty, deleted = sentinels(info["key_dtype"])
+        reserved = {}
+        for j, k in enumerate((empty, deleted)):
+            if (erase == k).any():
+                reserved[j] = None
+            hit = np.flatnonzero(keys == k)
+            if hit.size:
+                reserved[j] = values[hit[-1]]
+        if reserved:
+            if name not in self._reserved:
+                raise CheckpointError(f"{m.dir}: EV {name!r} holds key {empty + min(reserved)}, which this export "
+                                      "cannot serve (written before sentinel keys were served): re-export it "
+                                      "with export_serving_model")
+            keep = (keys != empty) & (keys != deleted)
+            keys, values = keys[keep], values[keep]
+            erase = erase[(erase != empty) & (erase != deleted)]
+        return erase, keys, values, reserved
+
     def _publish(self, s):
-        """Under the write lock: make the staged checkpoint the served state."""
-        for name, (erase, keys, values) in s.evs.items():
+        """Under the write lock: make the staged checkpoint the served state.
+        Everything was validated by _stage, so no step here fails on content."""
+        for name, (erase, keys, values, reserved) in s.evs.items():
             table = self._tables[name]
             if erase.size:
                 table.erase(tf.constant(erase))
             if keys.size:
                 table.insert(tf.constant(keys), tf.constant(values))
+            if reserved:
+                rows_var, present_var = self._reserved[name]
+                rows, present = rows_var.numpy(), present_var.numpy()
+                for j, row in reserved.items():
+                    present[j] = row is not None
+                    if row is not None:
+                        rows[j] = row
+                rows_var.assign(rows)
+                present_var.assign(present)
         for name, value in s.dense.items():
             self._dense[name].assign(value)
         self.version = s.manifest.seq
         self.base = s.manifest.base
+        self._served_checksum = s.manifest.checksum
 
     def _record(self, m, t0):
         now = time.time()
@@ -440,6 +539,20 @@ class ServingModel:
         self.apply_latency_s = (self.apply_latency_s + [now - t0])[-1000:]
         self.freshness_s = (self.freshness_s + [max(0.0, now - m.wall_time)])[-1000:]
         self.last_applied_wall = now
+
+    def _refuse(self, m, msg, key=None, retry=False):
+        """A checkpoint (or chain) that cannot be served: counted once; not
+        retried unless the cause may pass (`retry`: an I/O error)."""
+        key = key or (m.seq, m.checksum)
+        if key in self._bad:
+            return
+        if not retry:
+            self._bad[key] = msg
+        if key in self._counted:
+            self.last_error = msg
+            return
+        self._counted.add(key)
+        self._fail(msg)
 
     def _fail(self, msg):
         self.failures += 1
@@ -455,8 +568,8 @@ class ServingModel:
             raise ValueError("no checkpoint_root to poll")
         if self._sched is not None:
             raise RuntimeError("already polling; stop() first")
-        from apscheduler.schedulers.background import BackgroundScheduler
-        self._sched = BackgroundScheduler(daemon=True)
+        from checkpoint.schedule import background_scheduler
+        self._sched = background_scheduler("serving")
         self._sched.add_job(self._poll_quietly, "interval", seconds=every_s, id="poll", max_instances=1,
                             coalesce=True)
         self._sched.start()
@@ -465,7 +578,7 @@ class ServingModel:
         try:
             self.poll()
         except Exception as e:  # noqa: BLE001 - the poller must survive
-            self._fail(f"poll failed: {e!r}")
+            self._refuse(None, f"poll failed: {e!r}", key=("poll", repr(e)), retry=True)  # counted once
 
     def stop(self):
         if self._sched is not None:

@@ -1,42 +1,32 @@
-"""`evstore serve`: TF Serving's REST API and Prometheus metrics over a ServingModel.
+"""`evstore serve`: TF Serving's REST and gRPC APIs and Prometheus metrics over a ServingModel.
 
-Endpoints (TF Serving's REST semantics, https://www.tensorflow.org/tfx/serving/api_rest):
-  POST /v1/models/<name>[/versions/<v>]:predict
-      {"instances": [...]}  row format: one item per example; with one model
-                            input an item is that input's value (or an object
-                            naming it), with several it is an object
-                            {input name: value}. Answer {"predictions": [...]}:
-                            one item per example, the bare value when the model
-                            has one output, else an object per example.
-      {"inputs": ...}       columnar format: {input name: batch}, or the bare
-                            batch when the model has one input. Answer
-                            {"outputs": ...}: the bare batch for one output,
-                            else {output name: batch}.
-      "signature_name" is optional and must name the export's signature.
-  GET  /v1/models/<name>[/versions/<v>]            model_version_status; the
-                            version is the checkpoint sequence number served
-                            ("0" while no checkpoint is applied yet)
-  GET  /v1/models/<name>[/versions/<v>]/metadata   the signature (saved_model.pb)
-  GET  /metrics             Prometheus text format (one registry per server)
+REST (TF Serving's paths and behaviour, https://www.tensorflow.org/tfx/serving/api_rest;
+request / answer formats in serving_loader.tfs):
+  POST /v1/models/<name>[/versions/<v>|/labels/<l>]:predict | :classify | :regress
+  GET  /v1/models/<name>[/versions/<v>|/labels/<l>]            model status
+  GET  /v1/models/<name>[/versions/<v>|/labels/<l>]/metadata   signatures
+  GET  /metrics     Prometheus text format (one registry per server)
+Any other /v1/ request is TF Serving's 400 "Malformed request"; paths outside
+/v1/ and the routes added to `ServingApp.router` are 404. Every error is
+answered with a JSON body {"error": message}, down to a malformed request
+line, header or Content-Length (serving_loader.httpserver).
 
-Every request field is data: the body is capped (413 past max_request_bytes,
-checked against Content-Length and while reading), parsed as JSON, and each
-input is converted with numpy to the signature's dtype and checked for rank,
-fixed dimensions and (integer inputs) integrality and range before anything
-reaches TensorFlow. Errors are JSON {"error": message}: 400 for a bad body,
-404 for an unknown model, version or path, 405 for a wrong method, 413 for an
-oversize body, 500 if the model itself fails.
+gRPC: tensorflow.serving.PredictionService (Predict, Classify, Regress,
+GetModelMetadata) and ModelService.GetModelStatus (serving_loader.grpc_service).
 
-Threads: the asyncio loop (uvicorn) only routes and reads bodies; parsing,
-predict and JSON encoding run in starlette's thread pool, so predictions run
-concurrently (ServingModel holds its lock shared for each). ServingModel
-polls the checkpoint root on its own apscheduler thread; metrics are copied
-from its counters and sample lists at each scrape and every poll interval.
+Versions: the version is the checkpoint sequence number served ("0" while no
+checkpoint is applied yet); versions replaced in this process are listed as
+END in the status.
+
+Threads: one asyncio loop frames HTTP requests, parses JSON (orjson) and
+protos, and writes answers; predictions of the default signature go to the
+Batcher (serving_loader.batching), whose thread calls the model once per batch
+under its read lock; other signatures run in the loop's executor.
+ServingModel polls the checkpoint root on its own apscheduler thread; metrics
+are copied from its counters at each scrape and every poll interval.
 """
 import asyncio
-import contextlib
 import gc
-import json
 import logging
 import math
 import os
@@ -46,159 +36,28 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 
 import numpy as np
 
 from serving_loader import admin
+from serving_loader.batching import Batcher, BatchingOptions
+from serving_loader.httpserver import HttpServer, Response, Router, error_response, json_response
+from serving_loader.tfs import (CLASSIFY_METHOD, REGRESS_METHOD, Servable, ServingError, format_classify_json,
+                                format_predict_json, format_regress_json, parse_examples_json, parse_predict_json)
 
 log = logging.getLogger("evstore.serving")
 
-__all__ = ["ServingApp", "ServingMetrics", "RequestError", "parse_predict_request", "format_predict_response",
-           "serve"]
+__all__ = ["ServingApp", "ServingMetrics", "serve", "DEFAULT_MAX_REQUEST_BYTES"]
 
 DEFAULT_MAX_REQUEST_BYTES = 10 * 2**20
 _LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0)
 _FRESHNESS_BUCKETS = (.1, .25, .5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-_MODEL_PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)"
-                         r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-                         r"(?P<tail>:predict|/metadata)?$")
-
-
-class RequestError(Exception):
-    """A request we refuse: HTTP `status` and a message for {"error": ...}."""
-
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-# ---- request parsing (pure numpy: nothing here touches TensorFlow) -----------
-def _numpy_dtype(name):
-    import tensorflow as tf
-
-    return np.dtype(tf.as_dtype(name).as_numpy_dtype) if name != "string" else None
-
-
-def _to_array(name, value, spec):
-    """`value` (JSON data) as an ndarray of input `name`'s dtype and shape, or RequestError(400)."""
-    shape = spec["shape"]
-    want = spec["dtype"]
-    try:
-        raw = np.asarray(value)
-    except (ValueError, TypeError, OverflowError, RecursionError) as e:
-        raise RequestError(400, f"input {name!r}: not a rectangular array of {want} values ({e})") from None
-    if raw.ndim != len(shape) or any(d is not None and d != g for d, g in zip(shape, raw.shape)):
-        dims = ", ".join("None" if d is None else str(d) for d in shape)
-        raise RequestError(400, f"input {name!r} must have shape [{dims}] (batch first), got {list(raw.shape)}")
-    kind = raw.dtype.kind
-    if want == "string":
-        if kind != "U" and raw.size:
-            raise RequestError(400, f"input {name!r} takes strings, got {raw.dtype.name} values")
-        return np.char.encode(raw.astype(str), "utf-8")
-    dtype = _numpy_dtype(want)
-    if raw.size == 0:
-        return raw.astype(dtype)
-    if dtype.kind in "iu":
-        if kind not in "iu":
-            what = {"f": "non-integer numbers", "b": "booleans", "U": "strings", "O": "values that are not "
-                    "64-bit integers (objects, nulls or out-of-range numbers)"}.get(kind, raw.dtype.name)
-            raise RequestError(400, f"input {name!r} takes {want} ids, got {what}")
-        info = np.iinfo(dtype)
-        lo, hi = int(raw.min()), int(raw.max())
-        if lo < info.min or hi > info.max:
-            raise RequestError(400, f"input {name!r}: ids must lie in [{info.min}, {info.max}] ({want}), "
-                                    f"got values in [{lo}, {hi}]")
-        return raw.astype(dtype)
-    if dtype.kind == "f":
-        if kind not in "iuf":
-            raise RequestError(400, f"input {name!r} takes {want} numbers, got "
-                                    f"{ {'b': 'booleans', 'U': 'strings'}.get(kind, 'non-numeric values') }")
-        return raw.astype(dtype)
-    if dtype.kind == "b":
-        if kind != "b":
-            raise RequestError(400, f"input {name!r} takes booleans, got {raw.dtype.name} values")
-        return raw
-    raise RequestError(400, f"input {name!r}: dtype {want} is not supported by the REST server")
-
-
-def parse_predict_request(body, inputs, signature="serving_default"):
-    """Parses a :predict body. `inputs`: ServingModel.inputs ({name: {"name", "dtype", "shape"}}).
-
-    Returns (arrays {input name: ndarray}, "row" | "columnar"). Raises RequestError(400).
-    """
-    try:
-        req = json.loads(body)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise RequestError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(req, dict):
-        raise RequestError(400, 'request body must be a JSON object with "instances" or "inputs"')
-    unknown = sorted(set(req) - {"instances", "inputs", "signature_name"})
-    if unknown:
-        raise RequestError(400, f"unknown request fields {unknown}; a predict request has \"instances\" or "
-                                "\"inputs\" and optionally \"signature_name\"")
-    sig = req.get("signature_name", signature)
-    if sig != signature:
-        raise RequestError(400, f"signature_name {sig!r} not found; this model serves {signature!r}")
-    if ("instances" in req) == ("inputs" in req):
-        raise RequestError(400, 'a predict request has exactly one of "instances" (row format) and "inputs" '
-                                "(columnar format)")
-    names = sorted(inputs)
-
-    def check_names(got, where):
-        unknown = sorted(set(got) - set(inputs))
-        missing = sorted(set(inputs) - set(got))
-        if unknown or missing:
-            raise RequestError(400, f"{where}: unknown inputs {unknown}, missing inputs {missing}; the model "
-                                    f"takes {names}")
-
-    if "inputs" in req:
-        cols = req["inputs"]
-        if not isinstance(cols, dict):
-            if len(inputs) != 1:
-                raise RequestError(400, f'"inputs" must be an object {{input name: batch}} naming {names}')
-            cols = {names[0]: cols}
-        check_names(cols, '"inputs"')
-        return {n: _to_array(n, v, inputs[n]) for n, v in cols.items()}, "columnar"
-
-    rows = req["instances"]
-    if not isinstance(rows, list) or not rows:
-        raise RequestError(400, '"instances" must be a non-empty list with one item per example')
-    named = [isinstance(r, dict) for r in rows]
-    if any(named) and not all(named):
-        raise RequestError(400, '"instances" mixes objects and bare values; use one form for every item')
-    if not named[0]:
-        if len(inputs) != 1:
-            raise RequestError(400, f'the model takes several inputs {names}: each item of "instances" must '
-                                    "be an object naming them")
-        return {names[0]: _to_array(names[0], rows, inputs[names[0]])}, "row"
-    for i, r in enumerate(rows):
-        check_names(r, f'"instances"[{i}]')
-    return {n: _to_array(n, [r[n] for r in rows], inputs[n]) for n in names}, "row"
-
-
-def _jsonable(a):
-    if a.dtype.kind in "SO":
-        return np.vectorize(lambda b: b.decode("utf-8", "replace") if isinstance(b, bytes) else str(b),
-                            otypes=[object])(a).tolist()
-    return a.tolist()
-
-
-def format_predict_response(outputs, fmt):
-    """TF Serving's answer for `outputs` ({name: ndarray}) to a request in format `fmt`."""
-    names = sorted(outputs)
-    if fmt == "columnar":
-        if len(names) == 1:
-            return {"outputs": _jsonable(outputs[names[0]])}
-        return {"outputs": {n: _jsonable(outputs[n]) for n in names}}
-    if len(names) == 1:
-        return {"predictions": _jsonable(outputs[names[0]])}
-    sizes = {n: (outputs[n].shape[0] if outputs[n].ndim else None) for n in names}
-    if len(set(sizes.values())) != 1 or None in sizes.values():
-        raise RequestError(400, f"outputs do not share a batch dimension ({sizes}); use the columnar "
-                                '"inputs" format')
-    cols = {n: _jsonable(outputs[n]) for n in names}
-    return {"predictions": [{n: cols[n][i] for n in names} for i in range(sizes[names[0]])]}
+# TF Serving's REST path rules (http_rest_api_util.cc), case-insensitive
+_PREDICT_PATH = re.compile(r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
+                           r":(classify|regress|predict)")
+_STATUS_PATH = re.compile(r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
+                          r"(?:/(metadata))?")
 
 
 # ---- metrics -----------------------------------------------------------------
@@ -232,6 +91,11 @@ class ServingMetrics:
                                          buckets=_LATENCY_BUCKETS)
         self.request_errors = Counter("evstore_serving_request_errors", "Refused or failed requests by HTTP "
                                       "status", ["code"], registry=r)
+        self.batches = Counter("evstore_serving_batches", "Model calls of the predict batcher", registry=r)
+        self.batched = Counter("evstore_serving_batched_requests", "Requests answered by the predict batcher "
+                               "(batched_requests / batches = mean requests per model call)", registry=r)
+        self.batcher = None      # set by ServingApp when it batches
+        self._seen_batches = self._seen_tasks = 0
         self._seen_applied = 0
         self._seen_failures = 0
         self._lock = threading.Lock()  # scrapes and the periodic refresh run on different threads
@@ -263,6 +127,12 @@ class ServingMetrics:
         if failures > self._seen_failures:
             self.failures.inc(failures - self._seen_failures)
             self._seen_failures = failures
+        b = self.batcher
+        if b is not None:
+            batches, tasks = b.batches, b.tasks
+            self.batches.inc(batches - self._seen_batches)
+            self.batched.inc(tasks - self._seen_tasks)
+            self._seen_batches, self._seen_tasks = batches, tasks
         self.version.set(-1 if m.version is None else m.version)
         for name, n in m.rows().items():
             self.rows.labels(table=name).set(n)
@@ -274,232 +144,300 @@ class ServingMetrics:
         return generate_latest(self.registry)
 
 
-# ---- the ASGI app ------------------------------------------------------------
+# ---- the application ----------------------------------------------------------------
 class ServingApp:
-    """The starlette application serving `model` (a ServingModel) as `model_name`."""
+    """TF Serving's REST API (and the model calls gRPC shares) for `model` (a
+    ServingModel) served as `model_name`.
+
+    `router` (serving_loader.httpserver.Router) holds the routes: add more
+    with `app.router.add(methods, path_regex, handler)` (a handler takes a
+    Request and returns a Response or an awaitable of one); a path no route
+    takes goes to TF Serving's API under /v1/, else is 404.
+    `batching`: BatchingOptions, or None to call the model once per request.
+    """
 
     def __init__(self, model, model_name="default", max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
-                 refresh_every_s=1.0):
-        from starlette.applications import Starlette
-        from starlette.routing import Route
-
+                 refresh_every_s=1.0, batching=None):
         if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
             raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
         self.model = model
         self.model_name = model_name
+        self.servable = Servable(model, model_name)
         self.max_request_bytes = max_request_bytes
         self.refresh_every_s = refresh_every_s
-        self.signature = model.mapping.get("signature", "serving_default")
         self.metrics = ServingMetrics(model)
-        self._signature_def = self._read_signature_def()
+        self.batcher = Batcher(self._run_default, batching) if batching is not None else None
+        self.metrics.batcher = self.batcher
+        # TF Serving's API takes every /v1/ path no route takes (routes added later win over it)
+        self.router = Router(fallback=self._unrouted)
+        self.router.add(["GET"], r"/metrics", self._metrics)
         admin.register_metrics(self.metrics.registry, model)
-        self.app = Starlette(routes=[*admin.routes(model, model_name),
-                                     Route("/metrics", self._metrics, methods=["GET"]),
-                                     Route("/v1/models/{rest:path}", self._models, methods=["GET", "POST"])],
-                             exception_handlers={404: self._not_found, 405: self._not_allowed},
-                             lifespan=self._lifespan)
+        self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH"], admin.PATH, self._admin)
+        self.http = HttpServer(self.router, max_request_bytes, on_response=self._count)
+        self._loop = None
 
-    def _read_signature_def(self):
-        """The export's signature as TF Serving's metadata API shows it (from saved_model.pb)."""
+    # -- model calls (shared with gRPC)
+    def _run(self, key, arrays):
+        import tensorflow as tf
+
         try:
-            from google.protobuf import json_format
-            from tensorflow.core.protobuf import saved_model_pb2
+            return self.model.run(key, arrays)
+        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
+            raise ServingError("INVALID_ARGUMENT", f"the model refused the inputs: {e}") from None
 
-            sm = saved_model_pb2.SavedModel()
-            with open(os.path.join(self.model.export_dir, "saved_model.pb"), "rb") as f:
-                sm.ParseFromString(f.read())
-            sig = sm.meta_graphs[0].signature_def[self.signature]
-            return json_format.MessageToDict(sig, preserving_proto_field_name=True)
-        except Exception as e:  # noqa: BLE001 - metadata is informative; serving goes on without it
-            log.warning("cannot read the signature of %s: %s", self.model.export_dir, e)
-            return {"inputs": {n: {"dtype": s["dtype"], "shape": s["shape"]} for n, s in self.model.inputs.items()}}
+    def _run_default(self, arrays):
+        return self._run(self.servable.default_signature, arrays)
+
+    def submit(self, key, arrays):
+        """A future (of the running loop) of (outputs, version) of signature
+        `key` on `arrays`; the default signature goes through the batcher."""
+        loop = asyncio.get_running_loop()
+        if self.batcher is not None and key == self.servable.default_signature:
+            return self.batcher.submit(arrays, loop)
+        return loop.run_in_executor(None, self._run, key, arrays)
+
+    def warm_up(self):
+        """Calls each predict signature once on a one-example batch of zeros
+        (empty strings), so the first client does not pay TensorFlow's first
+        call; a signature that refuses zeros is skipped."""
+        for key, inputs in self.servable.inputs.items():
+            if self.servable.signature_defs[key].method_name not in ("", "tensorflow/serving/predict"):
+                continue
+            arrays = {}
+            for n, (dtype, shape, _) in inputs.items():
+                dims = [1 if d is None else d for d in (shape or [1])]
+                arrays[n] = np.full(dims, b"", dtype=object) if dtype is None else np.zeros(dims, dtype)
+            try:
+                self._run(key, arrays)
+            except Exception as e:  # noqa: BLE001 - a warm-up only
+                log.info("warm-up of signature %r skipped: %s", key, e)
+
+    def submit_sync(self, key, arrays):
+        """(outputs, version) of signature `key` on `arrays`, from any thread
+        but the loop's; the default signature goes through the batcher."""
+        if self.batcher is not None and key == self.servable.default_signature:
+            return self.batcher.submit(arrays).result()
+        return self._run(key, arrays)
 
     # -- plumbing
-    @staticmethod
-    def _json(obj, status=200):
-        from starlette.responses import Response
+    def _count(self, status):
+        if status >= 400:
+            self.metrics.request_errors.labels(code=str(status)).inc()
 
-        return Response(json.dumps(obj, allow_nan=True), status_code=status, media_type="application/json")
-
-    def _error(self, status, message):
-        self.metrics.request_errors.labels(code=str(status)).inc()
-        return self._json({"error": message}, status)
-
-    async def _not_found(self, request, exc):
-        return self._error(404, f"no such endpoint: {request.method} {request.url.path}")
-
-    async def _not_allowed(self, request, exc):
-        return self._error(405, f"method {request.method} not allowed on {request.url.path}")
-
-    @contextlib.asynccontextmanager
-    async def _lifespan(self, app):
-        task = asyncio.create_task(self._refresh_loop())
-        try:
-            yield
-        finally:
-            task.cancel()
-
-    async def _refresh_loop(self):
-        from starlette.concurrency import run_in_threadpool
-
+    async def refresh_loop(self):
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.refresh_every_s)
             try:
-                await run_in_threadpool(self.metrics.refresh)
+                await loop.run_in_executor(None, self.metrics.refresh)
             except Exception as e:  # noqa: BLE001 - metrics must not stop the server
                 log.warning("metrics refresh failed: %r", e)
 
-    async def _read_body(self, request):
-        n = request.headers.get("content-length")
-        if n is not None:
-            if not n.isdigit():
-                raise RequestError(400, f"bad Content-Length {n!r}")
-            if int(n) > self.max_request_bytes:
-                raise RequestError(413, f"request body of {n} bytes exceeds the limit of "
-                                        f"{self.max_request_bytes} bytes (--max-request-bytes)")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_request_bytes:
-                raise RequestError(413, f"request body exceeds the limit of {self.max_request_bytes} bytes "
-                                        "(--max-request-bytes)")
-            chunks.append(chunk)
-        return b"".join(chunks)
+    async def _admin(self, request):
+        """Hold and roll back (serving_loader.admin), off the event loop."""
+        status, answer = await asyncio.get_running_loop().run_in_executor(
+            None, admin.handle, self.model, self.model_name, request.method, request.path, request.body or b"")
+        return json_response(answer, status)
 
-    # -- endpoints
     async def _metrics(self, request):
         from prometheus_client import CONTENT_TYPE_LATEST
-        from starlette.concurrency import run_in_threadpool
-        from starlette.responses import Response
 
-        return Response(await run_in_threadpool(self.metrics.exposition), media_type=CONTENT_TYPE_LATEST)
+        text = await asyncio.get_running_loop().run_in_executor(None, self.metrics.exposition)
+        return Response(200, text, CONTENT_TYPE_LATEST)
 
-    def _status(self, version):
-        return {"model_version_status": [{"version": str(version), "state": "AVAILABLE",
-                                          "status": {"error_code": "OK", "error_message": ""}}]}
+    # -- TF Serving's /v1 API
+    def _unrouted(self, request):
+        if request.path[:4].lower() == "/v1/":
+            return self._v1(request)
+        raise ServingError("NOT_FOUND", f"no such endpoint: {request.method} {request.path}")
 
-    async def _models(self, request):
-        m = _MODEL_PATH.match(request.url.path)
-        if m is None:
-            return self._error(404, f"no such endpoint: {request.method} {request.url.path}")
-        name, version, label, tail = m["name"], m["version"], m["label"], m["tail"]
-        want = f"Specific({name}, {version})" if version else f"Label({name}, {label})" if label else f"Latest({name})"
-        served = self.model.version or 0
-        if name != self.model_name or label is not None or (version is not None and version != str(served)):
-            return self._error(404, f"Servable not found for request: {want} (serving {self.model_name!r} "
-                                    f"version {served})")
-        if tail == ":predict":
-            if request.method != "POST":
-                return self._error(405, f"{request.url.path} takes POST")
-            return await self._predict(request, version)
-        if request.method != "GET":
-            return self._error(405, f"{request.url.path} takes GET")
-        if tail == "/metadata":
-            return self._json({"model_spec": {"name": name, "signature_name": "", "version": str(served)},
-                               "metadata": {"signature_def": {"signature_def": {self.signature:
-                                                                                self._signature_def}}}})
-        return self._json(self._status(served))
+    def _v1(self, request):
+        path, method = request.path, request.method
+        if method == "POST":
+            m = _PREDICT_PATH.fullmatch(path)
+            if m is not None:
+                name, version, label = _model_spec(m)
+                return getattr(self, "_" + m.group(4).lower())(request, name, version, label)
+        elif method == "GET":
+            m = _STATUS_PATH.fullmatch(path)
+            if m is not None:
+                name, version, label = _model_spec(m)
+                if not name:
+                    raise ServingError("INVALID_ARGUMENT", "Missing model name in request.")
+                if m.group(4):
+                    self.servable.check_spec(name, version, label)
+                    return json_response(self.servable.metadata_json())
+                return json_response(self.servable.status_json(name, version, label))
+        raise ServingError("INVALID_ARGUMENT", f"Malformed request: {method} {path}")
 
-    async def _predict(self, request, version):
-        from starlette.concurrency import run_in_threadpool
-
+    def _predict(self, request, name, version, label):
         t0 = time.perf_counter()
-        try:
-            body = await self._read_body(request)
-            answer = await run_in_threadpool(self._predict_sync, body, version)
-        except RequestError as e:
-            return self._error(e.status, e.message)
-        except Exception as e:  # noqa: BLE001 - report, keep serving
-            log.exception("predict failed")
-            return self._error(500, f"predict failed: {type(e).__name__}: {e}")
-        self.metrics.predict_latency.observe(time.perf_counter() - t0)
-        from starlette.responses import Response
+        self.servable.check_spec(name, version, label)
+        key, arrays, fmt = parse_predict_json(request.body, self.servable)
+        return self._answer(self.submit(key, arrays), version, t0,
+                            lambda outputs: format_predict_json(outputs, fmt))
 
-        return Response(answer, media_type="application/json")
+    def _classify(self, request, name, version, label):
+        return self._examples(request, name, version, label, CLASSIFY_METHOD)
 
-    def _predict_sync(self, body, version):
-        import tensorflow as tf
+    def _regress(self, request, name, version, label):
+        return self._examples(request, name, version, label, REGRESS_METHOD)
 
-        arrays, fmt = parse_predict_request(body, self.model.inputs, self.signature)
-        try:
-            outputs, served = self.model.predict(arrays)
-        except (ValueError, tf.errors.InvalidArgumentError) as e:
-            raise RequestError(400, f"the model refused the inputs: {e}") from None
-        if version is not None and str(served or 0) != version:
-            raise RequestError(404, f"Servable not found for request: Specific({self.model_name}, {version}) "
-                                    f"(version {served} is served now)")
-        return json.dumps(format_predict_response(outputs, fmt), allow_nan=True).encode()
+    def _examples(self, request, name, version, label, method):
+        t0 = time.perf_counter()
+        self.servable.check_spec(name, version, label)
+        sig, examples = parse_examples_json(request.body, method)
+        key = self.servable.signature(sig, method)
+        (input_name,) = self.servable.inputs[key]
+        arrays = {input_name: np.array(examples, dtype=object)}
+        return self._answer(self.submit(key, arrays), version, t0,
+                            lambda outputs: _format_examples(outputs, method))
+
+    def _answer(self, fut, version, t0, fmt):
+        """A future of the Response for model call `fut`."""
+        out = asyncio.get_running_loop().create_future()
+
+        def done(f):
+            if out.cancelled():
+                return
+            try:
+                outputs, served = f.result()
+                if version is not None and (served or 0) != version:
+                    raise ServingError("NOT_FOUND", f"Servable not found for request: Specific({self.model_name}, "
+                                                    f"{version})")
+                resp = Response(200, fmt(outputs))
+            except ServingError as e:
+                resp = error_response(e.http_status, e.message)
+            except Exception as e:  # noqa: BLE001
+                log.exception("predict failed")
+                resp = error_response(500, f"predict failed: {type(e).__name__}: {e}")
+            else:
+                self.metrics.predict_latency.observe(time.perf_counter() - t0)
+            out.set_result(resp)
+
+        fut.add_done_callback(done)
+        return out
 
 
-# ---- the process -------------------------------------------------------------
+def _model_spec(m):
+    name = urllib.parse.unquote(m.group(1)) if m.group(1) else ""
+    version = None
+    if m.group(2):
+        version = int(m.group(2))
+        if version >= 2 ** 63:
+            raise ServingError("INVALID_ARGUMENT", f"Failed to convert version: {m.group(2)} to numeric.")
+    label = urllib.parse.unquote(m.group(3)) if m.group(3) else None
+    return name, version, label
+
+
+def _format_examples(outputs, method):
+    if method == CLASSIFY_METHOD:
+        scores, classes = outputs.get("scores"), outputs.get("classes")
+        if scores is None and classes is None:
+            raise ServingError("INVALID_ARGUMENT", "classification signature has neither 'classes' nor 'scores'")
+        return format_classify_json(None if scores is None else scores.reshape(scores.shape[0], -1),
+                                    None if classes is None else classes.reshape(classes.shape[0], -1))
+    if "outputs" not in outputs:
+        raise ServingError("INVALID_ARGUMENT", "regression signature has no 'outputs'")
+    return format_regress_json(outputs["outputs"])
+
+
+# ---- the process ---------------------------------------------------------------------
 def _bind(host, port):
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, kind, proto, _, addr = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(addr)
-    sock.listen(128)
-    sock.set_inheritable(True)
+    sock.listen(1024)
+    sock.setblocking(False)
     return sock
 
 
-def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8501, model_name="default", poll_every=1.0,
-          max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, storage_options=None, out=sys.stdout, allow_empty=False):
+def _shown(host):
+    return f"[{host}]" if ":" in host else host
+
+
+def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_api_port=8501, model_name="default",
+          poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
+          storage_options=None, out=sys.stdout, allow_empty=False):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
-    every `poll_every` seconds and serves until SIGTERM / SIGINT (then stops
-    polling, finishes requests in flight and returns 0).
+    every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
+    `port` (TF Serving's flags; 0: any free port; None: that API off) until
+    SIGTERM / SIGINT (then stops polling, finishes requests in flight and
+    returns 0 after SIGTERM, 130 after SIGINT / Ctrl-C, the shell's
+    convention for an interrupted command).
 
-    Prints `serving <name> version <v> on http://<host>:<port>` to `out` once
-    the socket listens (with port=0 the printed port is the one bound).
-
-    Raises NothingToServeError (a ValueError, one line) when `checkpoint_root`
-    does not exist or has nothing the export serves, unless `allow_empty`.
+    Prints `serving <name> version <v> on http://<host>:<rest port>` and then
+    `grpc <name> on <host>:<port>` to `out` once the sockets listen (with
+    port 0 the printed port is the one bound). `batching`: BatchingOptions,
+    or None to call the model once per request.
     """
-    import uvicorn
-
     from serving_loader.model import ServingModel
 
     if isinstance(poll_every, bool) or not isinstance(poll_every, (int, float)) or not poll_every > 0 \
             or not math.isfinite(poll_every):
         raise ValueError(f"poll_every must be a positive number of seconds, got {poll_every!r}")
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+    for what, p in (("port", port), ("rest_api_port", rest_api_port)):
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 65535):
+            raise ValueError(f"{what} must be an integer in [0, 65535], got {p!r}")
+    if port is None and rest_api_port is None:
+        raise ValueError("serve needs a gRPC port or a REST port (or both)")
     if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
     model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty)
-    app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every)
+    app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every,
+                     batching=batching)
     # The loaded model leaves a large heap of long-lived Python objects (TF,
     # Keras, the restored graph); a full garbage collection walks all of them
     # and stalls every request for hundreds of milliseconds (measured ~0.4 s
     # here). Frozen, they are skipped by every later collection.
+    app.warm_up()
     gc.collect()
     gc.freeze()
-    sock = _bind(host, port)
-    config = uvicorn.Config(app.app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
+    rest_sock = _bind(host, rest_api_port) if rest_api_port is not None else None
+    try:
+        return asyncio.run(_serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_every, out))
+    finally:
+        if rest_sock is not None:
+            rest_sock.close()
+        if app.batcher is not None:
+            app.batcher.stop()
 
-    # uvicorn captures SIGINT/SIGTERM while it serves, shuts down gracefully
-    # and then re-raises the signal to the handler that was installed before:
-    # ours only asks to exit, so the process ends with status 0.
-    def _exit(signum, frame):
-        server.should_exit = True
 
-    previous = {s: signal.signal(s, _exit) for s in (signal.SIGINT, signal.SIGTERM)}
+async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_every, out):
+    from serving_loader.grpc_service import start_grpc
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    received = []
+    for s in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(s, lambda s=s: (received.append(s), stop.set()))
+    grpc_server = grpc_port = None
+    if port is not None:
+        grpc_server, grpc_port = start_grpc(app, host, port)
+    if rest_sock is not None:
+        await app.http.start(rest_sock)
+    refresh = asyncio.create_task(app.refresh_loop())
     if checkpoint_root is not None:
         model.start(every_s=poll_every)
     try:
-        bound = sock.getsockname()
-        shown = f"[{bound[0]}]" if sock.family == socket.AF_INET6 else bound[0]
-        print(f"serving {model_name} version {model.version or 0} on http://{shown}:{bound[1]}", file=out,
-              flush=True)
-        server.run(sockets=[sock])
+        if rest_sock is not None:
+            bound = rest_sock.getsockname()
+            print(f"serving {app.model_name} version {model.version or 0} on http://{_shown(bound[0])}:{bound[1]}",
+                  file=out, flush=True)
+        if grpc_server is not None:
+            print(f"grpc {app.model_name} on {_shown(host)}:{grpc_port}", file=out, flush=True)
+        await stop.wait()
     finally:
         model.stop()
-        sock.close()
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return 0
+        refresh.cancel()
+        await app.http.stop(grace_s=10.0)
+        if grpc_server is not None:
+            await loop.run_in_executor(None, lambda: grpc_server.stop(grace=10.0).wait())
+        for s in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(s)
+    return 130 if signal.SIGINT in received else 0
 
 
 def cli(args):
@@ -507,12 +445,20 @@ def cli(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll otherwise
     try:
-        return serve(args.export, args.checkpoints, host=args.host, port=args.port, model_name=args.model_name,
-                     poll_every=args.poll_every, max_request_bytes=args.max_request_bytes,
-                     allow_empty=args.allow_empty)
+        batching = None
+        if args.enable_batching:
+            batching = BatchingOptions(max_batch_size=args.max_batch_size,
+                                       batch_timeout_micros=args.batch_timeout_micros,
+                                       max_enqueued_batches=args.max_enqueued_batches,
+                                       num_batch_threads=args.num_batch_threads)
+        return serve(args.export, args.checkpoints, host=args.host,
+                     port=None if args.port < 0 else args.port,
+                     rest_api_port=None if args.rest_api_port < 0 else args.rest_api_port,
+                     model_name=args.model_name, poll_every=args.poll_every,
+                     max_request_bytes=args.max_request_bytes, batching=batching, allow_empty=args.allow_empty)
     except (ValueError, OSError) as e:
         from serving_loader.model import NothingToServeError
 
         hint = " (--allow-empty serves the export as it is)" if isinstance(e, NothingToServeError) else ""
         print(f"evstore serve: {e}{hint}", file=sys.stderr)
-        return 2
+        return 1

@@ -1,4 +1,29 @@
-"""Shared pytest setup: quiet TensorFlow's C++ logging before it is imported."""
+"""Shared pytest setup: quiet TensorFlow's C++ logging before it is imported, and
+make the shared test helpers importable by name from every test directory.
+
+`ckpt_model` (tests/checkpoint/ckpt_model.py: the small deterministic training
+job of the checkpoint and serving tests, also run as a subprocess script) is
+registered here, loaded lazily on first use, so `from ckpt_model import
+make_model` works in any test module without editing sys.path.
+"""
+import importlib.util
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SHARED = {"ckpt_model": os.path.join(TESTS, "checkpoint", "ckpt_model.py")}
+
+
+def _register_lazily(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)   # runs the module's code on first attribute access
+
+
+for _name, _path in SHARED.items():
+    if _name not in sys.modules:
+        _register_lazily(_name, _path)

@@ -1,4 +1,4 @@
-"""The streaming online-learning job (DESIGN section 6): `evstore demo` and `evstore train`.
+"""The streaming online-learning job (docs/ARCHITECTURE.md, "Streaming job"): `evstore demo` and `evstore train`.
 
 The job is the top of the stack: it trains an evstore model on a stream,
 saves scheduled deltas and fulls with checkpoint.CheckpointManager, and

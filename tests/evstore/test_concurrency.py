@@ -1,4 +1,4 @@
-"""Concurrent lookups, applies and exports on one EmbeddingVariable (DESIGN section 2).
+"""Concurrent lookups, applies and exports on one EmbeddingVariable (docs/ARCHITECTURE.md, "Table").
 
 TensorFlow's eager ops release the GIL, so Python threads run the kernels at
 once. Every apply adds the same exact constant to all `dim` entries of a row

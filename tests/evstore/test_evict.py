@@ -1,4 +1,4 @@
-"""Feature eviction: GlobalStepEvict, L2WeightEvict (DESIGN section 2, DeepRec's semantics).
+"""Feature eviction: GlobalStepEvict, L2WeightEvict (docs/ARCHITECTURE.md, "Table"; DeepRec's semantics).
 
 Evicted keys leave the table like `remove`: rows to the free list, keys to the
 deleted set (observed through `ev.begin_export()`)."""
@@ -123,6 +123,15 @@ def test_policies_in_a_list_combine_any_selects():
     assert [type(p) for p in ev.evict_policies] == [evstore.GlobalStepEvict, evstore.L2WeightEvict]
     ev.load(ids64([1, 2, 3]), [[0.1, 0.1], [3.0, 4.0], [3.0, 4.0]], versions=[10, 10, 2])
     assert int(ev.evict(10)) == 2                                # 1 by L2, 3 by age
+    assert keys_of(ev) == [2]
+
+
+def test_two_policies_of_one_kind_merge_by_their_own_rule():
+    # Two step limits: the stricter (2) applies; two thresholds: the higher (1.0).
+    ev = make_ev("ev_merge", [evstore.GlobalStepEvict(9), evstore.L2WeightEvict(0.5),
+                              evstore.GlobalStepEvict(2), evstore.L2WeightEvict(1.0)])
+    ev.load(ids64([1, 2, 3]), [[0.6, 0.0], [3.0, 4.0], [3.0, 4.0]], versions=[10, 10, 7])
+    assert int(ev.evict(10)) == 2                                # 1 by L2 (0.6 < 1.0), 3 by age (10 - 7 > 2)
     assert keys_of(ev) == [2]
 
 

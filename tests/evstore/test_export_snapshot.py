@@ -1,4 +1,4 @@
-"""Two-phase export through the ops: seal, commit, abort (DESIGN section 2)."""
+"""Two-phase export through the ops: seal, commit, abort (docs/ARCHITECTURE.md, "Table")."""
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -1,4 +1,5 @@
-"""Feature admission: CounterFilter and BloomFilter (DESIGN sections 2-3, DeepRec's semantics).
+"""Feature admission: CounterFilter and BloomFilter (docs/ARCHITECTURE.md, "Table" and
+"Ops and Python API"; DeepRec's semantics).
 
 A key below min_freq reads default_value, owns no row and gets no update; the
 training lookup whose batch brings its count to min_freq admits it. Counts

@@ -1,4 +1,5 @@
-"""evstore.keras.Embedding in plain Keras 3 models: fit, predict, tf.train.Checkpoint (DESIGN section 3)."""
+"""evstore.keras.Embedding in plain Keras 3 models: fit, predict, tf.train.Checkpoint
+(docs/ARCHITECTURE.md, "Ops and Python API")."""
 import warnings
 
 import keras

@@ -1,5 +1,5 @@
 """Lookup semantics of an EmbeddingVariable: counting, shapes, read-only lookups,
-admission by CounterFilter, version stamps and export/load round trips (DESIGN section 3)."""
+admission by CounterFilter, version stamps and export/load round trips (docs/ARCHITECTURE.md, "Ops and Python API")."""
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -1,5 +1,5 @@
 """The same lookup + apply works eagerly, inside tf.function and in tf.compat.v1 graph
-mode with a Session, and every mode leaves the same table (DESIGN section 3).
+mode with a Session, and every mode leaves the same table (docs/ARCHITECTURE.md, "Ops and Python API").
 
 What works where (found by these tests):
   * eager and tf.function: tape gradients + evstore optimizers, or the raw apply ops.

@@ -4,7 +4,7 @@ The dense side is the reference: Keras's own optimizers and tf.nn's lookups on a
 `[rows, dim]` tf.Variable. The EV holds the same rows under non-contiguous keys.
 
 Duplicate ids: the gradient of a lookup is the sum over a row's occurrences, and
-the EV's fused apply sums duplicates before updating (DESIGN section 3). Keras 3's
+the EV's fused apply sums duplicates before updating (docs/ARCHITECTURE.md, "Ops and Python API"). Keras 3's
 optimizers do not: given `tf.IndexedSlices` with repeated indices, Adagrad squares
 and Adam averages each slice separately (e.g. Adagrad's accumulator gains
 g1^2 + g2^2 instead of (g1 + g2)^2), which is not the gradient step of the loss.

@@ -1,4 +1,4 @@
-"""An EV lives on the device its creation is placed on (DESIGN section 3: placement)."""
+"""An EV lives on the device its creation is placed on (docs/ARCHITECTURE.md, "Ops and Python API": placement)."""
 import os
 import subprocess
 import sys

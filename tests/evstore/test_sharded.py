@@ -62,6 +62,8 @@ def test_a_sharded_ev_is_an_embedding_variable_with_the_same_surface():
     assert plain.shards == (plain,) and plain.num_shards == 1
     assert plain.trainable_variables == [plain] and sev.trainable_variables == list(sev.shards)
     np.testing.assert_array_equal(sev.default_value, plain.default_value)
+    assert all(s.owner is sev for s in sev.shards) and plain.owner is None
+    assert evstore.variable.ev_for_variable(plain.proxy) is plain
     assert evstore.summary.ev_stats(sev)["size"] == 0
 
 

@@ -1,8 +1,11 @@
 """Builds and runs the TF-free native core test binaries (evstore/native/core/*_test.cc).
 
-Two builds: with AddressSanitizer + UndefinedBehaviorSanitizer at -O2, and
-without sanitizers at -O3 (catches optimisation-dependent bugs). Each runs as a
-real process; the test fails on a non-zero exit and shows the binary's output.
+Three builds: with AddressSanitizer + UndefinedBehaviorSanitizer at -O2,
+without sanitizers at -O3 (catches optimisation-dependent bugs), and -O2 with
+EVSTORE_PORTABLE_PROBE, the second configuration of the index: the portable
+group probe instead of SSE2 (group_probe.h; the build aarch64 gets). Each runs
+as a real process; the test fails on a non-zero exit and shows the binary's
+output.
 """
 
 import os
@@ -21,10 +24,11 @@ pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found")
 
 SANITIZED = ["-O2", "-g", "-fsanitize=address,undefined"]
 OPTIMISED = ["-O3"]
+PORTABLE_PROBE = ["-O2", "-DEVSTORE_PORTABLE_PROBE"]
 
 
 def _build(tmp_path: Path, source: Path, flags: list) -> Path:
-    exe = tmp_path / (source.stem + "_" + flags[0].lstrip("-"))
+    exe = tmp_path / (source.stem + "_" + "_".join(f.lstrip("-").split("=")[0] for f in flags[:2]).lower())
     cmd = [GXX, "-std=c++17", *flags, "-pthread", "-I", str(CORE), str(source), "-o", str(exe)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"build failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
@@ -52,3 +56,10 @@ def test_core_sanitized(tmp_path, source):
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
 def test_core_optimised_o3(tmp_path, source):
     _run(_build(tmp_path, source, OPTIMISED))
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_core_portable_group_probe(tmp_path, source):
+    out = _run(_build(tmp_path, source, PORTABLE_PROBE))
+    if source.name == "table_test.cc":
+        assert "group probe: portable" in out

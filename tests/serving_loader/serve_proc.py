@@ -1,22 +1,14 @@
 """Helpers for tests of the train -> serve path and the admin endpoints: the
-`evstore` command as a subprocess, and an `evstore serve` process (`Server`,
-started on a free port read back from its ready line). Server's interface
-(constructor, call, predict, version, stop) is the one the serving tests'
-server helper has, so either can drive these tests."""
-import json
-import os
-import queue
-import re
-import signal
+`evstore` command as a subprocess, and functions over an `evstore serve`
+process (served.Server, re-exported here)."""
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
 import urllib.request
 
-STARTUP_S = 240   # TensorFlow import + SavedModel load on a busy machine
 WAIT_S = 120      # an upper bound for a poll to see a commit (a loaded machine is slow)
+
+from served import Server  # noqa: E402,F401 - the serving tests' server process
 
 
 def evstore(*args, timeout=600):
@@ -56,59 +48,3 @@ def metrics(server):
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=60) as r:
         text = r.read().decode()
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
-
-
-class Server:
-    """`evstore serve --export EXPORT [--checkpoints ROOT] [EXTRA]` on a free port."""
-
-    def __init__(self, tmp, export, root=None, name="ctr", extra=()):
-        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--port", "0",
-               "--model-name", name, "--poll-every", "0.2", *extra]
-        if root is not None:
-            cmd += ["--checkpoints", root]
-        self.name = name
-        self.log = open(os.path.join(tmp, f"serve-{name}-{time.monotonic_ns()}.log"), "w")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
-        deadline = time.time() + STARTUP_S
-        while True:
-            try:
-                found = re.search(r"^serving .* on http://\S+:(\d+)", lines.get(timeout=1))
-            except queue.Empty:
-                found = None
-            if found:
-                self.port = int(found[1])
-                return
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.stop()
-                raise AssertionError(f"server did not start: {open(self.log.name).read()[-3000:]}")
-
-    def call(self, method, path, body=None):
-        """(HTTP status, parsed JSON answer) of one request."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method)
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def predict(self, body):
-        return self.call("POST", f"/v1/models/{self.name}:predict", body)
-
-    def version(self):
-        status, body = self.call("GET", f"/v1/models/{self.name}")
-        assert status == 200, body
-        return int(body["model_version_status"][0]["version"])
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
-import checkpoint  # noqa: E402
-import evstore  # noqa: E402
-import serving_loader  # noqa: E402
-from ckpt_model import make_model, probe_inputs, train  # noqa: E402
+import checkpoint
+import evstore
+import serving_loader
 
+from ckpt_model import make_model, probe_inputs, train  # tests/checkpoint, registered by tests/conftest.py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(os.path.dirname(HERE), "checkpoint", "ckpt_model.py")
 
 

@@ -3,16 +3,14 @@ TensorFlow export as an unsharded one (one table per EV), and ServingModel
 applies the per-shard parts of each checkpoint to that one table."""
 import json
 import os
-import sys
 
 import numpy as np
 import tensorflow as tf
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
-import checkpoint  # noqa: E402
-import serving_loader  # noqa: E402
-from ckpt_model import make_model, probe_inputs, train  # noqa: E402
+import checkpoint
+import serving_loader
+
+from ckpt_model import make_model, probe_inputs, train  # tests/checkpoint, registered by tests/conftest.py
 
 
 def _want(model):

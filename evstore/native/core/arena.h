@@ -1,4 +1,5 @@
-// RowArena: where embedding rows live.
+// RowArena: where embedding rows live (the in-memory row store; the contract
+// it implements is in row_store.h).
 //
 // A row id (uint32) names one fixed-size slot of `stride` floats:
 //     [ embedding (dim) | slot 0 (dim) | slot 1 (dim) | ... ]
@@ -32,13 +33,14 @@
 #include <vector>
 
 #include "memory.h"
+#include "row_store.h"
 
 namespace evstore {
 
 class RowArena {
  public:
-  static constexpr uint32_t kNoRow = 0xFFFFFFFFu;
-  static constexpr uint32_t kMaxRows = 0x80000000u;
+  static constexpr uint32_t kNoRow = kNoRowId;
+  static constexpr uint32_t kMaxRows = kMaxRowIds;
 
   explicit RowArena(int stride) : stride_(stride) {}
   ~RowArena() { ReleaseAll(); }
@@ -242,5 +244,7 @@ class RowArena {
   std::vector<uint32_t> free_;
   std::unique_ptr<BlockRec[]> dir_[kDirTop];
 };
+
+static_assert(IsRowStore<RowArena>(), "RowArena implements the row store contract (row_store.h)");
 
 }  // namespace evstore

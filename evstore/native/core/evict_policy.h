@@ -26,24 +26,36 @@
 // admitted by a training lookup records the clock as its admission step; a
 // filtered key records it as its last sighting.
 //
-// Eviction (Table::Evict(step, policy)) removes a key when ANY enabled policy
-// says so:
-//   GlobalStepEvict  step - reference > steps_to_live, reference = last update,
-//                    else admission step (admitted), else last sighting
-//                    (filtered). A key whose reference is unknown is not
-//                    evicted; it is stamped with `step` instead (it counts
+// Eviction (Table::Evict(step, policies)) removes a key when ANY policy of
+// the set says so (EvictionPolicies below). Each policy is one class behind
+// the EvictionPolicy interface, deciding for one key at a time:
+//   GlobalStepEviction  step - reference > steps_to_live, reference = last
+//                    update, else admission step (admitted), else last
+//                    sighting (filtered). A key whose reference is unknown is
+//                    not evicted; it is stamped with `step` instead (it counts
 //                    from this eviction pass on).
-//   L2WeightEvict    admitted key whose embedding's L2 norm < threshold
+//   L2WeightEviction admitted key whose embedding's L2 norm < threshold
 //                    (filtered keys have no row: never evicted by L2).
+// Combining: kEvict from any policy wins; else kStamp from any; else kKeep.
+// Several policies of one kind are merged by the kind itself (Merge: the
+// shortest steps_to_live, the highest threshold), never by the set.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "row_store.h"
 
 namespace evstore {
 
-inline constexpr uint32_t kRowLimit = 0x80000000u;       // row ids are < 2^31
-inline constexpr uint32_t kNoRowMark = 0xFFFFFFFFu;      // == RowArena::kNoRow
+inline constexpr uint32_t kRowLimit = kMaxRowIds;        // row ids are < 2^31
+inline constexpr uint32_t kNoRowMark = kNoRowId;         // filtered, last sighting unknown
 inline constexpr int64_t kMaxSeenStep = 0x7FFFFFFDll;    // last-seen steps saturate here
+// The marks above a row id: kRowLimit + kMaxSeenStep is the highest last-seen
+// mark, kNoRowMark - 1 stays free for the table's transient "admitting" mark.
+static_assert(kRowLimit + static_cast<uint32_t>(kMaxSeenStep) == kNoRowMark - 2, "step marks end below admitting");
 
 // ---- admitted keys: the version slot -----------------------------------------
 inline int64_t EncodeAdmission(int64_t clock) { return clock < 0 ? -1 : -2 - clock; }
@@ -62,27 +74,84 @@ inline int64_t FilteredReference(uint32_t row) {
 }
 
 // ---- policies -------------------------------------------------------------------
-struct EvictPolicy {
-  int64_t steps_to_live = -1;  // GlobalStepEvict; < 0: off
-  float l2_threshold = 0.f;    // L2WeightEvict; <= 0: off
-  bool any() const { return steps_to_live >= 0 || l2_threshold > 0.f; }
-};
-
 enum class EvictDecision { kKeep, kEvict, kStamp };
 
-// Decision for one key. `reference` is its age reference (-1 unknown); `row`
-// its embedding (dim floats) or null for a filtered key.
-inline EvictDecision Decide(const EvictPolicy& p, int64_t step, int64_t reference, const float* row, int dim) {
-  if (p.l2_threshold > 0.f && row) {
+// One eviction rule. Decide() sees one key: its age `reference` (-1 unknown)
+// and its embedding `row` (dim floats), or null for a filtered key. Called
+// under the key's segment lock; must not block.
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+  virtual EvictDecision Decide(int64_t step, int64_t reference, const float* row, int dim) const = 0;
+  virtual std::string DebugString() const = 0;
+};
+
+class GlobalStepEviction final : public EvictionPolicy {
+ public:
+  explicit GlobalStepEviction(int64_t steps_to_live) : steps_to_live_(steps_to_live) {}
+  int64_t steps_to_live() const { return steps_to_live_; }
+  // Two step limits: the stricter one.
+  static GlobalStepEviction Merge(const GlobalStepEviction& a, const GlobalStepEviction& b) {
+    return GlobalStepEviction(a.steps_to_live_ < b.steps_to_live_ ? a.steps_to_live_ : b.steps_to_live_);
+  }
+  EvictDecision Decide(int64_t step, int64_t reference, const float*, int) const override {
+    if (reference < 0) return EvictDecision::kStamp;
+    return step - reference > steps_to_live_ ? EvictDecision::kEvict : EvictDecision::kKeep;
+  }
+  std::string DebugString() const override { return "GlobalStepEviction(" + std::to_string(steps_to_live_) + ")"; }
+
+ private:
+  int64_t steps_to_live_;
+};
+
+class L2WeightEviction final : public EvictionPolicy {
+ public:
+  explicit L2WeightEviction(float threshold) : threshold_(threshold) {}
+  float threshold() const { return threshold_; }
+  // Two thresholds: the higher one.
+  static L2WeightEviction Merge(const L2WeightEviction& a, const L2WeightEviction& b) {
+    return L2WeightEviction(a.threshold_ > b.threshold_ ? a.threshold_ : b.threshold_);
+  }
+  EvictDecision Decide(int64_t, int64_t, const float* row, int dim) const override {
+    if (!row) return EvictDecision::kKeep;
     double ss = 0;
     for (int d = 0; d < dim; ++d) ss += static_cast<double>(row[d]) * row[d];
-    if (std::sqrt(ss) < p.l2_threshold) return EvictDecision::kEvict;
+    return std::sqrt(ss) < threshold_ ? EvictDecision::kEvict : EvictDecision::kKeep;
   }
-  if (p.steps_to_live >= 0) {
-    if (reference < 0) return EvictDecision::kStamp;
-    if (step - reference > p.steps_to_live) return EvictDecision::kEvict;
+  std::string DebugString() const override { return "L2WeightEviction(" + std::to_string(threshold_) + ")"; }
+
+ private:
+  float threshold_;
+};
+
+// The policies of one Evict call: a key goes when any policy evicts it.
+class EvictionPolicies {
+ public:
+  EvictionPolicies() = default;
+  template <typename P>
+  EvictionPolicies& Add(P policy) {
+    policies_.push_back(std::make_unique<P>(std::move(policy)));
+    return *this;
   }
-  return EvictDecision::kKeep;
-}
+  bool empty() const { return policies_.empty(); }
+  EvictDecision Decide(int64_t step, int64_t reference, const float* row, int dim) const {
+    EvictDecision d = EvictDecision::kKeep;
+    for (const auto& p : policies_) {
+      switch (p->Decide(step, reference, row, dim)) {
+        case EvictDecision::kEvict:
+          return EvictDecision::kEvict;
+        case EvictDecision::kStamp:
+          d = EvictDecision::kStamp;
+          break;
+        case EvictDecision::kKeep:
+          break;
+      }
+    }
+    return d;
+  }
+
+ private:
+  std::vector<std::unique_ptr<EvictionPolicy>> policies_;
+};
 
 }  // namespace evstore

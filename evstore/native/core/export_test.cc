@@ -34,7 +34,7 @@ struct VecSink : ExportSink<K> {
     ++row_calls;
     max_chunk = std::max(max_chunk, n);
     for (int64_t i = 0; i < n; ++i) {
-      TCHECK(rows.count(keys[i]) == 0);  // every key once
+      CHECK(rows.count(keys[i]) == 0);  // every key once
       rows[keys[i]] = {std::vector<float>(r + i * stride, r + (i + 1) * stride), v[i], f[i]};
     }
   }
@@ -83,22 +83,22 @@ void test_full_export_streams_every_key_in_chunks() {
   Train(t, std::vector<int64_t>(keys.begin(), keys.begin() + 10), 5);
   VecSink<int64_t> sink;
   ExportCounts c = ExportFull(t, 1, 7, &sink);
-  TCHECK_EQ(c.rows, 60);
-  TCHECK_EQ(c.filtered, 40);
-  TCHECK_EQ(sink.max_chunk, 7);
-  TCHECK(sink.row_calls >= 60 / 7);
+  CHECK_EQ(c.rows, 60);
+  CHECK_EQ(c.filtered, 40);
+  CHECK_EQ(sink.max_chunk, 7);
+  CHECK(sink.row_calls >= 60 / 7);
   std::vector<uint8_t> p(1), a(1);
   std::vector<int64_t> v(1), f(1);
   std::vector<float> r(t.stride());
   for (const auto& kv : sink.rows) {
     t.Read(&kv.first, 1, t.stride(), p.data(), a.data(), v.data(), f.data(), r.data());
-    TCHECK(a[0]);
-    TCHECK(kv.second.row == r);
-    TCHECK_EQ(kv.second.version, v[0]);
-    TCHECK_EQ(kv.second.freq, f[0]);
+    CHECK(a[0]);
+    CHECK(kv.second.row == r);
+    CHECK_EQ(kv.second.version, v[0]);
+    CHECK_EQ(kv.second.freq, f[0]);
   }
-  TCHECK_EQ(sink.rows.at(keys[0]).version, int64_t{5});
-  TCHECK_EQ(sink.filtered.at(keys[99]), int64_t{1});
+  CHECK_EQ(sink.rows.at(keys[0]).version, int64_t{5});
+  CHECK_EQ(sink.filtered.at(keys[99]), int64_t{1});
 }
 
 void test_delta_export_holds_dirty_and_deleted_keys_only() {
@@ -116,12 +116,12 @@ void test_delta_export_holds_dirty_and_deleted_keys_only() {
   VecSink<int32_t> sink;
   ExportCounts c = ExportDelta(t, *snap, 1, 64, &sink);
   t.Commit(snap->id);
-  TCHECK_EQ(c.rows, 1);
-  TCHECK(sink.rows.count(2) == 1);
-  TCHECK_EQ(sink.rows.at(2).version, int64_t{9});
-  TCHECK(sink.deleted == std::vector<int32_t>{4});
+  CHECK_EQ(c.rows, 1);
+  CHECK(sink.rows.count(2) == 1);
+  CHECK_EQ(sink.rows.at(2).version, int64_t{9});
+  CHECK(sink.deleted == std::vector<int32_t>{4});
   auto next = t.BeginExport();                    // the next delta deletes key 6
-  TCHECK(next->deleted == std::vector<int32_t>{6});
+  CHECK(next->deleted == std::vector<int32_t>{6});
 }
 
 void test_export_during_concurrent_training_sees_whole_rows() {
@@ -146,9 +146,9 @@ void test_export_during_concurrent_training_sees_whole_rows() {
   for (int round = 0; round < 5; ++round) {
     VecSink<int64_t> sink;
     ExportFull(t, 1, 333, &sink);
-    TCHECK_EQ(static_cast<int64_t>(sink.rows.size()), int64_t{5000});
+    CHECK_EQ(static_cast<int64_t>(sink.rows.size()), int64_t{5000});
     for (const auto& kv : sink.rows)
-      for (int d = 1; d < 8; ++d) TCHECK(kv.second.row[d] == kv.second.row[1]);
+      for (int d = 1; d < 8; ++d) CHECK(kv.second.row[d] == kv.second.row[1]);
   }
   stop = true;
   trainer.join();
@@ -167,9 +167,9 @@ void test_import_rows_reads_slot_major_chunks() {
   std::vector<int64_t> v(1), f(1);
   std::vector<float> r(t.stride());
   t.Read(&keys[1], 1, t.stride(), p.data(), a.data(), v.data(), f.data(), r.data());
-  TCHECK((r == std::vector<float>{3, 4, 13, 14, 23, 24}));
-  TCHECK_EQ(v[0], int64_t{2});
-  TCHECK_EQ(t.Stats().dirty, int64_t{0});
+  CHECK((r == std::vector<float>{3, 4, 13, 14, 23, 24}));
+  CHECK_EQ(v[0], int64_t{2});
+  CHECK_EQ(t.Stats().dirty, int64_t{0});
 }
 
 void test_import_filtered_demote_frees_the_row_and_untracked_erase_leaves_no_deletion() {
@@ -179,13 +179,13 @@ void test_import_filtered_demote_frees_the_row_and_untracked_erase_leaves_no_del
   int64_t k1 = 1, f1 = 3;
   t.ImportFiltered(&k1, 1, &f1, false, /*demote=*/true);
   TableStats st = t.Stats();
-  TCHECK_EQ(st.admitted, int64_t{1});
-  TCHECK_EQ(st.filtered, int64_t{1});
-  TCHECK_EQ(st.free_rows, int64_t{1});
+  CHECK_EQ(st.admitted, int64_t{1});
+  CHECK_EQ(st.filtered, int64_t{1});
+  CHECK_EQ(st.free_rows, int64_t{1});
   int64_t k2 = 2;
-  TCHECK_EQ(t.Erase(&k2, 1, /*track_deleted=*/false), int64_t{1});
-  TCHECK_EQ(t.Stats().deleted, int64_t{0});
-  TCHECK_EQ(t.Stats().dirty, int64_t{0});
+  CHECK_EQ(t.Erase(&k2, 1, /*track_deleted=*/false), int64_t{1});
+  CHECK_EQ(t.Stats().deleted, int64_t{0});
+  CHECK_EQ(t.Stats().dirty, int64_t{0});
 }
 
 void test_reserved_table_imports_a_full_export_in_table_order() {
@@ -214,21 +214,21 @@ void test_reserved_table_imports_a_full_export_in_table_order() {
   std::vector<float> vals(order.size() * 2, 1.f);
   std::vector<int64_t> vers(order.size(), 3), freqs(order.size(), 1);
   dst.ImportRows(order.data(), order.size(), vals.data(), 2, nullptr, 0, {}, vers.data(), freqs.data(), false);
-  TCHECK_EQ(dst.Stats().admitted, int64_t{20000});
+  CHECK_EQ(dst.Stats().admitted, int64_t{20000});
   std::vector<float> out(order.size() * 2);
   dst.Find(order.data(), order.size(), out.data(), SerialFor);
-  TCHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 1.f; }));
+  CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 1.f; }));
 }
 
 void test_crc32c_matches_the_standard_check_value_in_any_split() {
   const char* check = "123456789";
-  TCHECK_EQ(Crc32cExtend(0, check, 9), 0xE3069283u);
+  CHECK_EQ(Crc32cExtend(0, check, 9), 0xE3069283u);
   std::vector<uint8_t> buf(100003);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + 7);
   uint32_t whole = Crc32cExtend(0, buf.data(), buf.size());
   uint32_t split = Crc32cExtend(Crc32cExtend(0, buf.data(), 13), buf.data() + 13, buf.size() - 13);
-  TCHECK_EQ(whole, split);
-  TCHECK_EQ(whole, ~crc32c_internal::Software(~0u, buf.data(), buf.size()));
+  CHECK_EQ(whole, split);
+  CHECK_EQ(whole, ~crc32c_internal::Software(~0u, buf.data(), buf.size()));
 }
 
 
@@ -239,13 +239,13 @@ void test_filter_state_last_seen_steps_and_bloom_blocks_are_exported() {
   Insert(t, std::vector<int64_t>{5});
   VecSink<int64_t> full;
   ExportFull(t, 0, 16, &full);
-  TCHECK_EQ(full.seen.at(5), int64_t{7});
+  CHECK_EQ(full.seen.at(5), int64_t{7});
   Table<int64_t> back(Cfg(2, 3));
   int64_t k = 5, f = 1, seen = 7;
   back.ImportFiltered(&k, 1, &f, false, true, &seen);
   back.AdvanceClock(20);
-  back.Evict(12, EvictPolicy{4, 0.f});  // 12 - 7 > 4: evicted by its restored age
-  TCHECK_EQ(back.Stats().size, int64_t{0});
+  back.Evict(12, EvictionPolicies().Add(GlobalStepEviction(4)));  // 12 - 7 > 4: evicted by its restored age
+  CHECK_EQ(back.Stats().size, int64_t{0});
   // BloomFilter: counters go out in blocks; a delta carries only raised blocks.
   TableConfig c = Cfg(2, 3);
   c.bloom.capacity = 100000;
@@ -254,26 +254,25 @@ void test_filter_state_last_seen_steps_and_bloom_blocks_are_exported() {
   b.Commit(s0->id);
   Insert(b, std::vector<int64_t>{11});
   auto s1 = b.BeginExport();
-  TCHECK(!s1->bloom_blocks.empty() && s1->bloom_blocks.size() <= 30);
+  CHECK(!s1->bloom_blocks.empty() && s1->bloom_blocks.size() <= 30);
   VecSink<int64_t> delta;
   ExportDelta(b, *s1, 0, 16, &delta);
-  TCHECK_EQ(delta.bloom.size(), s1->bloom_blocks.size());
+  CHECK_EQ(delta.bloom.size(), s1->bloom_blocks.size());
   b.Abort(s1->id);  // a failed export's blocks go out with the next one
   auto s2 = b.BeginExport();
-  TCHECK_EQ(s2->bloom_blocks.size(), s1->bloom_blocks.size());
+  CHECK_EQ(s2->bloom_blocks.size(), s1->bloom_blocks.size());
   b.Commit(s2->id);
   Table<int64_t> r(c);
   for (const auto& kv : delta.bloom) r.WriteBloomBlock(kv.first, kv.second.data());
   Insert(r, std::vector<int64_t>{11, 11});  // count 1 restored + 2 = 3: admitted
-  TCHECK_EQ(r.Stats().admitted, int64_t{1});
+  CHECK_EQ(r.Stats().admitted, int64_t{1});
   VecSink<int64_t> rf;
   ExportFull(r, 0, 16, &rf);
-  TCHECK(!rf.bloom.empty());
+  CHECK(!rf.bloom.empty());
 }
 
 }  // namespace
 
-#define RUN(fn) (fn(), std::printf("ok %s\n", #fn), std::fflush(stdout))
 
 int main() {
   RUN(test_full_export_streams_every_key_in_chunks);

@@ -1,11 +1,16 @@
-// Admission filters. No TensorFlow.
+// Admission policies: which keys earn a row. No TensorFlow.
 //
-// CounterFilter needs no code here: the table counts exact frequencies in the
-// index entry (segment.h) and admits a key when its count reaches min_freq.
+// One class per policy behind the AdmissionPolicy interface (end of file); the
+// table asks it two questions: where are keys not yet admitted counted, and
+// does a count admit. Python mirror: evstore/filters.py (one class each too).
 //
-// BloomFilter (CountingBloom below): keys that are not admitted get no index
-// entry at all; their sightings are counted in a counting Bloom filter and a
-// key is admitted when its estimate reaches min_freq.
+// CounterAdmission (CounterFilter; also "no filter" with min_freq 1): the
+// table counts exact frequencies in the index entry (segment.h) and admits a
+// key when its count reaches min_freq.
+//
+// BloomAdmission (BloomFilter, CountingBloom below): keys that are not admitted
+// get no index entry at all; their sightings are counted in a counting Bloom
+// filter and a key is admitted when its estimate reaches min_freq.
 //
 // Layout: `counters_` holds nseg regions of `per_seg_` 8-bit saturating
 // counters (255 max). A key only touches the region of its index segment, so
@@ -37,6 +42,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -189,5 +195,72 @@ class CountingBloom {
   std::vector<uint8_t> counters_;
   std::vector<uint8_t> block_dirty_;  // [nseg * blocks_per_seg]: raised since the last seal
 };
+
+// ---- admission policies -------------------------------------------------------
+
+// The interface the table uses. Counting outside the index (Bloom) happens in
+// segment s's region under segment s's lock, exclusive for Add/ClearSegment.
+class AdmissionPolicy {
+ public:
+  explicit AdmissionPolicy(uint32_t min_freq) : min_freq_(min_freq < 1 ? 1 : min_freq) {}
+  virtual ~AdmissionPolicy() = default;
+  uint32_t min_freq() const { return min_freq_; }
+  bool Admits(uint64_t count) const { return count >= min_freq_; }
+
+  // True: a key not yet admitted has an index entry holding its exact count.
+  // False: it has none; Add/Estimate count it outside the index.
+  virtual bool CountsInIndex() const = 0;
+  virtual void Prefetch(int /*s*/, uint64_t /*h*/) const {}
+  virtual void Add(int /*s*/, uint64_t /*h*/, uint32_t /*n*/) {}
+  virtual uint32_t Estimate(int /*s*/, uint64_t /*h*/) const { return 0; }
+  // Distinct keys counted outside the index in segment s (an estimate).
+  virtual double DistinctEstimate(int /*s*/) const { return 0; }
+  virtual void ClearSegment(int /*s*/) {}
+  virtual int64_t bytes() const { return 0; }
+  // Counters kept outside the index that a checkpoint must carry (saved and
+  // restored in blocks: CountingBloom's checkpoint API), or null.
+  virtual const CountingBloom* bloom() const { return nullptr; }
+  virtual CountingBloom* mutable_bloom() { return nullptr; }
+
+ private:
+  uint32_t min_freq_;
+};
+
+class CounterAdmission final : public AdmissionPolicy {
+ public:
+  using AdmissionPolicy::AdmissionPolicy;
+  bool CountsInIndex() const override { return true; }
+};
+
+class BloomAdmission final : public AdmissionPolicy {
+ public:
+  BloomAdmission(uint32_t min_freq, const BloomConfig& cfg, int nseg)
+      : AdmissionPolicy(CheckMinFreq(min_freq)), bloom_(cfg, nseg) {}
+  bool CountsInIndex() const override { return false; }
+  void Prefetch(int s, uint64_t h) const override { bloom_.Prefetch(s, h); }
+  void Add(int s, uint64_t h, uint32_t n) override { bloom_.Add(s, h, n); }
+  uint32_t Estimate(int s, uint64_t h) const override { return bloom_.Estimate(s, h); }
+  double DistinctEstimate(int s) const override { return bloom_.DistinctEstimate(s); }
+  void ClearSegment(int s) override { bloom_.ClearSegment(s); }
+  int64_t bytes() const override { return bloom_.bytes(); }
+  const CountingBloom* bloom() const override { return &bloom_; }
+  CountingBloom* mutable_bloom() override { return &bloom_; }
+
+ private:
+  static uint32_t CheckMinFreq(uint32_t f) {
+    if (f > CountingBloom::kMaxCount)
+      throw std::invalid_argument("a Bloom filter counts up to 255: min_freq must be <= 255, got " +
+                                  std::to_string(f));
+    return f;
+  }
+  CountingBloom bloom_;
+};
+
+// The policy a table config asks for: a Bloom filter when bloom.capacity > 0,
+// else exact counters.
+inline std::unique_ptr<AdmissionPolicy> MakeAdmissionPolicy(uint32_t min_freq, const BloomConfig& bloom, int nseg) {
+  if (bloom.capacity > 0) return std::make_unique<BloomAdmission>(min_freq, bloom, nseg);
+  return std::make_unique<CounterAdmission>(min_freq);
+}
 
 }  // namespace evstore

@@ -1,5 +1,6 @@
-// Key hashing for the table. One 64-bit mix per key feeds three consumers:
-//   top bits     -> segment (Table::SegmentOf)
+// Key hashing for the table. One 64-bit mix per key (the key traits' Hash,
+// key_traits.h) feeds three consumers:
+//   top bits     -> segment (Index::SegmentOf, index.h)
 //   bits 7..38   -> home group inside the segment (fast range reduction)
 //   low 7 bits   -> H2 control byte stored next to the slot (Segment)
 // and a second, independent mix picks the initializer-bank row.
@@ -17,18 +18,6 @@ inline uint64_t Mix64(uint64_t x) {
   x *= 0xc4ceb9fe1a85ec53ULL;
   x ^= x >> 33;
   return x;
-}
-
-template <typename K>
-inline uint64_t HashKey(K key) {
-  return Mix64(static_cast<uint64_t>(static_cast<int64_t>(key)));
-}
-
-// Independent hash for the initializer bank row (must not correlate with the
-// index hash, or keys of one segment would share bank rows).
-template <typename K>
-inline uint64_t BankHash(K key) {
-  return Mix64(static_cast<uint64_t>(static_cast<int64_t>(key)) ^ 0x9e3779b97f4a7c15ULL);
 }
 
 }  // namespace evstore

@@ -2,17 +2,23 @@
 //
 // Layout (Swiss-table style, open addressing in groups of 16):
 //   ctrl[capacity]   one byte per slot: kEmpty (0x80), kDeleted (0xFE), or the
-//                    low 7 bits of the key's hash (H2) when the slot is full.
-//   slots[capacity]  Entry {key, row, freq|dirty}: 16 bytes for int64 keys.
+//                    low 7 bits of the key's hash (H2) when the slot is full
+//                    (group_probe.h: the 16-wide compare and its portable twin).
+//   slots[capacity]  Entry {key, row, freq|dirty}: 16 bytes for int64 keys
+//                    (static_assert below).
 // capacity = 16 * ngroups. A key's probe starts at its home group (chosen by
 // hash bits 7..38, fast range reduction, so ngroups needs not be a power of
-// two) and walks groups linearly; SSE2 compares 16 control bytes at once.
+// two) and walks groups linearly.
+//
+// The key type is a traits parameter (key_traits.h): hashing, equality, how
+// the entry stores the key. Slot state lives in the control byte, so no key
+// value is reserved as a marker.
 //
 // Per-key metadata lives in the entry: `row` (a row id < 2^31, or, for a key
 // counted but not admitted, which costs index space only, kNoRow or its
 // last-seen step: evict_policy.h), `freq` (31-bit saturating
 // lookup count) and the `dirty` bit (changed since the last sealed export).
-// The version lives beside the row in the arena (only admitted keys have one).
+// The version lives beside the row in the row store (only admitted keys have one).
 //
 // Invariants:
 //  * Every access holds `mu`: shared for read-only finds, exclusive otherwise.
@@ -21,11 +27,13 @@
 //    becomes a tombstone, cleared by the next rehash.
 //  * Load (full + tombstones) stays <= 7/8 of capacity. Growth picks the
 //    capacity that brings the load back to ~0.7 (growth factor ~1.25), which
-//    keeps index bytes per key between 17/0.875 and 17/0.7 (the memory target
-//    of DESIGN section 7). Growth rehashes this segment only; rows never move.
+//    keeps index bytes per key between 17/0.875 and 17/0.7 (index + metadata
+//    stay within 32 bytes per key: BENCHMARKS.md, memory table). Growth
+//    rehashes this segment only; rows never move.
+//  * `dirty` holds every key whose entry has the dirty bit set (plus, possibly,
+//    keys erased since); `deleted` holds keys erased since the last sealed
+//    export and not re-inserted (FindOrAdd takes a key out again).
 #pragma once
-#include <emmintrin.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -33,14 +41,15 @@
 #include <unordered_set>
 #include <vector>
 
-#include "arena.h"
-#include "hash.h"
+#include "group_probe.h"
+#include "key_traits.h"
+#include "row_store.h"
 
 namespace evstore {
 
-template <typename K>
+template <typename S>
 struct Entry {
-  K key;
+  S key;  // the traits' Stored key
   uint32_t row;
   uint32_t freq_dirty;  // bit 31: dirty, bits 0..30: frequency (saturating)
 
@@ -58,13 +67,19 @@ struct Entry {
   }
 };
 
-template <typename K>
+static_assert(sizeof(Entry<int64_t>) == 16, "an int64 entry is 16 bytes (17 with its control byte)");
+static_assert(sizeof(Entry<int32_t>) == 12, "an int32 entry is 12 bytes");
+
+template <typename Traits>
 class Segment {
  public:
-  using E = Entry<K>;
-  static constexpr uint8_t kEmpty = 0x80;
-  static constexpr uint8_t kDeleted = 0xFE;
-  static constexpr int kGroup = 16;
+  static_assert(IsKeyTraits<Traits>(), "Segment needs a key traits class (key_traits.h)");
+  using Key = typename Traits::Key;
+  using Owned = typename Traits::Owned;
+  using E = Entry<typename Traits::Stored>;
+  static constexpr uint8_t kEmpty = kCtrlEmpty;
+  static constexpr uint8_t kDeleted = kCtrlDeleted;
+  static constexpr int kGroup = kGroupWidth;
 
   Segment() { Reset(1); }
   ~Segment() { FreeArrays(); }
@@ -74,9 +89,9 @@ class Segment {
   mutable std::shared_mutex mu;
   // Keys whose dirty bit was set in the open generation. May hold keys that
   // were erased since (filtered out when the export is sealed).
-  std::vector<K> dirty;
+  std::vector<Owned> dirty;
   // Keys erased (evicted / removed) since the last sealed export.
-  std::unordered_set<K> deleted;
+  std::unordered_set<Owned, typename Traits::OwnedHash> deleted;
 
   size_t size() const { return size_; }
   // Bumped by every rehash: entry pointers taken at an older count are stale.
@@ -85,8 +100,8 @@ class Segment {
   void adjust_admitted(int64_t d) { admitted_ += d; }
   size_t capacity() const { return ngroups_ * kGroup; }
   size_t bytes() const {
-    return capacity() * (1 + sizeof(E)) + dirty.capacity() * sizeof(K) +
-           deleted.size() * (sizeof(K) + 2 * sizeof(void*)) + deleted.bucket_count() * sizeof(void*);
+    return capacity() * (1 + sizeof(E)) + dirty.capacity() * sizeof(Owned) +
+           deleted.size() * (sizeof(Owned) + 2 * sizeof(void*)) + deleted.bucket_count() * sizeof(void*);
   }
 
   // Batch probes pipeline two prefetches per key: first the home group's
@@ -96,38 +111,50 @@ class Segment {
   void PrefetchCtrl(uint64_t h) const { __builtin_prefetch(ctrl_ + HomeGroup(h) * kGroup); }
   void PrefetchSlot(uint64_t h) const {
     size_t g = HomeGroup(h);
-    const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(ctrl_ + g * kGroup));
-    uint32_t m = static_cast<uint32_t>(
-        _mm_movemask_epi8(_mm_cmpeq_epi8(c, _mm_set1_epi8(static_cast<char>(h & 0x7F)))));
-    // Inline asm: GCC 12 deletes a __builtin_prefetch whose address depends
-    // on this SSE compare (checked with objdump).
-    const char* p = reinterpret_cast<const char*>(slots_ + g * kGroup + (m ? __builtin_ctz(m) : 0));
-    asm volatile("prefetcht0 %0" : : "m"(*p));
+    uint32_t m = GroupProbe(ctrl_ + g * kGroup).Match(static_cast<uint8_t>(h & 0x7F));
+    PrefetchT0(slots_ + g * kGroup + (m ? __builtin_ctz(m) : 0));
   }
 
-  E* Find(K key, uint64_t h) const {
+  E* Find(Key key, uint64_t h) const {
     const uint8_t h2 = static_cast<uint8_t>(h & 0x7F);
     size_t g = HomeGroup(h);
-    const __m128i want = _mm_set1_epi8(static_cast<char>(h2));
-    const __m128i empty = _mm_set1_epi8(static_cast<char>(kEmpty));
     for (size_t probes = 0; probes < ngroups_; ++probes) {
-      const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(ctrl_ + g * kGroup));
-      uint32_t m = static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(c, want)));
+      const GroupProbe c(ctrl_ + g * kGroup);
+      uint32_t m = c.Match(h2);
       while (m) {
         int i = __builtin_ctz(m);
         E* e = slots_ + g * kGroup + i;
-        if (e->key == key) return e;
+        if (Traits::Equal(e->key, key)) return e;
         m &= m - 1;
       }
-      if (_mm_movemask_epi8(_mm_cmpeq_epi8(c, empty))) return nullptr;
+      if (c.MatchEmpty()) return nullptr;
       g = (g + 1 == ngroups_) ? 0 : g + 1;
     }
     return nullptr;
   }
 
+  // The key's entry, inserted (counted 0, no row) if absent; a re-inserted key
+  // leaves the deleted set. Caller holds `mu` exclusively. May rehash.
+  E* FindOrAdd(Key key, uint64_t h) {
+    E* en = Find(key, h);
+    if (!en) {
+      en = InsertAbsent(key, h);
+      if (!deleted.empty()) deleted.erase(Traits::Own(key));
+    }
+    return en;
+  }
+
+  // Sets the entry's dirty bit; on the 0->1 transition the key joins `dirty`.
+  void MarkDirty(E* en) {
+    if (!en->dirty()) {
+      en->freq_dirty |= E::kDirtyBit;
+      dirty.push_back(Traits::Own(Traits::Load(en->key)));
+    }
+  }
+
   // Inserts a key known to be absent; returns its entry (row = kNoRow,
   // freq = 0, clean). May rehash: entry pointers from before are invalid.
-  E* InsertAbsent(K key, uint64_t h) {
+  E* InsertAbsent(Key key, uint64_t h) {
     if ((size_ + tombstones_ + 1) * 8 > capacity() * 7) Grow();
     E* e = Place(key, h);
     ++size_;
@@ -138,10 +165,8 @@ class Segment {
   void Erase(E* e) {
     size_t idx = static_cast<size_t>(e - slots_);
     size_t g = idx / kGroup;
-    const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(ctrl_ + g * kGroup));
-    bool group_has_empty =
-        _mm_movemask_epi8(_mm_cmpeq_epi8(c, _mm_set1_epi8(static_cast<char>(kEmpty)))) != 0;
-    if (group_has_empty) {
+    Traits::Release(e->key);
+    if (GroupProbe(ctrl_ + g * kGroup).MatchEmpty() != 0) {
       ctrl_[idx] = kEmpty;
     } else {
       ctrl_[idx] = kDeleted;
@@ -160,6 +185,7 @@ class Segment {
 
   // Drops every entry (rows are the caller's business).
   void Clear() {
+    ForEach([](E& e) { Traits::Release(e.key); });
     FreeArrays();
     Reset(1);
     dirty.clear();
@@ -180,21 +206,33 @@ class Segment {
     return static_cast<size_t>(((h >> 7) & 0xFFFFFFFFu) * ngroups_ >> 32);
   }
 
-  E* Place(K key, uint64_t h) {
+  E* Place(Key key, uint64_t h) {
     size_t g = HomeGroup(h);
     for (;;) {
-      const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(ctrl_ + g * kGroup));
-      // Empty (0x80) and deleted (0xFE) both have the top bit set.
-      uint32_t m = static_cast<uint32_t>(_mm_movemask_epi8(c));
+      uint32_t m = GroupProbe(ctrl_ + g * kGroup).MatchEmptyOrDeleted();
       if (m) {
         size_t idx = g * kGroup + __builtin_ctz(m);
         if (ctrl_[idx] == kDeleted) --tombstones_;
         ctrl_[idx] = static_cast<uint8_t>(h & 0x7F);
         E* e = slots_ + idx;
-        e->key = key;
-        e->row = RowArena::kNoRow;
+        e->key = Traits::Store(key);
+        e->row = kNoRowId;
         e->freq_dirty = 0;
         return e;
+      }
+      g = (g + 1 == ngroups_) ? 0 : g + 1;
+    }
+  }
+
+  // A free slot for an entry being moved by a rehash (the caller copies it).
+  E* PlaceStored(const typename Traits::Stored&, uint64_t h) {
+    size_t g = HomeGroup(h);
+    for (;;) {
+      uint32_t m = GroupProbe(ctrl_ + g * kGroup).MatchEmptyOrDeleted();
+      if (m) {
+        size_t idx = g * kGroup + __builtin_ctz(m);
+        ctrl_[idx] = static_cast<uint8_t>(h & 0x7F);
+        return slots_ + idx;
       }
       g = (g + 1 == ngroups_) ? 0 : g + 1;
     }
@@ -215,7 +253,7 @@ class Segment {
     for (size_t i = 0; i < old_cap; ++i) {
       if (old_ctrl[i] & 0x80) continue;
       E& o = old_slots[i];
-      E* n = Place(o.key, HashKey(o.key));
+      E* n = PlaceStored(o.key, Traits::Hash(Traits::Load(o.key)));
       *n = o;
     }
     std::free(old_ctrl);

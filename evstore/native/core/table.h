@@ -1,19 +1,24 @@
-// evstore::Table<K>: the EmbeddingVariable's storage. No TensorFlow here.
+// evstore::Table<K, Traits, Store>: the EmbeddingVariable's storage. No TensorFlow here.
 //
-// Layout
-//   segments_[S]  (S = 2^segments_log2, default 64) — the index, split by the top
-//                 bits of the key hash. Each Segment (segment.h) is an open-
-//                 addressing table with its own shared_mutex, its own growth, its
-//                 own dirty list and deleted set.
-//   arena_        (arena.h) — rows [embedding | optimizer slots] + versions, in
-//                 blocks that never move; freed rows are recycled.
+// The table is orchestration over parts that can be read alone:
+//   index_        (index.h, segment.h) the key -> entry map, split by the top
+//                 bits of the key hash into S = 2^segments_log2 (default 64)
+//                 segments, each with its own shared_mutex, growth, dirty list
+//                 and deleted set. Keyed by a traits class (key_traits.h).
+//   rows_         (row_store.h; default RowArena, arena.h) rows
+//                 [embedding | optimizer slots] + versions; ids are stable,
+//                 freed rows are recycled.
+//   admission_    (filter_policy.h) AdmissionPolicy: CounterAdmission or
+//                 BloomAdmission; which keys earn a row.
+//   Evict(step, EvictionPolicies) (evict_policy.h): which keys leave.
+//   Row updates are functors (optimizers.h) passed to Apply.
 //   bank_         initializer bank [bank_rows, dim]: a new row's embedding is
 //                 bank_[BankHash(key) % bank_rows] (DeepRec's trick: drawn once
 //                 from the TF initializer, deterministic, lock-free).
 //
 // Key states
-//   absent      not in the index (with a BloomFilter, a key that is counted
-//               but not admitted is absent too: its count lives in bloom_).
+//   absent      not in the index (with BloomAdmission, a key that is counted
+//               but not admitted is absent too: its count lives in the filter).
 //   filtered    in the index without a row (!RowIsReal(row)): counted, not
 //               admitted, reads the default value, ignores gradients, costs
 //               one index slot. Its `row` field holds its last-seen step.
@@ -22,10 +27,10 @@
 //   Encodings of versions and last-seen steps: evict_policy.h.
 //
 // Admission (filter_policy.h): a key is admitted on the training lookup whose
-// batch brings its count to min_freq: exact counts in the entry (CounterFilter,
-// and min_freq = 1 for no filter), or a counting Bloom filter's estimate
-// (BloomFilter: no index entry before admission; the admitted key's frequency
-// starts from the estimate).
+// batch brings its count to min_freq: exact counts in the entry
+// (CounterAdmission, and min_freq = 1 for no filter), or a counting Bloom
+// filter's estimate (BloomAdmission: no index entry before admission; the
+// admitted key's frequency starts from the estimate).
 //
 // Clock and eviction: clock_ is the highest global step the table has seen
 // (Apply, Evict, versions of imported rows). Training lookups stamp admitted
@@ -59,7 +64,7 @@
 //   Apply, Import, Erase. A row is read or written only under its key's segment
 //   lock, so no reader sees a torn row and concurrent applies to one key
 //   serialise (order-free math such as SGD sums gives a serial run's result).
-//   Lock order: slots_mu_ -> export_mu_ -> segments (ascending) -> arena.
+//   Lock order: slots_mu_ -> export_mu_ -> segments (ascending) -> row store.
 //   Never call the ParallelFor while holding a segment lock: its workers are
 //   TensorFlow's intra-op threads, which may themselves be waiting for that
 //   lock (so slot relayout, which holds them all, copies serially).
@@ -77,9 +82,12 @@
 #include "arena.h"
 #include "evict_policy.h"
 #include "filter_policy.h"
-#include "hash.h"
+#include "index.h"
+#include "key_traits.h"
 #include "optimizers.h"
 #include "parallel.h"
+#include "row_store.h"
+#include "schema.h"
 #include "segment.h"
 #include "zero_rows.h"
 
@@ -94,20 +102,14 @@ struct TableConfig {
   BloomConfig bloom;                 // capacity > 0: count non-admitted keys in a Bloom filter
 };
 
+// One int64 per field of the schema (schema.h: EVSTORE_STATS_FIELDS, which
+// documents each; EvStats writes them in that order).
 struct TableStats {
-  int64_t size = 0;        // keys in the index (admitted + filtered)
-  int64_t admitted = 0;    // keys with a row
-  int64_t filtered = 0;    // counted, not admitted
-  int64_t free_rows = 0;   // rows in the arena's free list
-  int64_t index_bytes = 0; // segments: control bytes, entries, dirty lists, deleted sets
-  int64_t meta_bytes = 0;  // per-row metadata (versions)
-  int64_t row_bytes = 0;   // arena rows (embedding + slots)
-  int64_t dirty = 0;       // entries in the open dirty lists (upper bound of dirty keys)
-  int64_t deleted = 0;     // keys in the open deleted sets
-  int64_t zero_rows = 0;   // admitted keys whose embedding is all zero (zero_rows.h)
-  int64_t evicted = 0;     // keys erased by Evict since the table was created
-  int64_t filter_bytes = 0;  // Bloom filter counters (0 without one)
+#define EVSTORE_STATS_MEMBER_(name, doc) int64_t name = 0;
+  EVSTORE_STATS_FIELDS(EVSTORE_STATS_MEMBER_)
+#undef EVSTORE_STATS_MEMBER_
 };
+static_assert(sizeof(TableStats) == schema::kNumStatsFields * sizeof(int64_t), "one int64 per stats field");
 
 // One exported key (full export or sealed snapshot readout).
 template <typename K>
@@ -119,26 +121,29 @@ struct ExportedKey {
   int64_t seen = -1;  // filtered key: step last seen at (-1 unknown); admitted: -1
 };
 
-template <typename K>
+template <typename K, typename Traits = KeyTraits<K>, typename Store = RowArena>
 class Table {
  public:
-  using E = Entry<K>;
-  static constexpr uint32_t kNoRow = RowArena::kNoRow;
+  static_assert(std::is_same<K, typename Traits::Key>::value, "Table<K, Traits>: Traits::Key must be K");
+  static_assert(IsRowStore<Store>(), "Table's Store must implement the row store contract (row_store.h)");
+  using Owned = typename Traits::Owned;
+  using Idx = Index<Traits>;
+  using Seg = typename Idx::Seg;
+  using E = typename Idx::E;
+  static constexpr uint32_t kNoRow = kNoRowId;
 
   struct Snapshot {
     uint64_t id = 0;
-    std::vector<K> dirty;
-    std::vector<K> deleted;
+    std::vector<Owned> dirty;
+    std::vector<Owned> deleted;
     std::vector<int64_t> bloom_blocks;  // Bloom counter blocks raised (filter_policy.h)
   };
 
   explicit Table(TableConfig cfg)
       : dim_(cfg.dim),
-        seg_bits_(CheckSegBits(cfg.segments_log2)),  // before the shift and the allocation below
-        nseg_(1 << seg_bits_),
-        min_freq_(cfg.min_freq < 1 ? 1 : cfg.min_freq),
-        segments_(new Segment<K>[1 << seg_bits_]),
-        arena_(cfg.dim) {
+        index_(cfg.segments_log2),  // checks the range before anything is sized by it
+        nseg_(index_.num_segments()),
+        rows_(cfg.dim) {
     if (dim_ <= 0) throw std::invalid_argument("dim must be positive, got " + std::to_string(dim_));
     default_ = cfg.default_value.empty() ? std::vector<float>(dim_, 0.f) : cfg.default_value;
     if (static_cast<int>(default_.size()) != dim_)
@@ -149,18 +154,16 @@ class Table {
     bank_zero_.resize(bank_rows_);
     for (size_t r = 0; r < bank_rows_; ++r) bank_zero_[r] = IsZeroRow(bank_.data() + r * dim_, dim_);
     zero_rows_.reset(new int64_t[nseg_]());
-    if (cfg.bloom.capacity > 0) {
-      if (min_freq_ > CountingBloom::kMaxCount)
-        throw std::invalid_argument("a Bloom filter counts up to 255: min_freq must be <= 255, got " +
-                                    std::to_string(min_freq_));
-      bloom_ = std::make_unique<CountingBloom>(cfg.bloom, nseg_);
-    }
+    admission_ = MakeAdmissionPolicy(cfg.min_freq, cfg.bloom, nseg_);
   }
 
   int dim() const { return dim_; }
-  uint32_t min_freq() const { return min_freq_; }
-  bool has_bloom() const { return bloom_ != nullptr; }
-  const CountingBloom* bloom() const { return bloom_.get(); }
+  uint32_t min_freq() const { return admission_->min_freq(); }
+  // True when keys not yet admitted are counted outside the index (Bloom).
+  bool has_bloom() const { return !admission_->CountsInIndex(); }
+  const AdmissionPolicy& admission() const { return *admission_; }
+  // The admission policy's Bloom counters (checkpointed in blocks), or null.
+  const CountingBloom* bloom() const { return admission_->bloom(); }
   // Highest global step seen (-1: none yet); see evict_policy.h.
   int64_t clock() const { return clock_.load(std::memory_order_relaxed); }
   void AdvanceClock(int64_t step) {
@@ -170,7 +173,6 @@ class Table {
   }
   // Sets the clock (a full restore: the saved table's clock, exactly).
   void SetClock(int64_t step) { clock_.store(step < -1 ? -1 : step, std::memory_order_relaxed); }
-  void set_min_freq(uint32_t f) { min_freq_ = f < 1 ? 1 : f; }
   const std::vector<float>& default_value() const { return default_; }
 
   // ---- optimizer slots ---------------------------------------------------
@@ -195,12 +197,12 @@ class Table {
       // New memory for wider rows is obtained before any segment lock is
       // taken (arena.h: PrepareWiden), so lookups continue meanwhile.
       int new_stride = dim_ * (1 + static_cast<int>(slots_.size() + missing.size()));
-      std::unique_ptr<RowArena::Widened> prepared;
-      if (!missing.empty()) prepared = arena_.PrepareWiden(new_stride);
+      std::unique_ptr<typename Store::Widened> prepared;
+      if (!missing.empty()) prepared = rows_.PrepareWiden(new_stride);
       // Rows and the slot-init row change only with every segment lock held.
       std::vector<std::unique_lock<std::shared_mutex>> locks;
       locks.reserve(nseg_);
-      for (int i = 0; i < nseg_; ++i) locks.emplace_back(segments_[i].mu);
+      for (int i = 0; i < nseg_; ++i) locks.emplace_back(index_.segment(i).mu);
       for (const auto& s : specs) {
         int idx = SlotIndexLocked(s.first);
         if (idx >= 0) slots_[idx].second = s.second;
@@ -208,7 +210,7 @@ class Table {
       if (!missing.empty()) {
         std::vector<float> tail;
         for (const auto& s : missing) tail.insert(tail.end(), dim_, s.second);
-        arena_.Relayout(new_stride, tail, prepared.get());
+        rows_.Relayout(new_stride, tail, prepared.get());
         for (const auto& s : missing) slots_.push_back(s);
       }
       slot_init_row_.clear();
@@ -239,17 +241,17 @@ class Table {
   // Never inserts, never counts.
   void Find(const K* keys, int64_t n, float* out, const ParallelFor& pf) const {
     Grouping g;
-    GroupBySegment(keys, n, &g);
-    ForEachSegmentOfBatch<std::shared_lock<std::shared_mutex>>(g, n, 60, pf, [&](Segment<K>& seg, int64_t lo,
-                                                                                 int64_t hi) {
+    index_.Group(keys, n, &g);
+    index_.template ForEachSegmentOfBatch<std::shared_lock<std::shared_mutex>>(g, n, 60, pf, [&](Seg& seg, int64_t lo,
+                                                                                                 int64_t hi) {
       thread_local std::vector<const float*> src;  // row per position, prefetched
       src.resize(hi - lo);
       for (int64_t j = lo; j < hi; ++j) {
-        PrefetchAhead(seg, g, j, hi);
+        Idx::PrefetchAhead(seg, g, j, hi);
         uint32_t i = g.order[j];
         const E* en = seg.Find(keys[i], g.hash[i]);
-        const float* p = (en && RowIsReal(en->row)) ? arena_.Row(en->row) : default_.data();
-        arena_.PrefetchRow(p, dim_);
+        const float* p = (en && RowIsReal(en->row)) ? rows_.Row(en->row) : default_.data();
+        rows_.PrefetchRow(p, dim_);
         src[j - lo] = p;
       }
       CopyRowsOut(g, lo, hi, src, out);
@@ -270,12 +272,14 @@ class Table {
   void FindOrInsert(const K* keys, int64_t n, float* out, const ParallelFor& pf,
                     const int64_t* counts = nullptr) {
     Grouping g;
-    GroupBySegment(keys, n, &g);
+    index_.Group(keys, n, &g);
     const int64_t clock = this->clock();
     const uint32_t seen_mark = FilteredMark(clock);
-    ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 120, pf, [&](Segment<K>& seg, int64_t lo,
-                                                                                  int64_t hi) {
-      const int s = static_cast<int>(&seg - segments_.get());
+    AdmissionPolicy& adm = *admission_;
+    const bool count_outside = !adm.CountsInIndex();
+    index_.template ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 120, pf, [&](Seg& seg, int64_t lo,
+                                                                                                  int64_t hi) {
+      const int s = index_.IndexOf(seg);
       thread_local std::vector<const float*> src;  // row per position, prefetched
       thread_local std::vector<Pending> pending;    // positions whose key has no row yet
       thread_local std::vector<uint32_t> rows;
@@ -285,10 +289,10 @@ class Table {
       // Pass 1: count every occurrence (inserting unseen keys, or counting
       // them in the Bloom filter), note rows.
       for (int64_t j = lo; j < hi; ++j) {
-        PrefetchAhead(seg, g, j, hi);
+        Idx::PrefetchAhead(seg, g, j, hi);
         uint32_t i = g.order[j];
         E* en;
-        if (bloom_) {
+        if (count_outside) {
           en = seg.Find(keys[i], g.hash[i]);
           if (!en) {  // counted in the filter below (prefetched, so misses overlap)
             pending.push_back({j, nullptr, 0});
@@ -296,13 +300,13 @@ class Table {
             continue;
           }
         } else {
-          en = FindOrAdd(seg, keys[i], g.hash[i]);
+          en = seg.FindOrAdd(keys[i], g.hash[i]);
         }
         en->add_freq(counts ? Occurrences(counts[i]) : 1);
-        MarkDirty(seg, en);
+        seg.MarkDirty(en);
         if (RowIsReal(en->row)) {
-          src[j - lo] = arena_.Row(en->row);
-          arena_.PrefetchRow(src[j - lo], dim_);
+          src[j - lo] = rows_.Row(en->row);
+          rows_.PrefetchRow(src[j - lo], dim_);
         } else {
           pending.push_back({j, en, seg.rehashes()});
         }
@@ -313,10 +317,10 @@ class Table {
         constexpr size_t kBloomAhead = 6;
         for (size_t q = 0; q < pending.size(); ++q) {
           if (q + kBloomAhead < pending.size() && !pending[q + kBloomAhead].en)
-            bloom_->Prefetch(s, g.hash[g.order[pending[q + kBloomAhead].pos]]);
+            adm.Prefetch(s, g.hash[g.order[pending[q + kBloomAhead].pos]]);
           if (!pending[q].en) {
             const uint32_t i = g.order[pending[q].pos];
-            bloom_->Add(s, g.hash[i], counts ? Occurrences(counts[i]) : 1);
+            adm.Add(s, g.hash[i], counts ? Occurrences(counts[i]) : 1);
           }
         }
         for (const Pending& p : pending) {
@@ -324,18 +328,18 @@ class Table {
           uint32_t i = g.order[p.pos];
           E* en = seg.Find(keys[i], g.hash[i]);  // admitted by an earlier occurrence?
           if (!en) {
-            uint32_t est = bloom_->Estimate(s, g.hash[i]);
-            if (est < min_freq_) {
+            uint32_t est = adm.Estimate(s, g.hash[i]);
+            if (!adm.Admits(est)) {
               src[p.pos - lo] = default_.data();
               continue;
             }
-            en = FindOrAdd(seg, keys[i], g.hash[i]);
+            en = seg.FindOrAdd(keys[i], g.hash[i]);
             en->set_freq(est);
-            MarkDirty(seg, en);
-            Admit(seg, en, arena_.Allocate());
+            seg.MarkDirty(en);
+            Admit(seg, en, rows_.Allocate());
             bloom_admitted_.fetch_add(1, std::memory_order_relaxed);
           }
-          src[p.pos - lo] = arena_.Row(en->row);
+          src[p.pos - lo] = rows_.Row(en->row);
         }
       }
       // Pass 2b: keys with an entry but no row are admitted once their
@@ -351,7 +355,7 @@ class Table {
           p.rehashes = seg.rehashes();
         }
         if (p.en->row == kAdmitting || RowIsReal(p.en->row)) continue;
-        if (p.en->freq() >= min_freq_) {
+        if (adm.Admits(p.en->freq())) {
           p.en->row = kAdmitting;
           ++admit;
         } else {
@@ -359,12 +363,12 @@ class Table {
         }
       }
       rows.resize(admit);
-      if (admit) arena_.AllocateMany(admit, rows.data());
+      if (admit) rows_.AllocateMany(admit, rows.data());
       size_t next = 0;
       for (const Pending& p : pending) {
         if (!p.en) continue;
         if (p.en->row == kAdmitting) Admit(seg, p.en, rows[next++]);
-        src[p.pos - lo] = RowIsReal(p.en->row) ? arena_.Row(p.en->row) : default_.data();
+        src[p.pos - lo] = RowIsReal(p.en->row) ? rows_.Row(p.en->row) : default_.data();
       }
       CopyRowsOut(g, lo, hi, src, out);
     });
@@ -379,24 +383,24 @@ class Table {
   int64_t Apply(const K* keys, const float* grads, int64_t n, int64_t step, const Update& update,
                 const ParallelFor& pf) {
     Grouping g;
-    GroupBySegment(keys, n, &g);
+    index_.Group(keys, n, &g);
     std::atomic<int64_t> applied{0};
     const int stride = this->stride();
     AdvanceClock(step);
-    ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 200, pf, [&](Segment<K>& seg, int64_t lo,
-                                                                                  int64_t hi) {
+    index_.template ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 200, pf, [&](Seg& seg, int64_t lo,
+                                                                                                  int64_t hi) {
       thread_local std::vector<E*> hit;  // entry per position (nullptr: absent or filtered)
       hit.resize(hi - lo);
       // Pass 1: resolve entries and prefetch their rows and versions (no
       // inserts, so entry pointers stay valid for pass 2).
       for (int64_t j = lo; j < hi; ++j) {
-        PrefetchAhead(seg, g, j, hi);
+        Idx::PrefetchAhead(seg, g, j, hi);
         uint32_t i = g.order[j];
         E* en = seg.Find(keys[i], g.hash[i]);
         if (en && !RowIsReal(en->row)) en = nullptr;
         if (en) {
-          arena_.PrefetchRow(arena_.Row(en->row), stride);
-          __builtin_prefetch(&arena_.Version(en->row));
+          rows_.PrefetchRow(rows_.Row(en->row), stride);
+          __builtin_prefetch(&rows_.Version(en->row));
         }
         hit[j - lo] = en;
       }
@@ -405,12 +409,12 @@ class Table {
       for (int64_t j = lo; j < hi; ++j) {
         E* en = hit[j - lo];
         if (!en) continue;
-        float* row = arena_.Row(en->row);
+        float* row = rows_.Row(en->row);
         const bool was_zero = IsZeroRow(row, dim_);
         update(row, grads + static_cast<int64_t>(g.order[j]) * dim_);
         zero_delta += static_cast<int>(IsZeroRow(row, dim_)) - static_cast<int>(was_zero);
-        arena_.Version(en->row) = step;
-        MarkDirty(seg, en);
+        rows_.Version(en->row) = step;
+        seg.MarkDirty(en);
         ++local;
       }
       if (zero_delta) ZeroCount(seg) += zero_delta;
@@ -428,8 +432,8 @@ class Table {
   int64_t Erase(const K* keys, int64_t n, bool track_deleted = true) {
     int64_t erased = 0;
     for (int64_t i = 0; i < n; ++i) {
-      uint64_t h = HashKey(keys[i]);
-      Segment<K>& seg = segments_[SegmentOf(h)];
+      uint64_t h = Traits::Hash(keys[i]);
+      Seg& seg = index_.SegmentFor(h);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = seg.Find(keys[i], h);
       if (!en) continue;
@@ -439,64 +443,44 @@ class Table {
     return erased;
   }
 
-  // Erases every key for which pred(key, admitted, version, freq, row) is true
-  // (version: the public one, -1 if never updated).
-  // Used by eviction policies. Returns the number erased.
-  template <typename Pred>
-  int64_t EraseIf(const Pred& pred) {
-    int64_t erased = 0;
-    std::vector<K> victims;
-    for (int s = 0; s < nseg_; ++s) {
-      Segment<K>& seg = segments_[s];
-      std::unique_lock<std::shared_mutex> lock(seg.mu);
-      victims.clear();
-      seg.ForEach([&](const E& en) {
-        bool adm = RowIsReal(en.row);
-        int64_t ver = adm ? PublicVersion(arena_.Version(en.row)) : -1;
-        if (pred(en.key, adm, ver, static_cast<int64_t>(en.freq()), adm ? arena_.Row(en.row) : nullptr))
-          victims.push_back(en.key);
-      });
-      for (K k : victims) EraseLocked(seg, seg.Find(k, HashKey(k)));
-      erased += victims.size();
-    }
-    return erased;
-  }
-
   // Evicts at global step `step` (advancing the clock to it) every key the
-  // policy selects (evict_policy.h: Decide). Evicted keys are erased like
+  // policies select (evict_policy.h: EvictionPolicies::Decide). Evicted keys are erased like
   // Erase does (rows to the free list, keys to the deleted set). Keys whose
   // age reference is unknown are stamped with `step` instead; an admitted
   // key's stamp changes its saved version, so it is marked dirty. Returns
   // the number of keys evicted.
-  int64_t Evict(int64_t step, const EvictPolicy& policy) {
+  int64_t Evict(int64_t step, const EvictionPolicies& policies) {
     AdvanceClock(step);
-    if (!policy.any()) return 0;
+    if (policies.empty()) return 0;
     int64_t erased = 0;
-    std::vector<K> victims;
+    std::vector<Owned> victims;
     for (int s = 0; s < nseg_; ++s) {
-      Segment<K>& seg = segments_[s];
+      Seg& seg = index_.segment(s);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       victims.clear();
       seg.ForEach([&](E& en) {
         const bool adm = RowIsReal(en.row);
-        const int64_t ref = adm ? VersionReference(arena_.Version(en.row)) : FilteredReference(en.row);
-        switch (Decide(policy, step, ref, adm ? arena_.Row(en.row) : nullptr, dim_)) {
+        const int64_t ref = adm ? VersionReference(rows_.Version(en.row)) : FilteredReference(en.row);
+        switch (policies.Decide(step, ref, adm ? rows_.Row(en.row) : nullptr, dim_)) {
           case EvictDecision::kEvict:
-            victims.push_back(en.key);
+            victims.push_back(Traits::Own(Traits::Load(en.key)));
             break;
           case EvictDecision::kStamp:
             if (adm) {
-              arena_.Version(en.row) = EncodeAdmission(step);
+              rows_.Version(en.row) = EncodeAdmission(step);
             } else {
               en.row = FilteredMark(step);
             }
-            MarkDirty(seg, &en);  // the stamp is saved state (version / last-seen step)
+            seg.MarkDirty(&en);  // the stamp is saved state (version / last-seen step)
             break;
           case EvictDecision::kKeep:
             break;
         }
       });
-      for (K k : victims) EraseLocked(seg, seg.Find(k, HashKey(k)));
+      for (const Owned& o : victims) {
+        const K k = Traits::View(o);
+        EraseLocked(seg, seg.Find(k, Traits::Hash(k)));
+      }
       erased += victims.size();
     }
     evicted_.fetch_add(erased, std::memory_order_relaxed);
@@ -506,14 +490,14 @@ class Table {
   // Drops every key, row, dirty and deleted mark (before a restore).
   void Clear() {
     for (int s = 0; s < nseg_; ++s) {
-      Segment<K>& seg = segments_[s];
+      Seg& seg = index_.segment(s);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       seg.ForEach([&](const E& en) {
-        if (RowIsReal(en.row)) arena_.Free(en.row);
+        if (RowIsReal(en.row)) rows_.Free(en.row);
       });
       seg.Clear();
       zero_rows_[s] = 0;
-      if (bloom_) bloom_->ClearSegment(s);
+      admission_->ClearSegment(s);
     }
   }
 
@@ -523,13 +507,13 @@ class Table {
   // fn(const ExportedKey<K>&, const float* row_or_null). Rows are full stride.
   template <typename Fn>
   void ForEachInSegment(int s, const Fn& fn) const {
-    const Segment<K>& seg = segments_[s];
+    const Seg& seg = index_.segment(s);
     std::shared_lock<std::shared_mutex> lock(seg.mu);
     seg.ForEach([&](const E& en) {
       bool adm = RowIsReal(en.row);
-      ExportedKey<K> x{en.key, adm, adm ? arena_.Version(en.row) : -1, static_cast<int64_t>(en.freq()),
+      ExportedKey<K> x{Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1, static_cast<int64_t>(en.freq()),
                        adm ? -1 : FilteredReference(en.row)};
-      fn(x, adm ? arena_.Row(en.row) : nullptr);
+      fn(x, adm ? rows_.Row(en.row) : nullptr);
     });
   }
   int num_segments() const { return nseg_; }
@@ -542,18 +526,18 @@ class Table {
   void Read(const K* keys, int64_t n, int stride, uint8_t* present, uint8_t* admitted, int64_t* versions,
             int64_t* freqs, float* rows, int64_t* seen = nullptr) const {
     for (int64_t i = 0; i < n; ++i) {
-      uint64_t h = HashKey(keys[i]);
-      const Segment<K>& seg = segments_[SegmentOf(h)];
+      uint64_t h = Traits::Hash(keys[i]);
+      const Seg& seg = index_.SegmentFor(h);
       std::shared_lock<std::shared_mutex> lock(seg.mu);
       const E* en = seg.Find(keys[i], h);
       present[i] = en != nullptr;
       admitted[i] = en && RowIsReal(en->row);
-      versions[i] = admitted[i] ? arena_.Version(en->row) : -1;
+      versions[i] = admitted[i] ? rows_.Version(en->row) : -1;
       freqs[i] = en ? en->freq() : 0;
       if (seen) seen[i] = (en && !admitted[i]) ? FilteredReference(en->row) : -1;
       if (!rows) continue;  // metadata only
       if (admitted[i])
-        std::memcpy(rows + i * stride, arena_.Row(en->row), stride * sizeof(float));
+        std::memcpy(rows + i * stride, rows_.Row(en->row), stride * sizeof(float));
       else
         std::memset(rows + i * stride, 0, stride * sizeof(float));
     }
@@ -577,21 +561,21 @@ class Table {
                   int64_t slots_stride, int64_t slot_stride, const std::vector<int>& slot_offsets,
                   const int64_t* versions, const int64_t* freqs, bool mark_dirty) {
     for (int64_t i = 0; i < n; ++i) {
-      uint64_t h = HashKey(keys[i]);
-      Segment<K>& seg = segments_[SegmentOf(h)];
+      uint64_t h = Traits::Hash(keys[i]);
+      Seg& seg = index_.SegmentFor(h);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
-      E* en = FindOrAdd(seg, keys[i], h);
+      E* en = seg.FindOrAdd(keys[i], h);
       if (!RowIsReal(en->row)) Admit(seg, en);
-      float* dst = arena_.Row(en->row);
+      float* dst = rows_.Row(en->row);
       const bool was_zero = IsZeroRow(dst, dim_);
       std::memcpy(dst, values + i * values_stride, dim_ * sizeof(float));
       ZeroCount(seg) += static_cast<int>(IsZeroRow(dst, dim_)) - static_cast<int>(was_zero);
       for (size_t c = 0; c < slot_offsets.size(); ++c)
         std::memcpy(dst + slot_offsets[c], slots + i * slots_stride + c * slot_stride, dim_ * sizeof(float));
-      arena_.Version(en->row) = versions[i];
+      rows_.Version(en->row) = versions[i];
       AdvanceClock(VersionReference(versions[i]));
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
-      if (mark_dirty) MarkDirty(seg, en);
+      if (mark_dirty) seg.MarkDirty(en);
     }
   }
 
@@ -603,19 +587,19 @@ class Table {
   void ImportFiltered(const K* keys, int64_t n, const int64_t* freqs, bool mark_dirty, bool demote = false,
                       const int64_t* seen = nullptr) {
     for (int64_t i = 0; i < n; ++i) {
-      uint64_t h = HashKey(keys[i]);
-      Segment<K>& seg = segments_[SegmentOf(h)];
+      uint64_t h = Traits::Hash(keys[i]);
+      Seg& seg = index_.SegmentFor(h);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
-      E* en = FindOrAdd(seg, keys[i], h);
+      E* en = seg.FindOrAdd(keys[i], h);
       if (demote && RowIsReal(en->row)) {
-        if (IsZeroRow(arena_.Row(en->row), dim_)) --ZeroCount(seg);
-        arena_.Free(en->row);
+        if (IsZeroRow(rows_.Row(en->row), dim_)) --ZeroCount(seg);
+        rows_.Free(en->row);
         en->row = kNoRow;
         seg.adjust_admitted(-1);
       }
       if (seen && !RowIsReal(en->row)) en->row = FilteredMark(seen[i]);
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
-      if (mark_dirty) MarkDirty(seg, en);
+      if (mark_dirty) seg.MarkDirty(en);
     }
   }
 
@@ -629,17 +613,18 @@ class Table {
     auto snap = std::make_shared<Snapshot>();
     snap->id = ++next_snapshot_id_;
     for (int s = 0; s < nseg_; ++s) {
-      Segment<K>& seg = segments_[s];
+      Seg& seg = index_.segment(s);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
-      for (K k : seg.dirty) {
-        E* en = seg.Find(k, HashKey(k));
+      for (Owned& o : seg.dirty) {
+        const K k = Traits::View(o);
+        E* en = seg.Find(k, Traits::Hash(k));
         if (en && en->dirty()) {
           en->freq_dirty &= ~E::kDirtyBit;
-          snap->dirty.push_back(k);
+          snap->dirty.push_back(std::move(o));
         }
       }
-      std::vector<K>().swap(seg.dirty);
-      if (bloom_) bloom_->SealDirty(s, &snap->bloom_blocks);
+      std::vector<Owned>().swap(seg.dirty);
+      if (CountingBloom* b = admission_->mutable_bloom()) b->SealDirty(s, &snap->bloom_blocks);
       snap->deleted.insert(snap->deleted.end(), seg.deleted.begin(), seg.deleted.end());
       seg.deleted.clear();
     }
@@ -659,26 +644,30 @@ class Table {
   void Abort(uint64_t id) {
     std::lock_guard<std::mutex> l(export_mu_);
     CheckOpen(id);
-    for (K k : open_->dirty) {
-      uint64_t h = HashKey(k);
-      Segment<K>& seg = segments_[SegmentOf(h)];
+    for (const Owned& o : open_->dirty) {
+      const K k = Traits::View(o);
+      uint64_t h = Traits::Hash(k);
+      Seg& seg = index_.SegmentFor(h);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = seg.Find(k, h);
-      if (en) MarkDirty(seg, en);  // erased since: already in the open deleted set
+      if (en) seg.MarkDirty(en);  // erased since: already in the open deleted set
     }
-    for (K k : open_->deleted) {
-      uint64_t h = HashKey(k);
-      Segment<K>& seg = segments_[SegmentOf(h)];
+    for (const Owned& o : open_->deleted) {
+      const K k = Traits::View(o);
+      uint64_t h = Traits::Hash(k);
+      Seg& seg = index_.SegmentFor(h);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = seg.Find(k, h);
       if (en)
-        MarkDirty(seg, en);  // re-inserted since: the next export upserts it
+        seg.MarkDirty(en);  // re-inserted since: the next export upserts it
       else
-        seg.deleted.insert(k);
+        seg.deleted.insert(o);
     }
-    for (int64_t b : open_->bloom_blocks) {
-      std::unique_lock<std::shared_mutex> lock(segments_[bloom_->SegmentOfBlock(b)].mu);
-      bloom_->MarkBlockDirty(b);
+    if (CountingBloom* bloom = admission_->mutable_bloom()) {
+      for (int64_t b : open_->bloom_blocks) {
+        std::unique_lock<std::shared_mutex> lock(index_.segment(bloom->SegmentOfBlock(b)).mu);
+        bloom->MarkBlockDirty(b);
+      }
     }
     open_.reset();
   }
@@ -686,26 +675,21 @@ class Table {
   // Bloom counter block `id` (filter_policy.h) into out[0, kBlock), under its
   // segment's lock; returns whether any counter is non-zero. Needs a Bloom filter.
   bool ReadBloomBlock(int64_t id, uint8_t* out) const {
-    std::shared_lock<std::shared_mutex> lock(segments_[bloom_->SegmentOfBlock(id)].mu);
-    return bloom_->ReadBlock(id, out);
+    const CountingBloom* bloom = admission_->bloom();
+    std::shared_lock<std::shared_mutex> lock(index_.segment(bloom->SegmentOfBlock(id)).mu);
+    return bloom->ReadBlock(id, out);
   }
   // Overwrites Bloom counter block `id` (a restore); throws std::out_of_range
   // for an id outside the filter.
   void WriteBloomBlock(int64_t id, const uint8_t* in) {
-    if (id < 0 || id >= bloom_->num_blocks()) throw std::out_of_range("bloom block id out of range");
-    std::unique_lock<std::shared_mutex> lock(segments_[bloom_->SegmentOfBlock(id)].mu);
-    bloom_->WriteBlock(id, in);
+    CountingBloom* bloom = admission_->mutable_bloom();
+    if (id < 0 || id >= bloom->num_blocks()) throw std::out_of_range("bloom block id out of range");
+    std::unique_lock<std::shared_mutex> lock(index_.segment(bloom->SegmentOfBlock(id)).mu);
+    bloom->WriteBlock(id, in);
   }
   // Sizes every segment for `total_keys` keys in the whole table (spread
   // evenly, with 10% slack), so a bulk import does not grow them step by step.
-  void Reserve(int64_t total_keys) {
-    if (total_keys <= 0) return;
-    const size_t per = static_cast<size_t>(total_keys / nseg_ + total_keys / nseg_ / 10 + 16);
-    for (int s = 0; s < nseg_; ++s) {
-      std::unique_lock<std::shared_mutex> lock(segments_[s].mu);
-      segments_[s].Reserve(per);
-    }
-  }
+  void Reserve(int64_t total_keys) { index_.Reserve(total_keys); }
 
   // The open snapshot with this id (for a writer streaming it out).
   std::shared_ptr<const Snapshot> OpenSnapshot(uint64_t id) const {
@@ -726,8 +710,9 @@ class Table {
   TableStats Stats() const {
     TableStats st;
     double bloom_distinct = 0;
+    const bool count_outside = has_bloom();
     for (int s = 0; s < nseg_; ++s) {
-      const Segment<K>& seg = segments_[s];
+      const Seg& seg = index_.segment(s);
       std::shared_lock<std::shared_mutex> lock(seg.mu);
       st.size += seg.size();
       st.admitted += seg.admitted();
@@ -735,39 +720,29 @@ class Table {
       st.dirty += seg.dirty.size();
       st.deleted += seg.deleted.size();
       st.zero_rows += zero_rows_[s];
-      if (bloom_) bloom_distinct += bloom_->DistinctEstimate(s);
+      if (count_outside) bloom_distinct += admission_->DistinctEstimate(s);
     }
     st.filtered = st.size - st.admitted;
-    if (bloom_) {
+    if (count_outside)
       st.filtered += std::max<int64_t>(0, std::llround(bloom_distinct) - bloom_admitted_.load());
-      st.filter_bytes = bloom_->bytes();
-    }
+    st.filter_bytes = admission_->bytes();
     st.evicted = evicted_.load();
-    st.free_rows = arena_.free_rows();
-    st.meta_bytes = arena_.version_bytes();
-    st.row_bytes = arena_.bytes() - st.meta_bytes;
+    st.free_rows = rows_.free_rows();
+    st.meta_bytes = rows_.version_bytes();
+    st.row_bytes = rows_.bytes() - st.meta_bytes;
     return st;
   }
   int64_t size() const {
     int64_t n = 0;
     for (int s = 0; s < nseg_; ++s) {
-      std::shared_lock<std::shared_mutex> lock(segments_[s].mu);
-      n += segments_[s].admitted();
+      std::shared_lock<std::shared_mutex> lock(index_.segment(s).mu);
+      n += index_.segment(s).admitted();
     }
     return n;
   }
 
  private:
-  struct Grouping {
-    std::vector<uint64_t> hash;
-    std::vector<uint32_t> order;   // batch positions sorted by segment
-    std::vector<int64_t> start;    // [nseg + 1]
-  };
-
-  static int CheckSegBits(int b) {
-    if (b < 0 || b > 12) throw std::invalid_argument("segments_log2 must be in [0, 12]");
-    return b;
-  }
+  using Grouping = typename Idx::Grouping;
   // A pass-1 entry without a row, for pass 2 of FindOrInsert.
   struct Pending {
     int64_t pos;
@@ -775,31 +750,8 @@ class Table {
     uint64_t rehashes;  // segment's rehash count when `en` was taken
   };
   // Marks an entry chosen for admission while rows are allocated in bulk.
-  static constexpr uint32_t kAdmitting = RowArena::kNoRow - 1;
-
-  static constexpr int kCtrlAhead = 16;  // positions ahead to prefetch control bytes
-  static constexpr int kSlotAhead = 8;   // positions ahead to prefetch the matching entry
-
-  static void PrefetchAhead(const Segment<K>& seg, const Grouping& g, int64_t j, int64_t hi) {
-    if (j + kCtrlAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + kCtrlAhead]]);
-    if (j + kSlotAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + kSlotAhead]]);
-  }
-
-  // Runs fn(segment, lo, hi) for every segment that holds batch positions
-  // [lo, hi) of g.order, segments in parallel, each under its lock (`Lock`:
-  // shared for reads, unique for writes), taken once per batch.
-  template <typename Lock, typename Fn>
-  void ForEachSegmentOfBatch(const Grouping& g, int64_t n, int64_t ns_per_key, const ParallelFor& pf,
-                             const Fn& fn) const {
-    pf(nseg_, SegmentCost(n, ns_per_key), [&](int64_t b, int64_t e) {
-      for (int64_t s = b; s < e; ++s) {
-        int64_t lo = g.start[s], hi = g.start[s + 1];
-        if (lo == hi) continue;
-        Lock lock(segments_[s].mu);
-        fn(segments_[s], lo, hi);
-      }
-    });
-  }
+  static constexpr uint32_t kAdmitting = kNoRowId - 1;
+  static_assert(kAdmitting == kNoRowMark - 1, "the admitting mark is the one evict_policy.h leaves free");
 
   // Copies the rows noted for positions [lo, hi) to their output slots.
   void CopyRowsOut(const Grouping& g, int64_t lo, int64_t hi, const std::vector<const float*>& src,
@@ -808,73 +760,35 @@ class Table {
       std::memcpy(out + static_cast<int64_t>(g.order[j]) * dim_, src[j - lo], dim_ * sizeof(float));
   }
 
-  int SegmentOf(uint64_t h) const { return seg_bits_ == 0 ? 0 : static_cast<int>(h >> (64 - seg_bits_)); }
-
-  void GroupBySegment(const K* keys, int64_t n, Grouping* g) const {
-    if (n > 0xFFFFFFFFll) throw std::invalid_argument("batch too large (more than 2^32 keys)");
-    g->hash.resize(n);
-    g->order.resize(n);
-    g->start.assign(nseg_ + 1, 0);
-    for (int64_t i = 0; i < n; ++i) {
-      uint64_t h = HashKey(keys[i]);
-      g->hash[i] = h;
-      ++g->start[SegmentOf(h) + 1];
-    }
-    for (int s = 0; s < nseg_; ++s) g->start[s + 1] += g->start[s];
-    std::vector<int64_t> pos(g->start.begin(), g->start.end() - 1);
-    for (int64_t i = 0; i < n; ++i) g->order[pos[SegmentOf(g->hash[i])]++] = static_cast<uint32_t>(i);
-  }
-  int64_t SegmentCost(int64_t n, int64_t ns_per_key) const {
-    return std::max<int64_t>(1, n * ns_per_key / nseg_);
-  }
-
-  void MarkDirty(Segment<K>& seg, E* en) {
-    if (!en->dirty()) {
-      en->freq_dirty |= E::kDirtyBit;
-      seg.dirty.push_back(en->key);
-    }
-  }
-
-  // The key's entry, inserted (counted 0, no row) if absent; a re-inserted key
-  // leaves the deleted set. Caller holds the segment lock exclusively.
-  E* FindOrAdd(Segment<K>& seg, K key, uint64_t h) {
-    E* en = seg.Find(key, h);
-    if (!en) {
-      en = seg.InsertAbsent(key, h);
-      if (!seg.deleted.empty()) seg.deleted.erase(key);
-    }
-    return en;
-  }
-
   // Gives a filtered key its row: embedding from the bank, slots from their
   // initial values, version = the encoded admission step (the clock). Caller holds the segment lock exclusively and
   // decides about the dirty mark (ImportRows with mark_dirty=false must not set it).
-  void Admit(Segment<K>& seg, E* en) { Admit(seg, en, arena_.Allocate()); }
-  void Admit(Segment<K>& seg, E* en, uint32_t r) {
-    float* row = arena_.Row(r);
-    const size_t b = BankHash(en->key) % bank_rows_;
+  void Admit(Seg& seg, E* en) { Admit(seg, en, rows_.Allocate()); }
+  void Admit(Seg& seg, E* en, uint32_t r) {
+    float* row = rows_.Row(r);
+    const size_t b = Traits::BankHash(Traits::Load(en->key)) % bank_rows_;
     std::memcpy(row, bank_.data() + b * dim_, dim_ * sizeof(float));
     if (bank_zero_[b]) ++ZeroCount(seg);
     if (!slot_init_row_.empty())
       std::memcpy(row + dim_, slot_init_row_.data(), slot_init_row_.size() * sizeof(float));
-    arena_.Version(r) = EncodeAdmission(clock());
+    rows_.Version(r) = EncodeAdmission(clock());
     en->row = r;
     seg.adjust_admitted(1);
   }
 
-  void EraseLocked(Segment<K>& seg, E* en, bool track_deleted = true) {
-    K k = en->key;
+  void EraseLocked(Seg& seg, E* en, bool track_deleted = true) {
+    Owned k = Traits::Own(Traits::Load(en->key));
     if (RowIsReal(en->row)) {
-      if (IsZeroRow(arena_.Row(en->row), dim_)) --ZeroCount(seg);
-      arena_.Free(en->row);
+      if (IsZeroRow(rows_.Row(en->row), dim_)) --ZeroCount(seg);
+      rows_.Free(en->row);
       seg.adjust_admitted(-1);
     }
     seg.Erase(en);
-    if (track_deleted) seg.deleted.insert(k);
+    if (track_deleted) seg.deleted.insert(std::move(k));
   }
 
   // Zero-row counter of a segment; caller holds its lock (exclusive to write).
-  int64_t& ZeroCount(const Segment<K>& seg) { return zero_rows_[&seg - segments_.get()]; }
+  int64_t& ZeroCount(const Seg& seg) { return zero_rows_[index_.IndexOf(seg)]; }
 
   int SlotIndexLocked(const std::string& name) const {
     for (size_t i = 0; i < slots_.size(); ++i)
@@ -887,11 +801,10 @@ class Table {
   }
 
   const int dim_;
-  const int seg_bits_;
+  Idx index_;
   const int nseg_;
-  uint32_t min_freq_;
-  std::unique_ptr<CountingBloom> bloom_;  // BloomFilter admission; null otherwise
-  std::atomic<int64_t> bloom_admitted_{0};
+  std::unique_ptr<AdmissionPolicy> admission_;
+  std::atomic<int64_t> bloom_admitted_{0};  // admissions through an outside-index count
   std::atomic<int64_t> clock_{-1};
   std::atomic<int64_t> evicted_{0};
   std::vector<float> default_;
@@ -899,8 +812,7 @@ class Table {
   size_t bank_rows_ = 1;
   std::vector<uint8_t> bank_zero_;          // bank row r is all zero
   std::unique_ptr<int64_t[]> zero_rows_;    // [nseg]: zero rows per segment, under its lock
-  std::unique_ptr<Segment<K>[]> segments_;
-  RowArena arena_;
+  Store rows_;
   mutable std::mutex slots_mu_;
   SlotSpecs slots_;
   std::vector<float> slot_init_row_;  // written under every segment lock

@@ -1,4 +1,7 @@
-// Minimal CHECK macros for the TF-free core test binaries.
+// The one check harness of the TF-free core test binaries (*_test.cc, built
+// and run by tests/native/test_core.py). A failed check prints file:line and
+// the expression (with both values for CHECK_EQ) and exits 1 at once; a binary
+// that reaches its end prints "all tests passed", which the driver requires.
 #pragma once
 #include <cstdio>
 #include <cstdlib>
@@ -10,9 +13,9 @@
   std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", file, line, what.c_str());
   std::_Exit(1);
 }
-#define TCHECK(c) \
+#define CHECK(c) \
   do { if (!(c)) TestFail(__FILE__, __LINE__, #c); } while (0)
-#define TCHECK_EQ(a, b)                                                    \
+#define CHECK_EQ(a, b)                                                     \
   do {                                                                     \
     auto va_ = (a);                                                        \
     auto vb_ = (b);                                                        \
@@ -21,3 +24,14 @@
       TestFail(__FILE__, __LINE__, #a " == " #b);                          \
     }                                                                      \
   } while (0)
+#define CHECK_THROWS(expr, Exc)                                            \
+  do {                                                                     \
+    bool thrown_ = false;                                                  \
+    try { expr; } catch (const Exc&) { thrown_ = true; }                   \
+    if (!thrown_) TestFail(__FILE__, __LINE__, #expr " throws " #Exc);     \
+  } while (0)
+
+// Runs one test function and reports it ("ok <name>").
+#define RUN(fn) (fn(), std::printf("ok %s\n", #fn), std::fflush(stdout))
+// Runs a key-templated test for both key types.
+#define RUN_K(fn) (RUN(fn<int64_t>), RUN(fn<int32_t>))

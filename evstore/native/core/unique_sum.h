@@ -4,13 +4,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "hash.h"
+#include "key_traits.h"
 
 namespace evstore {
 
 // Sums the gradients of duplicate keys: writes unique keys (first-occurrence
 // order) to ukeys and their summed rows to ugrads; returns the unique count.
-template <typename K>
+template <typename K, typename Traits = KeyTraits<K>>
 int64_t UniqueSum(const K* keys, const float* grads, int64_t n, int dim, std::vector<K>* ukeys,
                   std::vector<float>* ugrads) {
   size_t cap = 16;
@@ -21,8 +21,8 @@ int64_t UniqueSum(const K* keys, const float* grads, int64_t n, int dim, std::ve
   ukeys->reserve(n);
   ugrads->reserve(static_cast<size_t>(n) * dim);
   for (int64_t i = 0; i < n; ++i) {
-    size_t p = HashKey(keys[i]) & (cap - 1);
-    while (slot[p] >= 0 && (*ukeys)[slot[p]] != keys[i]) p = (p + 1) & (cap - 1);
+    size_t p = Traits::Hash(keys[i]) & (cap - 1);
+    while (slot[p] >= 0 && !(Traits::Equal((*ukeys)[slot[p]], keys[i]))) p = (p + 1) & (cap - 1);
     const float* g = grads + i * dim;
     if (slot[p] < 0) {
       slot[p] = static_cast<int64_t>(ukeys->size());

@@ -7,9 +7,9 @@
 // row: admission (a zero initializer row counts), optimizer apply, import,
 // erase and clear.
 //
-// ZeroRowPredicate is a self-contained eviction predicate for
-// Table::EraseIf(pred(key, admitted, version, freq, row)): it selects exactly
-// the rows the counter counts. (An L2-norm threshold > 0 selects them too.)
+// ZeroRowPredicate(key, admitted, version, freq, row) selects exactly the rows
+// the counter counts, from a Table::ForEachInSegment visit (EvZeroRowKeys;
+// Python erases them with ev.remove). An L2-norm threshold > 0 selects them too.
 #pragma once
 #include <cstdint>
 

@@ -2,12 +2,19 @@
 // (training_kernels.cc, optimizer_kernels.cc): validates keys, gradients, the
 // global step and scalar hyper-parameter inputs, refuses NaN/Inf gradients
 // before anything changes, sums duplicate keys, then calls Run().
+// Inputs are read by name: schema::kApplyInputs first, then the op's
+// hyper-parameters (every input its registration lists after those), which
+// Run() reads with Scalar(ctx, "name").
 #pragma once
 #include <cmath>
+#include <limits>
+#include <string>
 #include <vector>
 
+#include "../core/finite.h"
 #include "../core/unique_sum.h"
 #include "kernel_util.h"
+#include "tensorflow/core/framework/op.h"
 
 namespace evstore {
 namespace tf {
@@ -17,11 +24,24 @@ namespace tf {
 template <typename K>
 class EvApplyBase : public EvTableOp<K> {
  public:
-  using EvTableOp<K>::EvTableOp;
+  explicit EvApplyBase(OpKernelConstruction* c) : EvTableOp<K>(c) {
+    const tensorflow::OpDef* def = nullptr;
+    OP_REQUIRES_OK(c, tensorflow::OpRegistry::Global()->LookUpOpDef(c->def().op(), &def));
+    for (int i = 0; i < def->input_arg_size(); ++i) {
+      const std::string& name = def->input_arg(i).name();
+      if (i < schema::kNumApplyInputs) {
+        OP_REQUIRES(c, name == schema::kApplyInputs[i],
+                    errors::Internal(c->def().op(), " input ", i, " is '", name, "', expected '",
+                                     schema::kApplyInputs[i], "' (core/schema.h)"));
+      } else {
+        hparams_.push_back(name);
+      }
+    }
+  }
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
-    const Tensor& keys = ctx->input(1);
-    const Tensor& grads = ctx->input(2);
-    const Tensor& step = ctx->input(3);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_INPUT(ctx, grads, schema::kGradsInput);
+    EV_INPUT(ctx, step, schema::kGlobalStepInput);
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector, got ", keys.shape().DebugString()));
     OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0) && grads.dim_size(1) == t.dim(),
                 errors::InvalidArgument("gradient shape ", grads.shape().DebugString(), " does not match keys [",
@@ -29,21 +49,21 @@ class EvApplyBase : public EvTableOp<K> {
                                         " (expected [", keys.dim_size(0), ", ", t.dim(), "])"));
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(step.shape()),
                 errors::InvalidArgument("global_step must be a scalar"));
-    for (int i = 4; i < ctx->num_inputs(); ++i)
-      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
-                  errors::InvalidArgument("hyper-parameter input ", i, " must be a scalar"));
+    for (const std::string& name : hparams_) {
+      EV_INPUT(ctx, hp, name);
+      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(hp.shape()),
+                  errors::InvalidArgument("hyper-parameter input '", name, "' must be a scalar"));
+    }
     const int64_t n = keys.dim_size(0);
     const int dim = t.dim();
     const K* k = keys.flat<K>().data();
     const float* g = grads.flat<float>().data();
-    // NaN/Inf policy: refuse the whole batch, change nothing.
-    for (int64_t i = 0; i < n * dim; ++i) {
-      if (!std::isfinite(g[i])) {
-        ctx->CtxFailure(errors::InvalidArgument(
-            "non-finite gradient (", g[i], ") for key ", static_cast<int64_t>(k[i / dim]), " at batch position ",
-            i / dim, "; nothing was applied. Check the loss for NaN/Inf or clip gradients."));
-        return;
-      }
+    // NaN/Inf policy (core/finite.h): refuse the whole batch, change nothing.
+    const int64_t bad = FirstNonFinite(g, n * dim);
+    if (bad >= 0) {
+      ctx->CtxFailure(errors::InvalidArgument(
+          NonFiniteMessage(g[bad], static_cast<int64_t>(k[bad / dim]), bad / dim, "")));
+      return;
     }
     if (n == 0) return;
     std::vector<K> ukeys;
@@ -53,8 +73,20 @@ class EvApplyBase : public EvTableOp<K> {
   }
 
  protected:
-  float Scalar(OpKernelContext* ctx, int i) { return ctx->input(i).scalar<float>()(); }
+  // The scalar hyper-parameter input `name` (checked scalar in ComputeOn).
+  float Scalar(OpKernelContext* ctx, absl::string_view name) {
+    const Tensor* t = nullptr;
+    const absl::Status s = ctx->input(name, &t);
+    if (!s.ok()) {  // a kernel asking for a name its op does not have
+      ctx->CtxFailure(s);
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    return t->scalar<float>()();
+  }
   virtual void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) = 0;
+
+ private:
+  std::vector<std::string> hparams_;  // input names after schema::kApplyInputs
 };
 
 }  // namespace tf

@@ -54,24 +54,26 @@ class BundleSink : public ExportSink<K> {
              const CountingBloom* bloom)
       : w_(w), dim_(dim) {
     const DataType kd = DataTypeToEnum<K>::v();
-    keys_ = w->BeginColumn(name + "-keys", kd, {});
-    values_ = w->BeginColumn(name + "-values", tensorflow::DT_FLOAT, {dim});
-    versions_ = w->BeginColumn(name + "-versions", tensorflow::DT_INT64, {});
-    freqs_ = w->BeginColumn(name + "-freqs", tensorflow::DT_INT64, {});
-    for (const auto& s : slots) slot_cols_.push_back(w->BeginColumn(name + "/" + s.first + "-values",
-                                                                    tensorflow::DT_FLOAT, {dim}));
-    fkeys_ = w->BeginColumn(name + "-keys_filtered", kd, {});
-    ffreqs_ = w->BeginColumn(name + "-freqs_filtered", tensorflow::DT_INT64, {});
-    fseen_ = w->BeginColumn(name + "-seen_filtered", tensorflow::DT_INT64, {});
-    if (delta) deleted_ = w->BeginColumn(name + "-deleted_keys", kd, {});
-    clock_ = w->BeginColumn(name + "-clock", tensorflow::DT_INT64, {});
+    using schema::TensorName;  // tensor names: core/schema.h
+    keys_ = w->BeginColumn(TensorName(name, schema::kKeys), kd, {});
+    values_ = w->BeginColumn(TensorName(name, schema::kValues), tensorflow::DT_FLOAT, {dim});
+    versions_ = w->BeginColumn(TensorName(name, schema::kVersions), tensorflow::DT_INT64, {});
+    freqs_ = w->BeginColumn(TensorName(name, schema::kFreqs), tensorflow::DT_INT64, {});
+    for (const auto& s : slots)
+      slot_cols_.push_back(w->BeginColumn(schema::SlotTensor(name, s.first), tensorflow::DT_FLOAT, {dim}));
+    fkeys_ = w->BeginColumn(TensorName(name, schema::kKeysFiltered), kd, {});
+    ffreqs_ = w->BeginColumn(TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, {});
+    fseen_ = w->BeginColumn(TensorName(name, schema::kSeenFiltered), tensorflow::DT_INT64, {});
+    if (delta) deleted_ = w->BeginColumn(TensorName(name, schema::kDeletedKeys), kd, {});
+    clock_ = w->BeginColumn(TensorName(name, schema::kClock), tensorflow::DT_INT64, {});
     if (bloom) {
       std::vector<int64_t> geo = bloom->Geometry();
-      const int g = w->BeginColumn(name + "-bloom_geometry", tensorflow::DT_INT64, {});
+      const int g = w->BeginColumn(TensorName(name, schema::kBloomGeometry), tensorflow::DT_INT64, {});
       w->Append(g, geo.data(), static_cast<int64_t>(geo.size()));
       w->EndColumn(g);
-      bblocks_ = w->BeginColumn(name + "-bloom_blocks", tensorflow::DT_INT64, {});
-      bcounters_ = w->BeginColumn(name + "-bloom_counters", tensorflow::DT_UINT8, {CountingBloom::kBlock});
+      bblocks_ = w->BeginColumn(TensorName(name, schema::kBloomBlocks), tensorflow::DT_INT64, {});
+      bcounters_ = w->BeginColumn(TensorName(name, schema::kBloomCounters), tensorflow::DT_UINT8,
+                                  {CountingBloom::kBlock});
     }
   }
   void Rows(const K* keys, const float* rows, int stride, const int64_t* versions, const int64_t* freqs,
@@ -130,7 +132,7 @@ ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStream
   Table<K>& t = res->table();
   auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
   SlotSpecs slots = t.slots();
-  for (const auto& s : slots) slot_names->push_back(name + "/" + s.first);
+  for (const auto& s : slots) slot_names->push_back(schema::SlotPrefix(name, s.first));
   BundleSink<K> sink(w, name, t.dim(), slots, !full, t.bloom());
   ExportCounts c = full ? ExportFull(t, static_cast<int>(slots.size()), chunk_rows, &sink)
                         : ExportDelta(t, *snap, static_cast<int>(slots.size()), chunk_rows, &sink);
@@ -147,13 +149,14 @@ class EvSaveBundleOp : public OpKernel {
     OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
   }
   void Compute(OpKernelContext* ctx) override {
-    const std::string prefix(ctx->input(0).scalar<tensorflow::tstring>()());
+    EV_INPUT(ctx, prefix_t, "prefix");
+    const std::string prefix(prefix_t.scalar<tensorflow::tstring>()());
     tensorflow::OpInputList handles, dense;
     OP_REQUIRES_OK(ctx, ctx->input_list("handles", &handles));
     OP_REQUIRES_OK(ctx, ctx->input_list("dense", &dense));
-    const Tensor& names = ctx->input(1 + handles.size());
-    const Tensor& snaps = ctx->input(2 + handles.size());
-    const Tensor& dense_names = ctx->input(3 + handles.size());
+    EV_INPUT(ctx, names, "names");
+    EV_INPUT(ctx, snaps, "snapshot_ids");
+    EV_INPUT(ctx, dense_names, "dense_names");
     const int n = handles.size();
     OP_REQUIRES(ctx, static_cast<int>(key_dtypes_.size()) == n && names.NumElements() == n &&
                          snaps.NumElements() == n,
@@ -240,9 +243,11 @@ class EvLoadBundleOp : public EvTableOp<K> {
   }
 
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
-    const std::string prefix(ctx->input(1).scalar<tensorflow::tstring>()());
-    const std::string name(ctx->input(2).scalar<tensorflow::tstring>()());
-    const Tensor& slot_names = ctx->input(3);
+    EV_INPUT(ctx, prefix_t, "prefix");
+    EV_INPUT(ctx, name_t, "ev_name");
+    EV_INPUT(ctx, slot_names, "slot_names");
+    const std::string prefix(prefix_t.scalar<tensorflow::tstring>()());
+    const std::string name(name_t.scalar<tensorflow::tstring>()());
     const int dim = t.dim();
     const DataType kd = DataTypeToEnum<K>::v();
     ExportCounts c;
@@ -251,35 +256,42 @@ class EvLoadBundleOp : public EvTableOp<K> {
       // Every tensor is opened (and checked against the index) before the
       // table changes, so a wrong dim, dtype or a missing file changes nothing.
       using Col = BundleStreamReader::Column;
-      Col keys(r, name + "-keys", kd, 1), values(r, name + "-values", tensorflow::DT_FLOAT, dim),
-          versions(r, name + "-versions", tensorflow::DT_INT64, 1), freqs(r, name + "-freqs", tensorflow::DT_INT64, 1),
-          fkeys(r, name + "-keys_filtered", kd, 1), ffreqs(r, name + "-freqs_filtered", tensorflow::DT_INT64, 1);
+      using schema::TensorName;  // tensor names: core/schema.h
+      Col keys(r, TensorName(name, schema::kKeys), kd, 1), values(r, TensorName(name, schema::kValues), tensorflow::DT_FLOAT, dim),
+          versions(r, TensorName(name, schema::kVersions), tensorflow::DT_INT64, 1),
+          freqs(r, TensorName(name, schema::kFreqs), tensorflow::DT_INT64, 1),
+          fkeys(r, TensorName(name, schema::kKeysFiltered), kd, 1),
+          ffreqs(r, TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, 1);
       std::vector<std::unique_ptr<Col>> slots;
       SlotSpecs want, have = t.slots();
       for (int64_t i = 0; i < slot_names.NumElements(); ++i) {
         std::string s(slot_names.flat<tensorflow::tstring>()(i));
-        slots.push_back(std::make_unique<Col>(r, name + "/" + s + "-values", tensorflow::DT_FLOAT, dim));
+        slots.push_back(std::make_unique<Col>(r, schema::SlotTensor(name, s), tensorflow::DT_FLOAT, dim));
         float init = 0.f;
         for (const auto& h : have)
           if (h.first == s) init = h.second;
         want.emplace_back(s, init);
       }
       std::unique_ptr<Col> deleted, fseen, clock, bblocks, bcounters;
-      if (r.Has(name + "-deleted_keys")) deleted = std::make_unique<Col>(r, name + "-deleted_keys", kd, 1);
-      if (r.Has(name + "-seen_filtered"))
-        fseen = std::make_unique<Col>(r, name + "-seen_filtered", tensorflow::DT_INT64, 1);
-      if (r.Has(name + "-clock")) clock = std::make_unique<Col>(r, name + "-clock", tensorflow::DT_INT64, 1);
+      const std::string deleted_name = TensorName(name, schema::kDeletedKeys),
+                        seen_name = TensorName(name, schema::kSeenFiltered),
+                        clock_name = TensorName(name, schema::kClock),
+                        geometry_name = TensorName(name, schema::kBloomGeometry);
+      if (r.Has(deleted_name)) deleted = std::make_unique<Col>(r, deleted_name, kd, 1);
+      if (r.Has(seen_name)) fseen = std::make_unique<Col>(r, seen_name, tensorflow::DT_INT64, 1);
+      if (r.Has(clock_name)) clock = std::make_unique<Col>(r, clock_name, tensorflow::DT_INT64, 1);
       const bool routed = num_shards_ > 1;
       // Bloom counters restore into a filter of the same geometry (same
       // capacity, fp_rate and segments) holding the same keys (not re-routed).
-      if (t.has_bloom() && !routed && r.Has(name + "-bloom_geometry")) {
-        Col geo(r, name + "-bloom_geometry", tensorflow::DT_INT64, 1);
+      if (t.has_bloom() && !routed && r.Has(geometry_name)) {
+        Col geo(r, geometry_name, tensorflow::DT_INT64, 1);
         std::vector<int64_t> saved(geo.rows());
         geo.Read(saved.data(), geo.rows());
         geo.Finish();
         if (saved == t.bloom()->Geometry()) {
-          bblocks = std::make_unique<Col>(r, name + "-bloom_blocks", tensorflow::DT_INT64, 1);
-          bcounters = std::make_unique<Col>(r, name + "-bloom_counters", tensorflow::DT_UINT8, CountingBloom::kBlock);
+          bblocks = std::make_unique<Col>(r, TensorName(name, schema::kBloomBlocks), tensorflow::DT_INT64, 1);
+          bcounters = std::make_unique<Col>(r, TensorName(name, schema::kBloomCounters), tensorflow::DT_UINT8,
+                                            CountingBloom::kBlock);
           if (bblocks->rows() != bcounters->rows())
             throw std::runtime_error("checkpoint " + prefix + ": Bloom tensors of '" + name +
                                      "' disagree on their row count");
@@ -288,7 +300,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
       if (fseen && fseen->rows() != fkeys.rows())
         throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
       if (clock && clock->rows() != 1)
-        throw std::runtime_error("checkpoint " + prefix + ": '" + name + "-clock' must hold one value");
+        throw std::runtime_error("checkpoint " + prefix + ": '" + clock_name + "' must hold one value");
       const int64_t n = keys.rows();
       if (values.rows() != n || versions.rows() != n || freqs.rows() != n || fkeys.rows() != ffreqs.rows())
         throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
@@ -398,8 +410,10 @@ class EvCrc32cExtendOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    const int64_t crc = ctx->input(0).scalar<int64_t>()();
-    const auto& data = ctx->input(1).scalar<tensorflow::tstring>()();
+    EV_INPUT(ctx, crc_t, "crc");
+    EV_INPUT(ctx, data_t, "data");
+    const int64_t crc = crc_t.scalar<int64_t>()();
+    const auto& data = data_t.scalar<tensorflow::tstring>()();
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = Crc32cExtend(static_cast<uint32_t>(crc), data.data(), data.size());
@@ -411,7 +425,8 @@ class EvFileCrc32cOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    const std::string path(ctx->input(0).scalar<tensorflow::tstring>()());
+    EV_INPUT(ctx, path_t, "path");
+    const std::string path(path_t.scalar<tensorflow::tstring>()());
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     OP_REQUIRES(ctx, fd >= 0, errors::NotFound("cannot open '", path, "': ", std::strerror(errno)));
     std::vector<char> buf(4 << 20);

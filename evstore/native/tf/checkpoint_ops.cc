@@ -1,8 +1,8 @@
 // Op registrations for streaming checkpoints (kernels: checkpoint_kernels.cc).
-// The tensor names inside a bundle follow DESIGN section 4:
-//   <name>-keys [N], <name>-values [N, dim], <name>-versions [N], <name>-freqs [N],
-//   <name>/<slot>-values [N, dim], <name>-keys_filtered [M], <name>-freqs_filtered [M],
-//   <name>-deleted_keys [D] (deltas only), and the dense tensors under the given names.
+// The tensor names inside a bundle are defined once in core/schema.h (format:
+// docs/ARCHITECTURE.md, "Checkpoints"): per EV <name>-keys, -values, -versions,
+// -freqs, <name>/<slot>-values, -keys_filtered, -freqs_filtered, and in deltas
+// -deleted_keys; the dense tensors under the given names.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"

@@ -3,6 +3,7 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "../core/schema.h"
 
 namespace {
 
@@ -42,12 +43,6 @@ REGISTER_OP("EvCreate")
     .Attr("bloom_fp_rate: float = 0.01")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Creates the table behind `handle` if absent (idempotent for the same dim).");
-
-REGISTER_OP("EvIsInitialized")
-    .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64}")
-    .Output("initialized: bool")
-    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("EvFind")
     .Input("handle: resource")
@@ -103,7 +98,7 @@ REGISTER_OP("EvStats")
     .Attr("key_dtype: {int32, int64}")
     .Output("stats: int64")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(12));
+      c->set_output(0, c->Vector(evstore::schema::kNumStatsFields));
       return absl::OkStatus();
     })
     .Doc("[size, admitted, filtered, free_rows, index_bytes, meta_bytes, row_bytes, dirty, deleted, "
@@ -171,7 +166,8 @@ REGISTER_OP("EvImport")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Upserts rows, slots and filtered counts (clear=true: replaces the table).");
 
-// Two-phase export (the checkpoint manager's commit protocol, DESIGN section 4):
+// Two-phase export (the checkpoint manager's commit protocol: docs/ARCHITECTURE.md,
+// "Checkpoints"):
 // seal the dirty and deleted sets, write them out, then commit or abort.
 REGISTER_OP("EvBeginExport")
     .Input("handle: resource")

@@ -1,5 +1,5 @@
-// Kernel of EvEvict: converts attrs to an evstore::EvictPolicy and calls the
-// core (evict_policy.h, Table::Evict).
+// Kernel of EvEvict: builds the core's eviction policies from the op's attrs
+// (one policy object per enabled attr, evict_policy.h) and calls Table::Evict.
 #include "kernel_util.h"
 
 namespace evstore {
@@ -10,13 +10,17 @@ template <typename K>
 class EvEvictOp : public EvTableOp<K> {
  public:
   explicit EvEvictOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("steps_to_live", &policy_.steps_to_live));
-    OP_REQUIRES_OK(c, c->GetAttr("l2_threshold", &policy_.l2_threshold));
-    OP_REQUIRES(c, std::isfinite(policy_.l2_threshold),
-                errors::InvalidArgument("l2_threshold must be finite, got ", policy_.l2_threshold));
+    int64_t steps_to_live;
+    float l2_threshold;
+    OP_REQUIRES_OK(c, c->GetAttr("steps_to_live", &steps_to_live));
+    OP_REQUIRES_OK(c, c->GetAttr("l2_threshold", &l2_threshold));
+    OP_REQUIRES(c, std::isfinite(l2_threshold),
+                errors::InvalidArgument("l2_threshold must be finite, got ", l2_threshold));
+    if (steps_to_live >= 0) policies_.Add(GlobalStepEviction(steps_to_live));
+    if (l2_threshold > 0.f) policies_.Add(L2WeightEviction(l2_threshold));
   }
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
-    const Tensor& step = ctx->input(1);
+    EV_INPUT(ctx, step, schema::kGlobalStepInput);
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(step.shape()),
                 errors::InvalidArgument("global_step must be a scalar, got ", step.shape().DebugString()));
     int64_t gs = step.scalar<int64_t>()();
@@ -24,12 +28,12 @@ class EvEvictOp : public EvTableOp<K> {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     int64_t n = 0;
-    if (gs >= 0) EV_TRY(ctx, n = t.Evict(gs, policy_));
+    if (gs >= 0) EV_TRY(ctx, n = t.Evict(gs, policies_));
     out->scalar<int64_t>()() = n;
   }
 
  private:
-  EvictPolicy policy_;
+  EvictionPolicies policies_;
 };
 
 EV_REGISTER_KEYED("EvEvict", EvEvictOp);

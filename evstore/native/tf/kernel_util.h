@@ -5,6 +5,7 @@
 #include <exception>
 #include <functional>
 
+#include "../core/schema.h"
 #include "ev_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -30,9 +31,18 @@ inline ParallelFor IntraOp(OpKernelContext* ctx) {
   };
 }
 
+// Inputs are read by the names the op registration gives them (*_ops.cc;
+// names shared by many ops: core/schema.h), never by position:
+//   EV_INPUT(ctx, keys, schema::kKeysInput);   // const Tensor& keys
+#define EV_INPUT(ctx, var, name)                            \
+  const Tensor* var##_input_ = nullptr;                     \
+  OP_REQUIRES_OK(ctx, (ctx)->input((name), &var##_input_)); \
+  const Tensor& var = *var##_input_
+
 template <typename K>
 inline absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<EvResource<K>>* out) {
-  const tensorflow::ResourceHandle& h = tensorflow::HandleFromInput(ctx, 0);
+  tensorflow::ResourceHandle h;
+  TF_RETURN_IF_ERROR(tensorflow::HandleFromInput(ctx, schema::kHandle, &h));
   absl::Status s = tensorflow::LookupResource(ctx, h, out);
   if (absl::IsNotFound(s)) {
     return errors::FailedPrecondition(

@@ -47,8 +47,8 @@ class EvApplyFtrlOp : public EvApplyBase<K> {
     OP_REQUIRES(c, init_ >= 0, errors::InvalidArgument("initial_accumulator_value must be >= 0, got ", init_));
   }
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
-    const float lr = this->Scalar(ctx, 4), l1 = this->Scalar(ctx, 5), l2 = this->Scalar(ctx, 6),
-                shrink = this->Scalar(ctx, 7), power = this->Scalar(ctx, 8);
+    const float lr = this->Scalar(ctx, "lr"), l1 = this->Scalar(ctx, "l1"), l2 = this->Scalar(ctx, "l2"),
+                shrink = this->Scalar(ctx, "l2_shrinkage"), power = this->Scalar(ctx, "lr_power");
     EV_CHECK_RANGE("learning_rate", lr, 0.f, false);
     EV_CHECK_RANGE("l1", l1, 0.f, true);
     EV_CHECK_RANGE("l2", l2, 0.f, true);
@@ -67,8 +67,8 @@ class EvApplyAdamWOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
-    const float alpha = this->Scalar(ctx, 4), b1 = this->Scalar(ctx, 5), b2 = this->Scalar(ctx, 6),
-                eps = this->Scalar(ctx, 7), lr = this->Scalar(ctx, 8), wd = this->Scalar(ctx, 9);
+    const float alpha = this->Scalar(ctx, "alpha"), b1 = this->Scalar(ctx, "beta1"), b2 = this->Scalar(ctx, "beta2"),
+                eps = this->Scalar(ctx, "epsilon"), lr = this->Scalar(ctx, "lr"), wd = this->Scalar(ctx, "weight_decay");
     EV_CHECK_RANGE("beta_1", b1, 0.f, true, 1.f);
     EV_CHECK_RANGE("beta_2", b2, 0.f, true, 1.f);
     EV_CHECK_RANGE("epsilon", eps, 0.f, true);
@@ -86,9 +86,9 @@ class EvApplyGroupAdamOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
-    const float alpha = this->Scalar(ctx, 4), b1 = this->Scalar(ctx, 5), b2 = this->Scalar(ctx, 6),
-                eps = this->Scalar(ctx, 7), l1 = this->Scalar(ctx, 8), l2 = this->Scalar(ctx, 9),
-                l21 = this->Scalar(ctx, 10);
+    const float alpha = this->Scalar(ctx, "alpha"), b1 = this->Scalar(ctx, "beta1"), b2 = this->Scalar(ctx, "beta2"),
+                eps = this->Scalar(ctx, "epsilon"), l1 = this->Scalar(ctx, "l1"), l2 = this->Scalar(ctx, "l2"),
+                l21 = this->Scalar(ctx, "l21");
     EV_CHECK_RANGE("beta_1", b1, 0.f, true, 1.f);
     EV_CHECK_RANGE("beta_2", b2, 0.f, true, 1.f);
     EV_CHECK_RANGE("epsilon", eps, 0.f, true);
@@ -110,8 +110,8 @@ class EvApplyGroupAdagradOp : public EvApplyBase<K> {
     OP_REQUIRES(c, init_ >= 0, errors::InvalidArgument("initial_accumulator_value must be >= 0, got ", init_));
   }
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
-    const float lr = this->Scalar(ctx, 4), eps = this->Scalar(ctx, 5), l1 = this->Scalar(ctx, 6),
-                l2 = this->Scalar(ctx, 7), l21 = this->Scalar(ctx, 8);
+    const float lr = this->Scalar(ctx, "lr"), eps = this->Scalar(ctx, "epsilon"), l1 = this->Scalar(ctx, "l1"),
+                l2 = this->Scalar(ctx, "l2"), l21 = this->Scalar(ctx, "l21");
     EV_CHECK_RANGE("learning_rate", lr, 0.f, false);
     EV_CHECK_RANGE("epsilon", eps, 0.f, true);
     EV_CHECK_RANGE("l1", l1, 0.f, true);

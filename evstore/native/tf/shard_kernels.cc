@@ -13,7 +13,7 @@ class EvShardIndexOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("num_shards", &num_shards_));
   }
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& keys = ctx->input(0);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &out));
     const K* k = keys.flat<K>().data();
@@ -35,8 +35,8 @@ class EvFindOrInsertCountedOp : public EvTableOp<K> {
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     OP_REQUIRES(ctx, t.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
-    const Tensor& keys = ctx->input(1);
-    const Tensor& counts = ctx->input(2);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_INPUT(ctx, counts, "counts");
     OP_REQUIRES(ctx, keys.dims() == 1 && counts.dims() == 1 && counts.dim_size(0) == keys.dim_size(0),
                 errors::InvalidArgument("keys and counts must be vectors of one length, got ",
                                         keys.shape().DebugString(), " and ", counts.shape().DebugString()));

@@ -26,8 +26,8 @@ class EvCreateOp : public OpKernel {
     OP_REQUIRES(c, min_freq_ >= 1, errors::InvalidArgument("min_freq must be >= 1, got ", min_freq_));
   }
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& bank = ctx->input(1);
-    const Tensor& dflt = ctx->input(2);
+    EV_INPUT(ctx, bank, "bank");
+    EV_INPUT(ctx, dflt, "default_value");
     OP_REQUIRES(ctx, bank.dims() == 2 && bank.dim_size(1) == dim_ && bank.dim_size(0) >= 1,
                 errors::InvalidArgument("bank must be [rows >= 1, ", dim_, "], got ", bank.shape().DebugString()));
     OP_REQUIRES(ctx, dflt.NumElements() == dim_,
@@ -43,11 +43,13 @@ class EvCreateOp : public OpKernel {
     cfg.bank.assign(b.data(), b.data() + b.size());
     auto d = dflt.flat<float>();
     cfg.default_value.assign(d.data(), d.data() + d.size());
+    tensorflow::ResourceHandle handle;
+    OP_REQUIRES_OK(ctx, tensorflow::HandleFromInput(ctx, schema::kHandle, &handle));
     EvResource<K>* res = nullptr;
     absl::Status st;
     try {
       st = tensorflow::LookupOrCreateResource<EvResource<K>>(
-          ctx, tensorflow::HandleFromInput(ctx, 0), &res, [&cfg](EvResource<K>** r) {
+          ctx, handle, &res, [&cfg](EvResource<K>** r) {
             *r = new EvResource<K>(cfg);
             return absl::OkStatus();
           });
@@ -58,26 +60,13 @@ class EvCreateOp : public OpKernel {
     OP_REQUIRES_OK(ctx, st);
     tensorflow::core::ScopedUnref unref(res);
     OP_REQUIRES(ctx, res->table().dim() == dim_,
-                errors::FailedPrecondition("EmbeddingVariable '", tensorflow::HandleFromInput(ctx, 0).name(),
+                errors::FailedPrecondition("EmbeddingVariable '", handle.name(),
                                            "' already exists with dim ", res->table().dim(), ", not ", dim_));
   }
 
  private:
   int64_t dim_, segments_log2_, min_freq_, bloom_capacity_;
   float bloom_fp_rate_;
-};
-
-template <typename K>
-class EvIsInitializedOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<EvResource<K>> res;
-    bool ok = tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &res).ok();
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<bool>()() = ok;
-  }
 };
 
 // ---------------------------------------------------------------- introspection
@@ -100,12 +89,12 @@ class EvStatsOp : public EvTableOp<K> {
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     TableStats s = t.Stats();
     Tensor* out;
-    const int64_t v[] = {s.size,      s.admitted, s.filtered, s.free_rows, s.index_bytes,  s.meta_bytes,
-                         s.row_bytes, s.dirty,    s.deleted,  s.evicted,   s.filter_bytes, s.zero_rows};
-    const int n = sizeof(v) / sizeof(v[0]);
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({schema::kNumStatsFields}), &out));
     auto o = out->flat<int64_t>();
-    for (int i = 0; i < n; ++i) o(i) = v[i];
+    int i = 0;  // fields in schema order (core/schema.h: EVSTORE_STATS_FIELDS)
+#define EV_STATS_OUT(name, doc) o(i++) = s.name;
+    EVSTORE_STATS_FIELDS(EV_STATS_OUT)
+#undef EV_STATS_OUT
   }
 };
 
@@ -114,7 +103,7 @@ class EvKeyInfoOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
-    const Tensor& keys = ctx->input(1);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor *freqs, *versions, *admitted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &freqs));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &versions));
@@ -137,7 +126,7 @@ class EvRemoveOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
-    const Tensor& keys = ctx->input(1);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = t.Erase(keys.flat<K>().data(), keys.NumElements());
@@ -201,8 +190,14 @@ class EvImportOp : public EvTableOp<K> {
   explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     const int dim = t.dim();
-    const Tensor &keys = ctx->input(1), &vals = ctx->input(2), &slots = ctx->input(3), &names = ctx->input(4),
-                 &vers = ctx->input(5), &freqs = ctx->input(6), &fkeys = ctx->input(7), &ffreqs = ctx->input(8);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_INPUT(ctx, vals, "values");
+    EV_INPUT(ctx, slots, "slots");
+    EV_INPUT(ctx, names, "slot_names");
+    EV_INPUT(ctx, vers, "versions");
+    EV_INPUT(ctx, freqs, "freqs");
+    EV_INPUT(ctx, fkeys, "filtered_keys");
+    EV_INPUT(ctx, ffreqs, "filtered_freqs");
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
     const int64_t n = keys.dim_size(0);
     const int64_t ns = names.NumElements();
@@ -269,7 +264,8 @@ class EvEndExportOp : public EvTableOp<K> {
  public:
   explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
-    uint64_t id = static_cast<uint64_t>(ctx->input(1).scalar<int64_t>()());
+    EV_INPUT(ctx, snapshot_id, "snapshot_id");
+    uint64_t id = static_cast<uint64_t>(snapshot_id.scalar<int64_t>()());
     if (commit_) {
       EV_TRY(ctx, t.Commit(id));
     } else {
@@ -286,7 +282,6 @@ using EvHandleKernel = tensorflow::ResourceHandleOp<EvResource<K>>;
 
 EV_REGISTER_KEYED("EvHandleOp", EvHandleKernel);
 EV_REGISTER_KEYED("EvCreate", EvCreateOp);
-EV_REGISTER_KEYED("EvIsInitialized", EvIsInitializedOp);
 EV_REGISTER_KEYED("EvSize", EvSizeOp);
 EV_REGISTER_KEYED("EvStats", EvStatsOp);
 EV_REGISTER_KEYED("EvKeyInfo", EvKeyInfoOp);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/finite.h"
 #include "apply_base.h"
 #include "kernel_util.h"
 
@@ -20,7 +21,7 @@ class EvLookupOp : public EvTableOp<K> {
   void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
     OP_REQUIRES(ctx, t.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
-    const Tensor& keys = ctx->input(1);
+    EV_INPUT(ctx, keys, schema::kKeysInput);
     TensorShape shape = keys.shape();
     shape.AddDim(dim_);
     Tensor* out;
@@ -47,7 +48,7 @@ class EvApplySgdOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
-    t.Apply(k, g, n, step, SgdUpdate{this->Scalar(ctx, 4), t.dim()}, IntraOp(ctx));
+    t.Apply(k, g, n, step, SgdUpdate{this->Scalar(ctx, "lr"), t.dim()}, IntraOp(ctx));
   }
 };
 
@@ -60,7 +61,7 @@ class EvApplyMomentumOp : public EvApplyBase<K> {
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
     auto off = t.EnsureSlots({{"momentum", 0.f}});
     t.Apply(k, g, n, step,
-            MomentumUpdate{this->Scalar(ctx, 4), this->Scalar(ctx, 5), nesterov_, t.dim(), off[0]},
+            MomentumUpdate{this->Scalar(ctx, "lr"), this->Scalar(ctx, "momentum"), nesterov_, t.dim(), off[0]},
             IntraOp(ctx));
   }
 
@@ -76,7 +77,7 @@ class EvApplyAdagradOp : public EvApplyBase<K> {
   }
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
     auto off = t.EnsureSlots({{"accumulator", init_}});
-    t.Apply(k, g, n, step, AdagradUpdate{this->Scalar(ctx, 4), this->Scalar(ctx, 5), t.dim(), off[0]},
+    t.Apply(k, g, n, step, AdagradUpdate{this->Scalar(ctx, "lr"), this->Scalar(ctx, "epsilon"), t.dim(), off[0]},
             IntraOp(ctx));
   }
 
@@ -90,8 +91,8 @@ class EvApplyAdamOp : public EvApplyBase<K> {
   using EvApplyBase<K>::EvApplyBase;
   void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
     auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
-    AdamUpdate u{this->Scalar(ctx, 4), this->Scalar(ctx, 5), this->Scalar(ctx, 6), this->Scalar(ctx, 7),
-                 t.dim(), off[0], off[1]};
+    AdamUpdate u{this->Scalar(ctx, "alpha"), this->Scalar(ctx, "beta1"), this->Scalar(ctx, "beta2"),
+                 this->Scalar(ctx, "epsilon"), t.dim(), off[0], off[1]};
     t.Apply(k, g, n, step, u, IntraOp(ctx));
   }
 };
@@ -103,22 +104,20 @@ class EvCheckFiniteOp : public OpKernel {
  public:
   explicit EvCheckFiniteOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("ev_name", &name_)); }
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& keys = ctx->input(0);
-    const Tensor& grads = ctx->input(1);
+    EV_INPUT(ctx, keys, "keys");
+    EV_INPUT(ctx, grads, "grads");
     const int64_t n = keys.NumElements();
     const int64_t total = grads.NumElements();
     const int64_t dim = n > 0 ? total / n : 0;
     const float* g = grads.flat<float>().data();
     const K* k = keys.flat<K>().data();
-    for (int64_t i = 0; i < total; ++i) {
-      if (!std::isfinite(g[i])) {
-        int64_t row = dim > 0 ? i / dim : 0;
-        ctx->CtxFailure(errors::InvalidArgument(
-            "non-finite gradient (", g[i], ") for key ", row < n ? static_cast<int64_t>(k[row]) : -1,
-            " of EmbeddingVariable '", name_, "' at batch position ", row,
-            "; nothing was applied. Check the loss for NaN/Inf or clip gradients."));
-        return;
-      }
+    // NaN/Inf policy (core/finite.h), checked before any variable changes.
+    const int64_t bad = FirstNonFinite(g, total);
+    if (bad >= 0) {
+      const int64_t row = dim > 0 ? bad / dim : 0;
+      ctx->CtxFailure(errors::InvalidArgument(
+          NonFiniteMessage(g[bad], row < n ? static_cast<int64_t>(k[row]) : -1, row, name_)));
+      return;
     }
     ctx->set_output(0, grads);
   }

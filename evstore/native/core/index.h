@@ -1,0 +1,121 @@
+// Index: the table's key -> entry map, split into independently locked segments.
+//
+// Layout
+//   segments_[S]  S = 2^seg_bits (default 64, at most 4096). Key k lives in
+//                 segment SegmentOf(Hash(k)) = the top seg_bits bits of its
+//                 hash; each Segment (segment.h) is a Swiss-table with its own
+//                 shared_mutex, growth, dirty list and deleted set.
+// The key type is a traits parameter (key_traits.h). Entries hold a key, a
+// row id or not-admitted mark (row_store.h, evict_policy.h), a frequency and
+// a dirty bit; the index knows nothing of rows, admission or eviction.
+//
+// Batches: Group() hashes a batch once and orders its positions by segment
+// (counting sort); ForEachSegmentOfBatch() then visits the segments in
+// parallel, taking each segment's lock once per batch.
+//
+// Invariants
+//  * A key is in at most one segment, always the same one (the hash is fixed:
+//    key_traits.h); segments never exchange entries.
+//  * Never call the ParallelFor while holding a segment lock: its workers are
+//    TensorFlow's intra-op threads, which may themselves wait for that lock.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "key_traits.h"
+#include "parallel.h"
+#include "segment.h"
+
+namespace evstore {
+
+template <typename Traits>
+class Index {
+ public:
+  using Key = typename Traits::Key;
+  using Seg = Segment<Traits>;
+  using E = typename Seg::E;
+  static constexpr int kMaxSegBits = 12;
+
+  // A batch hashed once and ordered by segment.
+  struct Grouping {
+    std::vector<uint64_t> hash;   // [n]: Traits::Hash of each position's key
+    std::vector<uint32_t> order;  // batch positions sorted by segment
+    std::vector<int64_t> start;   // [nseg + 1]: segment s holds order[start[s], start[s+1])
+  };
+
+  explicit Index(int seg_bits)
+      : seg_bits_(CheckSegBits(seg_bits)), nseg_(1 << seg_bits_), segments_(new Seg[1 << seg_bits_]) {}
+
+  int num_segments() const { return nseg_; }
+  Seg& segment(int s) const { return segments_[s]; }
+  int IndexOf(const Seg& seg) const { return static_cast<int>(&seg - segments_.get()); }
+  int SegmentOf(uint64_t h) const { return seg_bits_ == 0 ? 0 : static_cast<int>(h >> (64 - seg_bits_)); }
+  Seg& SegmentFor(uint64_t h) const { return segments_[SegmentOf(h)]; }
+
+  void Group(const Key* keys, int64_t n, Grouping* g) const {
+    if (n > 0xFFFFFFFFll) throw std::invalid_argument("batch too large (more than 2^32 keys)");
+    g->hash.resize(n);
+    g->order.resize(n);
+    g->start.assign(nseg_ + 1, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t h = Traits::Hash(keys[i]);
+      g->hash[i] = h;
+      ++g->start[SegmentOf(h) + 1];
+    }
+    for (int s = 0; s < nseg_; ++s) g->start[s + 1] += g->start[s];
+    std::vector<int64_t> pos(g->start.begin(), g->start.end() - 1);
+    for (int64_t i = 0; i < n; ++i) g->order[pos[SegmentOf(g->hash[i])]++] = static_cast<uint32_t>(i);
+  }
+
+  // Runs fn(segment, lo, hi) for every segment that holds batch positions
+  // [lo, hi) of g.order, segments in parallel, each under its lock (`Lock`:
+  // shared for reads, unique for writes), taken once per batch.
+  template <typename Lock, typename Fn>
+  void ForEachSegmentOfBatch(const Grouping& g, int64_t n, int64_t ns_per_key, const ParallelFor& pf,
+                             const Fn& fn) const {
+    pf(nseg_, std::max<int64_t>(1, n * ns_per_key / nseg_), [&](int64_t b, int64_t e) {
+      for (int64_t s = b; s < e; ++s) {
+        int64_t lo = g.start[s], hi = g.start[s + 1];
+        if (lo == hi) continue;
+        Lock lock(segments_[s].mu);
+        fn(segments_[s], lo, hi);
+      }
+    });
+  }
+
+  // Batch probes prefetch control bytes kCtrlAhead positions ahead and the
+  // matching entry kSlotAhead positions ahead (segment.h).
+  static void PrefetchAhead(const Seg& seg, const Grouping& g, int64_t j, int64_t hi) {
+    if (j + kCtrlAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + kCtrlAhead]]);
+    if (j + kSlotAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + kSlotAhead]]);
+  }
+
+  // Sizes every segment for `total_keys` keys in the whole index (spread
+  // evenly, with 10% slack), so a bulk import does not grow them step by step.
+  void Reserve(int64_t total_keys) {
+    if (total_keys <= 0) return;
+    const size_t per = static_cast<size_t>(total_keys / nseg_ + total_keys / nseg_ / 10 + 16);
+    for (int s = 0; s < nseg_; ++s) {
+      std::unique_lock<std::shared_mutex> lock(segments_[s].mu);
+      segments_[s].Reserve(per);
+    }
+  }
+
+ private:
+  static constexpr int kCtrlAhead = 16;
+  static constexpr int kSlotAhead = 8;
+  static int CheckSegBits(int b) {
+    if (b < 0 || b > kMaxSegBits) throw std::invalid_argument("segments_log2 must be in [0, 12]");
+    return b;
+  }
+
+  const int seg_bits_;
+  const int nseg_;
+  std::unique_ptr<Seg[]> segments_;
+};
+
+}  // namespace evstore

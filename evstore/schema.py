@@ -1,0 +1,66 @@
+"""The schema shared with the native core: checkpoint tensor names, stats
+fields and op input names, mirrored from evstore/native/core/schema.h (the one
+definition; tests/native/test_schema.py checks this mirror and the registered
+ops against it).
+
+Checkpoint tensors of an EmbeddingVariable `<ev>` (our bundles):
+  `<ev>-keys`, `<ev>-values`, `<ev>-versions`, `<ev>-freqs`,
+  `<ev>/<slot>-values` per optimizer slot, `<ev>-keys_filtered`,
+  `<ev>-freqs_filtered`, `<ev>-seen_filtered`, `<ev>-clock`, with a BloomFilter
+  `<ev>-bloom_geometry`, `<ev>-bloom_blocks`, `<ev>-bloom_counters`, and in
+  deltas `<ev>-deleted_keys`.
+A tf.train.Checkpoint packs the slots as `<ev>-slots` and `<ev>-slot_names`.
+"""
+
+__all__ = ["KEYS", "VALUES", "VERSIONS", "FREQS", "KEYS_FILTERED", "FREQS_FILTERED", "DELETED_KEYS", "SEEN_FILTERED", "CLOCK",
+           "BLOOM_GEOMETRY", "BLOOM_BLOCKS", "BLOOM_COUNTERS", "SLOTS",
+           "SLOT_NAMES", "SLOT_SEPARATOR", "SLOT_VALUES", "EV_TENSORS", "tensor", "slot_prefix", "slot_tensor",
+           "STATS_FIELDS", "HANDLE", "KEYS_INPUT", "GRADS_INPUT", "GLOBAL_STEP_INPUT", "APPLY_INPUTS"]
+
+# ---- checkpoint tensor names (schema.h: kKeys ...) ----
+KEYS = "-keys"
+VALUES = "-values"
+VERSIONS = "-versions"
+FREQS = "-freqs"
+KEYS_FILTERED = "-keys_filtered"
+FREQS_FILTERED = "-freqs_filtered"
+SEEN_FILTERED = "-seen_filtered"
+CLOCK = "-clock"
+BLOOM_GEOMETRY = "-bloom_geometry"    # BloomFilter only
+BLOOM_BLOCKS = "-bloom_blocks"        # BloomFilter only
+BLOOM_COUNTERS = "-bloom_counters"    # BloomFilter only
+DELETED_KEYS = "-deleted_keys"
+SLOTS = "-slots"              # tf.train.Checkpoint only
+SLOT_NAMES = "-slot_names"    # tf.train.Checkpoint only
+SLOT_SEPARATOR = "/"
+SLOT_VALUES = "-values"
+
+# The tensors every EV has in every bundle (full or delta), slots aside.
+EV_TENSORS = (KEYS, VALUES, VERSIONS, FREQS, KEYS_FILTERED, FREQS_FILTERED, SEEN_FILTERED, CLOCK)
+
+
+def tensor(ev, suffix):
+    """`<ev><suffix>`, e.g. tensor("user", KEYS) == "user-keys"."""
+    return ev + suffix
+
+
+def slot_prefix(ev, slot):
+    """`<ev>/<slot>`: how a checkpoint names the slot."""
+    return ev + SLOT_SEPARATOR + slot
+
+
+def slot_tensor(ev, slot):
+    """`<ev>/<slot>-values`: the slot's tensor."""
+    return slot_prefix(ev, slot) + SLOT_VALUES
+
+
+# ---- stats fields: EvStats' output vector, in order (schema.h: EVSTORE_STATS_FIELDS) ----
+STATS_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
+                "row_bytes", "dirty", "deleted", "evicted", "filter_bytes", "zero_rows")
+
+# ---- op inputs (schema.h: kHandle, kApplyInputs) ----
+HANDLE = "handle"
+KEYS_INPUT = "keys"
+GRADS_INPUT = "grads"
+GLOBAL_STEP_INPUT = "global_step"
+APPLY_INPUTS = (HANDLE, KEYS_INPUT, GRADS_INPUT, GLOBAL_STEP_INPUT)

@@ -1,0 +1,134 @@
+"""`evstore serve` as a real subprocess for tests: REST and gRPC on free ports
+(port 0; the bound ports are read from its first two lines)."""
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+STARTUP_S = 240   # TensorFlow import + SavedModel load on a busy machine
+APPLY_S = 120     # a delta to be picked up (the server polls every 0.2 s)
+
+
+class Server:
+    """An `evstore serve` subprocess; `call` speaks REST, `channel()` gRPC."""
+
+    def __init__(self, tmp, export, root=None, name="ctr", extra=(), max_body=None):
+        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--port", "0",
+               "--rest_api_port", "0", "--model_name", name, "--poll-every", "0.2", *extra]
+        if max_body is not None:
+            cmd += ["--max-request-bytes", str(max_body)]
+        if root is not None:
+            cmd += ["--checkpoints", root]
+        self.name = name
+        self.log = open(os.path.join(tmp, f"serve-{name}-{time.monotonic_ns()}.log"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
+        deadline = time.time() + STARTUP_S
+        self.port = self.grpc_port = None
+        while self.port is None or self.grpc_port is None:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                line = ""
+            if line.startswith("serving "):
+                self.port = int(line.rsplit(":", 1)[1])
+            elif line.startswith("grpc "):
+                self.grpc_port = int(line.rsplit(":", 1)[1])
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise AssertionError(f"server did not start: {open(self.log.name).read()[-3000:]}")
+
+    def call(self, method, path, body=None, headers=None):
+        """(HTTP status, parsed JSON or text) of one request."""
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        elif isinstance(body, str):
+            body = body.encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body, method=method,
+                                     headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                status, raw, ctype = r.status, r.read(), r.headers.get("content-type", "")
+        except urllib.error.HTTPError as e:
+            status, raw, ctype = e.code, e.read(), e.headers.get("content-type", "")
+        return status, (json.loads(raw) if ctype.startswith("application/json") else raw.decode())
+
+    def raw(self, data):
+        """Sends raw bytes on a new connection; returns (status, headers text, body bytes) of the answer."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=60) as s:
+            s.sendall(data)
+            got = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+                head, sep, body = got.partition(b"\r\n\r\n")
+                if sep:
+                    n = [int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")]
+                    if n and len(body) >= n[0]:
+                        break
+        head, _, body = got.partition(b"\r\n\r\n")
+        return int(head.split(b" ")[1]), head.decode("latin-1"), body
+
+    def predict(self, body, name=None):
+        return self.call("POST", f"/v1/models/{name or self.name}:predict", body)
+
+    def version(self):
+        status, body = self.call("GET", f"/v1/models/{self.name}")
+        assert status == 200, body
+        return int(body["model_version_status"][0]["version"])
+
+    def wait_version(self, seq):
+        deadline = time.time() + APPLY_S
+        while self.version() != seq:
+            assert time.time() < deadline, f"server still at version {self.version()}, want {seq}"
+            time.sleep(0.1)
+
+    def channel(self):
+        import grpc
+
+        return grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def serve_ctr(tmp):
+    """The checkpoint tests' CTR model trained 3 steps, exported with TF
+    Serving's classification and regression signatures, a full checkpoint,
+    and a server on them once it serves that full: (model, manager, server).
+    The caller stops the server."""
+    import checkpoint
+    import serving_loader
+    from ckpt_model import make_model, train   # tests/checkpoint on sys.path (the caller's)
+
+    model = make_model()
+    train(model, 0, 3)
+    export = os.path.join(tmp, "export")
+    serving_loader.export_serving_model(model, export, example_signatures=["classify", "regress"])
+    mgr = checkpoint.CheckpointManager(os.path.join(tmp, "ckpt"), model)
+    mgr.save_full()
+    server = Server(tmp, export, os.path.join(tmp, "ckpt"))
+    try:
+        server.wait_version(mgr.last_committed.seq)
+    except BaseException:
+        server.stop()
+        raise
+    return model, mgr, server

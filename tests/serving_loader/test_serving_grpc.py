@@ -1,0 +1,201 @@
+"""`evstore serve`'s gRPC API, driven as a TF Serving client drives it: the
+`tensorflow-serving-api` package's PredictionServiceStub and ModelServiceStub
+against a real server process."""
+import os
+import sys
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
+                                     model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc,
+                                     regression_pb2)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
+from ckpt_model import probe_inputs, train  # noqa: E402
+from served import serve_ctr  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    model, mgr, server = serve_ctr(str(tmp_path_factory.mktemp("grpc")))
+    channel = server.channel()
+    try:
+        yield model, mgr, server, prediction_service_pb2_grpc.PredictionServiceStub(channel), channel
+    finally:
+        channel.close()
+        server.stop()
+
+
+def _request(name="ctr", **kw):
+    users, items = probe_inputs()
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = name
+    for k, v in kw.items():
+        setattr(req.model_spec, k, v)
+    req.inputs["users"].CopyFrom(tf.make_tensor_proto(users))
+    req.inputs["items"].CopyFrom(tf.make_tensor_proto(items))
+    return req
+
+
+def _want(model):
+    return model.predict(list(probe_inputs()), verbose=0)
+
+
+def test_predict_with_the_stub_equals_the_training_model(job):
+    model, mgr, _, stub, _ = job
+    answer = stub.Predict(_request(), timeout=60)
+    np.testing.assert_allclose(tf.make_ndarray(answer.outputs["outputs"]), _want(model), rtol=1e-6, atol=1e-7)
+    assert answer.model_spec.name == "ctr"
+    assert answer.model_spec.signature_name == "serving_default"
+    assert answer.model_spec.version.value == mgr.last_committed.seq
+
+
+def test_predict_of_a_served_version_and_output_filter(job):
+    model, mgr, _, stub, _ = job
+    req = _request()
+    req.model_spec.version.value = mgr.last_committed.seq
+    req.output_filter.append("outputs")
+    answer = stub.Predict(req, timeout=60)
+    assert list(answer.outputs) == ["outputs"]
+    np.testing.assert_allclose(tf.make_ndarray(answer.outputs["outputs"]), _want(model), rtol=1e-6, atol=1e-7)
+
+
+def test_predict_of_an_unknown_model_is_not_found(job):
+    _, _, _, stub, _ = job
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Predict(_request(name="other"), timeout=60)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert e.value.details() == "Servable not found for request: Latest(other)"
+
+
+def test_predict_of_a_version_not_served_is_not_found(job):
+    _, _, _, stub, _ = job
+    req = _request()
+    req.model_spec.version.value = 999999
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Predict(req, timeout=60)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_predict_with_a_wrong_dtype_is_invalid_argument(job):
+    _, _, _, stub, _ = job
+    req = _request()
+    req.inputs["items"].CopyFrom(tf.make_tensor_proto(np.array([[1.5]], np.float32)))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Predict(req, timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "items" in e.value.details()
+
+
+def test_predict_with_a_missing_input_is_invalid_argument(job):
+    _, _, _, stub, _ = job
+    req = _request()
+    del req.inputs["items"]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Predict(req, timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Missing but required: {items}" in e.value.details()
+
+
+def test_predict_of_an_unknown_signature_is_invalid_argument(job):
+    _, _, _, stub, _ = job
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Predict(_request(signature_name="train"), timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_classify_answers_scores_per_example(job):
+    model, _, _, stub, _ = job
+    users, items = probe_inputs()
+    req = classification_pb2.ClassificationRequest()
+    req.model_spec.name = "ctr"
+    req.model_spec.signature_name = "classification"
+    for u, i in zip(users, items):
+        ex = req.input.example_list.examples.add()
+        ex.features.feature["users"].int64_list.value.extend(u.tolist())
+        ex.features.feature["items"].int64_list.value.append(int(i[0]))
+    answer = stub.Classify(req, timeout=60)
+    scores = [c.classes[0].score for c in answer.result.classifications]
+    np.testing.assert_allclose(scores, _want(model).ravel(), rtol=1e-6)
+
+
+def test_regress_answers_one_value_per_example(job):
+    model, _, _, stub, _ = job
+    users, items = probe_inputs()
+    req = regression_pb2.RegressionRequest()
+    req.model_spec.name = "ctr"
+    req.model_spec.signature_name = "regression"
+    ctx = req.input.example_list_with_context
+    ctx.context.features.feature["items"].int64_list.value.append(int(items[0][0]))
+    for u in users[:2]:
+        ctx.examples.add().features.feature["users"].int64_list.value.extend(u.tolist())
+    answer = stub.Regress(req, timeout=60)
+    want = model.predict([users[:2], np.repeat(items[:1], 2, axis=0)], verbose=0).ravel()
+    np.testing.assert_allclose([r.value for r in answer.result.regressions], want, rtol=1e-6)
+
+
+def test_classify_on_the_predict_signature_is_invalid_argument(job):
+    _, _, _, stub, _ = job
+    req = classification_pb2.ClassificationRequest()
+    req.model_spec.name = "ctr"
+    req.input.example_list.examples.add().features.feature["items"].int64_list.value.append(1)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Classify(req, timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Expected classification signature method_name" in e.value.details()
+
+
+def test_get_model_metadata_packs_every_signature(job):
+    _, mgr, _, stub, _ = job
+    req = get_model_metadata_pb2.GetModelMetadataRequest()
+    req.model_spec.name = "ctr"
+    req.metadata_field.append("signature_def")
+    answer = stub.GetModelMetadata(req, timeout=60)
+    sigs = get_model_metadata_pb2.SignatureDefMap()
+    assert answer.metadata["signature_def"].Unpack(sigs)
+    assert set(sigs.signature_def) == {"serving_default", "classification", "regression", "__saved_model_init_op"}
+    assert sigs.signature_def["serving_default"].inputs["users"].dtype == tf.int64.as_datatype_enum
+    assert answer.model_spec.version.value >= mgr.last_committed.seq
+
+
+def test_get_model_metadata_without_fields_is_invalid_argument(job):
+    _, _, _, stub, _ = job
+    req = get_model_metadata_pb2.GetModelMetadataRequest()
+    req.model_spec.name = "ctr"
+    with pytest.raises(grpc.RpcError) as e:
+        stub.GetModelMetadata(req, timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_get_model_status_lists_the_served_version(job):
+    _, mgr, server, _, channel = job
+    server.wait_version(mgr.last_committed.seq)
+    stub = model_service_pb2_grpc.ModelServiceStub(channel)
+    req = get_model_status_pb2.GetModelStatusRequest()
+    req.model_spec.name = "ctr"
+    answer = stub.GetModelStatus(req, timeout=60)
+    first = answer.model_version_status[0]
+    assert first.version == mgr.last_committed.seq
+    assert first.state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+    assert first.status.error_code == 0
+
+
+def test_get_model_status_of_an_unknown_model_is_not_found(job):
+    _, _, _, _, channel = job
+    stub = model_service_pb2_grpc.ModelServiceStub(channel)
+    req = get_model_status_pb2.GetModelStatusRequest()
+    req.model_spec.name = "other"
+    with pytest.raises(grpc.RpcError) as e:
+        stub.GetModelStatus(req, timeout=60)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_new_delta_is_served_over_grpc(job):
+    model, mgr, server, stub, _ = job
+    train(model, 3, 6)
+    seq = mgr.save_delta()
+    server.wait_version(seq)
+    answer = stub.Predict(_request(), timeout=60)
+    assert answer.model_spec.version.value == seq
+    np.testing.assert_allclose(tf.make_ndarray(answer.outputs["outputs"]), _want(model), rtol=1e-6, atol=1e-7)
