@@ -47,15 +47,22 @@ def _checked_gradients(grads):
     return [op for op, _ in entries], {id(v) for _, vs in entries for v in vs}
 
 
-def refuse_non_finite(grads, evs):
+def refuse_non_finite(grads, evs, keys=None):
     """`grads` behind a check of every EV gradient (`evs[i]` is the EV of
     `grads[i]`, or None for a dense variable): if any is non-finite the step
-    fails before any variable is updated."""
+    fails before any variable is updated. An EV gradient is IndexedSlices
+    (keys are its indices) or, where `keys[i]` is given, dense rows for those
+    keys (the generic row path's accumulated gradients)."""
     checks, prechecked = _checked_gradients(grads)
     checks = list(checks)
-    for g, ev in zip(grads, evs):
-        if ev is not None and isinstance(g, tf.IndexedSlices) and id(g.values) not in prechecked:
-            checks.append(check(g.indices, g.values, ev.name))
+    for i, (g, ev) in enumerate(zip(grads, evs)):
+        if ev is None or g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if id(g.values) not in prechecked:
+                checks.append(check(g.indices, g.values, ev.name))
+        elif keys is not None and keys[i] is not None:
+            checks.append(check(keys[i], g, ev.name))
     if not checks:
         return grads
     out = []

@@ -32,9 +32,11 @@ import threading
 import keras
 import tensorflow as tf
 
-from evstore import finite
+from evstore import generic
 from evstore import training
 from evstore.variable import EmbeddingVariable, ev_for_variable
+
+generic.install()   # every other Keras optimizer trains EVs through the generic row path
 
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad"]
 
@@ -91,7 +93,7 @@ class _EVMixin:
         if trainable_variables is not None:
             trainable_variables = [v._proxy if isinstance(v, EmbeddingVariable) else v
                                    for v in trainable_variables]
-            grads = finite.refuse_non_finite(list(grads), [ev_for_variable(v) for v in trainable_variables])
+            grads = generic.refuse_non_finite(list(grads), trainable_variables)
         self._ev_scalars = {}
         try:
             return super().apply(grads, trainable_variables)
@@ -117,6 +119,7 @@ class _EVMixin:
         ev = ev_for_variable(variable)
         if ev is None:
             return super().update_step(gradient, variable, learning_rate)
+        gradient = generic.ev_gradient(gradient, variable, ev)
         step = getattr(self._ev_local, "global_step", None)
         if step is None:
             step = getattr(self, "_ev_merge_step", None)

@@ -56,6 +56,9 @@ def build_parser():
     train.add_argument("--max-rows", type=int, default=None, help="only the first N rows (in timestamp order)")
     train.add_argument("--out", default=None, help="directory of summary.json, report.png and tensorboard/ "
                        "(default: <checkpoint root>.train next to a local root, else ./evstore-train-<root name>)")
+    train.add_argument("--export", default=None, metavar="DIR",
+                       help="write the serving export to DIR before training (kept if DIR already holds this "
+                            "model's export), for `evstore serve --export DIR --checkpoints ROOT`")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     ckpt = command("ckpt", "inspect, verify, compact or export a checkpoint root")
     tools = ckpt.add_subparsers(dest="tool", required=True, metavar="TOOL")
@@ -98,6 +101,23 @@ def build_parser():
     srv.add_argument("--max_enqueued_batches", type=int, default=100,
                      help="queued requests are refused (UNAVAILABLE / 503) past this many full batches (100)")
     srv.add_argument("--num_batch_threads", type=int, default=1, help="threads running batches (default 1)")
+    srv.add_argument("--allow-empty", action="store_true",
+                     help="serve the export as it is when the checkpoint root does not exist or holds nothing "
+                          "for it yet (default: exit 1 with the reason)")
+    adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
+    adm.add_argument("--url", default="http://127.0.0.1:8501",
+                     help="the server's REST address (default http://127.0.0.1:8501)")
+    adm.add_argument("--model-name", "--model_name", default="default",
+                     help="the served model's name (default: default)")
+    adm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the answer (default 600)")
+    ops = adm.add_subparsers(dest="op", required=True)
+    ops.add_parser("status", help="served version, pin, newest commit, retained commits, rollbacks")
+    ops.add_parser("pin", help="stop applying new commits")
+    ops.add_parser("resume", help="apply new commits again (catches up before answering)")
+    rb = ops.add_parser("rollback", help="serve a retained commit, whole or not at all")
+    rb.add_argument("version", type=int, help="the commit's sequence number (`status` lists the retained ones)")
+    rb.add_argument("--then", choices=["pin", "resume"], default="pin",
+                    help="afterwards stay pinned (default) or resume applying new commits")
     task = command("server", "run one PS or worker task of a parameter-server cluster (serves until SIGTERM / "
                              "SIGINT)")
     task.add_argument("--job", default=None, help="the task's job: ps or worker (default: TF_CONFIG's task type)")
@@ -185,11 +205,46 @@ def _dispatch(args):
         from serving_loader import server
 
         return server.cli(args)
+    if args.command == "serve-admin":
+        return _serve_admin(args)
     if args.command == "ckpt":
         from checkpoint import tools as ckpt_tools
 
         return ckpt_tools.cli(args)
     return _job(args)
+
+
+def _serve_admin(args):
+    """Runs `evstore serve-admin` against a server's admin endpoints
+    (serving_loader.admin): prints the admin status as JSON and exits 0, or
+    exits 1 with one line `evstore serve-admin: <reason>`."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    base = f"{args.url.rstrip('/')}/v1/models/{args.model_name}/admin"
+    if args.op == "status":
+        req = urllib.request.Request(base, method="GET")
+    else:
+        body = {"version": args.version, "then": args.then} if args.op == "rollback" else {}
+        req = urllib.request.Request(f"{base}/{args.op}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+            out = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            msg = json.loads(raw)["error"]
+        except (ValueError, KeyError, TypeError):
+            msg = raw.decode("utf-8", "replace").strip() or e.reason
+        print(f"evstore serve-admin: {args.op} refused ({e.code}): {msg}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"evstore serve-admin: cannot reach {base}: {getattr(e, 'reason', e)}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=1, sort_keys=True))
+    return 0
 
 
 def _server(args):
@@ -282,7 +337,8 @@ def _job(args):
             from evstore_app.job import train
             res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
-                            keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop)
+                            keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
+                            export=args.export)
     except (SpecError, ValueError, OSError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from evstore_app.job.report import Summary
 from evstore_app.job.synthetic import SPEC, ClickStream
+from evstore_app.job.train import serve_command
 from evstore_app.job.trainer import Trainer
 
 __all__ = ["run"]
@@ -132,7 +133,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         trainer.stop_event = stop_event
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
     summary = Summary(out, trainer)
-    serving_loader.export_serving_model(trainer.model, export)
+    serving_loader.ensure_serving_export(trainer.model, export)   # next to the checkpoints, as `train --export`
     batches = stream.batches()
     for _ in range(warmup_batches):                       # a first model worth freezing
         b, (cols, y) = next(batches)
@@ -182,7 +183,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     trainer.snapshot_stats()
     trainer.write_summaries(writer, trainer.examples, summary.running())
     result = summary.finish(first_full=first_full, final=final, train_seconds=train_seconds, steps=step,
-                            server_seen=server.seen, spec=spec)
+                            server_seen=server.seen, spec=spec,
+                            extra={"export": {"dir": os.path.abspath(export), "written": True,
+                                              "serve": serve_command(export, root)}})
     sv = result["serving"]
     sv["applied_by_server"] = int(server_metrics.get("evstore_serving_checkpoints_applied_total", -1))
     sv["apply_failures"] = int(server_metrics.get("evstore_serving_apply_failures_total", -1))

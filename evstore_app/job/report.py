@@ -259,6 +259,10 @@ def format_summary(res):
         lines.append(f"progressive AUC (each batch scored before training on it): {a['live']:.4f}")
     if "restore_matches_trainer" in res:
         lines.append(f"restore of the final chain equals the trainer's state: {res['restore_matches_trainer']}")
+    if res.get("export"):
+        e = res["export"]
+        lines.append(f"serving export: {e['dir']} ({'written' if e['written'] else 'kept: this model'}); serve it "
+                     f"with: {e['serve']}")
     lines.append(f"report: {res['report_png']}")
     lines.append(f"output: {res['out']} (summary.json, report.png; TensorBoard scalars: "
                  f"tensorboard --logdir {os.path.join(res['out'], 'tensorboard')}, after "

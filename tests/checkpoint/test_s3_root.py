@@ -13,11 +13,9 @@ import uuid
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import checkpoint  # noqa: E402
-import serving_loader  # noqa: E402
-from ckpt_model import make_model, probe_inputs, train  # noqa: E402
+import checkpoint
+import serving_loader
+from ckpt_model import make_model, probe_inputs, train
 
 
 def _free_port():

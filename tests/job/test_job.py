@@ -50,6 +50,7 @@ def test_demo_serves_every_commit_restores_exactly_and_live_beats_frozen(tmp_pat
     assert os.listdir(out / "tensorboard")
     assert f"report: {out / 'report.png'}" in p.stdout
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "export" / "saved_model.pb").exists() and s["export"]["serve"] in p.stdout   # next to checkpoints/
 
 
 def test_train_on_movielens_resumes_from_the_saved_position(tmp_path):
