@@ -124,14 +124,14 @@ def verify_files(storage, manifest, checksums=True):
 def verify_staged(local_dir, manifest, display):
     """Problems with the staged (local, private) copy of a checkpoint's files:
     sizes and crc32c against the manifest. `display(name)` names a file in errors."""
-    from evstore._ops import gen
+    from evstore import ops
     problems = []
     for name, want in sorted(manifest.files.items()):
         path = os.path.join(local_dir, name)
         if not os.path.exists(path):
             problems.append(f"{display(name)}: missing")
             continue
-        crc, size = (int(x) for x in gen.ev_file_crc32c(path))
+        crc, size = (int(x) for x in ops.ev_file_crc32c(path))
         if size != want["size"]:
             problems.append(f"{display(name)}: size {size} bytes, manifest says {want['size']} "
                             "(truncated or overwritten)")

@@ -93,6 +93,8 @@ class CheckpointManager:
         self.lock = threading.RLock()        # training steps and saves' seal + write
         self._save_lock = threading.Lock()   # one save or restore at a time
         self._last = None                    # last committed Manifest of this process's chain
+        self.history = []                    # every Manifest this manager committed, in order (kept
+                                             # when retention later deletes the checkpoint)
         self._slot_filter = None             # slots a restore loads (None: all)
         self._burned = 0                     # highest sequence number a failed save used
         self._sched = None
@@ -183,6 +185,7 @@ class CheckpointManager:
                 self._burned = max(self._burned, seq)
                 raise
             self._last = manifest
+            self.history.append(manifest)
             if kind == "full":
                 self._apply_retention()
             log.info("committed %s (step %d, %d bytes)", manifest.dir, manifest.global_step, manifest.total_bytes)

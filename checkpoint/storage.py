@@ -27,7 +27,11 @@ class Storage:
         if not isinstance(root, (str, os.PathLike)) or not str(root):
             raise ValueError(f"checkpoint root must be a path or an fsspec URL, got {root!r}")
         self.url = str(root)
-        self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        try:
+            self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        except ImportError as e:   # e.g. s3:// without s3fs: fsspec names the package to install
+            extra = " (pip install 'evstore[s3]')" if self.url.startswith(("s3://", "s3a://")) else ""
+            raise ValueError(f"checkpoint root {self.url}: {e}{extra}") from None
         # Exactly the local filesystem: a subclass (another protocol over local
         # disk) may change what writes do, so it goes through the fsspec calls.
         self.local = type(self.fs) is LocalFileSystem

@@ -29,6 +29,7 @@ the two sentinel keys, and ServingModel refuses checkpoints holding them).
 """
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -37,7 +38,7 @@ import tensorflow as tf
 from checkpoint.collect import collect
 from evstore.substitution import substitute_lookups
 
-__all__ = ["export_serving_model", "MAP_FILE", "sentinels"]
+__all__ = ["export_serving_model", "ensure_serving_export", "MAP_FILE", "sentinels"]
 
 MAP_FILE = os.path.join("assets.extra", "evstore_serving.json")
 FORMAT = "evstore-serving"
@@ -225,3 +226,49 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
     with open(os.path.join(export_dir, MAP_FILE), "w") as f:
         json.dump(mapping, f, indent=1, sort_keys=True)
     return mapping
+
+
+def ensure_serving_export(model, export_dir, input_signature=None, output_name="outputs"):
+    """Makes `export_dir` (a local path) hold `model`'s serving export.
+
+    An absent or empty `export_dir` gets a new export, written to a sibling
+    temporary directory and renamed into place (a reader never sees half an
+    export). If it already holds an export of the same model (the same serving
+    map: tables, dims, dense weights, inputs), it is kept: a resumed job does
+    not rewrite it under a running server. Its tables' initial rows do not
+    matter to a server with a checkpoint root: it serves the root's chain.
+    Returns (serving map, True if written now).
+
+    Raises:
+      ValueError: `export_dir` holds something else (another model's export,
+        or files that are not an export).
+    """
+    export_dir = os.path.abspath(export_dir)
+    existing = None
+    if os.path.isdir(export_dir) and os.listdir(export_dir):
+        try:
+            with open(os.path.join(export_dir, MAP_FILE)) as f:
+                existing = json.load(f)
+        except (FileNotFoundError, ValueError):
+            raise ValueError(f"export directory {export_dir} is not empty and holds no evstore serving export; "
+                             "give a new or empty directory") from None
+    elif os.path.exists(export_dir) and not os.path.isdir(export_dir):
+        raise ValueError(f"export directory {export_dir} is a file")
+    parent = os.path.dirname(export_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(export_dir)}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        mapping = export_serving_model(model, tmp, input_signature=input_signature, output_name=output_name)
+        if existing is not None:
+            if existing != mapping:
+                raise ValueError(f"export directory {export_dir} holds the export of another model (its tables "
+                                 f"{sorted(existing.get('evs', {}))}, inputs "
+                                 f"{[i.get('name') for i in existing.get('inputs', [])]}); give a new directory")
+            return existing, False
+        if os.path.isdir(export_dir):
+            os.rmdir(export_dir)     # empty (checked above)
+        os.rename(tmp, export_dir)
+        return mapping, True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -21,6 +21,21 @@ Apply protocol (docs/ARCHITECTURE.md, "Serving"):
     its parent link names both. If the served checkpoint was withdrawn (a
     writer's lost acknowledgement: its manifest disappears or the newest
     chain no longer contains it), the model reloads from the newest chain.
+
+Hold and roll back (an operator's controls):
+  * `pin()` stops applying new commits (polls still scan the root, so
+    `newest_committed` shows how far behind the served version is);
+    `resume()` unpins and catches up at once (the chain is followed or the
+    newest chain reloaded, as at any poll).
+  * `rollback(seq, then="pin")` serves the retained commit `seq` (earlier or
+    later than the served one): its whole chain (full + deltas up to `seq`)
+    is staged and verified first, then published under the write lock in one
+    step (the tables emptied and the chain applied), so a prediction sees the
+    old version or `seq`, never a mix, and a failure leaves the served state
+    untouched. Memory: the staged chain (keys, rows and dense weights of the
+    full and its deltas up to `seq`) is held in addition to the served
+    tables until it is published; nothing is kept between operations (the
+    history is the root's retained commits).
 """
 import json
 import logging
@@ -40,7 +55,7 @@ from checkpoint.storage import Storage
 from evstore import schema
 from serving_loader.export import FORMAT, MAP_FILE, sentinels
 
-__all__ = ["ServingModel"]
+__all__ = ["ServingModel", "NothingToServeError", "RollbackError"]
 
 log = logging.getLogger("evstore.serving")
 
@@ -92,6 +107,24 @@ class _RWLock:
             self._cond.notify_all()
 
 
+class NothingToServeError(ValueError):
+    """The checkpoint root has nothing the export can serve (it does not exist,
+    holds no committed checkpoint, none of the export's tables, or its newest
+    chain cannot be applied). The message is one line."""
+
+
+class RollbackError(Exception):
+    """A rollback that was refused or failed; the served state is unchanged.
+    `status`: the HTTP status an admin endpoint answers with (400 bad request,
+    404 commit not retained, 409 no checkpoint root or the commit cannot be
+    served)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class _Table:
     """A loaded DenseHashTable (a restored resource) driven through TF's table ops."""
 
@@ -129,12 +162,20 @@ class ServingModel:
       checkpoint_root: the trainer's checkpoint root (path or fsspec URL);
         None serves the export as it is.
       storage_options: fsspec options for a remote root.
+      allow_empty: serve the export as it is when the root does not exist or
+        has nothing to apply yet (then polled as usual). False (default):
+        raise NothingToServeError instead, so a wrong root is not mistaken
+        for a served model.
 
     Attributes: `version` (sequence number served; None before the first
-    checkpoint), `base` (its full), `metrics()` for monitoring.
+    checkpoint), `base` (its full), `pinned`, `metrics()` for monitoring.
+
+    Raises:
+      ValueError: `export_dir` is not a serving export.
+      NothingToServeError: (allow_empty=False) nothing of the root can be served.
     """
 
-    def __init__(self, export_dir, checkpoint_root=None, storage_options=None):
+    def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False):
         map_path = os.path.join(export_dir, MAP_FILE)
         try:
             with open(map_path) as f:
@@ -145,6 +186,11 @@ class ServingModel:
         if self.mapping.get("format") != FORMAT:
             raise ValueError(f"{map_path} is not an evstore serving map")
         self.export_dir = export_dir
+        self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
+        if self.storage is not None and not allow_empty:
+            why = self._nothing_to_serve(scan(self.storage))   # before the (slow) SavedModel load
+            if why:
+                raise NothingToServeError(why)
         self._loaded = tf.saved_model.load(export_dir)
         self.signature = self.mapping["signature"]
         self._fn = self._loaded.signatures[self.signature]
@@ -169,11 +215,37 @@ class ServingModel:
         self.last_error = None
         self.freshness_s = []      # commit -> served, per applied checkpoint (bounded)
         self.apply_latency_s = []  # stage + publish, per applied checkpoint (bounded)
+        self.pinned = False
+        self.newest_committed = None   # the newest committed sequence seen by the last poll
+        self.rollbacks = 0
+        self.rollback_failures = 0
+        self.last_rollback = None      # {"from", "to", "then", "seconds", "wall_time"} of the last one done
         self._sched = None
-        self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
         if self.storage is not None:
             self.poll()
+            if self.version is None and not allow_empty:
+                raise NothingToServeError(" ".join(f"checkpoint root {self.storage.url}: {self.last_error or 'nothing to apply'}"
+                                                   .split()))
 
+    def _nothing_to_serve(self, sc):
+        """Why the root (scanned as `sc`) has nothing for this export, or None."""
+        where = f"checkpoint root {self.storage.url}"
+        try:
+            exists = self.storage.fs.isdir(self.storage.path)
+        except OSError:
+            exists = False
+        if not exists and not sc.manifests:
+            return f"{where} does not exist"
+        if not sc.manifests:
+            return f"{where} holds no committed checkpoint"
+        want = set(self.mapping["evs"])
+        held = set()
+        for m in sc.manifests.values():
+            held |= set(logical_entries(m))
+        if want and not want & held:
+            return (f"{where} holds none of the export's tables {sorted(want)} (its checkpoints hold "
+                    f"{sorted(held)}): a checkpoint root of another model?")
+        return None
     # ---- predictions ---------------------------------------------------------
     def predict(self, inputs):
         """Runs the serving signature. `inputs`: {input name: array-like}.
@@ -225,6 +297,9 @@ class ServingModel:
             sc = scan(self.storage)
             if not sc.manifests:
                 return self.version
+            self.newest_committed = max(sc.manifests)
+            if self.pinned:
+                return self.version
             if self.version is not None and self._served_is_committed(sc):
                 self._follow_chain(sc)
             self._maybe_reload(sc)
@@ -273,12 +348,21 @@ class ServingModel:
             log.warning("served %s is not in the newest chain (%s..%s): it was withdrawn or the chain was "
                         "replaced; reloading", self.version, chain[0].dir, chain[-1].dir)
         t0 = time.time()
+        before = self.version
         try:
-            staged = [self._stage(m, full_chain=(i == 0)) for i, m in enumerate(chain)]
+            self._load_chain(chain)
         except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
             self._refuse(chain[-1], f"cannot reload from {chain[0].dir}: {e}", retry=isinstance(e, OSError))
             return
-        before = self.version
+        for m in chain:   # every checkpoint this reload newly serves counts as applied
+            if before is None or m.seq > before or m.seq == chain[-1].seq:
+                self._record(m, t0)
+        log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
+
+    def _load_chain(self, chain):
+        """Stages every checkpoint of `chain` (raising before any change if one
+        fails), then under the write lock replaces the served state with it."""
+        staged = [self._stage(m) for m in chain]
         self._lock.acquire_write()
         try:
             for name, table in self._tables.items():  # drop the previous chain's rows
@@ -293,12 +377,78 @@ class ServingModel:
                 self._publish(s)
         finally:
             self._lock.release_write()
-        for m in chain:   # every checkpoint this reload newly serves counts as applied
-            if before is None or m.seq > before or m.seq == chain[-1].seq:
-                self._record(m, t0)
-        log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
 
-    def _stage(self, m, full_chain=False):
+    # ---- hold and roll back --------------------------------------------------
+    def pin(self):
+        """Stops applying new commits (waits for an apply in progress); returns `version`."""
+        with self._poll_lock:
+            self.pinned = True
+            return self.version
+
+    def resume(self):
+        """Applies new commits again, starting now (catches up before
+        returning; a failure is reported as by any poll). Returns `version`."""
+        with self._poll_lock:
+            self.pinned = False
+        return self.poll()
+
+    def retained(self):
+        """Sequence numbers of the root's committed checkpoints, ascending (the
+        commits `rollback` can serve, if their chain is intact)."""
+        if self.storage is None:
+            return []
+        return sorted(scan(self.storage).manifests)
+
+    def rollback(self, seq, then="pin"):
+        """Serves the retained commit `seq`, whole or not at all, then stays
+        pinned (then="pin", the default) or resumes applying new commits
+        (then="resume": catches up before returning). Returns `version`.
+
+        Raises:
+          RollbackError: a bad argument (status 400), `seq` not a retained
+            commit (404), no checkpoint root or the commit's chain cannot be
+            staged (409; counted in `rollback_failures`, `last_error` says
+            why). The served state and the pin are then unchanged.
+        """
+        if isinstance(seq, bool) or not isinstance(seq, (int, np.integer)) or seq < 1:
+            raise RollbackError(400, f"a rollback names a commit by its sequence number (an integer >= 1), "
+                                     f"got {seq!r}")
+        if then not in ("pin", "resume"):
+            raise RollbackError(400, f'then must be "pin" or "resume", got {then!r}')
+        if self.storage is None:
+            raise RollbackError(409, "no checkpoint root: this server serves its export as it is")
+        seq = int(seq)
+        with self._poll_lock:
+            sc = scan(self.storage)
+            if seq not in sc.manifests:
+                kept = sorted(sc.manifests)
+                raise RollbackError(404, f"commit {seq} is not retained in {self.storage.url} (retained: "
+                                         f"{_ranges(kept) or 'none'})")
+            t0 = time.time()
+            before = self.version
+            try:
+                self._load_chain(resolve_chain(sc, upto=seq, where=self.storage.url))
+            except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+                self.rollback_failures += 1
+                msg = " ".join(f"rollback to {seq} failed, still serving {before}: {e}".split())
+                self._fail(msg)
+                raise RollbackError(409, msg) from None
+            self.rollbacks += 1
+            self.last_rollback = {"from": before, "to": seq, "then": then, "seconds": round(time.time() - t0, 6),
+                                  "wall_time": time.time()}
+            self.pinned = then == "pin"
+            log.info("rolled back from %s to %s (%s)", before, seq, "pinned" if self.pinned else "resuming")
+        return self.poll() if then == "resume" else self.version
+
+    def admin_status(self):
+        """The operator's view: served version and base, pin, newest commit
+        seen, rollbacks and their failures, the last rollback, the last error."""
+        return {"version": self.version, "base": self.base, "pinned": self.pinned,
+                "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
+                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
+                "failures": self.failures, "last_error": self.last_error}
+
+    def _stage(self, m):
         problems = verify_files(self.storage, m)
         if problems:
             raise CheckpointError("; ".join(problems))
@@ -452,4 +602,18 @@ class ServingModel:
         return {"version": self.version, "base": self.base, "applied": self.applied,
                 "applied_seqs": list(self.applied_seqs), "failures": self.failures,
                 "last_error": self.last_error, "rows": self.rows(), "freshness_s": list(self.freshness_s),
-                "apply_latency_s": list(self.apply_latency_s)}
+                "apply_latency_s": list(self.apply_latency_s), "pinned": self.pinned,
+                "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
+                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback}
+
+
+def _ranges(seqs):
+    """"1-3, 7, 9-12" for [1, 2, 3, 7, 9, 10, 11, 12]."""
+    out, start = [], None
+    for i, q in enumerate(seqs):
+        if start is None:
+            start = q
+        if i + 1 == len(seqs) or seqs[i + 1] != q + 1:
+            out.append(str(start) if start == q else f"{start}-{q}")
+            start = None
+    return ", ".join(out)

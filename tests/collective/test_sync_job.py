@@ -27,7 +27,7 @@ def train_sync(tmp, run, extra_env=None, max_restarts=3):
     """Runs the CLI; returns (exit code, stdout, stderr)."""
     env = dict(h.env(), **(extra_env or {}))
     argv = [sys.executable, "-m", "evstore_app", "train-sync", "--workers", "2", "--checkpoints", str(tmp / "ckpt"),
-            "--steps", str(STEPS), "--batch-size", str(BATCH), "--delta-every", str(DELTA),
+            "--steps", str(STEPS), "--batch-size", str(BATCH), "--delta-every-steps", str(DELTA),
             "--max-restarts", str(max_restarts), "--directory", str(tmp / run), "--state-out", str(tmp / "state")]
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400, start_new_session=True)
     return p.returncode, p.stdout, p.stderr

@@ -4,7 +4,6 @@ applied withdrawn content converges; a delta the server cannot hold is
 refused whole, counted once, and the next full repairs it."""
 import logging
 import os
-import sys
 import time
 
 import numpy as np
@@ -12,11 +11,9 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import register_implementation
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
-import checkpoint  # noqa: E402
-import serving_loader  # noqa: E402
-from ckpt_model import make_model, probe_inputs, train  # noqa: E402
+import checkpoint
+import serving_loader
+from ckpt_model import make_model, probe_inputs, train
 
 
 class LostAckFileSystem(LocalFileSystem):
