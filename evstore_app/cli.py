@@ -151,8 +151,8 @@ def build_parser():
                     help="batches between checkpoints (default 20)")
     ts.add_argument("--full-every-steps", type=int, default=None, metavar="STEPS",
                     help="batches between full checkpoints (default: only the first checkpoint is a full)")
-    ts.add_argument("--learning-rate", type=float, default=0.05)
-    ts.add_argument("--seed", type=int, default=0)
+    ts.add_argument("--learning-rate", type=float, default=0.05, help="learning rate (default 0.05)")
+    ts.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
     ts.add_argument("--max-restarts", type=int, default=3,
                     help="whole-job restarts from the last commit after a worker dies (default 3)")
     ts.add_argument("--directory", default=None, help="worker logs and pids (default: a new temp directory)")
