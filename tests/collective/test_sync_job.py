@@ -4,6 +4,7 @@ worker killed mid-run (the launcher restarts every worker from the last
 commit) and through a whole-job stop and rerun."""
 import functools
 import json
+import re
 import os
 import subprocess
 import sys
@@ -53,7 +54,8 @@ def test_a_killed_worker_stops_the_step_and_the_job_restarts_from_the_last_commi
     assert res["position"] == res["global_step"] == STEPS
     assert "worker 1 exited with code -9; stopping every worker" in err
     # the survivor's next collective failed: it stopped by itself, saying why
-    assert "worker 0 stopped by itself with code 75" in err, err[-3000:]
+    # (the launcher sees that exit at its next poll, or at the same poll as worker 1's on a loaded machine)
+    assert re.search(r"worker 0 (stopped by itself|exited) with code 75", err), err[-3000:]
     assert "another worker is gone and the collective runtime cannot continue" in open(tmp_path / "run" / "worker-0.log").read()
     assert_equals_reference(tmp_path)
 
