@@ -88,6 +88,12 @@ class _Server:
             text = r.read().decode()
         return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
 
+    def published(self):
+        """Every version the server has published (its status lists them all,
+        replaced ones as END), whether or not this client's polls saw them."""
+        st = self._get(self.base)
+        return {int(v["version"]) for v in st["model_version_status"]}
+
     def observe(self):
         """The version served now, recorded in `seen` (first time it was reported)."""
         v = self.version()
@@ -171,11 +177,12 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         deadline = time.time() + 30     # the server's counters follow its applies
         while True:
             server_metrics = server.metrics()
-            skipped = len(_superseded(trainer.manager.history, first_full, server.seen))
+            skipped = len(_superseded(trainer.manager.history, first_full, server.published()))
             if (server_metrics.get("evstore_serving_checkpoints_applied_total", 0) >= committed + 1 - skipped
                     or time.time() > deadline):
                 break
             time.sleep(0.2)
+        published = server.published()
     finally:
         server.stop()
         if bar is not None:
@@ -191,7 +198,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     sv["apply_failures"] = int(server_metrics.get("evstore_serving_apply_failures_total", -1))
     # The server loaded the first full at start, then applied each later commit once, except
     # those a newer full replaced before its next poll (it loads that full's chain instead).
-    sv["superseded_by_a_newer_full"] = _superseded(trainer.manager.history, first_full, server.seen)
+    sv["superseded_by_a_newer_full"] = _superseded(trainer.manager.history, first_full, published)
     sv["served_every_commit"] = (sv["applied_by_server"] + len(sv["superseded_by_a_newer_full"])
                                  >= sv["committed_after_first_full"] + 1
                                  and sv["apply_failures"] == 0 and sv["served_final"])
@@ -202,7 +209,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
 
 def _superseded(history, first_full, seen):
     """Commits after `first_full` the server never served because a newer
-    full, which it did serve, came before its next poll."""
+    full, which it did serve, came before its next poll (`seen`: the versions
+    the server published, from its own status rather than this client's polls,
+    which can miss a full the server moved past quickly)."""
     fulls = [m.seq for m in history if m.kind == "full" and m.seq in seen]
     return [m.seq for m in history
             if m.seq > first_full and m.seq not in seen and any(f > m.seq for f in fulls)]
