@@ -278,3 +278,24 @@ def test_embedding_lookup_group_takes_string_and_int_evs_together():
         loss = tf.reduce_sum(y * y)
     evstore.optimizers.SGD(0.1).apply_gradients([(tape.gradient(loss, s_ref), s_ref)])
     _assert_rows_equal(s, s_ref)
+
+
+def test_tf_train_checkpoint_round_trips_string_keys_as_dt_string(tmp_path):
+    ev = evstore.EmbeddingVariable("ckpt", DIM, key_dtype=tf.string, filter=evstore.CounterFilter(2))
+    evstore.embedding_lookup(ev, tf.constant([b"a", b"a", b"", b"\xff\xfe", b"once"]))
+    path = tf.train.Checkpoint(ev=ev).save(str(tmp_path / "c"))
+    dtypes = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+    assert dtypes["ev/.ATTRIBUTES/-keys"] == tf.string
+    assert dtypes["ev/.ATTRIBUTES/-keys_filtered"] == tf.string
+    back = evstore.EmbeddingVariable("ckpt", DIM, key_dtype=tf.string, filter=evstore.CounterFilter(2))
+    tf.train.Checkpoint(ev=back).restore(path)
+    _assert_rows_equal(ev, back)
+    keys = [b"a", b"", b"\xff\xfe", b"once"]
+    np.testing.assert_array_equal(back.frequency(keys).numpy(), ev.frequency(keys).numpy())
+
+
+def test_checkpoint_manager_refuses_a_string_ev_clearly(tmp_path):
+    import checkpoint
+    ev = evstore.EmbeddingVariable("mgr", DIM, key_dtype=tf.string)
+    with pytest.raises(NotImplementedError, match="string keys.*tf.train.Checkpoint"):
+        checkpoint.CheckpointManager(str(tmp_path), ev)
