@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.deps-stamp
+TESTDEPS := $(VENV)/.test-deps-stamp
 NATIVE := $(VENV)/.native-stamp
 NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
@@ -17,21 +18,33 @@ $(BIN)/python:
 
 $(DEPS): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip "setuptools>=70" wheel
-	$(BIN)/pip install -q --disable-pip-version-check "tensorflow==2.21.*" numpy pyarrow fsspec "apscheduler>=3.10,<4" \
-		"prometheus_client>=0.20" "tqdm>=4.60" "orjson>=3.9" "grpcio>=1.60" pytest "import-linter>=2.1"
+	@echo "evstore: installing the dependencies into $(VENV) (TensorFlow is a ~600 MB download the first time) ..."
+	$(BIN)/pip install --disable-pip-version-check "tensorflow==2.21.*" numpy pyarrow fsspec \
+		"apscheduler>=3.10,<4" "prometheus_client>=0.20" "tqdm>=4.60" "orjson>=3.9" "grpcio>=1.60" \
+		"jsonschema>=4.18" "matplotlib>=3.7"
 	# TF Serving's protos and stubs; --no-deps: its tensorflow pin must never replace the venv's TF 2.21
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps "tensorflow-serving-api==2.21.*"
 	touch $@
 
-# The op library builds against the venv's TensorFlow (tf.sysconfig flags);
-# an editable install keeps the source tree importable by tests and tools.
+# What only the tests need (pyproject's [test] extra): kept out of the first
+# `make demo`; the S3 test runs moto's standalone server.
+$(TESTDEPS): pyproject.toml | $(DEPS)
+	$(BIN)/pip install -q --disable-pip-version-check pytest "import-linter>=2.1" s3fs "moto[server]"
+	touch $@
+
+# The op library builds against the venv's TensorFlow (tf.sysconfig flags),
+# in place and in view (one progress line per file; pip would hide them); the
+# editable install then reuses it (no second compile) and keeps the source
+# tree importable by tests and tools.
 $(NATIVE): $(DEPS) $(NATIVE_SRC)
+	@echo "evstore: building the native op library (12 C++ files, in parallel; a few minutes the first time) ..."
+	$(BIN)/python setup.py -q build_ext --inplace
 	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 
 install: $(NATIVE)
 
-test: install
+test: install $(TESTDEPS)
 	$(BIN)/python -m pytest -q tests
 
 demo: install

@@ -6,9 +6,12 @@ registrations and kernels (evstore/native/tf). Compile and link flags come from
 tf.sysconfig, so `pip install .` needs no hand steps.
 """
 import glob
+import json
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
@@ -18,14 +21,27 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class TFBuildExt(build_ext):
-    def build_extensions(self):
-        import tensorflow as tf  # noqa: imported at build time only
+    def build_extension(self, ext):
+        # The library built in place (`python setup.py build_ext --inplace`, the
+        # Makefile's visible build step) is reused when it is newer than every
+        # source, header and setup.py: `pip install -e .` then compiles nothing.
+        built = os.path.join(HERE, *ext.name.split(".")) + sysconfig.get_config_var("EXT_SUFFIX")
+        target = self.get_ext_fullpath(ext.name)
+        inputs = [os.path.join(HERE, f) for f in list(ext.sources) + list(ext.depends or [])] + [__file__]
+        if (os.path.exists(built) and os.path.abspath(built) != os.path.abspath(target)
+                and all(os.path.getmtime(built) >= os.path.getmtime(f) for f in inputs)):
+            print(f"evstore native build: {os.path.basename(built)} is up to date", file=sys.stderr, flush=True)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(built, target)
+            return
+        super().build_extension(ext)
 
-        cflags = tf.sysconfig.get_compile_flags()
-        lflags = tf.sysconfig.get_link_flags()
+    def build_extensions(self):
+        cflags, lflags = _tf_flags()
         for ext in self.extensions:
             ext.extra_compile_args = cflags + ["-O3", "-fPIC", "-Wno-deprecated-declarations",
-                                               "-Wno-sign-compare", "-Wno-unused-function"]
+                                               "-Wno-sign-compare", "-Wno-unused-function",
+                                               "-Wno-interference-size"]  # TF's Eigen headers, every file
             ext.extra_link_args = lflags
         # setuptools compiles with the C compiler driver; make it g++-compatible.
         if self.compiler.compiler_so and "-std=c++17" not in " ".join(self.compiler.compiler_so):
@@ -43,6 +59,20 @@ class TFBuildExt(build_ext):
             os.environ.setdefault("CCACHE_NOHASHDIR", "1")
         _compile_in_parallel(self.compiler, int(os.environ.get("EVSTORE_BUILD_JOBS", os.cpu_count() or 1)))
         super().build_extensions()
+
+
+def _tf_flags():
+    """(compile flags, link flags) of the installed TensorFlow, asked in a child
+    process: its start-up log lines (oneDNN, CUDA probing) stay out of the build
+    output unless the import fails."""
+    code = "import json, tensorflow as tf; print(json.dumps([tf.sysconfig.get_compile_flags(), " \
+           "tf.sysconfig.get_link_flags()]))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        raise RuntimeError("the native build needs TensorFlow 2.21 installed in this Python (make install does it)")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def _compile_in_parallel(compiler, jobs):

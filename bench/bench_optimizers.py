@@ -93,20 +93,23 @@ class EvstoreOptimizer:
         return sorted(self.ev.export()["slots"]) if int(self.ev.size()) <= 2_000_000 else None
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def add_optimizer_args(ap, optimizers):
+    """The flags every optimizer benchmark takes."""
     add_size_args(ap, "keys per load while filling")
-    ap.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated (default: all)")
+    ap.add_argument("--optimizers", default=",".join(optimizers), help="comma-separated (default: all)")
     ap.add_argument("--peer-python", default="", help="python of the TFRA venv; empty: no TFRA")
     ap.add_argument("--log-dir", default="", help="directory for the TFRA peer's stderr log")
+
+
+def setup(ap, optimizers):
+    """Parses the flags; returns (args, optimizer names, batches, the output dict, the TFRA peer or None)."""
     args = ap.parse_args()
     import tensorflow as tf
 
     names = [o for o in args.optimizers.split(",") if o]
     for o in names:
-        if o not in OPTIMIZERS:
-            ap.error(f"unknown optimizer {o!r}; one of {sorted(OPTIMIZERS)}")
+        if o not in optimizers:
+            ap.error(f"unknown optimizer {o!r}; one of {sorted(optimizers)}")
     bt = Batches(args.keys, args.batch, args.batches + args.warmup, args.seed)
     out = {"keys": args.keys, "dim": args.dim, "batch": args.batch, "batches": args.batches,
            "warmup": args.warmup, "seed": args.seed, "tf_version": tf.__version__, "evstore": {}, "tfra": {}}
@@ -120,6 +123,50 @@ def main():
         except Exception as e:  # report, run our side alone
             out["tfra_error"] = f"cannot start TFRA peer: {e}"
             peer = None
+    return args, names, bt, out, peer
+
+
+def interleave(ours, peer, ops, args, res, peer_res):
+    """Runs `ops` ((side, workload) pairs) for warmup + batches rounds, the
+    order rotating each round; returns {op: [seconds of the timed rounds]}.
+    A workload that raises is recorded ("<workload>_error" in res / peer_res)
+    and dropped; our first round's time is kept as "<workload>_first_s"."""
+    times = {op: [] for op in ops}
+    for r in range(args.warmup + args.batches):
+        k = r % len(ops)
+        for s, w in ops[k:] + ops[:k]:
+            if (s, w) not in times:
+                continue
+            try:
+                t = ours.run(w, r) if s == "evstore" else peer.run(w, r)
+            except Exception as e:  # record and drop this workload
+                (res if s == "evstore" else peer_res)[w + "_error"] = f"{type(e).__name__}: {e}"[:2000]
+                del times[(s, w)]
+                continue
+            if r >= args.warmup:
+                times[(s, w)].append(t[0])
+            elif r == 0 and s == "evstore":
+                res[w + "_first_s"] = t[0]
+    return times
+
+
+def finish(out, peer):
+    """Collects the peer's stats, stops it, prints the JSON line."""
+    if peer is not None:
+        try:
+            out["tfra_stats"] = peer.stats()
+        finally:
+            peer.close()
+    print(json.dumps(out), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    add_optimizer_args(ap, OPTIMIZERS)
+    args, names, bt, out, peer = setup(ap, OPTIMIZERS)
+    import tensorflow as tf
+
     for name in names:
         progress(f"{name}: filling {args.keys} keys x dim {args.dim}")
         ours = EvstoreOptimizer(name, args, bt, tf)
@@ -127,24 +174,11 @@ def main():
         tfra_w = "apply_" + OPTIMIZERS[name][3]
         if peer is not None:
             ops.append(("tfra", tfra_w))
-        times = {op: [] for op in ops}
         res = out["evstore"].setdefault(name, {})
-        for r in range(args.warmup + args.batches):
-            k = r % len(ops)
-            for s, w in ops[k:] + ops[:k]:
-                if (s, w) not in times:
-                    continue
-                try:
-                    t = ours.run(w, r) if s == "evstore" else peer.run(w, r)
-                except Exception as e:  # record and drop this workload
-                    target = res if s == "evstore" else out["tfra"].setdefault(name, {})
-                    target[w + "_error"] = f"{type(e).__name__}: {e}"[:2000]
-                    del times[(s, w)]
-                    continue
-                if r >= args.warmup:
-                    times[(s, w)].append(t[0])
-                elif r == 0 and s == "evstore":
-                    res[w + "_first_s"] = t[0]
+        peer_errors = {}
+        times = interleave(ours, peer, ops, args, res, peer_errors)
+        if peer_errors:
+            out["tfra"][name] = peer_errors
         for (s, w), ts in times.items():
             if s == "evstore":
                 res[w] = rate(args.batch, ts)
@@ -156,12 +190,7 @@ def main():
         del ours
         progress(f"{name}: fused {res.get('fused', 0) / 1e6:.2f} M keys/s, apply_gradients "
                  f"{res.get('apply_gradients', 0) / 1e6:.2f} M keys/s")
-    if peer is not None:
-        try:
-            out["tfra_stats"] = peer.stats()
-        finally:
-            peer.close()
-    print(json.dumps(out), flush=True)
+    finish(out, peer)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ training step of batch i through TFRA's Keras path: Embedding lookup under a
 GradientTape, loss = sum(emb), gradient, then
 `de.DynamicEmbeddingOptimizer(tf_keras.optimizers.<Opt>).apply_gradients`;
 it answers [apply_gradients seconds, whole step seconds]. <opt>: adam, ftrl,
-adagrad, sgd, adamw (tf_keras' classes with their default hyper-parameters
+adagrad, sgd, adamw, rmsprop, nadam (tf_keras' classes with their default hyper-parameters
 except the learning rate). Each optimizer keeps its own slot tables.
 """
 import os
@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_tfra import TfraPeer, serve, standalone  # noqa: E402
 from common import add_size_args  # noqa: E402
 
-OPTIMIZERS = {"adam": "Adam", "ftrl": "Ftrl", "adagrad": "Adagrad", "sgd": "SGD", "adamw": "AdamW"}
+OPTIMIZERS = {"adam": "Adam", "ftrl": "Ftrl", "adagrad": "Adagrad", "sgd": "SGD", "adamw": "AdamW",
+              "rmsprop": "RMSprop", "nadam": "Nadam"}
 
 
 class TfraOptimizerPeer(TfraPeer):

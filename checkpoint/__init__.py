@@ -7,9 +7,11 @@
 """
 from checkpoint.chain import resolve_chain, scan, verify_files
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError, NoCheckpointError
+from checkpoint.lease import LeaseHeldError, LeaseLostError
 from checkpoint.manager import CheckpointManager
 from checkpoint.manifest import Manifest
 from checkpoint.storage import Storage
 
 __all__ = ["CheckpointManager", "Manifest", "Storage", "scan", "resolve_chain", "verify_files",
-           "CheckpointError", "CorruptCheckpointError", "ChainError", "NoCheckpointError"]
+           "CheckpointError", "CorruptCheckpointError", "ChainError", "NoCheckpointError", "LeaseHeldError",
+           "LeaseLostError"]

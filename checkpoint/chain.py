@@ -7,12 +7,13 @@ branch abandoned by a restore-in-the-past is ignored and a missing delta is a
 clear ChainError rather than a silently older state.
 """
 import dataclasses
+import os
 
 import tensorflow as tf
 
 from checkpoint.errors import ChainError, CorruptCheckpointError, NoCheckpointError
 
-__all__ = ["Scan", "scan", "resolve_chain", "verify_files", "crc32c_stream"]
+__all__ = ["Scan", "scan", "resolve_chain", "verify_files", "verify_staged", "crc32c_stream"]
 
 _CHUNK = 8 << 20
 
@@ -33,7 +34,7 @@ def scan(storage):
     """Every checkpoint directory of a root, classified."""
     s = Scan({}, {}, {})
     for seq, (kind, dirname) in sorted(storage.list_dirs().items()):
-        if not storage.has_manifest(dirname):
+        if not storage.has_manifest(dirname, cached=False):   # a withdrawn manifest disappears
             s.uncommitted[seq] = dirname
             continue
         try:
@@ -68,6 +69,10 @@ def resolve_chain(sc, upto=None, where="checkpoint root"):
             raise ChainError(f"{where}: {m.dir} follows checkpoint {m.parent}, which cannot be read ({why}); "
                              "the chain has a gap. Restore an earlier sequence with restore(seq=...), or start "
                              "a new chain with save_full().")
+        if m.parent_checksum and parent.checksum and m.parent_checksum != parent.checksum:
+            raise ChainError(f"{where}: {m.dir} follows checkpoint {m.parent} with content {m.parent_checksum}, but "
+                             f"{parent.dir} holds other content ({parent.checksum}): its parent was withdrawn and "
+                             "the sequence number reused")
         if parent.base != m.base:
             raise ChainError(f"{where}: {m.dir} names base {m.base} but its parent {parent.dir} belongs to the "
                              f"chain of full {parent.base}: the manifest points at a wrong parent")
@@ -113,4 +118,23 @@ def verify_files(storage, manifest, checksums=True):
                     crc, _ = crc32c_stream(f)
             if crc != want["crc32c"]:
                 problems.append(f"{where}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
+    return problems
+
+
+def verify_staged(local_dir, manifest, display):
+    """Problems with the staged (local, private) copy of a checkpoint's files:
+    sizes and crc32c against the manifest. `display(name)` names a file in errors."""
+    from evstore import ops
+    problems = []
+    for name, want in sorted(manifest.files.items()):
+        path = os.path.join(local_dir, name)
+        if not os.path.exists(path):
+            problems.append(f"{display(name)}: missing")
+            continue
+        crc, size = (int(x) for x in ops.ev_file_crc32c(path))
+        if size != want["size"]:
+            problems.append(f"{display(name)}: size {size} bytes, manifest says {want['size']} "
+                            "(truncated or overwritten)")
+        elif crc != want["crc32c"]:
+            problems.append(f"{display(name)}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
     return problems

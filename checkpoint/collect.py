@@ -69,9 +69,8 @@ class Collected:
             return
         if id(ev) in self._seen:
             return
-        parent = getattr(ev, "_sharded_parent", None)
-        if parent is not None and parent() is not None:
-            self.add_sharded(parent())
+        if ev.owner is not None:   # a shard found on its own is saved with its siblings
+            self.add_sharded(ev.owner)
             return
         self._seen.add(id(ev))
         name = name or ev.name

@@ -22,7 +22,7 @@ import tensorflow as tf
 from checkpoint import _failpoints
 from checkpoint.bundle import GLOBAL_STEP, write_bundles
 from checkpoint.errors import CheckpointError
-from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
+from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
 from checkpoint.shards import device_groups
 from evstore import schema
 
@@ -33,7 +33,7 @@ _EV_TENSORS = schema.EV_TENSORS
 
 
 def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, base=None, chunk_rows=65536,
-                      lock=None, shard_info=None):
+                      lock=None, shard_info=None, parent_checksum=None):
     """Writes and commits checkpoint `seq` of `kind` ("full" / "delta"); returns its Manifest.
 
     Args:
@@ -41,6 +41,7 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
       dense_fn: () -> {name: tensor-like}, read under `lock` after the seal.
       prepare: () -> (global_step, metadata dict), run under `lock` first.
       parent, base: the delta's parent and base (a full is its own base).
+      parent_checksum: the parent manifest's checksum (its content identity).
       lock: held for step 1 (a training loop holding it gets exact snapshots).
       shard_info: {name: shard entry} for the shards of sharded EVs (manifest
         "shard"; see checkpoint/shards.py). EVs on other tasks write their
@@ -51,7 +52,7 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
         raise CheckpointError(f"EVs held by other tasks write their own parts of a checkpoint; {storage.url} is "
                               "not a local path. Use a checkpoint root on a filesystem every task mounts")
     dirname = dir_name(kind, seq)
-    sids, staging = {}, None
+    sids, staging, manifest_sent = {}, None, False
     try:
         with lock if lock is not None else contextlib.nullcontext():
             step, meta = prepare()
@@ -72,10 +73,17 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             evs={n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name, **counts[n],
                      **({"shard": shard_info[n]} if n in shard_info else {})} for n, ev in evs.items()},
             dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in dense.items()},
-            metadata=dict(meta or {}))
+            metadata=dict(meta or {}), parent_checksum=None if kind == "full" else parent_checksum)
         manifest.to_json()  # metadata must serialise before anything is committed
         _failpoints.hit("before-manifest")
-        storage.write_manifest(dirname, manifest)
+        manifest_sent = True
+        try:
+            storage.write_manifest(dirname, manifest)
+        except BaseException as e:
+            if not _landed(storage, dirname, manifest):
+                raise
+            log.warning("the write of %s failed (%r) but the manifest is there, whole: committed",
+                        storage.display(dirname, MANIFEST), e)
         _failpoints.hit("after-manifest")
     except BaseException:
         for name, sid in sids.items():
@@ -83,9 +91,19 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
                 evs[name].abort_export(sid)
             except Exception:  # noqa: BLE001 - keep aborting the others
                 log.exception("aborting the export of %s failed", name)
-        if staging:
-            storage.remove_manifest(dirname)
-        storage.remove_dir(dirname)
+        if manifest_sent:
+            # Possibly visible (a lost acknowledgement): withdraw the manifest,
+            # keep the directory so no writer reuses this sequence number (the
+            # next save numbers past it, then removes it as a leftover).
+            try:
+                storage.remove_manifest(dirname)
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                log.exception("could not withdraw %s; readers may see it: the next save numbers past it, and "
+                              "readers that applied it reload from the newest full", storage.display(dirname))
+        else:
+            if staging:
+                storage.remove_manifest(dirname)
+            storage.remove_dir(dirname)
         raise
     finally:
         if staging:
@@ -93,6 +111,16 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
     for name, sid in sids.items():
         evs[name].commit_export(sid)
     return manifest
+
+
+def _landed(storage, dirname, manifest):
+    """After a failed manifest write: is exactly this manifest there (the write
+    happened, its acknowledgement was lost)? False when it cannot be told."""
+    try:
+        with storage.fs.open(storage.join(dirname, MANIFEST), "rb") as f:
+            return f.read() == manifest.to_json().encode()
+    except Exception:  # noqa: BLE001 - unknown counts as not landed: withdraw it
+        return False
 
 
 def _check_written(staging, files, ev_names, dense_names):

@@ -24,20 +24,24 @@ same lock around each step (`with manager.lock: train_step()`) gets
 checkpoints that are exactly the state after a step, matching the global step
 and the caller's metadata (the input position); without it every row is still
 a value it had during the save and the chain never misses a change.
-One writer per root.
+One writer per root, enforced by a lease file (checkpoint/lease.py).
 """
 import logging
+import os
 import threading
 
 import tensorflow as tf
 
 from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
-from checkpoint.chain import resolve_chain, scan, verify_files
+from checkpoint.chain import resolve_chain, scan, verify_staged
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
-from checkpoint.errors import CheckpointError, CorruptCheckpointError
+from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
+from checkpoint.lease import process_lease
+from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import load_plan, logical_name
 from checkpoint.storage import Storage
+from evstore import schema
 
 __all__ = ["CheckpointManager"]
 
@@ -57,18 +61,30 @@ class CheckpointManager:
         after each full. None keeps everything.
       storage_options: passed to fsspec for remote roots.
       chunk_rows: keys per streamed chunk (memory of a save ~ chunk_rows x row bytes).
+      lease: take the root's writer lease (checkpoint/lease.py) at the first
+        save: a second writer process on the root is refused with
+        LeaseHeldError naming the holder. Managers of one process share it.
+      lease_timeout: seconds without a heartbeat after which a lease is
+        stale and taken over (the holder renews it every lease_timeout / 3).
+      take_over: take the lease even from a holder that looks alive (say so
+        only when it is gone).
 
     Raises:
       ValueError / TypeError: bad arguments, or names that collide.
     """
 
-    def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536):
+    def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536,
+                 lease=True, lease_timeout=60.0, take_over=False):
         if keep_chains is not None and (isinstance(keep_chains, bool) or not isinstance(keep_chains, int)
                                         or keep_chains < 1):
             raise ValueError(f"keep_chains must be an int >= 1 or None, got {keep_chains!r}")
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
         self.storage = Storage(root, storage_options)
+        if isinstance(lease_timeout, bool) or not isinstance(lease_timeout, (int, float)) or lease_timeout <= 0:
+            raise ValueError(f"lease_timeout must be a positive number of seconds, got {lease_timeout!r}")
+        self._lease_args = (lease_timeout, take_over) if lease else None
+        self._lease = None
         self.model = model
         self.keep_chains = keep_chains
         self.chunk_rows = chunk_rows
@@ -77,6 +93,10 @@ class CheckpointManager:
         self.lock = threading.RLock()        # training steps and saves' seal + write
         self._save_lock = threading.Lock()   # one save or restore at a time
         self._last = None                    # last committed Manifest of this process's chain
+        self.history = []                    # every Manifest this manager committed, in order (kept
+                                             # when retention later deletes the checkpoint)
+        self._slot_filter = None             # slots a restore loads (None: all)
+        self._burned = 0                     # highest sequence number a failed save used
         self._sched = None
         self._metadata_fn = None
         self.failures = 0
@@ -135,8 +155,15 @@ class CheckpointManager:
         with self._save_lock:
             if kind == "delta" and self._last is None:
                 raise CheckpointError("save_delta() needs a chain to extend: call save_full() or restore() first")
+            if self._lease_args is not None:
+                if self._lease is None or not self._lease.held:
+                    self._lease = process_lease(self.storage, *self._lease_args)
+                    self._lease.acquire()
+                self._lease.check()
             sc = scan(self.storage)
-            seq = max(sc.max_seq, self._last.seq if self._last else 0) + 1
+            # Never a sequence number a failed save used: its manifest may have
+            # become visible (a lost acknowledgement) and been applied by a reader.
+            seq = max(sc.max_seq, self._last.seq if self._last else 0, self._burned) + 1
             self._remove_leftovers(sc)
             col = collect(self.model)
 
@@ -148,15 +175,28 @@ class CheckpointManager:
                         ev.evict(step)
                 return step, meta
 
-            manifest = commit_checkpoint(
-                self.storage, kind, seq, col.evs, dense_fn=lambda: dict(col.dense), prepare=prepare,
-                parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
-                chunk_rows=self.chunk_rows, lock=self.lock, shard_info=col.shard_info)
+            try:
+                manifest = commit_checkpoint(
+                    self.storage, kind, seq, col.evs, dense_fn=lambda: dict(col.dense), prepare=prepare,
+                    parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
+                    chunk_rows=self.chunk_rows, lock=self.lock, shard_info=col.shard_info,
+                    parent_checksum=self._last.checksum if self._last else None)
+            except BaseException:
+                self._burned = max(self._burned, seq)
+                raise
             self._last = manifest
+            self.history.append(manifest)
             if kind == "full":
                 self._apply_retention()
             log.info("committed %s (step %d, %d bytes)", manifest.dir, manifest.global_step, manifest.total_bytes)
             return seq
+
+    def close(self):
+        """Releases this process's writer lease on the root (shared by its managers there); a later save
+        takes it again. A process that ends releases it too; a killed one leaves it to be taken over."""
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def _remove_leftovers(self, sc):
         """Directories without a manifest below the next sequence are dead saves (one writer per root)."""
@@ -184,44 +224,98 @@ class CheckpointManager:
             log.exception("checkpoint retention failed (the new checkpoint is committed)")
 
     # ---- restoring -------------------------------------------------------------
-    def restore(self, seq=None, verify=True):
+    def restore(self, seq=None, verify=True, drop_unused_slots=False):
         """Restores the newest chain (or the chain ending at `seq`) into the model.
 
         Applies the full then every delta in order: EV rows, slots, versions,
-        frequencies and filtered counts, dense variables and the global step,
-        bit for bit. Every file's size and crc32c is checked against its
-        manifest before anything changes. Returns the caller metadata saved
-        with the restored checkpoint (e.g. the input position).
+        frequencies, filtered counts and last-seen steps, the EVs' clocks and
+        Bloom counters, dense variables and the global step, bit for bit.
+
+        Stage, check, publish: the chain's files are first staged (hard links
+        or downloads that no other process deletes), then checked before the
+        model changes at all: every manifest against its schema and checksum,
+        every staged file's size and crc32c, every tensor the load reads (name,
+        dtype, shape, row count), the model's compatibility. Only then are they
+        applied. A refused restore changes nothing in the model. A checkpoint
+        removed by a concurrent writer's retention while this restore stages
+        it is retried with a fresh scan (up to 3 times).
+
+        Optimizer slots: when the model has evstore optimizers, a checkpoint
+        whose EVs hold slots none of them uses (an Adam checkpoint restored into
+        an SGD model) is refused with a ValueError naming them, unless
+        `drop_unused_slots=True`, which loads only the slots the model's
+        optimizers use. Slots the checkpoint lacks start from their initial
+        values at the first update. Without an optimizer every slot is loaded.
+
+        Returns the caller metadata saved with the restored checkpoint (e.g.
+        the input position).
 
         Raises:
           NoCheckpointError: nothing committed (at or before `seq`).
           ChainError: a delta of the chain is missing or names a wrong parent.
-          CorruptCheckpointError: a file is missing, truncated or corrupt.
+          CorruptCheckpointError: a manifest or file is missing, truncated,
+            corrupt or does not match the schema.
           ValueError: the checkpoint does not match the model (EV names, dims,
-            key dtypes, dense variable names or shapes).
+            key dtypes, optimizer slots, dense variable names or shapes).
         """
         with self._save_lock, self.lock:
-            sc = scan(self.storage)
-            chain = resolve_chain(sc, seq, where=self.root)
-            col = collect(self.model)
-            self._check_compatible(chain, col)
-            if verify:
-                problems = [p for m in chain for p in verify_files(self.storage, m)]
-                if problems:
-                    raise CorruptCheckpointError("cannot restore: " + "; ".join(problems))
-            dirs = [self.storage.local_dir(m.dir, list(m.files)) for m in chain]
+            for attempt in range(3):
+                sc = scan(self.storage)
+                chain = resolve_chain(sc, seq, where=self.root)
+                col = collect(self.model)
+                self._check_compatible(chain, col)
+                self._slot_filter = self._slots_to_load(chain, col, drop_unused_slots)
+                staged = []
+                try:
+                    for m in chain:
+                        staged.append(self.storage.stage(m.dir, list(m.files)))
+                    gone = [m.dir for m in chain if not self.storage.has_manifest(m.dir, cached=False)]
+                    if gone:   # retention (manifest first, then files) removed a checkpoint meanwhile
+                        if attempt < 2:
+                            log.warning("checkpoints %s were removed while staging them; rescanning", gone)
+                            continue
+                        raise ChainError(f"cannot restore from {self.root}: checkpoints {gone} were removed while "
+                                         "this restore read them (a writer's retention); retry")
+                    values = self._check_staged(chain, staged, col, verify)
+                    # Publish: everything was checked; only local private files are read from here on.
+                    for name, ev in col.evs.items():
+                        self._restore_ev(chain, staged, name, ev, col.shard_info.get(name))
+                    for name, v in col.dense.items():
+                        v.assign(values[name])
+                    if self._global_step is not None:
+                        self._global_step.assign(values[GLOBAL_STEP])
+                finally:
+                    for d in staged:
+                        self.storage.unstage(d)
+                last = chain[-1]
+                self._last = last
+                self.storage.close()
+                log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
+                return dict(last.metadata)
+
+    def _check_staged(self, chain, staged, col, verify):
+        """The check step of restore: files, tensors, shapes. Returns the dense values to assign."""
+        if verify:
+            problems = [p for m, d in zip(chain, staged)
+                        for p in verify_staged(d, m, lambda n, m=m: self.storage.display(m.dir, n))]
+            if problems:
+                raise CorruptCheckpointError("cannot restore: " + "; ".join(problems))
+        for m, d in zip(chain, staged):
+            where = self.storage.display(m.dir, BUNDLE_PREFIX + ".index")
+            try:
+                reader = tf.train.load_checkpoint(os.path.join(d, BUNDLE_PREFIX))
+            except (tf.errors.OpError, ValueError) as e:
+                raise CorruptCheckpointError(f"{where}: cannot read the bundle index ({e})") from None
+            shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
             for name, ev in col.evs.items():
-                self._restore_ev(chain, dirs, name, ev, col.shard_info.get(name))
-            last = chain[-1]
-            values = read_dense(dirs[-1], list(col.dense) + [GLOBAL_STEP])
-            for name, v in col.dense.items():
-                v.assign(values[name])
-            if self._global_step is not None:
-                self._global_step.assign(values[GLOBAL_STEP])
-            self._last = last
-            self.storage.close()
-            log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
-            return dict(last.metadata)
+                for src, _, _ in load_plan(m, name, col.shard_info.get(name)):
+                    _check_ev_tensors(where, m, src, ev, shapes, dtypes)
+        values = read_dense(staged[-1], list(col.dense) + [GLOBAL_STEP])
+        for name, v in col.dense.items():
+            if list(values[name].shape) != list(v.shape):
+                raise CorruptCheckpointError(f"{self.storage.display(chain[-1].dir)}: tensor {name!r} has shape "
+                                             f"{list(values[name].shape)}, the model's variable {list(v.shape)}")
+        return values
 
     def _restore_ev(self, chain, dirs, name, ev, shard):
         """Loads the chain into EV `name` (a shard when `shard` is its info):
@@ -229,11 +323,31 @@ class CheckpointManager:
         first = True
         for m, d in zip(chain, dirs):
             for src, j, n in load_plan(m, name, shard):
-                load_ev(d, ev, src, m.evs[src]["slots"], clear=first, chunk_rows=self.chunk_rows,
-                        shard_index=j, num_shards=n)
+                slots = [s for s in m.evs[src]["slots"] if self._slot_filter is None or s in self._slot_filter]
+                load_ev(d, ev, src, slots, clear=first, chunk_rows=self.chunk_rows, shard_index=j, num_shards=n)
                 first = False
         if first:  # nothing saved for it in this chain (e.g. a new shard count with no rows)
             ev.load(tf.zeros([0], ev.key_dtype), tf.zeros([0, ev.dim]), clear=True)
+
+    def _slots_to_load(self, chain, col, drop_unused):
+        """None (every slot) or the set of slot names the model's optimizers use."""
+        opts = [o for o in col.optimizers if hasattr(o, "ev_slot_names")]
+        if not opts or len(opts) != len(col.optimizers):
+            return None
+        used = {s for o in opts for s in o.ev_slot_names}
+        extra = {}
+        for m in chain:
+            for name, e in m.evs.items():
+                unused = sorted(set(e["slots"]) - used)
+                if unused:
+                    extra.setdefault(name, unused)
+        if extra and not drop_unused:
+            kinds = ", ".join(sorted({type(o).__name__ for o in opts}))
+            raise ValueError(f"checkpoint {chain[-1].dir} of {self.root} holds optimizer slots {extra} that the "
+                             f"model's optimizer ({kinds}) does not use: it was trained with another optimizer. "
+                             "Restore into a model with that optimizer, or pass drop_unused_slots=True to load "
+                             "rows without those slots")
+        return used
 
     def _check_compatible(self, chain, col):
         full, last = chain[0], chain[-1]
@@ -279,9 +393,9 @@ class CheckpointManager:
             raise TypeError("metadata must be a callable returning a dict")
         if self._sched is not None:
             raise RuntimeError("this CheckpointManager's schedule is already running; stop() it first")
-        from apscheduler.schedulers.background import BackgroundScheduler
+        from checkpoint.schedule import background_scheduler
         self._metadata_fn = metadata
-        self._sched = BackgroundScheduler(daemon=True)
+        self._sched = background_scheduler("checkpoint")
         self._sched.add_job(self._scheduled, "interval", seconds=delta_every, args=["delta"], id="delta",
                             max_instances=1, coalesce=True)
         if full_every is not None:
@@ -308,3 +422,24 @@ class CheckpointManager:
         if final_delta:
             return self._save("delta" if self._last is not None else "full", self._metadata_fn)
         return None
+
+
+def _check_ev_tensors(where, m, src, ev, shapes, dtypes):
+    """Every tensor EvLoadBundle reads for entry `src` of checkpoint `m` is in
+    the bundle with the dtype, shape and row count the manifest and `ev` expect."""
+    info = m.evs[src]
+    kd, n = ev.key_dtype, info["rows"]
+    t, nf = schema.tensor, info["filtered"]
+    want = {t(src, schema.KEYS): (kd, [n]), t(src, schema.VALUES): (tf.float32, [n, ev.dim]),
+            t(src, schema.VERSIONS): (tf.int64, [n]), t(src, schema.FREQS): (tf.int64, [n]),
+            t(src, schema.KEYS_FILTERED): (kd, [nf]), t(src, schema.FREQS_FILTERED): (tf.int64, [nf])}
+    for slot in info["slots"]:
+        want[schema.slot_tensor(src, slot)] = (tf.float32, [n, ev.dim])
+    if m.kind == "delta":
+        want[t(src, schema.DELETED_KEYS)] = (kd, [info["deleted"]])
+    for name, (dtype, shape) in want.items():
+        if name not in shapes:
+            raise CorruptCheckpointError(f"{where}: tensor {name!r} is missing (the manifest and the bundle disagree)")
+        if dtypes[name] != dtype or list(shapes[name]) != shape:
+            raise CorruptCheckpointError(f"{where}: tensor {name!r} is {dtypes[name].name} {list(shapes[name])}, "
+                                         f"expected {dtype.name} {shape} (the manifest and the bundle disagree)")

@@ -15,10 +15,27 @@ bundle (`ckpt.index`, `ckpt.data-*`) and, written last, `MANIFEST.json`:
 `parent` is the checkpoint this one follows (None for a full), `base` the full
 that starts its chain (a full's base is itself). Checksums are crc32c
 (Castagnoli, unmasked) of whole files.
+
+The manifest protects itself: `"checksum": "sha256:<hex>"` is the SHA-256 of
+the manifest's canonical JSON without that field (keys sorted, no spaces,
+ASCII). A reader parses the JSON, validates it against SCHEMA (jsonschema:
+every field present with its type, no unknown field), then checks the
+checksum; any failure is a CorruptCheckpointError naming the file and the
+field. Manifests written before the checksum existed (same format version 1)
+have no "checksum" field and are read as before.
+
+The checksum is also the checkpoint's content identity (`Manifest.checksum`):
+a delta names its parent by sequence number and by the parent's checksum
+(`"parent_checksum"`), so the chain is a hash chain, and a reader that
+applied a checkpoint can tell whether the checkpoint it holds is still the
+committed one (a withdrawn commit: see checkpoint/commit.py).
 """
 import dataclasses
+import hashlib
 import json
 import re
+
+import jsonschema
 
 from checkpoint.errors import CorruptCheckpointError
 
@@ -29,6 +46,60 @@ BUNDLE_PREFIX = "ckpt"
 FORMAT = "evstore-checkpoint"
 VERSION = 1
 _DIR_RE = re.compile(r"^(full|delta)-(\d{10})$")
+
+
+_INT = {"type": "integer"}
+_COUNT = {"type": "integer", "minimum": 0}
+_SEQ = {"type": "integer", "minimum": 1}
+_CHECKSUM = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["format", "version", "seq", "kind", "parent", "base", "global_step", "wall_time", "files", "evs",
+                 "dense"],
+    "additionalProperties": False,
+    "properties": {
+        "format": {"const": FORMAT},
+        "version": {"const": VERSION},
+        "checksum": _CHECKSUM,
+        "parent_checksum": {"oneOf": [{"type": "null"}, _CHECKSUM]},
+        "seq": _SEQ,
+        "kind": {"enum": ["full", "delta"]},
+        "parent": {"oneOf": [{"type": "null"}, _SEQ]},
+        "base": _SEQ,
+        "global_step": _INT,
+        "wall_time": {"type": "number"},
+        "files": {"type": "object", "minProperties": 1, "additionalProperties": {
+            "type": "object", "required": ["size", "crc32c"], "additionalProperties": False,
+            "properties": {"size": _COUNT, "crc32c": {"type": "integer", "minimum": 0, "maximum": 0xFFFFFFFF}}}},
+        "evs": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["dim", "key_dtype", "slots", "rows", "filtered", "deleted"],
+            "additionalProperties": False,
+            "properties": {
+                "dim": {"type": "integer", "minimum": 1},
+                "key_dtype": {"enum": ["int32", "int64"]},
+                "slots": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
+                "rows": _COUNT, "filtered": _COUNT, "deleted": _COUNT,
+                "shard": {"type": "object", "required": ["ev", "index", "count", "route"],
+                          "additionalProperties": False,
+                          "properties": {"ev": {"type": "string", "minLength": 1}, "index": _COUNT,
+                                         "count": {"type": "integer", "minimum": 1},
+                                         "route": {"type": "string"}}}}}},
+        "dense": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["dtype", "shape"], "additionalProperties": False,
+            "properties": {"dtype": {"type": "string", "minLength": 1},
+                           "shape": {"type": "array", "items": _COUNT}}}},
+        "metadata": {"type": "object"},
+    },
+}
+_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+def canonical_checksum(d):
+    """"sha256:<hex>" of manifest dict `d` without its "checksum" field."""
+    body = {k: v for k, v in d.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def dir_name(kind, seq):
@@ -53,6 +124,10 @@ class Manifest:
     evs: dict                 # name -> {"dim", "key_dtype", "slots", "rows", "filtered", "deleted"}
     dense: dict               # name -> {"dtype", "shape"}
     metadata: dict = dataclasses.field(default_factory=dict)
+    parent_checksum: str | None = None   # the parent manifest's checksum (deltas; None: not recorded)
+    # `checksum` (an attribute, not a field): this manifest's content identity,
+    # set by to_json / from_json (None for a manifest without one).
+    checksum = None
 
     @property
     def dir(self):
@@ -65,7 +140,8 @@ class Manifest:
     def to_json(self):
         d = {"format": FORMAT, "version": VERSION}
         d.update(dataclasses.asdict(self))
-        return json.dumps(d, indent=1, sort_keys=True)
+        d["checksum"] = self.checksum = canonical_checksum(d)
+        return json.dumps(d, indent=1, sort_keys=True, allow_nan=False)
 
     @classmethod
     def from_json(cls, text, where):
@@ -79,15 +155,18 @@ class Manifest:
         if d.get("version") != VERSION:
             raise CorruptCheckpointError(f"{where}: manifest version {d.get('version')!r} is not supported "
                                          f"(this evstore reads version {VERSION})")
-        try:
-            m = cls(seq=int(d["seq"]), kind=str(d["kind"]),
-                    parent=None if d["parent"] is None else int(d["parent"]), base=int(d["base"]),
-                    global_step=int(d["global_step"]), wall_time=float(d["wall_time"]), files=dict(d["files"]),
-                    evs=dict(d["evs"]), dense=dict(d["dense"]), metadata=dict(d.get("metadata") or {}))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptCheckpointError(f"{where}: manifest field missing or malformed ({e!r})") from None
-        if m.kind not in ("full", "delta"):
-            raise CorruptCheckpointError(f"{where}: unknown checkpoint kind {m.kind!r}")
+        err = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(d))
+        if err is not None:
+            field = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+            raise CorruptCheckpointError(f"{where}: manifest does not match the checkpoint manifest schema at "
+                                         f"{field!r}: {err.message}; the checkpoint is corrupt")
+        if "checksum" in d and canonical_checksum(d) != d["checksum"]:
+            raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (its content was changed after it "
+                                         "was written); the checkpoint is corrupt")
+        m = cls(seq=d["seq"], kind=d["kind"], parent=d["parent"], base=d["base"], global_step=d["global_step"],
+                wall_time=float(d["wall_time"]), files=d["files"], evs=d["evs"], dense=d["dense"],
+                metadata=d.get("metadata") or {}, parent_checksum=d.get("parent_checksum"))
+        m.checksum = d.get("checksum")
         if m.kind == "full" and (m.parent is not None or m.base != m.seq):
             raise CorruptCheckpointError(f"{where}: a full must have no parent and be its own base")
         if m.kind == "delta" and (m.parent is None or m.parent >= m.seq or m.base > m.parent):

@@ -27,8 +27,14 @@ class Storage:
         if not isinstance(root, (str, os.PathLike)) or not str(root):
             raise ValueError(f"checkpoint root must be a path or an fsspec URL, got {root!r}")
         self.url = str(root)
-        self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
-        self.local = isinstance(self.fs, LocalFileSystem)
+        try:
+            self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        except ImportError as e:   # e.g. s3:// without s3fs: fsspec names the package to install
+            extra = " (pip install 'evstore[s3]')" if self.url.startswith(("s3://", "s3a://")) else ""
+            raise ValueError(f"checkpoint root {self.url}: {e}{extra}") from None
+        # Exactly the local filesystem: a subclass (another protocol over local
+        # disk) may change what writes do, so it goes through the fsspec calls.
+        self.local = type(self.fs) is LocalFileSystem
         if self.local:
             self.path = os.path.abspath(self.path)
         self._cache = None
@@ -57,7 +63,14 @@ class Storage:
                 out[parsed[1]] = (parsed[0], name)
         return out
 
-    def has_manifest(self, dirname):
+    def has_manifest(self, dirname, cached=True):
+        """Whether `dirname` is committed (`cached=False`: ask the filesystem now)."""
+        if not cached:
+            try:
+                self.fs.invalidate_cache(self.join(dirname))
+            except Exception:  # noqa: BLE001 - not every filesystem caches listings
+                pass
+            return self.fs.exists(self.join(dirname, MANIFEST))
         return dirname in self._manifests or self.fs.exists(self.join(dirname, MANIFEST))
 
     def read_manifest(self, dirname):
@@ -156,6 +169,50 @@ class Storage:
                 self.fs.get_file(self.join(dirname, name), target + ".part")
                 os.replace(target + ".part", target)
         return dst
+
+    def stage(self, dirname, names):
+        """A private local copy of checkpoint `dirname`'s files `names`, which
+        nothing else writes or deletes (a restore reads and checks exactly
+        these bytes). Local roots: hard links in `<root>/.evstore-restore-*`
+        (no copy; a concurrent retention unlinks only its own names), copies
+        into a temporary directory when links cannot be made. Other
+        filesystems: downloads. A file that does not exist is left out (the
+        check step reports it). Release with `unstage(path)`."""
+        if not self.local:
+            dst = tempfile.mkdtemp(prefix=f"evstore-restore-{dirname}-")
+            try:
+                for name in names:
+                    try:
+                        self.fs.get_file(self.join(dirname, name), os.path.join(dst, name))
+                    except FileNotFoundError:
+                        pass
+            except BaseException:
+                shutil.rmtree(dst, ignore_errors=True)
+                raise
+            return dst
+        try:
+            dst = tempfile.mkdtemp(prefix=".evstore-restore-", dir=self.path)
+        except OSError:   # read-only root: copies
+            dst = None
+        if dst is None:
+            dst = tempfile.mkdtemp(prefix=f"evstore-restore-{dirname}-")
+        try:
+            for name in names:
+                src = self.join(dirname, name)
+                try:
+                    os.link(src, os.path.join(dst, name))
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    shutil.copyfile(src, os.path.join(dst, name))
+        except BaseException:
+            shutil.rmtree(dst, ignore_errors=True)
+            raise
+        return dst
+
+    @staticmethod
+    def unstage(path):
+        shutil.rmtree(path, ignore_errors=True)
 
     def discard_local(self, dirname):
         """Drops the downloaded copy of a remote checkpoint (no-op for local roots)."""

@@ -38,7 +38,7 @@ from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
 from checkpoint.chain import resolve_chain, scan, verify_files
 from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
-from checkpoint.manifest import MANIFEST
+from checkpoint.manifest import MANIFEST, parse_dir_name
 from checkpoint.storage import Storage
 
 __all__ = ["RootNotFoundError", "inspect", "format_inspect", "verify", "compact", "write_full", "to_parquet",
@@ -86,6 +86,10 @@ def inspect(root, storage_options=None):
             error = str(e)
     else:
         error = f"{storage.url} holds no committed checkpoint"
+        if parse_dir_name(posixpath.basename(storage.path.rstrip("/\\"))) or storage.fs.exists(
+                storage.join(MANIFEST)):
+            parent = storage.url.rstrip("/").rsplit("/", 1)[0] if not storage.local else os.path.dirname(storage.path)
+            error += f" (it is one checkpoint's own directory; the root is its parent: evstore ckpt inspect {parent})"
     cks = []
     for seq, m in sorted(sc.manifests.items()):
         cks.append({
@@ -133,10 +137,11 @@ def format_inspect(info):
         widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head) - 1)]
         for r in [head] + rows:
             out.append("  ".join(x.ljust(w) for x, w in zip(r, widths)) + "  " + r[-1])
-        dims = {}
-        for c in info["checkpoints"]:
+        dims = {}   # per EV, from the newest checkpoint that saved its slots (an initial full has none yet)
+        for c in reversed(info["checkpoints"]):
             for n, e in c["evs"].items():
-                dims.setdefault(n, (e["dim"], e["key_dtype"], e["slots"]))
+                if n not in dims or (not dims[n][2] and e["slots"]):
+                    dims[n] = (e["dim"], e["key_dtype"], e["slots"])
         out.append("")
         for n, (d, kd, sl) in sorted(dims.items()):
             out.append(f"EV {n}: dim {d}, {kd} keys, slots {', '.join(sl) if sl else '(none)'}")
@@ -423,8 +428,8 @@ def cli(args):
             for p in problems:
                 print(p)
             nfiles = sum(len(m.files) for m in checked)
-            if problems:
-                print(f"{len(problems)} problem(s) in {args.root}", file=sys.stderr)
+            if problems:   # the whole report on stdout; the exit status says it failed
+                print(f"FAILED: {len(problems)} problem(s) in {args.root}")
                 return 1
             print(f"OK: {len(checked)} checkpoint(s), {nfiles} file(s) match their manifests"
                   + (f"; the chain {' -> '.join(str(m.seq) for m in checked)} resolves" if args.seq is not None

@@ -4,9 +4,11 @@ Public API (docs/ARCHITECTURE.md, "Ops and Python API"):
   EmbeddingVariable (builds an UnshardedEmbeddingVariable, or a ShardedEmbeddingVariable with shards=N),
   shard_index, CounterFilter, BloomFilter, GlobalStepEvict, L2WeightEvict,
   embedding_lookup, embedding_lookup_group, embedding_lookup_sparse, safe_embedding_lookup_sparse,
-  optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam, GroupAdagrad}, keras.Embedding,
+  optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam, GroupAdagrad} (fused; every other Keras
+  optimizer trains EVs through generic, see generic.sparse_apply_keras for v1 graphs), keras.Embedding,
   summary.ev_stats, substitute_lookups (the lookup hook serving exports use), ops (the kernels).
 """
+from evstore import generic  # noqa: F401  (any Keras optimizer trains EVs; installed by optimizers)
 from evstore import optimizers  # noqa: F401
 from evstore import training  # noqa: F401
 from evstore import keras  # noqa: F401

@@ -18,6 +18,7 @@ substitute's rows and takes no part in the exchange.
 """
 import tensorflow as tf
 
+from evstore import finite
 from evstore._ops import gen
 from evstore.substitution import substitute_for
 from evstore.variable import EmbeddingVariable
@@ -73,7 +74,7 @@ class _Group:
     def checks(self, dflat):
         """Worker side: the NaN/Inf policy of the optimizers, before anything is sent."""
         parts = tf.split(dflat, self.flat_sizes, num=len(self.tables))
-        return [gen.ev_check_finite(k, tf.reshape(p, [-1, d]), ev_name=t.name)
+        return [finite.check(k, tf.reshape(p, [-1, d]), t.name)
                 for t, k, p, d in zip(self.tables, self.keys, parts, self.dims)]
 
     def gradients(self, dflat):
@@ -109,36 +110,13 @@ def _differentiable_lookups(g):
             with tf.device(None):   # on the worker, where the gradient was computed
                 checks = g.checks(dflat)
             out = g.gradients(dflat)
-            _note_checked(checks, out)   # the optimizers apply nothing before every check passed
+            finite.note_checked(checks, out)   # the optimizers apply nothing before every check passed
             return out
         return flat, grad
 
     with tf.device(g.device):
         pvs = [_proxy_value(p) for p in g.proxies]
         return grouped(*pvs)
-
-
-_CHECKS = "evstore_grouped_gradient_checks"
-
-
-def _note_checked(checks, slices):
-    """Tells the optimizers (optimizers._refuse_non_finite, same graph) that
-    these gradients were checked where they were computed, and which ops did
-    it, so that no variable is updated before those checks pass."""
-    if tf.executing_eagerly():
-        return   # the checks have run (and raised) already
-    tf.compat.v1.add_to_collection(_CHECKS, (tf.group(checks), [s.values for s in slices]))
-
-
-def checked_gradients(grads):
-    """(check ops, ids of gradient values they checked) recorded in this
-    graph for any of `grads` (checks of other gradient computations in the
-    same graph are not this apply's business)."""
-    if tf.executing_eagerly():
-        return [], set()
-    mine = {id(g.values) for g in grads if isinstance(g, tf.IndexedSlices)}
-    entries = [(op, vs) for op, vs in tf.compat.v1.get_collection(_CHECKS) if any(id(v) in mine for v in vs)]
-    return [op for op, _ in entries], {id(v) for _, vs in entries for v in vs}
 
 
 def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):

@@ -61,11 +61,13 @@ class Embedding(keras.layers.Layer):
         if self.ev.sharded:
             self.proxies = []
             for i, ev in enumerate(self.ev.shards):
-                p = self.add_weight(name=f"ev_proxy_{i}", shape=(0,), initializer="zeros", trainable=True)
+                p = self.add_weight(name=f"ev_proxy_{i}", shape=(0,), initializer="zeros", trainable=True,
+                                    autocast=False)
                 register_proxy(p, ev)
                 self.proxies.append(p)
         else:
-            self.proxy = self.add_weight(name="ev_proxy", shape=(0,), initializer="zeros", trainable=True)
+            self.proxy = self.add_weight(name="ev_proxy", shape=(0,), initializer="zeros", trainable=True,
+                                         autocast=False)   # the lookup reads it as float32 under mixed precision
             register_proxy(self.proxy, self.ev)
         self.built = True
 
@@ -84,7 +86,10 @@ class Embedding(keras.layers.Layer):
             proxy = [p.value for p in self.proxies]
         else:
             proxy = self.proxy.value
-        return embedding_lookup(self.ev, ids, training=bool(training), proxy=proxy)
+        out = embedding_lookup(self.ev, ids, training=bool(training), proxy=proxy)
+        if self.compute_dtype != "float32":   # a mixed-precision policy: rows in the compute dtype, as keras.layers.Embedding
+            out = tf.cast(out, self.compute_dtype)
+        return out
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.dim,)

@@ -25,17 +25,18 @@ EmbeddingVariables go to one fused native kernel per EV and step:
   as TensorFlow, DeepRec and TFPlus do), so a row touched rarely is corrected
   as if it had been updated every step.
 * NaN/Inf policy: a batch holding any non-finite EV gradient is refused with
-  `tf.errors.InvalidArgumentError` naming the key, and changes nothing.
+  `tf.errors.InvalidArgumentError` naming the key, and changes nothing (evstore/finite.py).
 """
 import threading
 
 import keras
 import tensorflow as tf
 
-from evstore import group as _group
+from evstore import generic
 from evstore import training
-from evstore._ops import gen
 from evstore.variable import EmbeddingVariable, ev_for_variable
+
+generic.install()   # every other Keras optimizer trains EVs through the generic row path
 
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad"]
 
@@ -92,7 +93,7 @@ class _EVMixin:
         if trainable_variables is not None:
             trainable_variables = [v._proxy if isinstance(v, EmbeddingVariable) else v
                                    for v in trainable_variables]
-            grads = _refuse_non_finite(list(grads), [ev_for_variable(v) for v in trainable_variables])
+            grads = generic.refuse_non_finite(list(grads), trainable_variables)
         self._ev_scalars = {}
         try:
             return super().apply(grads, trainable_variables)
@@ -118,6 +119,7 @@ class _EVMixin:
         ev = ev_for_variable(variable)
         if ev is None:
             return super().update_step(gradient, variable, learning_rate)
+        gradient = generic.ev_gradient(gradient, variable, ev)
         step = getattr(self._ev_local, "global_step", None)
         if step is None:
             step = getattr(self, "_ev_merge_step", None)
@@ -131,37 +133,13 @@ class _EVMixin:
             return self._ev_apply(ev, gradient, lr, step, variable=variable)
 
 
-def _refuse_non_finite(grads, evs):
-    """NaN/Inf policy: if any EV gradient is non-finite, fail before *any*
-    variable (EV or dense) is updated, so a refused step changes nothing."""
-    # Gradients of grouped lookups (evstore.group) were checked on the worker
-    # before they were sent to the parameter server that applies them: their
-    # checks join the others, and they are not copied back to be checked.
-    checks, prechecked = _group.checked_gradients(grads)
-    checks = list(checks)
-    for g, ev in zip(grads, evs):
-        if ev is not None and isinstance(g, tf.IndexedSlices) and id(g.values) not in prechecked:
-            checks.append(gen.ev_check_finite(g.indices, tf.cast(g.values, tf.float32), ev_name=ev.name))
-    if not checks:
-        return grads
-    out = []
-    passed = tf.group(checks)   # one op: one control edge per parameter server below
-    with tf.control_dependencies([passed]):
-        for g in grads:
-            if g is None:
-                out.append(g)
-            elif isinstance(g, tf.IndexedSlices) and id(g.values) in prechecked:
-                with tf.device(g.values.device or None):   # stays where it is applied
-                    out.append(tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape))
-            elif isinstance(g, tf.IndexedSlices):
-                out.append(tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape))
-            else:
-                out.append(tf.identity(g))
-    return out
-
-
 class SGD(_EVMixin, keras.optimizers.SGD):
     """Stochastic gradient descent (Keras semantics), optional momentum / Nesterov."""
+
+    @property
+    def ev_slot_names(self):
+        """Names of the slots this optimizer keeps in EV rows."""
+        return ("momentum",) if self.momentum else ()
 
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, **kwargs):
         learning_rate = _lr_arg(learning_rate)
@@ -173,6 +151,8 @@ class SGD(_EVMixin, keras.optimizers.SGD):
 
 class Adagrad(_EVMixin, keras.optimizers.Adagrad):
     """Adagrad (Keras semantics): acc += g^2; w -= lr * g / sqrt(acc + epsilon)."""
+
+    ev_slot_names = ("accumulator",)   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7, **kwargs):
         learning_rate = _lr_arg(learning_rate)
@@ -188,6 +168,8 @@ class Adagrad(_EVMixin, keras.optimizers.Adagrad):
 
 class Adam(_EVMixin, keras.optimizers.Adam):
     """Adam (Keras semantics, global beta powers; amsgrad is not supported for EVs)."""
+
+    ev_slot_names = ("m", "v")   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, **kwargs):
         learning_rate = _lr_arg(learning_rate)
@@ -212,6 +194,8 @@ class AdamW(_EVMixin, keras.optimizers.AdamW):
     cost O(table) per step and would dirty every key for the next delta
     checkpoint.) `exclude_from_weight_decay` applies to EVs by their name.
     """
+
+    ev_slot_names = ("m", "v")   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, weight_decay=0.004, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  **kwargs):
@@ -241,6 +225,8 @@ class Ftrl(_EVMixin, keras.optimizers.Ftrl):
     beta / (2 * lr) to l2, as Keras). Dense variables train exactly as with
     `keras.optimizers.Ftrl`; EV rows get the same update fused in one pass.
     """
+
+    ev_slot_names = ("accumulator", "linear")   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, learning_rate_power=-0.5, initial_accumulator_value=0.1,
                  l1_regularization_strength=0.0, l2_regularization_strength=0.0,
@@ -360,6 +346,8 @@ class GroupAdam(_EVMixin, _DenseGroupAdam):
     `ev.zero_row_keys()`; they stay zero while their gradients stay small.
     """
 
+    ev_slot_names = ("m", "v", "linear")   # the slots this optimizer keeps in EV rows
+
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  l1_regularization_strength=0.0, l2_regularization_strength=0.0,
                  l21_regularization_strength=0.0, name="group_adam", **kwargs):
@@ -429,6 +417,8 @@ class GroupAdagrad(_EVMixin, _DenseGroupAdagrad):
     l1 = l2 = l21 = 0 this is Keras's Adagrad from any initial row (unlike
     `Ftrl`, whose linear term starts at 0 and so pulls weights towards 0).
     """
+
+    ev_slot_names = ("accumulator", "linear")   # the slots this optimizer keeps in EV rows
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7,
                  l1_regularization_strength=0.0, l2_regularization_strength=0.0,

@@ -25,9 +25,10 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from evstore import schema
 from evstore._ops import gen
 from evstore.group import embedding_lookup_group
-from evstore.variable import _STAT_FIELDS, EmbeddingVariable, UnshardedEmbeddingVariable
+from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
 __all__ = ["ShardedEmbeddingVariable", "shard_index", "SHARD_ROUTE"]
 
@@ -213,7 +214,7 @@ class ShardedEmbeddingVariable(EmbeddingVariable, tf.Module, sharded_implementat
     def stats(self):
         """`EmbeddingVariable.stats()` summed over the shards."""
         per = [ev.stats() for ev in self._shards]
-        return {k: sum(p[k] for p in per[1:]) + per[0][k] for k in list(_STAT_FIELDS) + ["bytes"]}
+        return {k: sum(p[k] for p in per[1:]) + per[0][k] for k in list(schema.STATS_FIELDS) + ["bytes"]}
 
     def evict(self, global_step=None):
         """Runs the eviction policies on every shard (on its device); returns the total evicted."""

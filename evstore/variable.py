@@ -312,6 +312,19 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         return self.resource_handle.device
 
     @property
+    def proxy(self):
+        """The zero-size tf.Variable that training lookups read: gradients reach it,
+        and optimizers update the EV in its place (`optimizer.build` takes it;
+        `ev_for_variable(ev.proxy) is ev`)."""
+        return self._proxy
+
+    @property
+    def owner(self):
+        """The ShardedEmbeddingVariable this EV is a shard of, or None."""
+        ref = getattr(self, "_sharded_parent", None)
+        return ref() if ref is not None else None
+
+    @property
     def initializer(self):
         """The op that creates the table (graph mode); also in TABLE_INITIALIZERS."""
         return self._init_op

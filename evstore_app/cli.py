@@ -1,50 +1,81 @@
-"""The `evstore` command line."""
+"""The `evstore` command line.
+
+Conventions: `--help` and `--version` answer without importing TensorFlow;
+TensorFlow's start-up log lines are hidden unless `--verbose`; data
+(summaries, reports, JSON) go to stdout, diagnostics and progress to stderr.
+Exit status: 0 done, 1 runtime error (bad spec, missing root, failed check),
+2 usage error (bad flags), 130 interrupted by Ctrl-C (after a graceful stop,
+where the command has one).
+"""
 import argparse
 import os
 import sys
 
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = argparse.ArgumentParser(prog="evstore", description="Incremental-checkpoint online learning for TensorFlow.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="the whole loop on the embedded synthetic stream: train, checkpoint, "
-                                       "serve in a second process, report")
-    demo.add_argument("--minutes", type=float, default=3.0, help="training time (default 3)")
+
+def _version():
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("evstore")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser():
+    """The argument parser of `evstore` (no TensorFlow import)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="also show TensorFlow's log lines")
+    parser = argparse.ArgumentParser(prog="evstore", description="Incremental-checkpoint online learning for "
+                                     "TensorFlow: train, checkpoint (fulls and deltas), serve and keep serving fresh.",
+                                     epilog="Exit status: 0 done, 1 error, 2 usage error, 130 interrupted.")
+    parser.add_argument("--version", action="version", version=f"evstore {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", default=False, help="also show TensorFlow's log lines")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, help, parent=sub):
+        return parent.add_parser(name, help=help, description=help[:1].upper() + help[1:] + ".", parents=[common])
+
+    demo = command("demo", "the whole loop on the embedded synthetic stream: train, checkpoint, serve in a second "
+                           "process, report")
+    demo.add_argument("--minutes", type=float, default=3.0, help="training time in minutes (default 3)")
     demo.add_argument("--out", default=None, help="output directory (default: a new temporary directory)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--batch-size", type=int, default=512)
-    demo.add_argument("--delta-every", type=float, default=5.0, help="seconds between deltas (default 5)")
-    demo.add_argument("--full-every", type=float, default=60.0, help="seconds between fulls (default 60)")
-    demo.add_argument("--warmup-batches", type=int, default=60, help="batches before the first full (frozen model)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
+    demo.add_argument("--batch-size", type=int, default=512, help="examples per batch (default 512)")
+    _schedule_flags(demo, delta_every=5.0, full_every=60.0)
+    demo.add_argument("--warmup-batches", type=int, default=60,
+                      help="batches trained before the first full, the frozen model compared against (default 60)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train = sub.add_parser("train", help="train on Parquet / CSV files per a feature spec, with checkpoints")
+    train = command("train", "train on Parquet / CSV files per a feature spec, with checkpoints")
     train.add_argument("--data", required=True, help="a data file or a directory of them")
     train.add_argument("--spec", required=True, help="feature spec (JSON), e.g. examples/movielens.json")
-    train.add_argument("--checkpoints", required=True, help="checkpoint root (path or fsspec URL); resumes from it")
-    train.add_argument("--delta-every", type=float, default=60.0, help="seconds between deltas (default 60)")
-    train.add_argument("--full-every", type=float, default=3600.0, help="seconds between fulls (default 3600)")
-    train.add_argument("--keep-chains", type=int, default=3)
+    train.add_argument("--checkpoints", required=True,
+                       help="checkpoint root (path or fsspec URL such as s3://bucket/path); resumes from it")
+    _schedule_flags(train, delta_every=60.0, full_every=3600.0)
     train.add_argument("--max-rows", type=int, default=None, help="only the first N rows (in timestamp order)")
-    train.add_argument("--out", default=None, help="summary and TensorBoard directory")
+    train.add_argument("--out", default=None, help="directory of summary.json, report.png and tensorboard/ "
+                       "(default: <checkpoint root>.train next to a local root, else ./evstore-train-<root name>)")
+    train.add_argument("--export", default=None, metavar="DIR",
+                       help="write the serving export to DIR before training (kept if DIR already holds this "
+                            "model's export), for `evstore serve --export DIR --checkpoints ROOT`")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ckpt = sub.add_parser("ckpt", help="inspect, verify, compact or export a checkpoint root")
-    tools = ckpt.add_subparsers(dest="tool", required=True)
-    t = tools.add_parser("inspect", help="list committed checkpoints and the chain restore() applies")
+    ckpt = command("ckpt", "inspect, verify, compact or export a checkpoint root")
+    tools = ckpt.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    t = command("inspect", "list committed checkpoints and the chain restore() applies", tools)
     t.add_argument("root", help="checkpoint root: a path or fsspec URL")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    t = tools.add_parser("verify", help="check every file against its manifest (size, crc32c) and the chain")
-    t.add_argument("root")
+    t = command("verify", "check every file against its manifest (size, crc32c) and the chain", tools)
+    t.add_argument("root", help="checkpoint root: a path or fsspec URL")
     t.add_argument("--seq", type=int, default=None, help="only the chain restore(seq=SEQ) would apply")
-    t = tools.add_parser("compact", help="fold the chain into a new full checkpoint (no training)")
-    t.add_argument("root")
+    t = command("compact", "fold the chain into a new full checkpoint (no training)", tools)
+    t.add_argument("root", help="checkpoint root: a path or fsspec URL")
     t.add_argument("--seq", type=int, default=None, help="fold the chain restore(seq=SEQ) would apply")
-    t = tools.add_parser("to-parquet", help="write each EV's rows after the chain as Parquet files")
-    t.add_argument("root")
+    t = command("to-parquet", "write each EV's rows after the chain as Parquet files", tools)
+    t.add_argument("root", help="checkpoint root: a path or fsspec URL")
     t.add_argument("out_dir", help="output directory (path or fsspec URL)")
     t.add_argument("--seq", type=int, default=None, help="the state restore(seq=SEQ) would give")
-    srv = sub.add_parser("serve", help="serve a serving export over TF Serving's REST and gRPC APIs, applying new "
-                                       "checkpoints")
+    srv = command("serve", "serve a serving export over TF Serving's REST and gRPC APIs, applying new checkpoints")
     srv.add_argument("--export", required=True, help="directory written by serving_loader.export_serving_model")
     srv.add_argument("--checkpoints", default=None,
                      help="checkpoint root to apply and poll (path or fsspec URL); omitted: serve the export as is")
@@ -57,7 +88,8 @@ def main(argv=None):
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     srv.add_argument("--model_name", "--model-name", default="default",
                      help="the <name> in /v1/models/<name> and in gRPC model specs (default: default)")
-    srv.add_argument("--poll-every", "--poll_every", type=float, default=1.0, help="seconds between checkpoint polls")
+    srv.add_argument("--poll-every", "--poll_every", type=float, default=1.0, metavar="SECONDS",
+                     help="seconds between checkpoint polls (default 1)")
     srv.add_argument("--max-request-bytes", "--max_request_bytes", type=int, default=10 * 2**20,
                      help="largest request body accepted (REST 413 / gRPC RESOURCE_EXHAUSTED past it; default 10 MiB)")
     srv.add_argument("--enable_batching", "--enable-batching", default=True, action=argparse.BooleanOptionalAction,
@@ -69,42 +101,150 @@ def main(argv=None):
     srv.add_argument("--max_enqueued_batches", type=int, default=100,
                      help="queued requests are refused (UNAVAILABLE / 503) past this many full batches (100)")
     srv.add_argument("--num_batch_threads", type=int, default=1, help="threads running batches (default 1)")
-    task = sub.add_parser("server", help="run one PS or worker task of a parameter-server cluster (serves until "
-                                        "SIGTERM / SIGINT)")
+    srv.add_argument("--allow-empty", action="store_true",
+                     help="serve the export as it is when the checkpoint root does not exist or holds nothing "
+                          "for it yet (default: exit 1 with the reason)")
+    adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
+    adm.add_argument("--url", default="http://127.0.0.1:8501",
+                     help="the server's REST address (default http://127.0.0.1:8501)")
+    adm.add_argument("--model-name", "--model_name", default="default",
+                     help="the served model's name (default: default)")
+    adm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the answer (default 600)")
+    ops = adm.add_subparsers(dest="op", required=True)
+    ops.add_parser("status", help="served version, pin, newest commit, retained commits, rollbacks")
+    ops.add_parser("pin", help="stop applying new commits")
+    ops.add_parser("resume", help="apply new commits again (catches up before answering)")
+    rb = ops.add_parser("rollback", help="serve a retained commit, whole or not at all")
+    rb.add_argument("version", type=int, help="the commit's sequence number (`status` lists the retained ones)")
+    rb.add_argument("--then", choices=["pin", "resume"], default="pin",
+                    help="afterwards stay pinned (default) or resume applying new commits")
+    task = command("server", "run one PS or worker task of a parameter-server cluster (serves until SIGTERM / "
+                             "SIGINT)")
     task.add_argument("--job", default=None, help="the task's job: ps or worker (default: TF_CONFIG's task type)")
     task.add_argument("--task", type=int, default=None, help="the task's index (default: TF_CONFIG's task index)")
     task.add_argument("--cluster", default=None,
-                     help="cluster spec JSON file (default: TF_CONFIG's cluster)")
+                      help="cluster spec JSON file (default: TF_CONFIG's cluster)")
     task.add_argument("--exit-with-parent", action="store_true",
                       help="exit when the process that started this one dies (LocalCluster's tasks)")
-    tc = sub.add_parser("train-cluster", help="the chief of a parameter-server job: a CTR model with sharded EVs "
-                                              "(one shard per PS) on the synthetic click stream, checkpointed")
+    tc = command("train-cluster", "the chief of a parameter-server job: a CTR model with sharded EVs (one shard per "
+                                  "PS) on the synthetic click stream, checkpointed")
     tc.add_argument("--cluster", default=None, help="cluster spec JSON file (default: TF_CONFIG's cluster)")
     tc.add_argument("--checkpoints", required=True,
                     help="checkpoint root every task can reach; the job resumes from its newest chain")
     tc.add_argument("--steps", type=int, default=200, help="train up to this many batches in all (default 200)")
-    tc.add_argument("--batch-size", type=int, default=256)
-    tc.add_argument("--delta-every", type=int, default=20, help="batches between checkpoints (default 20)")
-    tc.add_argument("--full-every", type=int, default=None, help="batches between fulls (default: first only)")
-    tc.add_argument("--learning-rate", type=float, default=0.05)
-    tc.add_argument("--seed", type=int, default=0)
+    tc.add_argument("--batch-size", type=int, default=256, help="examples per batch (default 256)")
+    tc.add_argument("--delta-every-steps", type=int, default=20, metavar="STEPS",
+                    help="batches between checkpoints (default 20)")
+    tc.add_argument("--full-every-steps", type=int, default=None, metavar="STEPS",
+                    help="batches between full checkpoints (default: only the first checkpoint is a full)")
+    tc.add_argument("--learning-rate", type=float, default=0.05, help="learning rate (default 0.05)")
+    tc.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
     tc.add_argument("--sync", action="store_true", help="one step at a time (fixed update order)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _schedule_flags(parser, delta_every, full_every):
+    """The checkpoint schedule of `demo` and `train`: intervals in seconds (train-cluster counts steps
+    and says so in its flag names), and retention."""
+    parser.add_argument("--delta-every", type=float, default=delta_every, metavar="SECONDS",
+                        help=f"seconds between delta checkpoints (default {delta_every:g})")
+    parser.add_argument("--full-every", type=float, default=full_every, metavar="SECONDS",
+                        help=f"seconds between full checkpoints (default {full_every:g})")
+    parser.add_argument("--keep-chains", type=int, default=3,
+                        help="chains (a full and its deltas) kept; older ones are deleted (default 3)")
+
+
+def main(argv=None):
+    """Runs `evstore ARGS`; returns the exit status (see the module docstring)."""
+    args = build_parser().parse_args(argv)      # --help, --version, usage errors (2): no TensorFlow
+    try:
+        _import_tensorflow(verbose=args.verbose)
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("evstore: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _import_tensorflow(verbose):
+    """Imports TensorFlow with its C++ start-up lines (oneDNN, CUDA probing,
+    written before its log level applies) hidden unless `verbose`; they are
+    shown if the import fails."""
+    if "tensorflow" in sys.modules:          # called in-process, after TensorFlow's start-up
+        return
+    if verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+        import tensorflow  # noqa: F401
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tempfile
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+            tf.config.list_physical_devices()       # device probing logs too
+            tf.get_logger().setLevel("ERROR")
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.buffer.write(captured.read())
+            sys.stderr.flush()
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _dispatch(args):
     if args.command == "train-cluster":
         return _train_cluster(args)
     if args.command == "server":
         return _server(args)
     if args.command == "serve":
-        from serving_loader import server  # imports TensorFlow: only when needed
+        from serving_loader import server
 
         return server.cli(args)
+    if args.command == "serve-admin":
+        return _serve_admin(args)
     if args.command == "ckpt":
-        from checkpoint import tools as ckpt_tools  # imports TensorFlow: only when needed
+        from checkpoint import tools as ckpt_tools
 
         return ckpt_tools.cli(args)
-    if args.command in ("demo", "train"):
-        return _job(args)
-    return 2
+    return _job(args)
+
+
+def _serve_admin(args):
+    """Runs `evstore serve-admin` against a server's admin endpoints
+    (serving_loader.admin): prints the admin status as JSON and exits 0, or
+    exits 1 with one line `evstore serve-admin: <reason>`."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    base = f"{args.url.rstrip('/')}/v1/models/{args.model_name}/admin"
+    if args.op == "status":
+        req = urllib.request.Request(base, method="GET")
+    else:
+        body = {"version": args.version, "then": args.then} if args.op == "rollback" else {}
+        req = urllib.request.Request(f"{base}/{args.op}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+            out = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            msg = json.loads(raw)["error"]
+        except (ValueError, KeyError, TypeError):
+            msg = raw.decode("utf-8", "replace").strip() or e.reason
+        print(f"evstore serve-admin: {args.op} refused ({e.code}): {msg}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"evstore serve-admin: cannot reach {base}: {getattr(e, 'reason', e)}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=1, sort_keys=True))
+    return 0
 
 
 def _server(args):
@@ -149,12 +289,12 @@ def _train_cluster(args):
     from evstore_app.job import cluster_train
     try:
         res = cluster_train.run(args.cluster, args.checkpoints, steps=args.steps, batch_size=args.batch_size,
-                                seed=args.seed, learning_rate=args.learning_rate, delta_every=args.delta_every,
-                                full_every=args.full_every, sync=args.sync,
+                                seed=args.seed, learning_rate=args.learning_rate, delta_every=args.delta_every_steps,
+                                full_every=args.full_every_steps, sync=args.sync,
                                 log=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as e:
         print(f"evstore train-cluster: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     print(json.dumps(res), flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -163,21 +303,27 @@ def _train_cluster(args):
 
 def _job(args):
     """Runs `evstore demo` / `evstore train`; Ctrl-C or SIGTERM stops them gracefully
-    (a final delta is committed); a second Ctrl-C aborts."""
+    (a final delta is committed, the summary printed); a second one aborts.
+    Exits 130 after a Ctrl-C, 0 after SIGTERM (a supervisor's orderly stop)."""
     import signal
     import threading
 
     stop = threading.Event()
+    received = []
 
     def graceful(signum, frame):
         if stop.is_set():
             raise KeyboardInterrupt
-        print(f"\nevstore: {signal.Signals(signum).name}: stopping after this batch, committing a final delta",
-              file=sys.stderr)
+        received.append(signum)
+        print(f"\nevstore: {signal.Signals(signum).name}: stopping after this batch, committing a final delta "
+              "(again to abort)", file=sys.stderr, flush=True)
         stop.set()
 
     signal.signal(signal.SIGINT, graceful)
     signal.signal(signal.SIGTERM, graceful)
+    if not args.verbose:   # "skipped: maximum number of running instances" when a save outlasts its interval
+        import logging
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
     from evstore_app.job.report import format_summary
     from evstore_app.job.spec import SpecError
     try:
@@ -185,17 +331,21 @@ def _job(args):
             from evstore_app.job import demo
             res = demo.run(minutes=args.minutes, out=args.out, seed=args.seed, batch_size=args.batch_size,
                            delta_every=args.delta_every, full_every=args.full_every,
-                           warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop)
+                           warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop,
+                           keep_chains=args.keep_chains)
         else:
             from evstore_app.job import train
             res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
-                            keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop)
-    except (SpecError, ValueError, FileNotFoundError) as e:
+                            keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
+                            export=args.export)
+    except (SpecError, ValueError, OSError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
-        return 1
-    print(format_summary(res))
-    return 0 if res.get("restore_matches_trainer", True) else 1
+        return EXIT_ERROR
+    print(format_summary(res), flush=True)
+    if not res.get("restore_matches_trainer", True):
+        return EXIT_ERROR
+    return EXIT_INTERRUPTED if signal.SIGINT in received else EXIT_OK
 
 
 if __name__ == "__main__":

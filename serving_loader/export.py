@@ -2,9 +2,12 @@
 
 Each EmbeddingVariable (a ShardedEmbeddingVariable too: one table of all its
 shards' rows, the same export as unsharded) becomes a `tf.lookup.experimental.DenseHashTable`
-(key -> [dim] float32 row, the EV's default value for missing keys; the
-table's empty / deleted sentinel keys are the two smallest values of the key
-dtype, which therefore cannot be served); dense weights stay variables. The
+(key -> [dim] float32 row, the EV's default value for missing keys); dense
+weights stay variables. The table's empty / deleted sentinel keys are the two
+smallest values of the key dtype, which a DenseHashTable cannot hold; training
+can, so their rows live beside the table in a [2, dim] variable
+(`reserved_rows[i]`, row j for key `min + j`, with `reserved_present[i]` [2]
+bool) and the traced lookup selects them: every key training holds is served. The
 model's forward pass is traced with every EV lookup replaced by a lookup of
 its table, so the graph holds no evstore op: TF Serving, or any process with
 TensorFlow and without evstore, loads and runs it.
@@ -14,16 +17,19 @@ export's objects (the checkpoint names: EVs by `ev.name`, dense variables as
 checkpoint.collect names them), so ServingModel can apply checkpoints to it:
 
     {"format": "evstore-serving", "version": 1,
-     "evs": {"user": {"index": 0, "dim": 16, "key_dtype": "int64",
+     "evs": {"user": {"index": 0, "dim": 16, "key_dtype": "int64", "reserved": 0,
                       "empty_key": -9223372036854775808, "deleted_key": -9223372036854775807}},
      "dense": {"out/kernel": 0, "out/bias": 1},
      "inputs": [{"name": "users", "dtype": "int64", "shape": [null, 2]}],
      "signature": "serving_default"}
-The loaded object exposes the tables as `tables[i]` and the variables as
-`dense[i]` (indices from the map).
+The loaded object exposes the tables as `tables[i]`, the sentinel keys' rows as
+`reserved_rows[i]` / `reserved_present[i]` and the variables as `dense[i]`
+(indices from the map; exports written before `reserved` existed cannot serve
+the two sentinel keys, and ServingModel refuses checkpoints holding them).
 """
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -32,7 +38,7 @@ import tensorflow as tf
 from checkpoint.collect import collect
 from evstore.substitution import substitute_lookups
 
-__all__ = ["export_serving_model", "MAP_FILE", "sentinels"]
+__all__ = ["export_serving_model", "ensure_serving_export", "MAP_FILE", "sentinels"]
 
 MAP_FILE = os.path.join("assets.extra", "evstore_serving.json")
 FORMAT = "evstore-serving"
@@ -42,6 +48,18 @@ def sentinels(key_dtype):
     """(empty_key, deleted_key) of a served table: the two smallest keys of the dtype."""
     lo = int(np.iinfo(tf.as_dtype(key_dtype).as_numpy_dtype).min)
     return lo, lo + 1
+
+
+def _served_lookup(ids, table, rows, present, lo, default, dim):
+    """Rows of `ids` from the table, the two sentinel keys from their side rows."""
+    flat = tf.reshape(ids, [-1])
+    is0, is1 = tf.equal(flat, lo), tf.equal(flat, lo + 1)
+    safe = tf.where(tf.logical_or(is0, is1), tf.constant(lo + 2, flat.dtype), flat)
+    out = table.lookup(safe)
+    r0 = tf.where(present[0], rows[0], default)
+    r1 = tf.where(present[1], rows[1], default)
+    out = tf.where(is0[:, None], r0[None, :], tf.where(is1[:, None], r1[None, :], out))
+    return _shaped(out, ids, dim)
 
 
 def _shaped(rows, ids, dim):
@@ -145,6 +163,8 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
     col = collect(model)
     module = tf.Module()
     module.tables = []
+    module.reserved_rows = []
+    module.reserved_present = []
     module.dense = []
     mapping = {"format": FORMAT, "version": 1, "evs": {}, "dense": {}, "signature": "serving_default",
                "inputs": [{"name": s.name, "dtype": s.dtype.name, "shape": s.shape.as_list()} for s in specs]}
@@ -156,12 +176,24 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
             key_dtype=ev.key_dtype, value_dtype=tf.float32, default_value=tf.constant(default),
             empty_key=empty, deleted_key=deleted, name=f"ev_{len(module.tables)}")
         rows = ev.export()
-        if int(tf.size(rows["keys"])):
-            table.insert(rows["keys"], rows["values"])
-        mapping["evs"][name] = {"index": len(module.tables), "dim": ev.dim, "key_dtype": ev.key_dtype.name,
+        keys, values = rows["keys"].numpy(), rows["values"].numpy()
+        res_rows = np.zeros([2, ev.dim], np.float32)
+        res_present = np.zeros([2], bool)
+        for j, k in enumerate((empty, deleted)):
+            hit = np.flatnonzero(keys == k)
+            if hit.size:
+                res_rows[j], res_present[j] = values[hit[0]], True
+        keep = (keys != empty) & (keys != deleted)
+        if keep.any():
+            table.insert(tf.constant(keys[keep]), tf.constant(values[keep]))
+        i = len(module.tables)
+        mapping["evs"][name] = {"index": i, "dim": ev.dim, "key_dtype": ev.key_dtype.name, "reserved": i,
                                 "empty_key": empty, "deleted_key": deleted}
         module.tables.append(table)
-        served[ev] = (lambda ids, t=table, d=ev.dim: _shaped(t.lookup(tf.reshape(ids, [-1])), ids, d))
+        module.reserved_rows.append(tf.Variable(res_rows, trainable=False, name=f"ev_{i}_reserved_rows"))
+        module.reserved_present.append(tf.Variable(res_present, trainable=False, name=f"ev_{i}_reserved_present"))
+        served[ev] = (lambda ids, t=table, r=module.reserved_rows[i], p=module.reserved_present[i], lo=empty,
+                      dv=tf.constant(default, tf.float32), d=ev.dim: _served_lookup(ids, t, r, p, lo, dv, d))
     for name, v in col.dense.items():
         if name.startswith("optimizer/"):
             continue
@@ -194,3 +226,49 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
     with open(os.path.join(export_dir, MAP_FILE), "w") as f:
         json.dump(mapping, f, indent=1, sort_keys=True)
     return mapping
+
+
+def ensure_serving_export(model, export_dir, input_signature=None, output_name="outputs"):
+    """Makes `export_dir` (a local path) hold `model`'s serving export.
+
+    An absent or empty `export_dir` gets a new export, written to a sibling
+    temporary directory and renamed into place (a reader never sees half an
+    export). If it already holds an export of the same model (the same serving
+    map: tables, dims, dense weights, inputs), it is kept: a resumed job does
+    not rewrite it under a running server. Its tables' initial rows do not
+    matter to a server with a checkpoint root: it serves the root's chain.
+    Returns (serving map, True if written now).
+
+    Raises:
+      ValueError: `export_dir` holds something else (another model's export,
+        or files that are not an export).
+    """
+    export_dir = os.path.abspath(export_dir)
+    existing = None
+    if os.path.isdir(export_dir) and os.listdir(export_dir):
+        try:
+            with open(os.path.join(export_dir, MAP_FILE)) as f:
+                existing = json.load(f)
+        except (FileNotFoundError, ValueError):
+            raise ValueError(f"export directory {export_dir} is not empty and holds no evstore serving export; "
+                             "give a new or empty directory") from None
+    elif os.path.exists(export_dir) and not os.path.isdir(export_dir):
+        raise ValueError(f"export directory {export_dir} is a file")
+    parent = os.path.dirname(export_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(export_dir)}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        mapping = export_serving_model(model, tmp, input_signature=input_signature, output_name=output_name)
+        if existing is not None:
+            if existing != mapping:
+                raise ValueError(f"export directory {export_dir} holds the export of another model (its tables "
+                                 f"{sorted(existing.get('evs', {}))}, inputs "
+                                 f"{[i.get('name') for i in existing.get('inputs', [])]}); give a new directory")
+            return existing, False
+        if os.path.isdir(export_dir):
+            os.rmdir(export_dir)     # empty (checked above)
+        os.rename(tmp, export_dir)
+        return mapping, True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

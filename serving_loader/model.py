@@ -9,11 +9,33 @@ Apply protocol (docs/ARCHITECTURE.md, "Serving"):
     upsert changed rows, assign dense variables, set `version`.
   Predictions hold the lock shared, so none sees half a checkpoint; staging
   never blocks them. Checkpoints are applied in chain order, each once.
-  * A gap, a bad checksum or a missing file keeps the last good state
-    serving; the failure is counted and kept in `last_error`. Recovery: once
-    the root's newest chain resolves and differs from the served one (the
-    trainer wrote a new full), the model reloads from it (reload holds the
-    lock for its duration; it also runs at start).
+  * A gap, a bad checksum, a missing file or content the served tables cannot
+    hold keeps the last good state serving; the failure is counted once per
+    checkpoint (`failures`, kept in `last_error`) and that checkpoint is not
+    retried. Recovery: once the root's newest chain resolves and does not
+    contain the served checkpoint (the trainer wrote a new full), the model
+    reloads from it (reload holds the lock for its duration; it also runs at
+    start).
+  * Identity, not just numbers: the served checkpoint is known by its
+    sequence number and its manifest checksum, and a delta is applied only if
+    its parent link names both. If the served checkpoint was withdrawn (a
+    writer's lost acknowledgement: its manifest disappears or the newest
+    chain no longer contains it), the model reloads from the newest chain.
+
+Hold and roll back (an operator's controls):
+  * `pin()` stops applying new commits (polls still scan the root, so
+    `newest_committed` shows how far behind the served version is);
+    `resume()` unpins and catches up at once (the chain is followed or the
+    newest chain reloaded, as at any poll).
+  * `rollback(seq, then="pin")` serves the retained commit `seq` (earlier or
+    later than the served one): its whole chain (full + deltas up to `seq`)
+    is staged and verified first, then published under the write lock in one
+    step (the tables emptied and the chain applied), so a prediction sees the
+    old version or `seq`, never a mix, and a failure leaves the served state
+    untouched. Memory: the staged chain (keys, rows and dense weights of the
+    full and its deltas up to `seq`) is held in addition to the served
+    tables until it is published; nothing is kept between operations (the
+    history is the root's retained commits).
 """
 import json
 import logging
@@ -31,9 +53,9 @@ from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
 from evstore import schema
-from serving_loader.export import FORMAT, MAP_FILE
+from serving_loader.export import FORMAT, MAP_FILE, sentinels
 
-__all__ = ["ServingModel"]
+__all__ = ["ServingModel", "NothingToServeError", "RollbackError"]
 
 log = logging.getLogger("evstore.serving")
 
@@ -85,6 +107,24 @@ class _RWLock:
             self._cond.notify_all()
 
 
+class NothingToServeError(ValueError):
+    """The checkpoint root has nothing the export can serve (it does not exist,
+    holds no committed checkpoint, none of the export's tables, or its newest
+    chain cannot be applied). The message is one line."""
+
+
+class RollbackError(Exception):
+    """A rollback that was refused or failed; the served state is unchanged.
+    `status`: the HTTP status an admin endpoint answers with (400 bad request,
+    404 commit not retained, 409 no checkpoint root or the commit cannot be
+    served)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class _Table:
     """A loaded DenseHashTable (a restored resource) driven through TF's table ops."""
 
@@ -122,12 +162,20 @@ class ServingModel:
       checkpoint_root: the trainer's checkpoint root (path or fsspec URL);
         None serves the export as it is.
       storage_options: fsspec options for a remote root.
+      allow_empty: serve the export as it is when the root does not exist or
+        has nothing to apply yet (then polled as usual). False (default):
+        raise NothingToServeError instead, so a wrong root is not mistaken
+        for a served model.
 
     Attributes: `version` (sequence number served; None before the first
-    checkpoint), `base` (its full), `metrics()` for monitoring.
+    checkpoint), `base` (its full), `pinned`, `metrics()` for monitoring.
+
+    Raises:
+      ValueError: `export_dir` is not a serving export.
+      NothingToServeError: (allow_empty=False) nothing of the root can be served.
     """
 
-    def __init__(self, export_dir, checkpoint_root=None, storage_options=None):
+    def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False):
         map_path = os.path.join(export_dir, MAP_FILE)
         try:
             with open(map_path) as f:
@@ -138,6 +186,11 @@ class ServingModel:
         if self.mapping.get("format") != FORMAT:
             raise ValueError(f"{map_path} is not an evstore serving map")
         self.export_dir = export_dir
+        self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
+        if self.storage is not None and not allow_empty:
+            why = self._nothing_to_serve(scan(self.storage))   # before the (slow) SavedModel load
+            if why:
+                raise NothingToServeError(why)
         self._loaded = tf.saved_model.load(export_dir)
         self.signature = self.mapping["signature"]
         self._fn = self._loaded.signatures[self.signature]
@@ -145,22 +198,54 @@ class ServingModel:
         self._tables = {n: _Table(self._loaded.tables[e["index"]], e["key_dtype"])
                         for n, e in self.mapping["evs"].items()}
         self._dense = {n: self._loaded.dense[i] for n, i in self.mapping["dense"].items()}
+        # The two sentinel keys' rows (export.py); absent in exports older than them.
+        self._reserved = {n: (self._loaded.reserved_rows[e["reserved"]], self._loaded.reserved_present[e["reserved"]])
+                          for n, e in self.mapping["evs"].items() if "reserved" in e}
         self.inputs = {i["name"]: i for i in self.mapping["inputs"]}
         self._lock = _RWLock()
         self._poll_lock = threading.Lock()
         self.version = None
         self.base = None
+        self._served_checksum = None   # content identity of the served checkpoint
+        self._bad = {}                 # (seq, checksum) -> error of a checkpoint refused for good
+        self._counted = set()          # checkpoints whose failure `failures` counted
         self.applied = 0
         self.applied_seqs = []     # sequence numbers published, in order (a reload publishes its last)
         self.failures = 0
         self.last_error = None
         self.freshness_s = []      # commit -> served, per applied checkpoint (bounded)
         self.apply_latency_s = []  # stage + publish, per applied checkpoint (bounded)
+        self.pinned = False
+        self.newest_committed = None   # the newest committed sequence seen by the last poll
+        self.rollbacks = 0
+        self.rollback_failures = 0
+        self.last_rollback = None      # {"from", "to", "then", "seconds", "wall_time"} of the last one done
         self._sched = None
-        self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
         if self.storage is not None:
             self.poll()
+            if self.version is None and not allow_empty:
+                raise NothingToServeError(" ".join(f"checkpoint root {self.storage.url}: {self.last_error or 'nothing to apply'}"
+                                                   .split()))
 
+    def _nothing_to_serve(self, sc):
+        """Why the root (scanned as `sc`) has nothing for this export, or None."""
+        where = f"checkpoint root {self.storage.url}"
+        try:
+            exists = self.storage.fs.isdir(self.storage.path)
+        except OSError:
+            exists = False
+        if not exists and not sc.manifests:
+            return f"{where} does not exist"
+        if not sc.manifests:
+            return f"{where} holds no committed checkpoint"
+        want = set(self.mapping["evs"])
+        held = set()
+        for m in sc.manifests.values():
+            held |= set(logical_entries(m))
+        if want and not want & held:
+            return (f"{where} holds none of the export's tables {sorted(want)} (its checkpoints hold "
+                    f"{sorted(held)}): a checkpoint root of another model?")
+        return None
     # ---- predictions ---------------------------------------------------------
     def predict(self, inputs):
         """Runs the serving signature. `inputs`: {input name: array-like}.
@@ -178,6 +263,8 @@ class ServingModel:
         try:
             out = self._fn(**tensors)
             version = self.version
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError(f"the serving signature refused the inputs: {e.message}") from None
         finally:
             self._lock.release_read()
         return {k: v.numpy() for k, v in out.items()}, version
@@ -210,25 +297,33 @@ class ServingModel:
             sc = scan(self.storage)
             if not sc.manifests:
                 return self.version
-            if self.version is not None:
+            self.newest_committed = max(sc.manifests)
+            if self.pinned:
+                return self.version
+            if self.version is not None and self._served_is_committed(sc):
                 self._follow_chain(sc)
-            newest = max(sc.manifests)
-            if self.version is None or newest > self.version:
-                self._maybe_reload(sc)
+            self._maybe_reload(sc)
             return self.version
+
+    def _served_is_committed(self, sc):
+        m = sc.manifests.get(self.version)
+        return m is not None and m.checksum == self._served_checksum
 
     def _follow_chain(self, sc):
         while True:
             nxt = [m for m in sc.manifests.values()
-                   if m.kind == "delta" and m.parent == self.version and m.base == self.base]
+                   if m.kind == "delta" and m.parent == self.version and m.base == self.base
+                   and (m.parent_checksum is None or m.parent_checksum == self._served_checksum)]
             if not nxt:
                 return
             m = min(nxt, key=lambda x: x.seq)
+            if (m.seq, m.checksum) in self._bad:
+                return   # refused once already: wait for a new full
             t0 = time.time()
             try:
                 staged = self._stage(m)
             except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
-                self._fail(f"cannot apply {m.dir}: {e}")
+                self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
                 return
             self._lock.acquire_write()
             try:
@@ -242,19 +337,32 @@ class ServingModel:
             chain = resolve_chain(sc, where=self.storage.url)
         except CheckpointError as e:
             if self.version is None or max(sc.manifests) > self.version:
-                self._fail(f"newest chain cannot be served: {e}")
+                self._refuse(None, f"newest chain cannot be served: {e}", key=("chain", str(e)))
             return
-        if self.version is not None and chain[0].seq == self.base and chain[-1].seq <= self.version:
-            return
-        if self.version is not None and chain[0].seq == self.base:
-            return  # same chain: _follow_chain applies it (it stopped on an error already reported)
+        served = (self.version, self._served_checksum)
+        if any((m.seq, m.checksum) == served for m in chain):
+            return  # the served checkpoint is in the newest chain: _follow_chain applies the rest
+        if (chain[-1].seq, chain[-1].checksum) in self._bad:
+            return  # this chain was refused already: wait for a newer one
+        if self.version is not None:
+            log.warning("served %s is not in the newest chain (%s..%s): it was withdrawn or the chain was "
+                        "replaced; reloading", self.version, chain[0].dir, chain[-1].dir)
         t0 = time.time()
-        try:
-            staged = [self._stage(m, full_chain=(i == 0)) for i, m in enumerate(chain)]
-        except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
-            self._fail(f"cannot reload from {chain[0].dir}: {e}")
-            return
         before = self.version
+        try:
+            self._load_chain(chain)
+        except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+            self._refuse(chain[-1], f"cannot reload from {chain[0].dir}: {e}", retry=isinstance(e, OSError))
+            return
+        for m in chain:   # every checkpoint this reload newly serves counts as applied
+            if before is None or m.seq > before or m.seq == chain[-1].seq:
+                self._record(m, t0)
+        log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
+
+    def _load_chain(self, chain):
+        """Stages every checkpoint of `chain` (raising before any change if one
+        fails), then under the write lock replaces the served state with it."""
+        staged = [self._stage(m) for m in chain]
         self._lock.acquire_write()
         try:
             for name, table in self._tables.items():  # drop the previous chain's rows
@@ -263,16 +371,84 @@ class ServingModel:
                     keys != self.mapping["evs"][name]["empty_key"], keys != self.mapping["evs"][name]["deleted_key"]))
                 if int(tf.size(keys)):
                     table.erase(keys)
+            for _, present_var in self._reserved.values():
+                present_var.assign(tf.zeros_like(present_var))
             for s in staged:
                 self._publish(s)
         finally:
             self._lock.release_write()
-        for m in chain:   # every checkpoint this reload newly serves counts as applied
-            if before is None or m.seq > before or m.seq == chain[-1].seq:
-                self._record(m, t0)
-        log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
 
-    def _stage(self, m, full_chain=False):
+    # ---- hold and roll back --------------------------------------------------
+    def pin(self):
+        """Stops applying new commits (waits for an apply in progress); returns `version`."""
+        with self._poll_lock:
+            self.pinned = True
+            return self.version
+
+    def resume(self):
+        """Applies new commits again, starting now (catches up before
+        returning; a failure is reported as by any poll). Returns `version`."""
+        with self._poll_lock:
+            self.pinned = False
+        return self.poll()
+
+    def retained(self):
+        """Sequence numbers of the root's committed checkpoints, ascending (the
+        commits `rollback` can serve, if their chain is intact)."""
+        if self.storage is None:
+            return []
+        return sorted(scan(self.storage).manifests)
+
+    def rollback(self, seq, then="pin"):
+        """Serves the retained commit `seq`, whole or not at all, then stays
+        pinned (then="pin", the default) or resumes applying new commits
+        (then="resume": catches up before returning). Returns `version`.
+
+        Raises:
+          RollbackError: a bad argument (status 400), `seq` not a retained
+            commit (404), no checkpoint root or the commit's chain cannot be
+            staged (409; counted in `rollback_failures`, `last_error` says
+            why). The served state and the pin are then unchanged.
+        """
+        if isinstance(seq, bool) or not isinstance(seq, (int, np.integer)) or seq < 1:
+            raise RollbackError(400, f"a rollback names a commit by its sequence number (an integer >= 1), "
+                                     f"got {seq!r}")
+        if then not in ("pin", "resume"):
+            raise RollbackError(400, f'then must be "pin" or "resume", got {then!r}')
+        if self.storage is None:
+            raise RollbackError(409, "no checkpoint root: this server serves its export as it is")
+        seq = int(seq)
+        with self._poll_lock:
+            sc = scan(self.storage)
+            if seq not in sc.manifests:
+                kept = sorted(sc.manifests)
+                raise RollbackError(404, f"commit {seq} is not retained in {self.storage.url} (retained: "
+                                         f"{_ranges(kept) or 'none'})")
+            t0 = time.time()
+            before = self.version
+            try:
+                self._load_chain(resolve_chain(sc, upto=seq, where=self.storage.url))
+            except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+                self.rollback_failures += 1
+                msg = " ".join(f"rollback to {seq} failed, still serving {before}: {e}".split())
+                self._fail(msg)
+                raise RollbackError(409, msg) from None
+            self.rollbacks += 1
+            self.last_rollback = {"from": before, "to": seq, "then": then, "seconds": round(time.time() - t0, 6),
+                                  "wall_time": time.time()}
+            self.pinned = then == "pin"
+            log.info("rolled back from %s to %s (%s)", before, seq, "pinned" if self.pinned else "resuming")
+        return self.poll() if then == "resume" else self.version
+
+    def admin_status(self):
+        """The operator's view: served version and base, pin, newest commit
+        seen, rollbacks and their failures, the last rollback, the last error."""
+        return {"version": self.version, "base": self.base, "pinned": self.pinned,
+                "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
+                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
+                "failures": self.failures, "last_error": self.last_error}
+
+    def _stage(self, m):
         problems = verify_files(self.storage, m)
         if problems:
             raise CheckpointError("; ".join(problems))
@@ -292,27 +468,69 @@ class ServingModel:
             if m.kind == "delta":
                 erase += [reader.get_tensor(schema.tensor(p, schema.DELETED_KEYS)) for p in srcs]
             erase = np.concatenate(erase)
-            if values.shape[1:] != (self.mapping["evs"][name]["dim"],):
-                raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]}, the export "
-                                      f"serves dim {self.mapping['evs'][name]['dim']}")
-            evs[name] = (erase, keys, values)
+            evs[name] = self._checked(m, name, erase, keys, values)
         dense = read_dense(d, list(self._dense)) if self._dense else {}
+        for n, v in dense.items():
+            if tuple(v.shape) != tuple(self._dense[n].shape) or v.dtype != self._dense[n].dtype.as_numpy_dtype:
+                raise CheckpointError(f"{m.dir}: dense {n!r} is {v.dtype} {list(v.shape)}, the export serves "
+                                      f"{self._dense[n].dtype.name} {self._dense[n].shape.as_list()}")
         del reader
         self.storage.discard_local(m.dir)   # staged in memory: a remote root's download can go
         return _Staged(m, evs, dense)
 
+    def _checked(self, m, name, erase, keys, values):
+        """Validates an EV's staged tensors completely (publish must not fail
+        half-way): dtypes, dim, row counts; splits off the sentinel keys, which
+        live beside the table. Returns (erase, keys, values, reserved) with
+        reserved = {j: row or None (erased)} for key min + j."""
+        info = self.mapping["evs"][name]
+        kd = tf.as_dtype(info["key_dtype"]).as_numpy_dtype
+        if keys.dtype != kd or erase.dtype != kd:
+            raise CheckpointError(f"{m.dir}: EV {name!r} has {keys.dtype} keys, the export serves {info['key_dtype']}")
+        if values.dtype != np.float32 or values.ndim != 2 or values.shape != (len(keys), info["dim"]):
+            raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]} for {len(keys)} keys, "
+                                  f"the export serves dim {info['dim']}")
+        empty, deleted = sentinels(info["key_dtype"])
+        reserved = {}
+        for j, k in enumerate((empty, deleted)):
+            if (erase == k).any():
+                reserved[j] = None
+            hit = np.flatnonzero(keys == k)
+            if hit.size:
+                reserved[j] = values[hit[-1]]
+        if reserved:
+            if name not in self._reserved:
+                raise CheckpointError(f"{m.dir}: EV {name!r} holds key {empty + min(reserved)}, which this export "
+                                      "cannot serve (written before sentinel keys were served): re-export it "
+                                      "with export_serving_model")
+            keep = (keys != empty) & (keys != deleted)
+            keys, values = keys[keep], values[keep]
+            erase = erase[(erase != empty) & (erase != deleted)]
+        return erase, keys, values, reserved
+
     def _publish(self, s):
-        """Under the write lock: make the staged checkpoint the served state."""
-        for name, (erase, keys, values) in s.evs.items():
+        """Under the write lock: make the staged checkpoint the served state.
+        Everything was validated by _stage, so no step here fails on content."""
+        for name, (erase, keys, values, reserved) in s.evs.items():
             table = self._tables[name]
             if erase.size:
                 table.erase(tf.constant(erase))
             if keys.size:
                 table.insert(tf.constant(keys), tf.constant(values))
+            if reserved:
+                rows_var, present_var = self._reserved[name]
+                rows, present = rows_var.numpy(), present_var.numpy()
+                for j, row in reserved.items():
+                    present[j] = row is not None
+                    if row is not None:
+                        rows[j] = row
+                rows_var.assign(rows)
+                present_var.assign(present)
         for name, value in s.dense.items():
             self._dense[name].assign(value)
         self.version = s.manifest.seq
         self.base = s.manifest.base
+        self._served_checksum = s.manifest.checksum
 
     def _record(self, m, t0):
         now = time.time()
@@ -321,6 +539,20 @@ class ServingModel:
         self.apply_latency_s = (self.apply_latency_s + [now - t0])[-1000:]
         self.freshness_s = (self.freshness_s + [max(0.0, now - m.wall_time)])[-1000:]
         self.last_applied_wall = now
+
+    def _refuse(self, m, msg, key=None, retry=False):
+        """A checkpoint (or chain) that cannot be served: counted once; not
+        retried unless the cause may pass (`retry`: an I/O error)."""
+        key = key or (m.seq, m.checksum)
+        if key in self._bad:
+            return
+        if not retry:
+            self._bad[key] = msg
+        if key in self._counted:
+            self.last_error = msg
+            return
+        self._counted.add(key)
+        self._fail(msg)
 
     def _fail(self, msg):
         self.failures += 1
@@ -336,8 +568,8 @@ class ServingModel:
             raise ValueError("no checkpoint_root to poll")
         if self._sched is not None:
             raise RuntimeError("already polling; stop() first")
-        from apscheduler.schedulers.background import BackgroundScheduler
-        self._sched = BackgroundScheduler(daemon=True)
+        from checkpoint.schedule import background_scheduler
+        self._sched = background_scheduler("serving")
         self._sched.add_job(self._poll_quietly, "interval", seconds=every_s, id="poll", max_instances=1,
                             coalesce=True)
         self._sched.start()
@@ -346,7 +578,7 @@ class ServingModel:
         try:
             self.poll()
         except Exception as e:  # noqa: BLE001 - the poller must survive
-            self._fail(f"poll failed: {e!r}")
+            self._refuse(None, f"poll failed: {e!r}", key=("poll", repr(e)), retry=True)  # counted once
 
     def stop(self):
         if self._sched is not None:
@@ -370,4 +602,18 @@ class ServingModel:
         return {"version": self.version, "base": self.base, "applied": self.applied,
                 "applied_seqs": list(self.applied_seqs), "failures": self.failures,
                 "last_error": self.last_error, "rows": self.rows(), "freshness_s": list(self.freshness_s),
-                "apply_latency_s": list(self.apply_latency_s)}
+                "apply_latency_s": list(self.apply_latency_s), "pinned": self.pinned,
+                "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
+                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback}
+
+
+def _ranges(seqs):
+    """"1-3, 7, 9-12" for [1, 2, 3, 7, 9, 10, 11, 12]."""
+    out, start = [], None
+    for i, q in enumerate(seqs):
+        if start is None:
+            start = q
+        if i + 1 == len(seqs) or seqs[i + 1] != q + 1:
+            out.append(str(start) if start == q else f"{start}-{q}")
+            start = None
+    return ", ".join(out)

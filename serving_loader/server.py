@@ -40,6 +40,7 @@ import urllib.parse
 
 import numpy as np
 
+from serving_loader import admin
 from serving_loader.batching import Batcher, BatchingOptions
 from serving_loader.httpserver import HttpServer, Response, Router, error_response, json_response
 from serving_loader.tfs import (CLASSIFY_METHOD, REGRESS_METHOD, Servable, ServingError, format_classify_json,
@@ -170,6 +171,8 @@ class ServingApp:
         # TF Serving's API takes every /v1/ path no route takes (routes added later win over it)
         self.router = Router(fallback=self._unrouted)
         self.router.add(["GET"], r"/metrics", self._metrics)
+        admin.register_metrics(self.metrics.registry, model)
+        self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH"], admin.PATH, self._admin)
         self.http = HttpServer(self.router, max_request_bytes, on_response=self._count)
         self._loop = None
 
@@ -229,6 +232,12 @@ class ServingApp:
                 await loop.run_in_executor(None, self.metrics.refresh)
             except Exception as e:  # noqa: BLE001 - metrics must not stop the server
                 log.warning("metrics refresh failed: %r", e)
+
+    async def _admin(self, request):
+        """Hold and roll back (serving_loader.admin), off the event loop."""
+        status, answer = await asyncio.get_running_loop().run_in_executor(
+            None, admin.handle, self.model, self.model_name, request.method, request.path, request.body or b"")
+        return json_response(answer, status)
 
     async def _metrics(self, request):
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -351,12 +360,13 @@ def _shown(host):
 
 def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_api_port=8501, model_name="default",
           poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
-          storage_options=None, out=sys.stdout):
+          storage_options=None, out=sys.stdout, allow_empty=False):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
     `port` (TF Serving's flags; 0: any free port; None: that API off) until
     SIGTERM / SIGINT (then stops polling, finishes requests in flight and
-    returns 0).
+    returns 0 after SIGTERM, 130 after SIGINT / Ctrl-C, the shell's
+    convention for an interrupted command).
 
     Prints `serving <name> version <v> on http://<host>:<rest port>` and then
     `grpc <name> on <host>:<port>` to `out` once the sockets listen (with
@@ -375,7 +385,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         raise ValueError("serve needs a gRPC port or a REST port (or both)")
     if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
-    model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options)
+    model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty)
     app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every,
                      batching=batching)
     # The loaded model leaves a large heap of long-lived Python objects (TF,
@@ -400,8 +410,9 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    received = []
     for s in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(s, stop.set)
+        loop.add_signal_handler(s, lambda s=s: (received.append(s), stop.set()))
     grpc_server = grpc_port = None
     if port is not None:
         grpc_server, grpc_port = start_grpc(app, host, port)
@@ -426,7 +437,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
             await loop.run_in_executor(None, lambda: grpc_server.stop(grace=10.0).wait())
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
-    return 0
+    return 130 if signal.SIGINT in received else 0
 
 
 def cli(args):
@@ -444,7 +455,10 @@ def cli(args):
                      port=None if args.port < 0 else args.port,
                      rest_api_port=None if args.rest_api_port < 0 else args.rest_api_port,
                      model_name=args.model_name, poll_every=args.poll_every,
-                     max_request_bytes=args.max_request_bytes, batching=batching)
+                     max_request_bytes=args.max_request_bytes, batching=batching, allow_empty=args.allow_empty)
     except (ValueError, OSError) as e:
-        print(f"evstore serve: {e}", file=sys.stderr)
-        return 2
+        from serving_loader.model import NothingToServeError
+
+        hint = " (--allow-empty serves the export as it is)" if isinstance(e, NothingToServeError) else ""
+        print(f"evstore serve: {e}{hint}", file=sys.stderr)
+        return 1

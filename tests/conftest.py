@@ -2,9 +2,10 @@
 make the shared test helpers importable by name from every test directory.
 
 `ckpt_model` (tests/checkpoint/ckpt_model.py: the small deterministic training
-job of the checkpoint and serving tests, also run as a subprocess script) is
-registered here, loaded lazily on first use, so `from ckpt_model import
-make_model` works in any test module without editing sys.path.
+job of the checkpoint and serving tests, also run as a subprocess script) and
+`served` (tests/serving_loader/served.py: serving processes and exports for
+the serving tests) are registered here, loaded lazily on first use, so `from
+ckpt_model import make_model` works in any test module without editing sys.path.
 """
 import importlib.util
 import os
@@ -13,7 +14,8 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-SHARED = {"ckpt_model": os.path.join(TESTS, "checkpoint", "ckpt_model.py")}
+SHARED = {"ckpt_model": os.path.join(TESTS, "checkpoint", "ckpt_model.py"),
+          "served": os.path.join(TESTS, "serving_loader", "served.py")}
 
 
 def _register_lazily(name, path):

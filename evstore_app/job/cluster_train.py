@@ -146,7 +146,8 @@ class ClusterJob:
             self.optimizer = evstore.optimizers.SGD(learning_rate)
             # Built here, under the scope (its variables on the PS), not inside a scheduled function;
             # an EV's optimizer variable is its proxy (what `apply` maps it to).
-            self.optimizer.build([getattr(v, "_proxy", v) for v in self.model.train_vars])
+            self.optimizer.build([v.proxy if isinstance(v, evstore.EmbeddingVariable) else v
+                                  for v in self.model.train_vars])
             self.global_step = tf.Variable(0, dtype=tf.int64, name="step", trainable=False)
         self.manager = None
         if checkpoints is not None:

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from evstore_app.job.report import Summary
 from evstore_app.job.synthetic import SPEC, ClickStream
+from evstore_app.job.train import serve_command
 from evstore_app.job.trainer import Trainer
 
 __all__ = ["run"]
@@ -119,7 +120,7 @@ class _Server:
 
 
 def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_every=60.0, warmup_batches=60,
-        progress=True, stop_event=None):
+        progress=True, stop_event=None, keep_chains=3):
     """Runs the demo; returns the summary dict (also OUT/summary.json)."""
     import serving_loader
     out = out or tempfile.mkdtemp(prefix="evstore-demo-")
@@ -127,12 +128,12 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     root, export = os.path.join(out, "checkpoints"), os.path.join(out, "export")
     spec = dict(SPEC, batch_size=batch_size)
     stream = ClickStream(seed=seed, batch_size=batch_size)
-    trainer = Trainer(spec, root, seed=seed)
+    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains)
     if stop_event is not None:
         trainer.stop_event = stop_event
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
     summary = Summary(out, trainer)
-    serving_loader.export_serving_model(trainer.model, export)
+    serving_loader.ensure_serving_export(trainer.model, export)   # next to the checkpoints, as `train --export`
     batches = stream.batches()
     for _ in range(warmup_batches):                       # a first model worth freezing
         b, (cols, y) = next(batches)
@@ -165,11 +166,13 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         train_seconds = time.time() - t_train
         final = trainer.manager.stop()                     # the final delta: nothing trained is lost
         _wait_for(lambda: server.observe() >= final, 120)   # an upper bound: a loaded machine is slow
-        committed = sum(1 for q in checkpoint_seqs(trainer) if q > first_full)
+        # Counted from the manager's history: retention may have deleted some by now.
+        committed = sum(1 for m in trainer.manager.history if m.seq > first_full)
         deadline = time.time() + 30     # the server's counters follow its applies
         while True:
             server_metrics = server.metrics()
-            if (server_metrics.get("evstore_serving_checkpoints_applied_total", 0) >= committed + 1
+            skipped = len(_superseded(trainer.manager.history, first_full, server.seen))
+            if (server_metrics.get("evstore_serving_checkpoints_applied_total", 0) >= committed + 1 - skipped
                     or time.time() > deadline):
                 break
             time.sleep(0.2)
@@ -180,21 +183,29 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     trainer.snapshot_stats()
     trainer.write_summaries(writer, trainer.examples, summary.running())
     result = summary.finish(first_full=first_full, final=final, train_seconds=train_seconds, steps=step,
-                            server_seen=server.seen, spec=spec)
+                            server_seen=server.seen, spec=spec,
+                            extra={"export": {"dir": os.path.abspath(export), "written": True,
+                                              "serve": serve_command(export, root)}})
     sv = result["serving"]
     sv["applied_by_server"] = int(server_metrics.get("evstore_serving_checkpoints_applied_total", -1))
     sv["apply_failures"] = int(server_metrics.get("evstore_serving_apply_failures_total", -1))
-    # The server loaded the first full at start, then applied each later commit once.
-    sv["served_every_commit"] = (sv["applied_by_server"] == sv["committed_after_first_full"] + 1
+    # The server loaded the first full at start, then applied each later commit once, except
+    # those a newer full replaced before its next poll (it loads that full's chain instead).
+    sv["superseded_by_a_newer_full"] = _superseded(trainer.manager.history, first_full, server.seen)
+    sv["served_every_commit"] = (sv["applied_by_server"] + len(sv["superseded_by_a_newer_full"])
+                                 >= sv["committed_after_first_full"] + 1
                                  and sv["apply_failures"] == 0 and sv["served_final"])
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(result, f, indent=1, default=float)
     return result
 
 
-def checkpoint_seqs(trainer):
-    import checkpoint
-    return sorted(checkpoint.scan(trainer.manager.storage).manifests)
+def _superseded(history, first_full, seen):
+    """Commits after `first_full` the server never served because a newer
+    full, which it did serve, came before its next poll."""
+    fulls = [m.seq for m in history if m.kind == "full" and m.seq in seen]
+    return [m.seq for m in history
+            if m.seq > first_full and m.seq not in seen and any(f > m.seq for f in fulls)]
 
 
 def _wait_for(cond, timeout):

@@ -35,14 +35,28 @@ def state_matches(spec, root, model):
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(model.get_weights(), fresh.get_weights()))
 
 
+def _pick(points, n=7):
+    """At most `n` evenly spread points, first and last included, none twice."""
+    if len(points) <= n:
+        return list(points)
+    return [points[i] for i in sorted(set(np.linspace(0, len(points) - 1, n).round().astype(int)))]
+
+
 class Summary:
+    """What a run measured: progressive scores per batch (live model, and a
+    frozen one where there is one), and at the end the summary dict built from
+    the whole history of this run (the manager's commits, the trainer's
+    timeline), not from what checkpoint retention left on the root."""
+
     def __init__(self, out, trainer):
         self.out, self.trainer = out, trainer
-        self.labels, self.live, self.frozen = [], [], []
+        self.labels, self.live, self.frozen, self.times = [], [], [], []
 
     def score(self, y, live, frozen=None):
+        import time
         self.labels.append(np.asarray(y))
         self.live.append(np.asarray(live))
+        self.times.append(time.time() - self.trainer.started)
         if frozen is not None:
             self.frozen.append(np.asarray(frozen))
 
@@ -56,74 +70,201 @@ class Summary:
             r["auc/frozen"] = auc(y, np.concatenate(self.frozen[-window:]))
         return r
 
+    def auc_over_time(self, points=60, window=50):
+        """[(seconds, live AUC, frozen AUC or None)] over sliding windows of batches."""
+        from evstore_app.job.trainer import auc
+        out = []
+        n = len(self.labels)
+        if n == 0:
+            return out
+        for hi in sorted(set(np.linspace(1, n, min(points, n)).round().astype(int))):
+            lo = max(0, hi - window)
+            y = np.concatenate(self.labels[lo:hi])
+            live = auc(y, np.concatenate(self.live[lo:hi]))
+            frozen = auc(y, np.concatenate(self.frozen[lo:hi])) if self.frozen else None
+            out.append((round(self.times[hi - 1], 2), live, frozen))
+        return out
+
     def finish(self, first_full, final, train_seconds, steps, server_seen=None, spec=None, extra=None):
         from evstore_app.job.trainer import auc
         t = self.trainer
-        sc = checkpoint.scan(t.manager.storage)
-        ms = [m for q, m in sorted(sc.manifests.items()) if q >= first_full]
+        history = list(t.manager.history)                 # every commit of this run, deleted ones too
+        ms = [m for m in history if m.seq >= first_full]
         fulls = [m.total_bytes for m in ms if m.kind == "full"]
         deltas = [m.total_bytes for m in ms if m.kind == "delta"]
+        # A full worth comparing a delta with holds trained state (train's first full is the empty model).
+        trained = [m for m in history if m.kind == "full" and m.metadata.get("examples", 0) > 0]
+        if not trained:
+            sc = checkpoint.scan(t.manager.storage)
+            trained = [m for _, m in sorted(sc.manifests.items())
+                       if m.kind == "full" and m.metadata.get("examples", 0) > 0]
         y = np.concatenate(self.labels) if self.labels else np.zeros(0)
+        session = t.session_examples
         res = {
             "out": self.out,
-            "examples": t.examples, "steps": steps, "train_seconds": round(train_seconds, 2),
-            "examples_per_s": round(t.examples / max(train_seconds, 1e-9), 1),
+            "examples": t.examples, "examples_this_session": session, "resumed_at": t.resumed_at,
+            "steps": steps, "train_seconds": round(train_seconds, 2),
+            "examples_per_s": round(session / max(train_seconds, 1e-9), 1),
             "checkpoints": {"first_full": first_full, "final": final, "fulls": len(fulls), "deltas": len(deltas),
                             "full_bytes_mean": int(np.mean(fulls)) if fulls else 0,
                             "delta_bytes_mean": int(np.mean(deltas)) if deltas else 0,
-                            "delta_bytes_p50": int(np.percentile(deltas, 50)) if deltas else 0},
+                            "delta_bytes_p50": int(np.percentile(deltas, 50)) if deltas else 0,
+                            "reference_full": ({"seq": trained[-1].seq, "bytes": trained[-1].total_bytes}
+                                               if trained else None),
+                            "commits": [{"seq": m.seq, "kind": m.kind, "bytes": m.total_bytes,
+                                         "t": round(m.wall_time - t.started, 2)} for m in ms]},
             "tables": t.timeline[-1] if t.timeline else {},
+            "timeline": t.timeline,
             "rows_over_time": [{"t": p["t"], "rows": sum(p["rows"].values())} for p in t.timeline],
-            "auc": {"live": auc(y, np.concatenate(self.live)) if self.live else float("nan"),
-                    "frozen": auc(y, np.concatenate(self.frozen)) if self.frozen else float("nan")},
+            "auc": {"live": auc(y, np.concatenate(self.live)) if self.live else None,
+                    "frozen": auc(y, np.concatenate(self.frozen)) if self.frozen else None},
+            "auc_over_time": self.auc_over_time(),
         }
         if server_seen is not None:
             committed = [m.seq for m in ms if m.seq > first_full]
-            fresh = [server_seen[m.seq] - m.wall_time for m in ms if m.seq in server_seen and m.seq > first_full]
+            fresh = [(round(m.wall_time - t.started, 2), server_seen[m.seq] - m.wall_time)
+                     for m in ms if m.seq in server_seen and m.seq > first_full]
             res["serving"] = {
                 "committed_after_first_full": len(committed),
                 "seen_by_client": sorted(q for q in server_seen if q > first_full),
                 "served_final": final in server_seen,
-                "freshness_p50_s": round(float(np.percentile(fresh, 50)), 3) if fresh else None,
-                "freshness_p99_s": round(float(np.percentile(fresh, 99)), 3) if fresh else None,
+                "freshness_p50_s": round(float(np.percentile([f for _, f in fresh], 50)), 3) if fresh else None,
+                "freshness_p99_s": round(float(np.percentile([f for _, f in fresh], 99)), 3) if fresh else None,
+                "freshness": fresh,
             }
         if spec is not None:
             res["restore_matches_trainer"] = state_matches(spec, t.manager.root, t.model)
         res.update(extra or {})
+        res["report_png"] = write_report_png(res, os.path.join(self.out, "report.png"))
         with open(os.path.join(self.out, "summary.json"), "w") as f:
             json.dump(res, f, indent=1, default=float)
         return res
 
 
+def write_report_png(res, path):
+    """Draws the run (a summary dict) into a PNG at `path`; returns `path`.
+
+    Panels: rows over time per table; admitted / filtered (counted, not
+    admitted) / evicted per table; delta and full sizes; freshness (commit ->
+    served, when a server ran); progressive AUC of the live model (and of the
+    frozen one, in the demo) over sliding windows of batches."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(2, 3, figsize=(15, 8.5))
+    ax = ax.ravel()
+    tl = res.get("timeline") or []
+    ts = [p["t"] for p in tl]
+    for name in (tl[-1]["rows"] if tl else {}):
+        ax[0].plot(ts, [p["rows"][name] for p in tl], label=name)
+        ax[1].plot(ts, [p["rows"][name] for p in tl], label=f"{name} admitted")
+        ax[1].plot(ts, [p["filtered"][name] for p in tl], "--", label=f"{name} filtered")
+        ax[1].plot(ts, [p["evicted"][name] for p in tl], ":", label=f"{name} evicted")
+    ax[0].set_title("rows over time")
+    ax[1].set_title("admitted / filtered (counted, not admitted) / evicted")
+    commits = res["checkpoints"].get("commits") or []
+    for kind, marker in (("full", "s"), ("delta", "o")):
+        pts = [(c["t"], c["bytes"] / 2**20) for c in commits if c["kind"] == kind]
+        if pts:
+            ax[2].scatter(*zip(*pts), marker=marker, label=f"{kind}s ({len(pts)})")
+    ax[2].set_yscale("log")
+    ax[2].set_title("checkpoint sizes (MiB, log scale)")
+    fresh = (res.get("serving") or {}).get("freshness") or []
+    if fresh:
+        ax[3].plot([f[0] for f in fresh], [f[1] for f in fresh], "o-", ms=3)
+        ax[3].set_ylabel("seconds")
+        ax[3].set_title("freshness: commit -> served (seen by a client)")
+    else:
+        ax[3].set_title("freshness")
+        ax[3].text(0.5, 0.5, "no server in this run", ha="center", va="center", transform=ax[3].transAxes)
+    series = res.get("auc_over_time") or []
+    if series:
+        ax[4].plot([p[0] for p in series], [p[1] for p in series], label="live (updated online)")
+        if any(p[2] is not None for p in series):
+            ax[4].plot([p[0] for p in series], [p[2] for p in series], label="frozen at the first full")
+    else:
+        ax[4].text(0.5, 0.5, "no new rows trained", ha="center", va="center", transform=ax[4].transAxes)
+    ax[4].set_title("progressive AUC (each batch scored before training)")
+    a = res.get("auc") or {}
+    c = res["checkpoints"]
+    lines = [f"examples this run: {res.get('examples_this_session', res['examples']):,}",
+             f"examples/s: {res['examples_per_s']:,.0f}",
+             f"commits: {c['fulls']} fulls, {c['deltas']} deltas"]
+    if a.get("live") is not None:
+        lines.append(f"AUC live {a['live']:.4f}" + (f", frozen {a['frozen']:.4f}" if a.get("frozen") is not None
+                                                     else ""))
+    ax[5].axis("off")
+    ax[5].text(0.02, 0.95, "\n".join(lines), va="top", family="monospace", transform=ax[5].transAxes)
+    for i in range(5):
+        ax[i].set_xlabel("seconds since start")
+        if ax[i].get_legend_handles_labels()[0]:
+            ax[i].legend(fontsize=8)
+        ax[i].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def format_summary(res):
     """The human-readable summary printed at the end of a run."""
-    lines = [f"examples: {res['examples']:,} in {res['train_seconds']} s ({res['examples_per_s']:,.0f} examples/s)"]
+    session = res.get("examples_this_session", res["examples"])
+    lines = []
+    if res.get("resumed_at") is not None:
+        lines.append(f"resumed at row {res['resumed_at']:,} ({res['examples'] - session:,} examples trained "
+                     "before this run)")
+    if session == 0 and res.get("resumed_at") is not None:
+        lines.append(f"nothing new to train: the checkpoint root is at row {res.get('position', res['resumed_at']):,}"
+                     f" of {res.get('rows_in_data', '?'):,} (no checkpoint committed)")
+    else:
+        lines.append(f"examples: {session:,} this run in {res['train_seconds']} s ({res['examples_per_s']:,.0f} "
+                     "examples/s)" + (f"; {res['examples']:,} in all" if res["examples"] != session else ""))
     c = res["checkpoints"]
-    ratio = c["delta_bytes_mean"] / c["full_bytes_mean"] if c["full_bytes_mean"] else float("nan")
-    lines.append(f"checkpoints: {c['fulls']} fulls (mean {c['full_bytes_mean'] / 2**20:.2f} MiB), {c['deltas']} deltas "
-                 f"(mean {c['delta_bytes_mean'] / 2**20:.3f} MiB = {ratio:.1%} of a full)")
+    ref = c.get("reference_full")
+    if c["fulls"] or c["deltas"]:
+        line = f"checkpoints: {c['fulls']} fulls (mean {c['full_bytes_mean'] / 2**20:.2f} MiB), {c['deltas']} deltas " \
+               f"(mean {c['delta_bytes_mean'] / 2**20:.3f} MiB"
+        if ref and c["deltas"]:
+            line += f" = {c['delta_bytes_mean'] / ref['bytes']:.1%} of the newest full of trained state, " \
+                    f"{ref['bytes'] / 2**20:.2f} MiB)"
+        else:
+            line += "; no full of trained state yet to compare with)"
+        lines.append(line)
     tb = res.get("tables") or {}
     for n in (tb.get("rows") or {}):
         lines.append(f"table {n}: {tb['rows'][n]:,} rows, {tb['filtered'][n]:,} counted not admitted, "
                      f"{tb['evicted'][n]:,} evicted")
-    if res.get("rows_over_time"):
-        pts = res["rows_over_time"]
-        pick = pts[:: max(1, len(pts) // 6)] + [pts[-1]]
-        lines.append("rows over time: " + ", ".join(f"{p['t']:.0f}s {p['rows']:,}" for p in pick))
+    pts = res.get("rows_over_time") or []
+    if len(pts) > 1:
+        lines.append("rows over time: " + ", ".join(f"{p['t']:.0f}s {p['rows']:,}" for p in _pick(pts)))
     s = res.get("serving")
     if s:
         every = s.get("served_every_commit")
+        skipped = s.get("superseded_by_a_newer_full") or []
         lines.append(f"serving: {s.get('applied_by_server', '?')} checkpoints applied by the server process "
-                     f"({s['committed_after_first_full']} committed after the first full; every one served: {every}); "
+                     f"(the first full and {s['committed_after_first_full']} commits after it"
+                     + (f"; {len(skipped)} replaced by a newer full before the server's next poll: "
+                        f"{', '.join(map(str, skipped))}" if skipped else "")
+                     + f"; {s.get('apply_failures', '?')} failures; every one served: {every}); "
                      f"freshness p50 {s['freshness_p50_s']} s, p99 {s['freshness_p99_s']} s "
                      "(commit -> served, seen by a client)")
     a = res["auc"]
-    if a["frozen"] == a["frozen"]:
+    if a.get("live") is None:
+        pass
+    elif a.get("frozen") is not None:
         lines.append(f"progressive AUC: live-updated server {a['live']:.4f} vs frozen at the first full "
                      f"{a['frozen']:.4f}")
     else:
         lines.append(f"progressive AUC (each batch scored before training on it): {a['live']:.4f}")
     if "restore_matches_trainer" in res:
         lines.append(f"restore of the final chain equals the trainer's state: {res['restore_matches_trainer']}")
-    lines.append(f"output: {res['out']} (summary.json, tensorboard/)")
+    if res.get("export"):
+        e = res["export"]
+        lines.append(f"serving export: {e['dir']} ({'written' if e['written'] else 'kept: this model'}); serve it "
+                     f"with: {e['serve']}")
+    lines.append(f"report: {res['report_png']}")
+    lines.append(f"output: {res['out']} (summary.json, report.png; TensorBoard scalars: "
+                 f"tensorboard --logdir {os.path.join(res['out'], 'tensorboard')}, after "
+                 "pip install 'evstore[tensorboard]')")
     return "\n".join(lines)

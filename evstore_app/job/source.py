@@ -12,6 +12,12 @@ import tensorflow as tf
 
 __all__ = ["FileStream"]
 
+_ROW = "__evstore_row"   # read order, the tiebreak of the timestamp sort
+
+
+def _names(table):
+    return [c for c in table.column_names if c != _ROW]
+
 
 def _read(path, fmt):
     fmt = fmt or ("parquet" if path.endswith((".parquet", ".pq")) else "csv")
@@ -46,20 +52,33 @@ class FileStream:
         if not files:
             raise ValueError(f"no data files in {data}")
         table = pa.concat_tables([_read(f, fmt) for f in files])
-        for j in d.get("join", []):
-            right = _read(os.path.join(base, j["file"]), None).select([j["on"]] + list(j["columns"]))
+        # The order is deterministic: files by name, rows as read, then a stable
+        # sort by timestamp with the read order breaking ties (a join reorders
+        # rows), so every run reads the same rows in the same order and a resumed
+        # position means the same rows.
+        table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        for i, j in enumerate(d.get("join", [])):
+            path = os.path.join(base, j["file"])
+            right = _read(path, None)
+            where = f"spec: data.join[{i}]"
+            if j["on"] not in table.column_names:
+                raise ValueError(f"{where}.on: column {j['on']!r} is not in the data (it has "
+                                 f"{_names(table)})")
+            lacking = [c for c in [j["on"]] + list(j["columns"]) if c not in right.column_names]
+            if lacking:
+                raise ValueError(f"{where}: {path} has no column(s) {lacking} (it has {right.column_names})")
+            right = right.select([j["on"]] + list(j["columns"]))
             table = table.join(right, keys=j["on"], join_type="left outer")
         ts = d.get("timestamp")
-        if ts:
-            if ts not in table.column_names:
-                raise ValueError(f"spec: timestamp column {ts!r} is not in the data ({table.column_names})")
-            table = table.sort_by([(ts, "ascending")])
+        if ts and ts not in table.column_names:
+            raise ValueError(f"spec: data.timestamp: column {ts!r} is not in the data (it has {_names(table)})")
+        table = table.sort_by(([(ts, "ascending")] if ts else []) + [(_ROW, "ascending")]).drop_columns([_ROW])
         if max_rows is not None:
             table = table.slice(0, max_rows)
         need = [f["column"] for f in spec["sparse"]] + list(spec["dense"]) + [spec["label"]["column"]]
         missing = [c for c in need if c not in table.column_names]
         if missing:
-            raise ValueError(f"spec names columns {missing} that the data lacks (it has {table.column_names})")
+            raise ValueError(f"spec names columns {missing} that the data lacks (it has {_names(table)})")
         self.rows = table.num_rows
         self.batch_size = spec["batch_size"]
         self.cols = {f["column"]: _ids(table[f["column"]]) for f in spec["sparse"]}

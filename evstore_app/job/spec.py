@@ -13,26 +13,127 @@ JSON (a file or a dict):
    "optimizer": {"name": "adam"|"adagrad"|"sgd"|"ftrl"|..., "learning_rate": 0.005}}
 String columns are hashed to int64 ids (FarmHash, stable across runs).
 """
+import difflib
 import json
 import os
 
-__all__ = ["load_spec", "SpecError"]
+import jsonschema
+
+__all__ = ["load_spec", "SpecError", "SCHEMA"]
 
 
 class SpecError(ValueError):
     """The spec is malformed; the message names the field."""
 
 
-def _req(d, key, where, types):
-    if key not in d:
-        raise SpecError(f"spec: {where} needs '{key}'")
-    if not isinstance(d[key], types):
-        raise SpecError(f"spec: {where}.{key} must be {types}, got {d[key]!r}")
-    return d[key]
+_POS_INT = {"type": "integer", "minimum": 1, "x-message": "must be a positive int"}
+_NAME = {"type": "string", "minLength": 1, "x-message": "must be a non-empty string"}
+_COLUMNS = {"type": "array", "items": _NAME, "x-message": "must be a list of column names"}
+
+# The spec as a JSON Schema (draft 2020-12): types, ranges, and no unknown keys
+# anywhere but in the optimizer's keyword arguments. "x-message" is the
+# wording of our error for that node (jsonschema ignores unknown keywords).
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["label", "sparse"],
+    "properties": {
+        "data": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "format": {"enum": ["csv", "parquet"], "x-message": "must be 'csv' or 'parquet'"},
+                "timestamp": _NAME,
+                "join": {"type": "array", "items": {
+                    "type": "object", "additionalProperties": False, "required": ["file", "on", "columns"],
+                    "properties": {"file": _NAME, "on": _NAME, "columns": _COLUMNS}}},
+            },
+        },
+        "label": {
+            "type": "object", "additionalProperties": False, "required": ["column"],
+            "properties": {"column": _NAME, "threshold": {"type": "number", "x-message": "must be a number"}},
+        },
+        "sparse": {
+            "type": "array", "minItems": 1, "x-message": "must list at least one sparse field",
+            "items": {
+                "type": "object", "additionalProperties": False, "required": ["name", "column", "dim"],
+                "properties": {
+                    "name": _NAME, "column": _NAME, "dim": _POS_INT,
+                    "filter": {
+                        "x-message": "must be {'counter': n} or {'bloom': n, 'capacity': c, 'fp_rate': p}",
+                        "oneOf": [
+                            {"type": "object", "additionalProperties": False, "required": ["counter"],
+                             "properties": {"counter": _POS_INT}},
+                            {"type": "object", "additionalProperties": False, "required": ["bloom"],
+                             "properties": {"bloom": _POS_INT, "capacity": {"type": "number", "exclusiveMinimum": 0},
+                                            "fp_rate": {"type": "number", "exclusiveMinimum": 0,
+                                                        "exclusiveMaximum": 1}}},
+                        ]},
+                    "evict": {
+                        "type": "object", "additionalProperties": False, "minProperties": 1,
+                        "x-message": "must be {'global_step': n} and/or {'l2': t}",
+                        "properties": {"global_step": _POS_INT,
+                                       "l2": {"type": "number", "minimum": 0, "x-message": "must be a number >= 0"}}},
+                },
+            },
+        },
+        "dense": _COLUMNS,
+        "hidden": {"type": "array", "items": _POS_INT, "x-message": "must be a list of positive ints"},
+        "batch_size": _POS_INT,
+        "optimizer": {
+            "type": "object", "required": ["name"],
+            "x-message": "must be {'name': ..., 'learning_rate': ..., other arguments of the optimizer}",
+            "properties": {"name": _NAME, "learning_rate": {"type": "number", "exclusiveMinimum": 0,
+                                                            "x-message": "must be a number > 0"}},
+        },
+    },
+}
+_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+def _where(path):
+    """'spec: sparse[0].dim' for the path ['sparse', 0, 'dim'], 'spec' for the root."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return f"spec: {out[1:]}" if out else "spec"
+
+
+def _message(error):
+    """One line naming the field, for a jsonschema ValidationError."""
+    where = _where(list(error.absolute_path))
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed))
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return f"{where} has unknown key(s) {', '.join(hints)}; allowed: {', '.join(allowed)}"
+    if error.validator == "required":
+        return f"{where} needs {error.message.split(' is a required')[0]}"
+    custom = error.schema.get("x-message")
+    if custom:
+        return f"{where} {custom}, got {error.instance!r}"
+    return f"{where}: {error.message}"
+
+
+def _first_error(spec):
+    errors = sorted(_VALIDATOR.iter_errors(spec), key=lambda e: (len(e.absolute_path), list(map(str, e.path))))
+    if not errors:
+        return None
+    # Unknown keys first (typos are the common mistake), then the shallowest.
+    unknown = [e for e in errors if e.validator == "additionalProperties"]
+    return (unknown or [jsonschema.exceptions.best_match(errors)])[0]
 
 
 def load_spec(spec):
-    """A validated spec dict from a dict or a JSON file path."""
+    """A validated spec dict (defaults filled in) from a dict or a JSON file path.
+
+    Raises:
+      SpecError: the file is missing or not JSON, or the spec breaks SCHEMA
+        (unknown keys, wrong types, out of range) or names two sparse fields
+        alike; one line naming the field.
+    """
     if isinstance(spec, (str, os.PathLike)):
         try:
             with open(spec) as f:
@@ -43,46 +144,17 @@ def load_spec(spec):
             raise SpecError(f"spec file {spec} is not valid JSON: {e}") from None
     if not isinstance(spec, dict):
         raise SpecError("spec must be a JSON object")
-    spec = dict(spec)
-    label = _req(spec, "label", "spec", dict)
-    _req(label, "column", "label", str)
-    if "threshold" in label and not isinstance(label["threshold"], (int, float)):
-        raise SpecError("spec: label.threshold must be a number")
-    sparse = _req(spec, "sparse", "spec", list)
-    if not sparse:
-        raise SpecError("spec: 'sparse' must name at least one field")
-    names = set()
-    for i, f in enumerate(sparse):
-        where = f"sparse[{i}]"
-        if not isinstance(f, dict):
-            raise SpecError(f"spec: {where} must be an object")
-        name = _req(f, "name", where, str)
-        _req(f, "column", where, str)
-        dim = _req(f, "dim", where, int)
-        if dim < 1 or isinstance(dim, bool):
-            raise SpecError(f"spec: {where}.dim must be a positive int")
-        if name in names:
+    error = _first_error(spec)
+    if error is not None:
+        raise SpecError(_message(error))
+    names = [f["name"] for f in spec["sparse"]]
+    for name in names:
+        if names.count(name) > 1:
             raise SpecError(f"spec: two sparse fields are named {name!r}")
-        names.add(name)
-        flt = f.get("filter")
-        if flt is not None and not (isinstance(flt, dict) and (set(flt) <= {"counter"} or
-                                                              set(flt) <= {"bloom", "capacity", "fp_rate"})):
-            raise SpecError(f"spec: {where}.filter must be {{'counter': n}} or {{'bloom': n, 'capacity': c, "
-                            f"'fp_rate': p}}, got {flt!r}")
-        ev = f.get("evict")
-        if ev is not None and not (isinstance(ev, dict) and set(ev) <= {"global_step", "l2"} and ev):
-            raise SpecError(f"spec: {where}.evict must be {{'global_step': n}} and/or {{'l2': t}}, got {ev!r}")
-    dense = spec.setdefault("dense", [])
-    if not isinstance(dense, list) or not all(isinstance(c, str) for c in dense):
-        raise SpecError("spec: 'dense' must be a list of column names")
-    hidden = spec.setdefault("hidden", [64, 32])
-    if not isinstance(hidden, list) or not all(isinstance(h, int) and h > 0 for h in hidden):
-        raise SpecError("spec: 'hidden' must be a list of positive ints")
-    bs = spec.setdefault("batch_size", 512)
-    if not isinstance(bs, int) or bs < 1:
-        raise SpecError("spec: 'batch_size' must be a positive int")
-    opt = spec.setdefault("optimizer", {"name": "adam", "learning_rate": 0.005})
-    if not isinstance(opt, dict) or not isinstance(opt.get("name"), str):
-        raise SpecError("spec: 'optimizer' must be {'name': ..., 'learning_rate': ...}")
+    spec = dict(spec)
+    spec.setdefault("dense", [])
+    spec.setdefault("hidden", [64, 32])
+    spec.setdefault("batch_size", 512)
+    spec.setdefault("optimizer", {"name": "adam", "learning_rate": 0.005})
     spec.setdefault("data", {})
     return spec

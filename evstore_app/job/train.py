@@ -4,9 +4,12 @@ Reads the data (Parquet or CSV, pyarrow, timestamp order), resumes from the
 checkpoint root's newest chain if it has one (at the saved input position),
 trains batch by batch with progressive evaluation, saves deltas and fulls on
 a schedule, and commits a final delta when the data ends or on Ctrl-C /
-SIGTERM.
+SIGTERM. With `export`, the serving export is written first (or kept if it
+is this model's), so `evstore serve --export EXPORT --checkpoints ROOT` can
+follow the run from its first commit.
 """
 import os
+import sys
 import time
 
 import tensorflow as tf
@@ -20,21 +23,37 @@ __all__ = ["run"]
 
 
 def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
-        progress=True, stop_event=None):
+        progress=True, stop_event=None, export=None):
     """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
-    Returns the summary dict (also written to OUT/summary.json; OUT defaults
-    to the checkpoint root's parent directory + /evstore-train when local)."""
+    `export`: a local directory for the model's serving export
+    (serving_loader.ensure_serving_export: written before training, kept when
+    it already holds this model's export; ValueError if it holds another's).
+    Returns the summary dict (also written to OUT/summary.json, with
+    OUT/report.png; OUT defaults to default_out(checkpoints)). A root that
+    already holds every row of `data` trains and commits nothing."""
     spec = load_spec(spec)
     stream = FileStream(data, spec, max_rows=max_rows)
     trainer = Trainer(spec, checkpoints, keep_chains=keep_chains)
     if stop_event is not None:
         trainer.stop_event = stop_event
     start = trainer.resume()
-    out = out or (os.path.join(os.path.dirname(os.path.abspath(checkpoints)), "evstore-train")
-                  if "://" not in str(checkpoints) else "evstore-train")
+    if trainer.resumed_at is not None:
+        print(f"evstore train: resuming at row {start:,} of {stream.rows:,} from {trainer.manager.root}",
+              file=sys.stderr, flush=True)
+    out = out or default_out(checkpoints)
+    extra = {}
+    if export is not None:
+        import serving_loader
+        _, written = serving_loader.ensure_serving_export(trainer.model, export)
+        extra["export"] = {"dir": os.path.abspath(export), "written": written,
+                           "serve": serve_command(export, checkpoints)}
     os.makedirs(out, exist_ok=True)
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
     summary = Summary(out, trainer)
+    if start >= stream.rows:         # a finished root: nothing to train, nothing to commit
+        first = trainer.manager.last_committed.seq
+        return summary.finish(first_full=first, final=first, train_seconds=0.0, steps=0, spec=spec,
+                              extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
     if trainer.manager.last_committed is None:
         trainer.manager.save_full(metadata=trainer.metadata())   # the chain starts at the initial state
     first = trainer.manager.last_committed.seq
@@ -62,12 +81,29 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     trainer.snapshot_stats()
     trainer.write_summaries(writer, trainer.examples, summary.running())
     return summary.finish(first_full=first, final=final, train_seconds=time.time() - t0, steps=steps, spec=spec,
-                          extra={"position": trainer.position, "rows_in_data": stream.rows})
+                          extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
+
+
+def serve_command(export, checkpoints):
+    """The `evstore serve` command line that serves `export` kept fresh from `checkpoints`."""
+    import shlex
+    root = checkpoints if "://" in str(checkpoints) else os.path.abspath(checkpoints)
+    return f"evstore serve --export {shlex.quote(os.path.abspath(export))} --checkpoints {shlex.quote(str(root))}"
+
+
+def default_out(checkpoints):
+    """Where `train` writes its summary, report and TensorBoard files by
+    default: `<root>.train` beside a local root (one per root), else
+    `./evstore-train-<last part of the URL>`."""
+    root = str(checkpoints)
+    if "://" not in root:
+        return os.path.abspath(root).rstrip(os.sep) + ".train"
+    name = root.rstrip("/").rsplit("/", 1)[-1].replace(":", "") or "root"
+    return os.path.abspath(f"evstore-train-{name}")
 
 
 def _bar(enabled, total, start):
     if not enabled:
         return None
-    import sys
     from tqdm import tqdm
     return tqdm(total=total, initial=start, unit="ex", desc="evstore train", file=sys.stderr)

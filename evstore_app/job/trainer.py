@@ -59,6 +59,8 @@ class Trainer:
         self.losses = []
         self.stop_event = threading.Event()
         self.started = time.time()
+        self.resumed_at = None   # input position restored from the root (None: a new job)
+        self.examples_at_start = 0
         self.timeline = []       # (seconds, examples, rows per EV, stats per EV)
 
     @property
@@ -74,8 +76,14 @@ class Trainer:
             return 0
         meta = self.manager.restore()
         self.position = int(meta.get("position", 0))
-        self.examples = int(meta.get("examples", 0))
+        self.examples = self.examples_at_start = int(meta.get("examples", 0))
+        self.resumed_at = self.position
         return self.position
+
+    @property
+    def session_examples(self):
+        """Examples trained by this process (not counting those restored)."""
+        return self.examples - self.examples_at_start
 
     def predict(self, x):
         return self.model.predict_on_batch(x).reshape(-1)
@@ -111,7 +119,7 @@ class Trainer:
                     _scalar(f"table/{n}/rows", r)
                     _scalar(f"table/{n}/filtered", last["filtered"][n])
                     _scalar(f"table/{n}/evicted", last["evicted"][n])
-                _scalar("train/examples_per_s", self.examples / max(time.time() - self.started, 1e-9))
+                _scalar("train/examples_per_s", self.session_examples / max(time.time() - self.started, 1e-9))
             for k, v in (extra or {}).items():
                 if v == v:  # not nan
                     _scalar(k, v)

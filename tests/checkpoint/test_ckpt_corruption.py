@@ -7,6 +7,7 @@ import os
 import pytest
 
 import checkpoint
+from checkpoint.manifest import canonical_checksum
 from ckpt_model import assert_same_state, make_model, state, train
 
 
@@ -33,6 +34,12 @@ def _restore_fresh(root, **kw):
         assert_same_state(state(fresh), before)   # nothing changed
         raise
     return fresh
+
+
+def _write_manifest(path, d):
+    """Writes manifest dict `d` with a valid checksum: a manifest a (buggy) writer could have produced."""
+    d["checksum"] = canonical_checksum(d)
+    path.write_text(json.dumps(d))
 
 
 def _biggest_data_file(d):
@@ -87,7 +94,7 @@ def test_manifest_pointing_at_a_wrong_parent_is_refused(chain):
     m = root / "delta-0000000003" / "MANIFEST.json"
     d = json.loads(m.read_text())
     d["parent"] = 9
-    m.write_text(json.dumps(d))
+    _write_manifest(m, d)
     with pytest.raises(checkpoint.CorruptCheckpointError, match="delta 3 names parent 9"):
         _restore_fresh(root)
 
@@ -103,7 +110,8 @@ def test_manifest_pointing_at_another_chains_parent_is_refused(chain):
         (root / "delta-0000000006" / f.name).write_bytes(f.read_bytes())
     d = json.loads((root / "delta-0000000003" / "MANIFEST.json").read_text())
     d.update(seq=6, parent=5, base=1)                        # ...claiming a chain-4 parent
-    (root / "delta-0000000006" / "MANIFEST.json").write_text(json.dumps(d))
+    d.pop("parent_checksum")                                 # (by number only, as older writers did)
+    _write_manifest(root / "delta-0000000006" / "MANIFEST.json", d)
     with pytest.raises(checkpoint.ChainError, match="delta-0000000006 names base 1.*wrong parent"):
         _restore_fresh(root)
 

@@ -187,13 +187,18 @@ def test_memory_filesystem_root_round_trips(model):
     assert_same_state(state(fresh), state(model))
 
 
+def _checkpoint_dirs(root):
+    """The checkpoint directories of a root (not the writer's lease file)."""
+    return sorted(d for d in os.listdir(root) if d != "WRITER.lease")
+
+
 def test_retention_keeps_the_last_chains(tmp_path, model):
     mgr = checkpoint.CheckpointManager(str(tmp_path), model, keep_chains=2)
     for _ in range(4):
         mgr.save_full()
         mgr.save_delta()
-    assert sorted(os.listdir(tmp_path)) == ["delta-0000000006", "delta-0000000008", "full-0000000005",
-                                           "full-0000000007"]
+    assert _checkpoint_dirs(tmp_path) == ["delta-0000000006", "delta-0000000008", "full-0000000005",
+                                          "full-0000000007"]
 
 
 def test_failed_save_aborts_and_the_next_delta_carries_every_change(tmp_path, model, monkeypatch):
@@ -204,7 +209,7 @@ def test_failed_save_aborts_and_the_next_delta_carries_every_change(tmp_path, mo
     monkeypatch.setenv("EVSTORE_FAILPOINT", "before-manifest:raise")
     with pytest.raises(OSError, match="simulated"):
         mgr.save_delta()
-    assert sorted(os.listdir(tmp_path)) == ["full-0000000001"]  # nothing half-written stays
+    assert _checkpoint_dirs(tmp_path) == ["full-0000000001"]  # nothing half-written stays
     monkeypatch.delenv("EVSTORE_FAILPOINT")
     mgr.save_delta()
     fresh, _ = _restored(str(tmp_path))
@@ -227,7 +232,7 @@ def test_scheduled_saves_run_while_training_and_stop_commits_the_rest(tmp_path, 
     mgr.start(delta_every=0.2, full_every=1.0)
     pos = 0
     deadline = time.time() + 2.5
-    while time.time() < deadline or len(os.listdir(tmp_path)) < 3:
+    while time.time() < deadline or len(_checkpoint_dirs(tmp_path)) < 3:
         with mgr.lock:
             train(model, pos, pos + 1)
             pos += 1

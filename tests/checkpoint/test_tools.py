@@ -128,6 +128,25 @@ def test_inspect_cli_lists_every_checkpoint_and_marks_the_restore_chain(chain_ro
     assert [(m[1], m[2]) for m in marked] == [("1", "full"), ("2", "delta"), ("3", "delta")]
 
 
+def test_inspect_shows_slots_from_the_newest_checkpoint_not_an_empty_initial_full(tmp_path, capsys):
+    root = str(tmp_path / "ckpt")
+    model = make_model()
+    mgr = manager_for(root, model)
+    mgr.save_full()                      # what `evstore train` commits first: nothing trained, no slots yet
+    train(model, 0, 50, seed=1)
+    mgr.save_delta()
+    assert cli.main(["ckpt", "inspect", root]) == 0
+    out = capsys.readouterr().out
+    assert "EV user: dim 4, int64 keys, slots m, v" in out
+
+
+def test_inspect_of_one_checkpoints_directory_names_the_root(chain_root, capsys):
+    root, _ = chain_root
+    assert cli.main(["ckpt", "inspect", os.path.join(root, "delta-0000000002")]) == 0
+    out = capsys.readouterr().out
+    assert f"one checkpoint's own directory; the root is its parent: evstore ckpt inspect {root}" in out
+
+
 def test_inspect_lists_uncommitted_dirs_and_corrupt_manifests(chain_root, capsys):
     root, _ = chain_root
     os.makedirs(os.path.join(root, "delta-0000000004"))
@@ -165,8 +184,9 @@ def test_verify_cli_names_a_bit_flipped_data_file(chain_root):
         f.write(bytes([b[0] ^ 0x10]))
     r = run_cli("verify", root)
     assert r.returncode == 1
-    (line,) = r.stdout.splitlines()
+    line, verdict = r.stdout.splitlines()       # the whole report on stdout
     assert path in line and "crc32c" in line and "Traceback" not in r.stderr
+    assert verdict.startswith("FAILED: 1 problem(s)") and r.stderr == ""
 
 
 def test_verify_cli_names_a_truncated_index(chain_root):
@@ -176,7 +196,7 @@ def test_verify_cli_names_a_truncated_index(chain_root):
         f.truncate(os.path.getsize(path) - 7)
     r = run_cli("verify", root)
     assert r.returncode == 1
-    (line,) = r.stdout.splitlines()
+    line, _ = r.stdout.splitlines()
     assert path in line and "truncated" in line
 
 

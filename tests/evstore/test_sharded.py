@@ -62,6 +62,8 @@ def test_a_sharded_ev_is_an_embedding_variable_with_the_same_surface():
     assert plain.shards == (plain,) and plain.num_shards == 1
     assert plain.trainable_variables == [plain] and sev.trainable_variables == list(sev.shards)
     np.testing.assert_array_equal(sev.default_value, plain.default_value)
+    assert all(s.owner is sev for s in sev.shards) and plain.owner is None
+    assert evstore.variable.ev_for_variable(plain.proxy) is plain
     assert evstore.summary.ev_stats(sev)["size"] == 0
 
 
@@ -197,9 +199,10 @@ def test_bad_shards_or_devices_raise(kwargs, err):
 
 
 def test_wrong_key_dtype_is_refused_before_anything_runs():
-    sev = evstore.EmbeddingVariable("t", DIM, shards=2)
-    with pytest.raises(TypeError, match="int64 keys"):
-        evstore.embedding_lookup(sev, tf.constant([1, 2], tf.int32))
+    # (int32 ids into an int64 EV are cast, as tf.nn accepts them: test_tf_nn_parity.py)
+    sev = evstore.EmbeddingVariable("t", DIM, shards=2, key_dtype=tf.int32)
+    with pytest.raises(TypeError, match="int32 keys"):
+        evstore.embedding_lookup(sev, tf.constant([1, 2], tf.int64))
     assert int(sev.size()) == 0
 
 

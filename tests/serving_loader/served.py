@@ -117,7 +117,7 @@ def serve_ctr(tmp):
     The caller stops the server."""
     import checkpoint
     import serving_loader
-    from ckpt_model import make_model, train   # tests/checkpoint on sys.path (the caller's)
+    from ckpt_model import make_model, train   # tests/checkpoint, registered by tests/conftest.py
 
     model = make_model()
     train(model, 0, 3)

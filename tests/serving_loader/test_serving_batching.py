@@ -7,18 +7,15 @@ import concurrent.futures
 import http.client
 import json
 import os
-import sys
 import threading
 
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from served import Server  # noqa: E402
+from served import Server
 
-from serving_loader.batching import Batcher, BatchingOptions  # noqa: E402
-from serving_loader.tfs import ServingError  # noqa: E402
+from serving_loader.batching import Batcher, BatchingOptions
+from serving_loader.tfs import ServingError
 
 
 # ---- the batcher in process (the model is a plain function) ------------------------------------

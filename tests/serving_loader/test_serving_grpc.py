@@ -2,7 +2,6 @@
 `tensorflow-serving-api` package's PredictionServiceStub and ModelServiceStub
 against a real server process."""
 import os
-import sys
 
 import grpc
 import numpy as np
@@ -12,10 +11,8 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc,
                                      regression_pb2)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
-from ckpt_model import probe_inputs, train  # noqa: E402
-from served import serve_ctr  # noqa: E402
+from ckpt_model import probe_inputs, train
+from served import serve_ctr
 
 
 @pytest.fixture(scope="module")

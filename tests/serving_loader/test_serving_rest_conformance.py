@@ -5,17 +5,14 @@ import base64
 import json
 import os
 import re
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
-import serving_loader  # noqa: E402
-from ckpt_model import probe_inputs, train  # noqa: E402
-from served import Server, serve_ctr  # noqa: E402
+import serving_loader
+from ckpt_model import probe_inputs, train
+from served import Server, serve_ctr
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,63 @@
+// Ops of the generic optimizer path (kernels: row_kernels.cc; Python:
+// evstore/generic.py): gradient dedup, row + slot read and write by key.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace evstore {
+namespace tf {
+
+using tensorflow::shape_inference::InferenceContext;
+
+REGISTER_OP("EvUniqueSum")
+    .Input("keys: Tkeys")
+    .Input("grads: float")
+    .Attr("Tkeys: {int32, int64, string}")
+    .Output("unique_keys: Tkeys")
+    .Output("summed: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, c->Dim(c->input(1), 1)));
+      return absl::OkStatus();
+    })
+    .Doc("Unique keys (first-occurrence order) and the sums of their gradient rows.");
+
+REGISTER_OP("EvReadRows")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("slot_names: string")
+    .Input("slot_inits: float")
+    .Attr("key_dtype: {int32, int64, string}")
+    .Attr("dim: int >= 1")
+    .Output("values: float")
+    .Output("slots: float")
+    .Output("admitted: bool")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      auto n = c->Dim(c->input(1), 0);
+      auto s = c->Dim(c->input(2), 0);
+      c->set_output(0, c->MakeShape({n, dim}));
+      c->set_output(1, c->MakeShape({s, n, dim}));
+      c->set_output(2, c->MakeShape({n}));
+      return absl::OkStatus();
+    })
+    .Doc("Reads the rows and the named slots (created with their initial values if missing) of keys. "
+         "Never inserts or counts; rows of keys without a row read as zeros with admitted = false.");
+
+REGISTER_OP("EvWriteRows")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("values: float")
+    .Input("slots: float")
+    .Input("slot_names: string")
+    .Input("slot_inits: float")
+    .Input("global_step: int64")
+    .Attr("key_dtype: {int32, int64, string}")
+    .Output("written: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Writes rows and named slots of unique keys that own a row: version = global_step, key marked dirty. "
+         "Keys without a row are skipped.");
+
+}  // namespace tf
+}  // namespace evstore

@@ -1,0 +1,136 @@
+"""From training to serving in one step, as real processes: `evstore train
+--export` on the MovieLens slice, `evstore serve` on what it wrote, a query
+answered with the trainer's predictions; and `evstore serve` refusing a root
+it has nothing to serve from (one line, non-zero exit) unless --allow-empty."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tests", "serving_loader"))
+from serve_proc import Server, evstore, last_line, predict_columns, wait_until  # noqa: E402
+
+DATA = os.path.join(REPO, "tests", "data", "movielens-slice", "ratings.csv")
+SPEC = os.path.join(REPO, "examples", "movielens.json")
+
+
+def _train(tmp, rows, out):
+    return evstore("train", "--data", DATA, "--spec", SPEC, "--checkpoints", str(tmp / "ckpt"), "--export",
+                   str(tmp / "export"), "--max-rows", str(rows), "--delta-every", "1", "--no-progress",
+                   "--out", str(tmp / out))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train-export")
+    p = _train(tmp, 3000, "o1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    return tmp, json.loads((tmp / "o1" / "summary.json").read_text()), p.stdout
+
+
+def _queries():
+    """Model inputs of the slice's last rows (ids as the trainer computes them)."""
+    from evstore_app.job.source import FileStream
+    from evstore_app.job.spec import load_spec
+    spec = load_spec(SPEC)
+    _, (cols, _) = next(FileStream(DATA, spec).batches(29000))
+    from evstore_app.job.model import model_inputs
+    return spec, {k: v[:16] for k, v in model_inputs(spec, cols).items()}
+
+
+def test_train_export_writes_the_serving_export_next_to_the_checkpoints(trained):
+    tmp, summary, stdout = trained
+    assert summary["export"]["written"] is True
+    assert os.path.exists(tmp / "export" / "saved_model.pb")
+    assert os.path.exists(tmp / "export" / "assets.extra" / "evstore_serving.json")
+    assert f"evstore serve --export {tmp / 'export'} --checkpoints {tmp / 'ckpt'}" in stdout
+
+
+def test_train_export_then_serve_answers_with_the_trainers_predictions(trained):
+    import checkpoint
+    from evstore_app.job.model import build_model
+
+    tmp, summary, _ = trained
+    spec, x = _queries()
+    model = build_model(spec)
+    checkpoint.CheckpointManager(str(tmp / "ckpt"), model).restore()   # the trainer's final state
+    server = Server(str(tmp), str(tmp / "export"), str(tmp / "ckpt"), name="movielens")
+    try:
+        assert server.version() == summary["checkpoints"]["final"]
+        got = np.asarray(predict_columns(server, x))
+        np.testing.assert_allclose(got, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+        assert got.shape == (16, 1) and np.all((got > 0) & (got < 1))
+    finally:
+        assert server.stop() == 0
+
+
+def test_resumed_training_keeps_the_export_of_the_same_model(trained):
+    tmp, _, _ = trained
+    before = os.stat(tmp / "export" / "saved_model.pb").st_mtime_ns
+    p = _train(tmp, 3500, "o2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((tmp / "o2" / "summary.json").read_text())["export"]["written"] is False
+    assert os.stat(tmp / "export" / "saved_model.pb").st_mtime_ns == before
+
+
+def test_an_export_directory_of_other_files_is_refused_and_left_as_it_was(tmp_path):
+    import serving_loader
+    from evstore_app.job.model import build_model
+    from evstore_app.job.spec import load_spec
+
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds no evstore serving export"):
+        serving_loader.ensure_serving_export(build_model(load_spec(SPEC)), str(tmp_path / "export"))
+    assert os.listdir(tmp_path / "export") == ["notes.txt"] and os.listdir(tmp_path) == ["export"]
+
+
+def test_serve_on_a_missing_root_exits_non_zero_with_a_one_line_reason(trained, tmp_path):
+    tmp, _, _ = trained
+    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path / "nope"), "--port", "0")
+    assert p.returncode != 0 and not p.stdout
+    assert last_line(p.stderr) == (f"evstore serve: checkpoint root {tmp_path / 'nope'} does not exist "
+                                   "(--allow-empty serves the export as it is)")
+
+
+def test_serve_on_an_empty_root_exits_non_zero_with_a_one_line_reason(trained, tmp_path):
+    tmp, _, _ = trained
+    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path), "--port", "0")
+    assert p.returncode != 0 and not p.stdout
+    assert last_line(p.stderr).startswith(f"evstore serve: checkpoint root {tmp_path} holds no committed checkpoint")
+
+
+def test_serve_on_a_root_of_another_model_exits_non_zero_with_a_one_line_reason(trained, tmp_path):
+    import keras
+
+    import checkpoint
+    import evstore as ev
+
+    tmp, _, _ = trained
+    ids = keras.Input(shape=(1,), dtype="int64", name="ids")
+    other = keras.Model(ids, keras.layers.Flatten()(ev.keras.Embedding(4, name="clicks")(ids)))
+    other(np.array([[1]]))
+    checkpoint.CheckpointManager(str(tmp_path / "other"), other).save_full()
+    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path / "other"), "--port", "0")
+    assert p.returncode != 0 and not p.stdout
+    line = last_line(p.stderr)
+    assert line.startswith(f"evstore serve: checkpoint root {tmp_path / 'other'} holds none of the export's "
+                           "tables ['genre', 'movie', 'user']"), line
+
+
+def test_serve_with_allow_empty_serves_the_export_and_applies_the_first_commit(trained, tmp_path):
+    import shutil
+
+    tmp, _, _ = trained
+    root = tmp_path / "later"
+    server = Server(str(tmp_path), str(tmp / "export"), str(root), name="m", extra=["--allow-empty"])
+    try:
+        assert server.version() == 0            # the export as written
+        shutil.copytree(tmp / "ckpt", tmp_path / "staging")
+        os.rename(tmp_path / "staging", root)   # the trainer's commits arrive
+        wait_until(lambda: server.version() > 0, "the first commit to be served")
+    finally:
+        assert server.stop() == 0
