@@ -59,6 +59,7 @@ def s3_bucket(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        checkpoint.lease._release_all()   # the writer lease, while the server still answers
         fsspec.filesystem("s3").clear_instance_cache()
         proc.terminate()
         proc.wait(timeout=30)
