@@ -22,6 +22,7 @@ from evstore.group import embedding_lookup_group
 from evstore.lookup import embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse
 from evstore.sharded import ShardedEmbeddingVariable, shard_index
 from evstore.substitution import substitute_lookups
+from evstore.schema import MAX_STRING_KEY_BYTES
 from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
 __version__ = "0.1.0"
@@ -29,4 +30,4 @@ __version__ = "0.1.0"
 __all__ = ["EmbeddingVariable", "ShardedEmbeddingVariable", "UnshardedEmbeddingVariable", "CollectiveEmbeddingVariable",
            "shard_index", "CounterFilter", "BloomFilter", "GlobalStepEvict", "L2WeightEvict",
            "embedding_lookup", "embedding_lookup_group", "embedding_lookup_sparse", "safe_embedding_lookup_sparse", "optimizers", "keras",
-           "summary", "ops", "substitute_lookups"]
+           "summary", "ops", "substitute_lookups", "MAX_STRING_KEY_BYTES"]

@@ -69,11 +69,12 @@ def _fit_under_multi_worker():
 
 
 class Embedding(keras.layers.Layer):
-    """Maps integer ids of any shape to `ids.shape + [dim]` embeddings.
+    """Maps integer (or string) ids of any shape to `ids.shape + [dim]` embeddings.
 
     Args:
       dim: embedding width.
-      key_dtype: "int64" (default) or "int32"; integer inputs are cast to it.
+      key_dtype: "int64" (default), "int32" (integer inputs are cast to it), or
+        "string": inputs are tf.string ids, used as keys as they are (bytes).
       embeddings_initializer: initializer for new rows (see EmbeddingVariable).
       filter: admission filter, `evstore.CounterFilter(3)` or `evstore.BloomFilter(...)`.
       evict: eviction policy or list (`evstore.GlobalStepEvict`, `evstore.L2WeightEvict`);
@@ -88,8 +89,8 @@ class Embedding(keras.layers.Layer):
         in scope, looked up by all-to-all; `model.fit` trains it synchronously
         (the layer's proxy is this worker's own, registered to its shard, and
         its gradient is applied there, not all-reduced). Not with `shards`.
-    Inputs must be integer tensors; float inputs raise TypeError (declare
-    `keras.Input(..., dtype="int64")`).
+    Inputs must be integer tensors (string tensors with key_dtype="string");
+    anything else raises TypeError (declare `keras.Input(..., dtype="int64")`).
     """
 
     def __init__(self, dim, key_dtype="int64", embeddings_initializer=None, filter=None, default_value=None,
@@ -137,9 +138,13 @@ class Embedding(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         ids = tf.convert_to_tensor(inputs)
-        if not ids.dtype.is_integer:
+        if self.key_dtype == tf.string:
+            if ids.dtype != tf.string:
+                raise TypeError(f"evstore.keras.Embedding '{self.name}' has string keys, got {ids.dtype.name} ids "
+                                "(declare keras.Input(..., dtype='string'))")
+        elif not ids.dtype.is_integer:
             raise TypeError(f"evstore.keras.Embedding '{self.name}' needs integer ids, got {ids.dtype.name} "
-                            "(declare keras.Input(..., dtype='int64'))")
+                            "(declare keras.Input(..., dtype='int64'), or key_dtype='string' for string ids)")
         if ids.dtype != self.key_dtype:
             ids = tf.cast(ids, self.key_dtype)
         if not self.collective and self.ev.sharded:

@@ -179,7 +179,8 @@ def safe_embedding_lookup_sparse(ev, sp_ids, sp_weights=None, combiner="mean", d
 
     `sp_ids` of rank >= 2 ([d0, ..., dn-1, max_ids]); the result is
     [d0, ..., dn-1, dim]. Invalid ids (< 0) are pruned, and with a combiner other
-    than "sum" so are ids with weight <= 0. Rows left empty read zeros, or the row
+    than "sum" so are ids with weight <= 0 (string ids are never invalid: only
+    the weight rule prunes them). Rows left empty read zeros, or the row
     of `default_id` when given. As tf.nn: combiner None means "mean",
     RaggedTensor inputs are taken as their `to_sparse()`, int32 ids into an
     int64-keyed EV are cast, `max_norm` clips each looked-up row before
@@ -199,7 +200,10 @@ def safe_embedding_lookup_sparse(ev, sp_ids, sp_weights=None, combiner="mean", d
         weights = None
         if sp_weights is not None:
             weights = tf.SparseTensor(sp2.indices, sp_weights.values, sp2.dense_shape)
-        keep = tf.greater_equal(sp2.values, 0)
+        if sp2.dtype == tf.string:   # every string is a valid key (none is "negative")
+            keep = tf.ones_like(sp2.values, dtype=tf.bool)
+        else:
+            keep = tf.greater_equal(sp2.values, 0)
         if weights is not None and combiner != "sum":
             keep = tf.logical_and(keep, tf.greater(weights.values, 0))
         sp2 = tf.sparse.retain(sp2, keep)
@@ -207,7 +211,9 @@ def safe_embedding_lookup_sparse(ev, sp_ids, sp_weights=None, combiner="mean", d
             weights = tf.sparse.retain(weights, keep)
         num_rows = sp2.dense_shape[0]
         if default_id is not None:
-            sp2, _ = tf.sparse.fill_empty_rows(sp2, tf.cast(default_id, sp2.dtype))
+            fill = (tf.convert_to_tensor(default_id, tf.string) if sp2.dtype == tf.string
+                    else tf.cast(default_id, sp2.dtype))
+            sp2, _ = tf.sparse.fill_empty_rows(sp2, fill)
             if weights is not None:
                 weights, _ = tf.sparse.fill_empty_rows(weights, tf.cast(1.0, weights.dtype))
         result = _combine(ev, sp2.indices[:, 0], sp2.values, None if weights is None else weights.values,

@@ -15,7 +15,8 @@ A tf.train.Checkpoint packs the slots as `<ev>-slots` and `<ev>-slot_names`.
 __all__ = ["KEYS", "VALUES", "VERSIONS", "FREQS", "KEYS_FILTERED", "FREQS_FILTERED", "DELETED_KEYS", "SEEN_FILTERED", "CLOCK",
            "BLOOM_GEOMETRY", "BLOOM_BLOCKS", "BLOOM_COUNTERS", "SLOTS",
            "SLOT_NAMES", "SLOT_SEPARATOR", "SLOT_VALUES", "EV_TENSORS", "tensor", "slot_prefix", "slot_tensor",
-           "STATS_FIELDS", "HANDLE", "KEYS_INPUT", "GRADS_INPUT", "GLOBAL_STEP_INPUT", "APPLY_INPUTS"]
+           "STATS_FIELDS", "HANDLE", "KEYS_INPUT", "GRADS_INPUT", "GLOBAL_STEP_INPUT", "APPLY_INPUTS",
+           "MAX_STRING_KEY_BYTES"]
 
 # ---- checkpoint tensor names (schema.h: kKeys ...) ----
 KEYS = "-keys"
@@ -57,6 +58,10 @@ def slot_tensor(ev, slot):
 # ---- stats fields: EvStats' output vector, in order (schema.h: EVSTORE_STATS_FIELDS) ----
 STATS_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
                 "row_bytes", "dirty", "deleted", "evicted", "filter_bytes", "zero_rows")
+
+# ---- key limits (schema.h: kMaxStringKeyBytes) ----
+MAX_STRING_KEY_BYTES = 65535
+"""The longest string key in bytes; a longer key fails its op and changes nothing."""
 
 # ---- op inputs (schema.h: kHandle, kApplyInputs) ----
 HANDLE = "handle"

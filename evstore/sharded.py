@@ -36,10 +36,15 @@ SHARD_ROUTE = "mix64-v1"   # core/shard.h kShardRoute: recorded in checkpoint ma
 
 
 def shard_index(keys, num_shards):
-    """The shard (int32, keys' shape) of each key in an EV of `num_shards` shards."""
+    """The shard (int32, keys' shape) of each key in an EV of `num_shards` shards.
+
+    Integer keys: Mix64(int64(key) ^ seed) % num_shards (core/shard.h). A string
+    key routes as the int64 whose bits are its FarmHash Fingerprint64, i.e.
+    `shard_index(tf.bitcast(tf.fingerprint(keys), tf.int64), n)` for a
+    vector of keys: reproducible with stock TensorFlow, pinned by golden values."""
     keys = tf.convert_to_tensor(keys)
-    if keys.dtype not in (tf.int32, tf.int64):
-        raise TypeError(f"keys must be int32 or int64, got {keys.dtype.name}")
+    if keys.dtype not in (tf.int32, tf.int64, tf.string):
+        raise TypeError(f"keys must be int32, int64 or string, got {keys.dtype.name}")
     return gen.ev_shard_index(keys, num_shards=int(num_shards))
 
 

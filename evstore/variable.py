@@ -20,6 +20,8 @@ from evstore.filters import AdmissionFilter
 __all__ = ["EmbeddingVariable", "UnshardedEmbeddingVariable"]
 
 _STAT_FIELDS = schema.STATS_FIELDS
+# The key dtypes an EmbeddingVariable takes (the ops' key_dtype attr lists the same).
+KEY_DTYPES = (tf.int32, tf.int64, tf.string)
 
 # Proxies: a proxy is the zero-size trainable variable through which gradients
 # of training lookups reach an optimizer (see embedding_lookup); optimizers
@@ -108,7 +110,11 @@ class EmbeddingVariable:
     Args:
       name: a name for the table (used in checkpoints).
       dim: embedding width, a positive int.
-      key_dtype: tf.int64 (default) or tf.int32.
+      key_dtype: tf.int64 (default), tf.int32 or tf.string. String keys are
+        bytes: any byte string (empty and non-UTF-8 included) of at most
+        `evstore.MAX_STRING_KEY_BYTES` (65535) bytes; a longer key fails the
+        op with InvalidArgumentError and changes nothing. They hash with
+        FarmHash Fingerprint64 (= `tf.fingerprint`), see README "String keys".
       initializer: a TF/Keras initializer called as `initializer(shape, dtype)`;
         default `tf.random_normal_initializer(0, 0.01)`.
       default_value: what a key without a row reads (a scalar or `dim` floats);
@@ -209,8 +215,8 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         _check_dim(dim)
         key_dtype = tf.as_dtype(key_dtype)
-        if key_dtype not in (tf.int32, tf.int64):
-            raise TypeError(f"key_dtype must be tf.int32 or tf.int64, got {key_dtype.name}")
+        if key_dtype not in KEY_DTYPES:
+            raise TypeError(f"key_dtype must be tf.int32, tf.int64 or tf.string, got {key_dtype.name}")
         if not isinstance(initializer_bank_size, int) or initializer_bank_size < 1:
             raise ValueError(f"initializer_bank_size must be a positive int, got {initializer_bank_size!r}")
         if num_segments < 1 or num_segments > 4096 or num_segments & (num_segments - 1):
@@ -395,7 +401,10 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
     def _key_tensor(self, ids, what="keys"):
         """The one validation of keys for every op on this EV: tensors must have
         the EV's key dtype (TypeError otherwise, nothing runs); Python lists and
-        numpy arrays of integers are converted to it."""
+        numpy arrays of integers (of bytes / str for a tf.string EV) are
+        converted to it."""
+        if self._key_dtype == tf.string:
+            return self._string_key_tensor(ids, what)
         if not tf.is_tensor(ids):
             arr = np.asarray(ids)
             if arr.size and arr.dtype.kind not in "iu":
@@ -408,6 +417,21 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
                     else f" (use tf.cast({what}, tf.{self._key_dtype.name}))")
             raise TypeError(f"EmbeddingVariable '{self._name}' has {self._key_dtype.name} keys but {what} are "
                             f"{ids.dtype.name}{hint}")
+        return ids
+
+    def _string_key_tensor(self, ids, what):
+        if not tf.is_tensor(ids):
+            arr = np.asarray(ids, dtype=object) if not isinstance(ids, np.ndarray) else ids
+            if arr.size and arr.dtype.kind not in "SUO":
+                raise TypeError(f"EmbeddingVariable '{self._name}' has string keys; {what} must be bytes or str, "
+                                f"got {arr.dtype} values")
+            if arr.dtype.kind == "O" and any(not isinstance(x, (bytes, str)) for x in arr.flat):
+                raise TypeError(f"EmbeddingVariable '{self._name}' has string keys; {what} must be bytes or str")
+            return tf.convert_to_tensor(arr, dtype=tf.string) if arr.size else tf.zeros(arr.shape, tf.string)
+        if ids.dtype != tf.string:
+            raise TypeError(f"EmbeddingVariable '{self._name}' has string keys but {what} are {ids.dtype.name} "
+                            "(string keys are not converted from numbers: use tf.strings.as_string to make "
+                            "them strings, or a tf.int64 EV)")
         return ids
 
     def frequency(self, keys):

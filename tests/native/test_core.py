@@ -8,6 +8,7 @@ as a real process; the test fails on a non-zero exit and shows the binary's
 output.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -19,6 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "evstore" / "native" / "core"
 SOURCES = sorted(CORE.glob("*_test.cc"))
 GXX = shutil.which("g++")
+# The core includes FarmHash from TensorFlow's include dir (string_hash.h);
+# found without importing TensorFlow.
+TF_INCLUDE = str(Path(importlib.util.find_spec("tensorflow").submodule_search_locations[0]) / "include")
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found")
 
@@ -29,7 +33,7 @@ PORTABLE_PROBE = ["-O2", "-DEVSTORE_PORTABLE_PROBE"]
 
 def _build(tmp_path: Path, source: Path, flags: list) -> Path:
     exe = tmp_path / (source.stem + "_" + "_".join(f.lstrip("-").split("=")[0] for f in flags[:2]).lower())
-    cmd = [GXX, "-std=c++17", *flags, "-pthread", "-I", str(CORE), str(source), "-o", str(exe)]
+    cmd = [GXX, "-std=c++17", *flags, "-pthread", "-I", str(CORE), "-I", TF_INCLUDE, str(source), "-o", str(exe)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"build failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
     return exe

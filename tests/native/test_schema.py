@@ -97,3 +97,8 @@ def test_saved_bundles_hold_exactly_the_schema_tensor_names(tmp_path):
     mgr.save_delta()
     delta = {n for n in _bundle_tensors(tmp_path / "full") if n.startswith("schema_ev")}
     assert delta == want | {schema.tensor("schema_ev", schema.DELETED_KEYS)}
+
+
+def test_the_string_key_limit_matches_the_header():
+    m = re.search(r"inline constexpr int kMaxStringKeyBytes = (\d+);", HEADER)
+    assert m and int(m.group(1)) == schema.MAX_STRING_KEY_BYTES == evstore.MAX_STRING_KEY_BYTES

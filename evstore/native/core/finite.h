@@ -20,7 +20,8 @@ inline int64_t FirstNonFinite(const float* g, int64_t n) {
 
 // The refusal message for value `v` of key `key` at batch position `pos`
 // (ev_name empty: not named).
-inline std::string NonFiniteMessage(float v, int64_t key, int64_t pos, const std::string& ev_name) {
+// `key` is the key as text (KeyText in the kernels: an integer, or a quoted string key).
+inline std::string NonFiniteMessage(float v, const std::string& key, int64_t pos, const std::string& ev_name) {
   std::ostringstream m;
   m << "non-finite gradient (" << v << ") for key " << key;
   if (!ev_name.empty()) m << " of EmbeddingVariable '" << ev_name << "'";

@@ -44,6 +44,11 @@ inline constexpr const char* kSlotNames = "-slot_names";  // tf.train.Checkpoint
 inline constexpr const char* kSlotSeparator = "/";
 inline constexpr const char* kSlotValues = "-values";
 
+// ---- key limits ------------------------------------------------------------------
+// The longest string key (bytes): StringKeyTraits (key_traits.h) stores a key's
+// length in 16 bits; a longer key fails its op before anything changes.
+inline constexpr int kMaxStringKeyBytes = 65535;
+
 // "<ev><suffix>", e.g. TensorName("user", kKeys) == "user-keys".
 inline std::string TensorName(const std::string& ev, const char* suffix) { return ev + suffix; }
 // "<ev>/<slot>-values": the slot's prefix (what a checkpoint lists as the

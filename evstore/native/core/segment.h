@@ -82,7 +82,10 @@ class Segment {
   static constexpr int kGroup = kGroupWidth;
 
   Segment() { Reset(1); }
-  ~Segment() { FreeArrays(); }
+  ~Segment() {
+    if (slots_) ForEach([](E& e) { Traits::Release(e.key); });
+    FreeArrays();
+  }
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
@@ -100,7 +103,7 @@ class Segment {
   void adjust_admitted(int64_t d) { admitted_ += d; }
   size_t capacity() const { return ngroups_ * kGroup; }
   size_t bytes() const {
-    return capacity() * (1 + sizeof(E)) + dirty.capacity() * sizeof(Owned) +
+    return capacity() * (1 + sizeof(E)) + key_heap_bytes_ + dirty.capacity() * sizeof(Owned) +
            deleted.size() * (sizeof(Owned) + 2 * sizeof(void*)) + deleted.bucket_count() * sizeof(void*);
   }
 
@@ -165,6 +168,7 @@ class Segment {
   void Erase(E* e) {
     size_t idx = static_cast<size_t>(e - slots_);
     size_t g = idx / kGroup;
+    key_heap_bytes_ -= Traits::HeapBytes(e->key);
     Traits::Release(e->key);
     if (GroupProbe(ctrl_ + g * kGroup).MatchEmpty() != 0) {
       ctrl_[idx] = kEmpty;
@@ -186,6 +190,7 @@ class Segment {
   // Drops every entry (rows are the caller's business).
   void Clear() {
     ForEach([](E& e) { Traits::Release(e.key); });
+    key_heap_bytes_ = 0;
     FreeArrays();
     Reset(1);
     dirty.clear();
@@ -212,10 +217,11 @@ class Segment {
       uint32_t m = GroupProbe(ctrl_ + g * kGroup).MatchEmptyOrDeleted();
       if (m) {
         size_t idx = g * kGroup + __builtin_ctz(m);
+        E* e = slots_ + idx;
+        e->key = Traits::Store(key);  // may throw (allocation): the slot is still free
+        key_heap_bytes_ += Traits::HeapBytes(e->key);
         if (ctrl_[idx] == kDeleted) --tombstones_;
         ctrl_[idx] = static_cast<uint8_t>(h & 0x7F);
-        E* e = slots_ + idx;
-        e->key = Traits::Store(key);
         e->row = kNoRowId;
         e->freq_dirty = 0;
         return e;
@@ -284,6 +290,7 @@ class Segment {
   size_t ngroups_ = 0;
   size_t size_ = 0;
   size_t tombstones_ = 0;
+  size_t key_heap_bytes_ = 0;  // Traits::HeapBytes of every stored key
   size_t admitted_ = 0;
   uint64_t rehashes_ = 0;
 };

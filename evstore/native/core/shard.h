@@ -16,8 +16,10 @@
 //    so the keys of one shard still spread over every segment of its table.
 #pragma once
 #include <cstdint>
+#include <string_view>
 
 #include "hash.h"
+#include "string_hash.h"
 
 namespace evstore {
 
@@ -28,6 +30,13 @@ inline int32_t ShardOf(K key, int32_t num_shards) {
   if (num_shards <= 1) return 0;
   const uint64_t h = Mix64(static_cast<uint64_t>(static_cast<int64_t>(key)) ^ 0xd6e8feb86659fd93ULL);
   return static_cast<int32_t>(h % static_cast<uint64_t>(num_shards));
+}
+
+// A string key routes as the int64 key whose bits are its FarmHash
+// Fingerprint64 (string_hash.h; = tf.fingerprint of the bytes), so the route
+// is reproducible with stock TensorFlow: shard = ShardOf(int64(fp), N).
+inline int32_t ShardOf(std::string_view key, int32_t num_shards) {
+  return ShardOf<int64_t>(static_cast<int64_t>(StringFingerprint64(key)), num_shards);
 }
 
 }  // namespace evstore

@@ -14,6 +14,8 @@
 #include <limits>
 #include <map>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -892,6 +894,46 @@ static void test_shard_route_is_a_stable_hash() {
   CHECK_EQ(ShardOf<int32_t>(-7, 5), ShardOf<int64_t>(-7, 5));
 }
 
+
+// String keys (StringKeyTraits): any bytes are a key (empty, NUL inside,
+// non-UTF-8), keys survive growth, erase / evict / clear free what Store took
+// (the sanitizer build checks for leaks and use-after-free), over-long keys
+// are refused, and the hash is FarmHash Fingerprint64 (golden values).
+static void test_string_keys() {
+  using S = std::string_view;
+  Table<S> t(Cfg(2));
+  std::vector<std::string> own;
+  for (int i = 0; i < 20000; ++i) own.push_back("key-" + std::to_string(i) + std::string(i % 40, 'x'));
+  own.push_back(std::string());
+  own.push_back(std::string("a\0b", 3));
+  own.push_back(std::string("\xff\xfe"));
+  std::vector<S> keys(own.begin(), own.end());
+  std::vector<float> out(keys.size() * 2);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  CHECK_EQ(t.size(), static_cast<int64_t>(keys.size()));
+  std::vector<S> again(keys.rbegin(), keys.rend());
+  std::vector<float> out2(keys.size() * 2);
+  t.Find(again.data(), again.size(), out2.data(), kSerial);
+  for (size_t i = 0; i < keys.size(); ++i)
+    CHECK(Slice(out, i, 2) == Slice(out2, keys.size() - 1 - i, 2));
+  S gone[2] = {keys[0], S("absent")};
+  CHECK_EQ(t.Erase(gone, 2), 1);
+  CHECK(t.Stats().index_bytes > static_cast<int64_t>(keys.size()) * 16);
+  auto snap = t.BeginExport();
+  CHECK_EQ(snap->deleted.size(), 1u);
+  CHECK(snap->deleted[0] == own[0]);
+  t.Commit(snap->id);
+  std::string long_key(StringKeyTraits::kMaxKeyBytes + 1, 'z');
+  S bad[1] = {S(long_key)};
+  CHECK_THROWS(StringKeyTraits::CheckLength(bad, 1), std::invalid_argument);
+  CHECK_EQ(StringKeyTraits::Hash(S("")), 11160318154034397263ULL);
+  CHECK_EQ(StringKeyTraits::Hash(S("Comedy")), 3948439503163846339ULL);
+  CHECK_EQ(ShardOf(S("Comedy"), 4), ShardOf<int64_t>(static_cast<int64_t>(3948439503163846339ULL), 4));
+  t.Clear();
+  CHECK_EQ(t.size(), 0);
+  t.FindOrInsert(keys.data(), 100, out.data(), kSerial);  // the destructor frees these
+}
+
 // The group probe (group_probe.h) answers exactly in whichever build this is:
 // every mask equals a byte-by-byte reference over random control groups.
 static void test_group_probe_answers_exactly() {
@@ -923,6 +965,7 @@ static void test_group_probe_answers_exactly() {
 
 int main() {
   RUN(test_group_probe_answers_exactly);
+  RUN(test_string_keys);
   RUN(test_invalid_config_throws);
   RUN_K(test_find_never_inserts);
   RUN_K(test_find_or_insert_counts_and_uses_bank_row);

@@ -22,7 +22,7 @@ int64_t UniqueSum(const K* keys, const float* grads, int64_t n, int dim, std::ve
   ugrads->reserve(static_cast<size_t>(n) * dim);
   for (int64_t i = 0; i < n; ++i) {
     size_t p = Traits::Hash(keys[i]) & (cap - 1);
-    while (slot[p] >= 0 && !(Traits::Equal((*ukeys)[slot[p]], keys[i]))) p = (p + 1) & (cap - 1);
+    while (slot[p] >= 0 && !((*ukeys)[slot[p]] == keys[i])) p = (p + 1) & (cap - 1);
     const float* g = grads + i * dim;
     if (slot[p] < 0) {
       slot[p] = static_cast<int64_t>(ukeys->size());

@@ -38,7 +38,7 @@ class EvApplyBase : public EvTableOp<K> {
       }
     }
   }
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     EV_INPUT(ctx, grads, schema::kGradsInput);
     EV_INPUT(ctx, step, schema::kGlobalStepInput);
@@ -56,17 +56,19 @@ class EvApplyBase : public EvTableOp<K> {
     }
     const int64_t n = keys.dim_size(0);
     const int dim = t.dim();
-    const K* k = keys.flat<K>().data();
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    const CoreKey<K>* k = kin.data();
     const float* g = grads.flat<float>().data();
     // NaN/Inf policy (core/finite.h): refuse the whole batch, change nothing.
     const int64_t bad = FirstNonFinite(g, n * dim);
     if (bad >= 0) {
       ctx->CtxFailure(errors::InvalidArgument(
-          NonFiniteMessage(g[bad], static_cast<int64_t>(k[bad / dim]), bad / dim, "")));
+          NonFiniteMessage(g[bad], KeyDtype<K>::Text(k[bad / dim]), bad / dim, "")));
       return;
     }
     if (n == 0) return;
-    std::vector<K> ukeys;
+    std::vector<CoreKey<K>> ukeys;
     std::vector<float> ugrads;
     int64_t un = UniqueSum(k, g, n, dim, &ukeys, &ugrads);
     EV_TRY(ctx, Run(ctx, t, ukeys.data(), ugrads.data(), un, step.scalar<int64_t>()()));
@@ -83,7 +85,7 @@ class EvApplyBase : public EvTableOp<K> {
     }
     return t->scalar<float>()();
   }
-  virtual void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) = 0;
+  virtual void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) = 0;
 
  private:
   std::vector<std::string> hparams_;  // input names after schema::kApplyInputs

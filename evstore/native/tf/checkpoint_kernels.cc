@@ -129,7 +129,7 @@ ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStream
                                      ")");
     return {};
   }
-  Table<K>& t = res->table();
+  TableT<K>& t = res->table();
   auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
   SlotSpecs slots = t.slots();
   for (const auto& s : slots) slot_names->push_back(schema::SlotPrefix(name, s.first));
@@ -242,7 +242,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
         std::memmove(data + w * width, data + keep[w] * width, sizeof(T) * width);
   }
 
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     EV_INPUT(ctx, prefix_t, "prefix");
     EV_INPUT(ctx, name_t, "ev_name");
     EV_INPUT(ctx, slot_names, "slot_names");
@@ -451,7 +451,7 @@ class EvFileCrc32cOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("EvSaveBundle").Device(DEVICE_CPU), EvSaveBundleOp);
-EV_REGISTER_KEYED("EvLoadBundle", EvLoadBundleOp);
+EV_REGISTER_INT_KEYED("EvLoadBundle", EvLoadBundleOp);
 REGISTER_KERNEL_BUILDER(Name("EvCrc32cExtend").Device(DEVICE_CPU), EvCrc32cExtendOp);
 REGISTER_KERNEL_BUILDER(Name("EvFileCrc32c").Device(DEVICE_CPU), EvFileCrc32cOp);
 

@@ -6,7 +6,7 @@
 REGISTER_OP("EvEvict")
     .Input("handle: resource")
     .Input("global_step: int64")
-    .Attr("key_dtype: {int32, int64}")
+    .Attr("key_dtype: {int32, int64, string}")
     .Attr("steps_to_live: int = -1")
     .Attr("l2_threshold: float = 0")
     .Output("evicted: int64")

@@ -4,6 +4,9 @@
 #pragma once
 #include <exception>
 #include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "../core/schema.h"
 #include "ev_resource.h"
@@ -11,6 +14,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/tstring.h"
 
 namespace evstore {
 namespace tf {
@@ -38,6 +42,53 @@ inline ParallelFor IntraOp(OpKernelContext* ctx) {
   const Tensor* var##_input_ = nullptr;                     \
   OP_REQUIRES_OK(ctx, (ctx)->input((name), &var##_input_)); \
   const Tensor& var = *var##_input_
+
+// (KeyDtype, CoreKey, TableT: ev_resource.h)
+template <typename T>
+using OwnedKey = typename TableT<T>::Owned;
+
+// A keys tensor seen as core keys, checked before anything changes (a string
+// key longer than StringKeyTraits::kMaxKeyBytes is an InvalidArgument).
+template <typename T>
+class KeysIn {
+ public:
+  absl::Status Init(const Tensor& t) {
+    p_ = t.flat<T>().data();
+    return absl::OkStatus();
+  }
+  const T* data() const { return p_; }
+
+ private:
+  const T* p_ = nullptr;
+};
+template <>
+class KeysIn<tensorflow::tstring> {
+ public:
+  absl::Status Init(const Tensor& t) {
+    auto f = t.flat<tensorflow::tstring>();
+    v_.resize(f.size());
+    for (int64_t i = 0; i < f.size(); ++i) {
+      v_[i] = KeyDtype<tensorflow::tstring>::View(f(i));
+      if (v_[i].size() > StringKeyTraits::kMaxKeyBytes)
+        return errors::InvalidArgument("string key at position ", i, " is ", v_[i].size(),
+                                       " bytes; string keys are at most ", StringKeyTraits::kMaxKeyBytes,
+                                       " bytes (nothing was changed)");
+    }
+    return absl::OkStatus();
+  }
+  const std::string_view* data() const { return v_.data(); }
+
+ private:
+  std::vector<std::string_view> v_;
+};
+
+// Writes core keys (Key or Owned values) [begin, end) to a keys tensor.
+template <typename T, typename It>
+void CopyKeysOut(It begin, It end, Tensor* out) {
+  auto f = out->flat<T>();
+  int64_t i = 0;
+  for (It it = begin; it != end; ++it) f(i++) = KeyDtype<T>::ToTensor(CoreKey<T>(*it));
+}
 
 template <typename K>
 inline absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<EvResource<K>>* out) {
@@ -81,15 +132,23 @@ class EvTableOp : public OpKernel {
   }
 
  protected:
-  virtual void ComputeOn(OpKernelContext* ctx, Table<K>& t) = 0;
+  virtual void ComputeOn(OpKernelContext* ctx, TableT<K>& t) = 0;
 };
 
 
-// Registers `cls<K>` for op `name` with both key types.
-#define EV_REGISTER_KEYED(name, cls)                                                          \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<int32_t>("key_dtype"), \
-                          cls<int32_t>);                                                      \
+// Registers `cls<K>` for op `name` with the integer key types only (ops whose
+// key_dtype attr does not list string).
+#define EV_REGISTER_INT_KEYED(name, cls)                                                        \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<int32_t>("key_dtype"),   \
+                          cls<int32_t>);                                                        \
   REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<int64_t>("key_dtype"), cls<int64_t>)
+// Registers `cls<K>` for op `name` with every key type (int32, int64, string).
+#define EV_REGISTER_KEYED(name, cls) EV_REGISTER_KEYED_ATTR(name, cls, "key_dtype")
+#define EV_REGISTER_KEYED_ATTR(name, cls, attr)                                                   \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<int32_t>(attr), cls<int32_t>); \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<int64_t>(attr), cls<int64_t>); \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<tensorflow::tstring>(attr),   \
+                          cls<tensorflow::tstring>)
 
 }  // namespace tf
 }  // namespace evstore

@@ -11,7 +11,7 @@
       .Input("keys: key_dtype")           \
       .Input("grads: float")              \
       .Input("global_step: int64")        \
-      .Attr("key_dtype: {int32, int64}")  \
+      .Attr("key_dtype: {int32, int64, string}")  \
       .SetShapeFn(tensorflow::shape_inference::NoOutputs)
 
 REGISTER_OP("EvApplyFtrl")
@@ -53,7 +53,7 @@ REGISTER_OP("EvApplyGroupAdagrad")
 
 REGISTER_OP("EvZeroRowKeys")
     .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64}")
+    .Attr("key_dtype: {int32, int64, string}")
     .Output("keys: key_dtype")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       c->set_output(0, c->Vector(c->UnknownDim()));

@@ -46,7 +46,7 @@ template <typename K>
 class EvReadRowsOp : public EvTableOp<K> {
  public:
   explicit EvReadRowsOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     OP_REQUIRES(ctx, t.dim() == dim_, errors::InvalidArgument("expects dim ", dim_, " but the table has dim ", t.dim()));
     EV_INPUT(ctx, keys, schema::kKeysInput);
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
@@ -69,7 +69,9 @@ class EvReadRowsOp : public EvTableOp<K> {
     float* v = values->flat<float>().data();
     float* s = slots->flat<float>().data();
     bool* a = admitted->flat<bool>().data();
-    const K* k = keys.flat<K>().data();
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    const CoreKey<K>* k = kin.data();
     const size_t row_bytes = dim_ * sizeof(float);
     // Chunks of keys read in parallel (Table::Read takes a shared lock per key).
     IntraOp(ctx)(n, 400, [&](int64_t lo, int64_t hi) {
@@ -112,7 +114,7 @@ template <typename K>
 class EvWriteRowsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     EV_INPUT(ctx, values, "values");
     EV_INPUT(ctx, slots, "slots");
@@ -138,7 +140,9 @@ class EvWriteRowsOp : public EvTableOp<K> {
     if (n == 0) return;
     const float* v = values.flat<float>().data();
     CopyRow copy{v, slots.flat<float>().data(), &offs, n, t.dim()};
-    EV_TRY(ctx, out->scalar<int64_t>()() = t.Apply(keys.flat<K>().data(), v, n, step.scalar<int64_t>()(), copy,
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    EV_TRY(ctx, out->scalar<int64_t>()() = t.Apply(kin.data(), v, n, step.scalar<int64_t>()(), copy,
                                                    IntraOp(ctx)));
   }
 };
@@ -154,25 +158,24 @@ class EvUniqueSumOp : public OpKernel {
                 errors::InvalidArgument("keys [n] and grads [n, dim] expected, got ", keys.shape().DebugString(),
                                         " and ", grads.shape().DebugString()));
     const int dim = static_cast<int>(grads.dim_size(1));
-    std::vector<K> ukeys;
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    std::vector<CoreKey<K>> ukeys;
     std::vector<float> ugrads;
-    const int64_t un = UniqueSum(keys.flat<K>().data(), grads.flat<float>().data(), keys.dim_size(0), dim, &ukeys,
+    const int64_t un = UniqueSum(kin.data(), grads.flat<float>().data(), keys.dim_size(0), dim, &ukeys,
                                  &ugrads);
     Tensor *ko, *go;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({un}), &ko));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({un, dim}), &go));
     if (un == 0) return;
-    std::memcpy(ko->flat<K>().data(), ukeys.data(), un * sizeof(K));
+    CopyKeysOut<K>(ukeys.begin(), ukeys.end(), ko);
     std::memcpy(go->flat<float>().data(), ugrads.data(), static_cast<size_t>(un) * dim * sizeof(float));
   }
 };
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("EvUniqueSum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"),
-                        EvUniqueSumOp<int32_t>);
-REGISTER_KERNEL_BUILDER(Name("EvUniqueSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"),
-                        EvUniqueSumOp<int64_t>);
+EV_REGISTER_KEYED_ATTR("EvUniqueSum", EvUniqueSumOp, "Tkeys");
 EV_REGISTER_KEYED("EvReadRows", EvReadRowsOp);
 EV_REGISTER_KEYED("EvWriteRows", EvWriteRowsOp);
 

@@ -16,7 +16,9 @@ class EvShardIndexOp : public OpKernel {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &out));
-    const K* k = keys.flat<K>().data();
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    const CoreKey<K>* k = kin.data();
     int32_t* o = out->flat<int32_t>().data();
     const int64_t n = keys.NumElements();
     for (int64_t i = 0; i < n; ++i) o[i] = ShardOf(k[i], num_shards_);
@@ -32,7 +34,7 @@ class EvFindOrInsertCountedOp : public EvTableOp<K> {
   explicit EvFindOrInsertCountedOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
   }
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     OP_REQUIRES(ctx, t.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
     EV_INPUT(ctx, keys, schema::kKeysInput);
@@ -47,17 +49,16 @@ class EvFindOrInsertCountedOp : public EvTableOp<K> {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &out));
     if (n == 0) return;
-    EV_TRY(ctx, t.FindOrInsert(keys.flat<K>().data(), n, out->flat<float>().data(), IntraOp(ctx), c));
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    EV_TRY(ctx, t.FindOrInsert(kin.data(), n, out->flat<float>().data(), IntraOp(ctx), c));
   }
 
  private:
   int64_t dim_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("EvShardIndex").Device(DEVICE_CPU).TypeConstraint<int32_t>("key_dtype"),
-                        EvShardIndexOp<int32_t>);
-REGISTER_KERNEL_BUILDER(Name("EvShardIndex").Device(DEVICE_CPU).TypeConstraint<int64_t>("key_dtype"),
-                        EvShardIndexOp<int64_t>);
+EV_REGISTER_KEYED("EvShardIndex", EvShardIndexOp);
 EV_REGISTER_KEYED("EvFindOrInsertCounted", EvFindOrInsertCountedOp);
 
 }  // namespace

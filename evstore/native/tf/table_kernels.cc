@@ -75,7 +75,7 @@ template <typename K>
 class EvSizeOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = t.size();
@@ -86,7 +86,7 @@ template <typename K>
 class EvStatsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     TableStats s = t.Stats();
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({schema::kNumStatsFields}), &out));
@@ -102,7 +102,7 @@ template <typename K>
 class EvKeyInfoOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor *freqs, *versions, *admitted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &freqs));
@@ -110,7 +110,9 @@ class EvKeyInfoOp : public EvTableOp<K> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, keys.shape(), &admitted));
     const int64_t n = keys.NumElements();
     std::vector<uint8_t> present(n), adm(n);
-    t.Read(keys.flat<K>().data(), n, t.stride(), present.data(), adm.data(), versions->flat<int64_t>().data(),
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    t.Read(kin.data(), n, t.stride(), present.data(), adm.data(), versions->flat<int64_t>().data(),
            freqs->flat<int64_t>().data(), /*rows=*/nullptr);
     auto a = admitted->flat<bool>();
     auto v = versions->flat<int64_t>();
@@ -125,11 +127,13 @@ template <typename K>
 class EvRemoveOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = t.Erase(keys.flat<K>().data(), keys.NumElements());
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    out->scalar<int64_t>()() = t.Erase(kin.data(), keys.NumElements());
   }
 };
 
@@ -139,23 +143,23 @@ template <typename K>
 class EvExportOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     const int dim = t.dim();
     SlotSpecs slots = t.slots();
     const int ns = static_cast<int>(slots.size());
     // Collected per segment; the stride is re-read under each segment lock via
     // the row pointer's table stride at the time (slots only grow).
-    std::vector<K> keys, fkeys;
+    std::vector<OwnedKey<K>> keys, fkeys;
     std::vector<float> vals, slotv;
     std::vector<int64_t> vers, freqs, ffreqs;
     for (int s = 0; s < t.num_segments(); ++s) {
-      t.ForEachInSegment(s, [&](const ExportedKey<K>& x, const float* row) {
+      t.ForEachInSegment(s, [&](const ExportedKey<CoreKey<K>>& x, const float* row) {
         if (!x.admitted) {
-          fkeys.push_back(x.key);
+          fkeys.emplace_back(x.key);
           ffreqs.push_back(x.freq);
           return;
         }
-        keys.push_back(x.key);
+        keys.emplace_back(x.key);
         vers.push_back(x.version);
         freqs.push_back(x.freq);
         vals.insert(vals.end(), row, row + dim);
@@ -172,12 +176,12 @@ class EvExportOp : public EvTableOp<K> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({m}), &o[5]));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({m}), &o[6]));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(7, TensorShape({ns}), &o[7]));
-    std::copy(keys.begin(), keys.end(), o[0]->flat<K>().data());
+    CopyKeysOut<K>(keys.begin(), keys.end(), o[0]);
     std::copy(vals.begin(), vals.end(), o[1]->flat<float>().data());
     std::copy(slotv.begin(), slotv.end(), o[2]->flat<float>().data());
     std::copy(vers.begin(), vers.end(), o[3]->flat<int64_t>().data());
     std::copy(freqs.begin(), freqs.end(), o[4]->flat<int64_t>().data());
-    std::copy(fkeys.begin(), fkeys.end(), o[5]->flat<K>().data());
+    CopyKeysOut<K>(fkeys.begin(), fkeys.end(), o[5]);
     std::copy(ffreqs.begin(), ffreqs.end(), o[6]->flat<int64_t>().data());
     auto names = o[7]->flat<tensorflow::tstring>();
     for (int i = 0; i < ns; ++i) names(i) = slots[i].first;
@@ -188,7 +192,7 @@ template <typename K>
 class EvImportOp : public EvTableOp<K> {
  public:
   explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     const int dim = t.dim();
     EV_INPUT(ctx, keys, schema::kKeysInput);
     EV_INPUT(ctx, vals, "values");
@@ -219,13 +223,16 @@ class EvImportOp : public EvTableOp<K> {
         if (h.first == std::string(nm(i))) init = h.second;
       want.emplace_back(std::string(nm(i)), init);
     }
+    KeysIn<K> kin, fkin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    OP_REQUIRES_OK(ctx, fkin.Init(fkeys));
     EV_TRY(ctx, {
       std::vector<int> offs = t.EnsureSlots(want);
       if (clear_) t.Clear();
       t.Reserve(t.Stats().size + n + fkeys.NumElements());
-      t.ImportRows(keys.flat<K>().data(), n, vals.flat<float>().data(), dim, slots.flat<float>().data(), ns * dim,
+      t.ImportRows(kin.data(), n, vals.flat<float>().data(), dim, slots.flat<float>().data(), ns * dim,
                    offs, vers.flat<int64_t>().data(), freqs.flat<int64_t>().data(), /*mark_dirty=*/!clear_);
-      t.ImportFiltered(fkeys.flat<K>().data(), fkeys.NumElements(), ffreqs.flat<int64_t>().data(), !clear_);
+      t.ImportFiltered(fkin.data(), fkeys.NumElements(), ffreqs.flat<int64_t>().data(), !clear_);
     });
   }
 
@@ -241,8 +248,8 @@ class EvBeginExportOp : public EvTableOp<K> {
   explicit EvBeginExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("return_keys", &return_keys_));
   }
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
-    std::shared_ptr<const typename Table<K>::Snapshot> snap;
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+    std::shared_ptr<const typename TableT<K>::Snapshot> snap;
     EV_TRY(ctx, snap = t.BeginExport());
     const int64_t nd = return_keys_ ? snap->dirty.size() : 0, nx = return_keys_ ? snap->deleted.size() : 0;
     Tensor *id, *dirty, *deleted;
@@ -251,8 +258,8 @@ class EvBeginExportOp : public EvTableOp<K> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({nx}), &deleted));
     id->scalar<int64_t>()() = static_cast<int64_t>(snap->id);
     if (!return_keys_) return;
-    std::copy(snap->dirty.begin(), snap->dirty.end(), dirty->flat<K>().data());
-    std::copy(snap->deleted.begin(), snap->deleted.end(), deleted->flat<K>().data());
+    CopyKeysOut<K>(snap->dirty.begin(), snap->dirty.end(), dirty);
+    CopyKeysOut<K>(snap->deleted.begin(), snap->deleted.end(), deleted);
   }
 
  private:
@@ -263,7 +270,7 @@ template <typename K>
 class EvEndExportOp : public EvTableOp<K> {
  public:
   explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     EV_INPUT(ctx, snapshot_id, "snapshot_id");
     uint64_t id = static_cast<uint64_t>(snapshot_id.scalar<int64_t>()());
     if (commit_) {

@@ -18,7 +18,7 @@ template <typename K, bool kTrain>
 class EvLookupOp : public EvTableOp<K> {
  public:
   explicit EvLookupOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
-  void ComputeOn(OpKernelContext* ctx, Table<K>& t) override {
+  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
     OP_REQUIRES(ctx, t.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
     EV_INPUT(ctx, keys, schema::kKeysInput);
@@ -28,7 +28,9 @@ class EvLookupOp : public EvTableOp<K> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
     const int64_t n = keys.NumElements();
     if (n == 0) return;
-    const K* k = keys.flat<K>().data();
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    const CoreKey<K>* k = kin.data();
     float* o = out->flat<float>().data();
     if (kTrain) {
       EV_TRY(ctx, t.FindOrInsert(k, n, o, IntraOp(ctx)));
@@ -47,7 +49,7 @@ template <typename K>
 class EvApplySgdOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
-  void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
+  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
     t.Apply(k, g, n, step, SgdUpdate{this->Scalar(ctx, "lr"), t.dim()}, IntraOp(ctx));
   }
 };
@@ -58,7 +60,7 @@ class EvApplyMomentumOp : public EvApplyBase<K> {
   explicit EvApplyMomentumOp(OpKernelConstruction* c) : EvApplyBase<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
   }
-  void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
+  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
     auto off = t.EnsureSlots({{"momentum", 0.f}});
     t.Apply(k, g, n, step,
             MomentumUpdate{this->Scalar(ctx, "lr"), this->Scalar(ctx, "momentum"), nesterov_, t.dim(), off[0]},
@@ -75,7 +77,7 @@ class EvApplyAdagradOp : public EvApplyBase<K> {
   explicit EvApplyAdagradOp(OpKernelConstruction* c) : EvApplyBase<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("initial_accumulator_value", &init_));
   }
-  void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
+  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
     auto off = t.EnsureSlots({{"accumulator", init_}});
     t.Apply(k, g, n, step, AdagradUpdate{this->Scalar(ctx, "lr"), this->Scalar(ctx, "epsilon"), t.dim(), off[0]},
             IntraOp(ctx));
@@ -89,7 +91,7 @@ template <typename K>
 class EvApplyAdamOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
-  void Run(OpKernelContext* ctx, Table<K>& t, const K* k, const float* g, int64_t n, int64_t step) override {
+  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
     auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
     AdamUpdate u{this->Scalar(ctx, "alpha"), this->Scalar(ctx, "beta1"), this->Scalar(ctx, "beta2"),
                  this->Scalar(ctx, "epsilon"), t.dim(), off[0], off[1]};
@@ -110,13 +112,15 @@ class EvCheckFiniteOp : public OpKernel {
     const int64_t total = grads.NumElements();
     const int64_t dim = n > 0 ? total / n : 0;
     const float* g = grads.flat<float>().data();
-    const K* k = keys.flat<K>().data();
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    const CoreKey<K>* k = kin.data();
     // NaN/Inf policy (core/finite.h), checked before any variable changes.
     const int64_t bad = FirstNonFinite(g, total);
     if (bad >= 0) {
       const int64_t row = dim > 0 ? bad / dim : 0;
       ctx->CtxFailure(errors::InvalidArgument(
-          NonFiniteMessage(g[bad], row < n ? static_cast<int64_t>(k[row]) : -1, row, name_)));
+          NonFiniteMessage(g[bad], row < n ? KeyDtype<K>::Text(k[row]) : std::string("?"), row, name_)));
       return;
     }
     ctx->set_output(0, grads);
@@ -137,10 +141,7 @@ EV_REGISTER_KEYED("EvApplySgd", EvApplySgdOp);
 EV_REGISTER_KEYED("EvApplyMomentum", EvApplyMomentumOp);
 EV_REGISTER_KEYED("EvApplyAdagrad", EvApplyAdagradOp);
 EV_REGISTER_KEYED("EvApplyAdam", EvApplyAdamOp);
-REGISTER_KERNEL_BUILDER(Name("EvCheckFinite").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"),
-                        EvCheckFiniteOp<int32_t>);
-REGISTER_KERNEL_BUILDER(Name("EvCheckFinite").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"),
-                        EvCheckFiniteOp<int64_t>);
+EV_REGISTER_KEYED_ATTR("EvCheckFinite", EvCheckFiniteOp, "Tkeys");
 
 }  // namespace
 }  // namespace tf
