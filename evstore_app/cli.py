@@ -131,33 +131,32 @@ def build_parser():
     tc.add_argument("--cluster", default=None, help="cluster spec JSON file (default: TF_CONFIG's cluster)")
     tc.add_argument("--checkpoints", required=True,
                     help="checkpoint root every task can reach; the job resumes from its newest chain")
-    tc.add_argument("--steps", type=int, default=200, help="train up to this many batches in all (default 200)")
-    tc.add_argument("--batch-size", type=int, default=256, help="examples per batch (default 256)")
-    tc.add_argument("--delta-every-steps", type=int, default=20, metavar="STEPS",
-                    help="batches between checkpoints (default 20)")
-    tc.add_argument("--full-every-steps", type=int, default=None, metavar="STEPS",
-                    help="batches between full checkpoints (default: only the first checkpoint is a full)")
-    tc.add_argument("--learning-rate", type=float, default=0.05, help="learning rate (default 0.05)")
-    tc.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
+    _ctr_job_flags(tc, batch_help="examples per batch (default 256)")
     tc.add_argument("--sync", action="store_true", help="one step at a time (fixed update order)")
     ts = sub.add_parser("train-sync", help="synchronous training of the CTR model on local worker processes: "
                                            "tables sharded over the workers (all-to-all), dense weights all-reduced")
     ts.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     ts.add_argument("--checkpoints", required=True,
                     help="checkpoint root every worker sees; the job resumes from its newest chain")
-    ts.add_argument("--steps", type=int, default=200, help="train up to this many batches in all (default 200)")
-    ts.add_argument("--batch-size", type=int, default=256, help="global batch, split over the workers")
-    ts.add_argument("--delta-every-steps", type=int, default=20, metavar="STEPS",
-                    help="batches between checkpoints (default 20)")
-    ts.add_argument("--full-every-steps", type=int, default=None, metavar="STEPS",
-                    help="batches between full checkpoints (default: only the first checkpoint is a full)")
-    ts.add_argument("--learning-rate", type=float, default=0.05, help="learning rate (default 0.05)")
-    ts.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
+    _ctr_job_flags(ts, batch_help="global batch, split over the workers (default 256)")
     ts.add_argument("--max-restarts", type=int, default=3,
                     help="whole-job restarts from the last commit after a worker dies (default 3)")
     ts.add_argument("--directory", default=None, help="worker logs and pids (default: a new temp directory)")
     ts.add_argument("--state-out", default=None, help="write each worker's final shard state here (npz)")
     return parser
+
+
+def _ctr_job_flags(parser, batch_help):
+    """The flags `train-cluster` and `train-sync` share: the CTR model's run
+    length, batch, step-counted checkpoint schedule, learning rate and seed."""
+    parser.add_argument("--steps", type=int, default=200, help="train up to this many batches in all (default 200)")
+    parser.add_argument("--batch-size", type=int, default=256, help=batch_help)
+    parser.add_argument("--delta-every-steps", type=int, default=20, metavar="STEPS",
+                        help="batches between checkpoints (default 20)")
+    parser.add_argument("--full-every-steps", type=int, default=None, metavar="STEPS",
+                        help="batches between full checkpoints (default: only the first checkpoint is a full)")
+    parser.add_argument("--learning-rate", type=float, default=0.05, help="learning rate (default 0.05)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
 
 
 def _schedule_flags(parser, delta_every, full_every):
