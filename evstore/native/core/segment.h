@@ -217,11 +217,12 @@ class Segment {
       uint32_t m = GroupProbe(ctrl_ + g * kGroup).MatchEmptyOrDeleted();
       if (m) {
         size_t idx = g * kGroup + __builtin_ctz(m);
-        E* e = slots_ + idx;
-        e->key = Traits::Store(key);  // may throw (allocation): the slot is still free
-        key_heap_bytes_ += Traits::HeapBytes(e->key);
+        typename Traits::Stored stored = Traits::Store(key);  // may throw (allocation): nothing changed yet
+        key_heap_bytes_ += Traits::HeapBytes(stored);
         if (ctrl_[idx] == kDeleted) --tombstones_;
         ctrl_[idx] = static_cast<uint8_t>(h & 0x7F);
+        E* e = slots_ + idx;
+        e->key = stored;
         e->row = kNoRowId;
         e->freq_dirty = 0;
         return e;
