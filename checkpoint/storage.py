@@ -7,6 +7,7 @@ file, and the manifest is uploaded last (a single object put, atomic on object
 stores). Reads of remote checkpoints download a directory to a local cache
 directory first, because the native reader reads local files.
 """
+import copy
 import os
 import posixpath
 import shutil
@@ -104,6 +105,9 @@ class Storage:
             _fsync_dir(os.path.dirname(path))
         else:
             self.fs.pipe_file(path, data)
+        # What was just written, whole, is what a read would return: the next
+        # scan need not read it back and validate it again.
+        self._manifests[dirname] = copy.deepcopy(manifest)
 
     def remove_manifest(self, dirname):
         self._manifests.pop(dirname, None)

@@ -1,0 +1,121 @@
+"""Before/after of two evstore checkouts: the reduced `make bench` and the serving benchmark, alternating.
+
+    .venv/bin/python bench/compare_trees.py --before ../wt-before --after . --pairs 5
+
+Each checkout must have its op library built in place (`python setup.py build_ext --inplace`, run
+with this venv's python); both run under this venv's python with PYTHONPATH set to the checkout, and
+each runs its OWN bench scripts (`<tree>/bench/run.py`, `<tree>/bench/bench_serving.py`), so the
+figures are what `make bench` of that tree reports. One pair = one run of each tree; the order
+alternates pair by pair (before first, then after first, ...), so a slow drift of the machine hits
+both sides alike. Per run:
+
+  run.py --matrix KEYSxDIM --batches 10 --no-tfra --no-cluster --no-filters --no-e2e --no-serving
+         --checkpoint-keys KEYS --checkpoint-repeats 3 --opt-max-keys 0
+  bench_serving.py (its defaults: delta apply at dim 16 and 64, predict p50/p99 idle and under application)
+
+Prints a markdown table of medians per figure with the change (after vs before, signed so that a
+positive % is always worse), then every raw value in run order; writes the raw values as JSON to
+--out. Figures: lookup (find, find-or-insert hit / new, runs A and B), Adam apply, full / delta saves,
+restore, delta apply rows/s, predict p50 / p99 idle and under application.
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# (label, higher_is_better, extractor(run.py json, bench_serving json))
+FIGURES = [
+    ("find (A, M keys/s)", True, lambda b, s: b["results"][0]["A"]["evstore"]["find"] / 1e6),
+    ("find-or-insert hit (A, M keys/s)", True, lambda b, s: b["results"][0]["A"]["evstore"]["foi_hit"] / 1e6),
+    ("insert: find-or-insert new (A, M keys/s)", True, lambda b, s: b["results"][0]["A"]["evstore"]["foi_new"] / 1e6),
+    ("find (B, M keys/s)", True, lambda b, s: b["results"][0]["B"]["evstore"]["find"] / 1e6),
+    ("find-or-insert hit (B, M keys/s)", True, lambda b, s: b["results"][0]["B"]["evstore"]["foi_hit"] / 1e6),
+    ("insert: find-or-insert new (B, M keys/s)", True, lambda b, s: b["results"][0]["B"]["evstore"]["foi_new"] / 1e6),
+    ("Adam apply (B, M keys/s)", True, lambda b, s: b["results"][0]["B"]["evstore"]["adam_apply"] / 1e6),
+    ("Adam train step (B, M keys/s)", True, lambda b, s: b["results"][0]["B"]["evstore"]["train_step"] / 1e6),
+    ("full save (s)", False, lambda b, s: b["checkpoint"]["full"]["save_s_median"]),
+    ("delta save 0.1% (s)", False, lambda b, s: b["checkpoint"]["deltas"][0]["save_s"]),
+    ("delta save 1% (s)", False, lambda b, s: b["checkpoint"]["deltas"][1]["save_s"]),
+    ("delta save 10% (s)", False, lambda b, s: b["checkpoint"]["deltas"][2]["save_s"]),
+    ("restore full + 3 deltas (s)", False, lambda b, s: b["checkpoint"]["restore"][0]["s"]),
+    ("serving: delta apply dim 16 (M rows/s)", True,
+     lambda b, s: next(a for a in s["apply"] if a["dim"] == 16)["apply_rows_per_s"] / 1e6),
+    ("serving: delta apply dim 64 (M rows/s)", True,
+     lambda b, s: next(a for a in s["apply"] if a["dim"] == 64)["apply_rows_per_s"] / 1e6),
+    ("serving: predict p50 idle (ms)", False, lambda b, s: s["live"]["idle_p50_ms"]),
+    ("serving: predict p99 idle (ms)", False, lambda b, s: s["live"]["idle_p99_ms"]),
+    ("serving: predict p99 under application (ms)", False, lambda b, s: s["live"]["busy_p99_ms"]),
+]
+
+
+def run_tree(tree, keys, dim, python, workdir, tag):
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TF_CPP_MIN_LOG_LEVEL="2")
+    out_dir = os.path.join(workdir, tag)
+    os.makedirs(out_dir, exist_ok=True)
+    cmd = [python, os.path.join(tree, "bench", "run.py"), "--matrix", f"{keys}x{dim}", "--batches", "10",
+           "--no-tfra", "--no-cluster", "--no-filters", "--no-e2e", "--no-serving", "--checkpoint-keys", str(keys),
+           "--checkpoint-repeats", "3", "--opt-max-keys", "0", "--out-dir", out_dir]
+    with open(os.path.join(out_dir, "run.log"), "w") as log:
+        subprocess.run(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    bench = json.load(open(sorted(glob.glob(os.path.join(out_dir, "bench-*.json")))[-1]))
+    with open(os.path.join(out_dir, "serving.log"), "w") as log:
+        r = subprocess.run([python, os.path.join(tree, "bench", "bench_serving.py"), "--seed", "0"], cwd=tree,
+                           env=env, stdout=subprocess.PIPE, stderr=log, text=True, check=True)
+    serving = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
+    return {label: round(f(bench, serving), 6) for label, _, f in FIGURES}
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", required=True, help="checkout measured as 'before'")
+    ap.add_argument("--after", required=True, help="checkout measured as 'after'")
+    ap.add_argument("--pairs", type=int, default=5, help="runs of each tree (default 5)")
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--out", default=None, help="raw values as JSON (default: bench/results/compare-<time>.json)")
+    args = ap.parse_args()
+    workdir = tempfile.mkdtemp(prefix="compare-trees-")
+    raw = {"before": [], "after": []}
+    loads = []
+    for i in range(args.pairs):
+        order = ("before", "after") if i % 2 == 0 else ("after", "before")
+        for side in order:
+            loads.append(loadavg())
+            t0 = time.time()
+            raw[side].append(run_tree(getattr(args, side), args.keys, args.dim, sys.executable, workdir,
+                                      f"{side}-{i}"))
+            print(f"pair {i + 1}/{args.pairs} {side}: {time.time() - t0:.0f} s, load {loads[-1]:.2f}",
+                  file=sys.stderr, flush=True)
+    lines = ["| figure | before | after | change (+ = worse) |", "|---|---|---|---|"]
+    for label, higher, _ in FIGURES:
+        b = statistics.median(r[label] for r in raw["before"])
+        a = statistics.median(r[label] for r in raw["after"])
+        worse = (b - a) / b if higher else (a - b) / b
+        lines.append(f"| {label} | {b:.4g} | {a:.4g} | {worse * 100:+.1f}% |")
+    lines += ["", f"Load average at the start of each run: {min(loads):.2f}-{max(loads):.2f}.", "",
+              "Raw values in run order (pairs alternate: before first in pairs 1, 3, 5, ...):", ""]
+    for label, _, _ in FIGURES:
+        lines.append(f"- {label}: before {[r[label] for r in raw['before']]}, after {[r[label] for r in raw['after']]}")
+    print("\n".join(lines))
+    out = args.out or os.path.join(HERE, "results", time.strftime("compare-%Y%m%dT%H%M%SZ.json", time.gmtime()))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"before": os.path.abspath(args.before), "after": os.path.abspath(args.after), "loads": loads,
+                   "raw": raw}, f, indent=1)
+    print(f"\nraw: {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
