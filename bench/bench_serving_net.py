@@ -16,10 +16,20 @@ batches, exported (serving_loader.export_serving_model) and checkpointed.
   REST         wrk (C, 2 threads) with a lua script POSTing one fixed
                :predict body ("instances", batch 1 or 64), --connections
                keep-alive connections, --seconds each: requests/s, p50, p99.
-  gRPC         a Python load loop in its own process (grpc.aio, --connections
-               concurrent calls in flight; the PredictRequest is serialized
-               once and answers are not decoded, so the client spends as
-               little CPU as possible): requests/s, p50, p99.
+  gRPC         h2load (C, nghttp2's HTTP/2 load generator: the gRPC
+               counterpart of wrk) POSTing one fixed gRPC frame (the
+               PredictRequest serialized once) to
+               /tensorflow.serving.PredictionService/Predict over --connections
+               connections, one call in flight on each: requests/s, p50, p99
+               (from its per-request log). h2load does not read gRPC's status
+               trailer, so the same bytes are first sent with the real
+               PredictionServiceStub and checked, and the run counts only if the
+               server's batcher answered at least as many requests as h2load saw
+               succeed (its /metrics). Also reported: a Python load loop in its
+               own process (grpc.aio, same connections), whose own CPU competes
+               with the server's on a small machine.
+  CPU          the server process's user + system CPU seconds per request
+               during each network run (/proc/<pid>/stat).
   live         p99 of REST predict (wrk, same load) while the trainer in
                this process trains continuously and commits a delta every
                --delta-every seconds, which the server (polling every 0.25 s)
@@ -146,8 +156,20 @@ def wrk(port, body, connections, seconds, workdir):
             "errors": int(errors.group(1)) if errors else 0}
 
 
-def grpc_load(port, x, connections, seconds, client="aio"):
-    """Runs this file's --grpc-client mode in its own process; returns its JSON."""
+def _cpu_s(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _batched(rest_port):
+    """The server's count of requests answered by its batcher (/metrics)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{rest_port}/metrics", timeout=30).read().decode()
+    return float(re.search(r"^evstore_serving_batched_requests_total (\S+)$", text, re.M).group(1))
+
+
+def predict_request(x):
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
 
@@ -155,6 +177,52 @@ def grpc_load(port, x, connections, seconds, client="aio"):
     req.model_spec.name = "m"
     for k, v in x.items():
         req.inputs[k].CopyFrom(tf.make_tensor_proto(v))
+    return req
+
+
+def grpc_h2load(server, x, connections, seconds, workdir, refresh_s=1.0):
+    """h2load against server's gRPC port; see the module docstring."""
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    req = predict_request(x)
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc}") as ch:   # the frame is a valid Predict
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(ch).Predict(req, timeout=60)
+    n = len(next(iter(x.values())))
+    assert all(t.tensor_shape.dim[0].size == n for t in answer.outputs.values()), answer
+    body = req.SerializeToString()
+    frame, log_path = os.path.join(workdir, "predict.grpc"), os.path.join(workdir, "h2load.log")
+    with open(frame, "wb") as f:
+        f.write(b"\0" + len(body).to_bytes(4, "big") + body)
+    time.sleep(refresh_s + 0.2)
+    before, cpu0 = _batched(server.rest), _cpu_s(server.proc.pid)
+    out = subprocess.run(["h2load", "-c", str(connections), "-m", "1", "-t", "1", "-D", str(seconds), "-d", frame,
+                          "-H", "content-type: application/grpc", "-H", "te: trailers", "--log-file", log_path,
+                          f"http://127.0.0.1:{server.grpc}/tensorflow.serving.PredictionService/Predict"],
+                         capture_output=True, text=True, check=True).stdout
+    cpu = _cpu_s(server.proc.pid) - cpu0
+    ok = int(re.search(r"status codes: (\d+) 2xx", out).group(1))
+    time.sleep(refresh_s + 0.2)
+    answered = _batched(server.rest) - before
+    if answered < ok:
+        raise RuntimeError(f"h2load saw {ok} HTTP 200s but the server's batcher answered only {answered:.0f} requests: "
+                           "some calls failed in their gRPC status")
+    lat = np.array([int(ln.split()[2]) for ln in open(log_path) if ln.strip()]) / 1e3
+    rps = float(re.search(r"finished in .*?, ([\d.]+) req/s", out).group(1))
+    return {"rps": rps, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "cpu_us_per_req": cpu / max(ok, 1) * 1e6, "calls": ok}
+
+
+def wrk_cpu(server, body, connections, seconds, workdir):
+    cpu0 = _cpu_s(server.proc.pid)
+    r = wrk(server.rest, body, connections, seconds, workdir)
+    r["cpu_us_per_req"] = (_cpu_s(server.proc.pid) - cpu0) / max(r["rps"] * seconds, 1) * 1e6
+    return r
+
+
+def grpc_load(port, x, connections, seconds, client="aio"):
+    """Runs this file's --grpc-client mode in its own process; returns its JSON."""
+    req = predict_request(x)
     with tempfile.NamedTemporaryFile(suffix=".pb", delete=False) as f:
         f.write(req.SerializeToString())
     try:
@@ -232,17 +300,20 @@ def markdown(res):
         return "✓" if ok else "✗"
 
     def row(name, r, rows=1, extra=""):
+        cpu = f"{r['cpu_us_per_req']:,.0f}" if "cpu_us_per_req" in r else ""
         return (f"| {name} | {r['rps']:,.0f} | {r['rps'] * rows:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
-                f" {extra} |")
+                f" {cpu} | {extra} |")
 
     ip = res["inprocess_calls_per_s"]
     out = [f"\n### Serving over the network: `evstore serve`, REST and gRPC, {res['connections']} connections\n",
            "The demo's model (3 EVs, MLP 64-32). In-process = one thread calling the export's `serving_default` "
-           "signature back to back (batch 1); REST = wrk (C, keep-alive); gRPC = a Python grpc.aio load loop in "
-           "its own process (request serialized once). Batch 1 rows: medians of "
-           f"{len(res['rounds'])} interleaved rounds (in-process, REST, gRPC); batching on, timeout 0.\n",
-           "| load | requests/s | rows/s | p50 ms | p99 ms | vs target |", "|---|---|---|---|---|---|",
-           f"| in-process `serving_default`, 1 thread, batch 1 | {ip:,.0f} | {ip:,.0f} | | | baseline |",
+           "signature back to back (batch 1); REST = wrk (C, keep-alive); gRPC = h2load (C, HTTP/2, one fixed "
+           "gRPC frame, answers checked through the server's batcher count); gRPC (Python) = a grpc.aio load loop in "
+           "its own process. CPU = the server's CPU per request. Batch 1 rows: medians of "
+           f"{len(res['rounds'])} interleaved rounds (in-process, REST, gRPC, gRPC Python); batching on, timeout 0.\n",
+           "| load | requests/s | rows/s | p50 ms | p99 ms | server CPU us/request | vs target |",
+           "|---|---|---|---|---|---|---|",
+           f"| in-process `serving_default`, 1 thread, batch 1 | {ip:,.0f} | {ip:,.0f} | | | | baseline |",
            row("REST batch 1", res["rest_b1"], 1,
                f"{res['rest_over_inprocess']:.2f}x in-process (≥ {T['served_over_inprocess']}x "
                f"{mark(res['rest_over_inprocess'] >= T['served_over_inprocess'])}), p99 ≤ {T['p99_ms']:.0f} ms "
@@ -250,8 +321,9 @@ def markdown(res):
            row("gRPC batch 1", res["grpc_b1"], 1,
                f"{res['grpc_over_inprocess']:.2f}x in-process, {res['grpc_over_rest']:.2f}x REST (≥ "
                f"{T['grpc_over_rest']}x {mark(res['grpc_over_rest'] >= T['grpc_over_rest'])})"),
+           row("gRPC (Python grpc.aio client) batch 1", res["grpc_py_b1"], 1, f"{res['grpc_py_over_rest']:.2f}x REST"),
            f"| in-process `serving_default`, 1 thread, batch 64 | {res['inprocess_b64_calls_per_s']:,.0f} | "
-           f"{res['inprocess_b64_calls_per_s'] * 64:,.0f} | | | |",
+           f"{res['inprocess_b64_calls_per_s'] * 64:,.0f} | | | | |",
            row("REST batch 64", res["rest_b64"], 64), row("gRPC batch 64", res["grpc_b64"], 64),
            row("REST batch 1, trainer training, not committing (idle)", res["idle"], 1),
            row(f"REST batch 1, applying a delta every ~{res.get('delta_every', 0.5)} s (live: "
@@ -281,8 +353,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.grpc_client:
         return grpc_client(args)
-    if shutil.which("wrk") is None:
-        raise SystemExit("bench_serving_net.py needs wrk (apt-get install wrk)")
+    missing = [t for t, pkg in (("wrk", "wrk"), ("h2load", "nghttp2-client")) if shutil.which(t) is None]
+    if missing:
+        raise SystemExit(f"bench_serving_net.py needs {' and '.join(missing)} (apt-get install "
+                         + " ".join({"wrk": "wrk", "h2load": "nghttp2-client"}[t] for t in missing) + ")")
     from serving_loader import ServingModel
 
     workdir = tempfile.mkdtemp(prefix="evstore-bench-net-")
@@ -297,21 +371,25 @@ def main(argv=None):
             # batch 1: in-process, REST, gRPC, interleaved --rounds times (the machine is shared)
             for r in range(args.rounds):
                 ip = inprocess_rate(sm, one, args.seconds / 2)
-                rest = wrk(server.rest, instances(one), args.connections, args.seconds, workdir)
-                g = grpc_load(server.grpc, one, args.connections, args.seconds)
+                rest = wrk_cpu(server, instances(one), args.connections, args.seconds, workdir)
+                g = grpc_h2load(server, one, args.connections, args.seconds, workdir)
+                gpy = grpc_load(server.grpc, one, args.connections, args.seconds)
                 res.setdefault("rounds", []).append({"inprocess_calls_per_s": ip, "rest_b1": rest, "grpc_b1": g,
+                                                     "grpc_py_b1": gpy,
                                                      "rest_over_inprocess": rest["rps"] / ip,
                                                      "grpc_over_inprocess": g["rps"] / ip,
-                                                     "grpc_over_rest": g["rps"] / rest["rps"]})
-                log(f"round {r}: in-process {ip:.0f} calls/s, REST {rest}, gRPC {g}")
-            for k in ("rest_over_inprocess", "grpc_over_inprocess", "grpc_over_rest"):
+                                                     "grpc_over_rest": g["rps"] / rest["rps"],
+                                                     "grpc_py_over_rest": gpy["rps"] / rest["rps"]})
+                log(f"round {r}: in-process {ip:.0f} calls/s, REST {rest}, gRPC (h2load) {g}, gRPC (Python) {gpy}")
+            for k in ("rest_over_inprocess", "grpc_over_inprocess", "grpc_over_rest", "grpc_py_over_rest"):
                 res[k] = float(np.median([x[k] for x in res["rounds"]]))
-            for k in ("rest_b1", "grpc_b1"):
-                res[k] = {m: float(np.median([x[k][m] for x in res["rounds"]])) for m in ("rps", "p50_ms", "p99_ms")}
+            for k in ("rest_b1", "grpc_b1", "grpc_py_b1"):
+                res[k] = {m: float(np.median([x[k][m] for x in res["rounds"] if m in x[k]]))
+                          for m in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req") if m in res["rounds"][0][k]}
             res["inprocess_calls_per_s"] = float(np.median([x["inprocess_calls_per_s"] for x in res["rounds"]]))
-            res["rest_b64"] = wrk(server.rest, instances(sixty_four), args.connections, args.seconds, workdir)
+            res["rest_b64"] = wrk_cpu(server, instances(sixty_four), args.connections, args.seconds, workdir)
             log(f"REST batch 64: {res['rest_b64']}")
-            res["grpc_b64"] = grpc_load(server.grpc, sixty_four, args.connections, args.seconds)
+            res["grpc_b64"] = grpc_h2load(server, sixty_four, args.connections, args.seconds, workdir)
             log(f"gRPC batch 64: {res['grpc_b64']}")
             res["inprocess_b64_calls_per_s"] = inprocess_rate(sm, sixty_four, args.seconds / 2)
 

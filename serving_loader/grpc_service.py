@@ -1,11 +1,14 @@
 """TF Serving's gRPC API: tensorflow.serving.PredictionService (Predict,
 Classify, Regress, GetModelMetadata) and tensorflow.serving.ModelService
 (GetModelStatus), on the protos and stubs of the `tensorflow-serving-api`
-package, served by grpc's thread-pool server next to the REST loop.
+package, served by grpc's asyncio server on the REST server's event loop.
 
 Requests reach the model exactly as REST ones do (ServingApp.submit: the
-default signature through the batcher); errors are TF Serving's canonical
-codes (grpc.StatusCode of ServingError.code) with its messages.
+default signature through the batcher, resolved on the loop without a thread
+hand-off); errors are TF Serving's canonical codes (grpc.StatusCode of
+ServingError.code) with its messages. The asyncio server costs about a third
+of the CPU per call of grpc's thread-pool server here (no handler thread per
+call, no thread wake-up per answer; BENCHMARKS.md "Serving over the network").
 ModelService.HandleReloadConfigRequest is not served (UNIMPLEMENTED): the
 model comes from the export and its checkpoint root.
 """
@@ -25,11 +28,39 @@ _STRING = tf.string.as_datatype_enum
 _ENUM = {}   # np.dtype -> DataType enum
 
 
+# DataType enum -> the TensorProto field holding its values one by one.
+_VALUE_FIELD = {tf.float32.as_datatype_enum: "float_val", tf.float64.as_datatype_enum: "double_val",
+                tf.int32.as_datatype_enum: "int_val", tf.int16.as_datatype_enum: "int_val",
+                tf.int8.as_datatype_enum: "int_val", tf.uint8.as_datatype_enum: "int_val",
+                tf.int64.as_datatype_enum: "int64_val", tf.bool.as_datatype_enum: "bool_val"}
+
+
 def _enum(dtype):
     e = _ENUM.get(dtype)
     if e is None:
         e = _ENUM[dtype] = tf.as_dtype(dtype).as_datatype_enum
     return e
+
+
+def _values(name, proto, dtype, dims):
+    """The ndarray of TensorProto `proto` (dtype: np dtype, None for strings)."""
+    n = int(np.prod(dims))
+    if dtype is not None and proto.tensor_content:
+        a = np.frombuffer(proto.tensor_content, dtype=dtype)
+        if a.size != n:
+            raise invalid(f"input {name!r}: tensor_content holds {a.size} values, shape {dims} needs {n}")
+        return a.reshape(dims)
+    field = None if dtype is None else _VALUE_FIELD.get(proto.dtype)
+    if field is not None and len(getattr(proto, field)) == n:
+        # One value per element in a typed field (what tf.make_tensor_proto
+        # writes for a single value, so every batch-1 request): read directly,
+        # at a fraction of tf.make_ndarray's cost per request.
+        return np.array(getattr(proto, field), dtype=dtype).reshape(dims)
+    try:   # strings, broadcast forms (fewer values than elements), packed half / complex
+        a = tf.make_ndarray(proto)
+    except (ValueError, TypeError) as e:
+        raise invalid(f"input {name!r}: {e}") from None
+    return a if dtype is None else a.astype(dtype, copy=False)
 
 
 def tensor_to_array(name, proto, spec):
@@ -40,20 +71,7 @@ def tensor_to_array(name, proto, spec):
     if proto.dtype != want:
         got = tf.as_dtype(proto.dtype).name if proto.dtype else "DT_INVALID"
         raise invalid(f"Expects arg[{name}] to be {dt} but {got} is provided")
-    dims = [d.size for d in proto.tensor_shape.dim]
-    if proto.tensor_content and dtype is not None:
-        a = np.frombuffer(proto.tensor_content, dtype=dtype)
-        if a.size != int(np.prod(dims)):
-            raise invalid(f"input {name!r}: tensor_content holds {a.size} values, shape {dims} needs "
-                          f"{int(np.prod(dims))}")
-        a = a.reshape(dims)
-    else:
-        try:
-            a = tf.make_ndarray(proto)
-        except (ValueError, TypeError) as e:
-            raise invalid(f"input {name!r}: {e}") from None
-        if dtype is not None:
-            a = a.astype(dtype, copy=False)
+    a = _values(name, proto, dtype, [d.size for d in proto.tensor_shape.dim])
     if shape is not None and (a.ndim != len(shape) or any(d is not None and d != g for d, g in zip(shape, a.shape))):
         want_dims = ",".join("-1" if d is None else str(d) for d in shape)
         raise invalid(f"input {name!r} must have shape [{want_dims}], got [{','.join(map(str, a.shape))}]")
@@ -82,10 +100,10 @@ def _spec(request):
     return spec.name, version, label
 
 
-def _abort(context, e):
+async def _abort(context, e):
     if isinstance(e, ServingError):
-        context.abort(getattr(grpc.StatusCode, e.code), e.message)
-    context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        await context.abort(getattr(grpc.StatusCode, e.code), e.message)
+    await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -98,14 +116,14 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         response.model_spec.version.value = version or 0
         response.model_spec.signature_name = key
 
-    def _call(self, key, arrays, version):
-        outputs, served = self.app.submit_sync(key, arrays)
+    async def _call(self, key, arrays, version):
+        outputs, served = await self.app.submit(key, arrays)
         if version is not None and (served or 0) != version:
             raise ServingError("NOT_FOUND", f"Servable not found for request: Specific({self.servable.name}, "
                                             f"{version})")
         return outputs, served
 
-    def Predict(self, request, context):
+    async def Predict(self, request, context):
         try:
             name, version, label = _spec(request)
             self.servable.check_spec(name, version, label)
@@ -123,16 +141,16 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                     raise invalid(f"output tensor alias not found in signature: {n} Outputs expected to be in the "
                                   f"set {{{','.join(sorted(outs))}}}.")
             arrays = {n: tensor_to_array(n, request.inputs[n], inputs[n]) for n in inputs}
-            outputs, served = self._call(key, arrays, version)
+            outputs, served = await self._call(key, arrays, version)
             response = predict_pb2.PredictResponse()
             self._fill_spec(response, key, served)
             for n in wanted or outputs:
                 array_to_tensor(outputs[n], response.outputs[n])
             return response
         except Exception as e:  # noqa: BLE001 - answered with its status
-            _abort(context, e)
+            await _abort(context, e)
 
-    def _examples(self, request, method):
+    async def _examples(self, request, method):
         name, version, label = _spec(request)
         self.servable.check_spec(name, version, label)
         key = self.servable.signature(request.model_spec.signature_name, method)
@@ -147,12 +165,12 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         if not examples:
             raise invalid("Input is empty.")
         (input_name,) = self.servable.inputs[key]
-        outputs, served = self._call(key, {input_name: np.array(examples, dtype=object)}, version)
+        outputs, served = await self._call(key, {input_name: np.array(examples, dtype=object)}, version)
         return key, outputs, served
 
-    def Classify(self, request, context):
+    async def Classify(self, request, context):
         try:
-            key, outputs, served = self._examples(request, CLASSIFY_METHOD)
+            key, outputs, served = await self._examples(request, CLASSIFY_METHOD)
             scores, classes = outputs.get("scores"), outputs.get("classes")
             if scores is None and classes is None:
                 raise invalid("classification signature has neither 'classes' nor 'scores'")
@@ -172,11 +190,11 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                         cls.score = float(scores[i, j])
             return response
         except Exception as e:  # noqa: BLE001
-            _abort(context, e)
+            await _abort(context, e)
 
-    def Regress(self, request, context):
+    async def Regress(self, request, context):
         try:
-            key, outputs, served = self._examples(request, REGRESS_METHOD)
+            key, outputs, served = await self._examples(request, REGRESS_METHOD)
             if "outputs" not in outputs:
                 raise invalid("regression signature has no 'outputs'")
             response = regression_pb2.RegressionResponse()
@@ -185,9 +203,9 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 response.result.regressions.add().value = v
             return response
         except Exception as e:  # noqa: BLE001
-            _abort(context, e)
+            await _abort(context, e)
 
-    def GetModelMetadata(self, request, context):
+    async def GetModelMetadata(self, request, context):
         try:
             name, version, label = _spec(request)
             self.servable.check_spec(name, version, label)
@@ -205,14 +223,14 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             response.metadata["signature_def"].Pack(sigs)
             return response
         except Exception as e:  # noqa: BLE001
-            _abort(context, e)
+            await _abort(context, e)
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def __init__(self, app):
         self.servable = app.servable
 
-    def GetModelStatus(self, request, context):
+    async def GetModelStatus(self, request, context):
         try:
             name, version, label = _spec(request)
             self.servable.check_status_spec(name, label)
@@ -225,16 +243,14 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
                 s.status.error_code = 0
             return response
         except Exception as e:  # noqa: BLE001
-            _abort(context, e)
+            await _abort(context, e)
 
 
-def start_grpc(app, host, port, threads=16):
-    """Starts the gRPC server of `app` on host:port (0: any free port) with
-    `threads` handler threads; returns (server, bound port)."""
-    import concurrent.futures
-
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
-                         maximum_concurrent_rpcs=None, options=[("grpc.max_receive_message_length", app.max_request_bytes),
+async def start_grpc(app, host, port):
+    """Starts the gRPC server of `app` on host:port (0: any free port) on the
+    running event loop; returns (server, bound port). Stop it with
+    `await server.stop(grace_s)`."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", app.max_request_bytes),
                                       ("grpc.so_reuseport", 0)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(app), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(app), server)
@@ -242,5 +258,5 @@ def start_grpc(app, host, port, threads=16):
     bound = server.add_insecure_port(address)
     if not bound:
         raise OSError(f"cannot bind the gRPC port {address}")
-    server.start()
+    await server.start()
     return server, bound

@@ -212,13 +212,6 @@ class ServingApp:
             except Exception as e:  # noqa: BLE001 - a warm-up only
                 log.info("warm-up of signature %r skipped: %s", key, e)
 
-    def submit_sync(self, key, arrays):
-        """(outputs, version) of signature `key` on `arrays`, from any thread
-        but the loop's; the default signature goes through the batcher."""
-        if self.batcher is not None and key == self.servable.default_signature:
-            return self.batcher.submit(arrays).result()
-        return self._run(key, arrays)
-
     # -- plumbing
     def _count(self, status):
         if status >= 400:
@@ -415,7 +408,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         loop.add_signal_handler(s, lambda s=s: (received.append(s), stop.set()))
     grpc_server = grpc_port = None
     if port is not None:
-        grpc_server, grpc_port = start_grpc(app, host, port)
+        grpc_server, grpc_port = await start_grpc(app, host, port)
     if rest_sock is not None:
         await app.http.start(rest_sock)
     refresh = asyncio.create_task(app.refresh_loop())
@@ -434,7 +427,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         refresh.cancel()
         await app.http.stop(grace_s=10.0)
         if grpc_server is not None:
-            await loop.run_in_executor(None, lambda: grpc_server.stop(grace=10.0).wait())
+            await grpc_server.stop(10.0)
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
     return 130 if signal.SIGINT in received else 0
