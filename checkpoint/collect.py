@@ -74,12 +74,6 @@ class Collected:
         return out
 
     def add_ev(self, ev, name=None):
-        if ev.key_dtype == tf.string:
-            # The bundle writer streams keys as fixed-width tensors; DT_STRING
-            # bundle tensors are not written yet (README, "String keys").
-            raise NotImplementedError(
-                f"EmbeddingVariable {ev.name!r} has string keys, which evstore's incremental checkpoints "
-                "(CheckpointManager) do not support yet; save it with tf.train.Checkpoint, which does")
         if isinstance(ev, CollectiveEmbeddingVariable):
             self.add_collective(ev, name)
             return

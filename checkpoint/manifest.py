@@ -77,7 +77,7 @@ SCHEMA = {
             "additionalProperties": False,
             "properties": {
                 "dim": {"type": "integer", "minimum": 1},
-                "key_dtype": {"enum": ["int32", "int64"]},
+                "key_dtype": {"enum": ["int32", "int64", "string"]},
                 "slots": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
                 "rows": _COUNT, "filtered": _COUNT, "deleted": _COUNT,
                 "shard": {"type": "object", "required": ["ev", "index", "count", "route"],

@@ -343,7 +343,8 @@ def to_parquet(root, out_dir, seq=None, storage_options=None, chunk_rows=CHUNK_R
 
     Per EV `<name>` (name %-quoted, see `parquet_names`), in `out_dir` (a path
     or fsspec URL, created if missing):
-      `<name>.parquet`: one row per admitted key: key (int64 or int32), version
+      `<name>.parquet`: one row per admitted key: key (int64, int32, or binary
+        for string keys), version
         (int64), freq (int64), value (fixed_size_list<float32>[dim]) and one
         column `slot_<slot>` (fixed_size_list<float32>[dim]) per optimizer slot;
       `<name>.filtered.parquet`: keys counted but not admitted yet: key, freq.
@@ -389,7 +390,8 @@ def to_parquet(root, out_dir, seq=None, storage_options=None, chunk_rows=CHUNK_R
             rows_name, filt_name = parquet_names(name)
             paths = {}
             for fname, data in ((rows_name, cols), (filt_name, fcols)):
-                fields = [pa.field(c, pa.list_(pa.float32(), dim) if a.ndim == 2 else pa.from_numpy_dtype(a.dtype))
+                fields = [pa.field(c, pa.list_(pa.float32(), dim) if a.ndim == 2 else
+                                   pa.binary() if a.dtype == object else pa.from_numpy_dtype(a.dtype))
                           for c, a in data.items()]
                 schema = pa.schema(fields, metadata=meta)
                 path = (os.path.join if local else posixpath.join)(opath, fname)

@@ -27,7 +27,7 @@ def _finish(p):
     return out
 
 
-@pytest.mark.parametrize("kind", ["counter", "bloom"])
+@pytest.mark.parametrize("kind", ["counter", "bloom", "string"])
 def test_killed_and_resumed_job_equals_the_uninterrupted_one_bit_for_bit(tmp_path, kind):
     _finish(_job(tmp_path / "straight", tmp_path / "straight.npz", kind))
     # The same job, killed (SIGKILL) while it trains after its third save...

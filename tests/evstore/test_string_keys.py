@@ -303,10 +303,3 @@ def test_tf_train_checkpoint_round_trips_string_keys_as_dt_string(tmp_path):
     _assert_rows_equal(ev, back)
     keys = [b"a", b"", b"\xff\xfe", b"once"]
     np.testing.assert_array_equal(back.frequency(keys).numpy(), ev.frequency(keys).numpy())
-
-
-def test_checkpoint_manager_refuses_a_string_ev_clearly(tmp_path):
-    import checkpoint
-    ev = evstore.EmbeddingVariable("mgr", DIM, key_dtype=tf.string)
-    with pytest.raises(NotImplementedError, match="string keys.*tf.train.Checkpoint"):
-        checkpoint.CheckpointManager(str(tmp_path), ev)

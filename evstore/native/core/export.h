@@ -36,6 +36,9 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "table.h"
@@ -62,6 +65,54 @@ struct ExportCounts {
 
 namespace export_internal {
 
+// A chunk's keys. Integer keys are values; a string key (std::string_view)
+// is copied into the chunk, because a full export hands its chunk to the sink
+// after the segment lock is released, when the table may already have freed
+// its own copy of an erased key.
+template <typename K>
+struct KeyColumn : std::vector<K> {};
+template <>
+struct KeyColumn<std::string_view> {
+  void reserve(int64_t n) { ends_.reserve(n); }
+  void push_back(std::string_view k) {
+    bytes_.append(k.data(), k.size());
+    ends_.push_back(bytes_.size());
+  }
+  size_t size() const { return ends_.size(); }
+  bool empty() const { return ends_.empty(); }
+  const std::string_view* data() {
+    views_.resize(ends_.size());
+    size_t b = 0;
+    for (size_t i = 0; i < ends_.size(); ++i) {
+      views_[i] = std::string_view(bytes_.data() + b, ends_[i] - b);
+      b = ends_[i];
+    }
+    return views_.data();
+  }
+  void clear() {
+    bytes_.clear();
+    ends_.clear();
+    views_.clear();
+  }
+
+ private:
+  std::string bytes_;
+  std::vector<size_t> ends_;
+  std::vector<std::string_view> views_;
+};
+
+// Keys [p, p + n) of a snapshot (its owned copies) as the table's key type.
+template <typename K, typename Owned>
+const K* KeyViews(const Owned* p, int64_t n, std::vector<K>* buf) {
+  if constexpr (std::is_same_v<K, Owned>) {
+    return p;
+  } else {
+    buf->resize(n);
+    for (int64_t i = 0; i < n; ++i) (*buf)[i] = K(p[i]);
+    return buf->data();
+  }
+}
+
 // Chunk buffers shared by both export kinds.
 template <typename K>
 struct Chunk {
@@ -76,10 +127,10 @@ struct Chunk {
   }
   const int stride;
   const int64_t cap;
-  std::vector<K> keys;
+  KeyColumn<K> keys;
   std::vector<float> rows;
   std::vector<int64_t> versions, freqs;
-  std::vector<K> fkeys;
+  KeyColumn<K> fkeys;
   std::vector<int64_t> ffreqs, fseen;
 
   void FlushRows(ExportSink<K>* sink, ExportCounts* c) {
@@ -169,9 +220,10 @@ ExportCounts ExportDelta(const Table<K>& t, const typename Table<K>::Snapshot& s
   std::vector<int64_t> versions(cap), freqs(cap), seen(cap);
   std::vector<float> rows(cap * stride);
   const int64_t n = snap.dirty.size();
+  std::vector<K> views;
   for (int64_t lo = 0; lo < n; lo += cap) {
     const int64_t m = std::min(cap, n - lo);
-    const K* keys = snap.dirty.data() + lo;
+    const K* keys = export_internal::KeyViews<K>(snap.dirty.data() + lo, m, &views);
     t.Read(keys, m, stride, present.data(), admitted.data(), versions.data(), freqs.data(), rows.data(),
            seen.data());
     for (int64_t i = 0; i < m; ++i) {
@@ -192,7 +244,7 @@ ExportCounts ExportDelta(const Table<K>& t, const typename Table<K>::Snapshot& s
   }
   for (size_t lo = 0; lo < snap.deleted.size(); lo += cap) {
     const int64_t m = std::min<int64_t>(cap, snap.deleted.size() - lo);
-    sink->Deleted(snap.deleted.data() + lo, m);
+    sink->Deleted(export_internal::KeyViews<K>(snap.deleted.data() + lo, m, &views), m);
     c.deleted += m;
   }
   export_internal::ExportBloom(t, &snap.bloom_blocks, cap, sink, &c);

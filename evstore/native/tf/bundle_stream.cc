@@ -44,6 +44,25 @@ void FsyncDir(const std::string& dir) {
   ::close(fd);
 }
 
+// Appends the whole file `path` to `out`; `crc` (if not null) is extended
+// with the bytes copied.
+void CopyInto(const std::string& path, OutFile* out, uint32_t* crc) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot reopen", path);
+  std::vector<char> buf(1 << 20);
+  ssize_t r;
+  while ((r = ::read(fd, buf.data(), buf.size())) != 0) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      ::close(fd);
+      throw IoError("cannot read", path);
+    }
+    out->Write(buf.data(), r);
+    if (crc) *crc = Crc32cExtend(*crc, buf.data(), r);
+  }
+  ::close(fd);
+}
+
 void ThrowIfError(const absl::Status& s, const std::string& what) {
   if (!s.ok()) throw std::runtime_error(what + ": " + std::string(s.message()));
 }
@@ -156,9 +175,42 @@ int BundleStreamWriter::BeginColumn(const std::string& name, tensorflow::DataTyp
   return static_cast<int>(cols_.size()) - 1;
 }
 
+int BundleStreamWriter::BeginStringColumn(const std::string& name) {
+  const int col = BeginColumn(name, tensorflow::DT_STRING, {});
+  Column& c = cols_[col];
+  c.is_string = true;
+  c.row_bytes = 0;
+  const std::string len_path = c.temp_path + ".len";
+  created_.push_back(len_path);
+  c.lengths = std::make_unique<OutFile>(len_path);
+  return col;
+}
+
+void BundleStreamWriter::AppendStrings(int col, const std::string_view* v, int64_t n) {
+  Column& c = cols_.at(col);
+  if (c.ended || !c.is_string) throw std::logic_error("column '" + c.name + "' is not an open string column");
+  char varint[10];
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t len = v[i].size();
+    if (len > UINT32_MAX) throw std::invalid_argument("string of more than 4 GiB in '" + c.name + "'");
+    const uint32_t len32 = static_cast<uint32_t>(len);  // the checksum covers each length as a uint32
+    c.lengths_crc = Crc32cExtend(c.lengths_crc, &len32, sizeof(len32));
+    int k = 0;
+    do {
+      uint8_t b = len & 0x7F;
+      len >>= 7;
+      varint[k++] = static_cast<char>(len ? (b | 0x80) : b);
+    } while (len);
+    c.lengths->Write(varint, k);
+    c.file->Write(v[i].data(), v[i].size());
+  }
+  c.rows += n;
+}
+
 void BundleStreamWriter::Append(int col, const void* data, int64_t rows) {
   Column& c = cols_.at(col);
   if (c.ended) throw std::logic_error("column '" + c.name + "' already ended");
+  if (c.is_string) throw std::logic_error("column '" + c.name + "' holds strings: AppendStrings");
   c.file->Write(data, rows * c.row_bytes);
   c.rows += rows;
 }
@@ -166,9 +218,39 @@ void BundleStreamWriter::Append(int col, const void* data, int64_t rows) {
 void BundleStreamWriter::EndColumn(int col) {
   Column& c = cols_.at(col);
   if (c.ended) return;
+  if (c.is_string && c.rows > 0) {
+    // [varint lengths][masked crc32c of the uint32 lengths][bytes] into one file.
+    c.file->Close(/*sync=*/false);
+    c.lengths->Close(/*sync=*/false);
+    const std::string bytes_path = c.file->path(), len_path = c.lengths->path();
+    c.file.reset();
+    c.lengths.reset();
+    c.temp_path += ".s";
+    created_.push_back(c.temp_path);
+    OutFile joined(c.temp_path);
+    CopyInto(len_path, &joined, nullptr);
+    const uint32_t masked = tsl::crc32c::Mask(c.lengths_crc);
+    const char le[4] = {static_cast<char>(masked & 0xFF), static_cast<char>((masked >> 8) & 0xFF),
+                        static_cast<char>((masked >> 16) & 0xFF), static_cast<char>(masked >> 24)};
+    joined.Write(le, 4);
+    c.entry_crc = Crc32cExtend(c.lengths_crc, le, 4);
+    CopyInto(bytes_path, &joined, &c.entry_crc);
+    joined.Close(/*sync=*/true);
+    ::unlink(bytes_path.c_str());
+    ::unlink(len_path.c_str());
+    c.size = joined.size();
+    c.crc = joined.crc();
+    c.ended = true;
+    return;
+  }
+  if (c.lengths) {  // an empty string column: no bytes at all (TensorFlow reads size 0 as no strings)
+    c.lengths->Close(/*sync=*/false);
+    ::unlink(c.lengths->path().c_str());
+    c.lengths.reset();
+  }
   c.file->Close(/*sync=*/true);
   c.size = c.file->size();
-  c.crc = c.file->crc();
+  c.crc = c.entry_crc = c.file->crc();
   c.file.reset();
   c.ended = true;
 }
@@ -205,7 +287,7 @@ std::vector<BundleFile> BundleStreamWriter::Finish() {
     for (int64_t d : c.inner) shape.AddDim(d);
     shape.AsProto(e.mutable_shape());
     e.set_size(c.size);
-    e.set_crc32c(tsl::crc32c::Mask(c.crc));
+    e.set_crc32c(tsl::crc32c::Mask(c.entry_crc));
     if (c.size == 0) {
       e.set_shard_id(0);
       e.set_offset(0);
@@ -323,7 +405,7 @@ BundleStreamReader::Column::Column(const BundleStreamReader& r, const std::strin
                                 ", expected [N, " + std::to_string(inner_elems) + " elements per row]");
   rows_ = shape.dim_size(0);
   row_bytes_ = inner * tensorflow::DataTypeSize(dtype);
-  if (e.size() != rows_ * row_bytes_)
+  if (dtype != tensorflow::DT_STRING && e.size() != rows_ * row_bytes_)
     throw std::runtime_error("checkpoint index entry for '" + name + "' is corrupt (size " + std::to_string(e.size()) +
                              " for " + std::to_string(rows_) + " rows)");
   if (e.shard_id() < 0 || e.shard_id() >= r.num_shards_)
@@ -332,13 +414,87 @@ BundleStreamReader::Column::Column(const BundleStreamReader& r, const std::strin
   offset_ = e.offset();
   end_ = e.offset() + e.size();
   want_crc_ = tsl::crc32c::Unmask(e.crc32c());
-  if (e.size() == 0) return;
+  if (e.size() == 0) {
+    if (dtype == tensorflow::DT_STRING && rows_ != 0)
+      throw std::runtime_error("checkpoint index entry for '" + name + "' is corrupt (no bytes for " +
+                               std::to_string(rows_) + " strings)");
+    return;
+  }
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw IoError("cannot open checkpoint data file", path_);
   struct stat st;
   if (::fstat(fd_, &st) != 0 || st.st_size < end_)
     throw std::runtime_error("checkpoint data file '" + path_ + "' is truncated (tensor '" + name + "' needs " +
                              std::to_string(end_) + " bytes)");
+  if (dtype != tensorflow::DT_STRING) return;
+  // The lengths (varint64 each), then their masked checksum; the bytes follow.
+  const std::string corrupt = "checksum mismatch in checkpoint data file '" + path_ + "' (tensor '" + name + "'): ";
+  lengths_.resize(rows_);
+  std::vector<char> buf(1 << 16);
+  int64_t have = 0, pos = 0, total = 0;
+  for (int64_t i = 0; i < rows_; ++i) {
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      if (pos == have) {
+        const int64_t want = std::min<int64_t>(buf.size(), end_ - offset_);
+        if (want <= 0 || shift > 63) throw std::runtime_error(corrupt + "bad string lengths, the file is corrupt");
+        ReadAt(buf.data(), want);
+        have = want;
+        pos = 0;
+      }
+      const uint8_t b = static_cast<uint8_t>(buf[pos++]);
+      v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if (!(b & 0x80)) break;
+    }
+    if (v > UINT32_MAX) throw std::runtime_error(corrupt + "bad string lengths, the file is corrupt");
+    lengths_[i] = static_cast<uint32_t>(v);
+    crc_ = Crc32cExtend(crc_, &lengths_[i], sizeof(uint32_t));
+    total += v;
+  }
+  // Give back what was read past the lengths, then the 4-byte checksum.
+  offset_ -= have - pos;
+  char le[4];
+  if (offset_ + 4 > end_) throw std::runtime_error(corrupt + "no length checksum, the file is corrupt");
+  ReadAt(le, 4);
+  const uint32_t stored = static_cast<uint32_t>(static_cast<uint8_t>(le[0])) |
+                          static_cast<uint32_t>(static_cast<uint8_t>(le[1])) << 8 |
+                          static_cast<uint32_t>(static_cast<uint8_t>(le[2])) << 16 |
+                          static_cast<uint32_t>(static_cast<uint8_t>(le[3])) << 24;
+  if (tsl::crc32c::Unmask(stored) != crc_)
+    throw std::runtime_error(corrupt + "the string lengths do not match their checksum, the file is corrupt");
+  crc_ = Crc32cExtend(crc_, le, 4);
+  if (offset_ + total != end_)
+    throw std::runtime_error(corrupt + "the string lengths do not add up to the tensor's size, the file is corrupt");
+}
+
+// Reads n bytes at offset_ (pread), advancing it; no checksum.
+void BundleStreamReader::Column::ReadAt(char* p, int64_t n) {
+  int64_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd_, p + done, n - done, offset_ + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw std::runtime_error("short read of tensor '" + name_ + "' from '" + path_ + "'");
+    done += r;
+  }
+  offset_ += n;
+}
+
+void BundleStreamReader::Column::ReadStrings(int64_t rows, std::string* storage, std::vector<std::string_view>* out) {
+  if (next_ + rows > rows_) throw std::logic_error("read past the end of tensor '" + name_ + "'");
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < rows; ++i) bytes += lengths_[next_ + i];
+  storage->resize(bytes);
+  if (bytes > 0) {
+    ReadAt(storage->data(), bytes);
+    crc_ = Crc32cExtend(crc_, storage->data(), bytes);
+  }
+  out->resize(rows);
+  int64_t at = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    (*out)[i] = std::string_view(storage->data() + at, lengths_[next_ + i]);
+    at += lengths_[next_ + i];
+  }
+  next_ += rows;
 }
 
 BundleStreamReader::Column::~Column() {
@@ -346,6 +502,8 @@ BundleStreamReader::Column::~Column() {
 }
 
 void BundleStreamReader::Column::Read(void* dst, int64_t rows) {
+  if (!lengths_.empty() || (rows_ > 0 && row_bytes_ == 0))
+    throw std::logic_error("tensor '" + name_ + "' holds strings: ReadStrings");
   int64_t n = rows * row_bytes_;
   if (offset_ + n > end_) throw std::logic_error("read past the end of tensor '" + name_ + "'");
   char* p = static_cast<char*>(dst);

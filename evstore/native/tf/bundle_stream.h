@@ -15,6 +15,14 @@
 // first, then entries sorted by name, exactly what BundleWriter produces), so
 // tf.train.load_checkpoint and BundleReader read every tensor.
 //
+// String tensors (DT_STRING: tf.string keys) use TensorFlow's own encoding
+// in the data file: every element's length as a varint64, the masked crc32c
+// of the lengths (each as a little-endian uint32), then the bytes; the entry's
+// crc32c covers those uint32 lengths, the masked length checksum and the
+// bytes (not the varints), as BundleWriter / ReadStringTensor do. A streamed
+// string column writes its lengths and its bytes to two temporary files and
+// joins them when it ends (one sequential copy of the key bytes).
+//
 // Memory: one write buffer per open column (kBufferBytes); a column is
 // closed as soon as its EV is done. Nothing holds a copy of the table.
 // Failure: any error leaves the writer failed; its destructor deletes every
@@ -24,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tensorflow/core/framework/tensor.h"
@@ -72,8 +81,12 @@ class BundleStreamWriter {
   void AddTensor(const std::string& name, const tensorflow::Tensor& t);
   // A streamed tensor of shape [rows] + inner_dims; returns its column id.
   int BeginColumn(const std::string& name, tensorflow::DataType dtype, std::vector<int64_t> inner_dims);
+  // A streamed DT_STRING tensor of shape [rows]; returns its column id.
+  int BeginStringColumn(const std::string& name);
   // Appends `rows` rows (row-major, inner_dims elements each).
   void Append(int col, const void* data, int64_t rows);
+  // Appends `n` strings to a string column.
+  void AppendStrings(int col, const std::string_view* v, int64_t n);
   // Flushes and closes a column's file (frees its buffer).
   void EndColumn(int col);
   // Renames the shards, writes the index, fsyncs. Returns the files written.
@@ -89,8 +102,13 @@ class BundleStreamWriter {
     std::unique_ptr<OutFile> file;
     std::string temp_path;
     int64_t size = 0;
-    uint32_t crc = 0;
+    uint32_t crc = 0;        // of the file's bytes
+    uint32_t entry_crc = 0;  // the index entry's (unmasked): = crc except for strings
     bool ended = false;
+    // DT_STRING: the varint lengths go to their own file until EndColumn.
+    bool is_string = false;
+    std::unique_ptr<OutFile> lengths;
+    uint32_t lengths_crc = 0;
   };
   void CheckName(const std::string& name);
   std::string prefix_;
@@ -119,12 +137,19 @@ class BundleStreamReader {
     ~Column();
     int64_t rows() const { return rows_; }
     void Read(void* dst, int64_t rows);  // next rows; throws on short read
+    // DT_STRING columns: the next `rows` strings, as views into `*storage`
+    // (valid until the next call). The lengths are read and their checksum
+    // checked when the column opens.
+    void ReadStrings(int64_t rows, std::string* storage, std::vector<std::string_view>* out);
     void Finish();                        // all rows read: checks the crc32c
    private:
+    void ReadAt(char* dst, int64_t n);
     std::string name_, path_;
     int fd_ = -1;
     int64_t rows_ = 0, row_bytes_ = 0, offset_ = 0, end_ = 0;
     uint32_t crc_ = 0, want_crc_ = 0;
+    std::vector<uint32_t> lengths_;  // DT_STRING
+    int64_t next_ = 0;               // DT_STRING: strings read so far
   };
 
  private:

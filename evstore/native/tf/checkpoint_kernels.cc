@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../core/export.h"
@@ -47,24 +48,29 @@ void MaybePauseMidData() {
 // Checkpoints written before -seen_filtered / -clock / -bloom_* existed still
 // load: their filtered keys' last-seen step is unknown, their clock is the
 // newest version, and Bloom counters start from zero.
-template <typename K>
-class BundleSink : public ExportSink<K> {
+// Key columns hold the tensor type T (int32, int64, or tf.string in
+// TensorFlow's string encoding, bundle_stream.h); the core hands the sink its
+// key type K = CoreKey<T>.
+template <typename T>
+class BundleSink : public ExportSink<CoreKey<T>> {
+  using K = CoreKey<T>;
+  static constexpr bool kString = std::is_same_v<T, tensorflow::tstring>;
+
  public:
   BundleSink(BundleStreamWriter* w, const std::string& name, int dim, const SlotSpecs& slots, bool delta,
              const CountingBloom* bloom)
       : w_(w), dim_(dim) {
-    const DataType kd = DataTypeToEnum<K>::v();
     using schema::TensorName;  // tensor names: core/schema.h
-    keys_ = w->BeginColumn(TensorName(name, schema::kKeys), kd, {});
+    keys_ = BeginKeys(TensorName(name, schema::kKeys));
     values_ = w->BeginColumn(TensorName(name, schema::kValues), tensorflow::DT_FLOAT, {dim});
     versions_ = w->BeginColumn(TensorName(name, schema::kVersions), tensorflow::DT_INT64, {});
     freqs_ = w->BeginColumn(TensorName(name, schema::kFreqs), tensorflow::DT_INT64, {});
     for (const auto& s : slots)
       slot_cols_.push_back(w->BeginColumn(schema::SlotTensor(name, s.first), tensorflow::DT_FLOAT, {dim}));
-    fkeys_ = w->BeginColumn(TensorName(name, schema::kKeysFiltered), kd, {});
+    fkeys_ = BeginKeys(TensorName(name, schema::kKeysFiltered));
     ffreqs_ = w->BeginColumn(TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, {});
     fseen_ = w->BeginColumn(TensorName(name, schema::kSeenFiltered), tensorflow::DT_INT64, {});
-    if (delta) deleted_ = w->BeginColumn(TensorName(name, schema::kDeletedKeys), kd, {});
+    if (delta) deleted_ = BeginKeys(TensorName(name, schema::kDeletedKeys));
     clock_ = w->BeginColumn(TensorName(name, schema::kClock), tensorflow::DT_INT64, {});
     if (bloom) {
       std::vector<int64_t> geo = bloom->Geometry();
@@ -78,7 +84,7 @@ class BundleSink : public ExportSink<K> {
   }
   void Rows(const K* keys, const float* rows, int stride, const int64_t* versions, const int64_t* freqs,
             int64_t n) override {
-    w_->Append(keys_, keys, n);
+    AppendKeys(keys_, keys, n);
     w_->Append(versions_, versions, n);
     w_->Append(freqs_, freqs, n);
     // Split [embedding | slots...] rows into one contiguous column each.
@@ -91,11 +97,11 @@ class BundleSink : public ExportSink<K> {
     MaybePauseMidData();
   }
   void Filtered(const K* keys, const int64_t* freqs, const int64_t* seen, int64_t n) override {
-    w_->Append(fkeys_, keys, n);
+    AppendKeys(fkeys_, keys, n);
     w_->Append(ffreqs_, freqs, n);
     w_->Append(fseen_, seen, n);
   }
-  void Deleted(const K* keys, int64_t n) override { w_->Append(deleted_, keys, n); }
+  void Deleted(const K* keys, int64_t n) override { AppendKeys(deleted_, keys, n); }
   void BloomBlocks(const int64_t* ids, const uint8_t* counters, int64_t n) override {
     w_->Append(bblocks_, ids, n);
     w_->Append(bcounters_, counters, n);
@@ -110,6 +116,17 @@ class BundleSink : public ExportSink<K> {
   }
 
  private:
+  int BeginKeys(const std::string& tensor) {
+    if constexpr (kString) return w_->BeginStringColumn(tensor);
+    return w_->BeginColumn(tensor, DataTypeToEnum<T>::v(), {});
+  }
+  void AppendKeys(int col, const K* keys, int64_t n) {
+    if constexpr (kString) {
+      w_->AppendStrings(col, keys, n);
+    } else {
+      w_->Append(col, keys, n);
+    }
+  }
   BundleStreamWriter* w_;
   int dim_;
   int keys_, values_, versions_, freqs_, fkeys_, ffreqs_, fseen_, clock_, deleted_ = -1, bblocks_ = -1,
@@ -177,6 +194,8 @@ class EvSaveBundleOp : public OpKernel {
         absl::Status st;
         if (key_dtypes_[i] == tensorflow::DT_INT64)
           counts[i] = SaveOne<int64_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st);
+        else if (key_dtypes_[i] == tensorflow::DT_STRING)
+          counts[i] = SaveOne<tensorflow::tstring>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st);
         else
           counts[i] = SaveOne<int32_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st);
         OP_REQUIRES_OK(ctx, st);
@@ -209,6 +228,32 @@ class EvSaveBundleOp : public OpKernel {
   int64_t chunk_rows_;
 };
 
+// Reads a key column chunk by chunk as the core's key type (a string key: a
+// view into this reader's buffer, valid until the next Read).
+template <typename T>
+class KeyReader {
+ public:
+  KeyReader(const BundleStreamReader& r, const std::string& name) : col_(r, name, DataTypeToEnum<T>::v(), 1) {}
+  int64_t rows() const { return col_.rows(); }
+  CoreKey<T>* Read(int64_t m) {
+    if constexpr (std::is_same_v<T, tensorflow::tstring>) {
+      col_.ReadStrings(m, &bytes_, &views_);
+      return views_.data();
+    } else {
+      buf_.resize(m);
+      col_.Read(buf_.data(), m);
+      return buf_.data();
+    }
+  }
+  void Finish() { col_.Finish(); }
+
+ private:
+  BundleStreamReader::Column col_;
+  std::vector<T> buf_;
+  std::string bytes_;
+  std::vector<std::string_view> views_;
+};
+
 template <typename K>
 class EvLoadBundleOp : public EvTableOp<K> {
  public:
@@ -225,7 +270,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
 
   // Keeps the positions of keys[0, m) routed to this shard: returns how many
   // and fills `keep` (ascending). Without sharding every position is kept.
-  int64_t Route(const K* keys, int64_t m, std::vector<int64_t>* keep) const {
+  int64_t Route(const CoreKey<K>* keys, int64_t m, std::vector<int64_t>* keep) const {
     keep->clear();
     for (int64_t j = 0; j < m; ++j)
       if (ShardOf(keys[j], num_shards_) == shard_index_) keep->push_back(j);
@@ -249,7 +294,6 @@ class EvLoadBundleOp : public EvTableOp<K> {
     const std::string prefix(prefix_t.scalar<tensorflow::tstring>()());
     const std::string name(name_t.scalar<tensorflow::tstring>()());
     const int dim = t.dim();
-    const DataType kd = DataTypeToEnum<K>::v();
     ExportCounts c;
     EV_TRY(ctx, {
       BundleStreamReader r(prefix);
@@ -257,10 +301,10 @@ class EvLoadBundleOp : public EvTableOp<K> {
       // table changes, so a wrong dim, dtype or a missing file changes nothing.
       using Col = BundleStreamReader::Column;
       using schema::TensorName;  // tensor names: core/schema.h
-      Col keys(r, TensorName(name, schema::kKeys), kd, 1), values(r, TensorName(name, schema::kValues), tensorflow::DT_FLOAT, dim),
+      KeyReader<K> keys(r, TensorName(name, schema::kKeys)), fkeys(r, TensorName(name, schema::kKeysFiltered));
+      Col values(r, TensorName(name, schema::kValues), tensorflow::DT_FLOAT, dim),
           versions(r, TensorName(name, schema::kVersions), tensorflow::DT_INT64, 1),
           freqs(r, TensorName(name, schema::kFreqs), tensorflow::DT_INT64, 1),
-          fkeys(r, TensorName(name, schema::kKeysFiltered), kd, 1),
           ffreqs(r, TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, 1);
       std::vector<std::unique_ptr<Col>> slots;
       SlotSpecs want, have = t.slots();
@@ -272,12 +316,13 @@ class EvLoadBundleOp : public EvTableOp<K> {
           if (h.first == s) init = h.second;
         want.emplace_back(s, init);
       }
-      std::unique_ptr<Col> deleted, fseen, clock, bblocks, bcounters;
+      std::unique_ptr<KeyReader<K>> deleted;
+      std::unique_ptr<Col> fseen, clock, bblocks, bcounters;
       const std::string deleted_name = TensorName(name, schema::kDeletedKeys),
                         seen_name = TensorName(name, schema::kSeenFiltered),
                         clock_name = TensorName(name, schema::kClock),
                         geometry_name = TensorName(name, schema::kBloomGeometry);
-      if (r.Has(deleted_name)) deleted = std::make_unique<Col>(r, deleted_name, kd, 1);
+      if (r.Has(deleted_name)) deleted = std::make_unique<KeyReader<K>>(r, deleted_name);
       if (r.Has(seen_name)) fseen = std::make_unique<Col>(r, seen_name, tensorflow::DT_INT64, 1);
       if (r.Has(clock_name)) clock = std::make_unique<Col>(r, clock_name, tensorflow::DT_INT64, 1);
       const bool routed = num_shards_ > 1;
@@ -313,17 +358,16 @@ class EvLoadBundleOp : public EvTableOp<K> {
       t.Reserve(t.Stats().size + (routed ? incoming / num_shards_ + incoming / (8 * num_shards_) + 1024 : incoming));
       std::vector<int64_t> keep;
       const int64_t cap = chunk_rows_;
-      std::vector<K> kbuf(cap);
       std::vector<int64_t> vbuf(cap), fbuf(cap), sbuf_seen(cap);
       if (deleted) {
         for (int64_t lo = 0; lo < deleted->rows(); lo += cap) {
           int64_t m = std::min(cap, deleted->rows() - lo);
-          deleted->Read(kbuf.data(), m);
+          CoreKey<K>* kbuf = deleted->Read(m);
           if (routed) {
-            m = Route(kbuf.data(), m, &keep);
-            Compact(kbuf.data(), 1, keep);
+            m = Route(kbuf, m, &keep);
+            Compact(kbuf, 1, keep);
           }
-          t.Erase(kbuf.data(), m, /*track_deleted=*/false);
+          t.Erase(kbuf, m, /*track_deleted=*/false);
           c.deleted += m;
         }
         deleted->Finish();
@@ -331,39 +375,40 @@ class EvLoadBundleOp : public EvTableOp<K> {
       std::vector<float> rows(cap * dim), sbuf(cap * dim * std::max<size_t>(1, slots.size()));
       for (int64_t lo = 0; lo < n; lo += cap) {
         int64_t m = std::min(cap, n - lo);
-        keys.Read(kbuf.data(), m);
+        CoreKey<K>* kbuf = keys.Read(m);
         values.Read(rows.data(), m);
         versions.Read(vbuf.data(), m);
         freqs.Read(fbuf.data(), m);
         for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(sbuf.data() + s * m * dim, m);
         int64_t mk = m;
         if (routed) {
-          mk = Route(kbuf.data(), m, &keep);
-          Compact(kbuf.data(), 1, keep);
+          mk = Route(kbuf, m, &keep);
+          Compact(kbuf, 1, keep);
           Compact(rows.data(), dim, keep);
           Compact(vbuf.data(), 1, keep);
           Compact(fbuf.data(), 1, keep);
           for (size_t s = 0; s < slots.size(); ++s) Compact(sbuf.data() + s * m * dim, dim, keep);
         }
         // Slot s of kept row j is at sbuf[s * m * dim + j * dim] (the stride stays m * dim).
-        t.ImportRows(kbuf.data(), mk, rows.data(), dim, sbuf.data(), dim, m * dim, offs, vbuf.data(), fbuf.data(),
+        t.ImportRows(kbuf, mk, rows.data(), dim, sbuf.data(), dim, m * dim, offs, vbuf.data(), fbuf.data(),
                      /*mark_dirty=*/false);
         c.rows += mk;
       }
-      for (Col* col : {&keys, &values, &versions, &freqs}) col->Finish();
+      keys.Finish();
+      for (Col* col : {&values, &versions, &freqs}) col->Finish();
       for (const auto& s : slots) s->Finish();
       for (int64_t lo = 0; lo < fkeys.rows(); lo += cap) {
         int64_t m = std::min(cap, fkeys.rows() - lo);
-        fkeys.Read(kbuf.data(), m);
+        CoreKey<K>* kbuf = fkeys.Read(m);
         ffreqs.Read(fbuf.data(), m);
         if (fseen) fseen->Read(sbuf_seen.data(), m);
         if (routed) {
-          m = Route(kbuf.data(), m, &keep);
-          Compact(kbuf.data(), 1, keep);
+          m = Route(kbuf, m, &keep);
+          Compact(kbuf, 1, keep);
           Compact(fbuf.data(), 1, keep);
           Compact(sbuf_seen.data(), 1, keep);
         }
-        t.ImportFiltered(kbuf.data(), m, fbuf.data(), /*mark_dirty=*/false, /*demote=*/true,
+        t.ImportFiltered(kbuf, m, fbuf.data(), /*mark_dirty=*/false, /*demote=*/true,
                          fseen ? sbuf_seen.data() : nullptr);
         c.filtered += m;
       }
@@ -451,7 +496,7 @@ class EvFileCrc32cOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("EvSaveBundle").Device(DEVICE_CPU), EvSaveBundleOp);
-EV_REGISTER_INT_KEYED("EvLoadBundle", EvLoadBundleOp);
+EV_REGISTER_KEYED("EvLoadBundle", EvLoadBundleOp);
 REGISTER_KERNEL_BUILDER(Name("EvCrc32cExtend").Device(DEVICE_CPU), EvCrc32cExtendOp);
 REGISTER_KERNEL_BUILDER(Name("EvFileCrc32c").Device(DEVICE_CPU), EvFileCrc32cOp);
 
