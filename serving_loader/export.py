@@ -4,7 +4,8 @@ Each EmbeddingVariable (a ShardedEmbeddingVariable too: one table of all its
 shards' rows, the same export as unsharded) becomes a `tf.lookup.experimental.DenseHashTable`
 (key -> [dim] float32 row, the EV's default value for missing keys); dense
 weights stay variables. The table's empty / deleted sentinel keys are the two
-smallest values of the key dtype, which a DenseHashTable cannot hold; training
+smallest values of the key dtype (for string keys, two fixed byte strings,
+STRING_SENTINELS), which a DenseHashTable cannot hold; training
 can, so their rows live beside the table in a [2, dim] variable
 (`reserved_rows[i]`, row j for key `min + j`, with `reserved_present[i]` [2]
 bool) and the traced lookup selects them: every key training holds is served. The
@@ -44,17 +45,30 @@ MAP_FILE = os.path.join("assets.extra", "evstore_serving.json")
 FORMAT = "evstore-serving"
 
 
+# A string table's sentinels: two fixed byte strings (ASCII, so the serving map's JSON holds them as
+# they are). Training may hold them as keys like any other string: their rows live beside the table.
+STRING_SENTINELS = (b"\x00evstore:empty-key", b"\x00evstore:deleted-key")
+
+
 def sentinels(key_dtype):
-    """(empty_key, deleted_key) of a served table: the two smallest keys of the dtype."""
+    """(empty_key, deleted_key) of a served table: the two smallest keys of an
+    integer dtype; for string keys the two STRING_SENTINELS (bytes)."""
+    if tf.as_dtype(key_dtype) == tf.string:
+        return STRING_SENTINELS
     lo = int(np.iinfo(tf.as_dtype(key_dtype).as_numpy_dtype).min)
     return lo, lo + 1
 
 
-def _served_lookup(ids, table, rows, present, lo, default, dim):
+def _json_key(k):
+    return k.decode("ascii") if isinstance(k, bytes) else k
+
+
+def _served_lookup(ids, table, rows, present, sentinel, default, dim):
     """Rows of `ids` from the table, the two sentinel keys from their side rows."""
     flat = tf.reshape(ids, [-1])
-    is0, is1 = tf.equal(flat, lo), tf.equal(flat, lo + 1)
-    safe = tf.where(tf.logical_or(is0, is1), tf.constant(lo + 2, flat.dtype), flat)
+    is0, is1 = tf.equal(flat, sentinel[0]), tf.equal(flat, sentinel[1])
+    other = b"" if flat.dtype == tf.string else sentinel[0] + 2   # any key but the two sentinels
+    safe = tf.where(tf.logical_or(is0, is1), tf.constant(other, flat.dtype), flat)
     out = table.lookup(safe)
     r0 = tf.where(present[0], rows[0], default)
     r1 = tf.where(present[1], rows[1], default)
@@ -176,7 +190,7 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
             key_dtype=ev.key_dtype, value_dtype=tf.float32, default_value=tf.constant(default),
             empty_key=empty, deleted_key=deleted, name=f"ev_{len(module.tables)}")
         rows = ev.export()
-        keys, values = rows["keys"].numpy(), rows["values"].numpy()
+        keys, values = rows["keys"].numpy(), rows["values"].numpy()   # string keys: an object array of bytes
         res_rows = np.zeros([2, ev.dim], np.float32)
         res_present = np.zeros([2], bool)
         for j, k in enumerate((empty, deleted)):
@@ -188,12 +202,13 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
             table.insert(tf.constant(keys[keep]), tf.constant(values[keep]))
         i = len(module.tables)
         mapping["evs"][name] = {"index": i, "dim": ev.dim, "key_dtype": ev.key_dtype.name, "reserved": i,
-                                "empty_key": empty, "deleted_key": deleted}
+                                "empty_key": _json_key(empty), "deleted_key": _json_key(deleted)}
         module.tables.append(table)
         module.reserved_rows.append(tf.Variable(res_rows, trainable=False, name=f"ev_{i}_reserved_rows"))
         module.reserved_present.append(tf.Variable(res_present, trainable=False, name=f"ev_{i}_reserved_present"))
-        served[ev] = (lambda ids, t=table, r=module.reserved_rows[i], p=module.reserved_present[i], lo=empty,
-                      dv=tf.constant(default, tf.float32), d=ev.dim: _served_lookup(ids, t, r, p, lo, dv, d))
+        served[ev] = (lambda ids, t=table, r=module.reserved_rows[i], p=module.reserved_present[i],
+                      sk=(empty, deleted), dv=tf.constant(default, tf.float32), d=ev.dim:
+                      _served_lookup(ids, t, r, p, sk, dv, d))
     for name, v in col.dense.items():
         if name.startswith("optimizer/"):
             continue

@@ -367,8 +367,8 @@ class ServingModel:
         try:
             for name, table in self._tables.items():  # drop the previous chain's rows
                 keys, _ = table.export()
-                keys = tf.boolean_mask(keys, tf.logical_and(
-                    keys != self.mapping["evs"][name]["empty_key"], keys != self.mapping["evs"][name]["deleted_key"]))
+                empty, deleted = sentinels(self.mapping["evs"][name]["key_dtype"])
+                keys = tf.boolean_mask(keys, tf.logical_and(tf.not_equal(keys, empty), tf.not_equal(keys, deleted)))
                 if int(tf.size(keys)):
                     table.erase(keys)
             for _, present_var in self._reserved.values():
@@ -482,7 +482,7 @@ class ServingModel:
         """Validates an EV's staged tensors completely (publish must not fail
         half-way): dtypes, dim, row counts; splits off the sentinel keys, which
         live beside the table. Returns (erase, keys, values, reserved) with
-        reserved = {j: row or None (erased)} for key min + j."""
+        reserved = {j: row or None (erased)} for sentinel key j (sentinels())."""
         info = self.mapping["evs"][name]
         kd = tf.as_dtype(info["key_dtype"]).as_numpy_dtype
         if keys.dtype != kd or erase.dtype != kd:
@@ -500,7 +500,7 @@ class ServingModel:
                 reserved[j] = values[hit[-1]]
         if reserved:
             if name not in self._reserved:
-                raise CheckpointError(f"{m.dir}: EV {name!r} holds key {empty + min(reserved)}, which this export "
+                raise CheckpointError(f"{m.dir}: EV {name!r} holds key {(empty, deleted)[min(reserved)]!r}, which this export "
                                       "cannot serve (written before sentinel keys were served): re-export it "
                                       "with export_serving_model")
             keep = (keys != empty) & (keys != deleted)

@@ -4,13 +4,11 @@ answered with the trainer's predictions; and `evstore serve` refusing a root
 it has nothing to serve from (one line, non-zero exit) unless --allow-empty."""
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "tests", "serving_loader"))
 from serve_proc import Server, evstore, last_line, predict_columns, wait_until  # noqa: E402
 
 DATA = os.path.join(REPO, "tests", "data", "movielens-slice", "ratings.csv")

@@ -1,10 +1,13 @@
 """Helpers for tests of the train -> serve path and the admin endpoints: the
 `evstore` command as a subprocess, and functions over an `evstore serve`
 process (served.Server, re-exported here)."""
+import base64
 import subprocess
 import sys
 import time
 import urllib.request
+
+import numpy as np
 
 WAIT_S = 120      # an upper bound for a poll to see a commit (a loaded machine is slow)
 
@@ -29,9 +32,17 @@ def wait_until(cond, what):
         time.sleep(0.1)
 
 
+def _json(v):
+    """A model input as JSON: numbers as they are, strings as {"b64": ...} (any bytes)."""
+    a = np.asarray(v)
+    if a.dtype == object or a.dtype.kind == "S":
+        return np.vectorize(lambda b: {"b64": base64.b64encode(b).decode()}, otypes=[object])(a).tolist()
+    return a.tolist()
+
+
 def predict_columns(server, columns):
     """The outputs of a columnar predict of `columns` ({input: ndarray})."""
-    status, body = server.predict({"inputs": {k: v.tolist() for k, v in columns.items()}})
+    status, body = server.predict({"inputs": {k: _json(v) for k, v in columns.items()}})
     assert status == 200, body
     return body["outputs"]
 

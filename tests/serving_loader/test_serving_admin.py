@@ -4,15 +4,12 @@ earlier retained commits and resumed through its admin endpoints and
 commit; and a rollback that cannot be staged changes nothing."""
 import itertools
 import os
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "checkpoint"))
 import checkpoint  # noqa: E402
 import serving_loader  # noqa: E402
 from ckpt_model import make_model, probe_inputs, train  # noqa: E402
