@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 import checkpoint
-from evstore_app.job.model import build_model
+from evstore_app.job.model import build_model, field_ev
 
 __all__ = ["Summary", "state_matches"]
 
@@ -13,7 +13,7 @@ __all__ = ["Summary", "state_matches"]
 def _ev_state(model, names):
     out = {}
     for n in names:
-        x = model.get_layer(n).ev.export()
+        x = field_ev(model, n).export()
         k = np.argsort(x["keys"].numpy())
         out[n] = {c: x[c].numpy()[k] for c in ("keys", "values", "versions", "freqs")}
         fk = np.argsort(x["filtered_keys"].numpy())

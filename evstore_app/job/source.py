@@ -28,12 +28,30 @@ def _read(path, fmt):
     raise ValueError(f"spec: data.format must be 'csv' or 'parquet', got {fmt!r}")
 
 
-def _ids(col):
-    """int64 ids of a column: integers as they are, anything else hashed (FarmHash64)."""
-    if pa.types.is_integer(col.type):
+def _ids(col, field, where):
+    """A sparse field's keys from its column, as the field's "keys" says (spec.py):
+    int64 [N]; string: an object array of bytes, [N], or [N, max_ids] padded
+    with b"" for a split field; hash: int64 [N]."""
+    kind = field.get("keys", "int64")
+    if kind == "int64":
+        if not pa.types.is_integer(col.type):
+            raise ValueError(f"{where}: column {field['column']!r} holds {col.type}, not integers: set \"keys\": "
+                             "\"string\" (its values as string keys) or \"hash\" (hashed to int64 ids)")
         return col.to_numpy(zero_copy_only=False).astype(np.int64)
-    strings = tf.constant(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False).astype(object))
-    return tf.strings.to_hash_bucket_fast(strings, 2**62).numpy()
+    text = pc.fill_null(col.cast(pa.string()), "")
+    if kind == "hash":
+        strings = tf.constant(text.to_numpy(zero_copy_only=False).astype(object))
+        return tf.strings.to_hash_bucket_fast(strings, 2**62).numpy()
+    binary = text.cast(pa.binary())
+    if "split" not in field:
+        return binary.to_numpy(zero_copy_only=False)
+    n = field["max_ids"]
+    out = np.full((len(binary), n), b"", dtype=object)
+    lists = pc.split_pattern(binary, field["split"].encode())
+    for r, ids in enumerate(lists.to_pylist()):
+        ids = [i for i in ids if i][:n]
+        out[r, :len(ids)] = ids
+    return out
 
 
 class FileStream:
@@ -81,7 +99,8 @@ class FileStream:
             raise ValueError(f"spec names columns {missing} that the data lacks (it has {_names(table)})")
         self.rows = table.num_rows
         self.batch_size = spec["batch_size"]
-        self.cols = {f["column"]: _ids(table[f["column"]]) for f in spec["sparse"]}
+        self.cols = {f["column"]: _ids(table[f["column"]], f, f"spec: sparse[{i}]")
+                     for i, f in enumerate(spec["sparse"])}
         for c in spec["dense"]:
             self.cols[c] = pc.fill_null(table[c].cast(pa.float32()), 0.0).to_numpy(zero_copy_only=False)
         lab = table[spec["label"]["column"]].to_numpy(zero_copy_only=False).astype(np.float64)

@@ -6,12 +6,20 @@ JSON (a file or a dict):
             "join": [{"file": "movies.csv", "on": "movieId", "columns": ["genres"]}]},
    "label": {"column": "rating", "threshold": 4.0},     # label = column >= threshold (omit: column is 0/1)
    "sparse": [{"name": "user", "column": "userId", "dim": 16,
+               "keys": "int64" | "string" | "hash",                # default "int64"
+               "split": "|", "max_ids": 8,                         # string keys: a list of ids per row
                "filter": {"counter": 2} | {"bloom": 2, "capacity": 1e6, "fp_rate": 0.01},
                "evict": {"global_step": 5000} | {"l2": 1e-4}}],
    "dense": ["hour"],
    "hidden": [64, 32], "batch_size": 512,
    "optimizer": {"name": "adam"|"adagrad"|"sgd"|"ftrl"|..., "learning_rate": 0.005}}
-String columns are hashed to int64 ids (FarmHash, stable across runs).
+Keys of a sparse field ("keys"):
+  "int64"   the column's integers as they are (the default; a column of strings is refused);
+  "string"  the column's values as string keys, no hashing (integers as their decimal text);
+            with "split": SEP, each row is a list of ids (the value split at SEP, empty pieces
+            dropped, at most "max_ids" (default 8) kept), combined by their mean;
+  "hash"    the column's text hashed to int64 ids, tf.strings.to_hash_bucket_fast(s, 2**62)
+            (FarmHash, stable across runs): fixed-width keys for those who want them.
 """
 import difflib
 import json
@@ -19,13 +27,15 @@ import os
 
 import jsonschema
 
-__all__ = ["load_spec", "SpecError", "SCHEMA"]
+__all__ = ["load_spec", "SpecError", "SCHEMA", "KEY_KINDS"]
 
 
 class SpecError(ValueError):
     """The spec is malformed; the message names the field."""
 
 
+KEY_KINDS = ("int64", "string", "hash")
+MAX_IDS = 8   # default "max_ids" of a split field
 _POS_INT = {"type": "integer", "minimum": 1, "x-message": "must be a positive int"}
 _NAME = {"type": "string", "minLength": 1, "x-message": "must be a non-empty string"}
 _COLUMNS = {"type": "array", "items": _NAME, "x-message": "must be a list of column names"}
@@ -58,6 +68,8 @@ SCHEMA = {
                 "type": "object", "additionalProperties": False, "required": ["name", "column", "dim"],
                 "properties": {
                     "name": _NAME, "column": _NAME, "dim": _POS_INT,
+                    "keys": {"enum": list(KEY_KINDS), "x-message": f"must be one of {list(KEY_KINDS)}"},
+                    "split": _NAME, "max_ids": _POS_INT,
                     "filter": {
                         "x-message": "must be {'counter': n} or {'bloom': n, 'capacity': c, 'fp_rate': p}",
                         "oneOf": [
@@ -151,7 +163,15 @@ def load_spec(spec):
     for name in names:
         if names.count(name) > 1:
             raise SpecError(f"spec: two sparse fields are named {name!r}")
+    for i, f in enumerate(spec["sparse"]):
+        if ("split" in f or "max_ids" in f) and f.get("keys") != "string":
+            raise SpecError(f"spec: sparse[{i}] has {'split' if 'split' in f else 'max_ids'} but keys "
+                            f"{f.get('keys', 'int64')!r}: a list of ids per row needs \"keys\": \"string\"")
+        if "max_ids" in f and "split" not in f:
+            raise SpecError(f"spec: sparse[{i}].max_ids needs split (the separator of the ids)")
     spec = dict(spec)
+    spec["sparse"] = [{"keys": "int64", **f, **({"max_ids": f.get("max_ids", MAX_IDS)} if "split" in f else {})}
+                      for f in spec["sparse"]]
     spec.setdefault("dense", [])
     spec.setdefault("hidden", [64, 32])
     spec.setdefault("batch_size", 512)

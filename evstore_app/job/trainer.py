@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import checkpoint
-from evstore_app.job.model import build_model, model_inputs
+from evstore_app.job.model import build_model, field_ev, model_inputs
 
 __all__ = ["Trainer", "auc"]
 
@@ -65,7 +65,7 @@ class Trainer:
 
     @property
     def evs(self):
-        return {f["name"]: self.model.get_layer(f["name"]).ev for f in self.spec["sparse"]}
+        return {f["name"]: field_ev(self.model, f["name"]) for f in self.spec["sparse"]}
 
     def metadata(self):
         return {"position": self.position, "examples": self.examples}

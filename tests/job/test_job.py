@@ -172,7 +172,8 @@ def _tiny_data(tmp_path):
     return {"data": {"format": "csv", "timestamp": "ts",
                      "join": [{"file": "items.csv", "on": "item", "columns": ["kind"]}]},
             "label": {"column": "y"}, "sparse": [{"name": "u", "column": "user", "dim": 2},
-                                                 {"name": "k", "column": "kind", "dim": 2}], "batch_size": 2}
+                                                 {"name": "k", "column": "kind", "dim": 2, "keys": "string"}],
+            "batch_size": 2}
 
 
 def test_a_join_column_typo_is_one_line_naming_the_file_and_column(tmp_path):
