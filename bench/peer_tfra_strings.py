@@ -9,6 +9,7 @@ keys bench_string_keys.py makes, prints "@@READY <rss MiB>", then answers
   upsert  CuckooHashTable.insert of existing keys (TFRA has no find-or-insert:
           its nearest equivalent for keys already present)
 """
+import gc
 import os
 import sys
 import time
@@ -35,6 +36,9 @@ def main():
     idx = batch_indices(n, batch, 8)
     bk = [tf.constant(keys[i]) for i in idx]
     vals = tf.ones([batch, dim])
+    del keys   # as the evstore side: no million-object array left for the garbage collector to walk
+    gc.collect()
+    gc.freeze()
     print(f"@@READY {filled:.1f}", flush=True)
     for line in sys.stdin:
         w, i = line.split()

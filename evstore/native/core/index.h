@@ -90,8 +90,14 @@ class Index {
   // Batch probes prefetch control bytes kCtrlAhead positions ahead and the
   // matching entry kSlotAhead positions ahead (segment.h).
   static void PrefetchAhead(const Seg& seg, const Grouping& g, int64_t j, int64_t hi) {
-    if (j + kCtrlAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + kCtrlAhead]]);
-    if (j + kSlotAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + kSlotAhead]]);
+    if constexpr (Traits::kKeyOutOfLine) {   // three dependent loads per key: a longer pipeline
+      if (j + 3 * kKeyAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + 3 * kKeyAhead]]);
+      if (j + 2 * kKeyAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + 2 * kKeyAhead]]);
+      if (j + kKeyAhead < hi) seg.PrefetchKey(g.hash[g.order[j + kKeyAhead]]);
+    } else {
+      if (j + kCtrlAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + kCtrlAhead]]);
+      if (j + kSlotAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + kSlotAhead]]);
+    }
   }
 
   // Sizes every segment for `total_keys` keys in the whole index (spread
@@ -108,6 +114,8 @@ class Index {
  private:
   static constexpr int kCtrlAhead = 16;
   static constexpr int kSlotAhead = 8;
+  static constexpr int kKeyAhead = 8;   // out-of-line keys: ctrl at 3x, entry at 2x, key bytes at 1x
+  static_assert(kCtrlAhead > kSlotAhead, "the slot prefetch reads the control bytes fetched before");
   static int CheckSegBits(int b) {
     if (b < 0 || b > kMaxSegBits) throw std::invalid_argument("segments_log2 must be in [0, 12]");
     return b;

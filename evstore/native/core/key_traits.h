@@ -22,6 +22,9 @@
 //   View(Owned) -> Key   conversions; Release(Stored&) frees what Store took
 //                        (called when an entry is erased or the index cleared).
 //   OwnedHash      a std::hash-like functor over Owned (deleted sets).
+//   kKeyOutOfLine, PrefetchKey(Stored)   whether Equal reads memory outside
+//                        the entry, and a prefetch of it (batched probes
+//                        issue it a few keys ahead; a no-op for integers).
 //   HeapBytes(Stored)    bytes the stored key holds outside the entry (0 for
 //                        integers; a string key's allocation), counted in
 //                        the index bytes the stats report.
@@ -74,6 +77,8 @@ struct IntegerKeyTraits {
   static Key View(const Owned& o) { return o; }
   static void Release(Stored&) {}
   static size_t HeapBytes(const Stored&) { return 0; }
+  static constexpr bool kKeyOutOfLine = false;  // the key is in the entry: nothing more to prefetch
+  static void PrefetchKey(const Stored&) {}
 
   static constexpr const char* kCheckpointDtype = sizeof(K) == 8 ? "int64" : "int32";
 };
@@ -128,6 +133,8 @@ struct StringKeyTraits {
     s.p = nullptr;
   }
   static size_t HeapBytes(const Stored& s) { return 2 + Length(s); }
+  static constexpr bool kKeyOutOfLine = true;  // probes prefetch the key block (index.h: PrefetchAhead)
+  static void PrefetchKey(const Stored& s) { __builtin_prefetch(s.p); }
 
   static constexpr const char* kCheckpointDtype = "string";
 

@@ -117,6 +117,15 @@ class Segment {
     uint32_t m = GroupProbe(ctrl_ + g * kGroup).Match(static_cast<uint8_t>(h & 0x7F));
     PrefetchT0(slots_ + g * kGroup + (m ? __builtin_ctz(m) : 0));
   }
+  // Third stage, for keys stored outside the entry (strings): once the entry
+  // is cached, the key bytes it points to (Equal reads them). A no-op for
+  // inline keys. Only a full slot can match an H2 tag, so the pointer read is
+  // a live key's.
+  void PrefetchKey(uint64_t h) const {
+    size_t g = HomeGroup(h);
+    uint32_t m = GroupProbe(ctrl_ + g * kGroup).Match(static_cast<uint8_t>(h & 0x7F));
+    if (m) Traits::PrefetchKey(slots_[g * kGroup + __builtin_ctz(m)].key);
+  }
 
   E* Find(Key key, uint64_t h) const {
     const uint8_t h2 = static_cast<uint8_t>(h & 0x7F);
