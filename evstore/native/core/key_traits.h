@@ -21,6 +21,9 @@
 //   Store(Key) -> Stored, Load(Stored) -> Key, Own(Key) -> Owned,
 //   View(Owned) -> Key   conversions; Release(Stored&) frees what Store took
 //                        (called when an entry is erased or the index cleared).
+//   OwnStored(Stored) -> Owned   an Owned of an entry's key that may share the
+//                        entry's storage (the dirty list takes one per first
+//                        touch after a seal: it must not copy key bytes).
 //   OwnedHash      a std::hash-like functor over Owned (deleted sets).
 //   kKeyOutOfLine, PrefetchKey(Stored)   whether Equal reads memory outside
 //                        the entry, and a prefetch of it (batched probes
@@ -74,6 +77,7 @@ struct IntegerKeyTraits {
   static Stored Store(Key k) { return k; }
   static Key Load(const Stored& s) { return s; }
   static Owned Own(Key k) { return k; }
+  static Owned OwnStored(const Stored& s) { return s; }
   static Key View(const Owned& o) { return o; }
   static void Release(Stored&) {}
   static size_t HeapBytes(const Stored&) { return 0; }
@@ -83,22 +87,97 @@ struct IntegerKeyTraits {
   static constexpr const char* kCheckpointDtype = sizeof(K) == 8 ? "int64" : "int32";
 };
 
+// A string key's heap block, shared by the index entry and any Owned copies
+// (dirty lists, deleted sets, snapshots):
+//   [uint16 length, little-endian][uint16 references][length bytes]
+// The reference count is atomic (a snapshot is read and dropped outside the
+// segment locks). It saturates at kPinned: a block referenced 65,535 times at
+// once (never seen: an entry, its open dirty list and a snapshot or two) is
+// never freed rather than freed early.
+namespace string_block {
+constexpr size_t kHeader = 4;
+constexpr uint16_t kPinned = 0xFFFF;
+inline size_t Length(const uint8_t* p) { return static_cast<size_t>(p[0]) | (static_cast<size_t>(p[1]) << 8); }
+inline uint16_t* Refs(uint8_t* p) { return reinterpret_cast<uint16_t*>(p + 2); }
+inline uint8_t* New(std::string_view k) {
+  uint8_t* p = static_cast<uint8_t*>(std::malloc(kHeader + k.size()));
+  if (!p) throw std::bad_alloc();
+  p[0] = static_cast<uint8_t>(k.size() & 0xFF);
+  p[1] = static_cast<uint8_t>(k.size() >> 8);
+  *Refs(p) = 1;
+  if (!k.empty()) std::memcpy(p + kHeader, k.data(), k.size());
+  return p;
+}
+inline void Ref(uint8_t* p) {
+  uint16_t v = __atomic_load_n(Refs(p), __ATOMIC_RELAXED);
+  while (v != kPinned && !__atomic_compare_exchange_n(Refs(p), &v, static_cast<uint16_t>(v + 1), true,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+inline void Unref(uint8_t* p) {
+  if (!p) return;
+  uint16_t v = __atomic_load_n(Refs(p), __ATOMIC_RELAXED);
+  while (v != kPinned && !__atomic_compare_exchange_n(Refs(p), &v, static_cast<uint16_t>(v - 1), true,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+  }
+  if (v == 1) std::free(p);
+}
+inline std::string_view View(const uint8_t* p) {
+  return p ? std::string_view(reinterpret_cast<const char*>(p + kHeader), Length(p)) : std::string_view();
+}
+}  // namespace string_block
+
+// An owned string key: a counted reference to a key block. Copying shares the
+// block; an Owned made from a view allocates its own. Compares and hashes by
+// the key's bytes, converts to std::string_view.
+class StringKeyRef {
+ public:
+  StringKeyRef() = default;
+  explicit StringKeyRef(std::string_view k) : p_(string_block::New(k)) {}
+  static StringKeyRef Share(uint8_t* p) {
+    string_block::Ref(p);
+    return StringKeyRef(p);
+  }
+  StringKeyRef(const StringKeyRef& o) : p_(o.p_) {
+    if (p_) string_block::Ref(p_);
+  }
+  StringKeyRef(StringKeyRef&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  StringKeyRef& operator=(StringKeyRef o) noexcept {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~StringKeyRef() { string_block::Unref(p_); }
+  std::string_view view() const { return string_block::View(p_); }
+  operator std::string_view() const { return view(); }
+  bool operator==(const StringKeyRef& o) const { return view() == o.view(); }
+
+ private:
+  explicit StringKeyRef(uint8_t* p) : p_(p) {}
+  uint8_t* p_ = nullptr;
+};
+static_assert(sizeof(StringKeyRef) == sizeof(void*), "an owned string key is one pointer in dirty lists");
+
 // Byte-string keys (tf.string): any bytes, the empty string and non-UTF-8
 // included, at most kMaxKeyBytes long (CheckLength: callers check a batch
 // before anything changes, so an over-long key fails the whole op cleanly).
-//   Key     std::string_view into the caller's batch (or an Owned string).
+//   Key     std::string_view into the caller's batch (or an Owned key).
 //   Stored  one pointer (the entry stays 16 bytes, like an int64 entry) to a
-//           heap block [uint16 length | bytes], allocated by Store and freed
-//           by Release; equality compares lengths, then bytes.
-//   Owned   std::string (dirty lists, deleted sets, snapshots).
+//           string_block (above), allocated by Store and released by Release;
+//           equality compares lengths, then bytes.
+//   Owned   StringKeyRef: the dirty list shares the entry's block (OwnStored,
+//           one reference count increment, no allocation: a training lookup
+//           touches each key once per checkpoint interval); deleted sets and
+//           snapshots hold references too.
 //   Hash    FarmHash Fingerprint64 (string_hash.h): tf.fingerprint's value.
 struct StringKeyTraits {
   using Key = std::string_view;
   struct Stored {
-    uint8_t* p;  // [uint16 little-endian length][bytes]
+    uint8_t* p;  // a string_block
   };
-  using Owned = std::string;
-  using OwnedHash = std::hash<std::string>;
+  using Owned = StringKeyRef;
+  struct OwnedHash {
+    size_t operator()(const StringKeyRef& k) const { return std::hash<std::string_view>()(k.view()); }
+  };
 
   static constexpr size_t kMaxKeyBytes = schema::kMaxStringKeyBytes;
   static_assert(kMaxKeyBytes <= 0xFFFF, "the stored length is 16 bits");
@@ -114,32 +193,28 @@ struct StringKeyTraits {
   static uint64_t Hash(Key k) { return StringFingerprint64(k); }
   static uint64_t BankHash(Key k) { return Mix64(StringFingerprint64(k) ^ 0x9e3779b97f4a7c15ULL); }
   static bool Equal(const Stored& s, Key k) {
-    return Length(s) == k.size() && std::memcmp(s.p + 2, k.data(), k.size()) == 0;
+    return Length(s) == k.size() && std::memcmp(s.p + string_block::kHeader, k.data(), k.size()) == 0;
   }
   static Stored Store(Key k) {
     if (k.size() > kMaxKeyBytes) throw std::invalid_argument("string key longer than kMaxKeyBytes");
-    uint8_t* p = static_cast<uint8_t*>(std::malloc(2 + k.size()));
-    if (!p) throw std::bad_alloc();
-    p[0] = static_cast<uint8_t>(k.size() & 0xFF);
-    p[1] = static_cast<uint8_t>(k.size() >> 8);
-    if (!k.empty()) std::memcpy(p + 2, k.data(), k.size());
-    return Stored{p};
+    return Stored{string_block::New(k)};
   }
-  static Key Load(const Stored& s) { return Key(reinterpret_cast<const char*>(s.p + 2), Length(s)); }
+  static Key Load(const Stored& s) { return string_block::View(s.p); }
   static Owned Own(Key k) { return Owned(k); }
-  static Key View(const Owned& o) { return Key(o); }
+  static Owned OwnStored(const Stored& s) { return StringKeyRef::Share(s.p); }
+  static Key View(const Owned& o) { return o.view(); }
   static void Release(Stored& s) {
-    std::free(s.p);
+    string_block::Unref(s.p);
     s.p = nullptr;
   }
-  static size_t HeapBytes(const Stored& s) { return 2 + Length(s); }
+  static size_t HeapBytes(const Stored& s) { return string_block::kHeader + Length(s); }
   static constexpr bool kKeyOutOfLine = true;  // probes prefetch the key block (index.h: PrefetchAhead)
   static void PrefetchKey(const Stored& s) { __builtin_prefetch(s.p); }
 
   static constexpr const char* kCheckpointDtype = "string";
 
  private:
-  static size_t Length(const Stored& s) { return static_cast<size_t>(s.p[0]) | (static_cast<size_t>(s.p[1]) << 8); }
+  static size_t Length(const Stored& s) { return string_block::Length(s.p); }
 };
 
 // The traits a plain `Table<K>` uses.

@@ -160,7 +160,7 @@ class Segment {
   void MarkDirty(E* en) {
     if (!en->dirty()) {
       en->freq_dirty |= E::kDirtyBit;
-      dirty.push_back(Traits::Own(Traits::Load(en->key)));
+      dirty.push_back(Traits::OwnStored(en->key));
     }
   }
 

@@ -463,7 +463,7 @@ class Table {
         const int64_t ref = adm ? VersionReference(rows_.Version(en.row)) : FilteredReference(en.row);
         switch (policies.Decide(step, ref, adm ? rows_.Row(en.row) : nullptr, dim_)) {
           case EvictDecision::kEvict:
-            victims.push_back(Traits::Own(Traits::Load(en.key)));
+            victims.push_back(Traits::OwnStored(en.key));
             break;
           case EvictDecision::kStamp:
             if (adm) {
@@ -777,7 +777,7 @@ class Table {
   }
 
   void EraseLocked(Seg& seg, E* en, bool track_deleted = true) {
-    Owned k = Traits::Own(Traits::Load(en->key));
+    Owned k = Traits::OwnStored(en->key);
     if (RowIsReal(en->row)) {
       if (IsZeroRow(rows_.Row(en->row), dim_)) --ZeroCount(seg);
       rows_.Free(en->row);

@@ -921,7 +921,7 @@ static void test_string_keys() {
   CHECK(t.Stats().index_bytes > static_cast<int64_t>(keys.size()) * 16);
   auto snap = t.BeginExport();
   CHECK_EQ(snap->deleted.size(), 1u);
-  CHECK(snap->deleted[0] == own[0]);
+  CHECK(StringKeyTraits::View(snap->deleted[0]) == own[0]);
   t.Commit(snap->id);
   std::string long_key(StringKeyTraits::kMaxKeyBytes + 1, 'z');
   S bad[1] = {S(long_key)};
@@ -932,6 +932,66 @@ static void test_string_keys() {
   t.Clear();
   CHECK_EQ(t.size(), 0);
   t.FindOrInsert(keys.data(), 100, out.data(), kSerial);  // the destructor frees these
+}
+
+// String dirty lists share the entry's key block (StringKeyTraits::OwnStored):
+// a key touched, then erased or cleared before the seal, is still whole in the
+// open sets and in a snapshot held past it; snapshots read and dropped on
+// another thread while trainers insert and erase free each block exactly once
+// (the sanitizer build checks use-after-free, double free and leaks).
+static void test_string_dirty_keys_outlive_their_entries() {
+  using S = std::string_view;
+  Table<S> t(Cfg(2));
+  std::vector<std::string> own;
+  for (int i = 0; i < 4000; ++i) own.push_back("sku-" + std::to_string(i) + std::string(i % 37, 'q'));
+  std::vector<S> keys(own.begin(), own.end());
+  std::vector<float> out(keys.size() * 2);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);   // all dirty, sharing their blocks
+  CHECK_EQ(t.Erase(keys.data(), 1000), 1000);                        // erased while in the dirty list
+  auto held = t.BeginExport();
+  CHECK_EQ(held->dirty.size(), 3000u);
+  CHECK_EQ(held->deleted.size(), 1000u);
+  std::vector<std::string> deleted;
+  for (const auto& o : held->deleted) deleted.emplace_back(StringKeyTraits::View(o));
+  std::sort(deleted.begin(), deleted.end());
+  std::vector<std::string> want(own.begin(), own.begin() + 1000);
+  std::sort(want.begin(), want.end());
+  CHECK(deleted == want);
+  t.Commit(held->id);
+  t.FindOrInsert(keys.data() + 1000, 1000, out.data(), kSerial);     // dirty again
+  auto snap = t.BeginExport();
+  t.Clear();                                                          // the snapshot outlives every entry
+  for (size_t i = 0; i < snap->dirty.size(); ++i) CHECK(StringKeyTraits::View(snap->dirty[i]).substr(0, 4) == "sku-");
+  CHECK_EQ(snap->dirty.size(), 1000u);
+  t.Commit(snap->id);
+
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> th;
+  for (int w = 0; w < 2; ++w)
+    th.emplace_back([&, w] {
+      std::vector<float> o(256 * 2);
+      for (int r = 0; r < 200; ++r) {
+        const size_t lo = static_cast<size_t>((r * 97 + w * 1000) % (keys.size() - 256));
+        t.FindOrInsert(keys.data() + lo, 256, o.data(), kSerial);
+        t.Erase(keys.data() + lo + (r % 7) * 30, 30);
+      }
+    });
+  th.emplace_back([&] {
+    while (!stop.load()) {
+      auto s = t.BeginExport();
+      for (const auto& o : s->dirty) CHECK(StringKeyTraits::View(o).substr(0, 4) == "sku-");
+      for (const auto& o : s->deleted) CHECK(StringKeyTraits::View(o).substr(0, 4) == "sku-");
+      if (s->id % 2) t.Abort(s->id);
+      else t.Commit(s->id);
+    }
+  });
+  th[0].join();
+  th[1].join();
+  stop = true;
+  th[2].join();
+  StringKeyTraits::Stored b = StringKeyTraits::Store(S("abc"));   // header (length, references) + bytes
+  CHECK_EQ(StringKeyTraits::HeapBytes(b), size_t{4 + 3});
+  StringKeyTraits::Release(b);
 }
 
 // The group probe (group_probe.h) answers exactly in whichever build this is:
@@ -966,6 +1026,7 @@ static void test_group_probe_answers_exactly() {
 int main() {
   RUN(test_group_probe_answers_exactly);
   RUN(test_string_keys);
+  RUN(test_string_dirty_keys_outlive_their_entries);
   RUN(test_invalid_config_throws);
   RUN_K(test_find_never_inserts);
   RUN_K(test_find_or_insert_counts_and_uses_bank_row);
