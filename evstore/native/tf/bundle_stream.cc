@@ -248,7 +248,7 @@ void BundleStreamWriter::EndColumn(int col) {
     ::unlink(c.lengths->path().c_str());
     c.lengths.reset();
   }
-  c.file->Close(/*sync=*/true);
+  c.file->Close(/*sync=*/c.file->size() > 0);  // an empty column's file is unlinked: nothing to make durable
   c.size = c.file->size();
   c.crc = c.entry_crc = c.file->crc();
   c.file.reset();
@@ -257,7 +257,6 @@ void BundleStreamWriter::EndColumn(int col) {
 
 std::vector<BundleFile> BundleStreamWriter::Finish() {
   for (size_t i = 0; i < cols_.size(); ++i) EndColumn(static_cast<int>(i));
-  main_->Close(/*sync=*/true);
   // Shard ids: 0 = whole tensors (and empty columns); 1.. = non-empty
   // columns in creation order. When nothing lives in shard 0 it is not
   // written and the columns start at 0: every data file is then referenced
@@ -267,6 +266,7 @@ std::vector<BundleFile> BundleStreamWriter::Finish() {
   for (const auto& c : cols_) nonempty += c.size > 0;
   const bool main_used = has_whole_tensors_ || nonempty < static_cast<int>(cols_.size()) || nonempty == 0;
   const int num_shards = (main_used ? 1 : 0) + nonempty;
+  main_->Close(/*sync=*/main_used);   // unused: unlinked below
   std::vector<BundleFile> files;
   auto rename = [&](const std::string& from, int shard, int64_t size, uint32_t crc) {
     std::string to = tensorflow::DataFilename(prefix_, shard, num_shards);

@@ -71,12 +71,12 @@ class BundleSink : public ExportSink<CoreKey<T>> {
     ffreqs_ = w->BeginColumn(TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, {});
     fseen_ = w->BeginColumn(TensorName(name, schema::kSeenFiltered), tensorflow::DT_INT64, {});
     if (delta) deleted_ = BeginKeys(TensorName(name, schema::kDeletedKeys));
-    clock_ = w->BeginColumn(TensorName(name, schema::kClock), tensorflow::DT_INT64, {});
-    if (bloom) {
+    clock_name_ = TensorName(name, schema::kClock);
+    if (bloom) {  // small fixed-size tensors go whole into shard 0 (no column file, no fsync of their own)
       std::vector<int64_t> geo = bloom->Geometry();
-      const int g = w->BeginColumn(TensorName(name, schema::kBloomGeometry), tensorflow::DT_INT64, {});
-      w->Append(g, geo.data(), static_cast<int64_t>(geo.size()));
-      w->EndColumn(g);
+      tensorflow::Tensor g(tensorflow::DT_INT64, tensorflow::TensorShape({static_cast<int64_t>(geo.size())}));
+      std::copy(geo.begin(), geo.end(), g.flat<int64_t>().data());
+      w->AddTensor(TensorName(name, schema::kBloomGeometry), g);
       bblocks_ = w->BeginColumn(TensorName(name, schema::kBloomBlocks), tensorflow::DT_INT64, {});
       bcounters_ = w->BeginColumn(TensorName(name, schema::kBloomCounters), tensorflow::DT_UINT8,
                                   {CountingBloom::kBlock});
@@ -108,8 +108,10 @@ class BundleSink : public ExportSink<CoreKey<T>> {
   }
   // `clock`: the table's clock once the export is read.
   void End(int64_t clock) {
-    w_->Append(clock_, &clock, 1);
-    for (int c : {keys_, values_, versions_, freqs_, fkeys_, ffreqs_, fseen_, clock_}) w_->EndColumn(c);
+    tensorflow::Tensor t(tensorflow::DT_INT64, tensorflow::TensorShape({1}));
+    t.flat<int64_t>()(0) = clock;
+    w_->AddTensor(clock_name_, t);
+    for (int c : {keys_, values_, versions_, freqs_, fkeys_, ffreqs_, fseen_}) w_->EndColumn(c);
     for (int c : slot_cols_) w_->EndColumn(c);
     for (int c : {deleted_, bblocks_, bcounters_})
       if (c >= 0) w_->EndColumn(c);
@@ -129,7 +131,8 @@ class BundleSink : public ExportSink<CoreKey<T>> {
   }
   BundleStreamWriter* w_;
   int dim_;
-  int keys_, values_, versions_, freqs_, fkeys_, ffreqs_, fseen_, clock_, deleted_ = -1, bblocks_ = -1,
+  std::string clock_name_;
+  int keys_, values_, versions_, freqs_, fkeys_, ffreqs_, fseen_, deleted_ = -1, bblocks_ = -1,
       bcounters_ = -1;
   std::vector<int> slot_cols_;
   std::vector<float> buf_;
