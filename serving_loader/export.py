@@ -64,15 +64,26 @@ def _json_key(k):
 
 
 def _served_lookup(ids, table, rows, present, sentinel, default, dim):
-    """Rows of `ids` from the table, the two sentinel keys from their side rows."""
+    """Rows of `ids` from the table, the two sentinel keys from their side rows.
+
+    The side rows are read only when the batch holds a sentinel key (a tf.cond),
+    so a batch without one costs two small ops over a bare table lookup."""
     flat = tf.reshape(ids, [-1])
-    is0, is1 = tf.equal(flat, sentinel[0]), tf.equal(flat, sentinel[1])
-    other = b"" if flat.dtype == tf.string else sentinel[0] + 2   # any key but the two sentinels
-    safe = tf.where(tf.logical_or(is0, is1), tf.constant(other, flat.dtype), flat)
-    out = table.lookup(safe)
-    r0 = tf.where(present[0], rows[0], default)
-    r1 = tf.where(present[1], rows[1], default)
-    out = tf.where(is0[:, None], r0[None, :], tf.where(is1[:, None], r1[None, :], out))
+    if flat.dtype == tf.string:
+        is1 = tf.equal(flat, sentinel[1])
+        special = tf.logical_or(tf.equal(flat, sentinel[0]), is1)
+        out = table.lookup(tf.where(special, tf.constant(b"", tf.string), flat))   # any key but the sentinels
+    else:   # the sentinels are the dtype's two smallest values (sentinels())
+        special = tf.less_equal(flat, sentinel[1])
+        out = table.lookup(tf.maximum(flat, sentinel[0] + 2))   # the sentinels' rows are replaced below
+        is1 = None
+
+    def with_side_rows():
+        side = tf.where(present[:, None], rows, default[None, :])              # [2, dim]
+        which = tf.cast(tf.equal(flat, sentinel[1]) if is1 is None else is1, tf.int32)
+        return tf.where(special[:, None], tf.gather(side, which), out)
+
+    out = tf.cond(tf.reduce_any(special), with_side_rows, lambda: out)
     return _shaped(out, ids, dim)
 
 
