@@ -88,12 +88,23 @@ class Index {
   }
 
   // Batch probes prefetch control bytes kCtrlAhead positions ahead and the
-  // matching entry kSlotAhead positions ahead (segment.h).
-  static void PrefetchAhead(const Seg& seg, const Grouping& g, int64_t j, int64_t hi) {
+  // matching entry kSlotAhead positions ahead (segment.h). For keys stored
+  // outside the entry (strings) the pipeline has a third stage, and the
+  // query keys are prefetched too: a batch is probed in segment order, so
+  // its string views and their bytes are read at random, like the index.
+  static void PrefetchAhead(const Seg& seg, const Grouping& g, const Key* keys, int64_t j, int64_t hi) {
     if constexpr (Traits::kKeyOutOfLine) {   // three dependent loads per key: a longer pipeline
-      if (j + 3 * kKeyAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + 3 * kKeyAhead]]);
+      if (j + 3 * kKeyAhead < hi) {
+        const uint32_t i = g.order[j + 3 * kKeyAhead];
+        seg.PrefetchCtrl(g.hash[i]);
+        PrefetchT0(keys + i);
+      }
       if (j + 2 * kKeyAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + 2 * kKeyAhead]]);
-      if (j + kKeyAhead < hi) seg.PrefetchKey(g.hash[g.order[j + kKeyAhead]]);
+      if (j + kKeyAhead < hi) {
+        const uint32_t i = g.order[j + kKeyAhead];
+        seg.PrefetchKey(g.hash[i]);
+        Traits::PrefetchQuery(keys[i]);
+      }
     } else {
       if (j + kCtrlAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + kCtrlAhead]]);
       if (j + kSlotAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + kSlotAhead]]);

@@ -25,9 +25,10 @@
 //                        entry's storage (the dirty list takes one per first
 //                        touch after a seal: it must not copy key bytes).
 //   OwnedHash      a std::hash-like functor over Owned (deleted sets).
-//   kKeyOutOfLine, PrefetchKey(Stored)   whether Equal reads memory outside
-//                        the entry, and a prefetch of it (batched probes
-//                        issue it a few keys ahead; a no-op for integers).
+//   kKeyOutOfLine, PrefetchKey(Stored), PrefetchQuery(Key)   whether Equal
+//                        reads memory outside the entry, and prefetches of
+//                        the stored and the queried key bytes (batched probes
+//                        issue them a few keys ahead; no-ops for integers).
 //   HeapBytes(Stored)    bytes the stored key holds outside the entry (0 for
 //                        integers; a string key's allocation), counted in
 //                        the index bytes the stats report.
@@ -52,6 +53,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "group_probe.h"
 #include "hash.h"
 #include "schema.h"
 #include "string_hash.h"
@@ -83,6 +85,7 @@ struct IntegerKeyTraits {
   static size_t HeapBytes(const Stored&) { return 0; }
   static constexpr bool kKeyOutOfLine = false;  // the key is in the entry: nothing more to prefetch
   static void PrefetchKey(const Stored&) {}
+  static void PrefetchQuery(Key) {}
 
   static constexpr const char* kCheckpointDtype = sizeof(K) == 8 ? "int64" : "int32";
 };
@@ -126,6 +129,24 @@ inline std::string_view View(const uint8_t* p) {
   return p ? std::string_view(reinterpret_cast<const char*>(p + kHeader), Length(p)) : std::string_view();
 }
 }  // namespace string_block
+
+// Equality of n bytes at a and b, inline for the short keys that are the
+// common case (word loads, the last one overlapping; no library call, no
+// masked vector load), memcmp past 32 bytes. Reads only [a, a+n) and [b, b+n).
+inline bool BytesEqual(const char* a, const char* b, size_t n) {
+  auto w8 = [](const char* p) { uint64_t v; std::memcpy(&v, p, 8); return v; };
+  auto w4 = [](const char* p) { uint32_t v; std::memcpy(&v, p, 4); return v; };
+  if (n > 32) return std::memcmp(a, b, n) == 0;
+  if (n >= 8) {
+    for (size_t i = 0; i + 8 < n; i += 8)
+      if (w8(a + i) != w8(b + i)) return false;
+    return w8(a + n - 8) == w8(b + n - 8);
+  }
+  if (n >= 4) return w4(a) == w4(b) && w4(a + n - 4) == w4(b + n - 4);
+  for (size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
 
 // An owned string key: a counted reference to a key block. Copying shares the
 // block; an Owned made from a view allocates its own. Compares and hashes by
@@ -193,7 +214,8 @@ struct StringKeyTraits {
   static uint64_t Hash(Key k) { return StringFingerprint64(k); }
   static uint64_t BankHash(Key k) { return Mix64(StringFingerprint64(k) ^ 0x9e3779b97f4a7c15ULL); }
   static bool Equal(const Stored& s, Key k) {
-    return Length(s) == k.size() && std::memcmp(s.p + string_block::kHeader, k.data(), k.size()) == 0;
+    return Length(s) == k.size() &&
+           BytesEqual(reinterpret_cast<const char*>(s.p + string_block::kHeader), k.data(), k.size());
   }
   static Stored Store(Key k) {
     if (k.size() > kMaxKeyBytes) throw std::invalid_argument("string key longer than kMaxKeyBytes");
@@ -209,7 +231,10 @@ struct StringKeyTraits {
   }
   static size_t HeapBytes(const Stored& s) { return string_block::kHeader + Length(s); }
   static constexpr bool kKeyOutOfLine = true;  // probes prefetch the key block (index.h: PrefetchAhead)
-  static void PrefetchKey(const Stored& s) { __builtin_prefetch(s.p); }
+  // PrefetchT0 (group_probe.h), not __builtin_prefetch: the pointer is read
+  // from the entry an SSE tag match picked, and GCC deletes such a builtin.
+  static void PrefetchKey(const Stored& s) { PrefetchT0(s.p); }
+  static void PrefetchQuery(Key k) { PrefetchT0(k.data()); }   // the caller's bytes Equal compares
 
   static constexpr const char* kCheckpointDtype = "string";
 

@@ -247,7 +247,7 @@ class Table {
       thread_local std::vector<const float*> src;  // row per position, prefetched
       src.resize(hi - lo);
       for (int64_t j = lo; j < hi; ++j) {
-        Idx::PrefetchAhead(seg, g, j, hi);
+        Idx::PrefetchAhead(seg, g, keys, j, hi);
         uint32_t i = g.order[j];
         const E* en = seg.Find(keys[i], g.hash[i]);
         const float* p = (en && RowIsReal(en->row)) ? rows_.Row(en->row) : default_.data();
@@ -289,7 +289,7 @@ class Table {
       // Pass 1: count every occurrence (inserting unseen keys, or counting
       // them in the Bloom filter), note rows.
       for (int64_t j = lo; j < hi; ++j) {
-        Idx::PrefetchAhead(seg, g, j, hi);
+        Idx::PrefetchAhead(seg, g, keys, j, hi);
         uint32_t i = g.order[j];
         E* en;
         if (count_outside) {
@@ -394,7 +394,7 @@ class Table {
       // Pass 1: resolve entries and prefetch their rows and versions (no
       // inserts, so entry pointers stay valid for pass 2).
       for (int64_t j = lo; j < hi; ++j) {
-        Idx::PrefetchAhead(seg, g, j, hi);
+        Idx::PrefetchAhead(seg, g, keys, j, hi);
         uint32_t i = g.order[j];
         E* en = seg.Find(keys[i], g.hash[i]);
         if (en && !RowIsReal(en->row)) en = nullptr;

@@ -994,6 +994,21 @@ static void test_string_dirty_keys_outlive_their_entries() {
   StringKeyTraits::Release(b);
 }
 
+// BytesEqual (the string key comparison) agrees with memcmp for every length
+// around its word boundaries and a difference at every position.
+static void test_bytes_equal_matches_memcmp() {
+  for (size_t n = 0; n <= 70; ++n) {
+    std::string a(n, 'k'), b(n, 'k');
+    for (size_t i = 0; i < n; ++i) a[i] = b[i] = static_cast<char>('a' + (i * 7) % 26);
+    CHECK(BytesEqual(a.data(), b.data(), n));
+    for (size_t i = 0; i < n; ++i) {
+      std::string c = b;
+      c[i] = static_cast<char>(c[i] ^ 0x80);
+      CHECK(!BytesEqual(a.data(), c.data(), n));
+    }
+  }
+}
+
 // The group probe (group_probe.h) answers exactly in whichever build this is:
 // every mask equals a byte-by-byte reference over random control groups.
 static void test_group_probe_answers_exactly() {
@@ -1027,6 +1042,7 @@ int main() {
   RUN(test_group_probe_answers_exactly);
   RUN(test_string_keys);
   RUN(test_string_dirty_keys_outlive_their_entries);
+  RUN(test_bytes_equal_matches_memcmp);
   RUN(test_invalid_config_throws);
   RUN_K(test_find_never_inserts);
   RUN_K(test_find_or_insert_counts_and_uses_bank_row);
