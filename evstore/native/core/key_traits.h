@@ -233,8 +233,16 @@ struct StringKeyTraits {
   static constexpr bool kKeyOutOfLine = true;  // probes prefetch the key block (index.h: PrefetchAhead)
   // PrefetchT0 (group_probe.h), not __builtin_prefetch: the pointer is read
   // from the entry an SSE tag match picked, and GCC deletes such a builtin.
-  static void PrefetchKey(const Stored& s) { PrefetchT0(s.p); }
-  static void PrefetchQuery(Key k) { PrefetchT0(k.data()); }   // the caller's bytes Equal compares
+  // Both ends of the bytes Equal reads: a block of a key up to 32 bytes may
+  // straddle two cache lines (a second prefetch of the same line is free).
+  static void PrefetchKey(const Stored& s) {
+    PrefetchT0(s.p);
+    PrefetchT0(s.p + 32);
+  }
+  static void PrefetchQuery(Key k) {   // the caller's bytes Equal compares
+    PrefetchT0(k.data());
+    if (k.size() > 1) PrefetchT0(k.data() + k.size() - 1);
+  }
 
   static constexpr const char* kCheckpointDtype = "string";
 
