@@ -37,7 +37,7 @@ void MaybePauseMidData() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// Streams one EV's export into writer columns. Tensor names (DESIGN section 4):
+// Streams one EV's export into writer columns. Tensor names (docs/ARCHITECTURE.md, "Checkpoints"; core/schema.h):
 //   <name>-keys, -values, -versions, -freqs, <name>/<slot>-values   admitted keys
 //   <name>-keys_filtered, -freqs_filtered, -seen_filtered            counted, not admitted
 //        (-seen_filtered: the step each was last seen at, -1 unknown)
