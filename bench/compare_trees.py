@@ -13,6 +13,10 @@ both sides alike. Per run:
          --checkpoint-keys KEYS --checkpoint-repeats 3 --opt-max-keys 0
   bench_serving.py (its defaults: delta apply at dim 16 and 64, predict p50/p99 idle and under application)
 
+--lookups-only runs the lookup matrix alone (about 10 s a run instead of 100), so that many more pairs fit;
+--settle S waits S seconds before each run (on a 2-core machine the run right after another one was
+repeatedly the slow one of its pair, while the previous process's memory was still being reclaimed).
+
 Prints a markdown table of medians per figure with the change (after vs before, signed so that a
 positive % is always worse), then every raw value in run order; writes the raw values as JSON to
 --out. Figures: lookup (find, find-or-insert hit / new, runs A and B), Adam apply, full / delta saves,
@@ -55,16 +59,23 @@ FIGURES = [
 ]
 
 
-def run_tree(tree, keys, dim, python, workdir, tag):
+# The figures of --lookups-only: run.py's lookup matrix alone (no checkpoint, no serving).
+LOOKUP_FIGURES = FIGURES[:8]
+
+
+def run_tree(tree, keys, dim, python, workdir, tag, lookups_only=False, batches=10):
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TF_CPP_MIN_LOG_LEVEL="2")
     out_dir = os.path.join(workdir, tag)
     os.makedirs(out_dir, exist_ok=True)
-    cmd = [python, os.path.join(tree, "bench", "run.py"), "--matrix", f"{keys}x{dim}", "--batches", "10",
-           "--no-tfra", "--no-cluster", "--no-filters", "--no-e2e", "--no-serving", "--checkpoint-keys", str(keys),
-           "--checkpoint-repeats", "3", "--opt-max-keys", "0", "--out-dir", out_dir]
+    cmd = [python, os.path.join(tree, "bench", "run.py"), "--matrix", f"{keys}x{dim}", "--batches", str(batches),
+           "--no-tfra", "--no-cluster", "--no-filters", "--no-e2e", "--no-serving", "--opt-max-keys", "0",
+           "--out-dir", out_dir]
+    cmd += ["--no-checkpoint"] if lookups_only else ["--checkpoint-keys", str(keys), "--checkpoint-repeats", "3"]
     with open(os.path.join(out_dir, "run.log"), "w") as log:
         subprocess.run(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
     bench = json.load(open(sorted(glob.glob(os.path.join(out_dir, "bench-*.json")))[-1]))
+    if lookups_only:
+        return {label: round(f(bench, None), 6) for label, _, f in LOOKUP_FIGURES}
     with open(os.path.join(out_dir, "serving.log"), "w") as log:
         r = subprocess.run([python, os.path.join(tree, "bench", "bench_serving.py"), "--seed", "0"], cwd=tree,
                            env=env, stdout=subprocess.PIPE, stderr=log, text=True, check=True)
@@ -84,6 +95,11 @@ def main():
     ap.add_argument("--pairs", type=int, default=5, help="runs of each tree (default 5)")
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--lookups-only", action="store_true",
+                    help="only run.py's lookup and apply figures (no checkpoint, no serving): shorter runs, more pairs")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds to wait before each run (lets the previous process's memory be reclaimed)")
+    ap.add_argument("--batches", type=int, default=10, help="run.py --batches (timed batches per phase)")
     ap.add_argument("--out", default=None, help="raw values as JSON (default: bench/results/compare-<time>.json)")
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="compare-trees-")
@@ -92,21 +108,23 @@ def main():
     for i in range(args.pairs):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")
         for side in order:
+            time.sleep(args.settle)
             loads.append(loadavg())
             t0 = time.time()
             raw[side].append(run_tree(getattr(args, side), args.keys, args.dim, sys.executable, workdir,
-                                      f"{side}-{i}"))
+                                      f"{side}-{i}", args.lookups_only, args.batches))
             print(f"pair {i + 1}/{args.pairs} {side}: {time.time() - t0:.0f} s, load {loads[-1]:.2f}",
                   file=sys.stderr, flush=True)
+    figures = LOOKUP_FIGURES if args.lookups_only else FIGURES
     lines = ["| figure | before | after | change (+ = worse) |", "|---|---|---|---|"]
-    for label, higher, _ in FIGURES:
+    for label, higher, _ in figures:
         b = statistics.median(r[label] for r in raw["before"])
         a = statistics.median(r[label] for r in raw["after"])
         worse = (b - a) / b if higher else (a - b) / b
         lines.append(f"| {label} | {b:.4g} | {a:.4g} | {worse * 100:+.1f}% |")
     lines += ["", f"Load average at the start of each run: {min(loads):.2f}-{max(loads):.2f}.", "",
               "Raw values in run order (pairs alternate: before first in pairs 1, 3, 5, ...):", ""]
-    for label, _, _ in FIGURES:
+    for label, _, _ in figures:
         lines.append(f"- {label}: before {[r[label] for r in raw['before']]}, after {[r[label] for r in raw['after']]}")
     print("\n".join(lines))
     out = args.out or os.path.join(HERE, "results", time.strftime("compare-%Y%m%dT%H%M%SZ.json", time.gmtime()))
