@@ -70,17 +70,15 @@ def _served_lookup(ids, table, rows, present, sentinel, default, dim):
     so a batch without one costs two small ops over a bare table lookup."""
     flat = tf.reshape(ids, [-1])
     if flat.dtype == tf.string:
-        is1 = tf.equal(flat, sentinel[1])
-        special = tf.logical_or(tf.equal(flat, sentinel[0]), is1)
+        special = tf.logical_or(tf.equal(flat, sentinel[0]), tf.equal(flat, sentinel[1]))
         out = table.lookup(tf.where(special, tf.constant(b"", tf.string), flat))   # any key but the sentinels
     else:   # the sentinels are the dtype's two smallest values (sentinels())
         special = tf.less_equal(flat, sentinel[1])
         out = table.lookup(tf.maximum(flat, sentinel[0] + 2))   # the sentinels' rows are replaced below
-        is1 = None
 
     def with_side_rows():
         side = tf.where(present[:, None], rows, default[None, :])              # [2, dim]
-        which = tf.cast(tf.equal(flat, sentinel[1]) if is1 is None else is1, tf.int32)
+        which = tf.cast(tf.equal(flat, sentinel[1]), tf.int32)                 # side row 0 or 1
         return tf.where(special[:, None], tf.gather(side, which), out)
 
     out = tf.cond(tf.reduce_any(special), with_side_rows, lambda: out)

@@ -108,8 +108,8 @@ def model_inputs(spec, cols):
     x = {}
     for f in spec["sparse"]:
         ids = np.asarray(cols[f["column"]])
-        if f.get("keys") == "string":   # tf.string tensors: Keras takes no object arrays
-            x[f"{f['name']}_ids"] = tf.constant(ids.reshape(len(ids), -1) if ids.ndim == 2 else ids.reshape(-1, 1))
+        if f.get("keys") == "string":   # tf.string tensors ([N, 1] or a split field's [N, max_ids]): Keras takes no object arrays
+            x[f"{f['name']}_ids"] = tf.constant(ids.reshape(len(ids), -1))
         else:
             x[f"{f['name']}_ids"] = np.asarray(ids, np.int64).reshape(-1, 1)
     if spec["dense"]:

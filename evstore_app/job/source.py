@@ -45,12 +45,18 @@ def _ids(col, field, where):
     binary = text.cast(pa.binary())
     if "split" not in field:
         return binary.to_numpy(zero_copy_only=False)
+    # Vectorized: split every row, drop empty pieces, keep each row's first max_ids (no Python loop per row).
     n = field["max_ids"]
-    out = np.full((len(binary), n), b"", dtype=object)
     lists = pc.split_pattern(binary, field["split"].encode())
-    for r, ids in enumerate(lists.to_pylist()):
-        ids = [i for i in ids if i][:n]
-        out[r, :len(ids)] = ids
+    flat = pc.list_flatten(lists)
+    real = pc.greater(pc.binary_length(flat), 0)
+    pieces = pc.filter(flat, real).to_numpy(zero_copy_only=False)
+    rows = pc.filter(pc.list_parent_indices(lists), real).to_numpy()
+    first = np.searchsorted(rows, rows)          # rows is sorted: each piece's row starts at its first index
+    slot = np.arange(len(rows)) - first
+    keep = slot < n
+    out = np.full((len(binary), n), b"", dtype=object)
+    out[rows[keep], slot[keep]] = pieces[keep]
     return out
 
 

@@ -112,19 +112,25 @@ class Segment {
   // one entry whose H2 matches (PrefetchSlot, nearer). A group's 16 entries
   // span four cache lines, so prefetching "the group" would miss 3 times in 4.
   void PrefetchCtrl(uint64_t h) const { __builtin_prefetch(ctrl_ + HomeGroup(h) * kGroup); }
-  void PrefetchSlot(uint64_t h) const {
-    size_t g = HomeGroup(h);
-    uint32_t m = GroupProbe(ctrl_ + g * kGroup).Match(static_cast<uint8_t>(h & 0x7F));
-    PrefetchT0(slots_ + g * kGroup + (m ? __builtin_ctz(m) : 0));
+  void PrefetchSlot(uint64_t h) const {   // no tag match: the group's first entry (where an insert may go)
+    const E* e = HomeCandidate(h);
+    PrefetchT0(e ? e : slots_ + HomeGroup(h) * kGroup);
   }
   // Third stage, for keys stored outside the entry (strings): once the entry
   // is cached, the key bytes it points to (Equal reads them). A no-op for
   // inline keys. Only a full slot can match an H2 tag, so the pointer read is
   // a live key's.
   void PrefetchKey(uint64_t h) const {
+    const E* e = HomeCandidate(h);
+    if (e) Traits::PrefetchKey(e->key);
+  }
+  // The first entry of h's home group whose tag matches h, or null: what the
+  // prefetch stages read (a key found later in its probe sequence is simply
+  // not prefetched). Reads the group's control bytes.
+  const E* HomeCandidate(uint64_t h) const {
     size_t g = HomeGroup(h);
     uint32_t m = GroupProbe(ctrl_ + g * kGroup).Match(static_cast<uint8_t>(h & 0x7F));
-    if (m) Traits::PrefetchKey(slots_[g * kGroup + __builtin_ctz(m)].key);
+    return m ? slots_ + g * kGroup + __builtin_ctz(m) : nullptr;
   }
 
   E* Find(Key key, uint64_t h) const {
