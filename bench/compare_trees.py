@@ -11,7 +11,9 @@ both sides alike. Per run:
 
   run.py --matrix KEYSxDIM --batches 10 --no-tfra --no-cluster --no-filters --no-e2e --no-serving
          --checkpoint-keys KEYS --checkpoint-repeats 3 --opt-max-keys 0
-  bench_serving.py (its defaults: delta apply at dim 16 and 64, predict p50/p99 idle and under application)
+  bench_serving.py --live-s 60 --predict-hz 200 (delta apply at dim 16 and 64, predict p50/p99 idle and
+         under application from 12,012 predicts per mode: at its default 3,000 the p99 is the slowest ~30
+         and moved by -5% to +15% between pairs of the same two trees; BENCHMARKS.md, issue 15 run 5)
 
 --lookups-only runs the lookup matrix alone (about 10 s a run instead of 100), so that many more pairs fit;
 --settle S waits S seconds before each run (on a 2-core machine the run right after another one was
@@ -77,7 +79,8 @@ def run_tree(tree, keys, dim, python, workdir, tag, lookups_only=False, batches=
     if lookups_only:
         return {label: round(f(bench, None), 6) for label, _, f in LOOKUP_FIGURES}
     with open(os.path.join(out_dir, "serving.log"), "w") as log:
-        r = subprocess.run([python, os.path.join(tree, "bench", "bench_serving.py"), "--seed", "0"], cwd=tree,
+        r = subprocess.run([python, os.path.join(tree, "bench", "bench_serving.py"), "--seed", "0", "--live-s", "60",
+                            "--predict-hz", "200"], cwd=tree,
                            env=env, stdout=subprocess.PIPE, stderr=log, text=True, check=True)
     serving = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
     return {label: round(f(bench, serving), 6) for label, _, f in FIGURES}
