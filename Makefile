@@ -6,7 +6,9 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.deps-stamp
 TESTDEPS := $(VENV)/.test-deps-stamp
 NATIVE := $(VENV)/.native-stamp
-NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc)
+NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc serving_loader/native/*.cc)
+# The gRPC front end's HTTP/2 library (Debian's libnghttp2-dev), installed when its header is missing.
+NGHTTP2_H := /usr/include/nghttp2/nghttp2.h
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: all install test demo bench bench-peers clean
@@ -36,8 +38,13 @@ $(TESTDEPS): pyproject.toml | $(DEPS)
 # in place and in view (one progress line per file; pip would hide them); the
 # editable install then reuses it (no second compile) and keeps the source
 # tree importable by tests and tools.
-$(NATIVE): $(DEPS) $(NATIVE_SRC)
-	@echo "evstore: building the native op library (12 C++ files, in parallel; a few minutes the first time) ..."
+$(NGHTTP2_H):
+	@echo "evstore: installing libnghttp2-dev (HTTP/2 for the gRPC front end of evstore serve) ..."
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q libnghttp2-dev || \
+		($(if $(filter 0,$(shell id -u)),,sudo) apt-get update -q && $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q libnghttp2-dev)
+
+$(NATIVE): $(DEPS) $(NATIVE_SRC) | $(NGHTTP2_H)
+	@echo "evstore: building the native op library and the gRPC front end (13 C++ files, in parallel; a few minutes the first time) ..."
 	$(BIN)/python setup.py -q build_ext --inplace
 	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
@@ -55,4 +62,4 @@ bench: install
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf build *.egg-info evstore/native/*.so $(NATIVE)
+	rm -rf build *.egg-info evstore/native/*.so serving_loader/native/*.so $(NATIVE)

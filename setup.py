@@ -1,9 +1,10 @@
 """Builds evstore's native op library against the installed TensorFlow.
 
-The library (evstore/native/_evstore_ops*.so) holds the core table
+Two extensions. The op library (evstore/native/_evstore_ops*.so) holds the core table
 (evstore/native/core, header-only, no TensorFlow) and the TensorFlow op
 registrations and kernels (evstore/native/tf). Compile and link flags come from
-tf.sysconfig, so `pip install .` needs no hand steps.
+tf.sysconfig, so `pip install .` needs no hand steps. The gRPC front end
+(serving_loader/native/_grpc_frontend*.so) is plain C++ on libnghttp2.
 """
 import glob
 import json
@@ -39,6 +40,9 @@ class TFBuildExt(build_ext):
     def build_extensions(self):
         cflags, lflags = _tf_flags()
         for ext in self.extensions:
+            if ext.name == GRPC_FRONTEND:   # plain C++ and nghttp2, no TensorFlow
+                ext.extra_compile_args = ["-std=c++17", "-O2", "-fPIC", "-Wall"]
+                continue
             ext.extra_compile_args = cflags + ["-O3", "-fPIC", "-Wno-deprecated-declarations",
                                                "-Wno-sign-compare", "-Wno-unused-function",
                                                "-Wno-interference-size"]  # TF's Eigen headers, every file
@@ -104,7 +108,13 @@ sources = sorted(glob.glob(os.path.join("evstore", "native", "tf", "*.cc")))
 depends = sorted(glob.glob(os.path.join("evstore", "native", "core", "*.h"))
                  + glob.glob(os.path.join("evstore", "native", "tf", "*.h")))
 
+# gRPC's transport for `evstore serve` (serving_loader/grpc_service.py): HTTP/2 from Debian's libnghttp2
+# (`make install` installs libnghttp2-dev when its header is missing).
+GRPC_FRONTEND = "serving_loader.native._grpc_frontend"
+
 setup(
-    ext_modules=[Extension("evstore.native._evstore_ops", sources=sources, depends=depends, language="c++")],
+    ext_modules=[Extension("evstore.native._evstore_ops", sources=sources, depends=depends, language="c++"),
+                 Extension(GRPC_FRONTEND, sources=[os.path.join("serving_loader", "native", "grpc_frontend.cc")],
+                           libraries=["nghttp2"], language="c++")],
     cmdclass={"build_ext": TFBuildExt},
 )

@@ -1,28 +1,35 @@
 """TF Serving's gRPC API: tensorflow.serving.PredictionService (Predict,
 Classify, Regress, GetModelMetadata) and tensorflow.serving.ModelService
-(GetModelStatus), on the protos and stubs of the `tensorflow-serving-api`
-package, served by grpc's asyncio server on the REST server's event loop.
+(GetModelStatus), on the request and answer protos of the
+`tensorflow-serving-api` package.
 
-Requests reach the model exactly as REST ones do (ServingApp.submit: the
-default signature through the batcher, resolved on the loop without a thread
-hand-off); errors are TF Serving's canonical codes (grpc.StatusCode of
-ServingError.code) with its messages. The asyncio server costs about a third
-of the CPU per call of grpc's thread-pool server here (no handler thread per
-call, no thread wake-up per answer; BENCHMARKS.md "Serving over the network").
-ModelService.HandleReloadConfigRequest is not served (UNIMPLEMENTED): the
-model comes from the export and its checkpoint root.
+The transport is not Python's: serving_loader/native/grpc_frontend.cc speaks
+HTTP/2 (nghttp2) and gRPC's message framing in a C++ thread and hands whole
+request messages to one Python dispatch thread in batches; answers go back
+from whichever thread finishes them. grpcio's own server cost about 290 us of
+CPU per call on this project's 2-core benchmark machine before any model work,
+more than a whole REST request (BENCHMARKS.md, "Serving over the network").
+Requests reach the model as REST ones do (ServingApp.submit_future: the default
+signature through the batcher); errors are TF Serving's canonical codes
+(ServingError.code) with its messages. ModelService.HandleReloadConfigRequest
+is not served (UNIMPLEMENTED): the model comes from the export and its
+checkpoint root.
 """
+import logging
+import threading
+
 import grpc
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import tensor_pb2
+from google.protobuf.message import DecodeError
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                     model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc,
-                                     regression_pb2)
+                                     predict_pb2, regression_pb2)
 
 from serving_loader.tfs import CLASSIFY_METHOD, REGRESS_METHOD, ServingError, examples_with_context, invalid
 
-__all__ = ["start_grpc", "tensor_to_array", "array_to_tensor"]
+__all__ = ["start_grpc", "GrpcServer", "tensor_to_array", "array_to_tensor"]
+
+log = logging.getLogger("evstore.serving")
 
 _STRING = tf.string.as_datatype_enum
 _ENUM = {}   # np.dtype -> DataType enum
@@ -100,13 +107,14 @@ def _spec(request):
     return spec.name, version, label
 
 
-async def _abort(context, e):
-    if isinstance(e, ServingError):
-        await context.abort(getattr(grpc.StatusCode, e.code), e.message)
-    await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+_CODE = {c.name: c.value[0] for c in grpc.StatusCode}   # "INVALID_ARGUMENT" -> 3
 
 
-class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+class _Methods:
+    """The five methods on request protos, without a transport. Each returns
+    the answer proto, or (future of (outputs, version), finish) when the model
+    is called: `finish(outputs, version)` makes the answer once the call is done."""
+
     def __init__(self, app):
         self.app = app
         self.servable = app.servable
@@ -116,41 +124,40 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         response.model_spec.version.value = version or 0
         response.model_spec.signature_name = key
 
-    async def _call(self, key, arrays, version):
-        outputs, served = await self.app.submit(key, arrays)
+    def _checked_version(self, version, served):
         if version is not None and (served or 0) != version:
             raise ServingError("NOT_FOUND", f"Servable not found for request: Specific({self.servable.name}, "
                                             f"{version})")
-        return outputs, served
 
-    async def Predict(self, request, context):
-        try:
-            name, version, label = _spec(request)
-            self.servable.check_spec(name, version, label)
-            key = self.servable.signature(request.model_spec.signature_name)
-            inputs = self.servable.inputs[key]
-            sent = set(request.inputs)
-            if sent != inputs.keys():
-                raise invalid(f"Request inputs do not match required inputs for model `{name}`. Send extra: "
-                              f"{{{','.join(sorted(sent - inputs.keys()))}}}. Missing but required: "
-                              f"{{{','.join(sorted(inputs.keys() - sent))}}}.")
-            wanted = list(request.output_filter) or None
-            outs = self.servable.outputs[key]
-            for n in wanted or ():
-                if n not in outs:
-                    raise invalid(f"output tensor alias not found in signature: {n} Outputs expected to be in the "
-                                  f"set {{{','.join(sorted(outs))}}}.")
-            arrays = {n: tensor_to_array(n, request.inputs[n], inputs[n]) for n in inputs}
-            outputs, served = await self._call(key, arrays, version)
+    def predict(self, request):
+        name, version, label = _spec(request)
+        self.servable.check_spec(name, version, label)
+        key = self.servable.signature(request.model_spec.signature_name)
+        inputs = self.servable.inputs[key]
+        sent = set(request.inputs)
+        if sent != inputs.keys():
+            raise invalid(f"Request inputs do not match required inputs for model `{name}`. Send extra: "
+                          f"{{{','.join(sorted(sent - inputs.keys()))}}}. Missing but required: "
+                          f"{{{','.join(sorted(inputs.keys() - sent))}}}.")
+        wanted = list(request.output_filter) or None
+        outs = self.servable.outputs[key]
+        for n in wanted or ():
+            if n not in outs:
+                raise invalid(f"output tensor alias not found in signature: {n} Outputs expected to be in the "
+                              f"set {{{','.join(sorted(outs))}}}.")
+        arrays = {n: tensor_to_array(n, request.inputs[n], inputs[n]) for n in inputs}
+
+        def finish(outputs, served):
+            self._checked_version(version, served)
             response = predict_pb2.PredictResponse()
             self._fill_spec(response, key, served)
             for n in wanted or outputs:
                 array_to_tensor(outputs[n], response.outputs[n])
             return response
-        except Exception as e:  # noqa: BLE001 - answered with its status
-            await _abort(context, e)
 
-    async def _examples(self, request, method):
+        return self.app.submit_future(key, arrays), finish
+
+    def _examples(self, request, method, answer):
         name, version, label = _spec(request)
         self.servable.check_spec(name, version, label)
         key = self.servable.signature(request.model_spec.signature_name, method)
@@ -165,12 +172,15 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         if not examples:
             raise invalid("Input is empty.")
         (input_name,) = self.servable.inputs[key]
-        outputs, served = await self._call(key, {input_name: np.array(examples, dtype=object)}, version)
-        return key, outputs, served
 
-    async def Classify(self, request, context):
-        try:
-            key, outputs, served = await self._examples(request, CLASSIFY_METHOD)
+        def finish(outputs, served):
+            self._checked_version(version, served)
+            return answer(key, outputs, served)
+
+        return self.app.submit_future(key, {input_name: np.array(examples, dtype=object)}), finish
+
+    def classify(self, request):
+        def answer(key, outputs, served):
             scores, classes = outputs.get("scores"), outputs.get("classes")
             if scores is None and classes is None:
                 raise invalid("classification signature has neither 'classes' nor 'scores'")
@@ -189,12 +199,11 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                     if scores is not None:
                         cls.score = float(scores[i, j])
             return response
-        except Exception as e:  # noqa: BLE001
-            await _abort(context, e)
 
-    async def Regress(self, request, context):
-        try:
-            key, outputs, served = await self._examples(request, REGRESS_METHOD)
+        return self._examples(request, CLASSIFY_METHOD, answer)
+
+    def regress(self, request):
+        def answer(key, outputs, served):
             if "outputs" not in outputs:
                 raise invalid("regression signature has no 'outputs'")
             response = regression_pb2.RegressionResponse()
@@ -202,61 +211,132 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             for v in outputs["outputs"].ravel().tolist():
                 response.result.regressions.add().value = v
             return response
-        except Exception as e:  # noqa: BLE001
-            await _abort(context, e)
 
-    async def GetModelMetadata(self, request, context):
+        return self._examples(request, REGRESS_METHOD, answer)
+
+    def get_model_metadata(self, request):
+        name, version, label = _spec(request)
+        self.servable.check_spec(name, version, label)
+        if not request.metadata_field:
+            raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
+        for f in request.metadata_field:
+            if f != "signature_def":
+                raise invalid(f"Metadata field {f} is not supported")
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = self.servable.name
+        response.model_spec.version.value = self.servable.version
+        sigs = get_model_metadata_pb2.SignatureDefMap()
+        for k, v in self.servable.signature_defs.items():
+            sigs.signature_def[k].CopyFrom(v)
+        response.metadata["signature_def"].Pack(sigs)
+        return response
+
+    def get_model_status(self, request):
+        name, version, label = _spec(request)
+        self.servable.check_status_spec(name, label)
+        response = get_model_status_pb2.GetModelStatusResponse()
+        states = get_model_status_pb2.ModelVersionStatus.State
+        for v, state in self.servable.versions(version):
+            s = response.model_version_status.add()
+            s.version = v
+            s.state = states.Value(state)
+            s.status.error_code = 0
+        return response
+
+
+class GrpcServer:
+    """The gRPC endpoint of `app` on host:port (0: any free port); `port` is
+    the bound one. One dispatch thread parses requests and starts their model
+    calls; answers are sent by the thread that finishes each call."""
+
+    def __init__(self, app, host, port):
+        from serving_loader.native import _grpc_frontend as fe
+
+        self._fe = fe
+        self._handle, self.port = fe.start(host, port, app.max_request_bytes)
+        m = _Methods(app)
+        self._methods = {
+            b"/tensorflow.serving.PredictionService/Predict": (predict_pb2.PredictRequest, m.predict),
+            b"/tensorflow.serving.PredictionService/Classify": (classification_pb2.ClassificationRequest, m.classify),
+            b"/tensorflow.serving.PredictionService/Regress": (regression_pb2.RegressionRequest, m.regress),
+            b"/tensorflow.serving.PredictionService/GetModelMetadata": (
+                get_model_metadata_pb2.GetModelMetadataRequest, m.get_model_metadata),
+            b"/tensorflow.serving.ModelService/GetModelStatus": (
+                get_model_status_pb2.GetModelStatusRequest, m.get_model_status),
+        }
+        self._pending = 0          # calls taken, not yet answered
+        self._pending_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._dispatch, name="grpc-dispatch", daemon=True)
+        self._thread.start()
+
+    # -- answers (any thread)
+    def _answer(self, cid, status, message="", body=b""):
+        self._fe.respond(self._handle, cid, status, message, body)
+        with self._pending_lock:
+            self._pending -= 1
+
+    def _fail(self, cid, e):
+        if isinstance(e, ServingError):
+            self._answer(cid, _CODE[e.code], e.message)
+        else:
+            log.exception("gRPC call failed", exc_info=e)
+            self._answer(cid, _CODE["INTERNAL"], f"{type(e).__name__}: {e}")
+
+    def _finished(self, cid, fut, finish):
         try:
-            name, version, label = _spec(request)
-            self.servable.check_spec(name, version, label)
-            if not request.metadata_field:
-                raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
-            for f in request.metadata_field:
-                if f != "signature_def":
-                    raise invalid(f"Metadata field {f} is not supported")
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            response.model_spec.name = self.servable.name
-            response.model_spec.version.value = self.servable.version
-            sigs = get_model_metadata_pb2.SignatureDefMap()
-            for k, v in self.servable.signature_defs.items():
-                sigs.signature_def[k].CopyFrom(v)
-            response.metadata["signature_def"].Pack(sigs)
-            return response
-        except Exception as e:  # noqa: BLE001
-            await _abort(context, e)
+            outputs, served = fut.result()
+            body = finish(outputs, served).SerializeToString()
+        except Exception as e:  # noqa: BLE001 - answered with its status
+            self._fail(cid, e)
+            return
+        self._answer(cid, 0, "", body)
 
+    # -- the dispatch thread
+    def _dispatch(self):
+        while True:
+            calls = self._fe.next(self._handle, 256, 0.5)
+            if calls is None:
+                return
+            with self._pending_lock:
+                self._pending += len(calls)
+            for cid, path, message in calls:
+                self._one(cid, path, message)
 
-class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, app):
-        self.servable = app.servable
-
-    async def GetModelStatus(self, request, context):
+    def _one(self, cid, path, message):
+        method = self._methods.get(path)
+        if method is None:
+            self._answer(cid, _CODE["UNIMPLEMENTED"], f"Method not found: {path.decode('latin-1')}")
+            return
+        cls, handler = method
         try:
-            name, version, label = _spec(request)
-            self.servable.check_status_spec(name, label)
-            response = get_model_status_pb2.GetModelStatusResponse()
-            states = get_model_status_pb2.ModelVersionStatus.State
-            for v, state in self.servable.versions(version):
-                s = response.model_version_status.add()
-                s.version = v
-                s.state = states.Value(state)
-                s.status.error_code = 0
-            return response
-        except Exception as e:  # noqa: BLE001
-            await _abort(context, e)
+            request = cls.FromString(message)
+        except DecodeError:
+            self._answer(cid, _CODE["INTERNAL"], "Failed to parse the request message")
+            return
+        try:
+            out = handler(request)
+        except Exception as e:  # noqa: BLE001 - answered with its status
+            self._fail(cid, e)
+            return
+        if isinstance(out, tuple):
+            fut, finish = out
+            fut.add_done_callback(lambda f: self._finished(cid, f, finish))
+        else:
+            self._answer(cid, 0, "", out.SerializeToString())
+
+    def stop(self, grace_s=10.0):
+        """Lets calls in flight finish (up to `grace_s`), then says GOAWAY and closes."""
+        import time
+
+        deadline = time.monotonic() + grace_s
+        while self._pending > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._fe.stop(self._handle)
+        self._thread.join()
 
 
-async def start_grpc(app, host, port):
-    """Starts the gRPC server of `app` on host:port (0: any free port) on the
-    running event loop; returns (server, bound port). Stop it with
-    `await server.stop(grace_s)`."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", app.max_request_bytes),
-                                      ("grpc.so_reuseport", 0)])
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(app), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(app), server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_insecure_port(address)
-    if not bound:
-        raise OSError(f"cannot bind the gRPC port {address}")
-    await server.start()
-    return server, bound
+def start_grpc(app, host, port):
+    """Starts the gRPC server of `app` on host:port (0: any free port);
+    returns (server, bound port). Stop it with `server.stop(grace_s)`."""
+    server = GrpcServer(app, host, port)
+    return server, server.port

@@ -26,6 +26,7 @@ ServingModel polls the checkpoint root on its own apscheduler thread; metrics
 are copied from its counters at each scrape and every poll interval.
 """
 import asyncio
+import concurrent.futures
 import gc
 import logging
 import math
@@ -175,6 +176,8 @@ class ServingApp:
         self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH"], admin.PATH, self._admin)
         self.http = HttpServer(self.router, max_request_bytes, on_response=self._count)
         self._loop = None
+        self._pool = None
+        self._pool_lock = threading.Lock()
 
     # -- model calls (shared with gRPC)
     def _run(self, key, arrays):
@@ -187,6 +190,18 @@ class ServingApp:
 
     def _run_default(self, arrays):
         return self._run(self.servable.default_signature, arrays)
+
+    def submit_future(self, key, arrays):
+        """A concurrent.futures.Future of (outputs, version) of signature `key`
+        on `arrays`, from any thread; the default signature goes through the
+        batcher, others run on a small thread pool."""
+        if self.batcher is not None and key == self.servable.default_signature:
+            return self.batcher.submit(arrays)
+        if self._pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="model")
+        return self._pool.submit(self._run, key, arrays)
 
     def submit(self, key, arrays):
         """A future (of the running loop) of (outputs, version) of signature
@@ -408,7 +423,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         loop.add_signal_handler(s, lambda s=s: (received.append(s), stop.set()))
     grpc_server = grpc_port = None
     if port is not None:
-        grpc_server, grpc_port = await start_grpc(app, host, port)
+        grpc_server, grpc_port = start_grpc(app, host, port)
     if rest_sock is not None:
         await app.http.start(rest_sock)
     refresh = asyncio.create_task(app.refresh_loop())
@@ -427,7 +442,7 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         refresh.cancel()
         await app.http.stop(grace_s=10.0)
         if grpc_server is not None:
-            await grpc_server.stop(10.0)
+            await loop.run_in_executor(None, grpc_server.stop, 10.0)
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
     return 130 if signal.SIGINT in received else 0

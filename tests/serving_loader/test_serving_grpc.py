@@ -196,3 +196,64 @@ def test_a_new_delta_is_served_over_grpc(job):
     answer = stub.Predict(_request(), timeout=60)
     assert answer.model_spec.version.value == seq
     np.testing.assert_allclose(tf.make_ndarray(answer.outputs["outputs"]), _want(model), rtol=1e-6, atol=1e-7)
+
+
+# ---- the transport (serving_loader/native/grpc_frontend.cc) ------------------------------
+def test_an_unknown_method_is_unimplemented(job):
+    _, _, _, _, channel = job
+    call = channel.unary_unary("/tensorflow.serving.PredictionService/NoSuchMethod")
+    with pytest.raises(grpc.RpcError) as e:
+        call(b"", timeout=60)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "NoSuchMethod" in e.value.details()
+
+
+def test_a_request_message_that_does_not_parse_is_internal(job):
+    _, _, _, _, channel = job
+    call = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    with pytest.raises(grpc.RpcError) as e:
+        call(b"\x0a\xff\x01", timeout=60)   # field 1 says 255 bytes follow; one does
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+
+
+def test_calls_their_clients_abandon_leave_the_server_serving(job):
+    model, _, _, stub, _ = job
+    futures = [stub.Predict.future(_request(), timeout=60) for _ in range(50)]
+    for f in futures:
+        f.cancel()   # RST_STREAM for every call still in flight; their answers are dropped
+    assert any(f.cancelled() for f in futures)
+    answer = stub.Predict(_request(), timeout=60)
+    np.testing.assert_allclose(tf.make_ndarray(answer.outputs["outputs"]), _want(model), rtol=1e-6, atol=1e-7)
+
+
+def test_concurrent_calls_on_one_channel_each_get_their_own_answer(job):
+    model, _, _, stub, _ = job
+    users, items = probe_inputs()
+    futures = []
+    for i in range(len(users)):
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name = "ctr"
+        req.inputs["users"].CopyFrom(tf.make_tensor_proto(users[i:i + 1]))
+        req.inputs["items"].CopyFrom(tf.make_tensor_proto(items[i:i + 1]))
+        futures.append(stub.Predict.future(req, timeout=60))
+    got = np.concatenate([tf.make_ndarray(f.result().outputs["outputs"]) for f in futures])
+    np.testing.assert_allclose(got, _want(model), rtol=1e-5, atol=1e-6)
+
+
+def test_a_request_over_the_size_cap_is_resource_exhausted(tmp_path):
+    from served import Server
+
+    _, _, server = serve_ctr(str(tmp_path))
+    server.stop()
+    small = Server(str(tmp_path), str(tmp_path / "export"), str(tmp_path / "ckpt"), max_body=2048)
+    try:
+        with small.channel() as channel:
+            req = _request()
+            req.inputs["pad"].CopyFrom(tf.make_tensor_proto(np.zeros(4096, np.float32)))
+            with pytest.raises(grpc.RpcError) as e:
+                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=60)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(_request(), timeout=60)
+            assert "outputs" in answer.outputs
+    finally:
+        small.stop()

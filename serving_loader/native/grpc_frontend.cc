@@ -1,0 +1,614 @@
+// gRPC's transport for `evstore serve`, outside Python.
+//
+// Layout: one network thread owns every connection. It accepts, speaks HTTP/2
+// through nghttp2 (Debian's libnghttp2: framing, HPACK, flow control, PING,
+// SETTINGS) and gRPC's message framing (a 1-byte compressed flag and a 4-byte
+// big-endian length before each message, the status in trailers). A request
+// whose stream has ended becomes a Call {id, :path, message bytes} in a queue;
+// Python takes whole batches of Calls with next() (the GIL is released while it
+// waits) and answers each with respond(id, status, message, body) from any
+// thread, which queues a Reply and wakes the network thread through an eventfd.
+//
+// Invariants:
+//  * Only the network thread touches sockets and nghttp2 sessions; `mu` guards
+//    only the two queues and `closed`.
+//  * A call id is (connection serial << 32) | stream id; serials are never reused,
+//    so a Reply for a connection or stream that has gone is dropped, never
+//    delivered to a newer one.
+//  * A stream is answered at most once: the first Reply submits the response and
+//    marks it; a stream closed by the client before its Reply is forgotten.
+//  * Per call, Python sees each message once, whole, after END_STREAM; a message
+//    over `max_message` bytes is not buffered past the limit and is answered
+//    RESOURCE_EXHAUSTED here.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <nghttp2/nghttp2.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+constexpr uint64_t kListenTag = 0;
+constexpr uint64_t kWakeTag = 1;
+constexpr int kResourceExhausted = 8;
+constexpr int kUnimplemented = 12;
+constexpr int kInternal = 13;
+
+struct Call {
+  uint64_t id;
+  std::string path;
+  std::string message;
+};
+
+struct Reply {
+  uint64_t id;
+  int status;
+  std::string message;   // grpc-message, already percent-encoded
+  std::string body;      // the serialized answer (status 0 only)
+};
+
+struct Stream {
+  std::string path, method, content_type;
+  std::string data;      // received bytes, gRPC prefix included
+  bool too_large = false;
+  bool answered = false;
+  std::string out;       // prefix + answer
+  size_t out_pos = 0;
+  std::string status, message;   // trailers
+};
+
+class Frontend;
+
+struct Conn {
+  Frontend* fe = nullptr;
+  int fd = -1;
+  uint64_t serial = 0;
+  nghttp2_session* session = nullptr;
+  std::unordered_map<int32_t, std::unique_ptr<Stream>> streams;
+  std::string outbuf;
+  size_t outpos = 0;
+  bool epollout = false;
+};
+
+std::string PercentEncode(const std::string& s) {   // gRPC's grpc-message encoding
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c <= 0x7E && c != '%') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+  }
+  return out;
+}
+
+nghttp2_nv Nv(const std::string& name, const std::string& value) {
+  return {reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
+          reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(), value.size(),
+          NGHTTP2_NV_FLAG_NONE};
+}
+
+class Frontend {
+ public:
+  Frontend(int listen_fd, size_t max_message) : listen_fd_(listen_fd), max_message_(max_message) {}
+
+  ~Frontend() { Stop(); }
+
+  bool Start(std::string* error) {
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (epfd_ < 0 || wakefd_ < 0) {
+      *error = std::string("epoll/eventfd: ") + strerror(errno);
+      return false;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenTag;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    ev.data.u64 = kWakeTag;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev);
+    thread_ = std::thread([this] { Run(); });
+    return true;
+  }
+
+  void Stop() {
+    if (!thread_.joinable()) return;
+    stopping_.store(true);
+    Wake();
+    thread_.join();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+    close(listen_fd_);
+    close(epfd_);
+    close(wakefd_);
+  }
+
+  // Up to `max_n` calls, waiting up to `timeout_s` for the first; false once stopped and drained.
+  bool Next(size_t max_n, double timeout_s, std::vector<Call>* out) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return !calls_.empty() || closed_; });
+    while (!calls_.empty() && out->size() < max_n) {
+      out->push_back(std::move(calls_.front()));
+      calls_.pop_front();
+    }
+    return !(out->empty() && closed_);
+  }
+
+  void Respond(Reply r) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      replies_.push_back(std::move(r));
+    }
+    Wake();
+  }
+
+ private:
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t ignored = write(wakefd_, &one, sizeof(one));
+    (void)ignored;
+  }
+
+  void Run() {
+    std::vector<epoll_event> events(128);
+    while (!stopping_.load()) {
+      int n = epoll_wait(epfd_, events.data(), static_cast<int>(events.size()), -1);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      for (int i = 0; i < n; ++i) {
+        uint64_t tag = events[i].data.u64;
+        if (tag == kListenTag) {
+          Accept();
+        } else if (tag == kWakeTag) {
+          uint64_t v;
+          while (read(wakefd_, &v, sizeof(v)) > 0) {
+          }
+          DeliverReplies();
+        } else {
+          auto it = conns_.find(tag);
+          if (it == conns_.end()) continue;
+          Conn* c = it->second.get();
+          bool ok = true;
+          if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ok = Read(c);
+          if (ok) ok = Flush(c);
+          if (!ok) Close(c);
+        }
+      }
+    }
+    for (auto& kv : conns_) {   // stopping: say GOAWAY where the socket takes it, then close
+      Conn* c = kv.second.get();
+      nghttp2_session_terminate_session(c->session, NGHTTP2_NO_ERROR);
+      Flush(c);
+      nghttp2_session_del(c->session);
+      close(c->fd);
+    }
+    conns_.clear();
+  }
+
+  void Accept() {
+    while (true) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;   // EAGAIN, or an error the next accept reports again
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      auto c = std::make_unique<Conn>();
+      c->fe = this;
+      c->fd = fd;
+      c->serial = next_serial_++;
+      nghttp2_session_server_new(&c->session, callbacks_.get(), c.get());
+      nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 1000},
+                                     {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}};
+      nghttp2_submit_settings(c->session, NGHTTP2_FLAG_NONE, iv, 2);
+      nghttp2_session_set_local_window_size(c->session, NGHTTP2_FLAG_NONE, 0, 16 << 20);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = c->serial;
+      epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+      Conn* raw = c.get();
+      conns_[c->serial] = std::move(c);
+      if (!Flush(raw)) Close(raw);
+    }
+  }
+
+  bool Read(Conn* c) {
+    uint8_t buf[65536];
+    while (true) {
+      ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+      if (n > 0) {
+        if (nghttp2_session_mem_recv(c->session, buf, static_cast<size_t>(n)) < 0) return false;
+        continue;
+      }
+      if (n == 0) return false;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      if (errno == EINTR) continue;
+      return false;
+    }
+  }
+
+  // Writes what nghttp2 has to send; false when the connection is done or broken.
+  bool Flush(Conn* c) {
+    while (true) {
+      if (c->outpos < c->outbuf.size()) {
+        ssize_t w = send(c->fd, c->outbuf.data() + c->outpos, c->outbuf.size() - c->outpos, MSG_NOSIGNAL);
+        if (w < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return WantOut(c, true);
+          return false;
+        }
+        c->outpos += static_cast<size_t>(w);
+        continue;
+      }
+      c->outbuf.clear();
+      c->outpos = 0;
+      while (c->outbuf.size() < (256 << 10)) {   // coalesce frames into one send
+        const uint8_t* data;
+        ssize_t n = nghttp2_session_mem_send(c->session, &data);
+        if (n < 0) return false;
+        if (n == 0) break;
+        c->outbuf.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+      }
+      if (c->outbuf.empty()) break;
+    }
+    if (!WantOut(c, false)) return false;
+    return nghttp2_session_want_read(c->session) || nghttp2_session_want_write(c->session);
+  }
+
+  bool WantOut(Conn* c, bool on) {
+    if (c->epollout == on) return true;
+    epoll_event ev{};
+    ev.events = EPOLLIN | (on ? EPOLLOUT : 0);
+    ev.data.u64 = c->serial;
+    c->epollout = on;
+    return epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev) == 0;
+  }
+
+  void Close(Conn* c) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    close(c->fd);
+    nghttp2_session_del(c->session);
+    conns_.erase(c->serial);
+  }
+
+  void DeliverReplies() {
+    std::vector<Reply> todo;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      todo.swap(replies_);
+    }
+    std::vector<Conn*> touched;
+    for (Reply& r : todo) {
+      auto it = conns_.find(r.id >> 32);
+      if (it == conns_.end()) continue;   // the client has gone
+      Conn* c = it->second.get();
+      if (Answer(c, static_cast<int32_t>(r.id & 0xffffffffu), r.status, r.message, &r.body)) touched.push_back(c);
+    }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (Conn* c : touched)
+      if (!Flush(c)) Close(c);
+  }
+
+  // Submits the answer of a stream: a message then trailers (status 0 with a
+  // body), or trailers only. False when the stream is gone or was answered.
+  static bool Answer(Conn* c, int32_t sid, int status, const std::string& message, std::string* body) {
+    auto it = c->streams.find(sid);
+    if (it == c->streams.end() || it->second->answered) return false;
+    Stream* s = it->second.get();
+    s->answered = true;
+    s->status = std::to_string(status);
+    s->message = message;
+    static const std::string kStatus = ":status", k200 = "200", kType = "content-type",
+                             kGrpc = "application/grpc", kGrpcStatus = "grpc-status", kGrpcMessage = "grpc-message";
+    if (body != nullptr && status == 0) {
+      uint32_t len = static_cast<uint32_t>(body->size());
+      s->out.reserve(body->size() + 5);
+      s->out.push_back('\0');
+      for (int shift = 24; shift >= 0; shift -= 8) s->out.push_back(static_cast<char>((len >> shift) & 0xff));
+      s->out.append(*body);
+      nghttp2_nv nva[] = {Nv(kStatus, k200), Nv(kType, kGrpc)};
+      nghttp2_data_provider prd;
+      prd.source.ptr = s;
+      prd.read_callback = ReadBody;
+      return nghttp2_submit_response(c->session, sid, nva, 2, &prd) == 0;
+    }
+    std::vector<nghttp2_nv> nva = {Nv(kStatus, k200), Nv(kType, kGrpc), Nv(kGrpcStatus, s->status)};
+    if (!s->message.empty()) nva.push_back(Nv(kGrpcMessage, s->message));
+    return nghttp2_submit_response(c->session, sid, nva.data(), nva.size(), nullptr) == 0;
+  }
+
+  static ssize_t ReadBody(nghttp2_session* session, int32_t sid, uint8_t* buf, size_t length, uint32_t* flags,
+                          nghttp2_data_source* source, void*) {
+    Stream* s = static_cast<Stream*>(source->ptr);
+    size_t n = std::min(length, s->out.size() - s->out_pos);
+    memcpy(buf, s->out.data() + s->out_pos, n);
+    s->out_pos += n;
+    if (s->out_pos == s->out.size()) {
+      *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+      static const std::string kGrpcStatus = "grpc-status", kGrpcMessage = "grpc-message";
+      std::vector<nghttp2_nv> tr = {Nv(kGrpcStatus, s->status)};
+      if (!s->message.empty()) tr.push_back(Nv(kGrpcMessage, s->message));
+      if (nghttp2_submit_trailer(session, sid, tr.data(), tr.size()) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE;
+    }
+    return static_cast<ssize_t>(n);
+  }
+
+  // ---- nghttp2 callbacks (network thread) ----
+  static int OnBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+    Conn* c = static_cast<Conn*>(user);
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST)
+      c->streams[frame->hd.stream_id] = std::make_unique<Stream>();
+    return 0;
+  }
+
+  static int OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
+                      const uint8_t* value, size_t valuelen, uint8_t, void* user) {
+    Conn* c = static_cast<Conn*>(user);
+    auto it = c->streams.find(frame->hd.stream_id);
+    if (it == c->streams.end()) return 0;
+    std::string n(reinterpret_cast<const char*>(name), namelen);
+    std::string v(reinterpret_cast<const char*>(value), valuelen);
+    if (n == ":path") it->second->path = std::move(v);
+    else if (n == ":method") it->second->method = std::move(v);
+    else if (n == "content-type") it->second->content_type = std::move(v);
+    return 0;
+  }
+
+  static int OnData(nghttp2_session*, uint8_t, int32_t sid, const uint8_t* data, size_t len, void* user) {
+    Conn* c = static_cast<Conn*>(user);
+    auto it = c->streams.find(sid);
+    if (it == c->streams.end()) return 0;
+    Stream* s = it->second.get();
+    if (s->too_large) return 0;
+    if (s->data.size() + len > c->fe->max_message_ + 5) {
+      s->too_large = true;
+      s->data.clear();
+      s->data.shrink_to_fit();
+      return 0;
+    }
+    s->data.append(reinterpret_cast<const char*>(data), len);
+    return 0;
+  }
+
+  static int OnFrame(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+    Conn* c = static_cast<Conn*>(user);
+    if ((frame->hd.type == NGHTTP2_DATA || frame->hd.type == NGHTTP2_HEADERS) &&
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+      c->fe->Received(c, frame->hd.stream_id);
+    return 0;
+  }
+
+  static int OnClose(nghttp2_session*, int32_t sid, uint32_t, void* user) {
+    static_cast<Conn*>(user)->streams.erase(sid);
+    return 0;
+  }
+
+  // A request stream has ended: hand its message to Python, or answer a bad one here.
+  void Received(Conn* c, int32_t sid) {
+    auto it = c->streams.find(sid);
+    if (it == c->streams.end()) return;
+    Stream* s = it->second.get();
+    const std::string& d = s->data;
+    if (s->method != "POST" || s->content_type.compare(0, 16, "application/grpc") != 0) {
+      static const std::string kStatus = ":status", k415 = "415";
+      nghttp2_nv nva[] = {Nv(kStatus, k415)};
+      s->answered = true;
+      nghttp2_submit_response(c->session, sid, nva, 1, nullptr);
+      return;
+    }
+    if (s->too_large) {
+      Answer(c, sid, kResourceExhausted,
+             PercentEncode("Received message larger than max (over " + std::to_string(max_message_) +
+                           " bytes; --max_request_bytes)"), nullptr);
+      return;
+    }
+    uint32_t len = 0;
+    if (d.size() >= 5)
+      len = (uint32_t(uint8_t(d[1])) << 24) | (uint32_t(uint8_t(d[2])) << 16) | (uint32_t(uint8_t(d[3])) << 8) |
+            uint32_t(uint8_t(d[4]));
+    if (d.size() < 5 || d.size() - 5 != len) {
+      Answer(c, sid, kInternal, PercentEncode("the request is not one length-prefixed gRPC message"), nullptr);
+      return;
+    }
+    if (d[0] != 0) {
+      Answer(c, sid, kUnimplemented, PercentEncode("compressed request messages are not supported"), nullptr);
+      return;
+    }
+    Call call{(c->serial << 32) | static_cast<uint32_t>(sid), s->path, d.substr(5)};
+    s->data.clear();
+    s->data.shrink_to_fit();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      calls_.push_back(std::move(call));
+    }
+    cv_.notify_one();
+  }
+
+  struct CallbacksDeleter {
+    void operator()(nghttp2_session_callbacks* cb) const { nghttp2_session_callbacks_del(cb); }
+  };
+  static nghttp2_session_callbacks* MakeCallbacks() {
+    nghttp2_session_callbacks* cb;
+    nghttp2_session_callbacks_new(&cb);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cb, OnBeginHeaders);
+    nghttp2_session_callbacks_set_on_header_callback(cb, OnHeader);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, OnData);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, OnFrame);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, OnClose);
+    return cb;
+  }
+
+  int listen_fd_;
+  size_t max_message_;
+  int epfd_ = -1, wakefd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::unique_ptr<nghttp2_session_callbacks, CallbacksDeleter> callbacks_{MakeCallbacks()};
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;   // network thread only
+  uint64_t next_serial_ = 2;                                      // 0 and 1 tag the listener and the wake fd
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Call> calls_;
+  std::vector<Reply> replies_;
+  bool closed_ = false;
+};
+
+// ---- Python bindings: a capsule per front end ----
+constexpr const char* kCapsule = "evstore.grpc_frontend";
+
+Frontend* Get(PyObject* cap) { return static_cast<Frontend*>(PyCapsule_GetPointer(cap, kCapsule)); }
+
+void DestroyCapsule(PyObject* cap) {
+  Frontend* fe = Get(cap);
+  if (fe != nullptr) {
+    Py_BEGIN_ALLOW_THREADS delete fe;
+    Py_END_ALLOW_THREADS
+  }
+}
+
+PyObject* Start(PyObject*, PyObject* args) {
+  const char* host;
+  int port;
+  Py_ssize_t max_message;
+  if (!PyArg_ParseTuple(args, "sin", &host, &port, &max_message)) return nullptr;
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  std::string service = std::to_string(port);
+  int rv = getaddrinfo(host, service.c_str(), &hints, &res);
+  if (rv != 0) return PyErr_Format(PyExc_OSError, "cannot bind the gRPC port %s:%d: %s", host, port, gai_strerror(rv));
+  int fd = -1, err = 0;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0) break;
+    err = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0) return PyErr_Format(PyExc_OSError, "cannot bind the gRPC port %s:%d: %s", host, port, strerror(err));
+  auto fe = std::make_unique<Frontend>(fd, static_cast<size_t>(max_message));
+  std::string error;
+  if (!fe->Start(&error)) return PyErr_Format(PyExc_OSError, "gRPC front end: %s", error.c_str());
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof(ss);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);
+  int bound = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                             : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  PyObject* cap = PyCapsule_New(fe.release(), kCapsule, DestroyCapsule);
+  if (cap == nullptr) return nullptr;
+  return Py_BuildValue("(Ni)", cap, bound);
+}
+
+PyObject* Next(PyObject*, PyObject* args) {
+  PyObject* cap;
+  Py_ssize_t max_n;
+  double timeout_s;
+  if (!PyArg_ParseTuple(args, "Ond", &cap, &max_n, &timeout_s)) return nullptr;
+  Frontend* fe = Get(cap);
+  if (fe == nullptr) return nullptr;
+  std::vector<Call> calls;
+  bool open;
+  Py_BEGIN_ALLOW_THREADS open = fe->Next(static_cast<size_t>(std::max<Py_ssize_t>(1, max_n)), timeout_s, &calls);
+  Py_END_ALLOW_THREADS
+  if (!open) Py_RETURN_NONE;
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(calls.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    PyObject* t = Py_BuildValue("(Ky#y#)", static_cast<unsigned long long>(calls[i].id), calls[i].path.data(),
+                                static_cast<Py_ssize_t>(calls[i].path.size()), calls[i].message.data(),
+                                static_cast<Py_ssize_t>(calls[i].message.size()));
+    if (t == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), t);
+  }
+  return list;
+}
+
+PyObject* Respond(PyObject*, PyObject* args) {
+  PyObject* cap;
+  unsigned long long id;
+  int status;
+  const char* message;
+  Py_ssize_t message_len;
+  Py_buffer body{};
+  if (!PyArg_ParseTuple(args, "OKis#y*", &cap, &id, &status, &message, &message_len, &body)) return nullptr;
+  Frontend* fe = Get(cap);
+  if (fe == nullptr) {
+    PyBuffer_Release(&body);
+    return nullptr;
+  }
+  Reply r{id, status, PercentEncode(std::string(message, static_cast<size_t>(message_len))),
+          std::string(static_cast<const char*>(body.buf), static_cast<size_t>(body.len))};
+  PyBuffer_Release(&body);
+  fe->Respond(std::move(r));
+  Py_RETURN_NONE;
+}
+
+PyObject* StopFrontend(PyObject*, PyObject* args) {
+  PyObject* cap;
+  if (!PyArg_ParseTuple(args, "O", &cap)) return nullptr;
+  Frontend* fe = Get(cap);
+  if (fe == nullptr) return nullptr;
+  Py_BEGIN_ALLOW_THREADS fe->Stop();
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kMethods[] = {
+    {"start", Start, METH_VARARGS,
+     "start(host, port, max_message) -> (handle, bound port): listens and starts the network thread."},
+    {"next", Next, METH_VARARGS,
+     "next(handle, max_n, timeout_s) -> [(call id, path, message)], [] on timeout, None once stopped."},
+    {"respond", Respond, METH_VARARGS,
+     "respond(handle, call id, grpc status, message, body): answers a call (body: the serialized answer; "
+     "b'' with a non-zero status). Any thread."},
+    {"stop", StopFrontend, METH_VARARGS, "stop(handle): GOAWAY, closes every connection, ends next()."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_grpc_frontend",
+                       "gRPC's HTTP/2 transport in a C++ thread (serving_loader/native/grpc_frontend.cc).", -1,
+                       kMethods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__grpc_frontend() { return PyModule_Create(&kModule); }
