@@ -98,7 +98,7 @@ def crc32c_stream(f):
 
 def verify_files(storage, manifest, checksums=True):
     """Problems (strings naming the file) with a committed checkpoint's files; empty if sound."""
-    problems = []
+    problems, present = [], []
     for name, want in sorted(manifest.files.items()):
         where = storage.display(manifest.dir, name)
         try:
@@ -109,32 +109,42 @@ def verify_files(storage, manifest, checksums=True):
         if size != want["size"]:
             problems.append(f"{where}: size {size} bytes, manifest says {want['size']} (truncated or overwritten)")
             continue
-        if checksums:
-            if storage.local:   # read natively: no copy through Python bytes
-                from evstore import ops
-                crc = int(ops.ev_file_crc32c(storage.join(manifest.dir, name))[0])
-            else:
-                with storage.open(manifest.dir, name) as f:
-                    crc, _ = crc32c_stream(f)
-            if crc != want["crc32c"]:
-                problems.append(f"{where}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
-    return problems
+        present.append(name)
+    if not checksums or not present:
+        return problems
+    if storage.local:   # read natively, every file in one op call: no copy through Python bytes
+        from evstore import ops
+        crcs = ops.ev_file_crc32c([storage.join(manifest.dir, n) for n in present])[0].numpy().tolist()
+    else:
+        crcs = []
+        for name in present:
+            with storage.open(manifest.dir, name) as f:
+                crcs.append(crc32c_stream(f)[0])
+    for name, crc in zip(present, crcs):
+        want = manifest.files[name]["crc32c"]
+        if crc != want:
+            problems.append(f"{storage.display(manifest.dir, name)}: crc32c {crc:#010x}, manifest says {want:#010x} "
+                            "(corrupt)")
+    return sorted(problems)
 
 
 def verify_staged(local_dir, manifest, display):
     """Problems with the staged (local, private) copy of a checkpoint's files:
     sizes and crc32c against the manifest. `display(name)` names a file in errors."""
     from evstore import ops
-    problems = []
-    for name, want in sorted(manifest.files.items()):
-        path = os.path.join(local_dir, name)
-        if not os.path.exists(path):
+    problems, present = [], []
+    for name in sorted(manifest.files):
+        if os.path.exists(os.path.join(local_dir, name)):
+            present.append(name)
+        else:
             problems.append(f"{display(name)}: missing")
-            continue
-        crc, size = (int(x) for x in ops.ev_file_crc32c(path))
-        if size != want["size"]:
-            problems.append(f"{display(name)}: size {size} bytes, manifest says {want['size']} "
-                            "(truncated or overwritten)")
-        elif crc != want["crc32c"]:
-            problems.append(f"{display(name)}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
-    return problems
+    if present:
+        crcs, sizes = ops.ev_file_crc32c([os.path.join(local_dir, n) for n in present])
+        for name, crc, size in zip(present, crcs.numpy().tolist(), sizes.numpy().tolist()):
+            want = manifest.files[name]
+            if size != want["size"]:
+                problems.append(f"{display(name)}: size {size} bytes, manifest says {want['size']} "
+                                "(truncated or overwritten)")
+            elif crc != want["crc32c"]:
+                problems.append(f"{display(name)}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
+    return sorted(problems)

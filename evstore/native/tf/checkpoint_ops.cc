@@ -81,8 +81,9 @@ REGISTER_OP("EvFileCrc32c")
     .Output("crc: int64")
     .Output("size: int64")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Scalar());
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
       return absl::OkStatus();
     })
-    .Doc("crc32c (Castagnoli, unmasked) and size of a local file.");
+    .Doc("crc32c (Castagnoli, unmasked) and size of each local file of `path` (any shape; the "
+         "outputs have its shape): one call checks a whole checkpoint.");
