@@ -10,8 +10,9 @@
 // thread, which queues a Reply and wakes the network thread through an eventfd.
 //
 // Invariants:
-//  * Only the network thread touches sockets and nghttp2 sessions; `mu` guards
-//    only the two queues and `closed`.
+//  * Only the network thread touches sockets and nghttp2 sessions; `mu_` guards
+//    the two queues and `closed_`, and Respond writes the eventfd under it, so a
+//    reply after Stop is dropped instead of written to a closed (or reused) fd.
 //  * A call id is (connection serial << 32) | stream id; serials are never reused,
 //    so a Reply for a connection or stream that has gone is dropped, never
 //    delivered to a newer one.
@@ -144,7 +145,7 @@ class Frontend {
     thread_.join();
     {
       std::lock_guard<std::mutex> lk(mu_);
-      closed_ = true;
+      closed_ = true;   // from here on Respond drops its reply and never touches wakefd_
     }
     cv_.notify_all();
     close(listen_fd_);
@@ -163,12 +164,12 @@ class Frontend {
     return !(out->empty() && closed_);
   }
 
+  // Any thread. After Stop the reply is dropped: its connection is closed.
   void Respond(Reply r) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      replies_.push_back(std::move(r));
-    }
-    Wake();
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_) return;
+    replies_.push_back(std::move(r));
+    Wake();   // under mu_, so Stop cannot close wakefd_ in between
   }
 
  private:
