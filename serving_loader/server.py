@@ -40,6 +40,7 @@ import time
 import urllib.parse
 
 import numpy as np
+import uvloop
 
 from serving_loader import admin
 from serving_loader.batching import Batcher, BatchingOptions
@@ -405,7 +406,9 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     gc.freeze()
     rest_sock = _bind(host, rest_api_port) if rest_api_port is not None else None
     try:
-        return asyncio.run(_serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_every, out))
+        # uvloop: libuv's event loop and transports behind asyncio's API; the REST server's CPU per
+        # request fell from 179-190 to 133-153 us with it (BENCHMARKS.md, issue 14).
+        return uvloop.run(_serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_every, out))
     finally:
         if rest_sock is not None:
             rest_sock.close()
