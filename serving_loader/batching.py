@@ -55,6 +55,7 @@ class BatchingOptions:
 
 
 class _Task:
+    # future: an asyncio future (loop given), a concurrent.futures.Future, or a callback(value, error)
     __slots__ = ("inputs", "size", "enqueued", "future", "loop")
 
     def __init__(self, inputs, size, future, loop):
@@ -69,9 +70,11 @@ class Batcher:
     """Batches calls of `run(inputs) -> (outputs, version)` (inputs and
     outputs {name: ndarray}, batch on dimension 0).
 
-    `submit(inputs, loop=None)` returns a future of (outputs, version) for
-    this task's rows: an asyncio future of `loop` when given (resolved on that
-    loop, one wake-up per batch), else a concurrent.futures.Future.
+    `submit(inputs, loop=None, callback=None)` returns a future of (outputs,
+    version) for this task's rows: an asyncio future of `loop` when given
+    (resolved on that loop, one wake-up per batch), else a
+    concurrent.futures.Future; with `callback`, nothing: `callback(value,
+    error)` is called on the batch thread instead (no future, no lock).
     Counters: `batches`, `tasks` (for metrics and tests).
     """
 
@@ -89,7 +92,7 @@ class Batcher:
         for t in self._threads:
             t.start()
 
-    def submit(self, inputs, loop=None):
+    def submit(self, inputs, loop=None, callback=None):
         sizes = {a.shape[0] if a.ndim else None for a in inputs.values()}
         if len(sizes) != 1 or None in sizes:
             raise ServingError("INVALID_ARGUMENT", "Batching session Run() input tensors must have equal "
@@ -99,7 +102,10 @@ class Batcher:
         if size > o.max_batch_size:
             raise ServingError("INVALID_ARGUMENT", f"Task size {size} is larger than maximum input batch size "
                                                    f"{o.max_batch_size}")
-        fut = loop.create_future() if loop is not None else concurrent.futures.Future()
+        if callback is not None:
+            fut = callback
+        else:
+            fut = loop.create_future() if loop is not None else concurrent.futures.Future()
         task = _Task(inputs, size, fut, loop)
         with self._cond:
             if self._stopped:
@@ -110,7 +116,7 @@ class Batcher:
             self._queue.append(task)
             self._queued_rows += size
             self._cond.notify()
-        return fut
+        return None if callback is not None else fut
 
     def stop(self):
         with self._cond:
@@ -191,7 +197,12 @@ class Batcher:
 def _deliver(batch, results):
     by_loop = {}
     for task, (value, error) in zip(batch, results):
-        if task.loop is None:
+        if callable(task.future):   # submit(callback=...)
+            try:
+                task.future(value, error)
+            except Exception:  # noqa: BLE001 - one caller's failure is not the batch's
+                log.exception("a batched call's callback failed")
+        elif task.loop is None:
             if error is None:
                 task.future.set_result(value)
             else:

@@ -9,13 +9,14 @@ request messages to one Python dispatch thread in batches; answers go back
 from whichever thread finishes them. grpcio's own server cost about 290 us of
 CPU per call on this project's 2-core benchmark machine before any model work,
 more than a whole REST request (BENCHMARKS.md, "Serving over the network").
-Requests reach the model as REST ones do (ServingApp.submit_future: the default
+Requests reach the model as REST ones do (ServingApp.call_model: the default
 signature through the batcher); errors are TF Serving's canonical codes
 (ServingError.code) with its messages. ModelService.HandleReloadConfigRequest
 is not served (UNIMPLEMENTED): the model comes from the export and its
 checkpoint root.
 """
 import logging
+import math
 import threading
 
 import grpc
@@ -51,7 +52,7 @@ def _enum(dtype):
 
 def _values(name, proto, dtype, dims):
     """The ndarray of TensorProto `proto` (dtype: np dtype, None for strings)."""
-    n = int(np.prod(dims))
+    n = math.prod(dims)   # np.prod of a short list costs ~2 us, 4 inputs a request
     if dtype is not None and proto.tensor_content:
         a = np.frombuffer(proto.tensor_content, dtype=dtype)
         if a.size != n:
@@ -112,8 +113,8 @@ _CODE = {c.name: c.value[0] for c in grpc.StatusCode}   # "INVALID_ARGUMENT" -> 
 
 class _Methods:
     """The five methods on request protos, without a transport. Each returns
-    the answer proto, or (future of (outputs, version), finish) when the model
-    is called: `finish(outputs, version)` makes the answer once the call is done."""
+    the answer proto, or (signature key, inputs, finish) when the model is to
+    be called: `finish(outputs, version)` makes the answer once the call is done."""
 
     def __init__(self, app):
         self.app = app
@@ -155,7 +156,7 @@ class _Methods:
                 array_to_tensor(outputs[n], response.outputs[n])
             return response
 
-        return self.app.submit_future(key, arrays), finish
+        return key, arrays, finish
 
     def _examples(self, request, method, answer):
         name, version, label = _spec(request)
@@ -177,7 +178,7 @@ class _Methods:
             self._checked_version(version, served)
             return answer(key, outputs, served)
 
-        return self.app.submit_future(key, {input_name: np.array(examples, dtype=object)}), finish
+        return key, {input_name: np.array(examples, dtype=object)}, finish
 
     def classify(self, request):
         def answer(key, outputs, served):
@@ -254,6 +255,7 @@ class GrpcServer:
 
         self._fe = fe
         self._handle, self.port = fe.start(host, port, app.max_request_bytes)
+        self._app = app
         m = _Methods(app)
         self._methods = {
             b"/tensorflow.serving.PredictionService/Predict": (predict_pb2.PredictRequest, m.predict),
@@ -282,10 +284,12 @@ class GrpcServer:
             log.exception("gRPC call failed", exc_info=e)
             self._answer(cid, _CODE["INTERNAL"], f"{type(e).__name__}: {e}")
 
-    def _finished(self, cid, fut, finish):
+    def _finished(self, cid, finish, value, error):
+        """The model call of `cid` is done (the batcher's thread): answer it."""
         try:
-            outputs, served = fut.result()
-            body = finish(outputs, served).SerializeToString()
+            if error is not None:
+                raise error
+            body = finish(*value).SerializeToString()
         except Exception as e:  # noqa: BLE001 - answered with its status
             self._fail(cid, e)
             return
@@ -319,8 +323,11 @@ class GrpcServer:
             self._fail(cid, e)
             return
         if isinstance(out, tuple):
-            fut, finish = out
-            fut.add_done_callback(lambda f: self._finished(cid, f, finish))
+            key, arrays, finish = out
+            try:
+                self._app.call_model(key, arrays, lambda value, error: self._finished(cid, finish, value, error))
+            except Exception as e:  # noqa: BLE001 - refused before it was queued
+                self._fail(cid, e)
         else:
             self._answer(cid, 0, "", out.SerializeToString())
 

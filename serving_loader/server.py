@@ -192,17 +192,29 @@ class ServingApp:
     def _run_default(self, arrays):
         return self._run(self.servable.default_signature, arrays)
 
-    def submit_future(self, key, arrays):
-        """A concurrent.futures.Future of (outputs, version) of signature `key`
-        on `arrays`, from any thread; the default signature goes through the
-        batcher, others run on a small thread pool."""
+    def call_model(self, key, arrays, done):
+        """Calls signature `key` on `arrays` and then `done(value, error)` on
+        the thread that ran it: value = (outputs, version), or error = the
+        exception. The default signature goes through the batcher, others run
+        on a small thread pool. Raises ServingError when the batcher refuses
+        the task (never calls `done` then)."""
         if self.batcher is not None and key == self.servable.default_signature:
-            return self.batcher.submit(arrays)
+            self.batcher.submit(arrays, callback=done)
+            return
         if self._pool is None:
             with self._pool_lock:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="model")
-        return self._pool.submit(self._run, key, arrays)
+
+        def run():
+            try:
+                value = self._run(key, arrays)
+            except Exception as e:  # noqa: BLE001 - handed to done
+                done(None, e)
+                return
+            done(value, None)
+
+        self._pool.submit(run)
 
     def submit(self, key, arrays):
         """A future (of the running loop) of (outputs, version) of signature

@@ -122,6 +122,7 @@ class Frontend {
   ~Frontend() { Stop(); }
 
   bool Start(std::string* error) {
+    spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
     wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (epfd_ < 0 || wakefd_ < 0) {
@@ -151,6 +152,7 @@ class Frontend {
     close(listen_fd_);
     close(epfd_);
     close(wakefd_);
+    if (spare_fd_ >= 0) close(spare_fd_);
   }
 
   // Up to `max_n` calls, waiting up to `timeout_s` for the first; false once stopped and drained.
@@ -220,6 +222,15 @@ class Frontend {
   void Accept() {
     while (true) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+        // Out of descriptors: the pending connection would keep the listener readable and
+        // this loop spinning. Take it with the spare descriptor and close it at once.
+        close(spare_fd_);
+        fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) close(fd);
+        spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        continue;
+      }
       if (fd < 0) return;   // EAGAIN, or an error the next accept reports again
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -472,6 +483,7 @@ class Frontend {
   int listen_fd_;
   size_t max_message_;
   int epfd_ = -1, wakefd_ = -1;
+  int spare_fd_ = -1;   // held for accepting (and closing) a connection when out of descriptors
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::unique_ptr<nghttp2_session_callbacks, CallbacksDeleter> callbacks_{MakeCallbacks()};
