@@ -30,7 +30,6 @@ import concurrent.futures
 import gc
 import logging
 import math
-import os
 import re
 import signal
 import socket
