@@ -18,6 +18,7 @@ checkpoint root.
 import logging
 import math
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -333,8 +334,6 @@ class GrpcServer:
 
     def stop(self, grace_s=10.0):
         """Lets calls in flight finish (up to `grace_s`), then says GOAWAY and closes."""
-        import time
-
         deadline = time.monotonic() + grace_s
         while self._pending > 0 and time.monotonic() < deadline:
             time.sleep(0.01)
