@@ -278,3 +278,29 @@ def test_sigterm_with_calls_in_flight_answers_each_and_exits_0(tmp_path):
     finally:
         channel.close()
         server.stop()
+
+
+def test_messages_larger_than_http2_windows_arrive_whole_both_ways(tmp_path):
+    """A 2 MB request (over the server's 1 MiB stream window) and a ~400 KB answer (over a
+    client's initial 64 KiB one) are split into many DATA frames under flow control."""
+    from served import Server
+
+    model, _, server = serve_ctr(str(tmp_path))
+    server.stop()
+    big = Server(str(tmp_path), str(tmp_path / "export"), str(tmp_path / "ckpt"),
+                 extra=["--max_batch_size", "200000"])
+    try:
+        users, items = (np.tile(a, (12500, 1)) for a in probe_inputs())   # 100,000 rows
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name = "ctr"
+        req.inputs["users"].CopyFrom(tf.make_tensor_proto(users))
+        req.inputs["items"].CopyFrom(tf.make_tensor_proto(items))
+        assert req.ByteSize() > 2_000_000
+        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        with grpc.insecure_channel(f"127.0.0.1:{big.grpc_port}", options=options) as channel:
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=120)
+        got = tf.make_ndarray(answer.outputs["outputs"])
+        assert got.shape[0] == 100_000
+        np.testing.assert_allclose(got, np.tile(_want(model), (12500, 1)), rtol=1e-5, atol=1e-6)
+    finally:
+        big.stop()
