@@ -110,6 +110,7 @@ def _spec(request):
 
 
 _CODE = {c.name: c.value[0] for c in grpc.StatusCode}   # "INVALID_ARGUMENT" -> 3
+_CODE_NAME = {v: k for k, v in _CODE.items()}
 
 
 class _Methods:
@@ -258,43 +259,49 @@ class GrpcServer:
         self._handle, self.port = fe.start(host, port, app.max_request_bytes)
         self._app = app
         m = _Methods(app)
-        self._methods = {
-            b"/tensorflow.serving.PredictionService/Predict": (predict_pb2.PredictRequest, m.predict),
-            b"/tensorflow.serving.PredictionService/Classify": (classification_pb2.ClassificationRequest, m.classify),
-            b"/tensorflow.serving.PredictionService/Regress": (regression_pb2.RegressionRequest, m.regress),
-            b"/tensorflow.serving.PredictionService/GetModelMetadata": (
-                get_model_metadata_pb2.GetModelMetadataRequest, m.get_model_metadata),
-            b"/tensorflow.serving.ModelService/GetModelStatus": (
-                get_model_status_pb2.GetModelStatusRequest, m.get_model_status),
-        }
+        self._methods = {   # path -> (method name in metrics, request class, handler)
+            f"/tensorflow.serving.{service}/{name}".encode(): (name, cls, handler)
+            for service, name, cls, handler in (
+                ("PredictionService", "Predict", predict_pb2.PredictRequest, m.predict),
+                ("PredictionService", "Classify", classification_pb2.ClassificationRequest, m.classify),
+                ("PredictionService", "Regress", regression_pb2.RegressionRequest, m.regress),
+                ("PredictionService", "GetModelMetadata", get_model_metadata_pb2.GetModelMetadataRequest,
+                 m.get_model_metadata),
+                ("ModelService", "GetModelStatus", get_model_status_pb2.GetModelStatusRequest, m.get_model_status))}
+        self._counted = {}         # (method, status) -> its evstore_serving_grpc_calls child
+        self._calls = app.metrics.grpc_calls
         self._pending = 0          # calls taken, not yet answered
         self._pending_lock = threading.Lock()
         self._thread = threading.Thread(target=self._dispatch, name="grpc-dispatch", daemon=True)
         self._thread.start()
 
     # -- answers (any thread)
-    def _answer(self, cid, status, message="", body=b""):
+    def _answer(self, cid, method, status, message="", body=b""):
         self._fe.respond(self._handle, cid, status, message, body)
+        child = self._counted.get((method, status))
+        if child is None:
+            child = self._counted[(method, status)] = self._calls.labels(method, _CODE_NAME.get(status, str(status)))
+        child.inc()
         with self._pending_lock:
             self._pending -= 1
 
-    def _fail(self, cid, e):
+    def _fail(self, cid, method, e):
         if isinstance(e, ServingError):
-            self._answer(cid, _CODE[e.code], e.message)
+            self._answer(cid, method, _CODE[e.code], e.message)
         else:
             log.exception("gRPC call failed", exc_info=e)
-            self._answer(cid, _CODE["INTERNAL"], f"{type(e).__name__}: {e}")
+            self._answer(cid, method, _CODE["INTERNAL"], f"{type(e).__name__}: {e}")
 
-    def _finished(self, cid, finish, value, error):
+    def _finished(self, cid, method, finish, value, error):
         """The model call of `cid` is done (the batcher's thread): answer it."""
         try:
             if error is not None:
                 raise error
             body = finish(*value).SerializeToString()
         except Exception as e:  # noqa: BLE001 - answered with its status
-            self._fail(cid, e)
+            self._fail(cid, method, e)
             return
-        self._answer(cid, 0, "", body)
+        self._answer(cid, method, 0, "", body)
 
     # -- the dispatch thread
     def _dispatch(self):
@@ -308,29 +315,30 @@ class GrpcServer:
                 self._one(cid, path, message)
 
     def _one(self, cid, path, message):
-        method = self._methods.get(path)
-        if method is None:
-            self._answer(cid, _CODE["UNIMPLEMENTED"], f"Method not found: {path.decode('latin-1')}")
+        entry = self._methods.get(path)
+        if entry is None:
+            self._answer(cid, "unknown", _CODE["UNIMPLEMENTED"], f"Method not found: {path.decode('latin-1')}")
             return
-        cls, handler = method
+        method, cls, handler = entry
         try:
             request = cls.FromString(message)
         except DecodeError:
-            self._answer(cid, _CODE["INTERNAL"], "Failed to parse the request message")
+            self._answer(cid, method, _CODE["INTERNAL"], "Failed to parse the request message")
             return
         try:
             out = handler(request)
         except Exception as e:  # noqa: BLE001 - answered with its status
-            self._fail(cid, e)
+            self._fail(cid, method, e)
             return
         if isinstance(out, tuple):
             key, arrays, finish = out
             try:
-                self._app.call_model(key, arrays, lambda value, error: self._finished(cid, finish, value, error))
+                self._app.call_model(key, arrays,
+                                     lambda value, error: self._finished(cid, method, finish, value, error))
             except Exception as e:  # noqa: BLE001 - refused before it was queued
-                self._fail(cid, e)
+                self._fail(cid, method, e)
         else:
-            self._answer(cid, 0, "", out.SerializeToString())
+            self._answer(cid, method, 0, "", out.SerializeToString())
 
     def stop(self, grace_s=10.0):
         """Lets calls in flight finish (up to `grace_s`), then says GOAWAY and closes."""

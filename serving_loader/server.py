@@ -92,6 +92,8 @@ class ServingMetrics:
                                          buckets=_LATENCY_BUCKETS)
         self.request_errors = Counter("evstore_serving_request_errors", "Refused or failed requests by HTTP "
                                       "status", ["code"], registry=r)
+        self.grpc_calls = Counter("evstore_serving_grpc_calls", "gRPC calls answered, by method and status "
+                                  "code (OK included)", ["method", "code"], registry=r)
         self.batches = Counter("evstore_serving_batches", "Model calls of the predict batcher", registry=r)
         self.batched = Counter("evstore_serving_batched_requests", "Requests answered by the predict batcher "
                                "(batched_requests / batches = mean requests per model call)", registry=r)

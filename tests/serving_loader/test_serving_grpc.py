@@ -304,3 +304,22 @@ def test_messages_larger_than_http2_windows_arrive_whole_both_ways(tmp_path):
         np.testing.assert_allclose(got, np.tile(_want(model), (12500, 1)), rtol=1e-5, atol=1e-6)
     finally:
         big.stop()
+
+
+def test_grpc_calls_are_counted_by_method_and_code_in_metrics(job):
+    _, _, server, stub, channel = job
+    stub.Predict(_request(), timeout=60)
+    with pytest.raises(grpc.RpcError):
+        stub.Predict(_request(name="other"), timeout=60)
+    with pytest.raises(grpc.RpcError):
+        channel.unary_unary("/tensorflow.serving.PredictionService/NoSuchMethod")(b"", timeout=60)
+    status, text = server.call("GET", "/metrics")
+    assert status == 200
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("evstore_serving_grpc_calls_total{"):
+            labels, value = line[len("evstore_serving_grpc_calls_total"):].rsplit(" ", 1)
+            counts[labels] = float(value)
+    assert counts['{code="OK",method="Predict"}'] >= 1
+    assert counts['{code="NOT_FOUND",method="Predict"}'] >= 1
+    assert counts['{code="UNIMPLEMENTED",method="unknown"}'] >= 1
