@@ -9,6 +9,7 @@ NATIVE := $(VENV)/.native-stamp
 NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc serving_loader/native/*.cc)
 # The gRPC front end's HTTP/2 library (Debian's libnghttp2-dev), installed when its header is missing.
 NGHTTP2_H := /usr/include/nghttp2/nghttp2.h
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: all install test demo bench bench-peers clean
@@ -40,8 +41,7 @@ $(TESTDEPS): pyproject.toml | $(DEPS)
 # tree importable by tests and tools.
 $(NGHTTP2_H):
 	@echo "evstore: installing libnghttp2-dev (HTTP/2 for the gRPC front end of evstore serve) ..."
-	$(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q libnghttp2-dev || \
-		($(if $(filter 0,$(shell id -u)),,sudo) apt-get update -q && $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q libnghttp2-dev)
+	$(SUDO) apt-get install -y -q libnghttp2-dev || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libnghttp2-dev)
 
 $(NATIVE): $(DEPS) $(NATIVE_SRC) | $(NGHTTP2_H)
 	@echo "evstore: building the native op library and the gRPC front end (13 C++ files, in parallel; a few minutes the first time) ..."

@@ -96,55 +96,58 @@ def crc32c_stream(f):
         size += len(b)
 
 
+def _size_problem(where, size, want):
+    return f"{where}: size {size} bytes, manifest says {want} (truncated or overwritten)"
+
+
+def _crc_problem(where, crc, want):
+    return f"{where}: crc32c {crc:#010x}, manifest says {want:#010x} (corrupt)"
+
+
 def verify_files(storage, manifest, checksums=True):
     """Problems (strings naming the file) with a committed checkpoint's files; empty if sound."""
-    problems, present = [], []
+    def display(name):
+        return storage.display(manifest.dir, name)
+
+    if storage.local and checksums:   # one native call reads every file: sizes and crcs together
+        return verify_staged(storage.join(manifest.dir), manifest, display)
+    problems = []
     for name, want in sorted(manifest.files.items()):
-        where = storage.display(manifest.dir, name)
         try:
             size = storage.file_size(manifest.dir, name)
         except FileNotFoundError:
-            problems.append(f"{where}: missing")
+            problems.append(f"{display(name)}: missing")
             continue
         if size != want["size"]:
-            problems.append(f"{where}: size {size} bytes, manifest says {want['size']} (truncated or overwritten)")
-            continue
-        present.append(name)
-    if not checksums or not present:
-        return problems
-    if storage.local:   # read natively, every file in one op call: no copy through Python bytes
-        from evstore import ops
-        crcs = ops.ev_file_crc32c([storage.join(manifest.dir, n) for n in present])[0].numpy().tolist()
-    else:
-        crcs = []
-        for name in present:
+            problems.append(_size_problem(display(name), size, want["size"]))
+        elif checksums:
             with storage.open(manifest.dir, name) as f:
-                crcs.append(crc32c_stream(f)[0])
-    for name, crc in zip(present, crcs):
-        want = manifest.files[name]["crc32c"]
-        if crc != want:
-            problems.append(f"{storage.display(manifest.dir, name)}: crc32c {crc:#010x}, manifest says {want:#010x} "
-                            "(corrupt)")
-    return sorted(problems)
+                crc, _ = crc32c_stream(f)
+            if crc != want["crc32c"]:
+                problems.append(_crc_problem(display(name), crc, want["crc32c"]))
+    return problems
 
 
 def verify_staged(local_dir, manifest, display):
-    """Problems with the staged (local, private) copy of a checkpoint's files:
-    sizes and crc32c against the manifest. `display(name)` names a file in errors."""
+    """Problems with a local copy of a checkpoint's files (`local_dir`): sizes
+    and crc32c against the manifest, every file read in one op call.
+    `display(name)` names a file in errors."""
     from evstore import ops
-    problems, present = [], []
-    for name in sorted(manifest.files):
-        if os.path.exists(os.path.join(local_dir, name)):
-            present.append(name)
-        else:
-            problems.append(f"{display(name)}: missing")
+    names = sorted(manifest.files)
+    present = [n for n in names if os.path.exists(os.path.join(local_dir, n))]
+    found = {}
     if present:
         crcs, sizes = ops.ev_file_crc32c([os.path.join(local_dir, n) for n in present])
-        for name, crc, size in zip(present, crcs.numpy().tolist(), sizes.numpy().tolist()):
-            want = manifest.files[name]
-            if size != want["size"]:
-                problems.append(f"{display(name)}: size {size} bytes, manifest says {want['size']} "
-                                "(truncated or overwritten)")
-            elif crc != want["crc32c"]:
-                problems.append(f"{display(name)}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)")
-    return sorted(problems)
+        found = dict(zip(present, zip(crcs.numpy().tolist(), sizes.numpy().tolist())))
+    problems = []
+    for name in names:
+        want = manifest.files[name]
+        if name not in found:
+            problems.append(f"{display(name)}: missing")
+            continue
+        crc, size = found[name]
+        if size != want["size"]:
+            problems.append(_size_problem(display(name), size, want["size"]))
+        elif crc != want["crc32c"]:
+            problems.append(_crc_problem(display(name), crc, want["crc32c"]))
+    return problems

@@ -55,15 +55,26 @@ class BatchingOptions:
 
 
 class _Task:
-    # future: an asyncio future (loop given), a concurrent.futures.Future, or a callback(value, error)
-    __slots__ = ("inputs", "size", "enqueued", "future", "loop")
+    # done: an asyncio future of `loop` (resolved on that loop, one wake-up per
+    # batch), or, without a loop, a callback(value, error) run on the batch thread.
+    __slots__ = ("inputs", "size", "enqueued", "done", "loop")
 
-    def __init__(self, inputs, size, future, loop):
+    def __init__(self, inputs, size, done, loop):
         self.inputs = inputs
         self.size = size
         self.enqueued = time.monotonic()
-        self.future = future
+        self.done = done
         self.loop = loop
+
+
+def _future_setter(fut):
+    """A callback(value, error) that resolves concurrent.futures.Future `fut`."""
+    def done(value, error):
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
+    return done
 
 
 class Batcher:
@@ -102,11 +113,15 @@ class Batcher:
         if size > o.max_batch_size:
             raise ServingError("INVALID_ARGUMENT", f"Task size {size} is larger than maximum input batch size "
                                                    f"{o.max_batch_size}")
-        if callback is not None:
-            fut = callback
+        fut = None
+        if loop is not None:
+            done = fut = loop.create_future()
+        elif callback is not None:
+            done = callback
         else:
-            fut = loop.create_future() if loop is not None else concurrent.futures.Future()
-        task = _Task(inputs, size, fut, loop)
+            fut = concurrent.futures.Future()
+            done = _future_setter(fut)
+        task = _Task(inputs, size, done, loop)
         with self._cond:
             if self._stopped:
                 raise ServingError("UNAVAILABLE", "the server is shutting down")
@@ -116,7 +131,7 @@ class Batcher:
             self._queue.append(task)
             self._queued_rows += size
             self._cond.notify()
-        return None if callback is not None else fut
+        return fut
 
     def stop(self):
         with self._cond:
@@ -197,18 +212,13 @@ class Batcher:
 def _deliver(batch, results):
     by_loop = {}
     for task, (value, error) in zip(batch, results):
-        if callable(task.future):   # submit(callback=...)
+        if task.loop is None:
             try:
-                task.future(value, error)
+                task.done(value, error)
             except Exception:  # noqa: BLE001 - one caller's failure is not the batch's
                 log.exception("a batched call's callback failed")
-        elif task.loop is None:
-            if error is None:
-                task.future.set_result(value)
-            else:
-                task.future.set_exception(error)
         else:
-            by_loop.setdefault(task.loop, []).append((task.future, value, error))
+            by_loop.setdefault(task.loop, []).append((task.done, value, error))
     for loop, items in by_loop.items():
         try:
             loop.call_soon_threadsafe(_resolve, items)

@@ -178,8 +178,9 @@ class ServingApp:
         self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH"], admin.PATH, self._admin)
         self.http = HttpServer(self.router, max_request_bytes, on_response=self._count)
         self._loop = None
-        self._pool = None
-        self._pool_lock = threading.Lock()
+        # Model calls that skip the batcher (signatures other than the default, or batching off), for
+        # REST and gRPC alike; its threads start on first use.
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="model")
 
     # -- model calls (shared with gRPC)
     def _run(self, key, arrays):
@@ -193,6 +194,12 @@ class ServingApp:
     def _run_default(self, arrays):
         return self._run(self.servable.default_signature, arrays)
 
+    def close(self):
+        """Stops the batcher (after the batches queued) and the model-call pool."""
+        if self.batcher is not None:
+            self.batcher.stop()
+        self._pool.shutdown(wait=False)
+
     def call_model(self, key, arrays, done):
         """Calls signature `key` on `arrays` and then `done(value, error)` on
         the thread that ran it: value = (outputs, version), or error = the
@@ -202,10 +209,6 @@ class ServingApp:
         if self.batcher is not None and key == self.servable.default_signature:
             self.batcher.submit(arrays, callback=done)
             return
-        if self._pool is None:
-            with self._pool_lock:
-                if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="model")
 
         def run():
             try:
@@ -223,7 +226,7 @@ class ServingApp:
         loop = asyncio.get_running_loop()
         if self.batcher is not None and key == self.servable.default_signature:
             return self.batcher.submit(arrays, loop)
-        return loop.run_in_executor(None, self._run, key, arrays)
+        return loop.run_in_executor(self._pool, self._run, key, arrays)
 
     def warm_up(self):
         """Calls each predict signature once on a one-example batch of zeros
@@ -425,8 +428,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     finally:
         if rest_sock is not None:
             rest_sock.close()
-        if app.batcher is not None:
-            app.batcher.stop()
+        app.close()
 
 
 async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_every, out):

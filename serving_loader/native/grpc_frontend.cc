@@ -45,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -56,6 +57,13 @@ constexpr uint64_t kWakeTag = 1;
 constexpr int kResourceExhausted = 8;
 constexpr int kUnimplemented = 12;
 constexpr int kInternal = 13;
+
+// A header field; nghttp2 copies name and value when the frame is submitted.
+nghttp2_nv Nv(std::string_view name, std::string_view value) {
+  return {reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
+          reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(), value.size(),
+          NGHTTP2_NV_FLAG_NONE};
+}
 
 struct Call {
   uint64_t id;
@@ -78,6 +86,13 @@ struct Stream {
   std::string out;       // prefix + answer
   size_t out_pos = 0;
   std::string status, message;   // trailers
+
+  // grpc-status and grpc-message (when there is one), after `head` fields.
+  std::vector<nghttp2_nv> Trailers(std::vector<nghttp2_nv> head = {}) const {
+    head.push_back(Nv("grpc-status", status));
+    if (!message.empty()) head.push_back(Nv("grpc-message", message));
+    return head;
+  }
 };
 
 class Frontend;
@@ -107,12 +122,6 @@ std::string PercentEncode(const std::string& s) {   // gRPC's grpc-message encod
     }
   }
   return out;
-}
-
-nghttp2_nv Nv(const std::string& name, const std::string& value) {
-  return {reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
-          reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(), value.size(),
-          NGHTTP2_NV_FLAG_NONE};
 }
 
 class Frontend {
@@ -340,22 +349,19 @@ class Frontend {
     s->answered = true;
     s->status = std::to_string(status);
     s->message = message;
-    static const std::string kStatus = ":status", k200 = "200", kType = "content-type",
-                             kGrpc = "application/grpc", kGrpcStatus = "grpc-status", kGrpcMessage = "grpc-message";
     if (body != nullptr && status == 0) {
       uint32_t len = static_cast<uint32_t>(body->size());
       s->out.reserve(body->size() + 5);
       s->out.push_back('\0');
       for (int shift = 24; shift >= 0; shift -= 8) s->out.push_back(static_cast<char>((len >> shift) & 0xff));
       s->out.append(*body);
-      nghttp2_nv nva[] = {Nv(kStatus, k200), Nv(kType, kGrpc)};
+      nghttp2_nv nva[] = {Nv(":status", "200"), Nv("content-type", "application/grpc")};
       nghttp2_data_provider prd;
       prd.source.ptr = s;
       prd.read_callback = ReadBody;
       return nghttp2_submit_response(c->session, sid, nva, 2, &prd) == 0;
     }
-    std::vector<nghttp2_nv> nva = {Nv(kStatus, k200), Nv(kType, kGrpc), Nv(kGrpcStatus, s->status)};
-    if (!s->message.empty()) nva.push_back(Nv(kGrpcMessage, s->message));
+    const auto nva = s->Trailers({Nv(":status", "200"), Nv("content-type", "application/grpc")});   // trailers only
     return nghttp2_submit_response(c->session, sid, nva.data(), nva.size(), nullptr) == 0;
   }
 
@@ -367,9 +373,7 @@ class Frontend {
     s->out_pos += n;
     if (s->out_pos == s->out.size()) {
       *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
-      static const std::string kGrpcStatus = "grpc-status", kGrpcMessage = "grpc-message";
-      std::vector<nghttp2_nv> tr = {Nv(kGrpcStatus, s->status)};
-      if (!s->message.empty()) tr.push_back(Nv(kGrpcMessage, s->message));
+      const auto tr = s->Trailers();
       if (nghttp2_submit_trailer(session, sid, tr.data(), tr.size()) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE;
     }
     return static_cast<ssize_t>(n);
@@ -432,8 +436,7 @@ class Frontend {
     Stream* s = it->second.get();
     const std::string& d = s->data;
     if (s->method != "POST" || s->content_type.compare(0, 16, "application/grpc") != 0) {
-      static const std::string kStatus = ":status", k415 = "415";
-      nghttp2_nv nva[] = {Nv(kStatus, k415)};
+      nghttp2_nv nva[] = {Nv(":status", "415")};
       s->answered = true;
       nghttp2_submit_response(c->session, sid, nva, 1, nullptr);
       return;

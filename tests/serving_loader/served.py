@@ -110,11 +110,12 @@ class Server:
         return self.proc.returncode
 
 
-def serve_ctr(tmp):
+def serve_ctr(tmp, **server_kw):
     """The checkpoint tests' CTR model trained 3 steps, exported with TF
     Serving's classification and regression signatures, a full checkpoint,
-    and a server on them once it serves that full: (model, manager, server).
-    The caller stops the server."""
+    and a server on them (Server's `extra` / `max_body` from `server_kw`)
+    once it serves that full: (model, manager, server). The caller stops the
+    server."""
     import checkpoint
     import serving_loader
     from ckpt_model import make_model, train   # tests/checkpoint, registered by tests/conftest.py
@@ -125,7 +126,7 @@ def serve_ctr(tmp):
     serving_loader.export_serving_model(model, export, example_signatures=["classify", "regress"])
     mgr = checkpoint.CheckpointManager(os.path.join(tmp, "ckpt"), model)
     mgr.save_full()
-    server = Server(tmp, export, os.path.join(tmp, "ckpt"))
+    server = Server(tmp, export, os.path.join(tmp, "ckpt"), **server_kw)
     try:
         server.wait_version(mgr.last_committed.seq)
     except BaseException:

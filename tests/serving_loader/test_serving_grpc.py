@@ -241,11 +241,7 @@ def test_concurrent_calls_on_one_channel_each_get_their_own_answer(job):
 
 
 def test_a_request_over_the_size_cap_is_resource_exhausted(tmp_path):
-    from served import Server
-
-    _, _, server = serve_ctr(str(tmp_path))
-    server.stop()
-    small = Server(str(tmp_path), str(tmp_path / "export"), str(tmp_path / "ckpt"), max_body=2048)
+    _, _, small = serve_ctr(str(tmp_path), max_body=2048)
     try:
         with small.channel() as channel:
             req = _request()
@@ -283,12 +279,7 @@ def test_sigterm_with_calls_in_flight_answers_each_and_exits_0(tmp_path):
 def test_messages_larger_than_http2_windows_arrive_whole_both_ways(tmp_path):
     """A 2 MB request (over the server's 1 MiB stream window) and a ~400 KB answer (over a
     client's initial 64 KiB one) are split into many DATA frames under flow control."""
-    from served import Server
-
-    model, _, server = serve_ctr(str(tmp_path))
-    server.stop()
-    big = Server(str(tmp_path), str(tmp_path / "export"), str(tmp_path / "ckpt"),
-                 extra=["--max_batch_size", "200000"])
+    model, _, big = serve_ctr(str(tmp_path), extra=["--max_batch_size", "200000"])
     try:
         users, items = (np.tile(a, (12500, 1)) for a in probe_inputs())   # 100,000 rows
         req = predict_pb2.PredictRequest()

@@ -6,6 +6,10 @@
 // byte table. TensorFlow's pip build ran its portable version at ~0.4 GB/s,
 // the largest CPU cost of a checkpoint save (BENCHMARKS.md, Checkpoints).
 #pragma once
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -63,6 +67,38 @@ inline uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
   if (crc32c_internal::HaveSse42()) return ~crc32c_internal::Hardware(c, p, n);
 #endif
   return ~crc32c_internal::Software(c, p, n);
+}
+
+// crc32c and size of the whole file at `path`, read through the caller's
+// buffer of n bytes (not cleared: callers checking many files allocate it
+// once). err is 0, or the errno of the failed open (opened false) or read.
+struct FileCrc32c {
+  uint32_t crc = 0;
+  int64_t size = 0;
+  int err = 0;
+  bool opened = false;
+};
+
+inline FileCrc32c Crc32cOfFile(const char* path, char* buf, size_t n) {
+  FileCrc32c f;
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    f.err = errno;
+    return f;
+  }
+  f.opened = true;
+  ssize_t r;
+  while ((r = ::read(fd, buf, n)) != 0) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      f.err = errno;
+      break;
+    }
+    f.crc = Crc32cExtend(f.crc, buf, static_cast<size_t>(r));
+    f.size += r;
+  }
+  ::close(fd);
+  return f;
 }
 
 }  // namespace evstore

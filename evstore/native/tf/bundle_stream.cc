@@ -324,19 +324,13 @@ std::vector<BundleFile> BundleStreamWriter::Finish() {
   created_.push_back(index);
   // Index file size and crc, for the caller's manifest.
   {
-    int fd = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw IoError("cannot reopen", index);
     std::vector<char> buf(1 << 16);
-    uint32_t crc = 0;
-    int64_t size = 0;
-    ssize_t r;
-    while ((r = ::read(fd, buf.data(), buf.size())) > 0) {
-      crc = Crc32cExtend(crc, buf.data(), r);
-      size += r;
+    const FileCrc32c f = Crc32cOfFile(index.c_str(), buf.data(), buf.size());
+    if (f.err != 0) {
+      errno = f.err;   // IoError names errno; close() may have changed it
+      throw IoError(f.opened ? "cannot read" : "cannot reopen", index);
     }
-    ::close(fd);
-    if (r < 0) throw IoError("cannot read", index);
-    files.push_back({index.substr(index.rfind('/') + 1), size, crc});
+    files.push_back({index.substr(index.rfind('/') + 1), f.size, f.crc});
   }
   FsyncDir(Dirname(prefix_));
   finished_ = true;

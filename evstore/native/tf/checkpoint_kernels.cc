@@ -487,22 +487,11 @@ class EvFileCrc32cOp : public OpKernel {
     std::unique_ptr<char[]> buf(new char[kChunk]);
     for (int64_t i = 0; i < paths.size(); ++i) {
       const std::string path(paths(i));
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      OP_REQUIRES(ctx, fd >= 0, errors::NotFound("cannot open '", path, "': ", std::strerror(errno)));
-      uint32_t crc = 0;
-      int64_t size = 0;
-      ssize_t r;
-      while ((r = ::read(fd, buf.get(), kChunk)) != 0) {
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) break;
-        crc = Crc32cExtend(crc, buf.get(), r);
-        size += r;
-      }
-      const int err = r < 0 ? errno : 0;
-      ::close(fd);
-      OP_REQUIRES(ctx, err == 0, errors::DataLoss("cannot read '", path, "': ", std::strerror(err)));
-      crcs(i) = crc;
-      sizes(i) = size;
+      const FileCrc32c f = Crc32cOfFile(path.c_str(), buf.get(), kChunk);
+      OP_REQUIRES(ctx, f.opened, errors::NotFound("cannot open '", path, "': ", std::strerror(f.err)));
+      OP_REQUIRES(ctx, f.err == 0, errors::DataLoss("cannot read '", path, "': ", std::strerror(f.err)));
+      crcs(i) = f.crc;
+      sizes(i) = f.size;
     }
   }
 };
