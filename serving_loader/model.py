@@ -59,6 +59,13 @@ __all__ = ["ServingModel", "NothingToServeError", "RollbackError"]
 
 log = logging.getLogger("evstore.serving")
 
+# Scans of one poll when the writer's retention keeps withdrawing what it stages.
+_WITHDRAWN_RETRIES = 3
+
+
+class _Withdrawn(Exception):
+    """A checkpoint stopped being committed while it was staged."""
+
 
 def _read_signature_defs(export_dir):
     """{signature key: SignatureDef proto} of the export's (only) meta graph, as
@@ -294,16 +301,37 @@ class ServingModel:
         if self.storage is None:
             return self.version
         with self._poll_lock:
-            sc = scan(self.storage)
-            if not sc.manifests:
-                return self.version
-            self.newest_committed = max(sc.manifests)
-            if self.pinned:
-                return self.version
-            if self.version is not None and self._served_is_committed(sc):
-                self._follow_chain(sc)
-            self._maybe_reload(sc)
+            # A checkpoint the writer's retention withdraws while this server
+            # stages it is not a failure: scan again and serve what is committed.
+            for _ in range(_WITHDRAWN_RETRIES):
+                sc = scan(self.storage)
+                if not sc.manifests:
+                    return self.version
+                self.newest_committed = max(sc.manifests)
+                if self.pinned:
+                    return self.version
+                try:
+                    if self.version is not None and self._served_is_committed(sc):
+                        self._follow_chain(sc)
+                    self._maybe_reload(sc)
+                except _Withdrawn as e:
+                    log.info("%s was withdrawn while this server staged it (retention of its writer); "
+                             "scanning again", e)
+                    continue
+                break
             return self.version
+
+    def _still_committed(self, ms, error):
+        """After staging `ms` failed with `error`: raises _Withdrawn when one
+        of them is no longer committed (its manifest is gone: a writer removes
+        the manifest before the files), else returns and the error counts."""
+        for m in ms:
+            try:
+                committed = self.storage.has_manifest(m.dir, cached=False)
+            except OSError:
+                return   # cannot tell: the staging error stands
+            if not committed:
+                raise _Withdrawn(m.dir) from error
 
     def _served_is_committed(self, sc):
         m = sc.manifests.get(self.version)
@@ -323,6 +351,7 @@ class ServingModel:
             try:
                 staged = self._stage(m)
             except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+                self._still_committed([m], e)
                 self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
                 return
             self._lock.acquire_write()
@@ -352,6 +381,7 @@ class ServingModel:
         try:
             self._load_chain(chain)
         except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+            self._still_committed(chain, e)
             self._refuse(chain[-1], f"cannot reload from {chain[0].dir}: {e}", retry=isinstance(e, OSError))
             return
         for m in chain:   # every checkpoint this reload newly serves counts as applied

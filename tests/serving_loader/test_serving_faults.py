@@ -127,6 +127,60 @@ def test_lost_acknowledgement_never_reuses_a_sequence_and_the_server_converges(t
     assert not np.array_equal(out, first)
 
 
+class RetentionRaceFileSystem(LocalFileSystem):
+    """Local disk under its own protocol (a remote store to evstore). Armed
+    with a checkpoint directory, the server's first read of one of its data
+    files first runs `before_read`: the writer saving a full whose retention
+    deletes that checkpoint, between the server's scan and its staging."""
+
+    protocol = ("racy",)
+    root_marker = "/"
+    target = None
+    before_read = None
+
+    def _open(self, path, mode="rb", **kwargs):
+        cls = type(self)
+        if cls.target and "r" in mode and f"/{cls.target}/" in str(path) and not str(path).endswith("MANIFEST.json"):
+            cls.target, hook = None, cls.before_read
+            hook()
+        return super()._open(path, mode=mode, **kwargs)
+
+
+register_implementation("racy", RetentionRaceFileSystem, clobber=True)
+
+
+# The server is staging a delta of the chain it serves, or reloading a new chain,
+# when the writer's next full (keep_chains=1) deletes it.
+@pytest.mark.parametrize("staging", ["delta", "chain"])
+def test_a_checkpoint_retention_deletes_while_it_is_staged_is_not_a_failure(tmp_path, staging):
+    # Reported: `make demo` with --keep-chains 1 counted "cannot apply delta-...: No such file or directory".
+    model = make_model()
+    train(model, 0, 3)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    mgr = checkpoint.CheckpointManager(f"racy://{tmp_path}/ckpt", model, keep_chains=1)
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    train(model, 3, 5)
+    staged = mgr.save_delta() if staging == "delta" else mgr.save_full()
+    RetentionRaceFileSystem.target = mgr.chain()[-1].dir
+
+    def next_full():
+        train(model, 5, 7)
+        return mgr.save_full()
+
+    newest = []
+    RetentionRaceFileSystem.before_read = lambda: newest.append(next_full())
+    try:
+        version = sm.poll()
+    finally:
+        RetentionRaceFileSystem.target = RetentionRaceFileSystem.before_read = None
+    assert newest and staged not in [m.seq for m in mgr.chain()]   # the race happened
+    assert sm.failures == 0 and sm.last_error is None
+    assert version == newest[0]                                     # the same poll serves what is committed
+    _assert_serves(sm, model)
+
+
 def _extreme_batch(i, key_dtype_min=True):
     """A batch whose ids include the two smallest keys of each EV's dtype (int64 users, int32 items)."""
     users = np.array([[np.iinfo(np.int64).min, np.iinfo(np.int64).min + 1]] * 8 + [[5 + i, 6]] * 8, np.int64)
