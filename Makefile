@@ -30,9 +30,10 @@ $(DEPS): pyproject.toml | $(BIN)/python
 	touch $@
 
 # What only the tests need (pyproject's [test] extra): kept out of the first
-# `make demo`; the S3 test runs moto's standalone server.
+# `make demo`; the S3 test runs moto's standalone server; h2 speaks raw HTTP/2
+# to the gRPC port for what a gRPC client never sends.
 $(TESTDEPS): pyproject.toml | $(DEPS)
-	$(BIN)/pip install -q --disable-pip-version-check pytest "import-linter>=2.1" s3fs "moto[server]"
+	$(BIN)/pip install -q --disable-pip-version-check pytest "import-linter>=2.1" s3fs "moto[server]" h2
 	touch $@
 
 # The op library builds against the venv's TensorFlow (tf.sysconfig flags),

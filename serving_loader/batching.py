@@ -11,7 +11,9 @@ are split back along dimension 0 into each task's rows. A task larger than
 `max_batch_size` is refused (INVALID_ARGUMENT, as TF Serving does without
 large-batch splitting); past `max_enqueued_batches` full batches of queued
 rows a task is refused with UNAVAILABLE. `num_batch_threads` threads run
-batches (TF Serving's option of the same name).
+batches (TF Serving's option of the same name). A task may carry a deadline
+(a gRPC call's grpc-timeout): one still queued when its batch is formed after
+that deadline is not run, and fails with DEADLINE_EXCEEDED.
 
 If a batch of several tasks fails as a whole with an error about its inputs,
 each task is run alone, so one bad request cannot fail its neighbours.
@@ -26,7 +28,7 @@ import numpy as np
 
 from serving_loader.tfs import ServingError
 
-__all__ = ["Batcher", "BatchingOptions"]
+__all__ = ["Batcher", "BatchingOptions", "deadline_exceeded"]
 
 log = logging.getLogger("evstore.serving")
 
@@ -54,17 +56,24 @@ class BatchingOptions:
         self.num_batch_threads = num_batch_threads
 
 
+def deadline_exceeded():
+    """The error of a call whose deadline passed before it ran (gRPC's words)."""
+    return ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded")
+
+
 class _Task:
     # done: an asyncio future of `loop` (resolved on that loop, one wake-up per
     # batch), or, without a loop, a callback(value, error) run on the batch thread.
-    __slots__ = ("inputs", "size", "enqueued", "done", "loop")
+    # deadline: time.monotonic() after which the task is not run (None: never).
+    __slots__ = ("inputs", "size", "enqueued", "done", "loop", "deadline")
 
-    def __init__(self, inputs, size, done, loop):
+    def __init__(self, inputs, size, done, loop, deadline=None):
         self.inputs = inputs
         self.size = size
         self.enqueued = time.monotonic()
         self.done = done
         self.loop = loop
+        self.deadline = deadline
 
 
 def _future_setter(fut):
@@ -81,12 +90,14 @@ class Batcher:
     """Batches calls of `run(inputs) -> (outputs, version)` (inputs and
     outputs {name: ndarray}, batch on dimension 0).
 
-    `submit(inputs, loop=None, callback=None)` returns a future of (outputs,
-    version) for this task's rows: an asyncio future of `loop` when given
-    (resolved on that loop, one wake-up per batch), else a
+    `submit(inputs, loop=None, callback=None, deadline=None)` returns a
+    future of (outputs, version) for this task's rows: an asyncio future of
+    `loop` when given (resolved on that loop, one wake-up per batch), else a
     concurrent.futures.Future; with `callback`, nothing: `callback(value,
-    error)` is called on the batch thread instead (no future, no lock).
-    Counters: `batches`, `tasks` (for metrics and tests).
+    error)` is called on the batch thread instead (no future, no lock). A task
+    whose `deadline` (time.monotonic()) has passed when its batch is formed
+    is not run: it fails with deadline_exceeded().
+    Counters: `batches`, `tasks` (run), `expired` (for metrics and tests).
     """
 
     def __init__(self, run, options=None):
@@ -98,12 +109,13 @@ class Batcher:
         self._stopped = False
         self.batches = 0
         self.tasks = 0
+        self.expired = 0
         self._threads = [threading.Thread(target=self._loop, name=f"batch-{i}", daemon=True)
                          for i in range(self.options.num_batch_threads)]
         for t in self._threads:
             t.start()
 
-    def submit(self, inputs, loop=None, callback=None):
+    def submit(self, inputs, loop=None, callback=None, deadline=None):
         sizes = {a.shape[0] if a.ndim else None for a in inputs.values()}
         if len(sizes) != 1 or None in sizes:
             raise ServingError("INVALID_ARGUMENT", "Batching session Run() input tensors must have equal "
@@ -121,7 +133,7 @@ class Batcher:
         else:
             fut = concurrent.futures.Future()
             done = _future_setter(fut)
-        task = _Task(inputs, size, done, loop)
+        task = _Task(inputs, size, done, loop, deadline)
         with self._cond:
             if self._stopped:
                 raise ServingError("UNAVAILABLE", "the server is shutting down")
@@ -168,6 +180,14 @@ class Batcher:
             batch = self._next_batch()
             if batch is None:
                 return
+            now = time.monotonic()
+            expired = [t for t in batch if t.deadline is not None and t.deadline <= now]
+            if expired:   # their callers have given up: answer them, run the rest
+                self.expired += len(expired)
+                _deliver(expired, [(None, deadline_exceeded()) for _ in expired])
+                batch = [t for t in batch if t.deadline is None or t.deadline > now]
+                if not batch:
+                    continue
             results = self._run_batch(batch)
             self.batches += 1
             self.tasks += len(batch)

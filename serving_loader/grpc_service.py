@@ -19,6 +19,7 @@ import logging
 import math
 import threading
 import time
+import zlib
 
 import grpc
 import numpy as np
@@ -27,6 +28,7 @@ from google.protobuf.message import DecodeError
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
                                      predict_pb2, regression_pb2)
 
+from serving_loader.batching import deadline_exceeded
 from serving_loader.tfs import CLASSIFY_METHOD, REGRESS_METHOD, ServingError, examples_with_context, invalid
 
 __all__ = ["start_grpc", "GrpcServer", "tensor_to_array", "array_to_tensor"]
@@ -311,15 +313,42 @@ class GrpcServer:
                 return
             with self._pending_lock:
                 self._pending += len(calls)
-            for cid, path, message in calls:
-                self._one(cid, path, message)
+            for cid, path, message, encoding, left in calls:
+                self._one(cid, path, message, encoding, left)
 
-    def _one(self, cid, path, message):
+    def _inflate(self, message, encoding):
+        """A compressed request message (gzip or deflate, as gRPC clients
+        compress), held to the same size cap as an uncompressed one."""
+        d = zlib.decompressobj(31 if encoding == "gzip" else 15)   # gzip header, or zlib's (gRPC's "deflate")
+        cap = self._app.max_request_bytes
+        out = d.decompress(message, cap + 1)
+        if len(out) > cap:
+            raise ServingError("RESOURCE_EXHAUSTED", f"Received message larger than max (over {cap} bytes once "
+                                                     "decompressed; --max_request_bytes)")
+        if not d.eof:
+            raise zlib.error("truncated")
+        return out
+
+    def _one(self, cid, path, message, encoding=None, left=None):
+        """Call `cid`: `encoding` of a compressed message, `left` seconds
+        before its grpc-timeout deadline (None: no deadline)."""
         entry = self._methods.get(path)
         if entry is None:
             self._answer(cid, "unknown", _CODE["UNIMPLEMENTED"], f"Method not found: {path.decode('latin-1')}")
             return
         method, cls, handler = entry
+        if left is not None and left <= 0:   # the client has given up: no work for it
+            self._fail(cid, method, deadline_exceeded())
+            return
+        if encoding is not None:
+            try:
+                message = self._inflate(message, encoding)
+            except ServingError as e:
+                self._fail(cid, method, e)
+                return
+            except zlib.error:
+                self._answer(cid, method, _CODE["INTERNAL"], f"Failed to decompress the {encoding} request message")
+                return
         try:
             request = cls.FromString(message)
         except DecodeError:
@@ -334,7 +363,8 @@ class GrpcServer:
             key, arrays, finish = out
             try:
                 self._app.call_model(key, arrays,
-                                     lambda value, error: self._finished(cid, method, finish, value, error))
+                                     lambda value, error: self._finished(cid, method, finish, value, error),
+                                     deadline=None if left is None else time.monotonic() + left)
             except Exception as e:  # noqa: BLE001 - refused before it was queued
                 self._fail(cid, method, e)
         else:

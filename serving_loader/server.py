@@ -42,7 +42,7 @@ import numpy as np
 import uvloop
 
 from serving_loader import admin
-from serving_loader.batching import Batcher, BatchingOptions
+from serving_loader.batching import Batcher, BatchingOptions, deadline_exceeded
 from serving_loader.httpserver import HttpServer, Response, Router, error_response, json_response
 from serving_loader.tfs import (CLASSIFY_METHOD, REGRESS_METHOD, Servable, ServingError, format_classify_json,
                                 format_predict_json, format_regress_json, parse_examples_json, parse_predict_json)
@@ -200,18 +200,22 @@ class ServingApp:
             self.batcher.stop()
         self._pool.shutdown(wait=False)
 
-    def call_model(self, key, arrays, done):
+    def call_model(self, key, arrays, done, deadline=None):
         """Calls signature `key` on `arrays` and then `done(value, error)` on
         the thread that ran it: value = (outputs, version), or error = the
         exception. The default signature goes through the batcher, others run
-        on a small thread pool. Raises ServingError when the batcher refuses
-        the task (never calls `done` then)."""
+        on a small thread pool. A call still waiting at `deadline`
+        (time.monotonic(); None: none) is not run: its error is
+        DEADLINE_EXCEEDED. Raises ServingError when the batcher refuses the
+        task (never calls `done` then)."""
         if self.batcher is not None and key == self.servable.default_signature:
-            self.batcher.submit(arrays, callback=done)
+            self.batcher.submit(arrays, callback=done, deadline=deadline)
             return
 
         def run():
             try:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise deadline_exceeded()
                 value = self._run(key, arrays)
             except Exception as e:  # noqa: BLE001 - handed to done
                 done(None, e)

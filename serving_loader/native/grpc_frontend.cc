@@ -4,7 +4,10 @@
 // through nghttp2 (Debian's libnghttp2: framing, HPACK, flow control, PING,
 // SETTINGS) and gRPC's message framing (a 1-byte compressed flag and a 4-byte
 // big-endian length before each message, the status in trailers). A request
-// whose stream has ended becomes a Call {id, :path, message bytes} in a queue;
+// whose stream has ended becomes a Call {id, :path, message bytes, encoding} in
+// a queue (a compressed message, grpc-encoding gzip or deflate, is passed on as
+// it came: Python inflates it, bounded by the same size cap; a grpc-timeout
+// becomes the seconds left when Python takes the call);
 // Python takes whole batches of Calls with next() (the GIL is released while it
 // waits) and answers each with respond(id, status, message, body) from any
 // thread, which queues a Reply and wakes the network thread through an eventfd.
@@ -69,7 +72,38 @@ struct Call {
   uint64_t id;
   std::string path;
   std::string message;
+  std::string encoding;   // "gzip" or "deflate" for a compressed message, else empty
+  bool has_deadline = false;
+  std::chrono::steady_clock::time_point deadline;   // from grpc-timeout, when has_deadline
 };
+
+// gRPC's Timeout header: 1 to 8 ASCII digits and a unit (H M S m u n).
+// False (no deadline) for anything else, as a malformed header is ignored.
+bool ParseTimeout(std::string_view v, std::chrono::nanoseconds* out) {
+  if (v.size() < 2 || v.size() > 9) return false;
+  int64_t n = 0;
+  for (char ch : v.substr(0, v.size() - 1)) {
+    if (ch < '0' || ch > '9') return false;
+    n = n * 10 + (ch - '0');
+  }
+  int64_t unit_ns;
+  switch (v.back()) {
+    case 'H': unit_ns = 3600LL * 1000000000LL; break;
+    case 'M': unit_ns = 60LL * 1000000000LL; break;
+    case 'S': unit_ns = 1000000000LL; break;
+    case 'm': unit_ns = 1000000LL; break;
+    case 'u': unit_ns = 1000LL; break;
+    case 'n': unit_ns = 1LL; break;
+    default: return false;
+  }
+  constexpr int64_t kMaxNs = 100LL * 365 * 24 * 3600 * 1000000000LL;   // 99,999,999 H overflows int64 ns
+  *out = std::chrono::nanoseconds(n > kMaxNs / unit_ns ? kMaxNs : n * unit_ns);
+  return true;
+}
+
+// Request encodings this server reads (compressed messages are inflated in
+// Python); every response advertises them, as gRPC's compression spec asks.
+constexpr std::string_view kAcceptEncoding = "identity,deflate,gzip";
 
 struct Reply {
   uint64_t id;
@@ -79,7 +113,9 @@ struct Reply {
 };
 
 struct Stream {
-  std::string path, method, content_type;
+  std::string path, method, content_type, encoding;
+  bool has_deadline = false;
+  std::chrono::steady_clock::time_point deadline;
   std::string data;      // received bytes, gRPC prefix included
   bool too_large = false;
   bool answered = false;
@@ -355,13 +391,15 @@ class Frontend {
       s->out.push_back('\0');
       for (int shift = 24; shift >= 0; shift -= 8) s->out.push_back(static_cast<char>((len >> shift) & 0xff));
       s->out.append(*body);
-      nghttp2_nv nva[] = {Nv(":status", "200"), Nv("content-type", "application/grpc")};
+      nghttp2_nv nva[] = {Nv(":status", "200"), Nv("content-type", "application/grpc"),
+                          Nv("grpc-accept-encoding", kAcceptEncoding)};
       nghttp2_data_provider prd;
       prd.source.ptr = s;
       prd.read_callback = ReadBody;
-      return nghttp2_submit_response(c->session, sid, nva, 2, &prd) == 0;
+      return nghttp2_submit_response(c->session, sid, nva, 3, &prd) == 0;
     }
-    const auto nva = s->Trailers({Nv(":status", "200"), Nv("content-type", "application/grpc")});   // trailers only
+    const auto nva = s->Trailers({Nv(":status", "200"), Nv("content-type", "application/grpc"),   // trailers only
+                                  Nv("grpc-accept-encoding", kAcceptEncoding)});
     return nghttp2_submit_response(c->session, sid, nva.data(), nva.size(), nullptr) == 0;
   }
 
@@ -397,6 +435,14 @@ class Frontend {
     if (n == ":path") it->second->path = std::move(v);
     else if (n == ":method") it->second->method = std::move(v);
     else if (n == "content-type") it->second->content_type = std::move(v);
+    else if (n == "grpc-encoding") it->second->encoding = std::move(v);
+    else if (n == "grpc-timeout") {
+      std::chrono::nanoseconds t;
+      if (ParseTimeout(v, &t)) {
+        it->second->has_deadline = true;
+        it->second->deadline = std::chrono::steady_clock::now() + t;
+      }
+    }
     return 0;
   }
 
@@ -455,11 +501,23 @@ class Frontend {
       Answer(c, sid, kInternal, PercentEncode("the request is not one length-prefixed gRPC message"), nullptr);
       return;
     }
-    if (d[0] != 0) {
-      Answer(c, sid, kUnimplemented, PercentEncode("compressed request messages are not supported"), nullptr);
-      return;
+    std::string encoding;
+    if (d[0] != 0) {   // gRPC's compression spec: an encoding the server lacks is UNIMPLEMENTED
+      if (s->encoding.empty() || s->encoding == "identity") {
+        Answer(c, sid, kInternal, PercentEncode("a compressed message without a grpc-encoding"), nullptr);
+        return;
+      }
+      if (s->encoding != "gzip" && s->encoding != "deflate") {
+        Answer(c, sid, kUnimplemented,
+               PercentEncode("Compression algorithm '" + s->encoding + "' is not supported (this server reads " +
+                             std::string(kAcceptEncoding) + ")"),
+               nullptr);
+        return;
+      }
+      encoding = s->encoding;
     }
-    Call call{(c->serial << 32) | static_cast<uint32_t>(sid), s->path, d.substr(5)};
+    Call call{(c->serial << 32) | static_cast<uint32_t>(sid), s->path, d.substr(5), std::move(encoding),
+              s->has_deadline, s->deadline};
     s->data.clear();
     s->data.shrink_to_fit();
     {
@@ -567,10 +625,22 @@ PyObject* Next(PyObject*, PyObject* args) {
   if (!open) Py_RETURN_NONE;
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(calls.size()));
   if (list == nullptr) return nullptr;
+  const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < calls.size(); ++i) {
-    PyObject* t = Py_BuildValue("(Ky#y#)", static_cast<unsigned long long>(calls[i].id), calls[i].path.data(),
-                                static_cast<Py_ssize_t>(calls[i].path.size()), calls[i].message.data(),
-                                static_cast<Py_ssize_t>(calls[i].message.size()));
+    const Call& call = calls[i];
+    PyObject* encoding = call.encoding.empty() ? Py_NewRef(Py_None) : PyUnicode_FromString(call.encoding.c_str());
+    PyObject* left = call.has_deadline
+                         ? PyFloat_FromDouble(std::chrono::duration<double>(call.deadline - now).count())
+                         : Py_NewRef(Py_None);
+    if (encoding == nullptr || left == nullptr) {
+      Py_XDECREF(encoding);
+      Py_XDECREF(left);
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyObject* t = Py_BuildValue("(Ky#y#NN)", static_cast<unsigned long long>(call.id), call.path.data(),
+                                static_cast<Py_ssize_t>(call.path.size()), call.message.data(),
+                                static_cast<Py_ssize_t>(call.message.size()), encoding, left);
     if (t == nullptr) {
       Py_DECREF(list);
       return nullptr;
@@ -614,7 +684,8 @@ PyMethodDef kMethods[] = {
     {"start", Start, METH_VARARGS,
      "start(host, port, max_message) -> (handle, bound port): listens and starts the network thread."},
     {"next", Next, METH_VARARGS,
-     "next(handle, max_n, timeout_s) -> [(call id, path, message)], [] on timeout, None once stopped."},
+     "next(handle, max_n, timeout_s) -> [(call id, path, message, encoding: 'gzip' | 'deflate' | None, seconds "
+     "left before the call's grpc-timeout deadline or None)], [] on timeout, None once stopped."},
     {"respond", Respond, METH_VARARGS,
      "respond(handle, call id, grpc status, message, body): answers a call (body: the serialized answer; "
      "b'' with a non-zero status). Any thread."},

@@ -98,6 +98,44 @@ class Server:
 
         return grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
 
+    def h2_call(self, path, message, headers=(), flag=0):
+        """One gRPC call spoken in raw HTTP/2 (the `h2` library), for what a
+        gRPC client never sends (another encoding, an expired grpc-timeout):
+        `message` framed with compressed-flag `flag`, `headers` after gRPC's
+        own. Returns ({response header: value}, {trailer: value}, body bytes)."""
+        import h2.config
+        import h2.connection
+        import h2.events
+
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        conn.initiate_connection()
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1"),
+                                (":path", path), ("content-type", "application/grpc"), ("te", "trailers"),
+                                *headers])
+        conn.send_data(sid, bytes([flag]) + len(message).to_bytes(4, "big") + message, end_stream=True)
+        response, trailers, body = {}, {}, b""
+        with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=60) as sock:
+            sock.sendall(conn.data_to_send())
+            done = False
+            while not done:
+                data = sock.recv(65536)
+                assert data, "the server closed the connection before the call ended"
+                for ev in conn.receive_data(data):
+                    if isinstance(ev, h2.events.ResponseReceived):
+                        response = dict(ev.headers)
+                    elif isinstance(ev, h2.events.TrailersReceived):
+                        trailers = dict(ev.headers)
+                    elif isinstance(ev, h2.events.DataReceived):
+                        body += ev.data
+                        conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    elif isinstance(ev, h2.events.StreamEnded):
+                        done = True
+                sock.sendall(conn.data_to_send())
+        if not trailers and "grpc-status" in response:   # a trailers-only answer
+            trailers = response
+        return response, trailers, body
+
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

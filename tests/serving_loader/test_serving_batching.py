@@ -82,6 +82,24 @@ def test_inputs_of_unequal_batch_size_are_refused():
         b.stop()
 
 
+def test_a_task_whose_deadline_passed_before_its_batch_ran_is_not_run():
+    import time
+
+    model = Model()
+    # A batch closes when full (2 rows) or after 10 s: the two tasks below share one.
+    b = Batcher(model, BatchingOptions(max_batch_size=2, batch_timeout_micros=10_000_000))
+    try:
+        late = b.submit({"x": np.full((1, 3), 7)}, deadline=time.monotonic() - 1)
+        live = b.submit({"x": np.full((1, 3), 5)}, deadline=time.monotonic() + 3600)
+        with pytest.raises(ServingError) as e:
+            late.result(timeout=60)
+        assert e.value.code == "DEADLINE_EXCEEDED"
+        assert (live.result(timeout=60)[0]["y"] == 10).all()
+    finally:
+        b.stop()
+    assert model.calls == [1] and b.expired == 1 and b.tasks == 1   # only the live task reached the model
+
+
 def test_a_failing_request_does_not_fail_its_batch_neighbours():
     def run(inputs):
         if (inputs["x"] < 0).any():

@@ -255,6 +255,62 @@ def test_a_request_over_the_size_cap_is_resource_exhausted(tmp_path):
         small.stop()
 
 
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate], ids=["gzip", "deflate"])
+def test_a_compressed_request_is_inflated_and_answered(job, compression):
+    model, _, server, _, _ = job
+    users, items = (np.tile(a, (100, 1)) for a in probe_inputs())   # repetitive: the client does compress it
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = "ctr"
+    req.inputs["users"].CopyFrom(tf.make_tensor_proto(users))
+    req.inputs["items"].CopyFrom(tf.make_tensor_proto(items))
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", compression=compression) as channel:
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(req, timeout=60)
+    np.testing.assert_allclose(tf.make_ndarray(answer.outputs["outputs"]), np.tile(_want(model), (100, 1)),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_compressed_request_over_the_size_cap_once_inflated_is_resource_exhausted(tmp_path):
+    _, _, small = serve_ctr(str(tmp_path), max_body=2048)
+    try:
+        req = _request()
+        req.inputs["pad"].CopyFrom(tf.make_tensor_proto(np.zeros(4096, np.float32)))   # 16 KB, ~100 B gzipped
+        with grpc.insecure_channel(f"127.0.0.1:{small.grpc_port}", compression=grpc.Compression.Gzip) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Predict(req, timeout=60)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "decompressed" in e.value.details()
+            assert "outputs" in stub.Predict(_request(), timeout=60).outputs
+    finally:
+        small.stop()
+
+
+def test_a_request_compressed_with_an_encoding_the_server_lacks_is_unimplemented(job):
+    _, _, server, _, _ = job
+    response, trailers, _ = server.h2_call("/tensorflow.serving.PredictionService/Predict",
+                                           _request().SerializeToString(), [("grpc-encoding", "snappy")], flag=1)
+    assert trailers["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0])
+    assert "snappy" in trailers["grpc-message"]
+    assert response["grpc-accept-encoding"] == "identity,deflate,gzip"   # what it reads instead
+
+
+def test_a_call_whose_grpc_timeout_has_passed_is_deadline_exceeded_without_running(job):
+    _, _, server, _, _ = job
+
+    def batched():
+        status, text = server.call("GET", "/metrics")
+        return [ln for ln in text.splitlines() if ln.startswith("evstore_serving_batched_requests_total")]
+
+    before = batched()
+    assert before
+    _, trailers, body = server.h2_call("/tensorflow.serving.PredictionService/Predict",
+                                       _request().SerializeToString(), [("grpc-timeout", "1n")])
+    assert trailers["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]) and body == b""
+    assert batched() == before   # the model was not called for it
+    status, text = server.call("GET", "/metrics")
+    assert 'evstore_serving_grpc_calls_total{code="DEADLINE_EXCEEDED",method="Predict"} 1.0' in text
+
+
 def test_sigterm_with_calls_in_flight_answers_each_and_exits_0(tmp_path):
     import signal
 
