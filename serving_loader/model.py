@@ -152,6 +152,67 @@ class _Table:
         tf.raw_ops.LookupTableRemoveV2(table_handle=self._h, keys=keys)
 
 
+class _FlatCall:
+    """A signature called on its flat inputs, without ConcreteFunction.__call__'s
+    per-call argument binding (about 60 of the ~190 us a one-row call of the
+    demo's model costs on this project's 2-core machine; BENCHMARKS.md).
+
+    Built once per signature: its parameter order, specs and captured inputs
+    (the variables and tables) do not change while a model is served, since
+    applies write variables in place. It uses TensorFlow internals
+    (`_inference_function.call_preflattened`; the TF minor version is pinned),
+    so `build` checks it against the public call on a probe batch and returns
+    None (the public call is used) when it is missing or answers otherwise.
+    `__call__` returns None for inputs it does not take as they are (names,
+    dtypes, shapes); the public call then runs and raises its usual error.
+    """
+
+    def __init__(self, fn):
+        kw = fn.structured_input_signature[1]
+        self.names = list(fn.function_type.parameters)
+        self.specs = [kw[n] for n in self.names]
+        self.captured = list(fn.captured_inputs)
+        self._call = fn._inference_function.call_preflattened
+
+    @classmethod
+    def build(cls, fn, name):
+        try:
+            flat = cls(fn)
+            if any(s.shape.rank is None for s in flat.specs):
+                raise ValueError("an input of unknown rank")
+            probe = {n: np.zeros([1 if d is None else d for d in s.shape.as_list()],
+                                 object if s.dtype == tf.string else s.dtype.as_numpy_dtype)
+                     for n, s in zip(flat.names, flat.specs)}
+            for a in probe.values():
+                if a.dtype == object:
+                    a.fill(b"")
+            want, got = fn(**probe), flat(probe)
+            if got is None or set(got) != set(want) or not all(
+                    np.array_equal(got[k].numpy(), want[k].numpy()) for k in want):
+                raise ValueError("its answer differs from the public call's")
+            return flat
+        except Exception as e:  # noqa: BLE001 - any doubt: the public call
+            log.info("signature %r is called through ConcreteFunction.__call__ (%s)", name, e)
+            return None
+
+    def __call__(self, inputs):
+        if len(inputs) != len(self.names):
+            return None
+        flat = []
+        for n, spec in zip(self.names, self.specs):
+            a = inputs.get(n)
+            if a is None:
+                return None
+            try:
+                t = tf.convert_to_tensor(a, spec.dtype)
+            except (TypeError, ValueError):
+                return None
+            if not spec.shape.is_compatible_with(t.shape):
+                return None
+            flat.append(t)
+        return self._call(flat + self.captured)
+
+
 class _Staged:
     """A checkpoint read into memory, ready to publish."""
 
@@ -201,6 +262,7 @@ class ServingModel:
         self._loaded = tf.saved_model.load(export_dir)
         self.signature = self.mapping["signature"]
         self._fn = self._loaded.signatures[self.signature]
+        self._flat = {}   # signature key -> _FlatCall or None (built on first use)
         self.signature_defs = _read_signature_defs(export_dir)
         self._tables = {n: _Table(self._loaded.tables[e["index"]], e["key_dtype"])
                         for n, e in self.mapping["evs"].items()}
@@ -283,9 +345,14 @@ class ServingModel:
         np.ndarray}, version). Raises KeyError for an unknown signature and
         TensorFlow's errors for inputs the signature refuses."""
         fn = self._fn if signature == self.signature else self._loaded.signatures[signature]
+        flat = self._flat.get(signature, False)
+        if flat is False:
+            flat = self._flat[signature] = _FlatCall.build(fn, signature)
         self._lock.acquire_read()
         try:
-            out = fn(**inputs)
+            out = flat(inputs) if flat is not None else None
+            if out is None:
+                out = fn(**inputs)
             version = self.version
         finally:
             self._lock.release_read()

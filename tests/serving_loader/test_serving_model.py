@@ -159,6 +159,35 @@ def test_server_restarted_mid_chain_serves_the_newest_state(job):
     np.testing.assert_array_equal(_predict(restarted)[0], _want(model))
 
 
+def test_run_answers_as_the_trained_model_after_each_applied_delta(job):
+    # run() calls the signature on its flat inputs (bound once, variables captured at load):
+    # every in-place apply must still be what it reads.
+    model, export, mgr = job
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    users, items = probe_inputs()
+    for step in range(3):
+        train(model, 3 + step, 4 + step)
+        seq = mgr.save_delta()
+        assert sm.poll() == seq
+        out, version = sm.run("serving_default", {"users": users, "items": items})
+        assert version == seq
+        np.testing.assert_array_equal(out["outputs"], _want(model))
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "missing"])
+def test_run_refuses_inputs_the_signature_refuses_with_its_own_error(job, bad):
+    model, export, mgr = job
+    mgr.save_full()
+    sm = serving_loader.ServingModel(export, mgr.root)
+    users, items = probe_inputs()
+    inputs = {"shape": {"users": users.reshape(-1, 1, 1), "items": items},
+              "dtype": {"users": np.full(users.shape, b"x", dtype=object), "items": items},
+              "missing": {"users": users}}[bad]
+    with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
+        sm.run("serving_default", inputs)
+
+
 def test_no_prediction_mixes_two_checkpoints_during_a_predict_storm(tmp_path):
     inp = keras.Input(shape=(1,), dtype="int64", name="ids")
     x = keras.layers.Flatten()(evstore.keras.Embedding(4, name="flip")(inp))
