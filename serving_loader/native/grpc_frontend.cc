@@ -24,6 +24,10 @@
 //  * Per call, Python sees each message once, whole, after END_STREAM; a message
 //    over `max_message` bytes is not buffered past the limit and is answered
 //    RESOURCE_EXHAUSTED here.
+//  * A connection buffers at most kConnectionBudget * `max_message` bytes of
+//    unfinished requests (Conn::buffered, the sum of its streams' `data`): the
+//    stream whose DATA would cross it is dropped and answered RESOURCE_EXHAUSTED,
+//    so a client cannot hold 1,000 streams of `max_message` bytes each.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <nghttp2/nghttp2.h>
@@ -60,6 +64,7 @@ constexpr uint64_t kWakeTag = 1;
 constexpr int kResourceExhausted = 8;
 constexpr int kUnimplemented = 12;
 constexpr int kInternal = 13;
+constexpr size_t kConnectionBudget = 4;   // unfinished request bytes per connection, in max messages
 
 // A header field; nghttp2 copies name and value when the frame is submitted.
 nghttp2_nv Nv(std::string_view name, std::string_view value) {
@@ -117,7 +122,8 @@ struct Stream {
   bool has_deadline = false;
   std::chrono::steady_clock::time_point deadline;
   std::string data;      // received bytes, gRPC prefix included
-  bool too_large = false;
+  bool too_large = false;        // over the message cap
+  bool over_budget = false;      // over the connection's buffer budget
   bool answered = false;
   std::string out;       // prefix + answer
   size_t out_pos = 0;
@@ -139,6 +145,7 @@ struct Conn {
   uint64_t serial = 0;
   nghttp2_session* session = nullptr;
   std::unordered_map<int32_t, std::unique_ptr<Stream>> streams;
+  size_t buffered = 0;   // bytes in the streams' `data`
   std::string outbuf;
   size_t outpos = 0;
   bool epollout = false;
@@ -451,14 +458,16 @@ class Frontend {
     auto it = c->streams.find(sid);
     if (it == c->streams.end()) return 0;
     Stream* s = it->second.get();
-    if (s->too_large) return 0;
-    if (s->data.size() + len > c->fe->max_message_ + 5) {
-      s->too_large = true;
-      s->data.clear();
-      s->data.shrink_to_fit();
+    if (s->too_large || s->over_budget) return 0;
+    const bool too_large = s->data.size() + len > c->fe->max_message_ + 5;
+    if (too_large || c->buffered + len > kConnectionBudget * (c->fe->max_message_ + 5)) {
+      (too_large ? s->too_large : s->over_budget) = true;
+      c->buffered -= s->data.size();
+      std::string().swap(s->data);
       return 0;
     }
     s->data.append(reinterpret_cast<const char*>(data), len);
+    c->buffered += len;
     return 0;
   }
 
@@ -471,7 +480,12 @@ class Frontend {
   }
 
   static int OnClose(nghttp2_session*, int32_t sid, uint32_t, void* user) {
-    static_cast<Conn*>(user)->streams.erase(sid);
+    Conn* c = static_cast<Conn*>(user);
+    auto it = c->streams.find(sid);
+    if (it != c->streams.end()) {
+      c->buffered -= it->second->data.size();
+      c->streams.erase(it);
+    }
     return 0;
   }
 
@@ -480,7 +494,9 @@ class Frontend {
     auto it = c->streams.find(sid);
     if (it == c->streams.end()) return;
     Stream* s = it->second.get();
-    const std::string& d = s->data;
+    std::string d;   // the request, out of the connection's budget
+    d.swap(s->data);
+    c->buffered -= d.size();
     if (s->method != "POST" || s->content_type.compare(0, 16, "application/grpc") != 0) {
       nghttp2_nv nva[] = {Nv(":status", "415")};
       s->answered = true;
@@ -491,6 +507,14 @@ class Frontend {
       Answer(c, sid, kResourceExhausted,
              PercentEncode("Received message larger than max (over " + std::to_string(max_message_) +
                            " bytes; --max_request_bytes)"), nullptr);
+      return;
+    }
+    if (s->over_budget) {
+      Answer(c, sid, kResourceExhausted,
+             PercentEncode("this connection holds over " + std::to_string(kConnectionBudget * max_message_) +
+                           " bytes of unfinished requests (" + std::to_string(kConnectionBudget) +
+                           "x --max_request_bytes): send fewer at once"),
+             nullptr);
       return;
     }
     uint32_t len = 0;
@@ -516,10 +540,9 @@ class Frontend {
       }
       encoding = s->encoding;
     }
-    Call call{(c->serial << 32) | static_cast<uint32_t>(sid), s->path, d.substr(5), std::move(encoding),
+    d.erase(0, 5);
+    Call call{(c->serial << 32) | static_cast<uint32_t>(sid), s->path, std::move(d), std::move(encoding),
               s->has_deadline, s->deadline};
-    s->data.clear();
-    s->data.shrink_to_fit();
     {
       std::lock_guard<std::mutex> lk(mu_);
       calls_.push_back(std::move(call));
