@@ -345,11 +345,11 @@ class ServingModel:
         np.ndarray}, version). Raises KeyError for an unknown signature and
         TensorFlow's errors for inputs the signature refuses."""
         fn = self._fn if signature == self.signature else self._loaded.signatures[signature]
-        flat = self._flat.get(signature, False)
-        if flat is False:
-            flat = self._flat[signature] = _FlatCall.build(fn, signature)
         self._lock.acquire_read()
         try:
+            flat = self._flat.get(signature, False)
+            if flat is False:   # its probe compares two calls: no publish between them
+                flat = self._flat[signature] = _FlatCall.build(fn, signature)
             out = flat(inputs) if flat is not None else None
             if out is None:
                 out = fn(**inputs)
