@@ -101,6 +101,12 @@ def build_parser():
     srv.add_argument("--max_enqueued_batches", type=int, default=100,
                      help="queued requests are refused (UNAVAILABLE / 503) past this many full batches (100)")
     srv.add_argument("--num_batch_threads", type=int, default=1, help="threads running batches (default 1)")
+    srv.add_argument("--tensorflow_intra_op_parallelism", type=int, default=0, metavar="N",
+                     help="threads of one op's parallel work, as TF Serving's flag (default 0: TensorFlow's choice, "
+                          "the cores)")
+    srv.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, metavar="N",
+                     help="threads running independent ops at once, as TF Serving's flag (default 0: TensorFlow's "
+                          "choice, the cores)")
     srv.add_argument("--allow-empty", action="store_true",
                      help="serve the export as it is when the checkpoint root does not exist or holds nothing "
                           "for it yet (default: exit 1 with the reason)")

@@ -389,7 +389,7 @@ def _shown(host):
 
 def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_api_port=8501, model_name="default",
           poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
-          storage_options=None, out=sys.stdout, allow_empty=False):
+          storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
     `port` (TF Serving's flags; 0: any free port; None: that API off) until
@@ -400,7 +400,11 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     Prints `serving <name> version <v> on http://<host>:<rest port>` and then
     `grpc <name> on <host>:<port>` to `out` once the sockets listen (with
     port 0 the printed port is the one bound). `batching`: BatchingOptions,
-    or None to call the model once per request.
+    or None to call the model once per request. `intra_op_parallelism`,
+    `inter_op_parallelism`: TensorFlow's two thread pools, as TF Serving's
+    --tensorflow_intra_op_parallelism / --tensorflow_inter_op_parallelism
+    (0: TensorFlow's choice); they must be set before TensorFlow has run
+    anything in this process (ValueError otherwise).
     """
     from serving_loader.model import ServingModel
 
@@ -414,6 +418,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         raise ValueError("serve needs a gRPC port or a REST port (or both)")
     if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
+    _set_tf_threads(intra_op_parallelism, inter_op_parallelism)
     model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty)
     app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every,
                      batching=batching)
@@ -470,6 +475,23 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
     return 130 if signal.SIGINT in received else 0
 
 
+def _set_tf_threads(intra, inter):
+    import tensorflow as tf
+
+    threading_ = tf.config.threading
+    for name, n, setter in (("intra_op_parallelism", intra, threading_.set_intra_op_parallelism_threads),
+                            ("inter_op_parallelism", inter, threading_.set_inter_op_parallelism_threads)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{name} must be an integer >= 0 (0: TensorFlow's choice), got {n!r}")
+        if n:
+            try:
+                setter(n)
+            except RuntimeError as e:   # TensorFlow's context already runs
+                raise ValueError(f"{name} must be set before TensorFlow runs anything in this process: {e}") from None
+    log.info("TensorFlow threads: intra-op %d, inter-op %d (0: TensorFlow's choice)",
+             threading_.get_intra_op_parallelism_threads(), threading_.get_inter_op_parallelism_threads())
+
+
 def cli(args):
     """`evstore serve` (arguments parsed by evstore_app.cli)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -485,7 +507,9 @@ def cli(args):
                      port=None if args.port < 0 else args.port,
                      rest_api_port=None if args.rest_api_port < 0 else args.rest_api_port,
                      model_name=args.model_name, poll_every=args.poll_every,
-                     max_request_bytes=args.max_request_bytes, batching=batching, allow_empty=args.allow_empty)
+                     max_request_bytes=args.max_request_bytes, batching=batching, allow_empty=args.allow_empty,
+                     intra_op_parallelism=args.tensorflow_intra_op_parallelism,
+                     inter_op_parallelism=args.tensorflow_inter_op_parallelism)
     except (ValueError, OSError) as e:
         from serving_loader.model import NothingToServeError
 

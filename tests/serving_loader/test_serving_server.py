@@ -236,6 +236,30 @@ def test_metrics_are_prometheus_text_with_the_serving_metrics(job):
         assert value("evstore_serving_rows", "evstore_serving_rows", table=table) == rows
 
 
+def test_tensorflow_thread_flags_reach_tensorflow_and_the_server_answers(tmp_path):
+    from served import serve_ctr
+
+    model, _, server = serve_ctr(str(tmp_path), extra=["--tensorflow_intra_op_parallelism", "1",
+                                                       "--tensorflow_inter_op_parallelism", "2"])
+    try:
+        status, body = server.predict({"instances": _rows()})
+        assert status == 200, body
+        np.testing.assert_allclose(np.array(body["predictions"]), _want(model), rtol=1e-6, atol=1e-7)
+        with open(server.log.name) as f:   # read back from TensorFlow once set
+            assert "TensorFlow threads: intra-op 1, inter-op 2" in f.read()
+    finally:
+        server.stop()
+
+
+def test_a_negative_tensorflow_thread_flag_exits_1_with_the_reason(tmp_path):
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "evstore_app.cli", "serve", "--export", str(tmp_path),
+                        "--tensorflow_inter_op_parallelism", "-1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert "inter_op_parallelism must be an integer >= 0" in p.stderr
+
+
 def test_sigterm_stops_the_server_with_status_0(tmp_path):
     model = make_model()
     train(model, 0, 2)
