@@ -13,7 +13,11 @@ import tensorflow as tf
 
 from checkpoint.errors import ChainError, CorruptCheckpointError, NoCheckpointError
 
-__all__ = ["Scan", "scan", "resolve_chain", "verify_files", "verify_staged", "crc32c_stream"]
+__all__ = ["Scan", "scan", "resolve_chain", "withdrawn", "WITHDRAWN_RESCANS", "verify_files", "verify_staged",
+           "crc32c_stream"]
+
+# Scans a reader makes when a writer's retention keeps removing what it reads.
+WITHDRAWN_RESCANS = 3
 
 _CHUNK = 8 << 20
 
@@ -44,6 +48,15 @@ def scan(storage):
         except FileNotFoundError:  # removed between ls and read (retention)
             s.uncommitted[seq] = dirname
     return s
+
+
+def withdrawn(storage, manifests):
+    """Directories of `manifests` that are no longer committed: their manifest
+    is gone from the filesystem (asked now, not from the cache). A writer's
+    retention removes a checkpoint's manifest before its files, so a reader
+    whose read of a checkpoint failed, or raced, asks this to tell a withdrawn
+    checkpoint (scan again) from a broken one (an error)."""
+    return [m.dir for m in manifests if not storage.has_manifest(m.dir, cached=False)]
 
 
 def resolve_chain(sc, upto=None, where="checkpoint root"):

@@ -33,7 +33,7 @@ import threading
 import tensorflow as tf
 
 from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
-from checkpoint.chain import resolve_chain, scan, verify_staged
+from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, verify_staged, withdrawn
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
@@ -259,7 +259,7 @@ class CheckpointManager:
             key dtypes, optimizer slots, dense variable names or shapes).
         """
         with self._save_lock, self.lock:
-            for attempt in range(3):
+            for attempt in range(WITHDRAWN_RESCANS):
                 sc = scan(self.storage)
                 chain = resolve_chain(sc, seq, where=self.root)
                 col = collect(self.model)
@@ -269,9 +269,9 @@ class CheckpointManager:
                 try:
                     for m in chain:
                         staged.append(self.storage.stage(m.dir, list(m.files)))
-                    gone = [m.dir for m in chain if not self.storage.has_manifest(m.dir, cached=False)]
+                    gone = withdrawn(self.storage, chain)
                     if gone:   # retention (manifest first, then files) removed a checkpoint meanwhile
-                        if attempt < 2:
+                        if attempt < WITHDRAWN_RESCANS - 1:
                             log.warning("checkpoints %s were removed while staging them; rescanning", gone)
                             continue
                         raise ChainError(f"cannot restore from {self.root}: checkpoints {gone} were removed while "

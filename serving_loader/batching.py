@@ -181,11 +181,13 @@ class Batcher:
             if batch is None:
                 return
             now = time.monotonic()
-            expired = [t for t in batch if t.deadline is not None and t.deadline <= now]
+            live, expired = [], []
+            for t in batch:
+                (expired if t.deadline is not None and t.deadline <= now else live).append(t)
             if expired:   # their callers have given up: answer them, run the rest
                 self.expired += len(expired)
                 _deliver(expired, [(None, deadline_exceeded()) for _ in expired])
-                batch = [t for t in batch if t.deadline is None or t.deadline > now]
+                batch = live
                 if not batch:
                     continue
             results = self._run_batch(batch)

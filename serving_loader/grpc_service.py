@@ -316,18 +316,26 @@ class GrpcServer:
             for cid, path, message, encoding, left in calls:
                 self._one(cid, path, message, encoding, left)
 
-    def _inflate(self, message, encoding):
-        """A compressed request message (gzip or deflate, as gRPC clients
-        compress), held to the same size cap as an uncompressed one."""
-        d = zlib.decompressobj(31 if encoding == "gzip" else 15)   # gzip header, or zlib's (gRPC's "deflate")
-        cap = self._app.max_request_bytes
-        out = d.decompress(message, cap + 1)
-        if len(out) > cap:
-            raise ServingError("RESOURCE_EXHAUSTED", f"Received message larger than max (over {cap} bytes once "
-                                                     "decompressed; --max_request_bytes)")
-        if not d.eof:
-            raise zlib.error("truncated")
-        return out
+    def _request(self, cls, message, encoding):
+        """Request message -> proto of `cls`, inflated first when compressed
+        (gzip or deflate, as gRPC clients compress; held to the same size cap
+        as an uncompressed message). ServingError when it cannot be read."""
+        if encoding is not None:
+            d = zlib.decompressobj(31 if encoding == "gzip" else 15)   # gzip header, or zlib's (gRPC's "deflate")
+            cap = self._app.max_request_bytes
+            try:
+                message = d.decompress(message, cap + 1)
+            except zlib.error:
+                raise ServingError("INTERNAL", f"Failed to decompress the {encoding} request message") from None
+            if len(message) > cap:
+                raise ServingError("RESOURCE_EXHAUSTED", f"Received message larger than max (over {cap} bytes "
+                                                         "once decompressed; --max_request_bytes)")
+            if not d.eof:
+                raise ServingError("INTERNAL", f"Failed to decompress the {encoding} request message (truncated)")
+        try:
+            return cls.FromString(message)
+        except DecodeError:
+            raise ServingError("INTERNAL", "Failed to parse the request message") from None
 
     def _one(self, cid, path, message, encoding=None, left=None):
         """Call `cid`: `encoding` of a compressed message, `left` seconds
@@ -337,38 +345,21 @@ class GrpcServer:
             self._answer(cid, "unknown", _CODE["UNIMPLEMENTED"], f"Method not found: {path.decode('latin-1')}")
             return
         method, cls, handler = entry
-        if left is not None and left <= 0:   # the client has given up: no work for it
-            self._fail(cid, method, deadline_exceeded())
-            return
-        if encoding is not None:
-            try:
-                message = self._inflate(message, encoding)
-            except ServingError as e:
-                self._fail(cid, method, e)
-                return
-            except zlib.error:
-                self._answer(cid, method, _CODE["INTERNAL"], f"Failed to decompress the {encoding} request message")
-                return
         try:
-            request = cls.FromString(message)
-        except DecodeError:
-            self._answer(cid, method, _CODE["INTERNAL"], "Failed to parse the request message")
-            return
-        try:
-            out = handler(request)
-        except Exception as e:  # noqa: BLE001 - answered with its status
-            self._fail(cid, method, e)
-            return
-        if isinstance(out, tuple):
-            key, arrays, finish = out
-            try:
+            if left is not None and left <= 0:   # the client has given up: no work for it
+                raise deadline_exceeded()
+            out = handler(self._request(cls, message, encoding))
+            if isinstance(out, tuple):   # the model is to be called: answered when it is done
+                key, arrays, finish = out
                 self._app.call_model(key, arrays,
                                      lambda value, error: self._finished(cid, method, finish, value, error),
                                      deadline=None if left is None else time.monotonic() + left)
-            except Exception as e:  # noqa: BLE001 - refused before it was queued
-                self._fail(cid, method, e)
-        else:
-            self._answer(cid, method, 0, "", out.SerializeToString())
+                return
+            body = out.SerializeToString()
+        except Exception as e:  # noqa: BLE001 - answered with its status
+            self._fail(cid, method, e)
+            return
+        self._answer(cid, method, 0, "", body)
 
     def stop(self, grace_s=10.0):
         """Lets calls in flight finish (up to `grace_s`), then says GOAWAY and closes."""

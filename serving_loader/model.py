@@ -47,7 +47,7 @@ import numpy as np
 import tensorflow as tf
 
 from checkpoint.bundle import read_dense
-from checkpoint.chain import resolve_chain, scan, verify_files
+from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, verify_files, withdrawn
 from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import logical_entries
@@ -58,10 +58,6 @@ from serving_loader.export import FORMAT, MAP_FILE, sentinels
 __all__ = ["ServingModel", "NothingToServeError", "RollbackError"]
 
 log = logging.getLogger("evstore.serving")
-
-# Scans of one poll when the writer's retention keeps withdrawing what it stages.
-_WITHDRAWN_RETRIES = 3
-
 
 class _Withdrawn(Exception):
     """A checkpoint stopped being committed while it was staged."""
@@ -152,6 +148,14 @@ class _Table:
         tf.raw_ops.LookupTableRemoveV2(table_handle=self._h, keys=keys)
 
 
+def zero_example(inputs):
+    """One example of zeros (empty strings for string inputs) for a
+    signature's `inputs`: {name: (np dtype, or None for strings; shape as a
+    list, None for any size)}. Returns {name: ndarray}, unknown sizes 1."""
+    return {n: np.full([1 if d is None else d for d in shape], *((b"", object) if dtype is None else (0, dtype)))
+            for n, (dtype, shape) in inputs.items()}
+
+
 class _FlatCall:
     """A signature called on its flat inputs, without ConcreteFunction.__call__'s
     per-call argument binding (about 60 of the ~190 us a one-row call of the
@@ -180,12 +184,8 @@ class _FlatCall:
             flat = cls(fn)
             if any(s.shape.rank is None for s in flat.specs):
                 raise ValueError("an input of unknown rank")
-            probe = {n: np.zeros([1 if d is None else d for d in s.shape.as_list()],
-                                 object if s.dtype == tf.string else s.dtype.as_numpy_dtype)
-                     for n, s in zip(flat.names, flat.specs)}
-            for a in probe.values():
-                if a.dtype == object:
-                    a.fill(b"")
+            probe = zero_example({n: (None if s.dtype == tf.string else s.dtype.as_numpy_dtype, s.shape.as_list())
+                                  for n, s in zip(flat.names, flat.specs)})
             want, got = fn(**probe), flat(probe)
             if got is None or set(got) != set(want) or not all(
                     np.array_equal(got[k].numpy(), want[k].numpy()) for k in want):
@@ -370,7 +370,7 @@ class ServingModel:
         with self._poll_lock:
             # A checkpoint the writer's retention withdraws while this server
             # stages it is not a failure: scan again and serve what is committed.
-            for _ in range(_WITHDRAWN_RETRIES):
+            for _ in range(WITHDRAWN_RESCANS):
                 sc = scan(self.storage)
                 if not sc.manifests:
                     return self.version
@@ -392,13 +392,12 @@ class ServingModel:
         """After staging `ms` failed with `error`: raises _Withdrawn when one
         of them is no longer committed (its manifest is gone: a writer removes
         the manifest before the files), else returns and the error counts."""
-        for m in ms:
-            try:
-                committed = self.storage.has_manifest(m.dir, cached=False)
-            except OSError:
-                return   # cannot tell: the staging error stands
-            if not committed:
-                raise _Withdrawn(m.dir) from error
+        try:
+            gone = withdrawn(self.storage, ms)
+        except OSError:
+            return   # cannot tell: the staging error stands
+        if gone:
+            raise _Withdrawn(", ".join(gone)) from error
 
     def _served_is_committed(self, sc):
         m = sc.manifests.get(self.version)

@@ -236,13 +236,12 @@ class ServingApp:
         """Calls each predict signature once on a one-example batch of zeros
         (empty strings), so the first client does not pay TensorFlow's first
         call; a signature that refuses zeros is skipped."""
+        from serving_loader.model import zero_example
+
         for key, inputs in self.servable.inputs.items():
             if self.servable.signature_defs[key].method_name not in ("", "tensorflow/serving/predict"):
                 continue
-            arrays = {}
-            for n, (dtype, shape, _) in inputs.items():
-                dims = [1 if d is None else d for d in (shape or [1])]
-                arrays[n] = np.full(dims, b"", dtype=object) if dtype is None else np.zeros(dims, dtype)
+            arrays = zero_example({n: (dtype, shape or [1]) for n, (dtype, shape, _) in inputs.items()})
             try:
                 self._run(key, arrays)
             except Exception as e:  # noqa: BLE001 - a warm-up only

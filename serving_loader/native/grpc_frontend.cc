@@ -51,6 +51,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -78,8 +79,7 @@ struct Call {
   std::string path;
   std::string message;
   std::string encoding;   // "gzip" or "deflate" for a compressed message, else empty
-  bool has_deadline = false;
-  std::chrono::steady_clock::time_point deadline;   // from grpc-timeout, when has_deadline
+  std::optional<std::chrono::steady_clock::time_point> deadline;   // from grpc-timeout
 };
 
 // gRPC's Timeout header: 1 to 8 ASCII digits and a unit (H M S m u n).
@@ -119,11 +119,10 @@ struct Reply {
 
 struct Stream {
   std::string path, method, content_type, encoding;
-  bool has_deadline = false;
-  std::chrono::steady_clock::time_point deadline;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
   std::string data;      // received bytes, gRPC prefix included
-  bool too_large = false;        // over the message cap
-  bool over_budget = false;      // over the connection's buffer budget
+  // Why `data` was dropped: the message is over the cap, or the connection over its budget.
+  enum class Dropped { kNo, kTooLarge, kOverBudget } dropped = Dropped::kNo;
   bool answered = false;
   std::string out;       // prefix + answer
   size_t out_pos = 0;
@@ -445,10 +444,7 @@ class Frontend {
     else if (n == "grpc-encoding") it->second->encoding = std::move(v);
     else if (n == "grpc-timeout") {
       std::chrono::nanoseconds t;
-      if (ParseTimeout(v, &t)) {
-        it->second->has_deadline = true;
-        it->second->deadline = std::chrono::steady_clock::now() + t;
-      }
+      if (ParseTimeout(v, &t)) it->second->deadline = std::chrono::steady_clock::now() + t;
     }
     return 0;
   }
@@ -458,10 +454,11 @@ class Frontend {
     auto it = c->streams.find(sid);
     if (it == c->streams.end()) return 0;
     Stream* s = it->second.get();
-    if (s->too_large || s->over_budget) return 0;
-    const bool too_large = s->data.size() + len > c->fe->max_message_ + 5;
-    if (too_large || c->buffered + len > kConnectionBudget * (c->fe->max_message_ + 5)) {
-      (too_large ? s->too_large : s->over_budget) = true;
+    if (s->dropped != Stream::Dropped::kNo) return 0;
+    const size_t cap = c->fe->max_message_ + 5;
+    if (s->data.size() + len > cap) s->dropped = Stream::Dropped::kTooLarge;
+    else if (c->buffered + len > kConnectionBudget * cap) s->dropped = Stream::Dropped::kOverBudget;
+    if (s->dropped != Stream::Dropped::kNo) {
       c->buffered -= s->data.size();
       std::string().swap(s->data);
       return 0;
@@ -503,13 +500,13 @@ class Frontend {
       nghttp2_submit_response(c->session, sid, nva, 1, nullptr);
       return;
     }
-    if (s->too_large) {
+    if (s->dropped == Stream::Dropped::kTooLarge) {
       Answer(c, sid, kResourceExhausted,
              PercentEncode("Received message larger than max (over " + std::to_string(max_message_) +
                            " bytes; --max_request_bytes)"), nullptr);
       return;
     }
-    if (s->over_budget) {
+    if (s->dropped == Stream::Dropped::kOverBudget) {
       Answer(c, sid, kResourceExhausted,
              PercentEncode("this connection holds over " + std::to_string(kConnectionBudget * max_message_) +
                            " bytes of unfinished requests (" + std::to_string(kConnectionBudget) +
@@ -542,7 +539,7 @@ class Frontend {
     }
     d.erase(0, 5);
     Call call{(c->serial << 32) | static_cast<uint32_t>(sid), s->path, std::move(d), std::move(encoding),
-              s->has_deadline, s->deadline};
+              s->deadline};
     {
       std::lock_guard<std::mutex> lk(mu_);
       calls_.push_back(std::move(call));
@@ -652,8 +649,8 @@ PyObject* Next(PyObject*, PyObject* args) {
   for (size_t i = 0; i < calls.size(); ++i) {
     const Call& call = calls[i];
     PyObject* encoding = call.encoding.empty() ? Py_NewRef(Py_None) : PyUnicode_FromString(call.encoding.c_str());
-    PyObject* left = call.has_deadline
-                         ? PyFloat_FromDouble(std::chrono::duration<double>(call.deadline - now).count())
+    PyObject* left = call.deadline
+                         ? PyFloat_FromDouble(std::chrono::duration<double>(*call.deadline - now).count())
                          : Py_NewRef(Py_None);
     if (encoding == nullptr || left == nullptr) {
       Py_XDECREF(encoding);

@@ -103,38 +103,51 @@ class Server:
         gRPC client never sends (another encoding, an expired grpc-timeout):
         `message` framed with compressed-flag `flag`, `headers` after gRPC's
         own. Returns ({response header: value}, {trailer: value}, body bytes)."""
+        return self.h2_calls([(path, message, headers, flag)])[0]
+
+    def h2_calls(self, calls):
+        """Calls [(path, message, headers, flag)] on one HTTP/2 connection, all
+        sent whole before any is ended (so the server holds them at once), then
+        ended in order. Returns h2_call's triple for each, in order."""
         import h2.config
         import h2.connection
         import h2.events
 
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
         conn.initiate_connection()
-        sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1"),
-                                (":path", path), ("content-type", "application/grpc"), ("te", "trailers"),
-                                *headers])
-        conn.send_data(sid, bytes([flag]) + len(message).to_bytes(4, "big") + message, end_stream=True)
-        response, trailers, body = {}, {}, b""
+        sids = []
+        for path, message, headers, flag in calls:
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1"),
+                                    (":path", path), ("content-type", "application/grpc"), ("te", "trailers"),
+                                    *headers])
+            conn.send_data(sid, bytes([flag]) + len(message).to_bytes(4, "big") + message)
+            sids.append(sid)
+        for sid in sids:
+            conn.end_stream(sid)
+        got = {sid: [{}, {}, b""] for sid in sids}   # response headers, trailers, body
+        ended = set()
         with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=60) as sock:
             sock.sendall(conn.data_to_send())
-            done = False
-            while not done:
+            while len(ended) < len(sids):
                 data = sock.recv(65536)
-                assert data, "the server closed the connection before the call ended"
+                assert data, "the server closed the connection before every call ended"
                 for ev in conn.receive_data(data):
                     if isinstance(ev, h2.events.ResponseReceived):
-                        response = dict(ev.headers)
+                        got[ev.stream_id][0] = dict(ev.headers)
                     elif isinstance(ev, h2.events.TrailersReceived):
-                        trailers = dict(ev.headers)
+                        got[ev.stream_id][1] = dict(ev.headers)
                     elif isinstance(ev, h2.events.DataReceived):
-                        body += ev.data
+                        got[ev.stream_id][2] += ev.data
                         conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     elif isinstance(ev, h2.events.StreamEnded):
-                        done = True
+                        ended.add(ev.stream_id)
                 sock.sendall(conn.data_to_send())
-        if not trailers and "grpc-status" in response:   # a trailers-only answer
-            trailers = response
-        return response, trailers, body
+        out = []
+        for sid in sids:
+            response, trailers, body = got[sid]
+            out.append((response, trailers or (response if "grpc-status" in response else {}), body))   # trailers-only
+        return out
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:

@@ -1,7 +1,6 @@
 """`evstore serve`'s gRPC API, driven as a TF Serving client drives it: the
 `tensorflow-serving-api` package's PredictionServiceStub and ModelServiceStub
 against a real server process."""
-import os
 
 import grpc
 import numpy as np
@@ -312,41 +311,12 @@ def test_a_call_whose_grpc_timeout_has_passed_is_deadline_exceeded_without_runni
 
 
 def test_a_connection_buffering_over_four_max_messages_of_unfinished_requests_is_refused_the_excess(tmp_path):
-    import socket
-
-    import h2.config
-    import h2.connection
-    import h2.events
-
     _, _, small = serve_ctr(str(tmp_path), max_body=4096)   # 4 x (4,096 + 5) bytes per connection
     try:
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-        conn.initiate_connection()
-        message = b"\0" * 3500   # each under the message cap; six of them are over the connection's
-        framed = b"\0" + len(message).to_bytes(4, "big") + message
-        sids = []
-        for _ in range(6):   # six requests, each sent whole but not ended: all held at once
-            sid = conn.get_next_available_stream_id()
-            conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1"),
-                                    (":path", "/tensorflow.serving.PredictionService/NoSuchMethod"),
-                                    ("content-type", "application/grpc"), ("te", "trailers")])
-            conn.send_data(sid, framed)
-            sids.append(sid)
-        for sid in sids:
-            conn.end_stream(sid)
-        status = {}
-        with socket.create_connection(("127.0.0.1", small.grpc_port), timeout=60) as sock:
-            sock.sendall(conn.data_to_send())
-            while len(status) < len(sids):
-                data = sock.recv(65536)
-                assert data, "the server closed the connection"
-                for ev in conn.receive_data(data):
-                    if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                        h = dict(ev.headers)
-                        if "grpc-status" in h:
-                            status[ev.stream_id] = int(h["grpc-status"])
-                sock.sendall(conn.data_to_send())
-        codes = [status[sid] for sid in sids]
+        # Six requests, each under the message cap, sent whole but not ended: all held at once, over the
+        # connection's budget.
+        unfinished = [("/tensorflow.serving.PredictionService/NoSuchMethod", b"\0" * 3500, (), 0)] * 6
+        codes = [int(trailers["grpc-status"]) for _, trailers, _ in small.h2_calls(unfinished)]
         # The first four fit (and reach the dispatcher: unknown method); the two that cross are refused.
         assert codes == [grpc.StatusCode.UNIMPLEMENTED.value[0]] * 4 + [grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]] * 2
         with small.channel() as channel:   # the server goes on serving
