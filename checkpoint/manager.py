@@ -37,7 +37,7 @@ from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, verify_stag
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
-from checkpoint.lease import process_lease
+from checkpoint.lease import LeaseHeldError, process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.shards import load_plan, logical_name
 from checkpoint.storage import Storage
@@ -64,6 +64,8 @@ class CheckpointManager:
       lease: take the root's writer lease (checkpoint/lease.py) at the first
         save: a second writer process on the root is refused with
         LeaseHeldError naming the holder. Managers of one process share it.
+        A refused manager stays refused: every later save raises the same
+        LeaseHeldError (make a new manager, and restore, to write there).
       lease_timeout: seconds without a heartbeat after which a lease is
         stale and taken over (the holder renews it every lease_timeout / 3).
       take_over: take the lease even from a holder that looks alive (say so
@@ -85,6 +87,7 @@ class CheckpointManager:
             raise ValueError(f"lease_timeout must be a positive number of seconds, got {lease_timeout!r}")
         self._lease_args = (lease_timeout, take_over) if lease else None
         self._lease = None
+        self._lease_refused = None           # the LeaseHeldError that refused this manager, kept
         self.model = model
         self.keep_chains = keep_chains
         self.chunk_rows = chunk_rows
@@ -153,12 +156,21 @@ class CheckpointManager:
         if metadata is not None and not isinstance(metadata, dict) and not callable(metadata):
             raise TypeError(f"metadata must be a dict (JSON-serialisable), got {type(metadata).__name__}")
         with self._save_lock:
+            # A manager refused the root's lease is a second writer: it never
+            # writes, even once the holder is gone (its model did not start from
+            # the holder's chain), and every save says so, not a later symptom.
+            if self._lease_refused is not None:
+                raise LeaseHeldError(*self._lease_refused.args)
             if kind == "delta" and self._last is None:
                 raise CheckpointError("save_delta() needs a chain to extend: call save_full() or restore() first")
             if self._lease_args is not None:
                 if self._lease is None or not self._lease.held:
                     self._lease = process_lease(self.storage, *self._lease_args)
-                    self._lease.acquire()
+                    try:
+                        self._lease.acquire()
+                    except LeaseHeldError as e:
+                        self._lease_refused = e
+                        raise
                 self._lease.check()
             sc = scan(self.storage)
             # Never a sequence number a failed save used: its manifest may have
