@@ -285,13 +285,17 @@ class Frontend {
     const int sweep_ms = idle_timeout_.count() > 0
                              ? static_cast<int>(std::clamp<int64_t>(idle_timeout_.count() / 4, 1, 1000))
                              : -1;
+    auto next_sweep = std::chrono::steady_clock::now();
     while (!stopping_.load()) {
       int n = epoll_wait(epfd_, events.data(), static_cast<int>(events.size()), sweep_ms);
       if (n < 0) {
         if (errno == EINTR) continue;
         break;
       }
-      if (sweep_ms > 0) CloseIdle();
+      if (sweep_ms > 0 && std::chrono::steady_clock::now() >= next_sweep) {   // not on every wake-up: O(connections)
+        CloseIdle();
+        next_sweep = std::chrono::steady_clock::now() + std::chrono::milliseconds(sweep_ms);
+      }
       for (int i = 0; i < n; ++i) {
         uint64_t tag = events[i].data.u64;
         if (tag == kListenTag) {
