@@ -107,6 +107,9 @@ def build_parser():
     srv.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, metavar="N",
                      help="threads running independent ops at once, as TF Serving's flag (default 0: TensorFlow's "
                           "choice, the cores)")
+    srv.add_argument("--grpc_idle_timeout_s", "--grpc-idle-timeout-s", type=float, default=None, metavar="SECONDS",
+                     help="close a gRPC connection that sends nothing for this long with no call in progress "
+                          "(default: serving_loader.grpc_service.DEFAULT_IDLE_TIMEOUT_S, 300; 0: never)")
     srv.add_argument("--allow-empty", action="store_true",
                      help="serve the export as it is when the checkpoint root does not exist or holds nothing "
                           "for it yet (default: exit 1 with the reason)")
