@@ -7,7 +7,7 @@ DEPS   := $(VENV)/.deps-stamp
 TESTDEPS := $(VENV)/.test-deps-stamp
 DOCSDEPS := $(VENV)/.docs-deps-stamp
 NATIVE := $(VENV)/.native-stamp
-NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc serving_loader/native/*.cc)
+NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc serving_loader/native/*.cc serving_loader/native/*.h)
 # The gRPC front end's HTTP/2 library (Debian's libnghttp2-dev), installed when its header is missing.
 NGHTTP2_H := /usr/include/nghttp2/nghttp2.h
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
