@@ -12,6 +12,9 @@ bundle (`ckpt.index`, `ckpt.data-*`) and, written last, `MANIFEST.json`:
      "dense": {"dense/kernel": {"dtype": "float32", "shape": [16, 1]}},
      "metadata": {...caller's, e.g. the input position...}}
 
+Optional: `"serving_view": {"dtype": "bfloat16"}` when the commit also holds
+a lower-precision serving view (checkpoint/serving_view.py); absent otherwise.
+
 `parent` is the checkpoint this one follows (None for a full), `base` the full
 that starts its chain (a full's base is itself). Checksums are crc32c
 (Castagnoli, unmasked) of whole files.
@@ -90,6 +93,8 @@ SCHEMA = {
             "properties": {"dtype": {"type": "string", "minLength": 1},
                            "shape": {"type": "array", "items": _COUNT}}}},
         "metadata": {"type": "object"},
+        "serving_view": {"type": "object", "required": ["dtype"], "additionalProperties": False,
+                         "properties": {"dtype": {"enum": ["bfloat16", "float16", "int8"]}}},
     },
 }
 _VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -125,6 +130,7 @@ class Manifest:
     dense: dict               # name -> {"dtype", "shape"}
     metadata: dict = dataclasses.field(default_factory=dict)
     parent_checksum: str | None = None   # the parent manifest's checksum (deltas; None: not recorded)
+    serving_view: dict | None = None     # {"dtype": ...} when the commit holds a serving view
     # `checksum` (an attribute, not a field): this manifest's content identity,
     # set by to_json / from_json (None for a manifest without one).
     checksum = None
@@ -140,6 +146,8 @@ class Manifest:
     def to_json(self):
         d = {"format": FORMAT, "version": VERSION}
         d.update(dataclasses.asdict(self))
+        if d["serving_view"] is None:
+            del d["serving_view"]   # optional: manifests without a view stay as they were
         d["checksum"] = self.checksum = canonical_checksum(d)
         return json.dumps(d, indent=1, sort_keys=True, allow_nan=False)
 
@@ -165,7 +173,8 @@ class Manifest:
                                          "was written); the checkpoint is corrupt")
         m = cls(seq=d["seq"], kind=d["kind"], parent=d["parent"], base=d["base"], global_step=d["global_step"],
                 wall_time=float(d["wall_time"]), files=d["files"], evs=d["evs"], dense=d["dense"],
-                metadata=d.get("metadata") or {}, parent_checksum=d.get("parent_checksum"))
+                metadata=d.get("metadata") or {}, parent_checksum=d.get("parent_checksum"),
+                serving_view=d.get("serving_view"))
         m.checksum = d.get("checksum")
         if m.kind == "full" and (m.parent is not None or m.base != m.seq):
             raise CorruptCheckpointError(f"{where}: a full must have no parent and be its own base")
