@@ -41,7 +41,7 @@ import urllib.parse
 import numpy as np
 import uvloop
 
-from serving_loader import admin
+from serving_loader import admin, fleet_metrics
 from serving_loader.batching import Batcher, BatchingOptions, deadline_exceeded
 from serving_loader.httpserver import HttpServer, Response, Router, error_response, json_response
 from serving_loader.tfs import (CLASSIFY_METHOD, REGRESS_METHOD, Servable, ServingError, format_classify_json,
@@ -175,6 +175,7 @@ class ServingApp:
         self.router = Router(fallback=self._unrouted)
         self.router.add(["GET"], r"/metrics", self._metrics)
         admin.register_metrics(self.metrics.registry, model)
+        fleet_metrics.register_metrics(self.metrics.registry, model)
         self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH"], admin.PATH, self._admin)
         self.http = HttpServer(self.router, max_request_bytes, on_response=self._count)
         self._loop = None
