@@ -41,7 +41,7 @@ import urllib.parse
 import numpy as np
 import uvloop
 
-from serving_loader import admin
+from serving_loader import admin, fleet_metrics
 from serving_loader.batching import Batcher, BatchingOptions, cancelled_by_client, deadline_exceeded
 from serving_loader.gate import Gate
 from serving_loader.gate import register_metrics as gate_metrics
@@ -179,6 +179,7 @@ class ServingApp:
         admin.register_metrics(self.metrics.registry, model)
         if getattr(model, "gate", None) is not None:
             gate_metrics(self.metrics.registry, model)
+        fleet_metrics.register_metrics(self.metrics.registry, model)
         self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH"], admin.PATH, self._admin)
         self.http = HttpServer(self.router, max_request_bytes, on_response=self._count)
         self._loop = None
