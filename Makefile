@@ -52,8 +52,10 @@ $(NATIVE): $(DEPS) $(NATIVE_SRC) | $(NGHTTP2_H)
 	touch $@
 
 # pyproject's `docs` extra (MkDocs with Material, ~30 s from PyPI), read from pyproject itself.
-DOCS_EXTRA = import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"])
+DOCS_EXTRA = import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
+	print(*toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"])
 $(DOCSDEPS): pyproject.toml | $(BIN)/python
+	@$(BIN)/python -c 'import tomllib' 2>/dev/null || $(BIN)/pip install -q --disable-pip-version-check tomli   # Python 3.10
 	$(BIN)/pip install -q --disable-pip-version-check $$($(BIN)/python -c '$(DOCS_EXTRA)')
 	touch $@
 
