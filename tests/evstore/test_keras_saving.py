@@ -114,6 +114,7 @@ OPTIMIZERS = [
                                  l21_regularization_strength=0.03),
     evstore.optimizers.GroupAdagrad(0.02, initial_accumulator_value=0.3, l21_regularization_strength=0.04),
     evstore.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)),
+    evstore.optimizers.SGD(tf.Variable(0.3)),     # read at every step; its config holds the value
 ]
 
 
