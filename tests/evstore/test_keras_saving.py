@@ -92,6 +92,7 @@ def test_clone_model_keeps_filter_eviction_policies_and_initializer():
     assert clone.get_layer("user").ev.evict_policies == (evstore.GlobalStepEvict(3),)
     assert clone.get_layer("tag").ev.filter == evstore.BloomFilter(2, capacity=1000)
     np.testing.assert_array_equal(clone.get_layer("tag").ev.default_value, [0.5] * 4)
+    assert type(clone.optimizer) is evstore.optimizers.Adam     # Keras clones the compile config too
 
 
 @pytest.mark.parametrize("policy", [evstore.CounterFilter(3), evstore.BloomFilter(4, capacity=500, fp_rate=0.02),
