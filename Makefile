@@ -75,9 +75,12 @@ cli-docs: | $(BIN)/python
 docs: $(DOCSDEPS) cli-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# Benchmarks against peers (TFRA in its own venv, see ../shared/peers/README.md).
+# Benchmarks against peers (TFRA in its own venv .peer-tfra, made by bench/peers/tfra-setup.sh).
 bench: install
 	$(BIN)/python bench/run.py
+
+bench-peers:
+	bash bench/peers/tfra-setup.sh .peer-tfra
 
 clean:
 	rm -rf build *.egg-info evstore/native/*.so serving_loader/native/*.so $(NATIVE)

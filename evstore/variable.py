@@ -115,7 +115,7 @@ class EmbeddingVariable:
         bytes: any byte string (empty and non-UTF-8 included) of at most
         `evstore.MAX_STRING_KEY_BYTES` (65535) bytes; a longer key fails the
         op with InvalidArgumentError and changes nothing. They hash with
-        FarmHash Fingerprint64 (= `tf.fingerprint`), see README "String keys".
+        FarmHash Fingerprint64 (= `tf.fingerprint`), see docs/guides/string-keys.md.
       initializer: a TF/Keras initializer called as `initializer(shape, dtype)`;
         default `tf.random_normal_initializer(0, 0.01)`.
       default_value: what a key without a row reads (a scalar or `dim` floats);
@@ -578,8 +578,7 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=False)
 
     # ---- tf.train.Checkpoint / v1 Saver / SavedModel (materialise the table) --
-    # Tensor names follow docs/ARCHITECTURE.md, "Checkpoints" (`<name>-keys`, `-values`,
-    # `-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`) except that
+    # Tensor names follow docs/reference/checkpoint-format.md except that
     # these paths pack the optimizer slots into `<name>-slots` [N, S, dim] with
     # `<name>-slot_names` [S]: a restore must build its ops before the EV knows
     # its slots. tf.train.Checkpoint prefixes them with the object path

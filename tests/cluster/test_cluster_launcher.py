@@ -1,6 +1,6 @@
 """The cluster launcher: `evstore_app.cluster` (load_cluster, start_server,
 LocalCluster) and `evstore server`, with real PS / worker processes, and what
-TF's ClusterCoordinator does when a task dies (README: Distributed training)."""
+TF's ClusterCoordinator does when a task dies (docs/guides/parameter-server.md, "When a task dies")."""
 import json
 import os
 import signal
