@@ -63,7 +63,9 @@ class RowArena {
     Locate(r, &b, &off);
     return Block(b)->data + static_cast<size_t>(off) * stride_;
   }
+  static constexpr bool kAllResident = true;
   const float* ReadRow(uint32_t r) const { return Row(r); }
+  const float* PeekRow(uint32_t r, float*) const { return Row(r); }
   // All rows are resident: no owner, hint or lock is needed (no-ops).
   void Bind(uint32_t, int) {}
   void Hint(uint32_t, uint32_t) const {}

@@ -18,6 +18,10 @@
 //   float* Row(uint32_t r) const;              the row, resident and writable
 //   const float* ReadRow(uint32_t r) const;    the same, for reading only (a
 //                                              tier need not write it back)
+//   const float* PeekRow(uint32_t r, float* scratch) const;  the row to read
+//                                              now, maybe copied to scratch
+//                                              (stride floats) and not cached
+//   static constexpr bool kAllResident;        every row always in DRAM
 //   int64_t& Version(uint32_t r) const;        its version slot
 //   static void PrefetchRow(const float*, int floats);  a hint, may be a no-op
 //   int stride() const;
@@ -101,6 +105,9 @@ constexpr bool IsRowStore() {
   using W = typename S::Widened;
   return std::is_same<decltype(std::declval<const S&>().Row(uint32_t{})), float*>::value &&
          std::is_same<decltype(std::declval<const S&>().ReadRow(uint32_t{})), const float*>::value &&
+         std::is_same<decltype(std::declval<const S&>().PeekRow(uint32_t{}, std::declval<float*>())),
+                      const float*>::value &&
+         std::is_same<decltype(S::kAllResident), const bool>::value &&
          std::is_same<decltype(std::declval<const S&>().Version(uint32_t{})), int64_t&>::value &&
          std::is_same<decltype(std::declval<S&>().Bind(uint32_t{}, int{})), void>::value &&
          std::is_same<decltype(std::declval<const S&>().Hint(uint32_t{}, uint32_t{})), void>::value &&

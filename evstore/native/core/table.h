@@ -461,6 +461,7 @@ class Table {
     // Only a policy that reads weights (L2) reads rows: eviction by step
     // never brings a tiered store's cold rows back into DRAM.
     const bool needs_row = policies.NeedsRow();
+    Scratch scratch(this);
     for (int s = 0; s < nseg_; ++s) {
       Seg& seg = index_.segment(s);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
@@ -468,7 +469,7 @@ class Table {
       seg.ForEach([&](E& en) {
         const bool adm = RowIsReal(en.row);
         const int64_t ref = adm ? VersionReference(rows_.Version(en.row)) : FilteredReference(en.row);
-        switch (policies.Decide(step, ref, adm && needs_row ? rows_.ReadRow(en.row) : nullptr, dim_)) {
+        switch (policies.Decide(step, ref, adm && needs_row ? rows_.PeekRow(en.row, scratch.data()) : nullptr, dim_)) {
           case EvictDecision::kEvict:
             victims.push_back(Traits::OwnStored(en.key));
             break;
@@ -515,12 +516,13 @@ class Table {
   template <typename Fn>
   void ForEachInSegment(int s, const Fn& fn) const {
     const Seg& seg = index_.segment(s);
+    Scratch scratch(this);  // a cold row is read into it, not cached (bounded memory)
     std::shared_lock<std::shared_mutex> lock(seg.mu);
     seg.ForEach([&](const E& en) {
       bool adm = RowIsReal(en.row);
       ExportedKey<K> x{Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1, static_cast<int64_t>(en.freq()),
                        adm ? -1 : FilteredReference(en.row)};
-      fn(x, adm ? rows_.ReadRow(en.row) : nullptr);
+      fn(x, adm ? rows_.PeekRow(en.row, scratch.data()) : nullptr);
     });
   }
   int num_segments() const { return nseg_; }
@@ -532,6 +534,7 @@ class Table {
   // (optional) gets a filtered key's last-seen step (-1 unknown or admitted).
   void Read(const K* keys, int64_t n, int stride, uint8_t* present, uint8_t* admitted, int64_t* versions,
             int64_t* freqs, float* rows, int64_t* seen = nullptr) const {
+    Scratch scratch(this);
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = Traits::Hash(keys[i]);
       const Seg& seg = index_.SegmentFor(h);
@@ -544,7 +547,7 @@ class Table {
       if (seen) seen[i] = (en && !admitted[i]) ? FilteredReference(en->row) : -1;
       if (!rows) continue;  // metadata only
       if (admitted[i])
-        std::memcpy(rows + i * stride, rows_.ReadRow(en->row), stride * sizeof(float));
+        std::memcpy(rows + i * stride, rows_.PeekRow(en->row, scratch.data()), stride * sizeof(float));
       else
         std::memset(rows + i * stride, 0, stride * sizeof(float));
     }
@@ -737,6 +740,11 @@ class Table {
     st.free_rows = rows_.free_rows();
     st.meta_bytes = rows_.version_bytes();
     st.row_bytes = rows_.bytes() - st.meta_bytes;
+    const TierStats tier = rows_.tier_stats();
+    st.cache_hits = tier.hits;
+    st.cache_misses = tier.misses;
+    st.cache_rows = tier.resident;
+    st.disk_bytes = tier.disk_bytes;
     return st;
   }
   // The row store's cache figures (all zero for the all-DRAM store).
@@ -753,6 +761,15 @@ class Table {
 
  private:
   using Grouping = typename Idx::Grouping;
+  // A row-sized buffer for PeekRow (row_store.h), allocated only for a store
+  // whose rows may be off DRAM.
+  struct Scratch {
+    explicit Scratch(const Table* t) {
+      if constexpr (!Store::kAllResident) buf.resize(t->stride());
+    }
+    float* data() { return buf.data(); }
+    std::vector<float> buf;
+  };
   // A pass-1 entry without a row, for pass 2 of FindOrInsert.
   struct Pending {
     int64_t pos;

@@ -62,7 +62,10 @@
 
 namespace evstore {
 
-template <typename Policy = FrequencyClock>
+// Policy: which rows stay in DRAM (cache_policy.h). Engine: the disk tier,
+// RowFile (row_file.h) or any class with its interface (the benchmark plugs
+// RocksDB in here to compare: bench/tiered_engine_bench.cc).
+template <typename Policy = FrequencyClock, typename Engine = RowFile>
 class TieredStore {
  public:
   static constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
@@ -96,6 +99,24 @@ class TieredStore {
   // ---- row access (caller holds r's owner segment lock) ----------------------
   float* Row(uint32_t r) const { return Access(r, true); }
   const float* ReadRow(uint32_t r) const { return Access(r, false); }
+  // A row for reading once (a full export, Table::Read, an L2 eviction pass):
+  // a resident row in place, a cold one copied into `scratch` from disk
+  // without taking a slot, so streaming every row keeps DRAM at the budget.
+  static constexpr bool kAllResident = false;
+  const float* PeekRow(uint32_t r, float* scratch) const {
+    const RowMeta& m = Meta(r);
+    uint32_t s = m.slot.load(std::memory_order_acquire);
+    if (s != kNoSlot) return SlotData(s);
+    // No store mutex needed: only a write-back (owner lock exclusive, which
+    // our caller's lock excludes) changes record r or its flags. A reader of
+    // the same segment faulting it in meanwhile copies the same record.
+    if (m.flags & kOnDisk) {
+      file_.Read(r, scratch);
+      return scratch;
+    }
+    std::memset(scratch, 0, stride_ * sizeof(float));  // never written: unspecified, zeros
+    return scratch;
+  }
   int64_t& Version(uint32_t r) const { return Meta(r).version; }
   void Hint(uint32_t r, uint32_t freq) const { Meta(r).heat = Policy::HeatOf(freq); }
   void Bind(uint32_t r, int segment) { Meta(r).owner = static_cast<uint16_t>(segment); }
@@ -174,6 +195,8 @@ class TieredStore {
     t.disk_bytes = file_.disk_bytes();
     return t;
   }
+  // Write-backs the disk refused so far (cheap: no lock).
+  int64_t write_failures() const { return write_failures_.load(std::memory_order_relaxed); }
   // Message of the most recent write failure (empty if none).
   std::string last_failure() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -372,7 +395,7 @@ class TieredStore {
   const int dim_;  // the embedding width: the first stride at construction
   int64_t dram_bytes_ = 0;
   int64_t budget_ = 1;
-  mutable RowFile file_;
+  mutable Engine file_;
   SegmentLocks locks_;
   mutable std::mutex mu_;
   uint32_t next_ = 0;

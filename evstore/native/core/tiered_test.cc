@@ -130,13 +130,16 @@ static void TrainStep(A& a, B& b, const std::vector<K>& keys, int64_t step, bool
 
 static void test_tiered_table_equals_all_dram_table_bit_for_bit() {
   const int dim = 8;
-  for (uint32_t min_freq : {1u, 2u}) {
+  // No filter, the counting filter, the Bloom filter.
+  for (int filter : {0, 1, 2}) {
     for (bool l2 : {false, true}) {
       std::string dir = TempDir();
-      Table<int64_t> dram(Cfg(dim, min_freq));
+      TableConfig cfg = Cfg(dim, filter == 0 ? 1 : 2);
+      if (filter == 2) cfg.bloom.capacity = 10000;
+      Table<int64_t> dram(cfg);
       // About 40 rows of DRAM (dim 8, Adam: 96 bytes a row) for ~2,000 keys.
-      Tiered<int64_t> tier(TierCfg(Cfg(dim, min_freq), dir, 40 * 100));
-      Zipf z(4000, 1.1, 7 + min_freq);
+      Tiered<int64_t> tier(TierCfg(cfg, dir, 40 * 100));
+      Zipf z(4000, 1.1, 7 + filter);
       for (int64_t step = 1; step <= 40; ++step) {
         std::vector<int64_t> keys;
         for (int i = 0; i < 256; ++i) keys.push_back(z.Next() * 7919 - 3);
@@ -178,6 +181,23 @@ static void test_resident_rows_stay_near_the_budget() {
   }
   CHECK_EQ(t.size(), 3200);
   CHECK(t.tier_stats().disk_bytes >= (3200 - budget_rows - 64) * dim * 4);
+}
+
+static void test_full_walk_streams_cold_rows_without_caching_them() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 50 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back(i * 5);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  const TierStats before = t.tier_stats();
+  CHECK(Dump(t) == Dump(dram));  // every row, through ForEachInSegment
+  const TierStats after = t.tier_stats();
+  CHECK_EQ(after.misses, before.misses);
+  CHECK_EQ(after.resident, before.resident);
 }
 
 static void test_eviction_by_step_reads_no_cold_row() {
@@ -323,6 +343,7 @@ int main() {
   RUN(test_bad_config_is_refused);
   RUN(test_tiered_table_equals_all_dram_table_bit_for_bit);
   RUN(test_resident_rows_stay_near_the_budget);
+  RUN(test_full_walk_streams_cold_rows_without_caching_them);
   RUN(test_eviction_by_step_reads_no_cold_row);
   RUN(test_rows_widen_on_disk_when_slots_are_added);
   RUN(test_string_keys_on_a_tiered_table);
