@@ -17,6 +17,7 @@ from evstore import evict as _evict
 from evstore import schema
 from evstore._ops import gen
 from evstore.filters import AdmissionFilter
+from evstore.storage import TieredStorage
 
 __all__ = ["EmbeddingVariable", "UnshardedEmbeddingVariable"]
 
@@ -130,6 +131,10 @@ class EmbeddingVariable:
       initializer_bank_size: rows in the initializer bank.
       num_segments: index segments (a power of two, each with its own lock).
       trainable: whether optimizers update it.
+      storage: where rows live: None (default) keeps every row in DRAM;
+        `evstore.TieredStorage(dram_bytes=..., path=...)` keeps a DRAM cache
+        of rows over a private directory on local disk, for tables larger
+        than memory (evstore/storage.py, docs/guides/tiered-storage.md).
       shards, devices: split the table by key over `shards` tables on
         `devices`; the constructor then builds the subclass
         `evstore.ShardedEmbeddingVariable` (evstore/sharded.py). Under a
@@ -152,7 +157,7 @@ class EmbeddingVariable:
 
     Raises:
       TypeError / ValueError: bad `dim`, `key_dtype`, `default_value`,
-        `filter` or `evict`.
+        `filter`, `evict` or `storage`.
       ValueError: the strategy in scope cannot train an EV correctly.
     """
 
@@ -225,7 +230,7 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
 
     def __init__(self, name, dim, key_dtype=tf.int64, initializer=None, default_value=None,
                  filter=None, initializer_bank_size=8192, num_segments=64, trainable=True, evict=None,
-                 shards=None, devices=None):
+                 shards=None, devices=None, storage=None):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         _check_dim(dim)
@@ -239,6 +244,9 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         if filter is not None and not isinstance(filter, AdmissionFilter):
             raise TypeError("filter must be an evstore.CounterFilter, evstore.BloomFilter or None, "
                             f"got {type(filter).__name__}")
+        if storage is not None and not isinstance(storage, TieredStorage):
+            raise TypeError(f"storage must be an evstore.TieredStorage or None, got {type(storage).__name__}")
+        self._storage = storage
         self._evict_policies = _evict.normalize(evict)
         self._name = name
         self._dim = dim
@@ -285,6 +293,8 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         if tf.executing_eagerly():
             self._bank = bank   # kept: a saved model carries it, so new keys start alike after a load
         attrs = self._filter._native_attrs() if self._filter is not None else {}
+        if self._storage is not None:
+            attrs.update(self._storage._native_attrs())
         return gen.ev_create(self.resource_handle, bank, default_value, key_dtype=self._key_dtype,
                              dim=self._dim, segments_log2=self._segments_log2, **attrs)
 

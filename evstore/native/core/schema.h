@@ -73,7 +73,11 @@ inline std::string SlotTensor(const std::string& ev, const std::string& slot) {
   X(deleted, "keys in the open deleted sets")                                         \
   X(evicted, "keys erased by Evict since the table was created")                      \
   X(filter_bytes, "admission filter counters (0 without a Bloom filter)")             \
-  X(zero_rows, "admitted keys whose embedding is all zero (zero_rows.h)")
+  X(zero_rows, "admitted keys whose embedding is all zero (zero_rows.h)")           \
+  X(cache_hits, "tiered storage: row accesses served from DRAM (0 without a tier)")  \
+  X(cache_misses, "tiered storage: rows read back from disk into DRAM")              \
+  X(cache_rows, "tiered storage: rows in DRAM now")                                  \
+  X(disk_bytes, "tiered storage: bytes of rows on disk")
 
 #define EVSTORE_STATS_NAME_(name, doc) #name,
 inline constexpr const char* kStatsFields[] = {EVSTORE_STATS_FIELDS(EVSTORE_STATS_NAME_)};
