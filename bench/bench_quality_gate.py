@@ -68,12 +68,16 @@ def demo_figures(s):
     sv = s["serving"]
     if sv.get("gate"):
         commits = {c["seq"]: c["t"] for c in s["checkpoints"]["commits"]}
-        seen = [(commits[q] + f, q) for q in sv["seen_by_client"] if q in commits
-                for t, f in sv["freshness"] if abs(t - commits[q]) < 1e-6]
-        resumed = min((x for x in seen if x[0] > p["end_s"]), default=None)
+        seen = sorted((commits[q] + f, q) for q in sv["seen_by_client"] if q in commits
+                      for t, f in sv["freshness"] if abs(t - commits[q]) < 1e-6)
+        # the first time a commit made after the stretch began is served (a client saw it), and the
+        # newest commit served then (a held stretch is applied in one step)
+        first = next((x for x in seen if commits[x[1]] > p["start_s"]), None)
         out["gate"] = sv["gate"]
-        out["first_commit_served_after_stretch"] = None if resumed is None else {
-            "seq": resumed[1], "s_after_stretch": round(resumed[0] - p["end_s"], 1)}
+        out["serving_new_commits_again"] = None if first is None else {
+            "s_after_stretch": round(first[0] - p["end_s"], 1),
+            "seq": max(q for t, q in seen if abs(t - first[0]) < 0.1),
+            "held_from_seq": max((q for t, q in seen if commits[q] <= p["start_s"]), default=None)}
     return out
 
 
