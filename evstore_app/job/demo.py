@@ -135,8 +135,11 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     """Runs the demo; returns the summary dict (also OUT/summary.json).
 
     `poison`: (start, seconds): the training labels are shuffled within each
-    batch from `start` seconds after the trainer started, for `seconds` (a
-    logging bug; the served models are still scored on the true labels).
+    batch from `start` seconds after serving starts (the first batch scored
+    by the server), for `seconds` (a logging bug; the served models are
+    still scored on the true labels). The summary's "poison" gives the
+    stretch in seconds since the trainer started, the time axis of its
+    other series.
     `gate`: the serving process's quality gate (`evstore serve --gate`)."""
     if gate is not None:
         from serving_loader.gate import Gate
@@ -170,6 +173,8 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         deadline = time.time() + 60 * minutes
         bar = _progress(progress, minutes)
         t_train, last_stats, step = time.time(), 0.0, 0
+        if poison:   # in seconds since the trainer started
+            poison = (t_train - trainer.started + poison[0], poison[1])
         while time.time() < deadline and not trainer.stop_event.is_set():
             b, (cols, y) = next(batches)
             x = trainer.inputs(cols)
@@ -188,7 +193,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
                     bar.update(last_stats, trainer, summary, server)
         train_seconds = time.time() - t_train
         final = trainer.manager.stop()                     # the final delta: nothing trained is lost
-        _wait_for(lambda: server.observe() >= final, 120)   # an upper bound: a loaded machine is slow
+        # An upper bound: a loaded machine is slow. A gated server may hold the final commit instead.
+        held_final = lambda: gate is not None and final in server.admin().get("held_commits", [])  # noqa: E731
+        _wait_for(lambda: server.observe() >= final or held_final(), 120)
         # Counted from the manager's history: retention may have deleted some by now.
         committed = sum(1 for m in trainer.manager.history if m.seq > first_full)
         deadline = time.time() + 30     # the server's counters follow its applies
@@ -196,7 +203,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
             server_metrics = server.metrics()
             skipped = len(_superseded(trainer.manager.history, first_full, server.published()))
             if (server_metrics.get("evstore_serving_checkpoints_applied_total", 0) >= committed + 1 - skipped
-                    or time.time() > deadline):
+                    or time.time() > deadline or (gate is not None and (held_final() or server.observe() >= final))):
                 break
             time.sleep(0.2)
         published = server.published()
@@ -224,7 +231,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         sv["gate"] = {k: gate_status.get(k) for k in ("gate", "held", "held_version", "held_reason",
                                                       "held_back_total")}
     if poison:
-        result["poison"] = {"start_s": poison[0], "end_s": poison[0] + poison[1]}
+        result["poison"] = {"start_s": round(poison[0], 2), "end_s": round(poison[0] + poison[1], 2)}
     if poison or gate is not None:
         result["report_png"] = write_report_png(result, result["report_png"])   # with the stretch and the gate
     with open(os.path.join(out, "summary.json"), "w") as f:
