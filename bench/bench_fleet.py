@@ -3,6 +3,8 @@ reads per commit, served model quality of the lower-precision serving views,
 the trainer's commit time with a view, and three replicas against one.
 
     .venv/bin/python bench/bench_fleet.py [--batches 600] [--delta-every 40] [--replica-deltas 12]
+    .venv/bin/python bench/bench_fleet.py --data ../shared/data/movielens-small --skip-replicas \
+        --batches 400 --delta-every 20 --warmup 20
 
 The demo's model and stream (evstore_app/job: SPEC, ClickStream, Trainer) on a
 local root. One training run per view (bfloat16, float16, int8), same seed:
@@ -48,16 +50,27 @@ def _today_bytes(m):
     return sum(f["size"] for n, f in m.files.items() if not n.startswith("serving."))
 
 
-def quality_run(view, batches, delta_every, warmup, seed):
+def _stream(data, seed):
+    """(spec, batch iterator) of the demo's synthetic stream or MovieLens."""
+    if data == "demo":
+        from evstore_app.job.synthetic import SPEC, ClickStream
+        return dict(SPEC), ClickStream(seed=seed, batch_size=SPEC["batch_size"]).batches()
+    from evstore_app.job.source import FileStream
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(here, "examples", "movielens.json")) as f:
+        spec = json.load(f)
+    return spec, FileStream(data, spec).batches()
+
+
+def quality_run(view, batches, delta_every, warmup, seed, data="demo"):
     import serving_loader
-    from evstore_app.job.synthetic import SPEC, ClickStream
     from evstore_app.job.trainer import Trainer, auc
 
     out = tempfile.mkdtemp(prefix="bench-fleet-")
     root, export = os.path.join(out, "ckpt"), os.path.join(out, "export")
-    trainer = Trainer(dict(SPEC), root, seed=seed, serving_view=view, keep_chains=None)
+    spec, stream = _stream(data, seed)
+    trainer = Trainer(spec, root, seed=seed, serving_view=view, keep_chains=None)
     serving_loader.ensure_serving_export(trainer.model, export)
-    stream = ClickStream(seed=seed, batch_size=SPEC["batch_size"]).batches()
     for _ in range(warmup):
         b, (cols, y) = next(stream)
         trainer.train(trainer.inputs(cols), y, b + 1)
@@ -67,7 +80,10 @@ def quality_run(view, batches, delta_every, warmup, seed):
     labels, p32, plow = [], [], []
     bytes_today, bytes_f32, bytes_view, t_view, t_plain = [], [], [], [], []
     for i in range(batches):
-        b, (cols, y) = next(stream)
+        try:
+            b, (cols, y) = next(stream)
+        except StopIteration:   # a finite data set ends
+            break
         x = trainer.inputs(cols)
         labels.append(y.reshape(-1))
         p32.append(f32.predict(x)[0]["outputs"].reshape(-1))
@@ -89,7 +105,8 @@ def quality_run(view, batches, delta_every, warmup, seed):
                 bytes_view.append(low.last_fetched_bytes)
     y, a, v = np.concatenate(labels), np.concatenate(p32), np.concatenate(plow)
     today = statistics.mean(bytes_today)
-    res = {"view": view, "deltas_with_view": len(bytes_view),
+    res = {"data": data if data == "demo" else os.path.basename(data.rstrip("/")), "view": view,
+           "deltas_with_view": len(bytes_view),
            "bytes_per_delta": {"today": round(today), "float32": round(statistics.mean(bytes_f32)),
                                view: round(statistics.mean(bytes_view))},
            "ratio_to_today": {"float32": round(statistics.mean(bytes_f32) / today, 3),
@@ -201,8 +218,10 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--views", default=",".join(VIEWS))
     ap.add_argument("--skip-replicas", action="store_true")
+    ap.add_argument("--data", default="demo", help="demo (the synthetic stream) or a MovieLens directory "
+                    "(examples/movielens.json), e.g. tests/data/movielens-slice")
     args = ap.parse_args()
-    res = {"quality": [quality_run(v, args.batches, args.delta_every, args.warmup, args.seed)
+    res = {"quality": [quality_run(v, args.batches, args.delta_every, args.warmup, args.seed, args.data)
                        for v in args.views.split(",") if v]}
     if not args.skip_replicas:
         res["replicas"] = [replica_run(n, args.replica_deltas, args.replica_delta_batches, args.seed)

@@ -41,9 +41,12 @@ def _free_port():
 
 
 class _Server:
-    """A real `evstore serve` process and a client for it."""
+    """A real `evstore serve` process and a client for it. It polls the root
+    every `poll_every` seconds: commit -> served is at most that plus one
+    apply (a scan of a local root is a directory listing and a stat per
+    checkpoint, cheap at 10 per second)."""
 
-    def __init__(self, export, root, name="demo", poll_every=0.25, log_path=None):
+    def __init__(self, export, root, name="demo", poll_every=0.1, log_path=None):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}/v1/models/{name}"
         self.log = open(log_path or os.devnull, "w")
