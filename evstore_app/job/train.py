@@ -23,17 +23,19 @@ __all__ = ["run"]
 
 
 def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
-        progress=True, stop_event=None, export=None):
+        progress=True, stop_event=None, export=None, serving_view=None):
     """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
     `export`: a local directory for the model's serving export
     (serving_loader.ensure_serving_export: written before training, kept when
     it already holds this model's export; ValueError if it holds another's).
+    `serving_view`: a lower-precision serving view in every commit
+    (CheckpointManager's argument).
     Returns the summary dict (also written to OUT/summary.json, with
     OUT/report.png; OUT defaults to default_out(checkpoints)). A root that
     already holds every row of `data` trains and commits nothing."""
     spec = load_spec(spec)
     stream = FileStream(data, spec, max_rows=max_rows)
-    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains)
+    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view)
     if stop_event is not None:
         trainer.stop_event = stop_event
     start = trainer.resume()
