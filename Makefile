@@ -5,14 +5,15 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.deps-stamp
 TESTDEPS := $(VENV)/.test-deps-stamp
+DOCSDEPS := $(VENV)/.docs-deps-stamp
 NATIVE := $(VENV)/.native-stamp
-NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc serving_loader/native/*.cc)
+NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc serving_loader/native/*.cc serving_loader/native/*.h)
 # The gRPC front end's HTTP/2 library (Debian's libnghttp2-dev), installed when its header is missing.
 NGHTTP2_H := /usr/include/nghttp2/nghttp2.h
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: all install test demo bench bench-peers clean
+.PHONY: all install test demo docs cli-docs bench bench-peers clean
 
 all: install
 
@@ -50,13 +51,29 @@ $(NATIVE): $(DEPS) $(NATIVE_SRC) | $(NGHTTP2_H)
 	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 
+# pyproject's `docs` extra (MkDocs with Material, ~30 s from PyPI), read from pyproject itself.
+DOCS_EXTRA = import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"])
+$(DOCSDEPS): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q --disable-pip-version-check $$($(BIN)/python -c '$(DOCS_EXTRA)')
+	touch $@
+
 install: $(NATIVE)
 
-test: install $(TESTDEPS)
+test: install $(TESTDEPS) $(DOCSDEPS)
 	$(BIN)/python -m pytest -q tests
 
 demo: install
 	$(BIN)/evstore demo
+
+# The command-line reference page, rendered from evstore_app/cli.py's parser (tests/test_docs.py
+# checks the committed page is current).
+cli-docs: | $(BIN)/python
+	$(BIN)/python -m evstore_app.cli_reference > docs/reference/cli.md
+
+# The documentation site, into site/ (git-ignored); any broken link, anchor or page missing from
+# mkdocs.yml's nav fails the build.
+docs: $(DOCSDEPS) cli-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # Benchmarks against peers (TFRA in its own venv, see ../shared/peers/README.md).
 bench: install

@@ -115,6 +115,7 @@ GRPC_FRONTEND = "serving_loader.native._grpc_frontend"
 setup(
     ext_modules=[Extension("evstore.native._evstore_ops", sources=sources, depends=depends, language="c++"),
                  Extension(GRPC_FRONTEND, sources=[os.path.join("serving_loader", "native", "grpc_frontend.cc")],
+                           depends=[os.path.join("serving_loader", "native", "grpc_transport.h")],
                            libraries=["nghttp2"], language="c++")],
     cmdclass={"build_ext": TFBuildExt},
 )

@@ -25,6 +25,7 @@ from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
 from checkpoint.serving_view import write_view
 from checkpoint.shards import device_groups
+from evstore import quality as _quality
 from evstore import schema
 
 __all__ = ["commit_checkpoint"]
@@ -40,7 +41,8 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
     Args:
       evs: {checkpoint name: EmbeddingVariable}.
       dense_fn: () -> {name: tensor-like}, read under `lock` after the seal.
-      prepare: () -> (global_step, metadata dict), run under `lock` first.
+      prepare: () -> (global_step, metadata dict, quality record or None), run
+        under `lock` first (quality: evstore.quality, checked by normalize).
       parent, base: the delta's parent and base (a full is its own base).
       parent_checksum: the parent manifest's checksum (its content identity).
       lock: held for step 1 (a training loop holding it gets exact snapshots).
@@ -59,7 +61,8 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
     sids, staging, manifest_sent = {}, None, False
     try:
         with lock if lock is not None else contextlib.nullcontext():
-            step, meta = prepare()
+            step, meta, quality = prepare()
+            quality = None if quality is None else _quality.normalize(quality)
             for name, ev in evs.items():
                 sids[name] = int(ev.begin_export(return_keys=False)[0])
             dense = {n: tf.convert_to_tensor(v) for n, v in dense_fn().items()}
@@ -80,6 +83,7 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
                      **({"shard": shard_info[n]} if n in shard_info else {})} for n, ev in evs.items()},
             dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in dense.items()},
             metadata=dict(meta or {}), parent_checksum=None if kind == "full" else parent_checksum,
+            quality=quality,
             serving_view=None if serving_view is None else {"dtype": serving_view})
         manifest.to_json()  # metadata must serialise before anything is committed
         _failpoints.hit("before-manifest")

@@ -54,7 +54,7 @@ from tensorflow.python.ops import resource_variable_ops
 from evstore._ops import gen
 from evstore.sharded import SHARD_ROUTE
 from evstore.substitution import substitute_for
-from evstore.variable import EmbeddingVariable
+from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
 __all__ = ["CollectiveEmbeddingVariable", "embedding_lookup_group", "exchange_stats", "GROUP_KEY"]
 
@@ -103,7 +103,7 @@ def _counter():
     return _COUNTER[0]
 
 
-class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module):
+class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module, collective_implementation=True):
     """An embedding table split by key over the workers of a MultiWorkerMirroredStrategy.
 
     Args:
@@ -145,7 +145,7 @@ class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module):
         self._rank, self._num_workers = _workers(strategy)
         self._ev_name = name
         with tf.init_scope(), tf.variable_creator_scope(_local_creator):
-            self._local = EmbeddingVariable(f"{name}/part_{self._rank}", dim, **ev_kwargs)
+            self._local = UnshardedEmbeddingVariable(f"{name}/part_{self._rank}", dim, **ev_kwargs)
         self._local._collective_parent = weakref.ref(self)
         if self._num_workers > 1:
             _counter()

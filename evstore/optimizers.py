@@ -42,6 +42,11 @@ generic.install()   # every other Keras optimizer trains EVs through the generic
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad"]
 
 
+# Registered Keras serializables ("evstore>Adam", ...): compiled models load
+# from .keras files and clone with no custom_objects once evstore is imported.
+_serializable = keras.saving.register_keras_serializable(package="evstore")
+
+
 def _check_lr(learning_rate):
     if isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool) and learning_rate <= 0:
         raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
@@ -174,6 +179,7 @@ class _EVMixin:
             return self._ev_apply(ev, gradient, lr, step, variable=variable)
 
 
+@_serializable
 class SGD(_EVMixin, keras.optimizers.SGD):
     """Stochastic gradient descent (Keras semantics), optional momentum / Nesterov."""
 
@@ -190,6 +196,7 @@ class SGD(_EVMixin, keras.optimizers.SGD):
         return training.sparse_apply_sgd(ev, grad, lr, step, momentum=self.momentum, nesterov=self.nesterov)
 
 
+@_serializable
 class Adagrad(_EVMixin, keras.optimizers.Adagrad):
     """Adagrad (Keras semantics): acc += g^2; w -= lr * g / sqrt(acc + epsilon)."""
 
@@ -207,6 +214,7 @@ class Adagrad(_EVMixin, keras.optimizers.Adagrad):
                                              initial_accumulator_value=self.initial_accumulator_value)
 
 
+@_serializable
 class Adam(_EVMixin, keras.optimizers.Adam):
     """Adam (Keras semantics, global beta powers; amsgrad is not supported for EVs)."""
 
@@ -224,6 +232,7 @@ class Adam(_EVMixin, keras.optimizers.Adam):
                                           epsilon=self.epsilon, adam_step=self._adam_step())
 
 
+@_serializable
 class AdamW(_EVMixin, keras.optimizers.AdamW):
     """AdamW (Keras semantics; slots "m", "v"): decoupled weight decay
     `w -= w * weight_decay * lr`, then the Adam update.
@@ -257,6 +266,7 @@ class AdamW(_EVMixin, keras.optimizers.AdamW):
                                            adam_step=self._adam_step())
 
 
+@_serializable
 class Ftrl(_EVMixin, keras.optimizers.Ftrl):
     """FTRL-proximal with TensorFlow's semantics (Keras Ftrl, TF's ApplyFtrlV2);
     slots "accumulator" (starts at `initial_accumulator_value`) and "linear".
@@ -371,6 +381,7 @@ class _DenseGroupAdam(keras.optimizers.Optimizer):
         return config
 
 
+@_serializable
 class GroupAdam(_EVMixin, _DenseGroupAdam):
     """Group Adam: Adam with a sparse group lasso (l1, l2, l21) per row; slots
     "m", "v", "linear". From "Adaptive Optimizers with Sparse Group Lasso for
@@ -448,6 +459,7 @@ class _DenseGroupAdagrad(keras.optimizers.Optimizer):
         return config
 
 
+@_serializable
 class GroupAdagrad(_EVMixin, _DenseGroupAdagrad):
     """Group Adagrad (sparse group FTRL): Adagrad with a sparse group lasso
     (l1, l2, l21) per row; slots "accumulator" (starts at

@@ -53,6 +53,7 @@ from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
 from serving_loader import served_tensors
 from serving_loader.export import FORMAT, MAP_FILE, sentinels
+from serving_loader.gate import Gate, GateState
 
 __all__ = ["ServingModel", "NothingToServeError", "RollbackError"]
 
@@ -235,6 +236,10 @@ class ServingModel:
         has nothing to apply yet (then polled as usual). False (default):
         raise NothingToServeError instead, so a wrong root is not mistaken
         for a served model.
+      gate: a quality gate (a serving_loader.gate expression or Gate; None:
+        every commit is applied): a commit that fails it stays committed but
+        is not served; the model holds the last good version and serves again
+        from the first later commit that passes (`admin_status()` reports it).
       use_serving_view: read a commit's serving view (lower-precision rows
         the trainer wrote with it, checkpoint/serving_view.py) when it has
         one (default True); False reads its float32 rows. Either way a
@@ -248,9 +253,10 @@ class ServingModel:
     Raises:
       ValueError: `export_dir` is not a serving export.
       NothingToServeError: (allow_empty=False) nothing of the root can be served.
+      serving_loader.gate.GateError (a ValueError): a malformed gate.
     """
 
-    def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False,
+    def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False, gate=None,
                  use_serving_view=True):
         map_path = os.path.join(export_dir, MAP_FILE)
         try:
@@ -262,6 +268,9 @@ class ServingModel:
         if self.mapping.get("format") != FORMAT:
             raise ValueError(f"{map_path} is not an evstore serving map")
         self.export_dir = export_dir
+        # The quality gate (serving_loader/gate.py): parsed first, so a malformed one is refused at once.
+        self.gate = GateState(gate if isinstance(gate, Gate) else Gate.parse(gate)) if gate is not None else None
+        self.served_quality = None     # quality record of the served commit (None: not recorded)
         self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
         if self.storage is not None and not allow_empty:
             why = self._nothing_to_serve(scan(self.storage))   # before the (slow) SavedModel load
@@ -418,28 +427,55 @@ class ServingModel:
         return m is not None and m.checksum == self._served_checksum
 
     def _follow_chain(self, sc):
+        children = _children(sc)
         while True:
-            nxt = [m for m in sc.manifests.values()
-                   if m.kind == "delta" and m.parent == self.version and m.base == self.base
-                   and (m.parent_checksum is None or m.parent_checksum == self._served_checksum)]
-            if not nxt:
+            # Without a gate, one commit at a time; with one, up to the first commit that passes it.
+            pending = self._after_served(children, limit=None if self.gate else 1)
+            if not pending:
+                if self.gate is not None:
+                    self.gate.clear()   # nothing newer in the served chain: nothing held back
                 return
-            m = min(nxt, key=lambda x: x.seq)
-            if (m.seq, m.checksum) in self._bad:
-                return   # refused once already: wait for a new full
+            run = pending
+            if self.gate is not None:
+                run, failed = self.gate.gate.admit(pending, self.served_quality)
+                self.gate.note(self.version, pending, failed)   # held until the commit that passed is published
+                if not run:
+                    return   # held: the gate's status says why
             t0 = time.time()
-            try:
-                staged = self._stage(m)
-            except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
-                self._still_committed([m], e)
-                self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
-                return
+            staged = []
+            for m in run:
+                try:
+                    staged.append(self._stage(m))
+                except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+                    self._still_committed([m], e)
+                    self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
+                    return
             self._lock.acquire_write()
             try:
-                self._publish(staged)
+                for s in staged:   # a held stretch is published with the commit that passed, in one step
+                    self._publish(s)
             finally:
                 self._lock.release_write()
-            self._record(m, t0)
+            for m in run:
+                self._record(m, t0)
+            if self.gate is not None:
+                self.gate.clear(serving=run[-1].seq)
+
+    def _after_served(self, children, limit=None):
+        """The served chain's commits after the served one, in order (at most
+        `limit`), stopping before one refused already (it waits for a new full)."""
+        out, seq, checksum = [], self.version, self._served_checksum
+        while limit is None or len(out) < limit:
+            nxt = [m for m in children.get((self.base, seq), ())
+                   if m.parent_checksum is None or m.parent_checksum == checksum]
+            if not nxt:
+                break
+            m = min(nxt, key=lambda x: x.seq)
+            if (m.seq, m.checksum) in self._bad:
+                break
+            out.append(m)
+            seq, checksum = m.seq, m.checksum
+        return out
 
     def _maybe_reload(self, sc):
         try:
@@ -453,6 +489,10 @@ class ServingModel:
             return  # the served checkpoint is in the newest chain: _follow_chain applies the rest
         if (chain[-1].seq, chain[-1].checksum) in self._bad:
             return  # this chain was refused already: wait for a newer one
+        if self.gate is not None:
+            chain = chain[:self._gated_end(sc, chain)]
+            if not chain:
+                return   # held on the served version: the gate's status says why
         if self.version is not None:
             log.warning("served %s is not in the newest chain (%s..%s): it was withdrawn or the chain was "
                         "replaced; reloading", self.version, chain[0].dir, chain[-1].dir)
@@ -468,6 +508,36 @@ class ServingModel:
             if before is None or m.seq > before or m.seq == chain[-1].seq:
                 self._record(m, t0)
         log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
+
+    def _gated_end(self, sc, chain):
+        """How much of the newest `chain` a gated reload serves: up to the last
+        commit the gate admits. The full always loads when the served chain
+        cannot go on (nothing served yet; the served commit withdrawn; a
+        commit after it refused or missing): a full is never held back from
+        repairing a broken chain. 0: hold the served version."""
+        start, ref = 0, self.served_quality
+        if self.version is None or not self._served_chain_intact(sc):
+            start, ref = 1, chain[0].quality
+        end = start
+        while end < len(chain):
+            run, failed = self.gate.gate.admit(chain[end:], ref)
+            self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed)
+            if not run:
+                break
+            self.gate.clear()
+            end += len(run)
+            ref = chain[end - 1].quality
+        return end
+
+    def _served_chain_intact(self, sc):
+        """The served commit is still committed (or its whole chain was removed
+        by the writer's retention: it was committed) and every later commit of
+        its chain follows from it."""
+        if not self._served_is_committed(sc):
+            fulls = [q for q, m in sc.manifests.items() if m.kind == "full"]
+            return bool(fulls) and self.base < min(fulls)
+        reachable = {m.seq for m in self._after_served(_children(sc))}
+        return all(q in reachable for q, m in sc.manifests.items() if m.base == self.base and q > self.version)
 
     def _load_chain(self, chain):
         """Stages every checkpoint of `chain` (raising before any change if one
@@ -544,6 +614,8 @@ class ServingModel:
                 self._fail(msg)
                 raise RollbackError(409, msg) from None
             self.rollbacks += 1
+            if self.gate is not None:
+                self.gate.clear()   # the operator's choice; the gate judges the commits after it
             self.last_rollback = {"from": before, "to": seq, "then": then, "seconds": round(time.time() - t0, 6),
                                   "wall_time": time.time()}
             self.pinned = then == "pin"
@@ -556,7 +628,8 @@ class ServingModel:
         return {"version": self.version, "base": self.base, "pinned": self.pinned,
                 "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
                 "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
-                "failures": self.failures, "last_error": self.last_error, "serving_view": self.serving_view}
+                "failures": self.failures, "last_error": self.last_error, "serving_view": self.serving_view,
+                **(self.gate.status() if self.gate is not None else {})}
 
     def _stage(self, m):
         """Reads and checks what checkpoint `m` changes in the served state,
@@ -640,6 +713,7 @@ class ServingModel:
         self.fetched_bytes_total += s.bytes_read
         self.last_fetched_bytes = s.bytes_read
         self._served_checksum = s.manifest.checksum
+        self.served_quality = s.manifest.quality
 
     def _record(self, m, t0):
         now = time.time()
@@ -718,6 +792,15 @@ class ServingModel:
                 "serving_view": self.serving_view, "fetched_bytes_total": self.fetched_bytes_total,
                 "last_fetched_bytes": self.last_fetched_bytes, "last_lag_s": self.last_lag_s,
                 "last_apply_s": self.last_apply_s}
+
+
+def _children(sc):
+    """{(base, parent seq): [deltas naming it]} of a scan."""
+    out = {}
+    for m in sc.manifests.values():
+        if m.kind == "delta":
+            out.setdefault((m.base, m.parent), []).append(m)
+    return out
 
 
 def _ranges(seqs):
