@@ -200,6 +200,17 @@ class EmbeddingVariable:
     def num_shards(self):
         return len(self.shards)
 
+    def _lookup(self, ids, training, proxy=None):
+        """`embedding_lookup`'s rows of `ids` (already of the key dtype, no
+        lookup substitute) for this kind of EV; `proxy` as embedding_lookup's."""
+        raise NotImplementedError
+
+    def _group_lookup(self):
+        """The function that looks up a group of EVs of this kind together,
+        `fn(evs, ids, training=, proxies=, name=)`, or None for the per-device
+        exchange of evstore/group.py. A group holds EVs of one kind only."""
+        return None
+
     @property
     def trainable_variables(self):
         """What `tape.gradient` and `apply_gradients` take for this EV: its shards
@@ -454,6 +465,20 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
             step = tf.cast(global_step, tf.int64)
         return gen.ev_evict(self.resource_handle, step, key_dtype=self._key_dtype,
                             **_evict.native_attrs(self._evict_policies))
+
+    def _lookup(self, ids, training, proxy=None):
+        if not training:
+            return gen.ev_find(self.resource_handle, ids, dim=self.dim)
+        proxy = self._proxy if proxy is None else proxy
+        proxy = getattr(proxy, "value", proxy) if not isinstance(proxy, tf.Variable) else proxy
+        if not tf.compat.v1.executing_eagerly_outside_functions():
+            # v1 graph: check the table first, so an uninitialized EV reports
+            # itself (and tables_initializer) rather than its proxy variable.
+            with tf.control_dependencies([gen.ev_size(self.resource_handle, key_dtype=self.key_dtype)]):
+                pv = tf.identity(proxy)
+        else:
+            pv = tf.convert_to_tensor(proxy)
+        return gen.ev_find_or_insert(self.resource_handle, ids, pv, dim=self.dim)
 
     def _key_tensor(self, ids, what="keys"):
         """The one validation of keys for every op on this EV: tensors must have
