@@ -75,7 +75,7 @@ def ensure_peer(venv, log):
 
 
 def est_peak_mib(keys, dim):
-    """Rough peak of one run (measured at 10M x 64: run A ~5.8x, run B ~5.9x the raw rows)."""
+    """Rough peak of one run: about 6x the raw rows (keys, versions and rows), plus the process itself."""
     return keys * (4 * dim + 16) * 6 / 2**20 + 1500
 
 
@@ -322,7 +322,7 @@ def evstore_version():
     try:
         commit = subprocess.run(["git", "describe", "--always"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip() or "unknown"
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "evstore", "setup.py"], cwd=ROOT,
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "evstore", "CMakeLists.txt"], cwd=ROOT,
                                  capture_output=True, text=True).stdout.split("\n")
     except OSError:
         return "unknown"

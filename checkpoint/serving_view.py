@@ -19,6 +19,7 @@ Encodings (one small class each behind `ViewCodec`):
     [-127, 127] (Check-N-Run's uniform quantization); a row of zeros has
     scale 0. Decoded value = q * scale.
 """
+import concurrent.futures
 import os
 
 import numpy as np
@@ -102,12 +103,21 @@ def view_tensors(dtype, ev):
     return [schema.tensor(ev, s) for s in codec(dtype).suffixes()]
 
 
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_view(directory, ev_names, dtype, main_prefix):
     """Writes `directory/serving.*` from the float32 `<ev>-values` of the
     bundle `directory/<main_prefix>` just written; fsyncs the files. Returns
     {file name: {"size", "crc32c"}} for the manifest.
 
-    Memory: one EV's values (and their encoding) at a time, not streamed."""
+    Memory: the commit's float32 rows of every EV and their encoding are
+    held until the view is written (not streamed as the main bundle is)."""
     from evstore import ops
     c = codec(dtype)
     reader = tf.train.load_checkpoint(os.path.join(directory, main_prefix))
@@ -120,11 +130,11 @@ def write_view(directory, ev_names, dtype, main_prefix):
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
     files = sorted(f for f in os.listdir(directory) if f == VIEW_PREFIX + ".index" or
                    f.startswith(VIEW_PREFIX + ".data-"))
-    for f in files:
-        fd = os.open(os.path.join(directory, f), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    crcs, sizes = ops.ev_file_crc32c([os.path.join(directory, f) for f in files])
+    # The files are fsynced concurrently (a filesystem journal commits them
+    # together), while their checksums are read from the page cache.
+    with concurrent.futures.ThreadPoolExecutor(len(files)) as pool:
+        synced = [pool.submit(_fsync, os.path.join(directory, f)) for f in files]
+        crcs, sizes = ops.ev_file_crc32c([os.path.join(directory, f) for f in files])
+        for s in synced:
+            s.result()
     return {f: {"size": int(size), "crc32c": int(crc)} for f, crc, size in zip(files, crcs.numpy(), sizes.numpy())}

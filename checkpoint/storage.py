@@ -144,7 +144,14 @@ class Storage:
             out = []
             for name, start, end in ranges:
                 with open(self.join(dirname, name), "rb") as f:
-                    out.append(os.pread(f.fileno(), end - start, start) if end > start else b"")
+                    parts, pos = [], start
+                    while pos < end:   # one pread returns at most ~2 GiB
+                        b = os.pread(f.fileno(), end - pos, pos)
+                        if not b:
+                            break
+                        parts.append(b)
+                        pos += len(b)
+                    out.append(parts[0] if len(parts) == 1 else b"".join(parts))
             return out
         paths = [self.join(dirname, name) for name, _, _ in ranges]
         out = self.fs.cat_ranges(paths, [s for _, s, _ in ranges], [e for _, _, e in ranges], on_error="return")

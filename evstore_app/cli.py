@@ -48,7 +48,7 @@ def build_parser():
     demo.add_argument("--warmup-batches", type=int, default=60,
                       help="batches trained before the first full, the frozen model compared against (default 60)")
     demo.add_argument("--poison", default=None, metavar="START:SECONDS",
-                      help="shuffle the training labels for SECONDS from START seconds after the trainer starts "
+                      help="shuffle the training labels for SECONDS from START seconds after serving starts "
                            "(the served models are scored on the true labels), e.g. 40:30")
     demo.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
                       help="run the serving process with `evstore serve --gate EXPR` (EXPR omitted: its default)")
@@ -194,6 +194,9 @@ def _schedule_flags(parser, delta_every, full_every):
                         help=f"seconds between full checkpoints (default {full_every:g})")
     parser.add_argument("--keep-chains", type=int, default=3,
                         help="chains (a full and its deltas) kept; older ones are deleted (default 3)")
+    parser.add_argument("--serving-view", choices=["bfloat16", "float16", "int8"], default=None,
+                        help="also write the served rows in this precision into every commit; serving replicas "
+                             "read it instead of the float32 rows (default: none)")
 
 
 def main(argv=None):
@@ -410,13 +413,15 @@ def _job(args):
             res = demo.run(minutes=args.minutes, out=args.out, seed=args.seed, batch_size=args.batch_size,
                            delta_every=args.delta_every, full_every=args.full_every,
                            warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop,
-                           keep_chains=args.keep_chains, poison=_poison(args.poison), gate=args.gate)
+                           keep_chains=args.keep_chains, poison=_poison(args.poison), gate=args.gate,
+                           serving_view=args.serving_view)
         else:
             from evstore_app.job import train
             res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
-                            export=args.export, guard=args.guard, guard_restore=args.guard_restore)
+                            export=args.export, guard=args.guard, guard_restore=args.guard_restore,
+                            serving_view=args.serving_view)
     except (SpecError, ValueError, OSError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -524,7 +524,7 @@ class ServingModel:
             self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed)
             if not run:
                 break
-            self.gate.clear()
+            self.gate.clear(serving=run[-1].seq)
             end += len(run)
             ref = chain[end - 1].quality
         return end

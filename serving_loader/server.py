@@ -400,7 +400,9 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
           grpc_idle_timeout_s=None, gate=None):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
-    `port` (TF Serving's flags; 0: any free port; None: that API off) until
+    `port` (TF Serving's flags; 0: any free port; None: that API off; a build
+    without the gRPC front end serves REST only and logs a warning, and
+    refuses gRPC alone with ValueError) until
     SIGTERM / SIGINT (then stops polling, finishes requests in flight and
     returns 0 after SIGTERM, 130 after SIGINT / Ctrl-C, the shell's
     convention for an interrupted command).
@@ -432,6 +434,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
     if gate is not None:
         gate = Gate.parse(gate)
+    port = _grpc_port_served(port, rest_api_port)
     _set_tf_threads(intra_op_parallelism, inter_op_parallelism)
     model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty,
                          gate=gate)
@@ -490,6 +493,19 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
     return 130 if signal.SIGINT in received else 0
+
+
+def _grpc_port_served(port, rest_api_port):
+    """`port`, or None when the gRPC front end is not built (REST goes on, with
+    a warning); ValueError when gRPC is the only API asked for."""
+    from serving_loader.native import GRPC_FRONTEND_MISSING, grpc_frontend_built
+
+    if port is None or grpc_frontend_built():
+        return port
+    if rest_api_port is None:
+        raise ValueError(f"cannot serve gRPC on port {port}: {GRPC_FRONTEND_MISSING}")
+    log.warning("gRPC port %d not served, REST only: %s", port, GRPC_FRONTEND_MISSING)
+    return None
 
 
 def _set_tf_threads(intra, inter):

@@ -137,8 +137,8 @@ def test_every_docs_page_is_in_the_site_nav():
 
 
 def test_mkdocs_builds_the_site_strictly(tmp_path):
-    pytest.importorskip("mkdocs", reason="MkDocs is not installed (pip install '.[docs]'; make test installs it)")
-    pytest.importorskip("material", reason="mkdocs-material is not installed (pip install '.[docs]')")
+    pytest.importorskip("mkdocs", reason="MkDocs is not installed (pip install --group docs; make test installs it)")
+    pytest.importorskip("material", reason="mkdocs-material is not installed (pip install --group docs)")
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))

@@ -147,15 +147,16 @@ ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStream
                                      ")");
     return {};
   }
-  TableT<K>& t = res->table();
-  auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
-  SlotSpecs slots = t.slots();
-  for (const auto& s : slots) slot_names->push_back(schema::SlotPrefix(name, s.first));
-  BundleSink<K> sink(w, name, t.dim(), slots, !full, t.bloom());
-  ExportCounts c = full ? ExportFull(t, static_cast<int>(slots.size()), chunk_rows, &sink)
-                        : ExportDelta(t, *snap, static_cast<int>(slots.size()), chunk_rows, &sink);
-  sink.End(t.clock());
-  return c;
+  return res->Visit([&](auto& t) {
+    auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
+    SlotSpecs slots = t.slots();
+    for (const auto& s : slots) slot_names->push_back(schema::SlotPrefix(name, s.first));
+    BundleSink<K> sink(w, name, t.dim(), slots, !full, t.bloom());
+    ExportCounts c = full ? ExportFull(t, static_cast<int>(slots.size()), chunk_rows, &sink)
+                          : ExportDelta(t, *snap, static_cast<int>(slots.size()), chunk_rows, &sink);
+    sink.End(t.clock());
+    return c;
+  });
 }
 
 class EvSaveBundleOp : public OpKernel {
@@ -288,7 +289,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
         std::memmove(data + w * width, data + keep[w] * width, sizeof(T) * width);
   }
 
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     EV_INPUT(ctx, prefix_t, "prefix");
     EV_INPUT(ctx, name_t, "ev_name");
     EV_INPUT(ctx, slot_names, "slot_names");
