@@ -137,7 +137,7 @@ class RowArena {
 
   // Widening rows for new optimizer slots happens in two steps so that the
   // expensive part, getting fresh memory from the kernel (page faults and
-  // zeroing dominate: ~85% of the time measured), runs while lookups and
+  // zeroing, most of a widening's cost), runs while lookups and
   // applies continue:
   //   PrepareWiden(new_stride)   no table lock: allocates and pre-faults a
   //                              wider buffer for every existing block;

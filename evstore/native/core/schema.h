@@ -19,6 +19,7 @@
 //       <ev>-slots [N, S, dim] and <ev>-slot_names [S]
 //   Stats fields         EvStats' output vector, in this order (TableStats).
 //   Op inputs            names the kernels read inputs by (ctx->input(name)).
+//   Shard route          the name of the key -> shard route (shard.h) in manifests.
 // No TensorFlow here: plain strings.
 #pragma once
 #include <string>
@@ -48,6 +49,12 @@ inline constexpr const char* kSlotValues = "-values";
 // The longest string key (bytes): StringKeyTraits (key_traits.h) stores a key's
 // length in 16 bits; a longer key fails its op before anything changes.
 inline constexpr int kMaxStringKeyBytes = 65535;
+
+// ---- shard routing ---------------------------------------------------------------
+// The name of ShardOf's route (shard.h), recorded with every shard of a sharded
+// EV in checkpoint manifests: a chain restores shard i into shard i only when
+// its route is this one, so a new route needs a new name.
+inline constexpr const char* kShardRoute = "mix64-v1";
 
 // "<ev><suffix>", e.g. TensorName("user", kKeys) == "user-keys".
 inline std::string TensorName(const std::string& ev, const char* suffix) { return ev + suffix; }
