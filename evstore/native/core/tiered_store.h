@@ -205,29 +205,51 @@ class TieredStore {
   // ---- widening (every segment lock held by the caller) ---------------------
   struct Widened {};
   std::unique_ptr<Widened> PrepareWiden(int) const { return std::make_unique<Widened>(); }
+  // Widening empties the cache: every resident row is written to the file
+  // at the old width, the file is re-laid out at the new one, and the slots
+  // are released (kept, they would hold budget-at-the-old-width rows at the
+  // new width: three times the budget when Adam's two slots arrive). Rows
+  // fault back in as they are used. Any failed write throws before the
+  // stride changes: the table is then unchanged (rows written so far are
+  // merely clean).
   void Relayout(int new_stride, const std::vector<float>& tail_init, Widened*) {
     std::lock_guard<std::mutex> l(mu_);
     const size_t tail_bytes = (new_stride - stride_) * sizeof(float);
     std::vector<char> tail(tail_bytes);
     std::memcpy(tail.data(), tail_init.data(), tail_bytes);
-    // Disk first: if it fails nothing has changed.
-    if (!file_.Widen(static_cast<size_t>(new_stride) * sizeof(float), next_,
-                     [&](uint32_t r) { return (Meta(r).flags & kOnDisk) != 0; }, tail)) {
+    auto fail = [&] {
       throw std::runtime_error("tiered storage: widening rows on disk failed: " +
                                std::string(std::strerror(file_.last_error())));
+    };
+    const uint32_t nslots = nslot_chunks_ * kSlotChunk;
+    for (uint32_t s = 0; s < nslots; ++s) {
+      SlotInfo& in = Info(s);
+      if (in.row == kNoRowId) continue;
+      RowMeta& m = Meta(in.row);
+      const float* data = SlotData(s);
+      if (in.dirty.load(std::memory_order_relaxed) || !(m.flags & kOnDisk)) {
+        if (!file_.Write(in.row, data)) fail();
+        ++writebacks_;
+      }
+      m.flags = static_cast<uint8_t>(kOnDisk | (IsZeroRow(data, dim_) ? kZero : 0));
+      in.dirty.store(0, std::memory_order_relaxed);
+    }
+    if (!file_.Widen(static_cast<size_t>(new_stride) * sizeof(float), next_,
+                     [&](uint32_t r) { return (Meta(r).flags & kOnDisk) != 0; }, tail))
+      fail();
+    for (uint32_t s = 0; s < nslots; ++s) {
+      SlotInfo& in = Info(s);
+      if (in.row != kNoRowId) Meta(in.row).slot.store(kNoSlot, std::memory_order_release);
     }
     for (uint32_t c = 0; c < nslot_chunks_; ++c) {
-      SlotChunk& ch = slot_dir_[c];
-      float* nd = AllocSlots(new_stride);
-      if (!nd) throw std::bad_alloc();
-      for (uint32_t i = 0; i < kSlotChunk; ++i) {
-        std::memcpy(nd + static_cast<size_t>(i) * new_stride, ch.data + static_cast<size_t>(i) * stride_,
-                    stride_ * sizeof(float));
-        std::memcpy(nd + static_cast<size_t>(i) * new_stride + stride_, tail_init.data(), tail_bytes);
-      }
-      std::free(ch.data);
-      ch.data = nd;
+      std::free(slot_dir_[c].data);
+      slot_dir_[c].data = nullptr;
+      slot_dir_[c].info.reset();
     }
+    nslot_chunks_ = 0;
+    free_slots_.clear();
+    resident_ = 0;
+    hand_ = 0;
     stride_ = new_stride;
     budget_ = BudgetSlots();
   }
