@@ -423,7 +423,7 @@ class ServingModel:
                 return
             run = pending
             if self.gate is not None:
-                run, failed = self.gate.gate.admit(pending, self.served_quality)
+                run, failed = self.gate.gate.admit(pending, self.gate.reference)
                 self.gate.note(self.version, pending, failed)   # held until the commit that passed is published
                 if not run:
                     return   # held: the gate's status says why
@@ -501,18 +501,20 @@ class ServingModel:
         cannot go on (nothing served yet; the served commit withdrawn; a
         commit after it refused or missing): a full is never held back from
         repairing a broken chain. 0: hold the served version."""
-        start, ref = 0, self.served_quality
+        gate = self.gate.gate
+        start, ref = 0, self.gate.reference
         if self.version is None or not self._served_chain_intact(sc):
-            start, ref = 1, chain[0].quality
+            start, ref = 1, gate.reference_after(None, chain[0].quality)
         end = start
         while end < len(chain):
-            run, failed = self.gate.gate.admit(chain[end:], ref)
+            run, failed = gate.admit(chain[end:], ref)
             self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed)
             if not run:
                 break
             self.gate.clear(serving=run[-1].seq)
             end += len(run)
-            ref = chain[end - 1].quality
+            for m in run:
+                ref = gate.reference_after(ref, m.quality)
         return end
 
     def _served_chain_intact(self, sc):
@@ -539,6 +541,8 @@ class ServingModel:
                     table.erase(keys)
             for _, present_var in self._reserved.values():
                 present_var.assign(tf.zeros_like(present_var))
+            if self.gate is not None:
+                self.gate.reference = None   # the new chain's own commits set it
             for s in staged:
                 self._publish(s)
         finally:
@@ -701,6 +705,8 @@ class ServingModel:
         self.base = s.manifest.base
         self._served_checksum = s.manifest.checksum
         self.served_quality = s.manifest.quality
+        if self.gate is not None:
+            self.gate.served(s.manifest.quality)
 
     def _record(self, m, t0):
         now = time.time()
