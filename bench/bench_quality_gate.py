@@ -4,6 +4,7 @@
         [--demo-minutes 2.5] [--poison 50:30] [--demo-gate default]
         [--movielens tests/data/movielens-slice/ratings.csv] [--ml-poison 0.4:0.25] [--ml-commit-every 8]
         [--ml-gate "auc >= served - 0.03"]
+    .venv/bin/python bench/bench_quality_gate.py --out DIR --combine RUN1/quality_gate.json RUN2/...  (one picture)
 
 demo: `evstore demo` twice, as real processes (trainer, `evstore serve` polling
 every 0.25 s): without a gate and with `--gate`, the training labels shuffled
@@ -173,8 +174,8 @@ def draw(res, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("demo", "movielens") if k in res]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False)
+    panels = [k for k in res if k == "demo" or k.startswith("movielens")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     for ax, k in zip(axes[0], panels):
         r = res[k]
         if k == "demo":
@@ -209,6 +210,18 @@ def draw(res, path):
     plt.close(fig)
 
 
+def combine(paths, out):
+    """One picture of several runs' quality_gate.json (their demo and MovieLens panels, in order)."""
+    res = {}
+    for i, path in enumerate(paths):
+        with open(path) as f:
+            r = json.load(f)
+        for k, v in r.items():
+            if k == "demo" or k.startswith("movielens"):
+                res[k if k not in res else f"{k}-{i}"] = v
+    draw(res, out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
@@ -220,7 +233,13 @@ def main():
     ap.add_argument("--ml-poison", default="0.4:0.25", help="movielens: FROM:LENGTH as fractions of the batches")
     ap.add_argument("--ml-commit-every", type=int, default=8)
     ap.add_argument("--ml-gate", default="auc >= served - 0.03")
+    ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                    help="only draw the panels of earlier runs' quality_gate.json files into OUT/quality_gate.png")
     args = ap.parse_args()
+    if args.combine:
+        os.makedirs(args.out, exist_ok=True)
+        combine(args.combine, os.path.join(args.out, "quality_gate.png"))
+        return
     out = args.out or tempfile.mkdtemp(prefix="evstore-bench-gate-")
     os.makedirs(out, exist_ok=True)
     parts = args.part.split(",")

@@ -22,7 +22,8 @@ Rules (what `Gate.decide` does):
 
 `Gate.admit` walks the commits after the served one in chain order and
 returns those to apply now: up to and including the first that passes (the
-chain is applied up to it), or none (the server holds). `GateState` keeps
+chain is applied up to it), or none (the server holds). A commit that is not
+judged passes unless one before it failed: it cannot end a hold. `GateState` keeps
 what a server reports: the held version, why, the commits held back.
 """
 import ast
@@ -133,13 +134,18 @@ class Gate:
         fails = [r for r in (c.check(quality, served) for c in self.clauses) if r is not None]
         return "; ".join(fails) if fails else None
 
-    def admit(self, pending, served):
+    def admit(self, pending, served, holding=False):
         """`pending`: the commits after the served one, in chain order (objects
-        with .seq and .quality). Returns (the commits to apply now: up to and
-        including the first that passes, or [] to hold; [(seq, reason)] of the
-        commits that failed before it)."""
+        with .seq and .quality); `holding`: commits before them are held
+        already. Returns (the commits to apply now: up to and including the
+        first that passes, or [] to hold; [(seq, reason)] of the commits held
+        back before it)."""
         failed = []
         for i, m in enumerate(pending):
+            if (failed or holding) and not self.judged(m.quality):   # no evidence that the damage is over
+                n = "no quality" if m.quality is None else f"{m.quality.get('examples', 0)} examples"
+                failed.append((m.seq, f"not judged ({n}; min_examples {self.min_examples}): it cannot end a hold"))
+                continue
             why = self.decide(m.quality, served)
             if why is None:
                 return list(pending[:i + 1]), failed
@@ -198,9 +204,10 @@ class GateState:
         self.reference = None        # quality record `served` means: the newest served commit judged
         self._failed = set()         # (seq, checksum) counted in held_back_total
 
-    def note(self, version, pending, failed):
+    def note(self, version, pending, failed, extend=False):
         """Records the commits of `pending` (after served `version`) that
-        `admit` failed: counted once each, logged, and held until `clear`."""
+        `admit` failed: counted once each, logged, and held until `clear`
+        (`extend`: added to those held already, from another chain)."""
         by_seq = {m.seq: m for m in pending}
         for seq, why in failed:
             key = (seq, by_seq[seq].checksum)
@@ -208,7 +215,10 @@ class GateState:
                 self._failed.add(key)
                 self.held_back_total += 1
                 log.warning("commit %d held back by the quality gate: %s (serving %s)", seq, why, version)
-        if failed:
+        if failed and extend and self.held is not None:
+            self.held["commits"] = self.held["commits"] + [seq for seq, _ in failed
+                                                           if seq not in self.held["commits"]]
+        elif failed:
             first = failed[0]
             self.held = {"version": version, "reason": f"commit {first[0]}: {first[1]}",
                          "commits": [seq for seq, _ in failed]}

@@ -502,13 +502,14 @@ class ServingModel:
         commit after it refused or missing): a full is never held back from
         repairing a broken chain. 0: hold the served version."""
         gate = self.gate.gate
-        start, ref = 0, self.gate.reference
+        start, ref, holding = 0, self.gate.reference, self.gate.held is not None
         if self.version is None or not self._served_chain_intact(sc):
-            start, ref = 1, gate.reference_after(None, chain[0].quality)
+            start, ref, holding = 1, gate.reference_after(None, chain[0].quality), False
         end = start
         while end < len(chain):
-            run, failed = gate.admit(chain[end:], ref)
-            self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed)
+            run, failed = gate.admit(chain[end:], ref, holding=holding and end == 0)
+            self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed,
+                           extend=holding and end == 0)
             if not run:
                 break
             self.gate.clear(serving=run[-1].seq)
@@ -541,8 +542,6 @@ class ServingModel:
                     table.erase(keys)
             for _, present_var in self._reserved.values():
                 present_var.assign(tf.zeros_like(present_var))
-            if self.gate is not None:
-                self.gate.reference = None   # the new chain's own commits set it
             for s in staged:
                 self._publish(s)
         finally:

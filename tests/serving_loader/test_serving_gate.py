@@ -127,6 +127,17 @@ def test_a_commit_of_few_examples_is_not_judged_nor_becomes_the_reference(job):
     assert sm.poll() == seq and sm.admin_status()["held_back_total"] == 0
 
 
+def test_a_commit_that_is_not_judged_cannot_end_a_hold(job):
+    first = job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
+    bad = job.commit(q(0.50))
+    small_full = job.commit(q(0.55, examples=512), full=True)   # a full just after a delta: too few to judge
+    old_style = job.commit()                                     # no quality at all
+    assert sm.poll() == first and sm.admin_status()["held_commits"] == [bad, small_full, old_style]
+    good = job.commit(q(0.80))
+    assert sm.poll() == good and job.serves(sm, good)
+
+
 def test_a_metric_missing_from_a_commit_is_not_judged(job):
     job.commit(q(0.80))
     sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
