@@ -69,6 +69,8 @@ def build_parser():
                        help="stop committing when a commit's progressive quality fails EXPR, the syntax of "
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
+    train.add_argument("--guard-min-examples", type=int, default=1000, metavar="N",
+                       help="commits of fewer than N examples are not judged by the guard (default 1000)")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -130,6 +132,9 @@ def build_parser():
                           "served; the server holds the last good version until a later commit passes (e.g. "
                           "\"auc >= served - 0.01, logloss <= served * 1.05\", the default when EXPR is omitted; "
                           "docs/guides/quality-gate.md)")
+    srv.add_argument("--gate-min-examples", type=int, default=1000, metavar="N",
+                     help="commits whose quality covers fewer than N examples are not judged by the gate, nor "
+                          "become its reference (default 1000)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8501",
                      help="the server's REST address (default http://127.0.0.1:8501)")
@@ -421,7 +426,7 @@ def _job(args):
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
-                            serving_view=args.serving_view)
+                            serving_view=args.serving_view, guard_min_examples=args.guard_min_examples)
     except (SpecError, ValueError, OSError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR

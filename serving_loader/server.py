@@ -397,7 +397,7 @@ def _shown(host):
 def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_api_port=8501, model_name="default",
           poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
           storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0,
-          grpc_idle_timeout_s=None, gate=None):
+          grpc_idle_timeout_s=None, gate=None, gate_min_examples=1000):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
     `port` (TF Serving's flags; 0: any free port; None: that API off; a build
@@ -418,7 +418,8 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     a gRPC connection that sends nothing for this long with no call in
     progress is closed (None: grpc_service.DEFAULT_IDLE_TIMEOUT_S; 0: never).
     `gate`: a quality gate expression (serving_loader/gate.py; "default": its
-    DEFAULT_GATE), refused with GateError (a ValueError) before anything loads.
+    DEFAULT_GATE), refused with GateError (a ValueError) before anything loads; commits of fewer
+    than `gate_min_examples` examples are not judged.
     """
     from serving_loader.model import ServingModel
 
@@ -433,7 +434,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
     if gate is not None:
-        gate = Gate.parse(gate)
+        gate = Gate.parse(gate, min_examples=gate_min_examples)
     port = _grpc_port_served(port, rest_api_port)
     _set_tf_threads(intra_op_parallelism, inter_op_parallelism)
     model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty,
@@ -543,7 +544,8 @@ def cli(args):
                      max_request_bytes=args.max_request_bytes, batching=batching, allow_empty=args.allow_empty,
                      intra_op_parallelism=args.tensorflow_intra_op_parallelism,
                      inter_op_parallelism=args.tensorflow_inter_op_parallelism,
-                     grpc_idle_timeout_s=args.grpc_idle_timeout_s, gate=args.gate)
+                     grpc_idle_timeout_s=args.grpc_idle_timeout_s, gate=args.gate,
+                     gate_min_examples=args.gate_min_examples)
     except (ValueError, OSError) as e:
         from serving_loader.model import NothingToServeError
 
