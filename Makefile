@@ -23,7 +23,7 @@ $(DEPS): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip "setuptools>=70" wheel
 	@echo "evstore: installing the dependencies into $(VENV) (TensorFlow is a ~600 MB download the first time) ..."
 	$(BIN)/pip install --disable-pip-version-check "tensorflow==2.21.*" numpy pyarrow fsspec \
-		"apscheduler>=3.10,<4" "prometheus_client>=0.20" "tqdm>=4.60" "orjson>=3.9" "uvloop>=0.19" "grpcio>=1.60" \
+		"apscheduler>=3.10,<4" "prometheus_client>=0.20" "tqdm>=4.60" "orjson>=3.9" "uvloop>=0.19" "httptools>=0.6" "grpcio>=1.60" \
 		"jsonschema>=4.18" "matplotlib>=3.7"
 	# TF Serving's protos and stubs; --no-deps: its tensorflow pin must never replace the venv's TF 2.21
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps "tensorflow-serving-api==2.21.*"

@@ -110,9 +110,20 @@ def build_parser():
     srv.add_argument("--allow-empty", action="store_true",
                      help="serve the export as it is when the checkpoint root does not exist or holds nothing "
                           "for it yet (default: exit 1 with the reason)")
+    srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
+                     help="port of the admin listener (pin, resume, rollback, metrics; serving_loader.admin_listener); "
+                          "default: the REST port + 1 (8502), any free port when the REST port is 0; -1: none")
+    srv.add_argument("--admin_host", "--admin-host", default="127.0.0.1",
+                     help="address the admin listener binds (default 127.0.0.1; another needs --admin_token_file)")
+    srv.add_argument("--admin_token_file", "--admin-token-file", default=None, metavar="FILE",
+                     help="file holding the admin token: admin requests then need 'Authorization: Bearer <token>'")
+    srv.add_argument("--rest_idle_timeout", "--rest-idle-timeout", type=float, default=60.0, metavar="SECONDS",
+                     help="close REST and admin connections idle this long (default 60; 0: never)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
-    adm.add_argument("--url", default="http://127.0.0.1:8501",
-                     help="the server's REST address (default http://127.0.0.1:8501)")
+    adm.add_argument("--url", default="http://127.0.0.1:8502",
+                     help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")
+    adm.add_argument("--token-file", "--token_file", default=None, metavar="FILE",
+                     help="file holding the admin token, for a server started with --admin_token_file")
     adm.add_argument("--model-name", "--model_name", default="default",
                      help="the served model's name (default: default)")
     adm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the answer (default 600)")
@@ -247,12 +258,21 @@ def _serve_admin(args):
     import urllib.request
 
     base = f"{args.url.rstrip('/')}/v1/models/{args.model_name}/admin"
+    headers = {"Content-Type": "application/json"}
+    if args.token_file:
+        from serving_loader.admin_listener import read_token
+
+        try:
+            headers["Authorization"] = f"Bearer {read_token(args.token_file)}"
+        except ValueError as e:
+            print(f"evstore serve-admin: {e}", file=sys.stderr)
+            return 1
     if args.op == "status":
-        req = urllib.request.Request(base, method="GET")
+        req = urllib.request.Request(base, method="GET", headers=headers)
     else:
         body = {"version": args.version, "then": args.then} if args.op == "rollback" else {}
         req = urllib.request.Request(f"{base}/{args.op}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             out = json.loads(r.read())
