@@ -112,7 +112,7 @@ def build_parser():
                           "for it yet (default: exit 1 with the reason)")
     srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
                      help="port of the admin listener (pin, resume, rollback, metrics; serving_loader.admin_listener); "
-                          "default: the REST port + 1 (8502), any free port when the REST port is 0; -1: none")
+                          "default: 8502 with the default REST port 8501, else any free port (printed at start); -1: none")
     srv.add_argument("--admin_host", "--admin-host", default="127.0.0.1",
                      help="address the admin listener binds (default 127.0.0.1; another needs --admin_token_file)")
     srv.add_argument("--admin_token_file", "--admin-token-file", default=None, metavar="FILE",

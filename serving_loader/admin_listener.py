@@ -25,11 +25,10 @@ MIN_TOKEN_CHARS = 16
 
 
 def default_port(rest_api_port):
-    """The admin port when none is given: the REST port + 1 (8502 beside TF
-    Serving's 8501), any free port (0) when the REST port is, 8502 without REST."""
-    if rest_api_port is None:
-        return 8502
-    return 0 if rest_api_port == 0 else rest_api_port + 1
+    """The admin port when none is given: 8502 beside TF Serving's default REST
+    port 8501 (or with no REST port); with any other REST port, any free port
+    (0, printed at start), so servers given their own ports never collide on it."""
+    return 8502 if rest_api_port in (8501, None) else 0
 
 
 def is_loopback(host):

@@ -304,3 +304,10 @@ def test_the_admin_token_is_required_when_given(served, tmp_path):
         assert p.returncode == 0 and '"pinned": true' in p.stdout, p.stderr[-2000:]
     finally:
         assert server.stop() == 0
+
+
+def test_the_admin_port_is_8502_beside_the_default_rest_port_else_any_free_port():
+    from serving_loader.admin_listener import default_port
+
+    assert default_port(8501) == 8502 and default_port(None) == 8502
+    assert default_port(0) == 0 and default_port(9000) == 0
