@@ -20,7 +20,8 @@ queue, handed to the router by a loop (never by recursion, so a thousand
 pipelined requests in one send are a thousand loop turns). Output is
 bounded: once the transport's unsent output passes its high-water mark, or
 `max_pipelined` requests wait, the connection stops reading until the client
-catches up. `Expect: 100-continue` is answered when the request is next in
+catches up; likewise once the waiting requests' bodies pass `max_body`
+bytes. `Expect: 100-continue` is answered when the request is next in
 line and its body has not arrived. A connection with no bytes in and no
 output drained for `idle_timeout_s` seconds, and no request with the model,
 is closed (a request half received is first answered 408).
@@ -49,7 +50,8 @@ class HttpLimits:
     max_body: largest request body in bytes (413 past it).
     max_header_bytes: request line + header fields (+ chunked trailer fields) in bytes (431 past it).
     idle_timeout_s: a connection idle this long is closed (None: never).
-    max_pipelined: complete requests waiting for their answer before the connection stops reading.
+    max_pipelined: complete requests waiting for their answer before the connection stops reading
+      (it also stops once their bodies pass max_body bytes).
     linger_s: after a closing answer, how long the client's further bytes are read and dropped
       (so the kernel does not reset the connection over unread data and lose the answer).
     """
@@ -95,6 +97,7 @@ class HttpConnection(asyncio.Protocol):
         self.transport = None
         self.loop = None
         self.queue = collections.deque()   # complete requests (and a final _Refused) waiting for their answer
+        self.queued_bytes = 0              # body bytes of the waiting requests
         self.busy = False                  # the head of the line is with its handler
         self.closed = False                # nothing more is written
         self.stopped = False               # no more requests are read from this connection
@@ -246,6 +249,7 @@ class HttpConnection(asyncio.Protocol):
         body = self.body
         req.body = b"" if body is None else body if type(body) is bytes else bytes(body)
         req.keep_alive = self.parser.should_keep_alive()
+        self.queued_bytes += len(req.body)
         self.queue.append(req)
         self._reset_message()
 
@@ -264,6 +268,7 @@ class HttpConnection(asyncio.Protocol):
                 self._send(error_response(req.status, req.message), False)
                 break
             self.busy = True
+            self.queued_bytes -= len(req.body)
             try:
                 out = self.server.router.resolve(req)(req)
             except Exception as e:  # noqa: BLE001 - answered, the connection lives on
@@ -308,7 +313,8 @@ class HttpConnection(asyncio.Protocol):
 
     def _flow(self):
         """Reads from the client only while its answers drain and few requests wait."""
-        want = not self.writing_paused and len(self.queue) < self.limits.max_pipelined
+        want = (not self.writing_paused and len(self.queue) < self.limits.max_pipelined
+                and self.queued_bytes < self.limits.max_body)
         if want != self.reading and not self.closed:
             self.reading = want
             if want:
