@@ -23,7 +23,9 @@ from checkpoint import _failpoints
 from checkpoint.bundle import GLOBAL_STEP, write_bundles
 from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
+from checkpoint.serving_view import write_view
 from checkpoint.shards import device_groups
+from evstore import quality as _quality
 from evstore import schema
 
 __all__ = ["commit_checkpoint"]
@@ -33,19 +35,23 @@ _EV_TENSORS = schema.EV_TENSORS
 
 
 def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, base=None, chunk_rows=65536,
-                      lock=None, shard_info=None, parent_checksum=None):
+                      lock=None, shard_info=None, parent_checksum=None, serving_view=None):
     """Writes and commits checkpoint `seq` of `kind` ("full" / "delta"); returns its Manifest.
 
     Args:
       evs: {checkpoint name: EmbeddingVariable}.
       dense_fn: () -> {name: tensor-like}, read under `lock` after the seal.
-      prepare: () -> (global_step, metadata dict), run under `lock` first.
+      prepare: () -> (global_step, metadata dict, quality record or None), run
+        under `lock` first (quality: evstore.quality, checked by normalize).
       parent, base: the delta's parent and base (a full is its own base).
       parent_checksum: the parent manifest's checksum (its content identity).
       lock: held for step 1 (a training loop holding it gets exact snapshots).
       shard_info: {name: shard entry} for the shards of sharded EVs (manifest
         "shard"; see checkpoint/shards.py). EVs on other tasks write their
         own bundle parts there, so the root must be local to every task.
+      serving_view: None, or the dtype of a serving view written into the
+        same commit (checkpoint/serving_view.py), after the bundle, outside
+        `lock`.
     """
     shard_info = shard_info or {}
     if not storage.local and set(device_groups(evs)) - {""}:
@@ -55,7 +61,8 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
     sids, staging, manifest_sent = {}, None, False
     try:
         with lock if lock is not None else contextlib.nullcontext():
-            step, meta = prepare()
+            step, meta, quality = prepare()
+            quality = None if quality is None else _quality.normalize(quality)
             for name, ev in evs.items():
                 sids[name] = int(ev.begin_export(return_keys=False)[0])
             dense = {n: tf.convert_to_tensor(v) for n, v in dense_fn().items()}
@@ -66,6 +73,8 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             _failpoints.hit("before-bundle")
             files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"), chunk_rows=chunk_rows)
         _check_written(staging, files, list(evs), list(dense))
+        if serving_view is not None:
+            files.update(write_view(staging, list(evs), serving_view, BUNDLE_PREFIX))
         storage.upload(staging, dirname, list(files))
         manifest = Manifest(
             seq=seq, kind=kind, parent=None if kind == "full" else parent, base=seq if kind == "full" else base,
@@ -73,7 +82,9 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             evs={n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name, **counts[n],
                      **({"shard": shard_info[n]} if n in shard_info else {})} for n, ev in evs.items()},
             dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in dense.items()},
-            metadata=dict(meta or {}), parent_checksum=None if kind == "full" else parent_checksum)
+            metadata=dict(meta or {}), parent_checksum=None if kind == "full" else parent_checksum,
+            quality=quality,
+            serving_view=None if serving_view is None else {"dtype": serving_view})
         manifest.to_json()  # metadata must serialise before anything is committed
         _failpoints.hit("before-manifest")
         manifest_sent = True

@@ -33,14 +33,17 @@ import threading
 import tensorflow as tf
 
 from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
-from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, verify_staged, withdrawn
+from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, withdrawn
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
-from checkpoint.lease import process_lease
+from checkpoint.fetch import fetch
+from checkpoint.lease import LeaseHeldError, process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.serving_view import codec
 from checkpoint.shards import load_plan, logical_name
 from checkpoint.storage import Storage
+from evstore import quality as _quality
 from evstore import schema
 
 __all__ = ["CheckpointManager"]
@@ -64,27 +67,37 @@ class CheckpointManager:
       lease: take the root's writer lease (checkpoint/lease.py) at the first
         save: a second writer process on the root is refused with
         LeaseHeldError naming the holder. Managers of one process share it.
+        A refused manager stays refused: every later save raises the same
+        LeaseHeldError (make a new manager, and restore, to write there).
       lease_timeout: seconds without a heartbeat after which a lease is
         stale and taken over (the holder renews it every lease_timeout / 3).
       take_over: take the lease even from a holder that looks alive (say so
         only when it is gone).
+      serving_view: None (default), or "bfloat16", "float16" or "int8": every
+        commit also holds the served rows in that precision, for serving
+        replicas (checkpoint/serving_view.py). The trainer's state and
+        restore stay float32.
 
     Raises:
       ValueError / TypeError: bad arguments, or names that collide.
     """
 
     def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536,
-                 lease=True, lease_timeout=60.0, take_over=False):
+                 lease=True, lease_timeout=60.0, take_over=False, serving_view=None):
         if keep_chains is not None and (isinstance(keep_chains, bool) or not isinstance(keep_chains, int)
                                         or keep_chains < 1):
             raise ValueError(f"keep_chains must be an int >= 1 or None, got {keep_chains!r}")
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        if serving_view is not None:
+            codec(serving_view)   # ValueError naming the choices
+        self.serving_view = serving_view
         self.storage = Storage(root, storage_options)
         if isinstance(lease_timeout, bool) or not isinstance(lease_timeout, (int, float)) or lease_timeout <= 0:
             raise ValueError(f"lease_timeout must be a positive number of seconds, got {lease_timeout!r}")
         self._lease_args = (lease_timeout, take_over) if lease else None
         self._lease = None
+        self._lease_refused = None           # the LeaseHeldError that refused this manager, kept
         self.model = model
         self.keep_chains = keep_chains
         self.chunk_rows = chunk_rows
@@ -99,6 +112,7 @@ class CheckpointManager:
         self._burned = 0                     # highest sequence number a failed save used
         self._sched = None
         self._metadata_fn = None
+        self._quality_fn = None
         self.failures = 0
         self.last_error = None
 
@@ -125,21 +139,32 @@ class CheckpointManager:
         return resolve_chain(sc, seq, where=self.root)
 
     # ---- saving --------------------------------------------------------------
-    def save_full(self, metadata=None):
+    def save_full(self, metadata=None, quality=None):
         """Writes every key of every EV, every dense variable and the global
-        step as a new chain. Returns its sequence number."""
-        return self._save("full", metadata)
+        step as a new chain. Returns its sequence number.
 
-    def save_delta(self, metadata=None):
+        `quality`: the progressive-validation quality of the data trained
+        since the previous commit (an evstore.quality record, or a callable
+        returning one, called under `lock` at the seal), stored in the
+        manifest, where a gated server (serving_loader.gate) reads it.
+        None: the commit carries none (a gate never holds it back).
+
+        Raises:
+          TypeError / ValueError: a malformed quality record (nothing is written).
+        """
+        return self._save("full", metadata, quality)
+
+    def save_delta(self, metadata=None, quality=None):
         """Writes what changed since the last committed checkpoint of this
         chain: changed rows (values, slots, versions, freqs), newly counted
         filtered keys, deleted keys, and all dense variables. Returns its
-        sequence number.
+        sequence number. `quality`: as for save_full.
 
         Raises:
           CheckpointError: no full was saved or restored by this manager yet.
+          TypeError / ValueError: a malformed quality record (nothing is written).
         """
-        return self._save("delta", metadata)
+        return self._save("delta", metadata, quality)
 
     def _step_value(self, col):
         gs = self._global_step
@@ -149,16 +174,27 @@ class CheckpointManager:
                 break
         return 0 if gs is None else int(tf.convert_to_tensor(gs).numpy())
 
-    def _save(self, kind, metadata):
+    def _save(self, kind, metadata, quality=None):
         if metadata is not None and not isinstance(metadata, dict) and not callable(metadata):
             raise TypeError(f"metadata must be a dict (JSON-serialisable), got {type(metadata).__name__}")
+        if quality is not None and not callable(quality):
+            _quality.normalize(quality)   # refused before anything is sealed
         with self._save_lock:
+            # A manager refused the root's lease is a second writer: it never
+            # writes, even once the holder is gone (its model did not start from
+            # the holder's chain), and every save says so, not a later symptom.
+            if self._lease_refused is not None:
+                raise LeaseHeldError(*self._lease_refused.args)
             if kind == "delta" and self._last is None:
                 raise CheckpointError("save_delta() needs a chain to extend: call save_full() or restore() first")
             if self._lease_args is not None:
                 if self._lease is None or not self._lease.held:
                     self._lease = process_lease(self.storage, *self._lease_args)
-                    self._lease.acquire()
+                    try:
+                        self._lease.acquire()
+                    except LeaseHeldError as e:
+                        self._lease_refused = e
+                        raise
                 self._lease.check()
             sc = scan(self.storage)
             # Never a sequence number a failed save used: its manifest may have
@@ -170,17 +206,18 @@ class CheckpointManager:
             def prepare():
                 step = self._step_value(col)
                 meta = metadata() if callable(metadata) else metadata
+                q = quality() if callable(quality) else quality
                 for ev in col.evs.values():
                     if getattr(ev, "evict_policies", ()):
                         ev.evict(step)
-                return step, meta
+                return step, meta, q
 
             try:
                 manifest = commit_checkpoint(
                     self.storage, kind, seq, col.evs, dense_fn=lambda: dict(col.dense), prepare=prepare,
                     parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
                     chunk_rows=self.chunk_rows, lock=self.lock, shard_info=col.shard_info,
-                    parent_checksum=self._last.checksum if self._last else None)
+                    parent_checksum=self._last.checksum if self._last else None, serving_view=self.serving_view)
             except BaseException:
                 self._burned = max(self._burned, seq)
                 raise
@@ -265,10 +302,13 @@ class CheckpointManager:
                 col = collect(self.model)
                 self._check_compatible(chain, col)
                 self._slot_filter = self._slots_to_load(chain, col, drop_unused_slots)
-                staged = []
+                fetched, broken = [], None
                 try:
-                    for m in chain:
-                        staged.append(self.storage.stage(m.dir, list(m.files)))
+                    try:   # the main bundle of each, staged privately and checked (checkpoint/fetch.py)
+                        for m in chain:
+                            fetched.append(fetch(self.storage, m, verify=verify))
+                    except CorruptCheckpointError as e:
+                        broken = e
                     gone = withdrawn(self.storage, chain)
                     if gone:   # retention (manifest first, then files) removed a checkpoint meanwhile
                         if attempt < WITHDRAWN_RESCANS - 1:
@@ -276,7 +316,10 @@ class CheckpointManager:
                             continue
                         raise ChainError(f"cannot restore from {self.root}: checkpoints {gone} were removed while "
                                          "this restore read them (a writer's retention); retry")
-                    values = self._check_staged(chain, staged, col, verify)
+                    if broken is not None:
+                        raise CorruptCheckpointError(f"cannot restore: {broken}") from None
+                    staged = [f.dir for f in fetched]
+                    values = self._check_staged(chain, staged, col)
                     # Publish: everything was checked; only local private files are read from here on.
                     for name, ev in col.evs.items():
                         self._restore_ev(chain, staged, name, ev, col.shard_info.get(name))
@@ -285,21 +328,16 @@ class CheckpointManager:
                     if self._global_step is not None:
                         self._global_step.assign(values[GLOBAL_STEP])
                 finally:
-                    for d in staged:
-                        self.storage.unstage(d)
+                    for f in fetched:
+                        f.close()
                 last = chain[-1]
                 self._last = last
                 self.storage.close()
                 log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
                 return dict(last.metadata)
 
-    def _check_staged(self, chain, staged, col, verify):
-        """The check step of restore: files, tensors, shapes. Returns the dense values to assign."""
-        if verify:
-            problems = [p for m, d in zip(chain, staged)
-                        for p in verify_staged(d, m, lambda n, m=m: self.storage.display(m.dir, n))]
-            if problems:
-                raise CorruptCheckpointError("cannot restore: " + "; ".join(problems))
+    def _check_staged(self, chain, staged, col):
+        """The check step of restore after the files' (fetch): tensors, shapes. Returns the dense values to assign."""
         for m, d in zip(chain, staged):
             where = self.storage.display(m.dir, BUNDLE_PREFIX + ".index")
             try:
@@ -375,7 +413,7 @@ class CheckpointManager:
                                  f"{info['shape']}")
 
     # ---- schedules -------------------------------------------------------------
-    def start(self, delta_every=60.0, full_every=None, metadata=None):
+    def start(self, delta_every=60.0, full_every=None, metadata=None, quality=None):
         """Saves on a schedule (apscheduler, background thread) while training goes on.
 
         Args:
@@ -383,6 +421,8 @@ class CheckpointManager:
           full_every: seconds between fulls (None: only the first save is a full).
           metadata: a callable returning the caller metadata of each save
             (called under `manager.lock`, e.g. the input position).
+          quality: a callable returning each save's quality record (called
+            under `manager.lock`; see save_full), or None.
         A failed scheduled save is logged and counted (`failures`,
         `last_error`); its changes go into the next save.
         """
@@ -391,10 +431,13 @@ class CheckpointManager:
                 raise ValueError(f"{nm} must be a positive number of seconds, got {v!r}")
         if metadata is not None and not callable(metadata):
             raise TypeError("metadata must be a callable returning a dict")
+        if quality is not None and not callable(quality):
+            raise TypeError("quality must be a callable returning a quality record (evstore.quality)")
         if self._sched is not None:
             raise RuntimeError("this CheckpointManager's schedule is already running; stop() it first")
         from checkpoint.schedule import background_scheduler
         self._metadata_fn = metadata
+        self._quality_fn = quality
         self._sched = background_scheduler("checkpoint")
         self._sched.add_job(self._scheduled, "interval", seconds=delta_every, args=["delta"], id="delta",
                             max_instances=1, coalesce=True)
@@ -407,7 +450,7 @@ class CheckpointManager:
         try:
             if kind == "delta" and self._last is None:
                 kind = "full"
-            self._save(kind, self._metadata_fn)
+            self._save(kind, self._metadata_fn, self._quality_fn)
         except Exception as e:  # noqa: BLE001 - a scheduler thread must not die
             self.failures += 1
             self.last_error = e
@@ -420,7 +463,7 @@ class CheckpointManager:
             self._sched.shutdown(wait=True)
             self._sched = None
         if final_delta:
-            return self._save("delta" if self._last is not None else "full", self._metadata_fn)
+            return self._save("delta" if self._last is not None else "full", self._metadata_fn, self._quality_fn)
         return None
 
 

@@ -296,7 +296,7 @@ def write_full(root, evs, dense, global_step, metadata=None, seq=None, storage_o
     elif seq <= top:
         raise ValueError(f"seq must be above every checkpoint of {storage.url} (the newest is {top}), got {seq}")
     return commit_checkpoint(storage, "full", seq, evs, dense_fn=lambda: dict(dense),
-                             prepare=lambda: (int(global_step), dict(metadata or {})), chunk_rows=chunk_rows,
+                             prepare=lambda: (int(global_step), dict(metadata or {}), None), chunk_rows=chunk_rows,
                              shard_info=shard_info)
 
 

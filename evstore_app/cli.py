@@ -12,6 +12,7 @@ import os
 import sys
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_GUARD = 3   # `evstore train --guard` stopped committing
 
 
 def _version():
@@ -46,6 +47,11 @@ def build_parser():
     _schedule_flags(demo, delta_every=5.0, full_every=60.0)
     demo.add_argument("--warmup-batches", type=int, default=60,
                       help="batches trained before the first full, the frozen model compared against (default 60)")
+    demo.add_argument("--poison", default=None, metavar="START:SECONDS",
+                      help="shuffle the training labels for SECONDS from START seconds after serving starts "
+                           "(the served models are scored on the true labels), e.g. 40:30")
+    demo.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
+                      help="run the serving process with `evstore serve --gate EXPR` (EXPR omitted: its default)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     train = command("train", "train on Parquet / CSV files per a feature spec, with checkpoints")
     train.add_argument("--data", required=True, help="a data file or a directory of them")
@@ -59,6 +65,12 @@ def build_parser():
     train.add_argument("--export", default=None, metavar="DIR",
                        help="write the serving export to DIR before training (kept if DIR already holds this "
                             "model's export), for `evstore serve --export DIR --checkpoints ROOT`")
+    train.add_argument("--guard", default=None, metavar="EXPR",
+                       help="stop committing when a commit's progressive quality fails EXPR, the syntax of "
+                            "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
+                            "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
+    train.add_argument("--guard-restore", action="store_true",
+                       help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     ckpt = command("ckpt", "inspect, verify, compact or export a checkpoint root")
     tools = ckpt.add_subparsers(dest="tool", required=True, metavar="TOOL")
@@ -107,18 +119,27 @@ def build_parser():
     srv.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, metavar="N",
                      help="threads running independent ops at once, as TF Serving's flag (default 0: TensorFlow's "
                           "choice, the cores)")
+    srv.add_argument("--grpc_idle_timeout_s", "--grpc-idle-timeout-s", type=float, default=None, metavar="SECONDS",
+                     help="close a gRPC connection that sends nothing for this long with no call in progress "
+                          "(default: serving_loader.grpc_service.DEFAULT_IDLE_TIMEOUT_S, 300; 0: never)")
     srv.add_argument("--allow-empty", action="store_true",
                      help="serve the export as it is when the checkpoint root does not exist or holds nothing "
                           "for it yet (default: exit 1 with the reason)")
+    srv.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
+                     help="quality gate: a commit whose manifest quality fails EXPR stays committed but is not "
+                          "served; the server holds the last good version until a later commit passes (e.g. "
+                          "\"auc >= served - 0.01, logloss <= served * 1.05\", the default when EXPR is omitted; "
+                          "docs/guides/quality-gate.md)")
     srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
-                     help="port of the admin listener (pin, resume, rollback, metrics; serving_loader.admin_listener); "
-                          "default: 8502 with the default REST port 8501, else any free port (printed at start); -1: none")
+                     help="port of the admin listener (pin, resume, rollback, metrics; "
+                          "serving_loader.admin_listener); default: 8502 with the default REST port 8501, else any "
+                          "free port (printed at start); -1: none")
     srv.add_argument("--admin_host", "--admin-host", default="127.0.0.1",
                      help="address the admin listener binds (default 127.0.0.1; another needs --admin_token_file)")
     srv.add_argument("--admin_token_file", "--admin-token-file", default=None, metavar="FILE",
                      help="file holding the admin token: admin requests then need 'Authorization: Bearer <token>'")
-    srv.add_argument("--rest_idle_timeout", "--rest-idle-timeout", type=float, default=60.0, metavar="SECONDS",
-                     help="close REST and admin connections idle this long (default 60; 0: never)")
+    srv.add_argument("--rest_idle_timeout_s", "--rest-idle-timeout-s", type=float, default=60.0,
+                     metavar="SECONDS", help="close REST and admin connections idle this long (default 60; 0: never)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")
@@ -185,6 +206,9 @@ def _schedule_flags(parser, delta_every, full_every):
                         help=f"seconds between full checkpoints (default {full_every:g})")
     parser.add_argument("--keep-chains", type=int, default=3,
                         help="chains (a full and its deltas) kept; older ones are deleted (default 3)")
+    parser.add_argument("--serving-view", choices=["bfloat16", "float16", "int8"], default=None,
+                        help="also write the served rows in this precision into every commit; serving replicas "
+                             "read it instead of the float32 rows (default: none)")
 
 
 def main(argv=None):
@@ -366,6 +390,19 @@ def _train_sync(args):
     return 0
 
 
+def _poison(text):
+    """(start, seconds) of `--poison START:SECONDS`, or None."""
+    if text is None:
+        return None
+    try:
+        start, seconds = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--poison takes START:SECONDS (two numbers), got {text!r}") from None
+    if start < 0 or seconds <= 0:
+        raise ValueError(f"--poison needs START >= 0 and SECONDS > 0, got {text!r}")
+    return start, seconds
+
+
 def _job(args):
     """Runs `evstore demo` / `evstore train`; Ctrl-C or SIGTERM stops them gracefully
     (a final delta is committed, the summary printed); a second one aborts.
@@ -397,19 +434,23 @@ def _job(args):
             res = demo.run(minutes=args.minutes, out=args.out, seed=args.seed, batch_size=args.batch_size,
                            delta_every=args.delta_every, full_every=args.full_every,
                            warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop,
-                           keep_chains=args.keep_chains)
+                           keep_chains=args.keep_chains, poison=_poison(args.poison), gate=args.gate,
+                           serving_view=args.serving_view)
         else:
             from evstore_app.job import train
             res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
-                            export=args.export)
+                            export=args.export, guard=args.guard, guard_restore=args.guard_restore,
+                            serving_view=args.serving_view)
     except (SpecError, ValueError, OSError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR
     print(format_summary(res), flush=True)
     if not res.get("restore_matches_trainer", True):
         return EXIT_ERROR
+    if res.get("guard"):
+        return EXIT_GUARD
     return EXIT_INTERRUPTED if signal.SIGINT in received else EXIT_OK
 
 

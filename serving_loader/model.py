@@ -46,14 +46,14 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from checkpoint.bundle import read_dense
-from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, verify_files, withdrawn
+from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, withdrawn
 from checkpoint.errors import CheckpointError
-from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.fetch import fetch
 from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
-from evstore import schema
+from serving_loader import served_tensors
 from serving_loader.export import FORMAT, MAP_FILE, sentinels
+from serving_loader.gate import Gate, GateState
 
 __all__ = ["ServingModel", "NothingToServeError", "RollbackError"]
 
@@ -216,10 +216,12 @@ class _FlatCall:
 class _Staged:
     """A checkpoint read into memory, ready to publish."""
 
-    def __init__(self, manifest, evs, dense):
+    def __init__(self, manifest, evs, dense, view="float32", bytes_read=0):
         self.manifest = manifest
         self.evs = evs        # name -> (erase_keys, upsert_keys, upsert_values)
         self.dense = dense    # name -> np.ndarray
+        self.view = view      # the precision its rows were read in
+        self.bytes_read = bytes_read
 
 
 class ServingModel:
@@ -234,16 +236,28 @@ class ServingModel:
         has nothing to apply yet (then polled as usual). False (default):
         raise NothingToServeError instead, so a wrong root is not mistaken
         for a served model.
+      gate: a quality gate (a serving_loader.gate expression or Gate; None:
+        every commit is applied): a commit that fails it stays committed but
+        is not served; the model holds the last good version and serves again
+        from the first later commit that passes (`admin_status()` reports it).
+      use_serving_view: read a commit's serving view (lower-precision rows
+        the trainer wrote with it, checkpoint/serving_view.py) when it has
+        one (default True); False reads its float32 rows. Either way a
+        replica reads only what it serves (checkpoint/fetch.py).
 
     Attributes: `version` (sequence number served; None before the first
-    checkpoint), `base` (its full), `pinned`, `metrics()` for monitoring.
+    checkpoint), `base` (its full), `pinned`, `serving_view` (precision of
+    the served rows: "float32", "bfloat16", "float16" or "int8"),
+    `metrics()` for monitoring.
 
     Raises:
       ValueError: `export_dir` is not a serving export.
       NothingToServeError: (allow_empty=False) nothing of the root can be served.
+      serving_loader.gate.GateError (a ValueError): a malformed gate.
     """
 
-    def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False):
+    def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False, gate=None,
+                 use_serving_view=True):
         map_path = os.path.join(export_dir, MAP_FILE)
         try:
             with open(map_path) as f:
@@ -254,6 +268,9 @@ class ServingModel:
         if self.mapping.get("format") != FORMAT:
             raise ValueError(f"{map_path} is not an evstore serving map")
         self.export_dir = export_dir
+        # The quality gate (serving_loader/gate.py): parsed first, so a malformed one is refused at once.
+        self.gate = GateState(gate if isinstance(gate, Gate) else Gate.parse(gate)) if gate is not None else None
+        self.served_quality = None     # quality record of the served commit (None: not recorded)
         self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
         if self.storage is not None and not allow_empty:
             why = self._nothing_to_serve(scan(self.storage))   # before the (slow) SavedModel load
@@ -284,6 +301,12 @@ class ServingModel:
         self.last_error = None
         self.freshness_s = []      # commit -> served, per applied checkpoint (bounded)
         self.apply_latency_s = []  # stage + publish, per applied checkpoint (bounded)
+        self.use_serving_view = bool(use_serving_view)
+        self.serving_view = None       # precision of the served rows: "float32" or a view dtype (None: none yet)
+        self.fetched_bytes_total = 0   # bytes read from the root for published checkpoints
+        self.last_fetched_bytes = None # ... for the last one
+        self.last_lag_s = None         # commit (its manifest's wall time) -> served, last checkpoint
+        self.last_apply_s = None       # stage + publish, last checkpoint
         self.pinned = False
         self.newest_committed = None   # the newest committed sequence seen by the last poll
         self.rollbacks = 0
@@ -404,28 +427,55 @@ class ServingModel:
         return m is not None and m.checksum == self._served_checksum
 
     def _follow_chain(self, sc):
+        children = _children(sc)
         while True:
-            nxt = [m for m in sc.manifests.values()
-                   if m.kind == "delta" and m.parent == self.version and m.base == self.base
-                   and (m.parent_checksum is None or m.parent_checksum == self._served_checksum)]
-            if not nxt:
+            # Without a gate, one commit at a time; with one, up to the first commit that passes it.
+            pending = self._after_served(children, limit=None if self.gate else 1)
+            if not pending:
+                if self.gate is not None:
+                    self.gate.clear()   # nothing newer in the served chain: nothing held back
                 return
-            m = min(nxt, key=lambda x: x.seq)
-            if (m.seq, m.checksum) in self._bad:
-                return   # refused once already: wait for a new full
+            run = pending
+            if self.gate is not None:
+                run, failed = self.gate.gate.admit(pending, self.served_quality)
+                self.gate.note(self.version, pending, failed)   # held until the commit that passed is published
+                if not run:
+                    return   # held: the gate's status says why
             t0 = time.time()
-            try:
-                staged = self._stage(m)
-            except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
-                self._still_committed([m], e)
-                self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
-                return
+            staged = []
+            for m in run:
+                try:
+                    staged.append(self._stage(m))
+                except (CheckpointError, OSError, tf.errors.OpError, ValueError) as e:
+                    self._still_committed([m], e)
+                    self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
+                    return
             self._lock.acquire_write()
             try:
-                self._publish(staged)
+                for s in staged:   # a held stretch is published with the commit that passed, in one step
+                    self._publish(s)
             finally:
                 self._lock.release_write()
-            self._record(m, t0)
+            for m in run:
+                self._record(m, t0)
+            if self.gate is not None:
+                self.gate.clear(serving=run[-1].seq)
+
+    def _after_served(self, children, limit=None):
+        """The served chain's commits after the served one, in order (at most
+        `limit`), stopping before one refused already (it waits for a new full)."""
+        out, seq, checksum = [], self.version, self._served_checksum
+        while limit is None or len(out) < limit:
+            nxt = [m for m in children.get((self.base, seq), ())
+                   if m.parent_checksum is None or m.parent_checksum == checksum]
+            if not nxt:
+                break
+            m = min(nxt, key=lambda x: x.seq)
+            if (m.seq, m.checksum) in self._bad:
+                break
+            out.append(m)
+            seq, checksum = m.seq, m.checksum
+        return out
 
     def _maybe_reload(self, sc):
         try:
@@ -439,6 +489,10 @@ class ServingModel:
             return  # the served checkpoint is in the newest chain: _follow_chain applies the rest
         if (chain[-1].seq, chain[-1].checksum) in self._bad:
             return  # this chain was refused already: wait for a newer one
+        if self.gate is not None:
+            chain = chain[:self._gated_end(sc, chain)]
+            if not chain:
+                return   # held on the served version: the gate's status says why
         if self.version is not None:
             log.warning("served %s is not in the newest chain (%s..%s): it was withdrawn or the chain was "
                         "replaced; reloading", self.version, chain[0].dir, chain[-1].dir)
@@ -454,6 +508,36 @@ class ServingModel:
             if before is None or m.seq > before or m.seq == chain[-1].seq:
                 self._record(m, t0)
         log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
+
+    def _gated_end(self, sc, chain):
+        """How much of the newest `chain` a gated reload serves: up to the last
+        commit the gate admits. The full always loads when the served chain
+        cannot go on (nothing served yet; the served commit withdrawn; a
+        commit after it refused or missing): a full is never held back from
+        repairing a broken chain. 0: hold the served version."""
+        start, ref = 0, self.served_quality
+        if self.version is None or not self._served_chain_intact(sc):
+            start, ref = 1, chain[0].quality
+        end = start
+        while end < len(chain):
+            run, failed = self.gate.gate.admit(chain[end:], ref)
+            self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed)
+            if not run:
+                break
+            self.gate.clear(serving=run[-1].seq)
+            end += len(run)
+            ref = chain[end - 1].quality
+        return end
+
+    def _served_chain_intact(self, sc):
+        """The served commit is still committed (or its whole chain was removed
+        by the writer's retention: it was committed) and every later commit of
+        its chain follows from it."""
+        if not self._served_is_committed(sc):
+            fulls = [q for q, m in sc.manifests.items() if m.kind == "full"]
+            return bool(fulls) and self.base < min(fulls)
+        reachable = {m.seq for m in self._after_served(_children(sc))}
+        return all(q in reachable for q, m in sc.manifests.items() if m.base == self.base and q > self.version)
 
     def _load_chain(self, chain):
         """Stages every checkpoint of `chain` (raising before any change if one
@@ -530,6 +614,8 @@ class ServingModel:
                 self._fail(msg)
                 raise RollbackError(409, msg) from None
             self.rollbacks += 1
+            if self.gate is not None:
+                self.gate.clear()   # the operator's choice; the gate judges the commits after it
             self.last_rollback = {"from": before, "to": seq, "then": then, "seconds": round(time.time() - t0, 6),
                                   "wall_time": time.time()}
             self.pinned = then == "pin"
@@ -542,37 +628,34 @@ class ServingModel:
         return {"version": self.version, "base": self.base, "pinned": self.pinned,
                 "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
                 "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
-                "failures": self.failures, "last_error": self.last_error}
+                "failures": self.failures, "last_error": self.last_error, "serving_view": self.serving_view,
+                **(self.gate.status() if self.gate is not None else {})}
 
     def _stage(self, m):
-        problems = verify_files(self.storage, m)
-        if problems:
-            raise CheckpointError("; ".join(problems))
+        """Reads and checks what checkpoint `m` changes in the served state,
+        nothing else (checkpoint/fetch.py: keys, values or the serving view,
+        filtered and deleted keys, the served dense weights; never optimizer
+        state). Raises CheckpointError for anything that cannot be served."""
         parts = logical_entries(m)   # a sharded EV's parts apply to its one table
         missing = sorted(set(self._tables) - set(parts))
         if missing:
             raise CheckpointError(f"{m.dir} holds no EV {missing} that the export serves")
-        d = self.storage.local_dir(m.dir, list(m.files))
-        reader = tf.train.load_checkpoint(os.path.join(d, BUNDLE_PREFIX))
-        evs = {}
-        for name in self._tables:
-            srcs = parts[name]
-            keys = np.concatenate([reader.get_tensor(schema.tensor(p, schema.KEYS)) for p in srcs])
-            values = np.concatenate([reader.get_tensor(schema.tensor(p, schema.VALUES)) for p in srcs])
-            # counted keys read the default
-            erase = [reader.get_tensor(schema.tensor(p, schema.KEYS_FILTERED)) for p in srcs]
-            if m.kind == "delta":
-                erase += [reader.get_tensor(schema.tensor(p, schema.DELETED_KEYS)) for p in srcs]
-            erase = np.concatenate(erase)
-            evs[name] = self._checked(m, name, erase, keys, values)
-        dense = read_dense(d, list(self._dense)) if self._dense else {}
+        plan = served_tensors.plan(m, {n: parts[n] for n in self._tables}, list(self._dense), self.use_serving_view)
+        with fetch(self.storage, m, plan.tensors) as t:
+            evs = {}
+            for name in self._tables:
+                try:
+                    keys, values, erase = plan.ev_arrays(t, name, self.mapping["evs"][name]["dim"])
+                except ValueError as e:
+                    raise CheckpointError(f"{m.dir}: EV {name!r}: {e}") from None
+                evs[name] = self._checked(m, name, erase, keys, values)
+            dense = {n: t[n] for n in self._dense}
+            bytes_read = t.bytes_read
         for n, v in dense.items():
             if tuple(v.shape) != tuple(self._dense[n].shape) or v.dtype != self._dense[n].dtype.as_numpy_dtype:
                 raise CheckpointError(f"{m.dir}: dense {n!r} is {v.dtype} {list(v.shape)}, the export serves "
                                       f"{self._dense[n].dtype.name} {self._dense[n].shape.as_list()}")
-        del reader
-        self.storage.discard_local(m.dir)   # staged in memory: a remote root's download can go
-        return _Staged(m, evs, dense)
+        return _Staged(m, evs, dense, view=plan.view, bytes_read=bytes_read)
 
     def _checked(self, m, name, erase, keys, values):
         """Validates an EV's staged tensors completely (publish must not fail
@@ -626,7 +709,11 @@ class ServingModel:
             self._dense[name].assign(value)
         self.version = s.manifest.seq
         self.base = s.manifest.base
+        self.serving_view = s.view
+        self.fetched_bytes_total += s.bytes_read
+        self.last_fetched_bytes = s.bytes_read
         self._served_checksum = s.manifest.checksum
+        self.served_quality = s.manifest.quality
 
     def _record(self, m, t0):
         now = time.time()
@@ -634,6 +721,7 @@ class ServingModel:
         self.applied_seqs = (self.applied_seqs + [m.seq])[-10000:]
         self.apply_latency_s = (self.apply_latency_s + [now - t0])[-1000:]
         self.freshness_s = (self.freshness_s + [max(0.0, now - m.wall_time)])[-1000:]
+        self.last_lag_s, self.last_apply_s = self.freshness_s[-1], self.apply_latency_s[-1]
         self.last_applied_wall = now
 
     def _refuse(self, m, msg, key=None, retry=False):
@@ -700,7 +788,19 @@ class ServingModel:
                 "last_error": self.last_error, "rows": self.rows(), "freshness_s": list(self.freshness_s),
                 "apply_latency_s": list(self.apply_latency_s), "pinned": self.pinned,
                 "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
-                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback}
+                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
+                "serving_view": self.serving_view, "fetched_bytes_total": self.fetched_bytes_total,
+                "last_fetched_bytes": self.last_fetched_bytes, "last_lag_s": self.last_lag_s,
+                "last_apply_s": self.last_apply_s}
+
+
+def _children(sc):
+    """{(base, parent seq): [deltas naming it]} of a scan."""
+    out = {}
+    for m in sc.manifests.values():
+        if m.kind == "delta":
+            out.setdefault((m.base, m.parent), []).append(m)
+    return out
 
 
 def _ranges(seqs):

@@ -43,10 +43,12 @@ import urllib.parse
 import numpy as np
 import uvloop
 
-from serving_loader import admin, admin_listener
-from serving_loader.batching import Batcher, BatchingOptions, deadline_exceeded
-from serving_loader.httpserver import (DEFAULT_IDLE_TIMEOUT_S, HttpServer, Response, Router, error_response,
-                                      json_response)
+from serving_loader import admin, admin_listener, fleet_metrics
+from serving_loader.batching import Batcher, BatchingOptions, cancelled_by_client, deadline_exceeded
+from serving_loader.gate import Gate
+from serving_loader.gate import register_metrics as gate_metrics
+from serving_loader.httpserver import DEFAULT_IDLE_TIMEOUT_S as REST_IDLE_TIMEOUT_S
+from serving_loader.httpserver import HttpServer, Response, Router, error_response, json_response
 from serving_loader.tfs import (CLASSIFY_METHOD, REGRESS_METHOD, Servable, ServingError, format_classify_json,
                                 format_predict_json, format_regress_json, parse_examples_json, parse_predict_json)
 
@@ -166,7 +168,7 @@ class ServingApp:
     """
 
     def __init__(self, model, model_name="default", max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
-                 refresh_every_s=1.0, batching=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, admin_token=None):
+                 refresh_every_s=1.0, batching=None, idle_timeout_s=REST_IDLE_TIMEOUT_S, admin_token=None):
         if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
             raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
         self.model = model
@@ -181,6 +183,9 @@ class ServingApp:
         self.router = Router(fallback=self._unrouted)
         self.router.add(["GET"], r"/metrics", self.metrics_response)
         admin.register_metrics(self.metrics.registry, model)
+        if getattr(model, "gate", None) is not None:
+            gate_metrics(self.metrics.registry, model)
+        fleet_metrics.register_metrics(self.metrics.registry, model)
         self.http = HttpServer(self.router, max_request_bytes, on_response=self._count, idle_timeout_s=idle_timeout_s)
         self.admin_http = HttpServer(admin_listener.admin_router(self, admin_token), admin.MAX_BODY,
                                      idle_timeout_s=idle_timeout_s)
@@ -207,22 +212,25 @@ class ServingApp:
             self.batcher.stop()
         self._pool.shutdown(wait=False)
 
-    def call_model(self, key, arrays, done, deadline=None):
+    def call_model(self, key, arrays, done, deadline=None, cancelled=None):
         """Calls signature `key` on `arrays` and then `done(value, error)` on
         the thread that ran it: value = (outputs, version), or error = the
         exception. The default signature goes through the batcher, others run
         on a small thread pool. A call still waiting at `deadline`
         (time.monotonic(); None: none) is not run: its error is
-        DEADLINE_EXCEEDED. Raises ServingError when the batcher refuses the
-        task (never calls `done` then)."""
+        DEADLINE_EXCEEDED; nor is one whose `cancelled()` (None: never) is
+        then true: its error is CANCELLED. Raises ServingError when the
+        batcher refuses the task (never calls `done` then)."""
         if self.batcher is not None and key == self.servable.default_signature:
-            self.batcher.submit(arrays, callback=done, deadline=deadline)
+            self.batcher.submit(arrays, callback=done, deadline=deadline, cancelled=cancelled)
             return
 
         def run():
             try:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise deadline_exceeded()
+                if cancelled is not None and cancelled():
+                    raise cancelled_by_client()
                 value = self._run(key, arrays)
             except Exception as e:  # noqa: BLE001 - handed to done
                 done(None, e)
@@ -391,10 +399,13 @@ def _shown(host):
 def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_api_port=8501, model_name="default",
           poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
           storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0,
-          admin_port=None, admin_host="127.0.0.1", admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S):
+          grpc_idle_timeout_s=None, gate=None, admin_port=None, admin_host="127.0.0.1", admin_token=None,
+          idle_timeout_s=REST_IDLE_TIMEOUT_S):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
-    `port` (TF Serving's flags; 0: any free port; None: that API off) until
+    `port` (TF Serving's flags; 0: any free port; None: that API off; a build
+    without the gRPC front end serves REST only and logs a warning, and
+    refuses gRPC alone with ValueError) until
     SIGTERM / SIGINT (then stops polling, finishes requests in flight and
     returns 0 after SIGTERM, 130 after SIGINT / Ctrl-C, the shell's
     convention for an interrupted command).
@@ -411,7 +422,11 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     `inter_op_parallelism`: TensorFlow's two thread pools, as TF Serving's
     --tensorflow_intra_op_parallelism / --tensorflow_inter_op_parallelism
     (0: TensorFlow's choice); they must be set before TensorFlow has run
-    anything in this process (ValueError otherwise).
+    anything in this process (ValueError otherwise). `grpc_idle_timeout_s`:
+    a gRPC connection that sends nothing for this long with no call in
+    progress is closed (None: grpc_service.DEFAULT_IDLE_TIMEOUT_S; 0: never).
+    `gate`: a quality gate expression (serving_loader/gate.py; "default": its
+    DEFAULT_GATE), refused with GateError (a ValueError) before anything loads.
     """
     from serving_loader.model import ServingModel
 
@@ -431,8 +446,12 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         if isinstance(admin_port, bool) or not isinstance(admin_port, int) or not 0 <= admin_port <= 65535:
             raise ValueError(f"admin_port must be an integer in [0, 65535] or -1, got {admin_port!r}")
         admin_listener.check_exposure(admin_host, admin_token)
+    if gate is not None:
+        gate = Gate.parse(gate)
+    port = _grpc_port_served(port, rest_api_port)
     _set_tf_threads(intra_op_parallelism, inter_op_parallelism)
-    model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty)
+    model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty,
+                         gate=gate)
     app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every,
                      batching=batching, idle_timeout_s=idle_timeout_s, admin_token=admin_token)
     # The loaded model leaves a large heap of long-lived Python objects (TF,
@@ -448,7 +467,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         # uvloop: libuv's event loop and transports behind asyncio's API; the REST server's CPU per
         # request fell from 179-190 to 133-153 us with it (BENCHMARKS.md, issue 14).
         return uvloop.run(_serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every,
-                                       out))
+                                       out, grpc_idle_timeout_s))
     finally:
         for sock in (rest_sock, admin_sock):
             if sock is not None:
@@ -456,8 +475,9 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         app.close()
 
 
-async def _serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every, out):
-    from serving_loader.grpc_service import start_grpc
+async def _serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every, out,
+                       grpc_idle_timeout_s):
+    from serving_loader.grpc_service import DEFAULT_IDLE_TIMEOUT_S, start_grpc
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -466,7 +486,8 @@ async def _serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint
         loop.add_signal_handler(s, lambda s=s: (received.append(s), stop.set()))
     grpc_server = grpc_port = None
     if port is not None:
-        grpc_server, grpc_port = start_grpc(app, host, port)
+        idle = DEFAULT_IDLE_TIMEOUT_S if grpc_idle_timeout_s is None else grpc_idle_timeout_s
+        grpc_server, grpc_port = start_grpc(app, host, port, idle)
     if rest_sock is not None:
         await app.http.start(rest_sock)
     if admin_sock is not None:
@@ -495,6 +516,19 @@ async def _serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
     return 130 if signal.SIGINT in received else 0
+
+
+def _grpc_port_served(port, rest_api_port):
+    """`port`, or None when the gRPC front end is not built (REST goes on, with
+    a warning); ValueError when gRPC is the only API asked for."""
+    from serving_loader.native import GRPC_FRONTEND_MISSING, grpc_frontend_built
+
+    if port is None or grpc_frontend_built():
+        return port
+    if rest_api_port is None:
+        raise ValueError(f"cannot serve gRPC on port {port}: {GRPC_FRONTEND_MISSING}")
+    log.warning("gRPC port %d not served, REST only: %s", port, GRPC_FRONTEND_MISSING)
+    return None
 
 
 def _set_tf_threads(intra, inter):
@@ -532,9 +566,10 @@ def cli(args):
                      max_request_bytes=args.max_request_bytes, batching=batching, allow_empty=args.allow_empty,
                      intra_op_parallelism=args.tensorflow_intra_op_parallelism,
                      inter_op_parallelism=args.tensorflow_inter_op_parallelism,
+                     grpc_idle_timeout_s=args.grpc_idle_timeout_s, gate=args.gate,
                      admin_port=args.admin_port, admin_host=args.admin_host,
                      admin_token=admin_listener.read_token(args.admin_token_file) if args.admin_token_file else None,
-                     idle_timeout_s=args.rest_idle_timeout or None)
+                     idle_timeout_s=args.rest_idle_timeout_s or None)
     except (ValueError, OSError) as e:
         from serving_loader.model import NothingToServeError
 

@@ -135,8 +135,13 @@ class Servable:
     def status_json(self, name, version=None, label=None):
         """TF Serving's model status document (GetModelStatusResponse as JSON)."""
         self.check_status_spec(name, label)
+        gate = getattr(self.model, "gate", None)
+        held = gate.held if gate is not None else None   # the quality gate holds the served version: say why
+        note = (f"held by the quality gate: {held['reason']} ({len(held['commits'])} newer commits held back)"
+                if held else "")
         return {"model_version_status": [{"version": str(v), "state": state,
-                                          "status": {"error_code": "OK", "error_message": ""}}
+                                          "status": {"error_code": "OK",
+                                                     "error_message": note if state == "AVAILABLE" else ""}}
                                          for v, state in self.versions(version)]}
 
     def metadata_json(self):

@@ -26,7 +26,7 @@ import urllib.request
 import numpy as np
 import tensorflow as tf
 
-from evstore_app.job.report import Summary
+from evstore_app.job.report import Summary, write_report_png
 from evstore_app.job.synthetic import SPEC, ClickStream
 from evstore_app.job.train import serve_command
 from evstore_app.job.trainer import Trainer
@@ -41,16 +41,20 @@ def _free_port():
 
 
 class _Server:
-    """A real `evstore serve` process and a client for it."""
+    """A real `evstore serve` process and a client for it. It polls the root
+    every `poll_every` seconds: commit -> served is at most that plus one
+    apply (a scan of a local root is a directory listing and a stat per
+    checkpoint, under a millisecond for the demo's root)."""
 
-    def __init__(self, export, root, name="demo", poll_every=0.25, log_path=None):
+    def __init__(self, export, root, name="demo", poll_every=0.05, log_path=None, gate=None):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}/v1/models/{name}"
         self.log = open(log_path or os.devnull, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
              "--rest_api_port", str(self.port), "--port", "-1", "--admin_port", "-1", "--model-name", name,
-             "--poll-every", str(poll_every)],
+             "--poll-every", str(poll_every)]
+            + (["--gate", gate] if gate is not None else []),
             stdout=self.log, stderr=subprocess.STDOUT)
         self.seen = {}   # version -> wall time first reported
         self._stop = threading.Event()
@@ -88,6 +92,10 @@ class _Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
             text = r.read().decode()
         return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
+
+    def admin(self):
+        """The server's admin status (serving_loader/admin.py)."""
+        return self._get(self.base + "/admin")
 
     def published(self):
         """Every version the server has published (its status lists them all,
@@ -127,15 +135,28 @@ class _Server:
 
 
 def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_every=60.0, warmup_batches=60,
-        progress=True, stop_event=None, keep_chains=3):
-    """Runs the demo; returns the summary dict (also OUT/summary.json)."""
+        progress=True, stop_event=None, keep_chains=3, poison=None, gate=None, serving_view=None):
+    """Runs the demo; returns the summary dict (also OUT/summary.json).
+
+    `poison`: (start, seconds): the training labels are shuffled within each
+    batch from `start` seconds after serving starts (the first batch scored
+    by the server), for `seconds` (a logging bug; the served models are
+    still scored on the true labels). The summary's "poison" gives the
+    stretch in seconds since the trainer started, the time axis of its
+    other series.
+    `gate`: the serving process's quality gate (`evstore serve --gate`).
+    `serving_view`: the trainer also writes the served rows in that precision
+    (CheckpointManager's argument), which the server then serves."""
+    if gate is not None:
+        from serving_loader.gate import Gate
+        Gate.parse(gate)   # refused here, not in the serving process
     import serving_loader
     out = out or tempfile.mkdtemp(prefix="evstore-demo-")
     os.makedirs(out, exist_ok=True)
     root, export = os.path.join(out, "checkpoints"), os.path.join(out, "export")
     spec = dict(SPEC, batch_size=batch_size)
     stream = ClickStream(seed=seed, batch_size=batch_size)
-    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains)
+    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains, serving_view=serving_view)
     if stop_event is not None:
         trainer.stop_event = stop_event
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
@@ -147,22 +168,28 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         trainer.train(trainer.inputs(cols), y, b + 1)
     first_full = trainer.manager.save_full(metadata=trainer.metadata())
     frozen = serving_loader.ServingModel(export, root)     # never polled again: frozen at the first full
-    server = _Server(export, root, log_path=os.path.join(out, "server.log"))
+    server = _Server(export, root, log_path=os.path.join(out, "server.log"), gate=gate)
+    shuffle = np.random.default_rng(seed + 1)
     bar = None
     try:
         server.wait_ready()
         server.start_polling()
-        trainer.manager.start(delta_every=delta_every, full_every=full_every, metadata=trainer.metadata)
+        trainer.manager.start(delta_every=delta_every, full_every=full_every, metadata=trainer.metadata,
+                              quality=trainer.quality)
         deadline = time.time() + 60 * minutes
         bar = _progress(progress, minutes)
         t_train, last_stats, step = time.time(), 0.0, 0
+        if poison:   # in seconds since the trainer started
+            poison = (t_train - trainer.started + poison[0], poison[1])
         while time.time() < deadline and not trainer.stop_event.is_set():
             b, (cols, y) = next(batches)
             x = trainer.inputs(cols)
             live = server.predict(x)
             frozen_out, _ = frozen.predict(x)
             summary.score(y, live, frozen_out["outputs"].reshape(-1))
-            trainer.train(x, y, b + 1)
+            t = time.time() - trainer.started
+            y_train = shuffle.permutation(y) if poison and poison[0] <= t < poison[0] + poison[1] else y
+            trainer.train(x, y_train, b + 1, trainer.predict(x))   # scored before training: the commit's quality
             step += 1
             if time.time() - last_stats > 2.0:
                 trainer.snapshot_stats()
@@ -172,7 +199,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
                     bar.update(last_stats, trainer, summary, server)
         train_seconds = time.time() - t_train
         final = trainer.manager.stop()                     # the final delta: nothing trained is lost
-        _wait_for(lambda: server.observe() >= final, 120)   # an upper bound: a loaded machine is slow
+        # An upper bound: a loaded machine is slow. A gated server may hold the final commit instead.
+        held_final = lambda: gate is not None and final in server.admin().get("held_commits", [])  # noqa: E731
+        _wait_for(lambda: server.observe() >= final or held_final(), 120)
         # Counted from the manager's history: retention may have deleted some by now.
         committed = sum(1 for m in trainer.manager.history if m.seq > first_full)
         deadline = time.time() + 30     # the server's counters follow its applies
@@ -180,10 +209,11 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
             server_metrics = server.metrics()
             skipped = len(_superseded(trainer.manager.history, first_full, server.published()))
             if (server_metrics.get("evstore_serving_checkpoints_applied_total", 0) >= committed + 1 - skipped
-                    or time.time() > deadline):
+                    or time.time() > deadline or (gate is not None and (held_final() or server.observe() >= final))):
                 break
             time.sleep(0.2)
         published = server.published()
+        gate_status = server.admin() if gate is not None else None
     finally:
         server.stop()
         if bar is not None:
@@ -203,6 +233,13 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     sv["served_every_commit"] = (sv["applied_by_server"] + len(sv["superseded_by_a_newer_full"])
                                  >= sv["committed_after_first_full"] + 1
                                  and sv["apply_failures"] == 0 and sv["served_final"])
+    if gate is not None:
+        sv["gate"] = {k: gate_status.get(k) for k in ("gate", "held", "held_version", "held_reason",
+                                                      "held_back_total")}
+    if poison:
+        result["poison"] = {"start_s": round(poison[0], 2), "end_s": round(poison[0] + poison[1], 2)}
+    if poison or gate is not None:
+        result["report_png"] = write_report_png(result, result["report_png"])   # with the stretch and the gate
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(result, f, indent=1, default=float)
     return result

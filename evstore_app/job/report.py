@@ -185,7 +185,12 @@ def write_report_png(res, path):
             ax[4].plot([p[0] for p in series], [p[2] for p in series], label="frozen at the first full")
     else:
         ax[4].text(0.5, 0.5, "no new rows trained", ha="center", va="center", transform=ax[4].transAxes)
-    ax[4].set_title("progressive AUC (each batch scored before training)")
+    poison = res.get("poison")
+    if poison:
+        ax[4].axvspan(poison["start_s"], poison["end_s"], color="tab:red", alpha=0.12, label="training labels shuffled")
+    gate = (res.get("serving") or {}).get("gate")
+    ax[4].set_title("progressive AUC (each batch scored before training)"
+                    + (f"\nserver gated: {gate['gate']}" if gate else ""))
     a = res.get("auc") or {}
     c = res["checkpoints"]
     lines = [f"examples this run: {res.get('examples_this_session', res['examples']):,}",

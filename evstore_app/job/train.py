@@ -14,6 +14,8 @@ import time
 
 import tensorflow as tf
 
+from evstore_app.job.guard import Guard, GuardTripped
+from serving_loader.gate import Gate
 from evstore_app.job.report import Summary
 from evstore_app.job.source import FileStream
 from evstore_app.job.spec import load_spec
@@ -23,19 +25,32 @@ __all__ = ["run"]
 
 
 def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
-        progress=True, stop_event=None, export=None):
+        progress=True, stop_event=None, export=None, guard=None, guard_restore=False, serving_view=None):
     """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
+    Every commit carries the progressive quality of the examples trained
+    since the previous one (evstore.quality).
     `export`: a local directory for the model's serving export
     (serving_loader.ensure_serving_export: written before training, kept when
     it already holds this model's export; ValueError if it holds another's).
+    `guard`: a gate expression (serving_loader/gate.py; `served` is the last
+    commit's quality) each commit must pass; the first that fails is not
+    committed and training stops (evstore_app/job/guard.py), the summary's
+    "guard" says why; with `guard_restore` the trainer's model is restored to
+    the last good commit. GateError (a ValueError) for a malformed one.
+    `serving_view`: a lower-precision serving view in every commit
+    (CheckpointManager's argument).
     Returns the summary dict (also written to OUT/summary.json, with
     OUT/report.png; OUT defaults to default_out(checkpoints)). A root that
     already holds every row of `data` trains and commits nothing."""
+    if guard is not None:
+        Gate.parse(guard)   # a malformed guard is refused before anything is read or built
     spec = load_spec(spec)
     stream = FileStream(data, spec, max_rows=max_rows)
-    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains)
+    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view)
     if stop_event is not None:
         trainer.stop_event = stop_event
+    guard = Guard(guard, trainer) if guard is not None else None
+    quality = guard.quality if guard is not None else trainer.quality
     start = trainer.resume()
     if trainer.resumed_at is not None:
         print(f"evstore train: resuming at row {start:,} of {stream.rows:,} from {trainer.manager.root}",
@@ -55,9 +70,10 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
         return summary.finish(first_full=first, final=first, train_seconds=0.0, steps=0, spec=spec,
                               extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
     if trainer.manager.last_committed is None:
-        trainer.manager.save_full(metadata=trainer.metadata())   # the chain starts at the initial state
+        trainer.manager.save_full(metadata=trainer.metadata(), quality=trainer.quality)   # the initial state
     first = trainer.manager.last_committed.seq
-    trainer.manager.start(delta_every=delta_every, full_every=full_every, metadata=trainer.metadata)
+    trainer.manager.start(delta_every=delta_every, full_every=full_every, metadata=trainer.metadata,
+                          quality=quality)
     bar = _bar(progress, stream.rows, start)
     t0, steps, last = time.time(), 0, 0.0
     try:
@@ -65,8 +81,9 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
             if trainer.stop_event.is_set():
                 break
             x = trainer.inputs(cols)
-            summary.score(y, trainer.predict(x))
-            trainer.train(x, y, position)
+            scores = trainer.predict(x)
+            summary.score(y, scores)
+            trainer.train(x, y, position, scores)
             steps += 1
             if bar is not None:
                 bar.update(len(y))
@@ -75,12 +92,26 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
                 trainer.snapshot_stats()
                 trainer.write_summaries(writer, trainer.examples, summary.running())
     finally:
-        final = trainer.manager.stop()
+        tripped = guard is not None and guard.tripped is not None
+        try:
+            final = trainer.manager.stop(final_delta=not tripped)
+        except GuardTripped:    # the final delta is the one the guard refuses
+            tripped, final = True, None
         if bar is not None:
             bar.close()
+    train_seconds = time.time() - t0
+    if tripped:
+        final = trainer.manager.last_committed.seq
+        if guard_restore:   # the model, position and example count of the last good commit
+            meta = trainer.manager.restore(seq=final)
+            trainer.position, trainer.examples = int(meta.get("position", 0)), int(meta.get("examples", 0))
+        print(guard.message(guard_restore), file=sys.stderr, flush=True)
+        extra["guard"] = dict(guard.tripped, restored=bool(guard_restore))
     trainer.snapshot_stats()
     trainer.write_summaries(writer, trainer.examples, summary.running())
-    return summary.finish(first_full=first, final=final, train_seconds=time.time() - t0, steps=steps, spec=spec,
+    # Without a restore a tripped trainer holds examples the chain does not: nothing to compare.
+    return summary.finish(first_full=first, final=final, train_seconds=train_seconds, steps=steps,
+                          spec=spec if not tripped or guard_restore else None,
                           extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
 
 

@@ -4,7 +4,9 @@ Each batch is first predicted (progressive evaluation: every event is scored
 before the model trains on it), then trained on under the checkpoint
 manager's lock, so every scheduled delta or full is the exact state after a
 batch and records the input position (`{"position": ..., "examples": ...}`)
-that a restarted job resumes from: no example lost or trained twice.
+that a restarted job resumes from: no example lost or trained twice. The
+scores of the examples trained since the last commit give that commit's
+quality record (evstore.quality, `Trainer.quality`), stored in its manifest.
 """
 import threading
 import time
@@ -13,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import checkpoint
+from evstore.quality import ProgressiveQuality, auc
 from evstore_app.job.model import build_model, field_ev, model_inputs
 
 __all__ = ["Trainer", "auc"]
@@ -26,34 +29,16 @@ def _scalar(tag, value):
     tf.summary.write(tag, tf.constant(float(value), tf.float32), metadata=_SCALAR)
 
 
-def auc(labels, scores):
-    """ROC AUC (Mann-Whitney, ties averaged); nan when one class is missing."""
-    labels = np.asarray(labels, np.float64)
-    scores = np.asarray(scores, np.float64)
-    pos = labels > 0.5
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    s = scores[order]
-    i = 0
-    while i < len(s):          # average ranks of ties
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
 class Trainer:
-    """A model built from `spec`, trained batch by batch, checkpointed under `root`."""
+    """A model built from `spec`, trained batch by batch, checkpointed under `root`
+    (`serving_view`: also a lower-precision view of the served rows in every
+    commit, CheckpointManager's argument)."""
 
-    def __init__(self, spec, root, keep_chains=3, seed=0):
+    def __init__(self, spec, root, keep_chains=3, seed=0, serving_view=None):
         self.spec = spec
         self.model = build_model(spec, seed=seed)
-        self.manager = checkpoint.CheckpointManager(root, self.model, keep_chains=keep_chains)
+        self.manager = checkpoint.CheckpointManager(root, self.model, keep_chains=keep_chains,
+                                                    serving_view=serving_view)
         self.position = 0
         self.examples = 0
         self.losses = []
@@ -62,6 +47,7 @@ class Trainer:
         self.resumed_at = None   # input position restored from the root (None: a new job)
         self.examples_at_start = 0
         self.timeline = []       # (seconds, examples, rows per EV, stats per EV)
+        self.progressive = ProgressiveQuality()   # scores of the batches trained, keyed by examples after each
 
     @property
     def evs(self):
@@ -69,6 +55,12 @@ class Trainer:
 
     def metadata(self):
         return {"position": self.position, "examples": self.examples}
+
+    def quality(self):
+        """The quality record of the examples trained since the last commit
+        (called under the manager's lock by each save)."""
+        last = self.manager.last_committed
+        return self.progressive.since(None if last is None else int(last.metadata.get("examples", 0)))
 
     def resume(self):
         """Restores the newest chain if the root has one; returns the position to resume from."""
@@ -88,11 +80,15 @@ class Trainer:
     def predict(self, x):
         return self.model.predict_on_batch(x).reshape(-1)
 
-    def train(self, x, y, position):
+    def train(self, x, y, position, scores=None):
+        """Trains on one batch. `scores`: its predictions before training
+        (progressive validation), recorded for the next commit's quality."""
         with self.manager.lock:
             loss = float(self.model.train_on_batch(x, y.reshape(-1, 1)))
             self.position = position
             self.examples += len(y)
+            if scores is not None:
+                self.progressive.record(self.examples, y, scores)
         self.losses.append(loss)
         return loss
 

@@ -1,7 +1,7 @@
 """A checkpoint root on S3 for real: a full + delta chain, a restore and a
 serving poll through s3fs against moto's standalone S3 server, started as a
 separate process on 127.0.0.1. Credentials and endpoint come from the usual
-AWS environment variables only (what the README tells users to set)."""
+AWS environment variables only (what docs/guides/checkpoints.md tells users to set)."""
 import os
 import socket
 import subprocess

@@ -1,0 +1,157 @@
+"""Model quality of a stretch of training data, by progressive validation: the one definition.
+
+Progressive validation scores every batch with the model as it is *before*
+training on that batch, so each example is held out from the model that
+predicts it. A quality record summarises the examples trained since the
+previous checkpoint commit (docs/ARCHITECTURE.md, "Checkpoints"):
+
+    {"auc": 0.74, "logloss": 0.52, "examples": 40960, "label_rate": 0.31}
+
+  auc         ROC AUC of the scores (Mann-Whitney, ties averaged); null when
+              one class is missing or there are no examples
+  logloss     mean binary cross-entropy of the scores (clipped to [1e-7, 1 - 1e-7]);
+              null without examples
+  examples    number of examples scored (an integer >= 0)
+  label_rate  fraction of positive labels; null without examples
+
+Scores are probabilities of the positive class; labels are 0 / 1.
+
+`SCHEMA` is the record's JSON schema (the checkpoint manifest embeds it),
+`FIELDS` its field names, `normalize` checks and converts a caller's record
+(NaN -> null, numpy scalars -> Python numbers), `measure` computes one from
+labels and scores, and `ProgressiveQuality` accumulates the scores of a
+training loop and answers the record of everything since a position.
+"""
+import math
+import numbers
+import threading
+
+import numpy as np
+
+__all__ = ["FIELDS", "SCHEMA", "normalize", "measure", "auc", "logloss", "ProgressiveQuality"]
+
+FIELDS = ("auc", "logloss", "examples", "label_rate")
+
+_UNIT = {"oneOf": [{"type": "null"}, {"type": "number", "minimum": 0, "maximum": 1}]}
+SCHEMA = {
+    "type": "object",
+    "required": list(FIELDS),
+    "additionalProperties": False,
+    "properties": {
+        "auc": _UNIT,
+        "logloss": {"oneOf": [{"type": "null"}, {"type": "number", "minimum": 0}]},
+        "examples": {"type": "integer", "minimum": 0},
+        "label_rate": _UNIT,
+    },
+}
+
+_EPS = 1e-7
+
+
+def auc(labels, scores):
+    """ROC AUC (Mann-Whitney U, ties averaged); nan when one class is missing."""
+    labels = np.asarray(labels, np.float64).reshape(-1)
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    pos = labels > 0.5
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s))
+    # average ranks of ties: each run of equal scores gets the mean of its positions
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    ends = np.r_[starts[1:], len(s)]
+    mean_rank = (starts + ends - 1) / 2 + 1
+    ranks[order] = np.repeat(mean_rank, ends - starts)
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def logloss(labels, scores):
+    """Mean binary cross-entropy of probabilities `scores`; nan without examples."""
+    y = np.asarray(labels, np.float64).reshape(-1)
+    p = np.clip(np.asarray(scores, np.float64).reshape(-1), _EPS, 1 - _EPS)
+    if y.size == 0:
+        return float("nan")
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def measure(labels, scores):
+    """The quality record of `labels` (0 / 1) and `scores` (probabilities)."""
+    y = np.asarray(labels, np.float64).reshape(-1)
+    p = np.asarray(scores, np.float64).reshape(-1)
+    if y.shape != p.shape:
+        raise ValueError(f"labels and scores differ in length: {y.size} and {p.size}")
+    return normalize({"auc": auc(y, p), "logloss": logloss(y, p), "examples": int(y.size),
+                      "label_rate": float(np.mean(y > 0.5)) if y.size else None})
+
+
+def normalize(quality):
+    """Checks a quality record and returns it as plain JSON values (NaN -> None).
+
+    Raises:
+      TypeError: `quality` is not a mapping, or a field has the wrong type.
+      ValueError: missing or unknown fields, or a value out of its range.
+    """
+    if not hasattr(quality, "keys"):
+        raise TypeError(f"quality must be a dict with fields {list(FIELDS)}, got {type(quality).__name__}")
+    missing = [f for f in FIELDS if f not in quality]
+    unknown = sorted(set(quality) - set(FIELDS))
+    if missing or unknown:
+        raise ValueError(f"quality must have exactly the fields {list(FIELDS)}; missing {missing}, unknown {unknown}")
+    out = {}
+    for f in FIELDS:
+        v = quality[f]
+        if f == "examples":
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise TypeError(f"quality['examples'] must be an integer >= 0, got {v!r}")
+            out[f] = int(v)
+            continue
+        if v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isnan(v)):
+            out[f] = None
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"quality[{f!r}] must be a number or None, got {v!r}")
+        v = float(v)
+        high = math.inf if f == "logloss" else 1.0
+        if not 0.0 <= v <= high:
+            raise ValueError(f"quality[{f!r}] = {v} is outside [0, {high}]")
+        out[f] = v
+    return out
+
+
+class ProgressiveQuality:
+    """Accumulates a training loop's progressive scores, keyed by a
+    monotone position (the examples trained so far, say), and answers the
+    quality record of the batches after a position.
+
+        pq.record(position_after_batch, labels, scores)   # scores from before training
+        pq.since(last_committed_position)                 # the record a commit carries
+
+    `since(p)` also forgets the batches at or before `p` (they belong to a
+    commit already). Thread-safe: a checkpoint schedule calls `since` from
+    its own thread.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._batches = []   # (position, labels, scores)
+
+    def record(self, position, labels, scores):
+        y = np.asarray(labels, np.float64).reshape(-1)
+        p = np.asarray(scores, np.float64).reshape(-1)
+        if y.shape != p.shape:
+            raise ValueError(f"labels and scores differ in length: {y.size} and {p.size}")
+        with self._lock:
+            self._batches.append((position, y, p))
+
+    def since(self, position):
+        """The quality record of the batches recorded after `position`
+        (None: all of them)."""
+        with self._lock:
+            if position is not None:
+                self._batches = [b for b in self._batches if b[0] > position]
+            batches = list(self._batches)
+        if not batches:
+            return measure([], [])
+        return measure(np.concatenate([b[1] for b in batches]), np.concatenate([b[2] for b in batches]))

@@ -1,0 +1,194 @@
+"""The quality gate of a served model: a commit whose manifest quality fails the
+gate stays committed but is not served; the model holds the last good version,
+reports it, and serves again from the first later commit that passes, applying
+the chain up to it. A full repairs a broken chain whatever its quality; commits
+without quality never block; pin and rollback keep working; a malformed gate
+is refused at start with one line."""
+import os
+
+import numpy as np
+import pytest
+
+import checkpoint
+import serving_loader
+from ckpt_model import make_model, probe_inputs, train
+from serve_proc import Server, admin, evstore, last_line, metrics, wait_until
+from serving_loader.gate import Gate, GateError
+
+GATE = "auc >= served - 0.05, logloss <= served * 1.2"
+
+
+def q(auc, logloss=0.5):
+    return {"auc": auc, "logloss": logloss, "examples": 1000, "label_rate": 0.3}
+
+
+class Job:
+    """A trainer committing to a root, with its probe predictions at every commit."""
+
+    def __init__(self, tmp):
+        self.model = make_model()
+        train(self.model, 0, 2)
+        self.step = 2
+        self.export = str(tmp / "export")
+        serving_loader.export_serving_model(self.model, self.export)
+        self.mgr = checkpoint.CheckpointManager(str(tmp / "ckpt"), self.model, keep_chains=None)
+        self.want = {}
+
+    def commit(self, quality=None, full=False):
+        if self.want:
+            train(self.model, self.step, self.step + 1)
+            self.step += 1
+        seq = (self.mgr.save_full if full or not self.want else self.mgr.save_delta)(quality=quality)
+        self.want[seq] = self.model.predict(list(probe_inputs()), verbose=0)
+        return seq
+
+    def serves(self, sm, seq):
+        users, items = probe_inputs()
+        out, version = sm.predict({"users": users, "items": items})
+        return version == seq and np.allclose(out["outputs"], self.want[seq], rtol=1e-6, atol=1e-7)
+
+
+@pytest.fixture
+def job(tmp_path):
+    return Job(tmp_path)
+
+
+def test_gate_holds_a_failing_commit_and_serves_from_the_next_passing_one(job):
+    first = job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
+    assert job.serves(sm, first)
+    bad = job.commit(q(0.60))
+    assert sm.poll() == first and job.serves(sm, first)
+    st = sm.admin_status()
+    assert st["held"] is True and st["held_version"] == first and st["held_commits"] == [bad]
+    assert "auc 0.6 is not >= 0.75" in st["held_reason"] and st["held_back_total"] == 1
+    worse = job.commit(q(0.70))
+    assert sm.poll() == first and sm.admin_status()["held_commits"] == [bad, worse]
+    good = job.commit(q(0.78))
+    assert sm.poll() == good and job.serves(sm, good)          # the chain applied up to it: bad, worse, good
+    assert sm.applied_seqs[-3:] == [bad, worse, good]
+    st = sm.admin_status()
+    assert st["held"] is False and st["held_version"] is None and st["held_back_total"] == 2
+    assert sm.served_quality == q(0.78)
+
+
+def test_the_reference_is_the_served_commit_so_a_gradual_change_passes_step_by_step(job):
+    job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate="auc >= served - 0.05")
+    for auc in (0.77, 0.74, 0.71):
+        seq = job.commit(q(auc))
+        assert sm.poll() == seq
+
+
+def test_a_failing_full_is_held_while_the_served_chain_is_intact(job):
+    first = job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
+    full = job.commit(q(0.50), full=True)
+    assert sm.poll() == first and sm.admin_status()["held_commits"] == [full]
+    after = job.commit(q(0.79))
+    assert sm.poll() == after and job.serves(sm, after)   # the new chain, loaded up to the commit that passed
+
+
+def test_a_full_repairs_a_broken_chain_past_held_commits_whatever_its_quality(job):
+    first = job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
+    held = job.commit(q(0.50))
+    broken = job.commit(q(0.80))
+    data = [f for f in job.mgr.history[-1].files if f.startswith("ckpt.data")][0]
+    with open(os.path.join(job.mgr.root, job.mgr.history[-1].dir, data), "r+b") as f:
+        f.write(b"\xff\xff\xff\xff")                     # a corrupt delta after the held one: the chain is broken
+    assert sm.poll() == first and sm.failures == 1
+    assert sm.admin_status()["held_commits"] == [held]
+    full = job.commit(q(0.40), full=True)              # fails the gate, but nothing else can repair the chain
+    assert sm.poll() == full and job.serves(sm, full)
+    assert broken not in sm.applied_seqs
+
+
+def test_commits_without_quality_are_never_held(job):
+    first = job.commit()                                # an old trainer: no quality in the manifests
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate="auc >= 0.9, auc >= served - 0.01")
+    assert job.serves(sm, first)
+    seq = job.commit()
+    assert sm.poll() == seq
+    seq = job.commit(q(0.95))                           # nothing served to compare with: only auc >= 0.9 judged
+    assert sm.poll() == seq
+    seq = job.commit()
+    assert sm.poll() == seq and sm.admin_status()["held_back_total"] == 0
+
+
+def test_a_metric_missing_from_a_commit_is_not_judged(job):
+    job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
+    one_class = {"auc": None, "logloss": 0.55, "examples": 3, "label_rate": 1.0}
+    seq = job.commit(one_class)
+    assert sm.poll() == seq
+
+
+def test_pin_and_rollback_work_with_a_held_commit(job):
+    first = job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
+    bad = job.commit(q(0.50))
+    assert sm.poll() == first
+    assert sm.pin() == first and sm.poll() == first
+    assert sm.rollback(bad) == bad and job.serves(sm, bad) and sm.pinned   # the operator serves it anyway
+    assert sm.rollback(first, then="resume") == first and job.serves(sm, first)
+    assert sm.admin_status()["held_commits"] == [bad] and not sm.pinned  # the gate holds again
+    good = job.commit(q(0.79))
+    assert sm.poll() == good and job.serves(sm, good)
+
+
+def test_without_a_gate_every_commit_is_served(job):
+    job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root)
+    seq = job.commit(q(0.10, 5.0))
+    assert sm.poll() == seq and "held" not in sm.admin_status()
+
+
+@pytest.mark.parametrize("text", ["", "auc >=", "auc >= 0.5,", "accuracy >= 0.5", "auc >= best", "auc == served",
+                                  "auc >= served.precision", "auc >= __import__('os')", "auc >= 'x'",
+                                  "0.5 <= auc", "auc >= 0.5 >= 0.1"])
+def test_a_malformed_gate_is_refused_with_a_one_line_error(job, text):
+    job.commit(q(0.8))
+    with pytest.raises(GateError) as e:
+        serving_loader.ServingModel(job.export, job.mgr.root, gate=text)
+    assert "\n" not in str(e.value) and str(e.value)
+
+
+def test_the_default_gate_parses_and_names_its_clauses():
+    g = Gate.parse("default")
+    assert [c.metric for c in g.clauses] == ["auc", "logloss"]
+    assert g.decide(q(0.70, 0.60), q(0.80, 0.50)).count("is not") == 2
+
+
+def test_serve_refuses_a_malformed_gate_at_start_in_one_line(tmp_path, job):
+    job.commit(q(0.8))
+    p = evstore("serve", "--export", job.export, "--checkpoints", job.mgr.root, "--gate", "auc >= served -",
+                "--port", "-1", "--rest_api_port", "0")
+    assert p.returncode == 1
+    assert last_line(p.stderr).startswith("evstore serve: gate clause 1 'auc >= served -': not an expression")
+
+
+def test_a_served_process_reports_the_hold_in_status_admin_and_metrics(tmp_path, job):
+    first = job.commit(q(0.80))
+    bad = job.commit(q(0.50))
+    server = Server(str(tmp_path), job.export, job.mgr.root, name="ctr", extra=["--gate", GATE])
+    try:
+        status, body = server.call("GET", "/v1/models/ctr")
+        (v,) = body["model_version_status"]
+        assert status == 200 and v["version"] == str(first) and v["state"] == "AVAILABLE"
+        assert v["status"]["error_message"].startswith(f"held by the quality gate: commit {bad}: auc 0.5 is not")
+        _, st = admin(server)
+        assert st["held"] is True and st["held_version"] == first and st["held_commits"] == [bad]
+        assert st["gate"] == GATE
+        m = metrics(server)
+        assert m["evstore_serving_gate_held"] == 1 and m["evstore_serving_gate_held_version"] == first
+        assert m["evstore_serving_gate_held_commits"] == 1 and m["evstore_serving_gate_held_back_total"] == 1
+        good = job.commit(q(0.80))
+        wait_until(lambda: admin(server)[1]["version"] == good, f"commit {good} served")
+        m = metrics(server)
+        assert m["evstore_serving_gate_held"] == 0 and m["evstore_serving_gate_held_version"] == -1
+        assert m["evstore_serving_gate_held_back_total"] == 1
+        _, body = server.call("GET", "/v1/models/ctr")
+        assert body["model_version_status"][0]["status"]["error_message"] == ""
+    finally:
+        assert server.stop() == 0
