@@ -52,7 +52,8 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from evstore._ops import gen
-from evstore.sharded import SHARD_ROUTE
+from evstore.group import embedding_lookup_group as _local_group
+from evstore.schema import SHARD_ROUTE
 from evstore.substitution import substitute_for
 from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
@@ -175,6 +176,12 @@ class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module, collective_imple
     @property
     def sharded(self):
         return True
+
+    def _lookup(self, ids, training, proxy=None):
+        return embedding_lookup_group([self], [ids], training=training, proxies=None if proxy is None else [proxy])[0]
+
+    def _group_lookup(self):
+        return embedding_lookup_group
 
     @property
     def shards(self):
@@ -386,8 +393,7 @@ def embedding_lookup_group(cevs, ids, training=True, proxies=None, name=None):
         return [sub(c._key_tensor(x, "ids")) for sub, c, x in zip(subs, cevs, ids)]
     with tf.name_scope(name or "collective_embedding_lookup"):
         if num_workers == 1:
-            from evstore.group import embedding_lookup_group as local_group
-            return local_group([c.local for c in cevs], ids, training=training,
+            return _local_group([c.local for c in cevs], ids, training=training,
                                proxies=None if all(p is None for p in proxies) else proxies)
         plans = [_Plan(c, x, training, num_workers, p) for c, x, p in zip(cevs, ids, proxies)]
         return _exchange(plans, training, num_workers, cevs[0].rank)

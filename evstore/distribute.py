@@ -9,7 +9,7 @@ ParameterServerStrategy); `EmbeddingVariable(...)` and
 | --- | --- |
 | none, `OneDeviceStrategy` | the table asked for (unsharded, or sharded with `shards=` / `devices=`) |
 | `MultiWorkerMirroredStrategy` | a `CollectiveEmbeddingVariable`: split by key over the workers, trained synchronously (evstore/collective.py); `shards=` / `devices=` are refused |
-| `ParameterServerStrategy` | the table asked for, on the parameter servers (`shards=`: spread over them) |
+| `ParameterServerStrategy` | the table asked for, where `tf.device` puts it (a parameter server; the coordinator without a device scope); `shards=` spreads it over the parameter servers |
 | `CentralStorageStrategy` | the table asked for: one table, like the strategy's one copy of each variable; the replicas' gradients reach it summed |
 | `MirroredStrategy` of one device | the table asked for |
 | `MirroredStrategy` of several devices | refused: it keeps a copy of every variable per device and updates each copy; an EV is one table per process, with no per-device copies |

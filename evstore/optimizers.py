@@ -39,7 +39,7 @@ from evstore.variable import EmbeddingVariable, ev_for_variable
 
 generic.install()   # every other Keras optimizer trains EVs through the generic row path
 
-__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad", "VariableLearningRate"]
 
 
 # Registered Keras serializables ("evstore>Adam", ...): compiled models load
@@ -62,12 +62,35 @@ def _lr_arg(learning_rate):
         _check_lr(learning_rate)
         return float(learning_rate)
     if isinstance(learning_rate, (tf.Variable, keras.Variable)):
-        var = learning_rate
-        return lambda: var
+        return VariableLearningRate(learning_rate)
     if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule) or callable(learning_rate):
         return learning_rate
     raise TypeError("learning_rate must be a float, a tf.Variable or a keras LearningRateSchedule, got "
                     f"{type(learning_rate).__name__}")
+
+
+@_serializable
+class VariableLearningRate(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning rate held in a variable, read at every step: assigning to
+    the variable takes effect at the next step. What the optimizers make of a
+    `tf.Variable` / keras Variable `learning_rate`.
+
+    Its config holds the variable's value when it is taken (a saved model
+    loads with a new variable holding that value), so optimizers given a
+    variable serialize without code (Keras refuses to load a lambda).
+    """
+
+    def __init__(self, variable):
+        if not isinstance(variable, (tf.Variable, keras.Variable)):
+            variable = tf.Variable(float(variable), trainable=False, name="learning_rate")
+        self.variable = variable
+
+    def __call__(self, step):
+        del step
+        return tf.cast(self.variable, tf.float32)
+
+    def get_config(self):
+        return {"variable": float(tf.convert_to_tensor(self.variable).numpy())}
 
 
 def _check_betas(beta_1, beta_2):

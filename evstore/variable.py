@@ -17,6 +17,7 @@ from evstore import evict as _evict
 from evstore import schema
 from evstore._ops import gen
 from evstore.filters import AdmissionFilter
+from evstore.storage import TieredStorage
 
 __all__ = ["EmbeddingVariable", "UnshardedEmbeddingVariable"]
 
@@ -115,7 +116,7 @@ class EmbeddingVariable:
         bytes: any byte string (empty and non-UTF-8 included) of at most
         `evstore.MAX_STRING_KEY_BYTES` (65535) bytes; a longer key fails the
         op with InvalidArgumentError and changes nothing. They hash with
-        FarmHash Fingerprint64 (= `tf.fingerprint`), see README "String keys".
+        FarmHash Fingerprint64 (= `tf.fingerprint`), see docs/guides/string-keys.md.
       initializer: a TF/Keras initializer called as `initializer(shape, dtype)`;
         default `tf.random_normal_initializer(0, 0.01)`.
       default_value: what a key without a row reads (a scalar or `dim` floats);
@@ -130,6 +131,10 @@ class EmbeddingVariable:
       initializer_bank_size: rows in the initializer bank.
       num_segments: index segments (a power of two, each with its own lock).
       trainable: whether optimizers update it.
+      storage: where rows live: None (default) keeps every row in DRAM;
+        `evstore.TieredStorage(dram_bytes=..., path=...)` keeps a DRAM cache
+        of rows over a private directory on local disk, for tables larger
+        than memory (evstore/storage.py, docs/guides/tiered-storage.md).
       shards, devices: split the table by key over `shards` tables on
         `devices`; the constructor then builds the subclass
         `evstore.ShardedEmbeddingVariable` (evstore/sharded.py). Under a
@@ -152,7 +157,7 @@ class EmbeddingVariable:
 
     Raises:
       TypeError / ValueError: bad `dim`, `key_dtype`, `default_value`,
-        `filter` or `evict`.
+        `filter`, `evict` or `storage`.
       ValueError: the strategy in scope cannot train an EV correctly.
     """
 
@@ -195,6 +200,17 @@ class EmbeddingVariable:
     def num_shards(self):
         return len(self.shards)
 
+    def _lookup(self, ids, training, proxy=None):
+        """`embedding_lookup`'s rows of `ids` (already of the key dtype, no
+        lookup substitute) for this kind of EV; `proxy` as embedding_lookup's."""
+        raise NotImplementedError
+
+    def _group_lookup(self):
+        """The function that looks up a group of EVs of this kind together,
+        `fn(evs, ids, training=, proxies=, name=)`, or None for the per-device
+        exchange of evstore/group.py. A group holds EVs of one kind only."""
+        return None
+
     @property
     def trainable_variables(self):
         """What `tape.gradient` and `apply_gradients` take for this EV: its shards
@@ -225,7 +241,7 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
 
     def __init__(self, name, dim, key_dtype=tf.int64, initializer=None, default_value=None,
                  filter=None, initializer_bank_size=8192, num_segments=64, trainable=True, evict=None,
-                 shards=None, devices=None):
+                 shards=None, devices=None, storage=None):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         _check_dim(dim)
@@ -239,6 +255,9 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         if filter is not None and not isinstance(filter, AdmissionFilter):
             raise TypeError("filter must be an evstore.CounterFilter, evstore.BloomFilter or None, "
                             f"got {type(filter).__name__}")
+        if storage is not None and not isinstance(storage, TieredStorage):
+            raise TypeError(f"storage must be an evstore.TieredStorage or None, got {type(storage).__name__}")
+        self._storage = storage
         self._evict_policies = _evict.normalize(evict)
         self._name = name
         self._dim = dim
@@ -285,6 +304,8 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         if tf.executing_eagerly():
             self._bank = bank   # kept: a saved model carries it, so new keys start alike after a load
         attrs = self._filter._native_attrs() if self._filter is not None else {}
+        if self._storage is not None:
+            attrs.update(self._storage._native_attrs())
         return gen.ev_create(self.resource_handle, bank, default_value, key_dtype=self._key_dtype,
                              dim=self._dim, segments_log2=self._segments_log2, **attrs)
 
@@ -445,6 +466,20 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         return gen.ev_evict(self.resource_handle, step, key_dtype=self._key_dtype,
                             **_evict.native_attrs(self._evict_policies))
 
+    def _lookup(self, ids, training, proxy=None):
+        if not training:
+            return gen.ev_find(self.resource_handle, ids, dim=self.dim)
+        proxy = self._proxy if proxy is None else proxy
+        proxy = getattr(proxy, "value", proxy) if not isinstance(proxy, tf.Variable) else proxy
+        if not tf.compat.v1.executing_eagerly_outside_functions():
+            # v1 graph: check the table first, so an uninitialized EV reports
+            # itself (and tables_initializer) rather than its proxy variable.
+            with tf.control_dependencies([gen.ev_size(self.resource_handle, key_dtype=self.key_dtype)]):
+                pv = tf.identity(proxy)
+        else:
+            pv = tf.convert_to_tensor(proxy)
+        return gen.ev_find_or_insert(self.resource_handle, ids, pv, dim=self.dim)
+
     def _key_tensor(self, ids, what="keys"):
         """The one validation of keys for every op on this EV: tensors must have
         the EV's key dtype (TypeError otherwise, nothing runs); Python lists and
@@ -578,8 +613,7 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=False)
 
     # ---- tf.train.Checkpoint / v1 Saver / SavedModel (materialise the table) --
-    # Tensor names follow docs/ARCHITECTURE.md, "Checkpoints" (`<name>-keys`, `-values`,
-    # `-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`) except that
+    # Tensor names follow docs/reference/checkpoint-format.md except that
     # these paths pack the optimizer slots into `<name>-slots` [N, S, dim] with
     # `<name>-slot_names` [S]: a restore must build its ops before the EV knows
     # its slots. tf.train.Checkpoint prefixes them with the object path

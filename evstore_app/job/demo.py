@@ -52,7 +52,8 @@ class _Server:
         self.log = open(log_path or os.devnull, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
-             "--rest_api_port", str(self.port), "--port", "-1", "--model-name", name, "--poll-every", str(poll_every)]
+             "--rest_api_port", str(self.port), "--port", "-1", "--admin_port", "-1", "--model-name", name,
+             "--poll-every", str(poll_every)]
             + (["--gate", gate] if gate is not None else []),
             stdout=self.log, stderr=subprocess.STDOUT)
         self.seen = {}   # version -> wall time first reported
@@ -138,8 +139,11 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     """Runs the demo; returns the summary dict (also OUT/summary.json).
 
     `poison`: (start, seconds): the training labels are shuffled within each
-    batch from `start` seconds after the trainer started, for `seconds` (a
-    logging bug; the served models are still scored on the true labels).
+    batch from `start` seconds after serving starts (the first batch scored
+    by the server), for `seconds` (a logging bug; the served models are
+    still scored on the true labels). The summary's "poison" gives the
+    stretch in seconds since the trainer started, the time axis of its
+    other series.
     `gate`: the serving process's quality gate (`evstore serve --gate`).
     `serving_view`: the trainer also writes the served rows in that precision
     (CheckpointManager's argument), which the server then serves."""
@@ -175,6 +179,8 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         deadline = time.time() + 60 * minutes
         bar = _progress(progress, minutes)
         t_train, last_stats, step = time.time(), 0.0, 0
+        if poison:   # in seconds since the trainer started
+            poison = (t_train - trainer.started + poison[0], poison[1])
         while time.time() < deadline and not trainer.stop_event.is_set():
             b, (cols, y) = next(batches)
             x = trainer.inputs(cols)
@@ -193,7 +199,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
                     bar.update(last_stats, trainer, summary, server)
         train_seconds = time.time() - t_train
         final = trainer.manager.stop()                     # the final delta: nothing trained is lost
-        _wait_for(lambda: server.observe() >= final, 120)   # an upper bound: a loaded machine is slow
+        # An upper bound: a loaded machine is slow. A gated server may hold the final commit instead.
+        held_final = lambda: gate is not None and final in server.admin().get("held_commits", [])  # noqa: E731
+        _wait_for(lambda: server.observe() >= final or held_final(), 120)
         # Counted from the manager's history: retention may have deleted some by now.
         committed = sum(1 for m in trainer.manager.history if m.seq > first_full)
         deadline = time.time() + 30     # the server's counters follow its applies
@@ -201,7 +209,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
             server_metrics = server.metrics()
             skipped = len(_superseded(trainer.manager.history, first_full, server.published()))
             if (server_metrics.get("evstore_serving_checkpoints_applied_total", 0) >= committed + 1 - skipped
-                    or time.time() > deadline):
+                    or time.time() > deadline or (gate is not None and (held_final() or server.observe() >= final))):
                 break
             time.sleep(0.2)
         published = server.published()
@@ -229,7 +237,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         sv["gate"] = {k: gate_status.get(k) for k in ("gate", "held", "held_version", "held_reason",
                                                       "held_back_total")}
     if poison:
-        result["poison"] = {"start_s": poison[0], "end_s": poison[0] + poison[1]}
+        result["poison"] = {"start_s": round(poison[0], 2), "end_s": round(poison[0] + poison[1], 2)}
     if poison or gate is not None:
         result["report_png"] = write_report_png(result, result["report_png"])   # with the stretch and the gate
     with open(os.path.join(out, "summary.json"), "w") as f:

@@ -1,4 +1,4 @@
-"""One writer per root (issue 13, item 5): two real writer processes on one
+"""One writer per root: two real writer processes on one
 root; the second is refused with an error naming the holder, and takes the
 lease over once the holder is gone."""
 import json

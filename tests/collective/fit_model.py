@@ -89,6 +89,12 @@ def main():
     dense = model.layers[-1]
     arrays.update(kernel=dense.kernel.numpy(), bias=dense.bias.numpy(),
                   iterations=int(model.optimizer.iterations.numpy()))
+    if a.default_collective and ports:
+        try:
+            model.save(os.path.join(os.path.dirname(os.path.abspath(a.out)), f"w{a.rank}.keras"))
+            kinds["save_error"] = ""
+        except NotImplementedError as e:
+            kinds["save_error"] = str(e)
     arrays.update(kinds)
     np.savez(a.out, **arrays)
     print("done", flush=True)

@@ -56,3 +56,9 @@ def test_default_scope_fit_equals_single_process(runs):
         np.testing.assert_array_equal(_by_key(workers, field)[1], _by_key([single], field)[1], err_msg=field)
     for w in workers:
         np.testing.assert_allclose(w["kernel"], single["kernel"], atol=1e-5, rtol=0)
+
+
+def test_a_keras_file_of_a_table_split_over_workers_is_refused_pointing_at_checkpoint_manager(runs):
+    _, workers = runs
+    for w in workers:
+        assert "split over 2 workers" in str(w["save_error"]) and "CheckpointManager" in str(w["save_error"])

@@ -60,6 +60,20 @@ def main():
         except ValueError as e:
             entry["layer_error"] = str(e)
         result[name] = entry
+    # A MultiWorkerMirroredStrategy of this one process (no TF_CONFIG): one worker.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    entry = {}
+    with strategy.scope():
+        entry["built"] = type(evstore.EmbeddingVariable("mw", 2)).__name__
+        entry["layer_built"] = type(evstore.keras.Embedding(2, name="mw_layer").ev).__name__
+        for what, make in (("shards_error", lambda: evstore.EmbeddingVariable("mw_sharded", 2, shards=2)),
+                           ("layer_not_collective_error", lambda: evstore.keras.Embedding(2, collective=False))):
+            try:
+                make()
+                entry[what] = None
+            except ValueError as e:
+                entry[what] = str(e)
+    result["MultiWorkerMirroredStrategy(1 worker)"] = entry
     print(json.dumps(result), flush=True)
 
 

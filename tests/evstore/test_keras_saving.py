@@ -92,6 +92,7 @@ def test_clone_model_keeps_filter_eviction_policies_and_initializer():
     assert clone.get_layer("user").ev.evict_policies == (evstore.GlobalStepEvict(3),)
     assert clone.get_layer("tag").ev.filter == evstore.BloomFilter(2, capacity=1000)
     np.testing.assert_array_equal(clone.get_layer("tag").ev.default_value, [0.5] * 4)
+    assert type(clone.optimizer) is evstore.optimizers.Adam     # Keras clones the compile config too
 
 
 @pytest.mark.parametrize("policy", [evstore.CounterFilter(3), evstore.BloomFilter(4, capacity=500, fp_rate=0.02),
@@ -114,6 +115,7 @@ OPTIMIZERS = [
                                  l21_regularization_strength=0.03),
     evstore.optimizers.GroupAdagrad(0.02, initial_accumulator_value=0.3, l21_regularization_strength=0.04),
     evstore.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)),
+    evstore.optimizers.SGD(tf.Variable(0.3)),     # read at every step; its config holds the value
 ]
 
 
@@ -155,3 +157,37 @@ def test_model_export_of_a_model_without_evstore_layers_is_keras_own(tmp_path):
     loaded = tf.saved_model.load(str(tmp_path / "plain"))
     x = np.ones([1, 3], np.float32)
     np.testing.assert_allclose(loaded.serve(x).numpy(), model(x).numpy(), rtol=1e-6)
+
+
+def test_keras_file_of_a_sharded_layer_restores_every_shard(tmp_path):
+    ids = keras.Input(shape=(2,), dtype="int64")
+    emb = evstore.keras.Embedding(4, shards=3, filter=evstore.CounterFilter(2), name="sharded")
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(emb(ids))))
+    model.compile(optimizer=evstore.optimizers.Adagrad(0.1), loss="mse")
+    x = np.random.default_rng(3).integers(0, 100, size=(128, 2)).astype(np.int64)
+    model.fit(x, np.ones([128, 1], np.float32), batch_size=32, verbose=0)
+    model.save(tmp_path / "s.keras")
+    loaded = keras.models.load_model(tmp_path / "s.keras")
+    for a, b in zip(emb.ev.shards, loaded.get_layer("sharded").ev.shards):
+        ea, eb = a.export(), b.export()
+        assert len(ea["keys"]) > 0
+        oa, ob = np.argsort(ea["keys"].numpy()), np.argsort(eb["keys"].numpy())
+        for field in ("keys", "values", "versions", "freqs"):
+            np.testing.assert_array_equal(eb[field].numpy()[ob], ea[field].numpy()[oa], err_msg=field)
+        np.testing.assert_array_equal(eb["slots"]["accumulator"].numpy()[ob], ea["slots"]["accumulator"].numpy()[oa])
+        fa, fb = np.argsort(ea["filtered_keys"].numpy()), np.argsort(eb["filtered_keys"].numpy())
+        for field in ("filtered_keys", "filtered_freqs"):
+            np.testing.assert_array_equal(eb[field].numpy()[fb], ea[field].numpy()[fa], err_msg=field)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_loading_into_a_layer_of_another_shape_names_both(tmp_path):
+    def model_of(dim):
+        ids = keras.Input(shape=(1,), dtype="int64")
+        m = keras.Model(ids, evstore.keras.Embedding(dim, name="t")(ids))
+        m(np.array([[1]], np.int64), training=True)
+        return m
+    model_of(4).save_weights(tmp_path / "w.weights.h5")
+    other = model_of(6)
+    with pytest.raises(ValueError, match="dim=4 .* dim=6"):
+        other.load_weights(tmp_path / "w.weights.h5")

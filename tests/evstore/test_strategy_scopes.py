@@ -37,3 +37,11 @@ def test_strategies_that_keep_one_table_train_as_with_no_strategy(scopes, name):
     entry = scopes[name]
     assert entry["built"] == "UnshardedEmbeddingVariable" and entry["error"] is None
     assert entry["layer_error"] is None and entry["max_diff"] <= 1e-6
+
+
+def test_a_multi_worker_scope_builds_collective_tables_and_refuses_what_would_train_apart(scopes):
+    entry = scopes["MultiWorkerMirroredStrategy(1 worker)"]
+    assert entry["built"] == entry["layer_built"] == "CollectiveEmbeddingVariable"
+    assert "shards= / devices= do not apply" in entry["shards_error"]
+    assert "collective=False" in entry["layer_not_collective_error"]
+    assert "leave collective unset" in entry["layer_not_collective_error"]
