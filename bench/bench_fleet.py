@@ -3,7 +3,7 @@ reads per commit, served model quality of the lower-precision serving views,
 the trainer's commit time with a view, and three replicas against one.
 
     .venv/bin/python bench/bench_fleet.py [--batches 600] [--delta-every 40] [--replica-deltas 12]
-    .venv/bin/python bench/bench_fleet.py --data ../shared/data/movielens-small --skip-replicas \
+    .venv/bin/python bench/bench_fleet.py --data examples/data/movielens --skip-replicas \
         --batches 400 --delta-every 20 --warmup 20
 
 The demo's model and stream (evstore_app/job: SPEC, ClickStream, Trainer) on a
@@ -219,7 +219,7 @@ def main():
     ap.add_argument("--views", default=",".join(VIEWS))
     ap.add_argument("--skip-replicas", action="store_true")
     ap.add_argument("--data", default="demo", help="demo (the synthetic stream) or a MovieLens directory "
-                    "(examples/movielens.json), e.g. tests/data/movielens-slice")
+                    "(examples/movielens.json), e.g. examples/data/movielens")
     args = ap.parse_args()
     res = {"quality": [quality_run(v, args.batches, args.delta_every, args.warmup, args.seed, args.data)
                        for v in args.views.split(",") if v]}

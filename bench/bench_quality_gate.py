@@ -4,6 +4,7 @@
         [--demo-minutes 2.5] [--poison 50:30] [--demo-gate default]
         [--movielens tests/data/movielens-slice/ratings.csv] [--ml-poison 0.4:0.25] [--ml-commit-every 8]
         [--ml-gate "auc >= served - 0.03"]
+    .venv/bin/python bench/bench_quality_gate.py --out DIR --combine RUN1/quality_gate.json RUN2/...  (one picture)
 
 demo: `evstore demo` twice, as real processes (trainer, `evstore serve` polling
 every 0.25 s): without a gate and with `--gate`, the training labels shuffled
@@ -70,14 +71,14 @@ def demo_figures(s):
         commits = {c["seq"]: c["t"] for c in s["checkpoints"]["commits"]}
         seen = sorted((commits[q] + f, q) for q in sv["seen_by_client"] if q in commits
                       for t, f in sv["freshness"] if abs(t - commits[q]) < 1e-6)
-        # the first time a commit made after the stretch began is served (a client saw it), and the
-        # newest commit served then (a held stretch is applied in one step)
-        first = next((x for x in seen if commits[x[1]] > p["start_s"]), None)
+        # the first new version a client saw after the stretch ended (a held stretch is applied in one
+        # step with the commit that passed), and the newest version it saw before
+        first = next((x for x in seen if x[0] > p["end_s"]), None)
         out["gate"] = sv["gate"]
         out["serving_new_commits_again"] = None if first is None else {
             "s_after_stretch": round(first[0] - p["end_s"], 1),
             "seq": max(q for t, q in seen if abs(t - first[0]) < 0.1),
-            "held_from_seq": max((q for t, q in seen if commits[q] <= p["start_s"]), default=None)}
+            "held_at_seq": max((q for t, q in seen if t <= p["end_s"]), default=None)}
     return out
 
 
@@ -173,19 +174,21 @@ def draw(res, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("demo", "movielens") if k in res]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False)
+    panels = [k for k in res if k == "demo" or k.startswith("movielens")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     for ax, k in zip(axes[0], panels):
         r = res[k]
         if k == "demo":
-            for name, s in (("no gate", r["ungated"]), ("gated", r["gated"])):
+            for name, s in (("no gate", r["ungated"]), ("gated", r["gated"])):   # each on its own stretch
+                t0 = s["poison"]["start_s"]
                 pts = [p for p in s["auc_over_time"] if p[1] is not None]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"served, {name}")
+                ax.plot([p[0] - t0 for p in pts], [p[1] for p in pts], label=f"served, {name}")
+            t0 = r["ungated"]["poison"]["start_s"]
             pts = [p for p in r["ungated"]["auc_over_time"] if p[2] is not None]
-            ax.plot([p[0] for p in pts], [p[2] for p in pts], ":", color="gray", label="frozen at the first full")
+            ax.plot([p[0] - t0 for p in pts], [p[2] for p in pts], ":", color="gray", label="frozen at the first full")
             p = r["ungated"]["poison"]
-            ax.axvspan(p["start_s"], p["end_s"], color="tab:red", alpha=0.12, label="training labels shuffled")
-            ax.set_xlabel("seconds since the trainer started")
+            ax.axvspan(0, p["end_s"] - p["start_s"], color="tab:red", alpha=0.12, label="training labels shuffled")
+            ax.set_xlabel("seconds since the stretch began (each run)")
             ax.set_title(f"evstore demo stream (gate: {r['figures']['gated'].get('gate', {}).get('gate')})",
                          fontsize=9)
         else:
@@ -207,6 +210,18 @@ def draw(res, path):
     plt.close(fig)
 
 
+def combine(paths, out):
+    """One picture of several runs' quality_gate.json (their demo and MovieLens panels, in order)."""
+    res = {}
+    for i, path in enumerate(paths):
+        with open(path) as f:
+            r = json.load(f)
+        for k, v in r.items():
+            if k == "demo" or k.startswith("movielens"):
+                res[k if k not in res else f"{k}-{i}"] = v
+    draw(res, out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
@@ -218,7 +233,13 @@ def main():
     ap.add_argument("--ml-poison", default="0.4:0.25", help="movielens: FROM:LENGTH as fractions of the batches")
     ap.add_argument("--ml-commit-every", type=int, default=8)
     ap.add_argument("--ml-gate", default="auc >= served - 0.03")
+    ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                    help="only draw the panels of earlier runs' quality_gate.json files into OUT/quality_gate.png")
     args = ap.parse_args()
+    if args.combine:
+        os.makedirs(args.out, exist_ok=True)
+        combine(args.combine, os.path.join(args.out, "quality_gate.png"))
+        return
     out = args.out or tempfile.mkdtemp(prefix="evstore-bench-gate-")
     os.makedirs(out, exist_ok=True)
     parts = args.part.split(",")
@@ -230,7 +251,7 @@ def main():
     if "demo" in parts:
         ungated = run_demo(os.path.join(out, "demo-ungated"), args.demo_minutes, args.poison, None)
         gated = run_demo(os.path.join(out, "demo-gated"), args.demo_minutes, args.poison, args.demo_gate)
-        res["demo"] = {"poison": ungated["poison"], "ungated": ungated, "gated": gated,
+        res["demo"] = {"poison": args.poison, "ungated": ungated, "gated": gated,
                        "figures": {"ungated": demo_figures(ungated), "gated": demo_figures(gated)}}
     draw(res, os.path.join(out, "quality_gate.png"))
     short = {k: ({kk: vv for kk, vv in v.items() if kk not in ("series", "versions")} if k == "movielens" else

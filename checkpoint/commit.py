@@ -12,6 +12,7 @@ Any failure in 1-3 aborts the snapshots (the next save carries every change)
 and removes the directory; a kill leaves at worst a directory without a
 manifest, which readers ignore.
 """
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -72,9 +73,16 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             staging = storage.staging_dir(dirname)
             _failpoints.hit("before-bundle")
             files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"), chunk_rows=chunk_rows)
-        _check_written(staging, files, list(evs), list(dense))
-        if serving_view is not None:
-            files.update(write_view(staging, list(evs), serving_view, BUNDLE_PREFIX))
+        if serving_view is None:
+            _check_written(staging, files, list(evs), list(dense))
+        else:   # the view is written (and fsynced) while the bundle is checked
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                view = pool.submit(write_view, staging, list(evs), serving_view, BUNDLE_PREFIX)
+                try:
+                    _check_written(staging, files, list(evs), list(dense))
+                finally:
+                    view_files = view.result()
+            files.update(view_files)
         storage.upload(staging, dirname, list(files))
         manifest = Manifest(
             seq=seq, kind=kind, parent=None if kind == "full" else parent, base=seq if kind == "full" else base,

@@ -26,6 +26,8 @@ missing, truncated, a checksum mismatch, a wanted tensor the index lacks, a
 data file the manifest does not list. Other I/O errors (OSError) pass through:
 they may be transient.
 """
+import os
+
 import numpy as np
 import tensorflow as tf
 
@@ -62,7 +64,6 @@ class Fetched:
         if (prefix, name) in self._arrays:
             return self._arrays[prefix, name]
         if self.dir is not None and prefix == BUNDLE_PREFIX:
-            import os
             if self._reader is None:
                 self._reader = tf.train.load_checkpoint(os.path.join(self.dir, BUNDLE_PREFIX))
             return self._reader.get_tensor(name)

@@ -18,7 +18,7 @@ import struct
 
 from checkpoint.errors import CorruptCheckpointError
 
-__all__ = ["Entry", "parse_index", "data_file", "unmask_crc"]
+__all__ = ["Entry", "parse_index", "data_file", "unmask_crc", "mask_crc", "build_index"]
 
 _MAGIC = 0xdb4775248b80fb57
 _FOOTER = 48
@@ -35,6 +35,10 @@ class Entry:
     offset: int
     size: int
     crc32c: int           # unmasked
+
+
+def mask_crc(crc):
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def unmask_crc(masked):
@@ -128,3 +132,54 @@ def parse_index(buf, where):
     except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt index
         raise CorruptCheckpointError(f"{where}: not a readable tensor bundle index ({e})") from None
     return int(header.num_shards), entries
+
+
+def _put_varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _finish_block(entries, crc32c):
+    """An uncompressed table block of (key, value) pairs (a restart point at
+    every entry: no key prefix sharing) and its 5-byte trailer."""
+    body, restarts = bytearray(), []
+    for key, value in entries:
+        restarts.append(len(body))
+        body += _put_varint(0) + _put_varint(len(key)) + _put_varint(len(value)) + key + value
+    if not restarts:
+        restarts = [0]
+    body += struct.pack(f"<{len(restarts)}I", *restarts) + struct.pack("<I", len(restarts))
+    return bytes(body) + b"\x00" + struct.pack("<I", mask_crc(crc32c(bytes(body) + b"\x00")))
+
+
+def build_index(entries, num_shards, crc32c):
+    """The bytes of a bundle index (TensorFlow's table format, as BundleWriter
+    writes it) holding the header and `entries` [(name, dtype enum, shape,
+    shard_id, offset, size, unmasked crc32c)]; `crc32c(bytes)` computes a
+    crc32c (for the blocks' trailers)."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    header = tensor_bundle_pb2.BundleHeaderProto(num_shards=num_shards,
+                                                 endianness=tensor_bundle_pb2.BundleHeaderProto.LITTLE)
+    header.version.producer = 1
+    kv = [(b"", header.SerializeToString())]
+    for name, dtype, shape, shard, offset, size, crc in sorted(entries, key=lambda e: e[0].encode()):
+        e = tensor_bundle_pb2.BundleEntryProto(dtype=dtype, shard_id=shard, offset=offset, size=size,
+                                               crc32c=mask_crc(crc))
+        for d in shape:
+            e.shape.dim.add(size=int(d))
+        kv.append((name.encode(), e.SerializeToString()))
+    data = _finish_block(kv, crc32c)
+    meta = _finish_block([], crc32c)
+    index = _finish_block([(kv[-1][0], _put_varint(0) + _put_varint(len(data) - _TRAILER))], crc32c)
+    footer = (_put_varint(len(data)) + _put_varint(len(meta) - _TRAILER)
+              + _put_varint(len(data) + len(meta)) + _put_varint(len(index) - _TRAILER))
+    footer += b"\x00" * (_FOOTER - 8 - len(footer)) + struct.pack("<Q", _MAGIC)
+    return data + meta + index + footer

@@ -3,8 +3,10 @@ written by the trainer inside the same commit (docs/ARCHITECTURE.md,
 "Checkpoints", "Serving view").
 
 A commit with a view holds a second TensorFlow bundle, `serving.index` and
-`serving.data-*` (written with TensorFlow's own SaveV2, so any stock tool
-reads it), listed in the same MANIFEST.json as the main bundle and committed
+`serving.data-00000-of-00001` (the format BundleWriter writes, so
+`tf.train.load_checkpoint` and any stock tool read it; written here from
+numpy, without a TensorFlow op per tensor, and with the rows read straight
+from the main bundle's data files, to keep a commit's added time small), listed in the same MANIFEST.json as the main bundle and committed
 by it: one commit protocol, never a second chain. Per EV (part) `<ev>` it
 holds `<ev>-values` in the view's dtype, row-aligned with the main bundle's
 `<ev>-keys`, and for int8 `<ev>-values_scale` [N] float32. The manifest says
@@ -25,6 +27,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from checkpoint.index import build_index, data_file, parse_index
 from evstore import schema
 
 __all__ = ["VIEW_PREFIX", "SCALE", "CODECS", "codec", "write_view", "view_tensors"]
@@ -43,7 +46,7 @@ class ViewCodec:
         return (schema.VALUES,)
 
     def encode(self, values):
-        """{suffix: tf.Tensor} for float32 rows `values` [N, dim]."""
+        """{suffix: np.ndarray} for float32 rows `values` [N, dim]."""
         raise NotImplementedError
 
     def decode(self, tensors, dim):
@@ -57,7 +60,7 @@ class _Cast(ViewCodec):
         self.dtype = self._tf.name
 
     def encode(self, values):
-        return {schema.VALUES: tf.cast(values, self._tf)}
+        return {schema.VALUES: np.asarray(values, np.float32).astype(self._tf.as_numpy_dtype)}
 
     def decode(self, tensors, dim):
         v = tensors[schema.VALUES]
@@ -73,11 +76,11 @@ class _Int8PerRow(ViewCodec):
         return (schema.VALUES, SCALE)
 
     def encode(self, values):
-        values = tf.convert_to_tensor(values, tf.float32)
-        scale = tf.reduce_max(tf.abs(values), axis=1) / 127.0
-        safe = tf.where(scale > 0, scale, tf.ones_like(scale))
-        q = tf.clip_by_value(tf.round(values / safe[:, None]), -127.0, 127.0)
-        return {schema.VALUES: tf.cast(q, tf.int8), SCALE: scale}
+        values = np.asarray(values, np.float32)
+        scale = (np.abs(values).max(axis=1, initial=0.0) / np.float32(127)).astype(np.float32)
+        safe = np.where(scale > 0, scale, np.float32(1))
+        q = np.clip(np.rint(values / safe[:, None]), -127, 127)
+        return {schema.VALUES: q.astype(np.int8), SCALE: scale}
 
     def decode(self, tensors, dim):
         q, scale = tensors[schema.VALUES], tensors[SCALE]
@@ -111,30 +114,57 @@ def _fsync(path):
         os.close(fd)
 
 
+def _crc32c(data, crc=0):
+    from evstore import ops
+    return int(ops.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(data)))
+
+
+def _read_values(directory, main_prefix, ev_names):
+    """{ev: float32 [N, dim]} read straight from the main bundle's data files."""
+    with open(os.path.join(directory, main_prefix + ".index"), "rb") as f:
+        num_shards, entries = parse_index(f.read(), os.path.join(directory, main_prefix + ".index"))
+    out = {}
+    for ev in ev_names:
+        e = entries[schema.tensor(ev, schema.VALUES)]
+        n = int(np.prod(e.shape, dtype=np.int64))
+        if n == 0:
+            out[ev] = np.zeros(e.shape, np.float32)
+            continue
+        path = os.path.join(directory, data_file(main_prefix, e.shard_id, num_shards))
+        out[ev] = np.fromfile(path, np.float32, count=n, offset=e.offset).reshape(e.shape)
+    return out
+
+
 def write_view(directory, ev_names, dtype, main_prefix):
-    """Writes `directory/serving.*` from the float32 `<ev>-values` of the
-    bundle `directory/<main_prefix>` just written; fsyncs the files. Returns
-    {file name: {"size", "crc32c"}} for the manifest.
+    """Writes `directory/serving.*` (a TensorFlow bundle: one data file and
+    its index, in the format BundleWriter writes) from the float32
+    `<ev>-values` of the bundle `directory/<main_prefix>` just written; fsyncs
+    both. Returns {file name: {"size", "crc32c"}} for the manifest.
 
     Memory: the commit's float32 rows of every EV and their encoding are
     held until the view is written (not streamed as the main bundle is)."""
-    from evstore import ops
     c = codec(dtype)
-    reader = tf.train.load_checkpoint(os.path.join(directory, main_prefix))
-    names, tensors = [], []
-    for ev in ev_names:
-        for suffix, t in c.encode(reader.get_tensor(schema.tensor(ev, schema.VALUES))).items():
-            names.append(schema.tensor(ev, suffix))
-            tensors.append(t)
-    prefix = os.path.join(directory, VIEW_PREFIX)
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
-    files = sorted(f for f in os.listdir(directory) if f == VIEW_PREFIX + ".index" or
-                   f.startswith(VIEW_PREFIX + ".data-"))
-    # The files are fsynced concurrently (a filesystem journal commits them
-    # together), while their checksums are read from the page cache.
-    with concurrent.futures.ThreadPoolExecutor(len(files)) as pool:
-        synced = [pool.submit(_fsync, os.path.join(directory, f)) for f in files]
-        crcs, sizes = ops.ev_file_crc32c([os.path.join(directory, f) for f in files])
-        for s in synced:
-            s.result()
-    return {f: {"size": int(size), "crc32c": int(crc)} for f, crc, size in zip(files, crcs.numpy(), sizes.numpy())}
+    values = _read_values(directory, main_prefix, ev_names)
+    data_name = data_file(VIEW_PREFIX, 0, 1)
+    index_name = VIEW_PREFIX + ".index"
+    entries, offset, data_crc = [], 0, 0
+    data_path = os.path.join(directory, data_name)
+    with open(data_path, "wb") as f:
+        for ev in ev_names:
+            for suffix, t in c.encode(values[ev]).items():
+                b = np.ascontiguousarray(t).tobytes()
+                crc = _crc32c(b) if b else 0
+                entries.append((schema.tensor(ev, suffix), tf.as_dtype(t.dtype).as_datatype_enum, t.shape, 0,
+                                offset, len(b), crc))
+                f.write(b)
+                data_crc = _crc32c(b, data_crc) if b else data_crc
+                offset += len(b)
+    index = build_index(entries, 1, _crc32c)
+    index_path = os.path.join(directory, index_name)
+    with open(index_path, "wb") as f:
+        f.write(index)
+    # Both files fsynced at once: a filesystem journal commits them together.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(_fsync, data_path), pool.submit(_fsync, index_path)]:
+            done.result()
+    return {data_name: {"size": offset, "crc32c": data_crc}, index_name: {"size": len(index), "crc32c": _crc32c(index)}}

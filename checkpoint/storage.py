@@ -243,11 +243,6 @@ class Storage:
     def unstage(path):
         shutil.rmtree(path, ignore_errors=True)
 
-    def discard_local(self, dirname):
-        """Drops the downloaded copy of a remote checkpoint (no-op for local roots)."""
-        if not self.local and self._cache:
-            shutil.rmtree(os.path.join(self._cache, dirname), ignore_errors=True)
-
     def close(self):
         if self._cache:
             shutil.rmtree(self._cache, ignore_errors=True)

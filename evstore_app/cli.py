@@ -69,6 +69,8 @@ def build_parser():
                        help="stop committing when a commit's progressive quality fails EXPR, the syntax of "
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
+    train.add_argument("--guard-min-examples", type=int, default=1000, metavar="N",
+                       help="commits of fewer than N examples are not judged by the guard (default 1000)")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -130,9 +132,24 @@ def build_parser():
                           "served; the server holds the last good version until a later commit passes (e.g. "
                           "\"auc >= served - 0.01, logloss <= served * 1.05\", the default when EXPR is omitted; "
                           "docs/guides/quality-gate.md)")
+    srv.add_argument("--gate-min-examples", type=int, default=1000, metavar="N",
+                     help="commits whose quality covers fewer than N examples are not judged by the gate, nor "
+                          "become its reference (default 1000)")
+    srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
+                     help="port of the admin listener (pin, resume, rollback, metrics; "
+                          "serving_loader.admin_listener); default: 8502 with the default REST port 8501, else any "
+                          "free port (printed at start); -1: none")
+    srv.add_argument("--admin_host", "--admin-host", default="127.0.0.1",
+                     help="address the admin listener binds (default 127.0.0.1; another needs --admin_token_file)")
+    srv.add_argument("--admin_token_file", "--admin-token-file", default=None, metavar="FILE",
+                     help="file holding the admin token: admin requests then need 'Authorization: Bearer <token>'")
+    srv.add_argument("--rest_idle_timeout_s", "--rest-idle-timeout-s", type=float, default=60.0,
+                     metavar="SECONDS", help="close REST and admin connections idle this long (default 60; 0: never)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
-    adm.add_argument("--url", default="http://127.0.0.1:8501",
-                     help="the server's REST address (default http://127.0.0.1:8501)")
+    adm.add_argument("--url", default="http://127.0.0.1:8502",
+                     help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")
+    adm.add_argument("--token-file", "--token_file", default=None, metavar="FILE",
+                     help="file holding the admin token, for a server started with --admin_token_file")
     adm.add_argument("--model-name", "--model_name", default="default",
                      help="the served model's name (default: default)")
     adm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the answer (default 600)")
@@ -270,12 +287,21 @@ def _serve_admin(args):
     import urllib.request
 
     base = f"{args.url.rstrip('/')}/v1/models/{args.model_name}/admin"
+    headers = {"Content-Type": "application/json"}
+    if args.token_file:
+        from serving_loader.admin_listener import read_token
+
+        try:
+            headers["Authorization"] = f"Bearer {read_token(args.token_file)}"
+        except ValueError as e:
+            print(f"evstore serve-admin: {e}", file=sys.stderr)
+            return 1
     if args.op == "status":
-        req = urllib.request.Request(base, method="GET")
+        req = urllib.request.Request(base, method="GET", headers=headers)
     else:
         body = {"version": args.version, "then": args.then} if args.op == "rollback" else {}
         req = urllib.request.Request(f"{base}/{args.op}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             out = json.loads(r.read())
@@ -421,7 +447,7 @@ def _job(args):
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
-                            serving_view=args.serving_view)
+                            serving_view=args.serving_view, guard_min_examples=args.guard_min_examples)
     except (SpecError, ValueError, OSError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -12,14 +12,18 @@ of the same metric) and `served.<metric>` (any metric of the served commit).
 
 Rules (what `Gate.decide` does):
   * a commit without a quality record (written before quality existed, or by
-    a trainer that gives none) passes: it is not judged;
+    a trainer that gives none) passes: it is not judged; nor is one whose
+    record covers fewer than `min_examples` examples (default 1000: figures
+    of fewer are noise), which also never becomes the reference: `served`
+    is the newest served commit that was judged (`GateState.reference`);
   * a clause whose metric the commit lacks (None: an AUC of one class) is not
     judged, nor one that refers to a served value that is missing (the
     served commit has no record); every clause judged must hold.
 
 `Gate.admit` walks the commits after the served one in chain order and
 returns those to apply now: up to and including the first that passes (the
-chain is applied up to it), or none (the server holds). `GateState` keeps
+chain is applied up to it), or none (the server holds). A commit that is not
+judged passes unless one before it failed: it cannot end a hold. `GateState` keeps
 what a server reports: the held version, why, the commits held back.
 """
 import ast
@@ -33,6 +37,7 @@ __all__ = ["Gate", "GateError", "GateState", "DEFAULT_GATE", "register_metrics"]
 log = logging.getLogger("evstore.serving")
 
 DEFAULT_GATE = "auc >= served - 0.01, logloss <= served * 1.05"
+DEFAULT_MIN_EXAMPLES = 1000
 
 _OPS = {ast.GtE: (">=", operator.ge), ast.LtE: ("<=", operator.le), ast.Gt: (">", operator.gt),
         ast.Lt: ("<", operator.lt)}
@@ -88,16 +93,20 @@ class Gate:
     raises GateError (a ValueError) with a one-line message for anything
     malformed."""
 
-    def __init__(self, text, clauses):
+    def __init__(self, text, clauses, min_examples=DEFAULT_MIN_EXAMPLES):
         self.text = text
         self.clauses = clauses
+        self.min_examples = min_examples
 
     def __repr__(self):
         return f"Gate({self.text!r})"
 
     @classmethod
-    def parse(cls, text=DEFAULT_GATE):
-        """The Gate of `text` ("default": DEFAULT_GATE)."""
+    def parse(cls, text=DEFAULT_GATE, min_examples=DEFAULT_MIN_EXAMPLES):
+        """The Gate of `text` ("default": DEFAULT_GATE); commits of fewer than
+        `min_examples` examples are not judged (an integer >= 0)."""
+        if isinstance(min_examples, bool) or not isinstance(min_examples, int) or min_examples < 0:
+            raise GateError(f"the gate's min_examples must be an integer >= 0, got {min_examples!r}")
         if text == "default":
             text = DEFAULT_GATE
         if not isinstance(text, str) or not text.strip():
@@ -106,24 +115,37 @@ class Gate:
         for i, part in enumerate(text.split(","), 1):
             part = " ".join(part.split())
             clauses.append(_parse_clause(part, i))
-        return cls(text, clauses)
+        return cls(text, clauses, min_examples)
+
+    def judged(self, quality):
+        """Whether a commit with this quality record is judged (and can be a reference)."""
+        return quality is not None and quality.get("examples", 0) >= self.min_examples
+
+    def reference_after(self, reference, quality):
+        """The reference once a commit with record `quality` is served."""
+        return quality if self.judged(quality) else reference
 
     def decide(self, quality, served):
         """None if a commit with quality record `quality` may be served after
         one with `served` (either may be None: not recorded), else the reason
         it may not (one line)."""
-        if quality is None:
+        if not self.judged(quality):
             return None
         fails = [r for r in (c.check(quality, served) for c in self.clauses) if r is not None]
         return "; ".join(fails) if fails else None
 
-    def admit(self, pending, served):
+    def admit(self, pending, served, holding=False):
         """`pending`: the commits after the served one, in chain order (objects
-        with .seq and .quality). Returns (the commits to apply now: up to and
-        including the first that passes, or [] to hold; [(seq, reason)] of the
-        commits that failed before it)."""
+        with .seq and .quality); `holding`: commits before them are held
+        already. Returns (the commits to apply now: up to and including the
+        first that passes, or [] to hold; [(seq, reason)] of the commits held
+        back before it)."""
         failed = []
         for i, m in enumerate(pending):
+            if (failed or holding) and not self.judged(m.quality):   # no evidence that the damage is over
+                n = "no quality" if m.quality is None else f"{m.quality.get('examples', 0)} examples"
+                failed.append((m.seq, f"not judged ({n}; min_examples {self.min_examples}): it cannot end a hold"))
+                continue
             why = self.decide(m.quality, served)
             if why is None:
                 return list(pending[:i + 1]), failed
@@ -179,11 +201,13 @@ class GateState:
         self.gate = gate
         self.held = None             # {"version", "since", "reason", "commits"} while holding, else None
         self.held_back_total = 0     # distinct commits that failed the gate
+        self.reference = None        # quality record `served` means: the newest served commit judged
         self._failed = set()         # (seq, checksum) counted in held_back_total
 
-    def note(self, version, pending, failed):
+    def note(self, version, pending, failed, extend=False):
         """Records the commits of `pending` (after served `version`) that
-        `admit` failed: counted once each, logged, and held until `clear`."""
+        `admit` failed: counted once each, logged, and held until `clear`
+        (`extend`: added to those held already, from another chain)."""
         by_seq = {m.seq: m for m in pending}
         for seq, why in failed:
             key = (seq, by_seq[seq].checksum)
@@ -191,10 +215,17 @@ class GateState:
                 self._failed.add(key)
                 self.held_back_total += 1
                 log.warning("commit %d held back by the quality gate: %s (serving %s)", seq, why, version)
-        if failed:
+        if failed and extend and self.held is not None:
+            self.held["commits"] = self.held["commits"] + [seq for seq, _ in failed
+                                                           if seq not in self.held["commits"]]
+        elif failed:
             first = failed[0]
             self.held = {"version": version, "reason": f"commit {first[0]}: {first[1]}",
                          "commits": [seq for seq, _ in failed]}
+
+    def served(self, quality):
+        """A commit with record `quality` was published."""
+        self.reference = self.gate.reference_after(self.reference, quality)
 
     def clear(self, serving=None):
         """Nothing is held back (any more); `serving`: the commit now served."""
@@ -204,7 +235,8 @@ class GateState:
 
     def status(self):
         """The gate's part of the admin status."""
-        return {"gate": self.gate.text, "held": self.held is not None,
+        return {"gate": self.gate.text, "gate_min_examples": self.gate.min_examples, "reference": self.reference,
+                "held": self.held is not None,
                 "held_version": None if self.held is None else self.held["version"],
                 "held_reason": None if self.held is None else self.held["reason"],
                 "held_commits": [] if self.held is None else list(self.held["commits"]),

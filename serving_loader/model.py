@@ -437,7 +437,7 @@ class ServingModel:
                 return
             run = pending
             if self.gate is not None:
-                run, failed = self.gate.gate.admit(pending, self.served_quality)
+                run, failed = self.gate.gate.admit(pending, self.gate.reference)
                 self.gate.note(self.version, pending, failed)   # held until the commit that passed is published
                 if not run:
                     return   # held: the gate's status says why
@@ -515,18 +515,21 @@ class ServingModel:
         cannot go on (nothing served yet; the served commit withdrawn; a
         commit after it refused or missing): a full is never held back from
         repairing a broken chain. 0: hold the served version."""
-        start, ref = 0, self.served_quality
+        gate = self.gate.gate
+        start, ref, holding = 0, self.gate.reference, self.gate.held is not None
         if self.version is None or not self._served_chain_intact(sc):
-            start, ref = 1, chain[0].quality
+            start, ref, holding = 1, gate.reference_after(None, chain[0].quality), False
         end = start
         while end < len(chain):
-            run, failed = self.gate.gate.admit(chain[end:], ref)
-            self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed)
+            run, failed = gate.admit(chain[end:], ref, holding=holding and end == 0)
+            self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed,
+                           extend=holding and end == 0)
             if not run:
                 break
             self.gate.clear(serving=run[-1].seq)
             end += len(run)
-            ref = chain[end - 1].quality
+            for m in run:
+                ref = gate.reference_after(ref, m.quality)
         return end
 
     def _served_chain_intact(self, sc):
@@ -714,6 +717,8 @@ class ServingModel:
         self.last_fetched_bytes = s.bytes_read
         self._served_checksum = s.manifest.checksum
         self.served_quality = s.manifest.quality
+        if self.gate is not None:
+            self.gate.served(s.manifest.quality)
 
     def _record(self, m, t0):
         now = time.time()

@@ -110,6 +110,13 @@ def test_readme_links_into_the_docs_site():
         assert page in targets, f"README.md does not link to {page}"
 
 
+def test_benchmarks_md_holds_no_relative_links():
+    """The site includes BENCHMARKS.md into docs/performance.md, where a relative link would resolve
+    against docs/ instead of the root: BENCHMARKS.md names paths in code spans instead."""
+    relative = [t for t in _links("BENCHMARKS.md") if not re.match(r"^([a-z][a-z0-9+.-]*:|#)", t, re.I)]
+    assert relative == []
+
+
 def test_checkpoint_tensor_names_are_tabled_once():
     """The per-EV tensor names have one table, docs/reference/checkpoint-format.md; other pages link to it."""
     tables = [p for p in PAGES if re.search(r"^\| *`<name>-keys_filtered`", _read(p), re.M)]

@@ -52,7 +52,8 @@ class _Server:
         self.log = open(log_path or os.devnull, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
-             "--rest_api_port", str(self.port), "--port", "-1", "--model-name", name, "--poll-every", str(poll_every)]
+             "--rest_api_port", str(self.port), "--port", "-1", "--admin_port", "-1", "--model-name", name,
+             "--poll-every", str(poll_every)]
             + (["--gate", gate] if gate is not None else []),
             stdout=self.log, stderr=subprocess.STDOUT)
         self.seen = {}   # version -> wall time first reported

@@ -22,15 +22,23 @@ class GuardTripped(Exception):
 class Guard:
     """Wraps `trainer.quality` as the manager's quality callable; trips once."""
 
-    def __init__(self, expression, trainer):
-        self.gate = Gate.parse(expression)
+    def __init__(self, expression, trainer, min_examples=1000):
+        self.gate = Gate.parse(expression, min_examples=min_examples)
         self.trainer = trainer
-        self.tripped = None   # {"reason", "position", "examples", "last_good"} once tripped
+        self.tripped = None     # {"reason", "position", "examples", "last_good"} once tripped
+        self.reference = None   # `served`: the newest committed record the gate judges (enough examples)
+        self._seen = None       # the last commit folded into the reference
 
     def quality(self):
         q = self.trainer.quality()
         last = self.trainer.manager.last_committed
-        why = self.gate.decide(q, last.quality if last is not None else None)
+        if self._seen is None and last is not None:   # the newest judged record of the chain (a resumed run)
+            for m in self.trainer.manager.chain(last.seq):
+                self.reference = self.gate.reference_after(self.reference, m.quality)
+        elif last is not None and last is not self._seen:
+            self.reference = self.gate.reference_after(self.reference, last.quality)
+        self._seen = last
+        why = self.gate.decide(q, self.reference)
         if why is None and self.tripped is None:
             return q
         if self.tripped is None:

@@ -33,6 +33,8 @@
 //  * A call whose stream the client resets (or whose connection closes) before
 //    Python takes it is never handed to Python; one taken but not answered is
 //    reported gone by Alive(id), so the model does not run it (`live_`, under mu_).
+//  * A connection whose socket refuses output is not read until it takes it again
+//    (WantOut), so output per connection is bounded by what its client reads.
 //  * A connection with no call at the model that has received nothing for
 //    `idle_timeout` is told GOAWAY and closed (idle_timeout zero: never).
 //  * A connection buffers at most kConnectionBudget * `max_message` bytes of
@@ -405,10 +407,13 @@ class Frontend {
     return nghttp2_session_want_read(c->session) || nghttp2_session_want_write(c->session);
   }
 
+  // Waits for the socket to take output (on) or for input (off): never both, so
+  // a client that does not read its answers is not read either (TCP pushes back
+  // on it) and cannot pile up answers here faster than it takes them.
   bool WantOut(Conn* c, bool on) {
     if (c->epollout == on) return true;
     epoll_event ev{};
-    ev.events = EPOLLIN | (on ? EPOLLOUT : 0);
+    ev.events = on ? EPOLLOUT : EPOLLIN;
     ev.data.u64 = c->serial;
     c->epollout = on;
     return epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev) == 0;

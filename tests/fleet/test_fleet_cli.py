@@ -8,7 +8,7 @@ import sys
 import checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DATA = os.path.join(REPO, "tests", "data", "movielens-slice", "ratings.csv")
+DATA = os.path.join(REPO, "examples", "data", "movielens", "ratings.csv")
 SPEC = os.path.join(REPO, "examples", "movielens.json")
 
 

@@ -18,8 +18,8 @@ from serving_loader.gate import Gate, GateError
 GATE = "auc >= served - 0.05, logloss <= served * 1.2"
 
 
-def q(auc, logloss=0.5):
-    return {"auc": auc, "logloss": logloss, "examples": 1000, "label_rate": 0.3}
+def q(auc, logloss=0.5, examples=1000):
+    return {"auc": auc, "logloss": logloss, "examples": examples, "label_rate": 0.3}
 
 
 class Job:
@@ -116,10 +116,32 @@ def test_commits_without_quality_are_never_held(job):
     assert sm.poll() == seq and sm.admin_status()["held_back_total"] == 0
 
 
+def test_a_commit_of_few_examples_is_not_judged_nor_becomes_the_reference(job):
+    job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)   # min_examples 1000 by default
+    lucky = job.commit(q(0.95, examples=999))      # a commit right after another: its figures are noise
+    assert sm.poll() == lucky and sm.admin_status()["reference"] == q(0.80)
+    seq = job.commit(q(0.76))                      # judged against 0.80, not 0.95
+    assert sm.poll() == seq
+    seq = job.commit(q(0.10, examples=10))
+    assert sm.poll() == seq and sm.admin_status()["held_back_total"] == 0
+
+
+def test_a_commit_that_is_not_judged_cannot_end_a_hold(job):
+    first = job.commit(q(0.80))
+    sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
+    bad = job.commit(q(0.50))
+    small_full = job.commit(q(0.55, examples=512), full=True)   # a full just after a delta: too few to judge
+    old_style = job.commit()                                     # no quality at all
+    assert sm.poll() == first and sm.admin_status()["held_commits"] == [bad, small_full, old_style]
+    good = job.commit(q(0.80))
+    assert sm.poll() == good and job.serves(sm, good)
+
+
 def test_a_metric_missing_from_a_commit_is_not_judged(job):
     job.commit(q(0.80))
     sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
-    one_class = {"auc": None, "logloss": 0.55, "examples": 3, "label_rate": 1.0}
+    one_class = {"auc": None, "logloss": 0.55, "examples": 5000, "label_rate": 1.0}
     seq = job.commit(one_class)
     assert sm.poll() == seq
 

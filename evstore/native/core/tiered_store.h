@@ -55,7 +55,6 @@
 #include <vector>
 
 #include "cache_policy.h"
-#include "memory.h"
 #include "row_file.h"
 #include "row_store.h"
 #include "zero_rows.h"
@@ -186,7 +185,7 @@ class TieredStore {
   TierStats tier_stats() const {
     std::lock_guard<std::mutex> l(mu_);
     TierStats t;
-    t.hits = hits_.load(std::memory_order_relaxed);
+    for (const Counter& c : hits_) t.hits += c.n.load(std::memory_order_relaxed);
     t.misses = misses_.load(std::memory_order_relaxed);
     t.writebacks = writebacks_;
     t.write_failures = write_failures_.load(std::memory_order_relaxed);
@@ -206,29 +205,51 @@ class TieredStore {
   // ---- widening (every segment lock held by the caller) ---------------------
   struct Widened {};
   std::unique_ptr<Widened> PrepareWiden(int) const { return std::make_unique<Widened>(); }
+  // Widening empties the cache: every resident row is written to the file
+  // at the old width, the file is re-laid out at the new one, and the slots
+  // are released (kept, they would hold budget-at-the-old-width rows at the
+  // new width: three times the budget when Adam's two slots arrive). Rows
+  // fault back in as they are used. Any failed write throws before the
+  // stride changes: the table is then unchanged (rows written so far are
+  // merely clean).
   void Relayout(int new_stride, const std::vector<float>& tail_init, Widened*) {
     std::lock_guard<std::mutex> l(mu_);
     const size_t tail_bytes = (new_stride - stride_) * sizeof(float);
     std::vector<char> tail(tail_bytes);
     std::memcpy(tail.data(), tail_init.data(), tail_bytes);
-    // Disk first: if it fails nothing has changed.
-    if (!file_.Widen(static_cast<size_t>(new_stride) * sizeof(float), next_,
-                     [&](uint32_t r) { return (Meta(r).flags & kOnDisk) != 0; }, tail)) {
+    auto fail = [&] {
       throw std::runtime_error("tiered storage: widening rows on disk failed: " +
                                std::string(std::strerror(file_.last_error())));
+    };
+    const uint32_t nslots = nslot_chunks_ * kSlotChunk;
+    for (uint32_t s = 0; s < nslots; ++s) {
+      SlotInfo& in = Info(s);
+      if (in.row == kNoRowId) continue;
+      RowMeta& m = Meta(in.row);
+      const float* data = SlotData(s);
+      if (in.dirty.load(std::memory_order_relaxed) || !(m.flags & kOnDisk)) {
+        if (!file_.Write(in.row, data)) fail();
+        ++writebacks_;
+      }
+      m.flags = static_cast<uint8_t>(kOnDisk | (IsZeroRow(data, dim_) ? kZero : 0));
+      in.dirty.store(0, std::memory_order_relaxed);
+    }
+    if (!file_.Widen(static_cast<size_t>(new_stride) * sizeof(float), next_,
+                     [&](uint32_t r) { return (Meta(r).flags & kOnDisk) != 0; }, tail))
+      fail();
+    for (uint32_t s = 0; s < nslots; ++s) {
+      SlotInfo& in = Info(s);
+      if (in.row != kNoRowId) Meta(in.row).slot.store(kNoSlot, std::memory_order_release);
     }
     for (uint32_t c = 0; c < nslot_chunks_; ++c) {
-      SlotChunk& ch = slot_dir_[c];
-      float* nd = static_cast<float*>(AllocLarge(static_cast<size_t>(kSlotChunk) * new_stride * sizeof(float)));
-      if (!nd) throw std::bad_alloc();
-      for (uint32_t i = 0; i < kSlotChunk; ++i) {
-        std::memcpy(nd + static_cast<size_t>(i) * new_stride, ch.data + static_cast<size_t>(i) * stride_,
-                    stride_ * sizeof(float));
-        std::memcpy(nd + static_cast<size_t>(i) * new_stride + stride_, tail_init.data(), tail_bytes);
-      }
-      std::free(ch.data);
-      ch.data = nd;
+      std::free(slot_dir_[c].data);
+      slot_dir_[c].data = nullptr;
+      slot_dir_[c].info.reset();
     }
+    nslot_chunks_ = 0;
+    free_slots_.clear();
+    resident_ = 0;
+    hand_ = 0;
     stride_ = new_stride;
     budget_ = BudgetSlots();
   }
@@ -282,7 +303,7 @@ class TieredStore {
     if (s == kNoSlot) {
       s = const_cast<TieredStore*>(this)->Fault(r);
     } else {
-      hits_.fetch_add(1, std::memory_order_relaxed);
+      CountHit(m.owner);
     }
     SlotInfo& in = Info(s);
     Policy::OnAccess(in.weight, m.heat);
@@ -296,7 +317,7 @@ class TieredStore {
     RowMeta& m = Meta(r);
     uint32_t s = m.slot.load(std::memory_order_acquire);
     if (s != kNoSlot) {  // another reader of the same segment brought it in
-      hits_.fetch_add(1, std::memory_order_relaxed);
+      CountHit(m.owner);
       return s;
     }
     misses_.fetch_add(1, std::memory_order_relaxed);
@@ -329,6 +350,15 @@ class TieredStore {
     ++resident_;
     return s;
   }
+  // One chunk of slots, cache-line aligned. Not AllocLarge: its 2 MiB
+  // rounding of a chunk (3 MiB at dim 64 with Adam) would add a third to
+  // the DRAM the budget allows.
+  static float* AllocSlots(int stride) {
+    size_t bytes = (static_cast<size_t>(kSlotChunk) * stride * sizeof(float) + 63) / 64 * 64;
+    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
   void ReleaseSlot(uint32_t s) {  // mu_ held
     Info(s).row = kNoRowId;
     free_slots_.push_back(s);
@@ -337,7 +367,7 @@ class TieredStore {
   void GrowSlots() {  // mu_ held
     if (nslot_chunks_ >= kSlotChunks) throw std::length_error("tiered storage: too many resident rows");
     SlotChunk& ch = slot_dir_[nslot_chunks_];
-    ch.data = static_cast<float*>(AllocLarge(static_cast<size_t>(kSlotChunk) * stride_ * sizeof(float)));
+    ch.data = AllocSlots(stride_);
     if (!ch.data) throw std::bad_alloc();
     ch.info.reset(new SlotInfo[kSlotChunk]);
     uint32_t base = nslot_chunks_ * kSlotChunk;
@@ -408,7 +438,16 @@ class TieredStore {
   uint32_t hand_ = 0;
   int64_t newest_ = -1;
   int64_t writebacks_ = 0;
-  mutable std::atomic<int64_t> hits_{0}, misses_{0};
+  // Hits are counted per owner segment stripe, one cache line each: a single
+  // counter bumped by every thread on every row access cost more than the
+  // access (the line ping-pongs between cores).
+  struct alignas(64) Counter {
+    std::atomic<int64_t> n{0};
+  };
+  static constexpr int kHitStripes = 64;
+  mutable Counter hits_[kHitStripes];
+  void CountHit(uint16_t owner) const { hits_[owner % kHitStripes].n.fetch_add(1, std::memory_order_relaxed); }
+  mutable std::atomic<int64_t> misses_{0};
   std::atomic<int64_t> write_failures_{0};
   std::string last_failure_;
 };
