@@ -1,4 +1,4 @@
-"""A fleet on one object-store root (issue 31, item 3): a trainer and three
+"""A fleet on one object-store root: a trainer and three
 `evstore serve` replicas against one S3 server (moto's, a separate process on
 127.0.0.1, through s3fs). Each replica converges to each new commit, serves
 from the commit's bfloat16 view, reads far less than the commit holds, and
