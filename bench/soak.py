@@ -71,6 +71,8 @@ def _proc_stats(pid):
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if "VmRSS" not in fields:   # a zombie (killed, not yet reaped) has no memory lines
+        return None
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["Threads"]), fds
 
 
