@@ -1,66 +1,109 @@
 # Fresh machine: `make test` and `make demo` set up everything themselves
 # (virtual environment, dependencies, native build) and then run.
+# Every dependency list is pyproject.toml's: [build-system] requires (the build
+# backend and TensorFlow), [project] dependencies, [dependency-groups] test.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
 DEPS   := $(VENV)/.deps-stamp
 TESTDEPS := $(VENV)/.test-deps-stamp
+DOCSDEPS := $(VENV)/.docs-deps-stamp
 NATIVE := $(VENV)/.native-stamp
-NATIVE_SRC := setup.py $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc serving_loader/native/*.cc)
-# The gRPC front end's HTTP/2 library (Debian's libnghttp2-dev), installed when its header is missing.
-NGHTTP2_H := /usr/include/nghttp2/nghttp2.h
-SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+NATIVE_SRC := CMakeLists.txt $(wildcard evstore/native/core/*.h evstore/native/tf/*.h evstore/native/tf/*.cc serving_loader/native/*.cc serving_loader/native/*.h)
+# The Debian packages the gRPC front end of `evstore serve` builds on: libnghttp2
+# (HTTP/2) and pkg-config, which CMake finds it with.
+SYSTEM_PKGS := libnghttp2-dev pkg-config
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+SHELL := /bin/bash
+# Runs the Python code given after it with `build` = pyproject.toml's [build-system].
+BUILD_SYSTEM = $(BIN)/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
+	build = toml.load(open("pyproject.toml", "rb"))["build-system"]; exec(sys.argv[1])'
 
-.PHONY: all install test demo bench bench-peers clean
+.PHONY: all install test demo docs cli-docs bench bench-peers clean system-packages
 
 all: install
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# The build backend and TensorFlow go in first: the package is built without
+# build isolation, against the venv's TensorFlow (a second, isolated copy of
+# TensorFlow would be a ~600 MB install per build). Then what the backend asks
+# for through its PEP 517 hook (CMake and Ninja when the system has none).
 $(DEPS): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip "setuptools>=70" wheel
-	@echo "evstore: installing the dependencies into $(VENV) (TensorFlow is a ~600 MB download the first time) ..."
-	$(BIN)/pip install --disable-pip-version-check "tensorflow==2.21.*" numpy pyarrow fsspec \
-		"apscheduler>=3.10,<4" "prometheus_client>=0.20" "tqdm>=4.60" "orjson>=3.9" "uvloop>=0.19" "grpcio>=1.60" \
-		"jsonschema>=4.18" "matplotlib>=3.7"
-	# TF Serving's protos and stubs; --no-deps: its tensorflow pin must never replace the venv's TF 2.21
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps "tensorflow-serving-api==2.21.*"
+	$(PIP) install -q --upgrade pip
+	@echo "evstore: installing the build requirements into $(VENV) (TensorFlow is a ~600 MB download the first time) ..."
+	@$(BIN)/python -c 'import tomllib' 2>/dev/null || $(PIP) install -q tomli   # Python 3.10
+	@$(BUILD_SYSTEM) 'print("\n".join(build["requires"]))' > $(VENV)/build-requirements.txt
+	$(PIP) install -q -r $(VENV)/build-requirements.txt
+	@$(BUILD_SYSTEM) 'import importlib; print("\n".join(importlib.import_module(build["build-backend"]).get_requires_for_build_editable()))' \
+		> $(VENV)/backend-requirements.txt
+	test ! -s $(VENV)/backend-requirements.txt || $(PIP) install -q -r $(VENV)/backend-requirements.txt
 	touch $@
 
-# What only the tests need (pyproject's [test] extra): kept out of the first
-# `make demo`; the S3 test runs moto's standalone server; h2 speaks raw HTTP/2
-# to the gRPC port for what a gRPC client never sends.
 $(TESTDEPS): pyproject.toml | $(DEPS)
-	$(BIN)/pip install -q --disable-pip-version-check pytest "import-linter>=2.1" s3fs "moto[server]" h2
+	$(PIP) install -q --group test
 	touch $@
 
-# The op library builds against the venv's TensorFlow (tf.sysconfig flags),
-# in place and in view (one progress line per file; pip would hide them); the
-# editable install then reuses it (no second compile) and keeps the source
-# tree importable by tests and tools.
-$(NGHTTP2_H):
-	@echo "evstore: installing libnghttp2-dev (HTTP/2 for the gRPC front end of evstore serve) ..."
-	$(SUDO) apt-get install -y -q libnghttp2-dev || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libnghttp2-dev)
+# Never prompts: as root a missing package is installed with apt-get -y;
+# otherwise one line says what to install, and the build goes on without the
+# gRPC front end (`evstore serve` then answers REST only).
+system-packages:
+	@if pkg-config --exists libnghttp2 2>/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "evstore: installing $(SYSTEM_PKGS) (HTTP/2 for the gRPC front end of evstore serve) ..."; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q $(SYSTEM_PKGS) || (apt-get update -q && apt-get install -y -q $(SYSTEM_PKGS)) \
+			|| echo "evstore: apt-get could not install $(SYSTEM_PKGS): building without the gRPC front end (REST only)"; \
+	else \
+		echo "evstore: building without the gRPC front end of evstore serve (REST only); for gRPC install $(SYSTEM_PKGS) (Debian/Ubuntu: sudo apt-get install $(SYSTEM_PKGS)) and run make clean install"; \
+	fi
 
-$(NATIVE): $(DEPS) $(NATIVE_SRC) | $(NGHTTP2_H)
-	@echo "evstore: building the native op library and the gRPC front end (13 C++ files, in parallel; a few minutes the first time) ..."
-	$(BIN)/python setup.py -q build_ext --inplace
-	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+# The editable install compiles (scikit-build-core: CMake and Ninja, in
+# parallel, incremental, through ccache) in the source tree, installs the
+# runtime dependencies and the `evstore` command, and keeps the checkout
+# importable by tests and tools. Shown: the build's progress lines; the whole
+# log is $(VENV)/build.log (printed in part when the build fails).
+$(NATIVE): $(DEPS) $(NATIVE_SRC) pyproject.toml | system-packages
+	@echo "evstore: building the native op library and the gRPC front end (a few minutes the first time) ..."
+	@$(PIP) install -v --no-build-isolation -e . 2>&1 | tee $(VENV)/build.log \
+		| grep --line-buffered -E '^ *(\*\*\*|\[[0-9]+/[0-9]+\]|-- evstore:)|^Successfully installed'; \
+	status=$${PIPESTATUS[0]}; if [ $$status -ne 0 ]; then tail -n 60 $(VENV)/build.log; \
+		echo "evstore: the build failed (whole log: $(VENV)/build.log)"; exit $$status; fi
+	touch $@
+
+# pyproject's `docs` dependency group (MkDocs with Material, ~30 s from PyPI).
+$(DOCSDEPS): pyproject.toml | $(DEPS)
+	$(PIP) install -q --group docs
 	touch $@
 
 install: $(NATIVE)
 
-test: install $(TESTDEPS)
+test: install $(TESTDEPS) $(DOCSDEPS)
 	$(BIN)/python -m pytest -q tests
 
 demo: install
 	$(BIN)/evstore demo
 
-# Benchmarks against peers (TFRA in its own venv, see ../shared/peers/README.md).
+# The command-line reference page, rendered from evstore_app/cli.py's parser (tests/test_docs.py
+# checks the committed page is current).
+cli-docs: | $(BIN)/python
+	$(BIN)/python -m evstore_app.cli_reference > docs/reference/cli.md
+
+# The documentation site, into site/ (git-ignored); any broken link, anchor or page missing from
+# mkdocs.yml's nav fails the build.
+docs: $(DOCSDEPS) cli-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# Benchmarks against peers (TFRA in its own venv .peer-tfra, made by bench/peers/tfra-setup.sh).
 bench: install
 	$(BIN)/python bench/run.py
 
+bench-peers:
+	bash bench/peers/tfra-setup.sh .peer-tfra
+
+# The in-source CMake build (editable.mode = "inplace") and the libraries.
 clean:
-	rm -rf build *.egg-info evstore/native/*.so serving_loader/native/*.so $(NATIVE)
+	rm -rf build *.egg-info .cmake .ninja_* .skbuild-info.json CMakeCache.txt CMakeFiles CMakeInit.txt build.ninja \
+		cmake_install.cmake evstore/native/*.so serving_loader/native/*.so $(NATIVE)

@@ -222,7 +222,7 @@ def main():
         raise SystemExit("`ss` (iproute2) is required to read per-socket byte counters")
     peer_py = os.path.join(args.peer_venv, "bin", "python")
     if "tfra" in systems and not os.path.exists(peer_py):
-        print(f"TFRA peer venv {args.peer_venv} missing (../shared/peers/tfra-setup.sh builds it)", flush=True)
+        print(f"TFRA peer venv {args.peer_venv} missing (bench/peers/tfra-setup.sh builds it)", flush=True)
         peer_py = None
     logdir = os.path.join(args.out_dir, "logs")
     os.makedirs(logdir, exist_ok=True)

@@ -41,8 +41,8 @@ every served row comes from checkpoints. Keys are bench/common.py's keys.
                       (ServingModel.freshness_s). After loading, the process
                       runs gc.collect(); gc.freeze() as `evstore serve` does
                       (--no-gc-freeze: without; then full garbage collections
-                      of the model's heap, ~0.4 s each here, land in either
-                      window at random and decide both p99s).
+                      of the model's heap, each far longer than a predict,
+                      land in either window at random and decide both p99s).
 Prints one JSON line (the last line of stdout); progress goes to stderr.
 """
 import argparse

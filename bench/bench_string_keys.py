@@ -87,7 +87,7 @@ def main():
         proxy = tf.zeros([0])
         # The million Python bytes objects of `keys` are setup, not the op: drop them and freeze what is
         # left, or a garbage collection (triggered by the eager ops' allocations) walks them inside the
-        # timed calls (~20% of a string find-or-insert, profiled). The TFRA peer does the same.
+        # timed calls and is counted as the op's time. The TFRA peer does the same.
         del keys
         gc.collect()
         gc.freeze()

@@ -278,8 +278,8 @@ def project(one_eps, sync, an, args, worker_counts=(2, 4, 8, 16, 32, 64)):
     dense parameters; BW: the bytes/s per worker of a 4 MB all-to-all
     (measured, a lower bound: its latency included); L: fitted, the 2-worker
     step's time beyond compute(B/2) and bytes/BW, per collective. L is taken
-    flat in W (the loopback measurement of the issue: ~1 ms whatever the size
-    on an idle machine) or, pessimistic, growing with the W - 1 peers
+    flat in W (on loopback a collective's latency hardly depends on its size)
+    or, pessimistic, growing with the W - 1 peers
     (`..._latency_per_peer`)."""
     B, d = args.batch_size, args.dim
     c = sum(sync["collectives_per_step"].values())

@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/compare_trees.py --before ../wt-before --after . --pairs 5
 
-Each checkout must have its op library built in place (`python setup.py build_ext --inplace`, run
-with this venv's python); both run under this venv's python with PYTHONPATH set to the checkout, and
+Each checkout must have its op library built in place against this venv's TensorFlow (`make install`
+in that checkout, or `cmake -S TREE -B TREE -G Ninja -DPython_EXECUTABLE=.venv/bin/python && cmake
+--build TREE`); both run under this venv's python with PYTHONPATH set to the checkout, and
 each runs its OWN bench scripts (`<tree>/bench/run.py`, `<tree>/bench/bench_serving.py`), so the
 figures are what `make bench` of that tree reports. One pair = one run of each tree; the order
 alternates pair by pair (before first, then after first, ...), so a slow drift of the machine hits
@@ -13,7 +14,7 @@ both sides alike. Per run:
          --checkpoint-keys KEYS --checkpoint-repeats 3 --opt-max-keys 0
   bench_serving.py --live-s 60 --predict-hz 200 (delta apply at dim 16 and 64, predict p50/p99 idle and
          under application from 12,012 predicts per mode: at its default 3,000 the p99 is the slowest ~30
-         and moved by -5% to +15% between pairs of the same two trees; BENCHMARKS.md, issue 15 run 5)
+         and moves by several percent between pairs of the same two trees)
 
 --lookups-only runs the lookup matrix alone (about 10 s a run instead of 100), so that many more pairs fit;
 --settle S waits S seconds before each run (on a 2-core machine the run right after another one was

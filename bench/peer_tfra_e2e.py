@@ -12,8 +12,8 @@ ones the evstore and TF-hashing workers train. Here each embedding is a
 the optimizer `de.DynamicEmbeddingOptimizer(tf_keras.optimizers.legacy.Adam(1e-3))`
 for every variable: the legacy (OptimizerV2) Adam that TFRA documents for
 TF >= 2.11 (`--tfra-optimizer new` takes tf_keras.optimizers.Adam instead;
-measured on this machine with batch 256: its first step traces for ~240 s and
-steps run ~5x slower, so the legacy one is TFRA's fair configuration).
+its first step traces for minutes and its steps run several times slower, so
+the legacy one is TFRA's fair configuration).
 Modes: `keras` = model.train_on_batch, `step` = a tf.function GradientTape step with optimizer.apply_gradients. Prints one JSON
 line (examples/s, losses, peak RSS = VmHWM, table sizes).
 """

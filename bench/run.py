@@ -25,7 +25,7 @@ bench/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW
 Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
 optimizer of the same batch (bench/peer_tfra_optimizers.py).
 TFRA is bench/peer_tfra.py in the .peer-tfra venv (created with
-../shared/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
+bench/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
 unavailable and everything else still runs. A run whose estimated peak memory
 exceeds MemAvailable is skipped (and reported).
 
@@ -64,7 +64,7 @@ TARGETS = {"tfra": 3.0, "dense_hash": 2.0, "numpy": 0.6, "adam": 3.0, "bytes": 3
 def ensure_peer(venv, log):
     """Returns (python path, None) if TFRA is importable in `venv`, else (None, reason)."""
     py = os.path.join(venv, "bin", "python")
-    setup = os.path.join(ROOT, "..", "shared", "peers", "tfra-setup.sh")
+    setup = os.path.join(ROOT, "bench", "peers", "tfra-setup.sh")
     if not os.path.exists(setup):
         return (py, None) if os.path.exists(py) else (None, f"{setup} not found and {venv} missing")
     print(f"checking TFRA peer venv {venv} (tfra-setup.sh; builds it on first use)...", flush=True)
@@ -75,7 +75,7 @@ def ensure_peer(venv, log):
 
 
 def est_peak_mib(keys, dim):
-    """Rough peak of one run (measured at 10M x 64: run A ~5.8x, run B ~5.9x the raw rows)."""
+    """Rough peak of one run: about 6x the raw rows (keys, versions and rows), plus the process itself."""
     return keys * (4 * dim + 16) * 6 / 2**20 + 1500
 
 
@@ -322,7 +322,7 @@ def evstore_version():
     try:
         commit = subprocess.run(["git", "describe", "--always"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip() or "unknown"
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "evstore", "setup.py"], cwd=ROOT,
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "evstore", "CMakeLists.txt"], cwd=ROOT,
                                  capture_output=True, text=True).stdout.split("\n")
     except OSError:
         return "unknown"

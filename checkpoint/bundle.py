@@ -1,12 +1,10 @@
 """The bundle inside a checkpoint directory: writing EVs and dense tensors with
 the native streaming writer, and applying an EV's tensors back to a table.
 
-Tensor names (docs/ARCHITECTURE.md, "Checkpoints"): evstore/schema.py (mirror of evstore/native/core/schema.h; the
-native writer, evstore/native/tf/checkpoint_kernels.cc, uses the header): per EV
-`<name>-keys`, `-values`, `-versions`, `-freqs`, `-keys_filtered`,
-`-freqs_filtered`, `-seen_filtered`, `-clock`, `<name>/<slot>-values`, with a
-BloomFilter `-bloom_geometry`, `-bloom_blocks`, `-bloom_counters`, and in deltas
-`<name>-deleted_keys`; dense tensors under their own names; `global_step`.
+Tensor names: defined by evstore/schema.py (mirror of evstore/native/core/schema.h,
+which the native writer, evstore/native/tf/checkpoint_kernels.cc, uses) and tabled in
+docs/reference/checkpoint-format.md; dense tensors keep their own names, plus
+`global_step`.
 """
 import concurrent.futures
 import os

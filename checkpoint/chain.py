@@ -141,12 +141,13 @@ def verify_files(storage, manifest, checksums=True):
     return problems
 
 
-def verify_staged(local_dir, manifest, display):
-    """Problems with a local copy of a checkpoint's files (`local_dir`): sizes
-    and crc32c against the manifest, every file read in one op call.
-    `display(name)` names a file in errors."""
+def verify_staged(local_dir, manifest, display, names=None):
+    """Problems with a local copy of a checkpoint's files (`local_dir`; `names`:
+    those files, default every file of the manifest): sizes and crc32c against
+    the manifest, every file read in one op call. `display(name)` names a
+    file in errors."""
     from evstore import ops
-    names = sorted(manifest.files)
+    names = sorted(manifest.files if names is None else names)
     present = [n for n in names if os.path.exists(os.path.join(local_dir, n))]
     found = {}
     if present:

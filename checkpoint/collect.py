@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from evstore.collective import CollectiveEmbeddingVariable, owner_of
-from evstore.sharded import SHARD_ROUTE
+from evstore.schema import SHARD_ROUTE
 from evstore.variable import EmbeddingVariable, ev_for_variable
 
 __all__ = ["Collected", "collect"]

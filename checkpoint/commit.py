@@ -12,6 +12,7 @@ Any failure in 1-3 aborts the snapshots (the next save carries every change)
 and removes the directory; a kill leaves at worst a directory without a
 manifest, which readers ignore.
 """
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -23,6 +24,7 @@ from checkpoint import _failpoints
 from checkpoint.bundle import GLOBAL_STEP, write_bundles
 from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
+from checkpoint.serving_view import write_view
 from checkpoint.shards import device_groups
 from evstore import quality as _quality
 from evstore import schema
@@ -34,7 +36,7 @@ _EV_TENSORS = schema.EV_TENSORS
 
 
 def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, base=None, chunk_rows=65536,
-                      lock=None, shard_info=None, parent_checksum=None):
+                      lock=None, shard_info=None, parent_checksum=None, serving_view=None):
     """Writes and commits checkpoint `seq` of `kind` ("full" / "delta"); returns its Manifest.
 
     Args:
@@ -48,6 +50,9 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
       shard_info: {name: shard entry} for the shards of sharded EVs (manifest
         "shard"; see checkpoint/shards.py). EVs on other tasks write their
         own bundle parts there, so the root must be local to every task.
+      serving_view: None, or the dtype of a serving view written into the
+        same commit (checkpoint/serving_view.py), after the bundle, outside
+        `lock`.
     """
     shard_info = shard_info or {}
     if not storage.local and set(device_groups(evs)) - {""}:
@@ -68,7 +73,16 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             staging = storage.staging_dir(dirname)
             _failpoints.hit("before-bundle")
             files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"), chunk_rows=chunk_rows)
-        _check_written(staging, files, list(evs), list(dense))
+        if serving_view is None:
+            _check_written(staging, files, list(evs), list(dense))
+        else:   # the view is written (and fsynced) while the bundle is checked
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                view = pool.submit(write_view, staging, list(evs), serving_view, BUNDLE_PREFIX)
+                try:
+                    _check_written(staging, files, list(evs), list(dense))
+                finally:
+                    view_files = view.result()
+            files.update(view_files)
         storage.upload(staging, dirname, list(files))
         manifest = Manifest(
             seq=seq, kind=kind, parent=None if kind == "full" else parent, base=seq if kind == "full" else base,
@@ -77,7 +91,8 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
                      **({"shard": shard_info[n]} if n in shard_info else {})} for n, ev in evs.items()},
             dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in dense.items()},
             metadata=dict(meta or {}), parent_checksum=None if kind == "full" else parent_checksum,
-            quality=quality)
+            quality=quality,
+            serving_view=None if serving_view is None else {"dtype": serving_view})
         manifest.to_json()  # metadata must serialise before anything is committed
         _failpoints.hit("before-manifest")
         manifest_sent = True

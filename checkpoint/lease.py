@@ -70,8 +70,9 @@ class Lease:
     def read(self):
         """The lease on the root ({} if none)."""
         try:
-            with self.storage.fs.open(self.path, "rb") as f:
-                return json.loads(f.read().decode() or "{}")
+            # One whole-object read: open() then read() is a HEAD and a GET on S3, and s3fs fails
+            # the GET (FileExpired) when the holder's heartbeat replaced the object in between.
+            return json.loads(self.storage.fs.cat_file(self.path).decode() or "{}")
         except FileNotFoundError:
             return {}
         except ValueError:

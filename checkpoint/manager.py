@@ -33,12 +33,14 @@ import threading
 import tensorflow as tf
 
 from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
-from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, verify_staged, withdrawn
+from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, withdrawn
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
-from checkpoint.lease import process_lease
+from checkpoint.fetch import fetch
+from checkpoint.lease import LeaseHeldError, process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.serving_view import codec
 from checkpoint.shards import load_plan, logical_name
 from checkpoint.storage import Storage
 from evstore import quality as _quality
@@ -65,27 +67,37 @@ class CheckpointManager:
       lease: take the root's writer lease (checkpoint/lease.py) at the first
         save: a second writer process on the root is refused with
         LeaseHeldError naming the holder. Managers of one process share it.
+        A refused manager stays refused: every later save raises the same
+        LeaseHeldError (make a new manager, and restore, to write there).
       lease_timeout: seconds without a heartbeat after which a lease is
         stale and taken over (the holder renews it every lease_timeout / 3).
       take_over: take the lease even from a holder that looks alive (say so
         only when it is gone).
+      serving_view: None (default), or "bfloat16", "float16" or "int8": every
+        commit also holds the served rows in that precision, for serving
+        replicas (checkpoint/serving_view.py). The trainer's state and
+        restore stay float32.
 
     Raises:
       ValueError / TypeError: bad arguments, or names that collide.
     """
 
     def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536,
-                 lease=True, lease_timeout=60.0, take_over=False):
+                 lease=True, lease_timeout=60.0, take_over=False, serving_view=None):
         if keep_chains is not None and (isinstance(keep_chains, bool) or not isinstance(keep_chains, int)
                                         or keep_chains < 1):
             raise ValueError(f"keep_chains must be an int >= 1 or None, got {keep_chains!r}")
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        if serving_view is not None:
+            codec(serving_view)   # ValueError naming the choices
+        self.serving_view = serving_view
         self.storage = Storage(root, storage_options)
         if isinstance(lease_timeout, bool) or not isinstance(lease_timeout, (int, float)) or lease_timeout <= 0:
             raise ValueError(f"lease_timeout must be a positive number of seconds, got {lease_timeout!r}")
         self._lease_args = (lease_timeout, take_over) if lease else None
         self._lease = None
+        self._lease_refused = None           # the LeaseHeldError that refused this manager, kept
         self.model = model
         self.keep_chains = keep_chains
         self.chunk_rows = chunk_rows
@@ -168,12 +180,21 @@ class CheckpointManager:
         if quality is not None and not callable(quality):
             _quality.normalize(quality)   # refused before anything is sealed
         with self._save_lock:
+            # A manager refused the root's lease is a second writer: it never
+            # writes, even once the holder is gone (its model did not start from
+            # the holder's chain), and every save says so, not a later symptom.
+            if self._lease_refused is not None:
+                raise LeaseHeldError(*self._lease_refused.args)
             if kind == "delta" and self._last is None:
                 raise CheckpointError("save_delta() needs a chain to extend: call save_full() or restore() first")
             if self._lease_args is not None:
                 if self._lease is None or not self._lease.held:
                     self._lease = process_lease(self.storage, *self._lease_args)
-                    self._lease.acquire()
+                    try:
+                        self._lease.acquire()
+                    except LeaseHeldError as e:
+                        self._lease_refused = e
+                        raise
                 self._lease.check()
             sc = scan(self.storage)
             # Never a sequence number a failed save used: its manifest may have
@@ -196,7 +217,7 @@ class CheckpointManager:
                     self.storage, kind, seq, col.evs, dense_fn=lambda: dict(col.dense), prepare=prepare,
                     parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
                     chunk_rows=self.chunk_rows, lock=self.lock, shard_info=col.shard_info,
-                    parent_checksum=self._last.checksum if self._last else None)
+                    parent_checksum=self._last.checksum if self._last else None, serving_view=self.serving_view)
             except BaseException:
                 self._burned = max(self._burned, seq)
                 raise
@@ -281,10 +302,13 @@ class CheckpointManager:
                 col = collect(self.model)
                 self._check_compatible(chain, col)
                 self._slot_filter = self._slots_to_load(chain, col, drop_unused_slots)
-                staged = []
+                fetched, broken = [], None
                 try:
-                    for m in chain:
-                        staged.append(self.storage.stage(m.dir, list(m.files)))
+                    try:   # the main bundle of each, staged privately and checked (checkpoint/fetch.py)
+                        for m in chain:
+                            fetched.append(fetch(self.storage, m, verify=verify))
+                    except CorruptCheckpointError as e:
+                        broken = e
                     gone = withdrawn(self.storage, chain)
                     if gone:   # retention (manifest first, then files) removed a checkpoint meanwhile
                         if attempt < WITHDRAWN_RESCANS - 1:
@@ -292,7 +316,10 @@ class CheckpointManager:
                             continue
                         raise ChainError(f"cannot restore from {self.root}: checkpoints {gone} were removed while "
                                          "this restore read them (a writer's retention); retry")
-                    values = self._check_staged(chain, staged, col, verify)
+                    if broken is not None:
+                        raise CorruptCheckpointError(f"cannot restore: {broken}") from None
+                    staged = [f.dir for f in fetched]
+                    values = self._check_staged(chain, staged, col)
                     # Publish: everything was checked; only local private files are read from here on.
                     for name, ev in col.evs.items():
                         self._restore_ev(chain, staged, name, ev, col.shard_info.get(name))
@@ -301,21 +328,16 @@ class CheckpointManager:
                     if self._global_step is not None:
                         self._global_step.assign(values[GLOBAL_STEP])
                 finally:
-                    for d in staged:
-                        self.storage.unstage(d)
+                    for f in fetched:
+                        f.close()
                 last = chain[-1]
                 self._last = last
                 self.storage.close()
                 log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
                 return dict(last.metadata)
 
-    def _check_staged(self, chain, staged, col, verify):
-        """The check step of restore: files, tensors, shapes. Returns the dense values to assign."""
-        if verify:
-            problems = [p for m, d in zip(chain, staged)
-                        for p in verify_staged(d, m, lambda n, m=m: self.storage.display(m.dir, n))]
-            if problems:
-                raise CorruptCheckpointError("cannot restore: " + "; ".join(problems))
+    def _check_staged(self, chain, staged, col):
+        """The check step of restore after the files' (fetch): tensors, shapes. Returns the dense values to assign."""
         for m, d in zip(chain, staged):
             where = self.storage.display(m.dir, BUNDLE_PREFIX + ".index")
             try:

@@ -13,6 +13,9 @@ bundle (`ckpt.index`, `ckpt.data-*`) and, written last, `MANIFEST.json`:
      "metadata": {...caller's, e.g. the input position...},
      "quality": {"auc": 0.74, "logloss": 0.52, "examples": 40960, "label_rate": 0.31}}
 
+Optional: `"serving_view": {"dtype": "bfloat16"}` when the commit also holds
+a lower-precision serving view (checkpoint/serving_view.py); absent otherwise.
+
 `parent` is the checkpoint this one follows (None for a full), `base` the full
 that starts its chain (a full's base is itself). Checksums are crc32c
 (Castagnoli, unmasked) of whole files. `quality` (optional: absent when the
@@ -95,6 +98,8 @@ SCHEMA = {
                            "shape": {"type": "array", "items": _COUNT}}}},
         "metadata": {"type": "object"},
         "quality": _quality.SCHEMA,
+        "serving_view": {"type": "object", "required": ["dtype"], "additionalProperties": False,
+                         "properties": {"dtype": {"enum": ["bfloat16", "float16", "int8"]}}},
     },
 }
 _VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -131,6 +136,7 @@ class Manifest:
     metadata: dict = dataclasses.field(default_factory=dict)
     parent_checksum: str | None = None   # the parent manifest's checksum (deltas; None: not recorded)
     quality: dict | None = None          # evstore.quality record of the data since the parent (None: not given)
+    serving_view: dict | None = None     # {"dtype": ...} when the commit holds a serving view
     # `checksum` (an attribute, not a field): this manifest's content identity,
     # set by to_json / from_json (None for a manifest without one).
     checksum = None
@@ -148,6 +154,8 @@ class Manifest:
         d.update(dataclasses.asdict(self))
         if d["quality"] is None:   # written only when given: a manifest without it reads as before
             del d["quality"]
+        if d["serving_view"] is None:
+            del d["serving_view"]   # optional: manifests without a view stay as they were
         d["checksum"] = self.checksum = canonical_checksum(d)
         return json.dumps(d, indent=1, sort_keys=True, allow_nan=False)
 
@@ -174,7 +182,8 @@ class Manifest:
         m = cls(seq=d["seq"], kind=d["kind"], parent=d["parent"], base=d["base"], global_step=d["global_step"],
                 wall_time=float(d["wall_time"]), files=d["files"], evs=d["evs"], dense=d["dense"],
                 metadata=d.get("metadata") or {}, parent_checksum=d.get("parent_checksum"),
-                quality=d.get("quality"))
+                quality=d.get("quality"),
+                serving_view=d.get("serving_view"))
         m.checksum = d.get("checksum")
         if m.kind == "full" and (m.parent is not None or m.base != m.seq):
             raise CorruptCheckpointError(f"{where}: a full must have no parent and be its own base")

@@ -26,7 +26,7 @@ not the part). Shard j of an M-shard EV restores
 """
 import tensorflow as tf
 
-from evstore.sharded import SHARD_ROUTE
+from evstore.schema import SHARD_ROUTE
 
 __all__ = ["logical_name", "logical_entries", "load_plan", "device_groups"]
 

@@ -135,6 +135,31 @@ class Storage:
     def open(self, dirname, name):
         return self.fs.open(self.join(dirname, name), "rb")
 
+    def read_ranges(self, dirname, ranges):
+        """[bytes] of checkpoint `dirname`'s byte ranges [(file, start, end)]:
+        only those bytes are read (ranged GETs, concurrently, on object
+        stores). A range past a file's end comes back short; a missing file
+        raises FileNotFoundError."""
+        if self.local:
+            out = []
+            for name, start, end in ranges:
+                with open(self.join(dirname, name), "rb") as f:
+                    parts, pos = [], start
+                    while pos < end:   # one pread returns at most ~2 GiB
+                        b = os.pread(f.fileno(), end - pos, pos)
+                        if not b:
+                            break
+                        parts.append(b)
+                        pos += len(b)
+                    out.append(parts[0] if len(parts) == 1 else b"".join(parts))
+            return out
+        paths = [self.join(dirname, name) for name, _, _ in ranges]
+        out = self.fs.cat_ranges(paths, [s for _, s, _ in ranges], [e for _, _, e in ranges], on_error="return")
+        for b in out:
+            if isinstance(b, BaseException):
+                raise b
+        return out
+
     # ---- writing: where the native writer puts the bundle -------------------
     def staging_dir(self, dirname):
         """Local directory to write the bundle of `dirname` into."""
@@ -217,11 +242,6 @@ class Storage:
     @staticmethod
     def unstage(path):
         shutil.rmtree(path, ignore_errors=True)
-
-    def discard_local(self, dirname):
-        """Drops the downloaded copy of a remote checkpoint (no-op for local roots)."""
-        if not self.local and self._cache:
-            shutil.rmtree(os.path.join(self._cache, dirname), ignore_errors=True)
 
     def close(self):
         if self._cache:

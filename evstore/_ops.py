@@ -1,7 +1,8 @@
 """Loads the native op library and registers gradients.
 
-The library is built by `pip install .` (setup.py) against the installed
-TensorFlow; its ABI is tied to TensorFlow's minor version (2.21).
+The library is built (CMakeLists.txt, by `make install` or `pip install .`)
+against the installed TensorFlow; its ABI is tied to TensorFlow's minor
+version (2.21).
 """
 import glob
 import os

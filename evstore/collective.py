@@ -51,10 +51,12 @@ import zlib
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
+from evstore import distribute as _distribute
 from evstore._ops import gen
-from evstore.sharded import SHARD_ROUTE
+from evstore.group import embedding_lookup_group as _local_group
+from evstore.schema import SHARD_ROUTE
 from evstore.substitution import substitute_for
-from evstore.variable import EmbeddingVariable
+from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
 __all__ = ["CollectiveEmbeddingVariable", "embedding_lookup_group", "exchange_stats", "GROUP_KEY"]
 
@@ -103,7 +105,7 @@ def _counter():
     return _COUNTER[0]
 
 
-class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module):
+class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module, collective_implementation=True):
     """An embedding table split by key over the workers of a MultiWorkerMirroredStrategy.
 
     Args:
@@ -144,8 +146,8 @@ class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module):
             strategy = tf.distribute.get_strategy()
         self._rank, self._num_workers = _workers(strategy)
         self._ev_name = name
-        with tf.init_scope(), tf.variable_creator_scope(_local_creator):
-            self._local = EmbeddingVariable(f"{name}/part_{self._rank}", dim, **ev_kwargs)
+        with tf.init_scope(), tf.variable_creator_scope(_local_creator), _distribute.building_parts():
+            self._local = UnshardedEmbeddingVariable(f"{name}/part_{self._rank}", dim, **ev_kwargs)
         self._local._collective_parent = weakref.ref(self)
         if self._num_workers > 1:
             _counter()
@@ -175,6 +177,12 @@ class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module):
     @property
     def sharded(self):
         return True
+
+    def _lookup(self, ids, training, proxy=None):
+        return embedding_lookup_group([self], [ids], training=training, proxies=None if proxy is None else [proxy])[0]
+
+    def _group_lookup(self):
+        return embedding_lookup_group
 
     @property
     def shards(self):
@@ -386,8 +394,7 @@ def embedding_lookup_group(cevs, ids, training=True, proxies=None, name=None):
         return [sub(c._key_tensor(x, "ids")) for sub, c, x in zip(subs, cevs, ids)]
     with tf.name_scope(name or "collective_embedding_lookup"):
         if num_workers == 1:
-            from evstore.group import embedding_lookup_group as local_group
-            return local_group([c.local for c in cevs], ids, training=training,
+            return _local_group([c.local for c in cevs], ids, training=training,
                                proxies=None if all(p is None for p in proxies) else proxies)
         plans = [_Plan(c, x, training, num_workers, p) for c, x, p in zip(cevs, ids, proxies)]
         return _exchange(plans, training, num_workers, cevs[0].rank)

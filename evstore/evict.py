@@ -37,6 +37,22 @@ class EvictPolicy(abc.ABC):
         """One policy of this class equivalent to `policies` (all of this class)
         applied together: a key any of them selects is selected."""
 
+    @abc.abstractmethod
+    def get_config(self):
+        """The constructor's arguments, a JSON-serialisable dict (Keras's
+        serialization: a layer's config holds its policies so)."""
+
+    @classmethod
+    def from_config(cls, config):
+        """The policy `get_config` describes."""
+        return cls(**config)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash((type(self), tuple(sorted(self.get_config().items()))))
+
 
 class GlobalStepEvict(EvictPolicy):
     """Evict keys not updated for more than `steps_to_live` global steps.
@@ -67,6 +83,9 @@ class GlobalStepEvict(EvictPolicy):
     def _native_attrs(self):
         return {"steps_to_live": self.steps_to_live}
 
+    def get_config(self):
+        return {"steps_to_live": self.steps_to_live}
+
     @classmethod
     def _merge(cls, policies):
         return cls(min(p.steps_to_live for p in policies))
@@ -94,6 +113,9 @@ class L2WeightEvict(EvictPolicy):
 
     def _native_attrs(self):
         return {"l2_threshold": self.threshold}
+
+    def get_config(self):
+        return {"threshold": self.threshold}
 
     @classmethod
     def _merge(cls, policies):

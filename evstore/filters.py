@@ -39,6 +39,22 @@ class AdmissionFilter(abc.ABC):
     def _native_attrs(self):
         """Attributes of the table's create op (EvCreate) that set this policy."""
 
+    @abc.abstractmethod
+    def get_config(self):
+        """The constructor's arguments, a JSON-serialisable dict (Keras's
+        serialization: a layer's config holds its filter so)."""
+
+    @classmethod
+    def from_config(cls, config):
+        """The filter `get_config` describes."""
+        return cls(**config)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash((type(self), tuple(sorted(self.get_config().items()))))
+
 
 class CounterFilter(AdmissionFilter):
     """Admit a key once it has been seen `min_freq` times (exact counts).
@@ -63,6 +79,9 @@ class CounterFilter(AdmissionFilter):
 
     def _native_attrs(self):
         return {"min_freq": self.min_freq, "bloom_capacity": 0}
+
+    def get_config(self):
+        return {"min_freq": self.min_freq}
 
     def __repr__(self):
         return f"CounterFilter(min_freq={self.min_freq})"
@@ -125,6 +144,9 @@ class BloomFilter(AdmissionFilter):
 
     def _native_attrs(self):
         return {"min_freq": self.min_freq, "bloom_capacity": self.capacity, "bloom_fp_rate": self.fp_rate}
+
+    def get_config(self):
+        return {"min_freq": self.min_freq, "capacity": self.capacity, "fp_rate": self.fp_rate}
 
     def __repr__(self):
         return f"BloomFilter(min_freq={self.min_freq}, capacity={self.capacity}, fp_rate={self.fp_rate})"

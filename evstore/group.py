@@ -18,7 +18,6 @@ substitute's rows and takes no part in the exchange.
 """
 import tensorflow as tf
 
-from evstore import collective as _collective
 from evstore import finite
 from evstore._ops import gen
 from evstore.substitution import substitute_for
@@ -145,12 +144,13 @@ def embedding_lookup_group(evs, ids, training=True, proxies=None, name=None):
             raise TypeError(f"expected evstore.EmbeddingVariables, got {type(ev).__name__}")
     if len({id(ev) for ev in evs}) != len(evs):
         raise ValueError("embedding_lookup_group: each EV may appear once (concatenate its ids instead)")
-    collective = [isinstance(ev, _collective.CollectiveEmbeddingVariable) for ev in evs]
-    if any(collective) and not all(collective):
+    exchanges = {ev._group_lookup() for ev in evs}   # each kind of EV names the exchange it is looked up by
+    if len(exchanges) > 1:
         raise ValueError("embedding_lookup_group: CollectiveEmbeddingVariables are looked up by an exchange of "
                          "their own; look them up in a group of their own")
-    if evs and all(collective):
-        return _collective.embedding_lookup_group(evs, ids, training=training, proxies=proxies, name=name)
+    own = exchanges.pop() if exchanges else None
+    if own is not None:
+        return own(evs, ids, training=training, proxies=proxies, name=name)
     if proxies is None:
         proxies = [None] * len(evs)
     with tf.name_scope(name or "embedding_lookup_group"):

@@ -1,8 +1,6 @@
 """Embedding lookups on EmbeddingVariables, with the tf.nn functions' semantics."""
 import tensorflow as tf
 
-from evstore import collective as _collective
-from evstore._ops import gen
 from evstore.substitution import substitute_for
 from evstore.variable import EmbeddingVariable
 
@@ -80,23 +78,7 @@ def embedding_lookup(ev, ids, training=True, proxy=None, name=None, max_norm=Non
         substitute = substitute_for(ev)   # evstore/substitution.py (serving export)
         if substitute is not None:
             return substitute(ids)
-        if isinstance(ev, _collective.CollectiveEmbeddingVariable):
-            return _collective.embedding_lookup_group([ev], [ids], training=training,
-                                                      proxies=None if proxy is None else [proxy])[0]
-        if ev.sharded:
-            return ev._lookup(ids, training, proxy)
-        if not training:
-            return gen.ev_find(ev.resource_handle, ids, dim=ev.dim)
-        proxy = ev._proxy if proxy is None else proxy
-        proxy = getattr(proxy, "value", proxy) if not isinstance(proxy, tf.Variable) else proxy
-        if not tf.compat.v1.executing_eagerly_outside_functions():
-            # v1 graph: check the table first, so an uninitialized EV reports
-            # itself (and tables_initializer) rather than its proxy variable.
-            with tf.control_dependencies([gen.ev_size(ev.resource_handle, key_dtype=ev.key_dtype)]):
-                pv = tf.identity(proxy)
-        else:
-            pv = tf.convert_to_tensor(proxy)
-        return gen.ev_find_or_insert(ev.resource_handle, ids, pv, dim=ev.dim)
+        return ev._lookup(ids, training, proxy)
 
 
 def _check_sparse(ev, sp_ids, sp_weights, combiner):

@@ -39,7 +39,12 @@ from evstore.variable import EmbeddingVariable, ev_for_variable
 
 generic.install()   # every other Keras optimizer trains EVs through the generic row path
 
-__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad", "VariableLearningRate"]
+
+
+# Registered Keras serializables ("evstore>Adam", ...): compiled models load
+# from .keras files and clone with no custom_objects once evstore is imported.
+_serializable = keras.saving.register_keras_serializable(package="evstore")
 
 
 def _check_lr(learning_rate):
@@ -57,12 +62,35 @@ def _lr_arg(learning_rate):
         _check_lr(learning_rate)
         return float(learning_rate)
     if isinstance(learning_rate, (tf.Variable, keras.Variable)):
-        var = learning_rate
-        return lambda: var
+        return VariableLearningRate(learning_rate)
     if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule) or callable(learning_rate):
         return learning_rate
     raise TypeError("learning_rate must be a float, a tf.Variable or a keras LearningRateSchedule, got "
                     f"{type(learning_rate).__name__}")
+
+
+@_serializable
+class VariableLearningRate(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning rate held in a variable, read at every step: assigning to
+    the variable takes effect at the next step. What the optimizers make of a
+    `tf.Variable` / keras Variable `learning_rate`.
+
+    Its config holds the variable's value when it is taken (a saved model
+    loads with a new variable holding that value), so optimizers given a
+    variable serialize without code (Keras refuses to load a lambda).
+    """
+
+    def __init__(self, variable):
+        if not isinstance(variable, (tf.Variable, keras.Variable)):
+            variable = tf.Variable(float(variable), trainable=False, name="learning_rate")
+        self.variable = variable
+
+    def __call__(self, step):
+        del step
+        return tf.cast(self.variable, tf.float32)
+
+    def get_config(self):
+        return {"variable": float(tf.convert_to_tensor(self.variable).numpy())}
 
 
 def _check_betas(beta_1, beta_2):
@@ -174,6 +202,7 @@ class _EVMixin:
             return self._ev_apply(ev, gradient, lr, step, variable=variable)
 
 
+@_serializable
 class SGD(_EVMixin, keras.optimizers.SGD):
     """Stochastic gradient descent (Keras semantics), optional momentum / Nesterov."""
 
@@ -190,6 +219,7 @@ class SGD(_EVMixin, keras.optimizers.SGD):
         return training.sparse_apply_sgd(ev, grad, lr, step, momentum=self.momentum, nesterov=self.nesterov)
 
 
+@_serializable
 class Adagrad(_EVMixin, keras.optimizers.Adagrad):
     """Adagrad (Keras semantics): acc += g^2; w -= lr * g / sqrt(acc + epsilon)."""
 
@@ -207,6 +237,7 @@ class Adagrad(_EVMixin, keras.optimizers.Adagrad):
                                              initial_accumulator_value=self.initial_accumulator_value)
 
 
+@_serializable
 class Adam(_EVMixin, keras.optimizers.Adam):
     """Adam (Keras semantics, global beta powers; amsgrad is not supported for EVs)."""
 
@@ -224,6 +255,7 @@ class Adam(_EVMixin, keras.optimizers.Adam):
                                           epsilon=self.epsilon, adam_step=self._adam_step())
 
 
+@_serializable
 class AdamW(_EVMixin, keras.optimizers.AdamW):
     """AdamW (Keras semantics; slots "m", "v"): decoupled weight decay
     `w -= w * weight_decay * lr`, then the Adam update.
@@ -257,6 +289,7 @@ class AdamW(_EVMixin, keras.optimizers.AdamW):
                                            adam_step=self._adam_step())
 
 
+@_serializable
 class Ftrl(_EVMixin, keras.optimizers.Ftrl):
     """FTRL-proximal with TensorFlow's semantics (Keras Ftrl, TF's ApplyFtrlV2);
     slots "accumulator" (starts at `initial_accumulator_value`) and "linear".
@@ -371,6 +404,7 @@ class _DenseGroupAdam(keras.optimizers.Optimizer):
         return config
 
 
+@_serializable
 class GroupAdam(_EVMixin, _DenseGroupAdam):
     """Group Adam: Adam with a sparse group lasso (l1, l2, l21) per row; slots
     "m", "v", "linear". From "Adaptive Optimizers with Sparse Group Lasso for
@@ -448,6 +482,7 @@ class _DenseGroupAdagrad(keras.optimizers.Optimizer):
         return config
 
 
+@_serializable
 class GroupAdagrad(_EVMixin, _DenseGroupAdagrad):
     """Group Adagrad (sparse group FTRL): Adagrad with a sparse group lasso
     (l1, l2, l21) per row; slots "accumulator" (starts at

@@ -1,5 +1,5 @@
 """The schema shared with the native core: checkpoint tensor names, stats
-fields and op input names, mirrored from evstore/native/core/schema.h (the one
+fields, op input names and the shard route's name, mirrored from evstore/native/core/schema.h (the one
 definition; tests/native/test_schema.py checks this mirror and the registered
 ops against it).
 
@@ -16,7 +16,7 @@ __all__ = ["KEYS", "VALUES", "VERSIONS", "FREQS", "KEYS_FILTERED", "FREQS_FILTER
            "BLOOM_GEOMETRY", "BLOOM_BLOCKS", "BLOOM_COUNTERS", "SLOTS",
            "SLOT_NAMES", "SLOT_SEPARATOR", "SLOT_VALUES", "EV_TENSORS", "tensor", "slot_prefix", "slot_tensor",
            "STATS_FIELDS", "HANDLE", "KEYS_INPUT", "GRADS_INPUT", "GLOBAL_STEP_INPUT", "APPLY_INPUTS",
-           "MAX_STRING_KEY_BYTES"]
+           "MAX_STRING_KEY_BYTES", "SHARD_ROUTE"]
 
 # ---- checkpoint tensor names (schema.h: kKeys ...) ----
 KEYS = "-keys"
@@ -57,11 +57,17 @@ def slot_tensor(ev, slot):
 
 # ---- stats fields: EvStats' output vector, in order (schema.h: EVSTORE_STATS_FIELDS) ----
 STATS_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
-                "row_bytes", "dirty", "deleted", "evicted", "filter_bytes", "zero_rows")
+                "row_bytes", "dirty", "deleted", "evicted", "filter_bytes", "zero_rows",
+                "cache_hits", "cache_misses", "cache_rows", "disk_bytes")
 
 # ---- key limits (schema.h: kMaxStringKeyBytes) ----
 MAX_STRING_KEY_BYTES = 65535
 """The longest string key in bytes; a longer key fails its op and changes nothing."""
+
+# ---- shard routing (schema.h: kShardRoute) ----
+SHARD_ROUTE = "mix64-v1"
+"""The name of the key -> shard route (native/core/shard.h), recorded with each
+shard in checkpoint manifests; a chain restores shard by shard only under it."""
 
 # ---- op inputs (schema.h: kHandle, kApplyInputs) ----
 HANDLE = "handle"

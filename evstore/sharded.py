@@ -4,7 +4,7 @@ Layout: N ordinary EmbeddingVariables (`sev.shards`, named `<name>/part_<i>`),
 each a resource on its own device: a parameter-server task under
 `tf.distribute.experimental.ParameterServerStrategy`, the devices given, or
 the local CPU. Key k lives in shard `shard_index(k, N)`, a mixing hash of the
-key (native/core/shard.h, route "mix64-v1"), never `k % N`: patterned ids
+key (native/core/shard.h; its name in manifests is schema.SHARD_ROUTE), never `k % N`: patterned ids
 (multiples of 1000, field ids in the high bits) would pile onto one shard.
 
 A training lookup deduplicates the ids where they are (the worker), sends each
@@ -30,9 +30,7 @@ from evstore._ops import gen
 from evstore.group import embedding_lookup_group
 from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
-__all__ = ["ShardedEmbeddingVariable", "shard_index", "SHARD_ROUTE"]
-
-SHARD_ROUTE = "mix64-v1"   # core/shard.h kShardRoute: recorded in checkpoint manifests
+__all__ = ["ShardedEmbeddingVariable", "shard_index"]
 
 
 def shard_index(keys, num_shards):
@@ -201,10 +199,10 @@ class ShardedEmbeddingVariable(EmbeddingVariable, tf.Module, sharded_implementat
         outs = [fn(ev, k) for ev, k in zip(self._shards, parts)]
         return tf.reshape(tf.dynamic_stitch(pos, outs), tf.shape(keys))
 
-    def _lookup(self, ids, training, proxies=None):
+    def _lookup(self, ids, training, proxy=None):
         """Rows of `ids` (ids.shape + [dim]): the grouped lookup of this one EV
         (evstore/group.py holds the one routing path: dedup, route, exchange)."""
-        return embedding_lookup_group([self], [ids], training=training, proxies=[proxies])[0]
+        return embedding_lookup_group([self], [ids], training=training, proxies=[proxy])[0]
 
     # ---- inspection and maintenance (summed or routed over the shards) ------
     def size(self):

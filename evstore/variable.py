@@ -12,10 +12,12 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from tensorflow.python.saved_model import save_context
 from tensorflow.python.training.saving import saveable_object
 
+from evstore import distribute as _distribute
 from evstore import evict as _evict
 from evstore import schema
 from evstore._ops import gen
 from evstore.filters import AdmissionFilter
+from evstore.storage import TieredStorage
 
 __all__ = ["EmbeddingVariable", "UnshardedEmbeddingVariable"]
 
@@ -114,7 +116,7 @@ class EmbeddingVariable:
         bytes: any byte string (empty and non-UTF-8 included) of at most
         `evstore.MAX_STRING_KEY_BYTES` (65535) bytes; a longer key fails the
         op with InvalidArgumentError and changes nothing. They hash with
-        FarmHash Fingerprint64 (= `tf.fingerprint`), see README "String keys".
+        FarmHash Fingerprint64 (= `tf.fingerprint`), see docs/guides/string-keys.md.
       initializer: a TF/Keras initializer called as `initializer(shape, dtype)`;
         default `tf.random_normal_initializer(0, 0.01)`.
       default_value: what a key without a row reads (a scalar or `dim` floats);
@@ -129,12 +131,23 @@ class EmbeddingVariable:
       initializer_bank_size: rows in the initializer bank.
       num_segments: index segments (a power of two, each with its own lock).
       trainable: whether optimizers update it.
+      storage: where rows live: None (default) keeps every row in DRAM;
+        `evstore.TieredStorage(dram_bytes=..., path=...)` keeps a DRAM cache
+        of rows over a private directory on local disk, for tables larger
+        than memory (evstore/storage.py, docs/guides/tiered-storage.md).
       shards, devices: split the table by key over `shards` tables on
         `devices`; the constructor then builds the subclass
         `evstore.ShardedEmbeddingVariable` (evstore/sharded.py). Under a
         ParameterServerStrategy scope, `devices=None` spreads the shards over
         the parameter servers. Without them it builds the subclass
         `UnshardedEmbeddingVariable`: one table in one resource.
+
+    In a tf.distribute strategy's scope the constructor builds what that
+    strategy calls for, as tf.Variable does (evstore/distribute.py): under a
+    MultiWorkerMirroredStrategy a `CollectiveEmbeddingVariable` split over the
+    workers; under a strategy that cannot train an EV correctly (a
+    MirroredStrategy of several devices, TPUStrategy) it raises ValueError
+    saying which strategy to use.
 
     Both kinds are EmbeddingVariables with one surface: every lookup,
     optimizer, checkpoint and serving export takes either. `ev.shards` are
@@ -144,25 +157,32 @@ class EmbeddingVariable:
 
     Raises:
       TypeError / ValueError: bad `dim`, `key_dtype`, `default_value`,
-        `filter` or `evict`.
+        `filter`, `evict` or `storage`.
+      ValueError: the strategy in scope cannot train an EV correctly.
     """
 
-
     _sharded_class = None   # ShardedEmbeddingVariable, registered by its class statement (evstore/sharded.py)
+    _collective_class = None   # CollectiveEmbeddingVariable, likewise (evstore/collective.py)
 
     def __new__(cls, *args, shards=None, devices=None, **kwargs):
-        # Like tf.Variable: constructing the base builds one of its subclasses.
+        # Like tf.Variable: constructing the base builds one of its subclasses,
+        # the one the strategy in scope calls for (evstore/distribute.py).
         if cls is EmbeddingVariable:
-            sharded = shards is not None or devices is not None
-            cls = EmbeddingVariable._sharded_class if sharded else UnshardedEmbeddingVariable
+            name = args[0] if args else kwargs.get("name")
+            kind = _distribute.ev_kind(shards is not None or devices is not None, name=name)
+            cls = {_distribute.EV_KIND_UNSHARDED: UnshardedEmbeddingVariable,
+                   _distribute.EV_KIND_SHARDED: EmbeddingVariable._sharded_class,
+                   _distribute.EV_KIND_COLLECTIVE: EmbeddingVariable._collective_class}[kind]
             if cls is None:
-                raise ImportError("evstore.sharded is not imported (import evstore first)")
+                raise ImportError(f"evstore's {kind} EmbeddingVariable is not imported (import evstore first)")
         return super().__new__(cls)
 
-    def __init_subclass__(cls, sharded_implementation=False, **kwargs):
+    def __init_subclass__(cls, sharded_implementation=False, collective_implementation=False, **kwargs):
         super().__init_subclass__(**kwargs)
         if sharded_implementation:
             EmbeddingVariable._sharded_class = cls
+        if collective_implementation:
+            EmbeddingVariable._collective_class = cls
 
     # ---- the surface both kinds share ----------------------------------------
     @property
@@ -179,6 +199,17 @@ class EmbeddingVariable:
     @property
     def num_shards(self):
         return len(self.shards)
+
+    def _lookup(self, ids, training, proxy=None):
+        """`embedding_lookup`'s rows of `ids` (already of the key dtype, no
+        lookup substitute) for this kind of EV; `proxy` as embedding_lookup's."""
+        raise NotImplementedError
+
+    def _group_lookup(self):
+        """The function that looks up a group of EVs of this kind together,
+        `fn(evs, ids, training=, proxies=, name=)`, or None for the per-device
+        exchange of evstore/group.py. A group holds EVs of one kind only."""
+        return None
 
     @property
     def trainable_variables(self):
@@ -210,9 +241,10 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
 
     def __init__(self, name, dim, key_dtype=tf.int64, initializer=None, default_value=None,
                  filter=None, initializer_bank_size=8192, num_segments=64, trainable=True, evict=None,
-                 shards=None, devices=None):
+                 shards=None, devices=None, storage=None):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
+        _distribute.check_table(name)
         _check_dim(dim)
         key_dtype = tf.as_dtype(key_dtype)
         if key_dtype not in KEY_DTYPES:
@@ -224,6 +256,9 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         if filter is not None and not isinstance(filter, AdmissionFilter):
             raise TypeError("filter must be an evstore.CounterFilter, evstore.BloomFilter or None, "
                             f"got {type(filter).__name__}")
+        if storage is not None and not isinstance(storage, TieredStorage):
+            raise TypeError(f"storage must be an evstore.TieredStorage or None, got {type(storage).__name__}")
+        self._storage = storage
         self._evict_policies = _evict.normalize(evict)
         self._name = name
         self._dim = dim
@@ -263,11 +298,45 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
     def _initialize(self):
         return self._create_table(self._default_value)
 
-    def _create_table(self, default_value):
-        bank = self._initializer(shape=[self._bank_size, self._dim], dtype=tf.float32)
+    def _create_table(self, default_value, bank=None):
+        if bank is None:
+            bank = self._initializer(shape=[self._bank_size, self._dim], dtype=tf.float32)
+        bank = tf.convert_to_tensor(bank, tf.float32)
+        if tf.executing_eagerly():
+            self._bank = bank   # kept: a saved model carries it, so new keys start alike after a load
         attrs = self._filter._native_attrs() if self._filter is not None else {}
+        if self._storage is not None:
+            attrs.update(self._storage._native_attrs())
         return gen.ev_create(self.resource_handle, bank, default_value, key_dtype=self._key_dtype,
                              dim=self._dim, segments_log2=self._segments_log2, **attrs)
+
+    def initializer_bank(self):
+        """The rows new keys start from (float32 numpy [rows, dim]): key k starts
+        from row `hash(k) % rows`. Eager only (None for an EV built in a graph)."""
+        bank = getattr(self, "_bank", None)
+        return None if bank is None else bank.numpy()
+
+    def replace_table(self, bank):
+        """Replaces the table by an empty one whose new keys start from `bank`
+        ([rows >= 1, dim] floats), with this EV's filter and default value.
+
+        Every row, slot, count and Bloom counter is dropped: this is the first
+        half of loading a saved state (`evstore.keras.Embedding` loads a
+        `.keras` file so, then applies the saved rows), which must also bring
+        back the bank the saved keys' rows were drawn from. Eager only.
+
+        Raises:
+          ValueError: `bank` is not [rows >= 1, dim]; the table is unchanged.
+          RuntimeError: called while building a graph.
+        """
+        if not tf.executing_eagerly():
+            raise RuntimeError(f"EmbeddingVariable '{self._name}': replace_table runs eagerly only")
+        bank = np.asarray(bank, np.float32)
+        if bank.ndim != 2 or bank.shape[0] < 1 or bank.shape[1] != self._dim:
+            raise ValueError(f"EmbeddingVariable '{self._name}': the bank must be [rows >= 1, {self._dim}], "
+                             f"got {list(bank.shape)}")
+        gen_resource_variable_ops.destroy_resource_op(self.resource_handle, ignore_lookup_error=True)
+        self._create_table(self._default_value, bank=bank)
 
     def _destroy_resource(self):
         if tf.executing_eagerly() and self._resource_handle is not None:
@@ -397,6 +466,20 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
             step = tf.cast(global_step, tf.int64)
         return gen.ev_evict(self.resource_handle, step, key_dtype=self._key_dtype,
                             **_evict.native_attrs(self._evict_policies))
+
+    def _lookup(self, ids, training, proxy=None):
+        if not training:
+            return gen.ev_find(self.resource_handle, ids, dim=self.dim)
+        proxy = self._proxy if proxy is None else proxy
+        proxy = getattr(proxy, "value", proxy) if not isinstance(proxy, tf.Variable) else proxy
+        if not tf.compat.v1.executing_eagerly_outside_functions():
+            # v1 graph: check the table first, so an uninitialized EV reports
+            # itself (and tables_initializer) rather than its proxy variable.
+            with tf.control_dependencies([gen.ev_size(self.resource_handle, key_dtype=self.key_dtype)]):
+                pv = tf.identity(proxy)
+        else:
+            pv = tf.convert_to_tensor(proxy)
+        return gen.ev_find_or_insert(self.resource_handle, ids, pv, dim=self.dim)
 
     def _key_tensor(self, ids, what="keys"):
         """The one validation of keys for every op on this EV: tensors must have
@@ -531,8 +614,7 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         return gen.ev_end_export(self.resource_handle, snapshot_id, key_dtype=self._key_dtype, commit=False)
 
     # ---- tf.train.Checkpoint / v1 Saver / SavedModel (materialise the table) --
-    # Tensor names follow docs/ARCHITECTURE.md, "Checkpoints" (`<name>-keys`, `-values`,
-    # `-versions`, `-freqs`, `-keys_filtered`, `-freqs_filtered`) except that
+    # Tensor names follow docs/reference/checkpoint-format.md except that
     # these paths pack the optimizer slots into `<name>-slots` [N, S, dim] with
     # `<name>-slot_names` [S]: a restore must build its ops before the EV knows
     # its slots. tf.train.Checkpoint prefixes them with the object path

@@ -121,6 +121,9 @@ def build_parser():
     srv.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, metavar="N",
                      help="threads running independent ops at once, as TF Serving's flag (default 0: TensorFlow's "
                           "choice, the cores)")
+    srv.add_argument("--grpc_idle_timeout_s", "--grpc-idle-timeout-s", type=float, default=None, metavar="SECONDS",
+                     help="close a gRPC connection that sends nothing for this long with no call in progress "
+                          "(default: serving_loader.grpc_service.DEFAULT_IDLE_TIMEOUT_S, 300; 0: never)")
     srv.add_argument("--allow-empty", action="store_true",
                      help="serve the export as it is when the checkpoint root does not exist or holds nothing "
                           "for it yet (default: exit 1 with the reason)")
@@ -132,9 +135,21 @@ def build_parser():
     srv.add_argument("--gate-min-examples", type=int, default=1000, metavar="N",
                      help="commits whose quality covers fewer than N examples are not judged by the gate, nor "
                           "become its reference (default 1000)")
+    srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
+                     help="port of the admin listener (pin, resume, rollback, metrics; "
+                          "serving_loader.admin_listener); default: 8502 with the default REST port 8501, else any "
+                          "free port (printed at start); -1: none")
+    srv.add_argument("--admin_host", "--admin-host", default="127.0.0.1",
+                     help="address the admin listener binds (default 127.0.0.1; another needs --admin_token_file)")
+    srv.add_argument("--admin_token_file", "--admin-token-file", default=None, metavar="FILE",
+                     help="file holding the admin token: admin requests then need 'Authorization: Bearer <token>'")
+    srv.add_argument("--rest_idle_timeout_s", "--rest-idle-timeout-s", type=float, default=60.0,
+                     metavar="SECONDS", help="close REST and admin connections idle this long (default 60; 0: never)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
-    adm.add_argument("--url", default="http://127.0.0.1:8501",
-                     help="the server's REST address (default http://127.0.0.1:8501)")
+    adm.add_argument("--url", default="http://127.0.0.1:8502",
+                     help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")
+    adm.add_argument("--token-file", "--token_file", default=None, metavar="FILE",
+                     help="file holding the admin token, for a server started with --admin_token_file")
     adm.add_argument("--model-name", "--model_name", default="default",
                      help="the served model's name (default: default)")
     adm.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the answer (default 600)")
@@ -196,6 +211,9 @@ def _schedule_flags(parser, delta_every, full_every):
                         help=f"seconds between full checkpoints (default {full_every:g})")
     parser.add_argument("--keep-chains", type=int, default=3,
                         help="chains (a full and its deltas) kept; older ones are deleted (default 3)")
+    parser.add_argument("--serving-view", choices=["bfloat16", "float16", "int8"], default=None,
+                        help="also write the served rows in this precision into every commit; serving replicas "
+                             "read it instead of the float32 rows (default: none)")
 
 
 def main(argv=None):
@@ -269,12 +287,21 @@ def _serve_admin(args):
     import urllib.request
 
     base = f"{args.url.rstrip('/')}/v1/models/{args.model_name}/admin"
+    headers = {"Content-Type": "application/json"}
+    if args.token_file:
+        from serving_loader.admin_listener import read_token
+
+        try:
+            headers["Authorization"] = f"Bearer {read_token(args.token_file)}"
+        except ValueError as e:
+            print(f"evstore serve-admin: {e}", file=sys.stderr)
+            return 1
     if args.op == "status":
-        req = urllib.request.Request(base, method="GET")
+        req = urllib.request.Request(base, method="GET", headers=headers)
     else:
         body = {"version": args.version, "then": args.then} if args.op == "rollback" else {}
         req = urllib.request.Request(f"{base}/{args.op}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             out = json.loads(r.read())
@@ -412,14 +439,15 @@ def _job(args):
             res = demo.run(minutes=args.minutes, out=args.out, seed=args.seed, batch_size=args.batch_size,
                            delta_every=args.delta_every, full_every=args.full_every,
                            warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop,
-                           keep_chains=args.keep_chains, poison=_poison(args.poison), gate=args.gate)
+                           keep_chains=args.keep_chains, poison=_poison(args.poison), gate=args.gate,
+                           serving_view=args.serving_view)
         else:
             from evstore_app.job import train
             res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
-                            guard_min_examples=args.guard_min_examples)
+                            serving_view=args.serving_view, guard_min_examples=args.guard_min_examples)
     except (SpecError, ValueError, OSError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -1,7 +1,9 @@
 """Hold and roll back a served model: the admin REST routes and their metrics
 (`evstore serve-admin`, in evstore_app.cli, is their client).
 
-REST (on the serving port, next to TF Serving's API; JSON bodies, errors {"error": message}):
+REST (on the admin listener, serving_loader.admin_listener: its own socket,
+127.0.0.1 by default, never the public REST port; JSON bodies, errors
+{"error": message}):
   GET  /v1/models/<name>/admin             the admin status (ServingModel.admin_status + "retained")
   POST /v1/models/<name>/admin/pin         stop applying new commits
   POST /v1/models/<name>/admin/resume      apply new commits again (catches up before answering)

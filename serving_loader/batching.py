@@ -13,7 +13,9 @@ large-batch splitting); past `max_enqueued_batches` full batches of queued
 rows a task is refused with UNAVAILABLE. `num_batch_threads` threads run
 batches (TF Serving's option of the same name). A task may carry a deadline
 (a gRPC call's grpc-timeout): one still queued when its batch is formed after
-that deadline is not run, and fails with DEADLINE_EXCEEDED.
+that deadline is not run, and fails with DEADLINE_EXCEEDED. A task may also
+carry a `cancelled()` test (a gRPC call its client has reset): one cancelled
+when its batch is formed is not run either, and fails with CANCELLED.
 
 If a batch of several tasks fails as a whole with an error about its inputs,
 each task is run alone, so one bad request cannot fail its neighbours.
@@ -28,7 +30,7 @@ import numpy as np
 
 from serving_loader.tfs import ServingError
 
-__all__ = ["Batcher", "BatchingOptions", "deadline_exceeded"]
+__all__ = ["Batcher", "BatchingOptions", "deadline_exceeded", "cancelled_by_client"]
 
 log = logging.getLogger("evstore.serving")
 
@@ -61,19 +63,26 @@ def deadline_exceeded():
     return ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded")
 
 
+def cancelled_by_client():
+    """The error of a call its client cancelled before it ran (gRPC's words)."""
+    return ServingError("CANCELLED", "Cancelled by the client before it ran")
+
+
 class _Task:
     # done: an asyncio future of `loop` (resolved on that loop, one wake-up per
     # batch), or, without a loop, a callback(value, error) run on the batch thread.
     # deadline: time.monotonic() after which the task is not run (None: never).
-    __slots__ = ("inputs", "size", "enqueued", "done", "loop", "deadline")
+    # cancelled: a callable, true once the task's caller has gone (None: never).
+    __slots__ = ("inputs", "size", "enqueued", "done", "loop", "deadline", "cancelled")
 
-    def __init__(self, inputs, size, done, loop, deadline=None):
+    def __init__(self, inputs, size, done, loop, deadline=None, cancelled=None):
         self.inputs = inputs
         self.size = size
         self.enqueued = time.monotonic()
         self.done = done
         self.loop = loop
         self.deadline = deadline
+        self.cancelled = cancelled
 
 
 def _future_setter(fut):
@@ -96,8 +105,10 @@ class Batcher:
     concurrent.futures.Future; with `callback`, nothing: `callback(value,
     error)` is called on the batch thread instead (no future, no lock). A task
     whose `deadline` (time.monotonic()) has passed when its batch is formed
-    is not run: it fails with deadline_exceeded().
-    Counters: `batches`, `tasks` (run), `expired` (for metrics and tests).
+    is not run: it fails with deadline_exceeded(); nor is one whose
+    `cancelled()` is true then: it fails with cancelled_by_client().
+    Counters: `batches`, `tasks` (run), `expired`, `dropped` (cancelled; for
+    metrics and tests).
     """
 
     def __init__(self, run, options=None):
@@ -110,12 +121,13 @@ class Batcher:
         self.batches = 0
         self.tasks = 0
         self.expired = 0
+        self.dropped = 0
         self._threads = [threading.Thread(target=self._loop, name=f"batch-{i}", daemon=True)
                          for i in range(self.options.num_batch_threads)]
         for t in self._threads:
             t.start()
 
-    def submit(self, inputs, loop=None, callback=None, deadline=None):
+    def submit(self, inputs, loop=None, callback=None, deadline=None, cancelled=None):
         sizes = {a.shape[0] if a.ndim else None for a in inputs.values()}
         if len(sizes) != 1 or None in sizes:
             raise ServingError("INVALID_ARGUMENT", "Batching session Run() input tensors must have equal "
@@ -133,7 +145,7 @@ class Batcher:
         else:
             fut = concurrent.futures.Future()
             done = _future_setter(fut)
-        task = _Task(inputs, size, done, loop, deadline)
+        task = _Task(inputs, size, done, loop, deadline, cancelled)
         with self._cond:
             if self._stopped:
                 raise ServingError("UNAVAILABLE", "the server is shutting down")
@@ -181,12 +193,19 @@ class Batcher:
             if batch is None:
                 return
             now = time.monotonic()
-            live, expired = [], []
+            live, expired, gone = [], [], []
             for t in batch:
-                (expired if t.deadline is not None and t.deadline <= now else live).append(t)
-            if expired:   # their callers have given up: answer them, run the rest
+                if t.deadline is not None and t.deadline <= now:
+                    expired.append(t)
+                elif t.cancelled is not None and t.cancelled():
+                    gone.append(t)
+                else:
+                    live.append(t)
+            if expired or gone:   # their callers have given up: answer them, run the rest
                 self.expired += len(expired)
+                self.dropped += len(gone)
                 _deliver(expired, [(None, deadline_exceeded()) for _ in expired])
+                _deliver(gone, [(None, cancelled_by_client()) for _ in gone])
                 batch = live
                 if not batch:
                     continue

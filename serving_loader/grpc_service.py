@@ -16,93 +16,23 @@ is not served (UNIMPLEMENTED): the model comes from the export and its
 checkpoint root.
 """
 import logging
-import math
 import threading
 import time
 import zlib
 
 import grpc
 import numpy as np
-import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
                                      predict_pb2, regression_pb2)
 
 from serving_loader.batching import deadline_exceeded
+from serving_loader.tensor_proto import TensorLimits, array_to_tensor, tensor_to_array
 from serving_loader.tfs import CLASSIFY_METHOD, REGRESS_METHOD, ServingError, examples_with_context, invalid
 
-__all__ = ["start_grpc", "GrpcServer", "tensor_to_array", "array_to_tensor"]
+__all__ = ["start_grpc", "GrpcServer", "DEFAULT_IDLE_TIMEOUT_S", "tensor_to_array", "array_to_tensor"]
 
 log = logging.getLogger("evstore.serving")
-
-_STRING = tf.string.as_datatype_enum
-_ENUM = {}   # np.dtype -> DataType enum
-
-
-# DataType enum -> the TensorProto field holding its values one by one.
-_VALUE_FIELD = {tf.float32.as_datatype_enum: "float_val", tf.float64.as_datatype_enum: "double_val",
-                tf.int32.as_datatype_enum: "int_val", tf.int16.as_datatype_enum: "int_val",
-                tf.int8.as_datatype_enum: "int_val", tf.uint8.as_datatype_enum: "int_val",
-                tf.int64.as_datatype_enum: "int64_val", tf.bool.as_datatype_enum: "bool_val"}
-
-
-def _enum(dtype):
-    e = _ENUM.get(dtype)
-    if e is None:
-        e = _ENUM[dtype] = tf.as_dtype(dtype).as_datatype_enum
-    return e
-
-
-def _values(name, proto, dtype, dims):
-    """The ndarray of TensorProto `proto` (dtype: np dtype, None for strings)."""
-    n = math.prod(dims)   # np.prod of a short list costs ~2 us, 4 inputs a request
-    if dtype is not None and proto.tensor_content:
-        a = np.frombuffer(proto.tensor_content, dtype=dtype)
-        if a.size != n:
-            raise invalid(f"input {name!r}: tensor_content holds {a.size} values, shape {dims} needs {n}")
-        return a.reshape(dims)
-    field = None if dtype is None else _VALUE_FIELD.get(proto.dtype)
-    if field is not None and len(getattr(proto, field)) == n:
-        # One value per element in a typed field (what tf.make_tensor_proto
-        # writes for a single value, so every batch-1 request): read directly,
-        # at a fraction of tf.make_ndarray's cost per request.
-        return np.array(getattr(proto, field), dtype=dtype).reshape(dims)
-    try:   # strings, broadcast forms (fewer values than elements), packed half / complex
-        a = tf.make_ndarray(proto)
-    except (ValueError, TypeError) as e:
-        raise invalid(f"input {name!r}: {e}") from None
-    return a if dtype is None else a.astype(dtype, copy=False)
-
-
-def tensor_to_array(name, proto, spec):
-    """TensorProto -> ndarray for input `name` of signature spec (np dtype or
-    None for strings, shape, DT name); INVALID_ARGUMENT when it does not fit."""
-    dtype, shape, dt = spec
-    want = _STRING if dtype is None else _enum(dtype)
-    if proto.dtype != want:
-        got = tf.as_dtype(proto.dtype).name if proto.dtype else "DT_INVALID"
-        raise invalid(f"Expects arg[{name}] to be {dt} but {got} is provided")
-    a = _values(name, proto, dtype, [d.size for d in proto.tensor_shape.dim])
-    if shape is not None and (a.ndim != len(shape) or any(d is not None and d != g for d, g in zip(shape, a.shape))):
-        want_dims = ",".join("-1" if d is None else str(d) for d in shape)
-        raise invalid(f"input {name!r} must have shape [{want_dims}], got [{','.join(map(str, a.shape))}]")
-    return a
-
-
-def array_to_tensor(a, proto):
-    """Fills TensorProto `proto` with ndarray `a` (tensor_content for numbers,
-    string_val for strings, as TF Serving answers)."""
-    if a.dtype.kind in "SO":
-        proto.dtype = _STRING
-        proto.string_val.extend(a.ravel().tolist())
-    else:
-        proto.dtype = _enum(a.dtype)
-        proto.tensor_content = np.ascontiguousarray(a).tobytes()
-    dim = proto.tensor_shape.dim
-    for s in a.shape:
-        dim.add().size = s
-    return proto
-
 
 def _spec(request):
     spec = request.model_spec
@@ -123,6 +53,9 @@ class _Methods:
     def __init__(self, app):
         self.app = app
         self.servable = app.servable
+        batch = app.batcher.options.max_batch_size if app.batcher is not None else None
+        self._limits = TensorLimits(app.max_request_bytes)   # inputs not batched (other signatures)
+        self._batched_limits = TensorLimits(app.max_request_bytes, batch)   # the default signature's
 
     def _fill_spec(self, response, key, version):
         response.model_spec.name = self.servable.name
@@ -150,7 +83,8 @@ class _Methods:
             if n not in outs:
                 raise invalid(f"output tensor alias not found in signature: {n} Outputs expected to be in the "
                               f"set {{{','.join(sorted(outs))}}}.")
-        arrays = {n: tensor_to_array(n, request.inputs[n], inputs[n]) for n in inputs}
+        limits = self._batched_limits if key == self.servable.default_signature else self._limits
+        arrays = {n: tensor_to_array(n, request.inputs[n], inputs[n], limits) for n in inputs}
 
         def finish(outputs, served):
             self._checked_version(version, served)
@@ -249,16 +183,29 @@ class _Methods:
         return response
 
 
+# Seconds a gRPC connection may stay idle (nothing received, no call at the
+# model) before it is told GOAWAY and closed: `evstore serve --grpc_idle_timeout_s`.
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+
+
 class GrpcServer:
     """The gRPC endpoint of `app` on host:port (0: any free port); `port` is
     the bound one. One dispatch thread parses requests and starts their model
-    calls; answers are sent by the thread that finishes each call."""
+    calls; answers are sent by the thread that finishes each call.
 
-    def __init__(self, app, host, port):
+    `idle_timeout_s`: a connection that has sent nothing for this long and
+    has no call waiting for the model is told GOAWAY and closed (0: never).
+    A call its client resets (RST_STREAM, or a closed connection) before the
+    model runs it is not run. ValueError for a negative `idle_timeout_s`."""
+
+    def __init__(self, app, host, port, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S):
         from serving_loader.native import _grpc_frontend as fe
 
+        if isinstance(idle_timeout_s, bool) or not isinstance(idle_timeout_s, (int, float)) \
+                or not 0 <= idle_timeout_s < 1e9:
+            raise ValueError(f"idle_timeout_s must be a number of seconds >= 0 (0: never), got {idle_timeout_s!r}")
         self._fe = fe
-        self._handle, self.port = fe.start(host, port, app.max_request_bytes)
+        self._handle, self.port = fe.start(host, port, app.max_request_bytes, float(idle_timeout_s))
         self._app = app
         m = _Methods(app)
         self._methods = {   # path -> (method name in metrics, request class, handler)
@@ -353,7 +300,8 @@ class GrpcServer:
                 key, arrays, finish = out
                 self._app.call_model(key, arrays,
                                      lambda value, error: self._finished(cid, method, finish, value, error),
-                                     deadline=None if left is None else time.monotonic() + left)
+                                     deadline=None if left is None else time.monotonic() + left,
+                                     cancelled=lambda: not self._fe.alive(self._handle, cid))
                 return
             body = out.SerializeToString()
         except Exception as e:  # noqa: BLE001 - answered with its status
@@ -370,8 +318,9 @@ class GrpcServer:
         self._thread.join()
 
 
-def start_grpc(app, host, port):
+def start_grpc(app, host, port, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S):
     """Starts the gRPC server of `app` on host:port (0: any free port);
-    returns (server, bound port). Stop it with `server.stop(grace_s)`."""
-    server = GrpcServer(app, host, port)
+    returns (server, bound port). Stop it with `server.stop(grace_s)`.
+    `idle_timeout_s`: see GrpcServer."""
+    server = GrpcServer(app, host, port, idle_timeout_s)
     return server, server.port

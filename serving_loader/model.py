@@ -46,13 +46,12 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from checkpoint.bundle import read_dense
-from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, verify_files, withdrawn
+from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, withdrawn
 from checkpoint.errors import CheckpointError
-from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.fetch import fetch
 from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
-from evstore import schema
+from serving_loader import served_tensors
 from serving_loader.export import FORMAT, MAP_FILE, sentinels
 from serving_loader.gate import Gate, GateState
 
@@ -217,10 +216,12 @@ class _FlatCall:
 class _Staged:
     """A checkpoint read into memory, ready to publish."""
 
-    def __init__(self, manifest, evs, dense):
+    def __init__(self, manifest, evs, dense, view="float32", bytes_read=0):
         self.manifest = manifest
         self.evs = evs        # name -> (erase_keys, upsert_keys, upsert_values)
         self.dense = dense    # name -> np.ndarray
+        self.view = view      # the precision its rows were read in
+        self.bytes_read = bytes_read
 
 
 class ServingModel:
@@ -239,9 +240,15 @@ class ServingModel:
         every commit is applied): a commit that fails it stays committed but
         is not served; the model holds the last good version and serves again
         from the first later commit that passes (`admin_status()` reports it).
+      use_serving_view: read a commit's serving view (lower-precision rows
+        the trainer wrote with it, checkpoint/serving_view.py) when it has
+        one (default True); False reads its float32 rows. Either way a
+        replica reads only what it serves (checkpoint/fetch.py).
 
     Attributes: `version` (sequence number served; None before the first
-    checkpoint), `base` (its full), `pinned`, `metrics()` for monitoring.
+    checkpoint), `base` (its full), `pinned`, `serving_view` (precision of
+    the served rows: "float32", "bfloat16", "float16" or "int8"),
+    `metrics()` for monitoring.
 
     Raises:
       ValueError: `export_dir` is not a serving export.
@@ -249,7 +256,8 @@ class ServingModel:
       serving_loader.gate.GateError (a ValueError): a malformed gate.
     """
 
-    def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False, gate=None):
+    def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False, gate=None,
+                 use_serving_view=True):
         map_path = os.path.join(export_dir, MAP_FILE)
         try:
             with open(map_path) as f:
@@ -293,6 +301,12 @@ class ServingModel:
         self.last_error = None
         self.freshness_s = []      # commit -> served, per applied checkpoint (bounded)
         self.apply_latency_s = []  # stage + publish, per applied checkpoint (bounded)
+        self.use_serving_view = bool(use_serving_view)
+        self.serving_view = None       # precision of the served rows: "float32" or a view dtype (None: none yet)
+        self.fetched_bytes_total = 0   # bytes read from the root for published checkpoints
+        self.last_fetched_bytes = None # ... for the last one
+        self.last_lag_s = None         # commit (its manifest's wall time) -> served, last checkpoint
+        self.last_apply_s = None       # stage + publish, last checkpoint
         self.pinned = False
         self.newest_committed = None   # the newest committed sequence seen by the last poll
         self.rollbacks = 0
@@ -617,38 +631,34 @@ class ServingModel:
         return {"version": self.version, "base": self.base, "pinned": self.pinned,
                 "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
                 "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
-                "failures": self.failures, "last_error": self.last_error,
+                "failures": self.failures, "last_error": self.last_error, "serving_view": self.serving_view,
                 **(self.gate.status() if self.gate is not None else {})}
 
     def _stage(self, m):
-        problems = verify_files(self.storage, m)
-        if problems:
-            raise CheckpointError("; ".join(problems))
+        """Reads and checks what checkpoint `m` changes in the served state,
+        nothing else (checkpoint/fetch.py: keys, values or the serving view,
+        filtered and deleted keys, the served dense weights; never optimizer
+        state). Raises CheckpointError for anything that cannot be served."""
         parts = logical_entries(m)   # a sharded EV's parts apply to its one table
         missing = sorted(set(self._tables) - set(parts))
         if missing:
             raise CheckpointError(f"{m.dir} holds no EV {missing} that the export serves")
-        d = self.storage.local_dir(m.dir, list(m.files))
-        reader = tf.train.load_checkpoint(os.path.join(d, BUNDLE_PREFIX))
-        evs = {}
-        for name in self._tables:
-            srcs = parts[name]
-            keys = np.concatenate([reader.get_tensor(schema.tensor(p, schema.KEYS)) for p in srcs])
-            values = np.concatenate([reader.get_tensor(schema.tensor(p, schema.VALUES)) for p in srcs])
-            # counted keys read the default
-            erase = [reader.get_tensor(schema.tensor(p, schema.KEYS_FILTERED)) for p in srcs]
-            if m.kind == "delta":
-                erase += [reader.get_tensor(schema.tensor(p, schema.DELETED_KEYS)) for p in srcs]
-            erase = np.concatenate(erase)
-            evs[name] = self._checked(m, name, erase, keys, values)
-        dense = read_dense(d, list(self._dense)) if self._dense else {}
+        plan = served_tensors.plan(m, {n: parts[n] for n in self._tables}, list(self._dense), self.use_serving_view)
+        with fetch(self.storage, m, plan.tensors) as t:
+            evs = {}
+            for name in self._tables:
+                try:
+                    keys, values, erase = plan.ev_arrays(t, name, self.mapping["evs"][name]["dim"])
+                except ValueError as e:
+                    raise CheckpointError(f"{m.dir}: EV {name!r}: {e}") from None
+                evs[name] = self._checked(m, name, erase, keys, values)
+            dense = {n: t[n] for n in self._dense}
+            bytes_read = t.bytes_read
         for n, v in dense.items():
             if tuple(v.shape) != tuple(self._dense[n].shape) or v.dtype != self._dense[n].dtype.as_numpy_dtype:
                 raise CheckpointError(f"{m.dir}: dense {n!r} is {v.dtype} {list(v.shape)}, the export serves "
                                       f"{self._dense[n].dtype.name} {self._dense[n].shape.as_list()}")
-        del reader
-        self.storage.discard_local(m.dir)   # staged in memory: a remote root's download can go
-        return _Staged(m, evs, dense)
+        return _Staged(m, evs, dense, view=plan.view, bytes_read=bytes_read)
 
     def _checked(self, m, name, erase, keys, values):
         """Validates an EV's staged tensors completely (publish must not fail
@@ -702,6 +712,9 @@ class ServingModel:
             self._dense[name].assign(value)
         self.version = s.manifest.seq
         self.base = s.manifest.base
+        self.serving_view = s.view
+        self.fetched_bytes_total += s.bytes_read
+        self.last_fetched_bytes = s.bytes_read
         self._served_checksum = s.manifest.checksum
         self.served_quality = s.manifest.quality
         if self.gate is not None:
@@ -713,6 +726,7 @@ class ServingModel:
         self.applied_seqs = (self.applied_seqs + [m.seq])[-10000:]
         self.apply_latency_s = (self.apply_latency_s + [now - t0])[-1000:]
         self.freshness_s = (self.freshness_s + [max(0.0, now - m.wall_time)])[-1000:]
+        self.last_lag_s, self.last_apply_s = self.freshness_s[-1], self.apply_latency_s[-1]
         self.last_applied_wall = now
 
     def _refuse(self, m, msg, key=None, retry=False):
@@ -779,7 +793,10 @@ class ServingModel:
                 "last_error": self.last_error, "rows": self.rows(), "freshness_s": list(self.freshness_s),
                 "apply_latency_s": list(self.apply_latency_s), "pinned": self.pinned,
                 "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
-                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback}
+                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
+                "serving_view": self.serving_view, "fetched_bytes_total": self.fetched_bytes_total,
+                "last_fetched_bytes": self.last_fetched_bytes, "last_lag_s": self.last_lag_s,
+                "last_apply_s": self.last_apply_s}
 
 
 def _children(sc):

@@ -6,6 +6,8 @@ request / answer formats in serving_loader.tfs):
   GET  /v1/models/<name>[/versions/<v>|/labels/<l>]            model status
   GET  /v1/models/<name>[/versions/<v>|/labels/<l>]/metadata   signatures
   GET  /metrics     Prometheus text format (one registry per server)
+Hold and roll back (serving_loader.admin) are on the admin listener
+(serving_loader.admin_listener: its own socket, 127.0.0.1 by default), not here.
 Any other /v1/ request is TF Serving's 400 "Malformed request"; paths outside
 /v1/ and the routes added to `ServingApp.router` are 404. Every error is
 answered with a JSON body {"error": message}, down to a malformed request
@@ -41,11 +43,12 @@ import urllib.parse
 import numpy as np
 import uvloop
 
-from serving_loader import admin
-from serving_loader.batching import Batcher, BatchingOptions, deadline_exceeded
+from serving_loader import admin, admin_listener, fleet_metrics
+from serving_loader.batching import Batcher, BatchingOptions, cancelled_by_client, deadline_exceeded
 from serving_loader.gate import Gate
 from serving_loader.gate import register_metrics as gate_metrics
-from serving_loader.httpserver import HttpServer, Response, Router, error_response, json_response
+from serving_loader.httpserver import (DEFAULT_IDLE_TIMEOUT_S, HttpServer, Response, Router, error_response,
+                                      json_response)
 from serving_loader.tfs import (CLASSIFY_METHOD, REGRESS_METHOD, Servable, ServingError, format_classify_json,
                                 format_predict_json, format_regress_json, parse_examples_json, parse_predict_json)
 
@@ -159,10 +162,13 @@ class ServingApp:
     Request and returns a Response or an awaitable of one); a path no route
     takes goes to TF Serving's API under /v1/, else is 404.
     `batching`: BatchingOptions, or None to call the model once per request.
+    `idle_timeout_s`: an idle connection is closed after this many seconds
+    (None: never; serving_loader.httpserver). `admin_http` serves the admin
+    routes (serving_loader.admin_listener), behind `admin_token` if given.
     """
 
     def __init__(self, model, model_name="default", max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
-                 refresh_every_s=1.0, batching=None):
+                 refresh_every_s=1.0, batching=None, idle_timeout_s=REST_IDLE_TIMEOUT_S, admin_token=None):
         if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
             raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
         self.model = model
@@ -175,12 +181,14 @@ class ServingApp:
         self.metrics.batcher = self.batcher
         # TF Serving's API takes every /v1/ path no route takes (routes added later win over it)
         self.router = Router(fallback=self._unrouted)
-        self.router.add(["GET"], r"/metrics", self._metrics)
+        self.router.add(["GET"], r"/metrics", self.metrics_response)
         admin.register_metrics(self.metrics.registry, model)
         if getattr(model, "gate", None) is not None:
             gate_metrics(self.metrics.registry, model)
-        self.router.add(["GET", "POST", "PUT", "DELETE", "PATCH"], admin.PATH, self._admin)
-        self.http = HttpServer(self.router, max_request_bytes, on_response=self._count)
+        fleet_metrics.register_metrics(self.metrics.registry, model)
+        self.http = HttpServer(self.router, max_request_bytes, on_response=self._count, idle_timeout_s=idle_timeout_s)
+        self.admin_http = HttpServer(admin_listener.admin_router(self, admin_token), admin.MAX_BODY,
+                                     idle_timeout_s=idle_timeout_s)
         self._loop = None
         # Model calls that skip the batcher (signatures other than the default, or batching off), for
         # REST and gRPC alike; its threads start on first use.
@@ -204,22 +212,25 @@ class ServingApp:
             self.batcher.stop()
         self._pool.shutdown(wait=False)
 
-    def call_model(self, key, arrays, done, deadline=None):
+    def call_model(self, key, arrays, done, deadline=None, cancelled=None):
         """Calls signature `key` on `arrays` and then `done(value, error)` on
         the thread that ran it: value = (outputs, version), or error = the
         exception. The default signature goes through the batcher, others run
         on a small thread pool. A call still waiting at `deadline`
         (time.monotonic(); None: none) is not run: its error is
-        DEADLINE_EXCEEDED. Raises ServingError when the batcher refuses the
-        task (never calls `done` then)."""
+        DEADLINE_EXCEEDED; nor is one whose `cancelled()` (None: never) is
+        then true: its error is CANCELLED. Raises ServingError when the
+        batcher refuses the task (never calls `done` then)."""
         if self.batcher is not None and key == self.servable.default_signature:
-            self.batcher.submit(arrays, callback=done, deadline=deadline)
+            self.batcher.submit(arrays, callback=done, deadline=deadline, cancelled=cancelled)
             return
 
         def run():
             try:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise deadline_exceeded()
+                if cancelled is not None and cancelled():
+                    raise cancelled_by_client()
                 value = self._run(key, arrays)
             except Exception as e:  # noqa: BLE001 - handed to done
                 done(None, e)
@@ -265,13 +276,8 @@ class ServingApp:
             except Exception as e:  # noqa: BLE001 - metrics must not stop the server
                 log.warning("metrics refresh failed: %r", e)
 
-    async def _admin(self, request):
-        """Hold and roll back (serving_loader.admin), off the event loop."""
-        status, answer = await asyncio.get_running_loop().run_in_executor(
-            None, admin.handle, self.model, self.model_name, request.method, request.path, request.body or b"")
-        return json_response(answer, status)
-
-    async def _metrics(self, request):
+    async def metrics_response(self, request):
+        """GET /metrics: the Prometheus text of this server's registry."""
         from prometheus_client import CONTENT_TYPE_LATEST
 
         text = await asyncio.get_running_loop().run_in_executor(None, self.metrics.exposition)
@@ -393,24 +399,34 @@ def _shown(host):
 def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_api_port=8501, model_name="default",
           poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
           storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0,
-          gate=None, gate_min_examples=1000):
+          grpc_idle_timeout_s=None, gate=None, gate_min_examples=1000, admin_port=None, admin_host="127.0.0.1",
+          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
-    `port` (TF Serving's flags; 0: any free port; None: that API off) until
+    `port` (TF Serving's flags; 0: any free port; None: that API off; a build
+    without the gRPC front end serves REST only and logs a warning, and
+    refuses gRPC alone with ValueError) until
     SIGTERM / SIGINT (then stops polling, finishes requests in flight and
     returns 0 after SIGTERM, 130 after SIGINT / Ctrl-C, the shell's
     convention for an interrupted command).
 
-    Prints `serving <name> version <v> on http://<host>:<rest port>` and then
-    `grpc <name> on <host>:<port>` to `out` once the sockets listen (with
-    port 0 the printed port is the one bound). `batching`: BatchingOptions,
+    Prints `serving <name> version <v> on http://<host>:<rest port>`, then
+    `admin <name> on http://<admin host>:<admin port>`, then `grpc <name> on
+    <host>:<port>` to `out` once the sockets listen (with port 0 the printed
+    port is the one bound). The admin listener (serving_loader.admin_listener)
+    binds `admin_host` on `admin_port` (None: admin_listener.default_port of
+    the REST port; -1: none), behind bearer `admin_token` if given (a
+    non-loopback `admin_host` without one is a ValueError). `idle_timeout_s`:
+    REST and admin connections idle this long are closed (None: never). `batching`: BatchingOptions,
     or None to call the model once per request. `intra_op_parallelism`,
     `inter_op_parallelism`: TensorFlow's two thread pools, as TF Serving's
     --tensorflow_intra_op_parallelism / --tensorflow_inter_op_parallelism
     (0: TensorFlow's choice); they must be set before TensorFlow has run
-    anything in this process (ValueError otherwise). `gate`: a quality gate
-    expression (serving_loader/gate.py; "default": its DEFAULT_GATE), refused
-    with GateError (a ValueError) before anything loads; commits of fewer
+    anything in this process (ValueError otherwise). `grpc_idle_timeout_s`:
+    a gRPC connection that sends nothing for this long with no call in
+    progress is closed (None: grpc_service.DEFAULT_IDLE_TIMEOUT_S; 0: never).
+    `gate`: a quality gate expression (serving_loader/gate.py; "default": its
+    DEFAULT_GATE), refused with GateError (a ValueError) before anything loads; commits of fewer
     than `gate_min_examples` examples are not judged.
     """
     from serving_loader.model import ServingModel
@@ -427,11 +443,18 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
     if gate is not None:
         gate = Gate.parse(gate, min_examples=gate_min_examples)
+    port = _grpc_port_served(port, rest_api_port)
+    if admin_port is None:
+        admin_port = admin_listener.default_port(rest_api_port)
+    if admin_port != -1:
+        if isinstance(admin_port, bool) or not isinstance(admin_port, int) or not 0 <= admin_port <= 65535:
+            raise ValueError(f"admin_port must be an integer in [0, 65535] or -1, got {admin_port!r}")
+        admin_listener.check_exposure(admin_host, admin_token)
     _set_tf_threads(intra_op_parallelism, inter_op_parallelism)
     model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty,
                          gate=gate)
     app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every,
-                     batching=batching)
+                     batching=batching, idle_timeout_s=idle_timeout_s, admin_token=admin_token)
     # The loaded model leaves a large heap of long-lived Python objects (TF,
     # Keras, the restored graph); a full garbage collection walks all of them
     # and stalls every request for hundreds of milliseconds (measured ~0.4 s
@@ -440,17 +463,22 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     gc.collect()
     gc.freeze()
     rest_sock = _bind(host, rest_api_port) if rest_api_port is not None else None
+    admin_sock = _bind(admin_host, admin_port) if admin_port != -1 else None
     try:
         # uvloop: libuv's event loop and transports behind asyncio's API; the REST server's CPU per
         # request fell from 179-190 to 133-153 us with it (BENCHMARKS.md, issue 14).
-        return uvloop.run(_serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_every, out))
+        return uvloop.run(_serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every,
+                                       out, grpc_idle_timeout_s))
     finally:
-        if rest_sock is not None:
-            rest_sock.close()
+        for sock in (rest_sock, admin_sock):
+            if sock is not None:
+                sock.close()
         app.close()
 
 
-async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_every, out):
+async def _serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every, out,
+                       grpc_idle_timeout_s):
+    from serving_loader.grpc_service import DEFAULT_IDLE_TIMEOUT_S as GRPC_IDLE_TIMEOUT_S
     from serving_loader.grpc_service import start_grpc
 
     loop = asyncio.get_running_loop()
@@ -460,9 +488,12 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         loop.add_signal_handler(s, lambda s=s: (received.append(s), stop.set()))
     grpc_server = grpc_port = None
     if port is not None:
-        grpc_server, grpc_port = start_grpc(app, host, port)
+        idle = GRPC_IDLE_TIMEOUT_S if grpc_idle_timeout_s is None else grpc_idle_timeout_s
+        grpc_server, grpc_port = start_grpc(app, host, port, idle)
     if rest_sock is not None:
         await app.http.start(rest_sock)
+    if admin_sock is not None:
+        await app.admin_http.start(admin_sock)
     refresh = asyncio.create_task(app.refresh_loop())
     if checkpoint_root is not None:
         model.start(every_s=poll_every)
@@ -471,6 +502,9 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
             bound = rest_sock.getsockname()
             print(f"serving {app.model_name} version {model.version or 0} on http://{_shown(bound[0])}:{bound[1]}",
                   file=out, flush=True)
+        if admin_sock is not None:
+            bound = admin_sock.getsockname()
+            print(f"admin {app.model_name} on http://{_shown(bound[0])}:{bound[1]}", file=out, flush=True)
         if grpc_server is not None:
             print(f"grpc {app.model_name} on {_shown(host)}:{grpc_port}", file=out, flush=True)
         await stop.wait()
@@ -478,11 +512,25 @@ async def _serve_async(app, model, rest_sock, host, port, checkpoint_root, poll_
         model.stop()
         refresh.cancel()
         await app.http.stop(grace_s=10.0)
+        await app.admin_http.stop(grace_s=1.0)
         if grpc_server is not None:
             await loop.run_in_executor(None, grpc_server.stop, 10.0)
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
     return 130 if signal.SIGINT in received else 0
+
+
+def _grpc_port_served(port, rest_api_port):
+    """`port`, or None when the gRPC front end is not built (REST goes on, with
+    a warning); ValueError when gRPC is the only API asked for."""
+    from serving_loader.native import GRPC_FRONTEND_MISSING, grpc_frontend_built
+
+    if port is None or grpc_frontend_built():
+        return port
+    if rest_api_port is None:
+        raise ValueError(f"cannot serve gRPC on port {port}: {GRPC_FRONTEND_MISSING}")
+    log.warning("gRPC port %d not served, REST only: %s", port, GRPC_FRONTEND_MISSING)
+    return None
 
 
 def _set_tf_threads(intra, inter):
@@ -519,8 +567,12 @@ def cli(args):
                      model_name=args.model_name, poll_every=args.poll_every,
                      max_request_bytes=args.max_request_bytes, batching=batching, allow_empty=args.allow_empty,
                      intra_op_parallelism=args.tensorflow_intra_op_parallelism,
-                     inter_op_parallelism=args.tensorflow_inter_op_parallelism, gate=args.gate,
-                     gate_min_examples=args.gate_min_examples)
+                     inter_op_parallelism=args.tensorflow_inter_op_parallelism,
+                     grpc_idle_timeout_s=args.grpc_idle_timeout_s, gate=args.gate,
+                     gate_min_examples=args.gate_min_examples,
+                     admin_port=args.admin_port, admin_host=args.admin_host,
+                     admin_token=admin_listener.read_token(args.admin_token_file) if args.admin_token_file else None,
+                     idle_timeout_s=args.rest_idle_timeout_s or None)
     except (ValueError, OSError) as e:
         from serving_loader.model import NothingToServeError
 

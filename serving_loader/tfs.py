@@ -182,7 +182,13 @@ def _loads_nan(body, err):
 
 
 def _short(v, n=200):
-    s = orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY, default=str).decode()
+    """`v` as JSON text, cut at `n` characters. orjson writes at most 254
+    levels of nesting (the reader takes 1,024): a deeper value is shown by
+    its type."""
+    try:
+        s = orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY, default=str).decode()
+    except orjson.JSONEncodeError:
+        return f"<{_json_type(v)} nested too deeply to show>"
     return s if len(s) <= n else s[:n] + "..."
 
 
@@ -205,12 +211,22 @@ def _b64(v):
         raise invalid("Unable to base64 decode") from None
 
 
-def _strings(name, value):
+# A tensor has at most this many dimensions (TensorFlow's limit): deeper
+# nesting in a string input is refused before it is walked.
+MAX_RANK = 254
+
+
+def _strings(name, value, depth=0):
     """Nested JSON strings / {"b64": ...} objects -> nested bytes."""
     if type(value) is list:
-        return [_strings(name, v) for v in value]
+        if depth >= MAX_RANK:
+            raise invalid(f"input {name!r}: nested deeper than {MAX_RANK} levels")
+        return [_strings(name, v, depth + 1) for v in value]
     if type(value) is str:
-        return value.encode("utf-8")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError:   # a lone surrogate ("\ud800"), which only the NaN-tolerant reader lets through
+            raise invalid(f"input {name!r}: a string is not valid Unicode (a lone surrogate)") from None
     if _is_b64(value):
         return _b64(value)
     raise invalid(f"JSON Value: {_short(value)} Type: {_json_type(value)} is not of expected type: string "

@@ -1,8 +1,9 @@
-"""The layering contract: evstore_app -> serving_loader -> checkpoint -> evstore.
+"""The module graph: evstore_app -> serving_loader -> checkpoint -> evstore,
+and no import cycle inside evstore.
 
-Each package imports only those below it (docs/ARCHITECTURE.md, "Layout"); the
-contract lives in pyproject.toml ([tool.importlinter]) and import-linter
-checks it from the source, lazy imports inside functions included.
+The contracts live in pyproject.toml ([tool.importlinter], docs/ARCHITECTURE.md,
+"Layout"); import-linter checks them from the source, lazy imports inside
+functions included.
 """
 import os
 import subprocess
@@ -11,8 +12,17 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_no_package_imports_a_layer_above_it():
+def _lint(contract):
     lint = os.path.join(os.path.dirname(sys.executable), "lint-imports")
-    r = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([lint, "--no-cache", "--contract", contract], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "1 kept, 0 broken" in r.stdout, r.stdout
+
+
+def test_no_package_imports_a_layer_above_it():
+    _lint("layers")
+
+
+def test_no_module_inside_evstore_imports_one_that_imports_it_back():
+    _lint("evstore-acyclic")

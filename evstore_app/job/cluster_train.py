@@ -19,7 +19,8 @@ it waits for the scheduled steps (`coord.join()`) and commits a checkpoint
 batches) whose metadata holds the position, the number of batches trained.
 A restarted job restores the newest chain and resumes at that position, so
 no batch is lost or trained twice (except by TF itself: a function running
-on a worker that dies is re-run elsewhere, see README: Distributed training).
+on a worker that dies is re-run elsewhere, see "When a task dies" in
+docs/guides/parameter-server.md).
 
 `ClusterJob(local=True)` runs the same model and steps in this process with
 unsharded EVs and no cluster: the single-process reference.

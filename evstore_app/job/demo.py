@@ -41,15 +41,19 @@ def _free_port():
 
 
 class _Server:
-    """A real `evstore serve` process and a client for it."""
+    """A real `evstore serve` process and a client for it. It polls the root
+    every `poll_every` seconds: commit -> served is at most that plus one
+    apply (a scan of a local root is a directory listing and a stat per
+    checkpoint, under a millisecond for the demo's root)."""
 
-    def __init__(self, export, root, name="demo", poll_every=0.25, log_path=None, gate=None):
+    def __init__(self, export, root, name="demo", poll_every=0.05, log_path=None, gate=None):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}/v1/models/{name}"
         self.log = open(log_path or os.devnull, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
-             "--rest_api_port", str(self.port), "--port", "-1", "--model-name", name, "--poll-every", str(poll_every)]
+             "--rest_api_port", str(self.port), "--port", "-1", "--admin_port", "-1", "--model-name", name,
+             "--poll-every", str(poll_every)]
             + (["--gate", gate] if gate is not None else []),
             stdout=self.log, stderr=subprocess.STDOUT)
         self.seen = {}   # version -> wall time first reported
@@ -131,7 +135,7 @@ class _Server:
 
 
 def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_every=60.0, warmup_batches=60,
-        progress=True, stop_event=None, keep_chains=3, poison=None, gate=None):
+        progress=True, stop_event=None, keep_chains=3, poison=None, gate=None, serving_view=None):
     """Runs the demo; returns the summary dict (also OUT/summary.json).
 
     `poison`: (start, seconds): the training labels are shuffled within each
@@ -140,7 +144,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     still scored on the true labels). The summary's "poison" gives the
     stretch in seconds since the trainer started, the time axis of its
     other series.
-    `gate`: the serving process's quality gate (`evstore serve --gate`)."""
+    `gate`: the serving process's quality gate (`evstore serve --gate`).
+    `serving_view`: the trainer also writes the served rows in that precision
+    (CheckpointManager's argument), which the server then serves."""
     if gate is not None:
         from serving_loader.gate import Gate
         Gate.parse(gate)   # refused here, not in the serving process
@@ -150,7 +156,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     root, export = os.path.join(out, "checkpoints"), os.path.join(out, "export")
     spec = dict(SPEC, batch_size=batch_size)
     stream = ClickStream(seed=seed, batch_size=batch_size)
-    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains)
+    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains, serving_view=serving_view)
     if stop_event is not None:
         trainer.stop_event = stop_event
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))

@@ -25,7 +25,8 @@ __all__ = ["run"]
 
 
 def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
-        progress=True, stop_event=None, export=None, guard=None, guard_restore=False, guard_min_examples=1000):
+        progress=True, stop_event=None, export=None, guard=None, guard_restore=False, serving_view=None,
+        guard_min_examples=1000):
     """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
     Every commit carries the progressive quality of the examples trained
     since the previous one (evstore.quality).
@@ -38,6 +39,8 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     "guard" says why; with `guard_restore` the trainer's model is restored to
     the last good commit. Commits of fewer than `guard_min_examples`
     examples are not judged. GateError (a ValueError) for a malformed one.
+    `serving_view`: a lower-precision serving view in every commit
+    (CheckpointManager's argument).
     Returns the summary dict (also written to OUT/summary.json, with
     OUT/report.png; OUT defaults to default_out(checkpoints)). A root that
     already holds every row of `data` trains and commits nothing."""
@@ -45,7 +48,7 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
         Gate.parse(guard, min_examples=guard_min_examples)   # refused before anything is read or built
     spec = load_spec(spec)
     stream = FileStream(data, spec, max_rows=max_rows)
-    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains)
+    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view)
     if stop_event is not None:
         trainer.stop_event = stop_event
     guard = Guard(guard, trainer, guard_min_examples) if guard is not None else None

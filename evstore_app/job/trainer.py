@@ -30,12 +30,15 @@ def _scalar(tag, value):
 
 
 class Trainer:
-    """A model built from `spec`, trained batch by batch, checkpointed under `root`."""
+    """A model built from `spec`, trained batch by batch, checkpointed under `root`
+    (`serving_view`: also a lower-precision view of the served rows in every
+    commit, CheckpointManager's argument)."""
 
-    def __init__(self, spec, root, keep_chains=3, seed=0):
+    def __init__(self, spec, root, keep_chains=3, seed=0, serving_view=None):
         self.spec = spec
         self.model = build_model(spec, seed=seed)
-        self.manager = checkpoint.CheckpointManager(root, self.model, keep_chains=keep_chains)
+        self.manager = checkpoint.CheckpointManager(root, self.model, keep_chains=keep_chains,
+                                                    serving_view=serving_view)
         self.position = 0
         self.examples = 0
         self.losses = []

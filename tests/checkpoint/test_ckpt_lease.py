@@ -1,4 +1,4 @@
-"""One writer per root (issue 13, item 5): two real writer processes on one
+"""One writer per root: two real writer processes on one
 root; the second is refused with an error naming the holder, and takes the
 lease over once the holder is gone."""
 import json
@@ -56,3 +56,25 @@ def test_a_fresh_lease_is_taken_over_only_when_asked(tmp_path):
     Lease(checkpoint.Storage(str(tmp_path)), timeout=600, take_over=True).acquire()
     with pytest.raises(checkpoint.LeaseLostError, match="taken over"):
         a.save_delta()
+
+
+def test_a_refused_manager_stays_refused_every_later_save_raises_the_same_lease_held_error(tmp_path):
+    from checkpoint.lease import Lease
+    holder = Lease(checkpoint.Storage(str(tmp_path)), timeout=600)      # another writer of this host
+    holder.acquire()
+    try:
+        refused = checkpoint.CheckpointManager(str(tmp_path), [], lease_timeout=600)
+        with pytest.raises(checkpoint.LeaseHeldError, match=f"pid {os.getpid()}") as first:
+            refused.save_full()
+        # The cause again, not "save_delta() needs a chain to extend".
+        for save in (refused.save_delta, refused.save_full, refused.save_delta):
+            with pytest.raises(checkpoint.LeaseHeldError) as later:
+                save()
+            assert str(later.value) == str(first.value)
+    finally:
+        holder.release()
+    # Even with the holder gone it never writes: it did not start from the holder's chain.
+    with pytest.raises(checkpoint.LeaseHeldError):
+        refused.save_full()
+    assert os.listdir(tmp_path) == []
+    checkpoint.CheckpointManager(str(tmp_path), []).save_full()   # a new manager may

@@ -1,4 +1,4 @@
-"""MANIFEST.json protects itself (issue 13, item 2): a one-character edit or a
+"""MANIFEST.json protects itself: a one-character edit or a
 renamed field is refused with an error naming the file, a refused restore
 changes nothing in the model, and `evstore ckpt verify` exits non-zero."""
 import os

@@ -1,4 +1,4 @@
-"""Restores under concurrent change and mismatched optimizers (issue 13, item 6):
+"""Restores under concurrent change and mismatched optimizers:
 a restore racing a writer's retention never half-loads, and an Adam checkpoint
 restored into an SGD model is a clear error (or, asked for, drops the slots)."""
 import json

@@ -1,4 +1,4 @@
-"""Exact resume with admission filters and eviction (issue 13, item 1): a real
+"""Exact resume with admission filters and eviction: a real
 training process killed with SIGKILL mid-run and resumed from its checkpoints
 ends in exactly the state of the same job never stopped, bit for bit.
 Everything that decides a future admission or eviction is in the checkpoint:

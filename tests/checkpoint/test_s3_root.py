@@ -1,7 +1,7 @@
 """A checkpoint root on S3 for real: a full + delta chain, a restore and a
 serving poll through s3fs against moto's standalone S3 server, started as a
 separate process on 127.0.0.1. Credentials and endpoint come from the usual
-AWS environment variables only (what the README tells users to set)."""
+AWS environment variables only (what docs/guides/checkpoints.md tells users to set)."""
 import os
 import socket
 import subprocess
@@ -100,3 +100,31 @@ def test_s3_root_full_delta_restore_and_serving_poll(tmp_path, s3_bucket):
     out, version = _predict(sm)
     assert version == newer
     np.testing.assert_array_equal(out["outputs"], model.predict([users, items], verbose=0))
+
+
+def test_lease_checks_on_s3_while_the_holder_renews_it(s3_bucket):
+    """A save's lease check reads the lease object while the heartbeat thread
+    replaces it; on S3 a read of a replaced object must see one version or the
+    other, never fail (the soak's trainer died of s3fs's FileExpired here)."""
+    import threading
+
+    from checkpoint.lease import Lease
+    from checkpoint.storage import Storage
+
+    lease = Lease(Storage(f"s3://{s3_bucket}/lease-race"), timeout=600.0)
+    lease.acquire()
+    stop = threading.Event()
+
+    def renew():
+        while not stop.is_set():
+            lease.renew()
+
+    t = threading.Thread(target=renew)
+    t.start()
+    try:
+        for _ in range(300):
+            lease.check()
+    finally:
+        stop.set()
+        t.join()
+        lease.release()

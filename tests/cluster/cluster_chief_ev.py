@@ -71,6 +71,8 @@ def main():
     p.add_argument("--cluster", required=True)
     p.add_argument("--scenario", default="train")
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--placement", choices=["ps1", "none"], default="ps1",
+                   help="ps1: the EV under tf.device(PS 1); none: no device scope (the strategy's default)")
     args = p.parse_args()
     recovered = Recovered()
     tf.get_logger().addHandler(recovered)
@@ -82,7 +84,7 @@ def main():
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     coord = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        with tf.device(PS1):
+        with tf.device(PS1 if args.placement == "ps1" else None):
             ev = evstore.EmbeddingVariable("launcher_ev", 4, initializer=tf.zeros_initializer())
             counter = tf.Variable(0, dtype=tf.int64, name="steps_run")
         opt = evstore.optimizers.SGD(0.1)
@@ -155,8 +157,11 @@ def main():
     result["keys"] = keys
     result["freqs"] = ev.frequency(keys).numpy().tolist()
     result["counter"] = int(counter.numpy())
-    exported_keys = ev.export()["keys"].numpy().tolist()
-    result["exported_keys"] = sorted(exported_keys)
+    exported = ev.export()
+    result["exported_keys"] = sorted(exported["keys"].numpy().tolist())
+    rows = dict(zip(exported["keys"].numpy().tolist(), exported["values"].numpy().tolist()))
+    result["rows"] = [rows[k] for k in keys]
+    result["ev_device"] = ev.device
     print("RESULT " + json.dumps(result), flush=True)
     sys.stdout.flush()
     os._exit(0)  # skip the teardown RPCs to (possibly dead) tasks

@@ -1,6 +1,6 @@
 """The cluster launcher: `evstore_app.cluster` (load_cluster, start_server,
 LocalCluster) and `evstore server`, with real PS / worker processes, and what
-TF's ClusterCoordinator does when a task dies (README: Distributed training)."""
+TF's ClusterCoordinator does when a task dies (docs/guides/parameter-server.md, "When a task dies")."""
 import json
 import os
 import signal
@@ -58,6 +58,21 @@ def test_chief_trains_an_ev_on_a_ps_from_scheduled_functions(tmp_path):
     assert r["counter"] == 40
     assert r["freqs"] == expected_freqs(r["keys"], 40)
     assert r["exported_keys"] == r["keys"]
+
+
+def test_an_ev_built_under_ps_strategy_without_a_device_scope_trains_exactly(tmp_path):
+    """evstore/distribute.py lets ParameterServerStrategy scopes build the table asked
+    for: with no tf.device it lives on the coordinator and every scheduled step reaches it."""
+    with LocalCluster(num_ps=2, num_workers=2, directory=str(tmp_path)) as lc:
+        r = run_chief(lc, CHIEF, ["--cluster", lc.cluster_file, "--scenario", "train", "--steps", 40,
+                                  "--placement", "none"])
+    assert "/job:chief" in r["ev_device"]
+    assert r["counter"] == 40
+    freqs = expected_freqs(r["keys"], 40)
+    assert r["freqs"] == freqs
+    # zeros initializer, loss = sum of the rows, SGD(0.1): each occurrence subtracts 0.1 from every element
+    for row, f in zip(r["rows"], freqs):
+        assert max(abs(x + 0.1 * f) for x in row) < 1e-4
 
 
 def test_local_cluster_spec_file_and_close_leave_no_process(tmp_path):

@@ -5,7 +5,11 @@ the strategy's DATA auto-sharding gives it) or by one process on the global
 batches. test_collective_fit.py runs both and compares.
 
 Usage: python fit_model.py OUT.npz single
-       python fit_model.py OUT.npz worker --rank R --ports P0,P1
+       python fit_model.py OUT.npz worker --rank R --ports P0,P1 [--default-collective]
+
+--default-collective builds the layer without `collective=` (a strategy's
+scope makes it collective, as it makes TF variables mirrored) and records
+what `evstore.EmbeddingVariable(...)` builds in the scope.
 """
 import argparse
 import json
@@ -58,6 +62,7 @@ def main():
     ap.add_argument("mode", choices=["single", "worker"])
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--ports", default="")
+    ap.add_argument("--default-collective", action="store_true")
     a = ap.parse_args()
     ports = [p for p in a.ports.split(",") if p]
     if ports:
@@ -66,8 +71,18 @@ def main():
     import numpy as np
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if ports else tf.distribute.get_strategy()
+    kinds = {}
     with strategy.scope():
-        model, emb = build(collective=bool(ports))
+        model, emb = build(collective=None if a.default_collective else bool(ports))
+        if a.default_collective:
+            import evstore
+            kinds = {"layer_kind": type(emb.ev).__name__,
+                     "raw_kind": type(evstore.EmbeddingVariable("raw", 2)).__name__}
+            try:
+                evstore.UnshardedEmbeddingVariable("direct", 2)
+                kinds["direct_error"] = ""
+            except ValueError as e:
+                kinds["direct_error"] = str(e)
     model.fit(dataset(), epochs=1, shuffle=False, verbose=0)
     ev = emb.ev.local if ports else emb.ev
     e = ev.export()
@@ -79,6 +94,13 @@ def main():
     dense = model.layers[-1]
     arrays.update(kernel=dense.kernel.numpy(), bias=dense.bias.numpy(),
                   iterations=int(model.optimizer.iterations.numpy()))
+    if a.default_collective and ports:
+        try:
+            model.save(os.path.join(os.path.dirname(os.path.abspath(a.out)), f"w{a.rank}.keras"))
+            kinds["save_error"] = ""
+        except NotImplementedError as e:
+            kinds["save_error"] = str(e)
+    arrays.update(kinds)
     np.savez(a.out, **arrays)
     print("done", flush=True)
 

@@ -16,9 +16,9 @@ from evstore_app.job.synthetic import ClickStream
 from evstore_app.job.trainer import auc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The shared dataset when this checkout sits next to ../shared, else the slice shipped with the tests.
+# The whole dataset when this checkout sits next to ../shared, else the slice shipped in examples/data.
 _SHARED = os.path.join(os.path.dirname(REPO), "shared", "data", "movielens-small", "ratings.csv")
-MOVIELENS = _SHARED if os.path.exists(_SHARED) else os.path.join(REPO, "tests", "data", "movielens-slice",
+MOVIELENS = _SHARED if os.path.exists(_SHARED) else os.path.join(REPO, "examples", "data", "movielens",
                                                                   "ratings.csv")
 SPEC = os.path.join(REPO, "examples", "movielens.json")
 

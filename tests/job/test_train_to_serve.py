@@ -11,7 +11,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from serve_proc import Server, evstore, last_line, predict_columns, wait_until  # noqa: E402
 
-DATA = os.path.join(REPO, "tests", "data", "movielens-slice", "ratings.csv")
+DATA = os.path.join(REPO, "examples", "data", "movielens", "ratings.csv")
 SPEC = os.path.join(REPO, "examples", "movielens.json")
 
 

@@ -102,3 +102,7 @@ def test_saved_bundles_hold_exactly_the_schema_tensor_names(tmp_path):
 def test_the_string_key_limit_matches_the_header():
     m = re.search(r"inline constexpr int kMaxStringKeyBytes = (\d+);", HEADER)
     assert m and int(m.group(1)) == schema.MAX_STRING_KEY_BYTES == evstore.MAX_STRING_KEY_BYTES
+
+
+def test_the_shard_route_name_matches_the_header():
+    assert _header_string("kShardRoute") == schema.SHARD_ROUTE

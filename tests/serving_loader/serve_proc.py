@@ -48,9 +48,10 @@ def predict_columns(server, columns):
 
 
 def admin(server, action=None, body=None):
-    """(status, answer) of GET /v1/models/<name>/admin, or of POST .../admin/<action>."""
+    """(status, answer) of GET /v1/models/<name>/admin, or of POST .../admin/<action>, on the admin listener."""
     path = f"/v1/models/{server.name}/admin"
-    return server.call("GET", path) if action is None else server.call("POST", f"{path}/{action}", body or {})
+    return server.admin_call("GET", path) if action is None else server.admin_call("POST", f"{path}/{action}",
+                                                                                  body or {})
 
 
 def metrics(server):

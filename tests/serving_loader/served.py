@@ -1,5 +1,5 @@
-"""`evstore serve` as a real subprocess for tests: REST and gRPC on free ports
-(port 0; the bound ports are read from its first two lines)."""
+"""`evstore serve` as a real subprocess for tests: REST, gRPC and the admin
+listener on free ports (port 0; the bound ports are read from its first lines)."""
 import json
 import os
 import queue
@@ -17,11 +17,12 @@ APPLY_S = 120     # a delta to be picked up (the server polls every 0.2 s)
 
 
 class Server:
-    """An `evstore serve` subprocess; `call` speaks REST, `channel()` gRPC."""
+    """An `evstore serve` subprocess; `call` speaks REST (`admin_call` to the
+    admin listener), `channel()` gRPC."""
 
     def __init__(self, tmp, export, root=None, name="ctr", extra=(), max_body=None):
         cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--port", "0",
-               "--rest_api_port", "0", "--model_name", name, "--poll-every", "0.2", *extra]
+               "--rest_api_port", "0", "--admin_port", "0", "--model_name", name, "--poll-every", "0.2", *extra]
         if max_body is not None:
             cmd += ["--max-request-bytes", str(max_body)]
         if root is not None:
@@ -32,7 +33,7 @@ class Server:
         lines = queue.Queue()
         threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
         deadline = time.time() + STARTUP_S
-        self.port = self.grpc_port = None
+        self.port = self.grpc_port = self.admin_port = None
         while self.port is None or self.grpc_port is None:
             try:
                 line = lines.get(timeout=1)
@@ -40,19 +41,21 @@ class Server:
                 line = ""
             if line.startswith("serving "):
                 self.port = int(line.rsplit(":", 1)[1])
+            elif line.startswith("admin "):       # printed before the grpc line
+                self.admin_port = int(line.rsplit(":", 1)[1])
             elif line.startswith("grpc "):
                 self.grpc_port = int(line.rsplit(":", 1)[1])
             if self.proc.poll() is not None or time.time() > deadline:
                 self.stop()
                 raise AssertionError(f"server did not start: {open(self.log.name).read()[-3000:]}")
 
-    def call(self, method, path, body=None, headers=None):
-        """(HTTP status, parsed JSON or text) of one request."""
+    def call(self, method, path, body=None, headers=None, port=None):
+        """(HTTP status, parsed JSON or text) of one request (to the REST port, or `port`)."""
         if isinstance(body, (dict, list)):
             body = json.dumps(body).encode()
         elif isinstance(body, str):
             body = body.encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body, method=method,
+        req = urllib.request.Request(f"http://127.0.0.1:{port or self.port}{path}", data=body, method=method,
                                      headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
@@ -60,6 +63,10 @@ class Server:
         except urllib.error.HTTPError as e:
             status, raw, ctype = e.code, e.read(), e.headers.get("content-type", "")
         return status, (json.loads(raw) if ctype.startswith("application/json") else raw.decode())
+
+    def admin_call(self, method, path, body=None, headers=None):
+        """`call` to the admin listener."""
+        return self.call(method, path, body, headers, port=self.admin_port)
 
     def raw(self, data):
         """Sends raw bytes on a new connection; returns (status, headers text, body bytes) of the answer."""

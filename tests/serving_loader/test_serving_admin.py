@@ -1,7 +1,8 @@
 """Hold and roll back: a real `evstore serve` process pinned, rolled back to
-earlier retained commits and resumed through its admin endpoints and
+earlier retained commits and resumed through its admin listener and
 `evstore serve-admin`, checked against the trainer's predictions at each
-commit; and a rollback that cannot be staged changes nothing."""
+commit; a rollback that cannot be staged changes nothing; the admin routes
+are on their own listener (loopback, or behind a token), not on the REST port."""
 import itertools
 import os
 import threading
@@ -202,13 +203,13 @@ def test_rollback_and_pin_are_reported_in_metrics_and_the_admin_status(served):
 
 def test_serve_admin_cli_rolls_back_resumes_and_reports_a_refusal_in_one_line(served):
     job, server = served
-    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.port}", "--model-name", "ctr", "rollback", "2")
+    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.admin_port}", "--model-name", "ctr", "rollback", "2")
     assert p.returncode == 0, p.stderr[-2000:]
     assert '"version": 2' in p.stdout
     _serving(job, server, 2)
-    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.port}", "--model-name", "ctr", "resume")
+    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.admin_port}", "--model-name", "ctr", "resume")
     assert p.returncode == 0 and f'"version": {job.newest}' in p.stdout, p.stderr[-2000:]
-    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.port}", "--model-name", "ctr", "rollback", "999")
+    p = evstore("serve-admin", "--url", f"http://127.0.0.1:{server.admin_port}", "--model-name", "ctr", "rollback", "999")
     assert p.returncode == 1
     assert last_line(p.stderr).startswith("evstore serve-admin: rollback refused (404): commit 999 is not retained")
 
@@ -243,3 +244,70 @@ def test_rollback_and_resume_without_a_checkpoint_root_are_refused(tmp_path):
         sm.rollback(1)
     assert e.value.status == 409 and "no checkpoint root" in e.value.message
     assert sm.version is None and sm.rollback_failures == 0
+
+
+# ---- the admin listener -------------------------------------------------------
+def test_the_rest_port_does_not_answer_admin_routes(served):
+    job, server = served
+    _at_newest(job, server)
+    for method, path in [("POST", "/v1/models/ctr/admin/pin"), ("POST", "/v1/models/ctr/admin/rollback"),
+                         ("GET", "/v1/models/ctr/admin")]:
+        status, body = server.call(method, path, {"version": 2} if method == "POST" else None)
+        assert (status, body) == (400, {"error": f"Malformed request: {method} {path}"})
+    status, body = admin(server)
+    assert body["pinned"] is False and body["version"] == job.newest
+
+
+def test_the_admin_listener_binds_loopback_and_serves_metrics(served):
+    _, server = served
+    assert _listening_address(server.admin_port) == "127.0.0.1"
+    status, text = server.admin_call("GET", "/metrics")
+    assert status == 200 and "evstore_serving_pinned" in text
+    status, body = server.admin_call("POST", "/v1/models/ctr:predict", {"inputs": {}})
+    assert status == 404 and "admin listener" in body["error"]
+
+
+def _listening_address(port):
+    """The IPv4 address a listening socket on `port` is bound to (/proc/net/tcp)."""
+    with open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, p = local.split(":")
+            if int(p, 16) == port and state == "0A":
+                return ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_an_admin_listener_off_loopback_without_a_token_is_refused_at_start(tmp_path):
+    p = evstore("serve", "--export", str(tmp_path), "--rest_api_port", "0", "--port", "-1",
+                "--admin_host", "0.0.0.0")
+    assert p.returncode == 1
+    assert last_line(p.stderr).startswith("evstore serve: the admin listener on 0.0.0.0 (not loopback) needs a token")
+
+
+def test_the_admin_token_is_required_when_given(served, tmp_path):
+    job, _ = served
+    token = tmp_path / "admin.token"
+    token.write_text("s3cret-token-0123456789\n")
+    server = Server(str(tmp_path), job.export, job.mgr.root, name="ctr", extra=["--admin_token_file", str(token)])
+    try:
+        path = "/v1/models/ctr/admin"
+        assert server.admin_call("GET", path)[0] == 401
+        assert server.admin_call("POST", f"{path}/pin", {}, {"Authorization": "Bearer s3cret-token-0123456788"})[0] == 401
+        assert server.admin_call("GET", "/metrics")[0] == 401
+        status, body = server.admin_call("GET", path, headers={"Authorization": "Bearer s3cret-token-0123456789"})
+        assert status == 200 and body["pinned"] is False, body
+        url = f"http://127.0.0.1:{server.admin_port}"
+        p = evstore("serve-admin", "--url", url, "--model-name", "ctr", "pin")
+        assert p.returncode == 1 and "(401)" in last_line(p.stderr)
+        p = evstore("serve-admin", "--url", url, "--model-name", "ctr", "--token-file", str(token), "pin")
+        assert p.returncode == 0 and '"pinned": true' in p.stdout, p.stderr[-2000:]
+    finally:
+        assert server.stop() == 0
+
+
+def test_the_admin_port_is_8502_beside_the_default_rest_port_else_any_free_port():
+    from serving_loader.admin_listener import default_port
+
+    assert default_port(8501) == 8502 and default_port(None) == 8502
+    assert default_port(0) == 0 and default_port(9000) == 0

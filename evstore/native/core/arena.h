@@ -34,6 +34,7 @@
 
 #include "memory.h"
 #include "row_store.h"
+#include "zero_rows.h"
 
 namespace evstore {
 
@@ -62,6 +63,15 @@ class RowArena {
     Locate(r, &b, &off);
     return Block(b)->data + static_cast<size_t>(off) * stride_;
   }
+  static constexpr bool kAllResident = true;
+  const float* ReadRow(uint32_t r) const { return Row(r); }
+  const float* PeekRow(uint32_t r, float*) const { return Row(r); }
+  // All rows are resident: no owner, hint or lock is needed (no-ops).
+  void Bind(uint32_t, int) {}
+  void Hint(uint32_t, uint32_t) const {}
+  void AttachLocks(SegmentLocks) {}
+  TierStats tier_stats() const { return TierStats{}; }
+  bool RowIsZero(uint32_t r, int dim) const { return IsZeroRow(Row(r), dim); }
   int64_t& Version(uint32_t r) const {
     uint32_t b, off;
     Locate(r, &b, &off);
@@ -127,7 +137,7 @@ class RowArena {
 
   // Widening rows for new optimizer slots happens in two steps so that the
   // expensive part, getting fresh memory from the kernel (page faults and
-  // zeroing dominate: ~85% of the time measured), runs while lookups and
+  // zeroing, most of a widening's cost), runs while lookups and
   // applies continue:
   //   PrepareWiden(new_stride)   no table lock: allocates and pre-faults a
   //                              wider buffer for every existing block;

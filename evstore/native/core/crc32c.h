@@ -3,8 +3,9 @@
 // bytes (the contract of tsl::crc32c::Extend; Crc32cExtend(0, p, n) is the
 // crc32c of p). With SSE4.2 (checked once at run time) it runs the crc32
 // instruction over 8 bytes at a time (~8 bytes per 3 cycles); otherwise a
-// byte table. TensorFlow's pip build ran its portable version at ~0.4 GB/s,
-// the largest CPU cost of a checkpoint save (BENCHMARKS.md, Checkpoints).
+// byte table. TensorFlow's pip build runs a portable version without the
+// crc32 instruction, and the checksum is a large part of a checkpoint save's
+// CPU (BENCHMARKS.md, Checkpoints).
 #pragma once
 #include <fcntl.h>
 #include <unistd.h>

@@ -83,6 +83,8 @@ class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
   virtual EvictDecision Decide(int64_t step, int64_t reference, const float* row, int dim) const = 0;
+  // Whether Decide reads `row` (else the table passes null and never reads it).
+  virtual bool NeedsRow() const = 0;
   virtual std::string DebugString() const = 0;
 };
 
@@ -98,6 +100,7 @@ class GlobalStepEviction final : public EvictionPolicy {
     if (reference < 0) return EvictDecision::kStamp;
     return step - reference > steps_to_live_ ? EvictDecision::kEvict : EvictDecision::kKeep;
   }
+  bool NeedsRow() const override { return false; }
   std::string DebugString() const override { return "GlobalStepEviction(" + std::to_string(steps_to_live_) + ")"; }
 
  private:
@@ -118,6 +121,7 @@ class L2WeightEviction final : public EvictionPolicy {
     for (int d = 0; d < dim; ++d) ss += static_cast<double>(row[d]) * row[d];
     return std::sqrt(ss) < threshold_ ? EvictDecision::kEvict : EvictDecision::kKeep;
   }
+  bool NeedsRow() const override { return true; }
   std::string DebugString() const override { return "L2WeightEviction(" + std::to_string(threshold_) + ")"; }
 
  private:
@@ -134,6 +138,11 @@ class EvictionPolicies {
     return *this;
   }
   bool empty() const { return policies_.empty(); }
+  bool NeedsRow() const {
+    for (const auto& p : policies_)
+      if (p->NeedsRow()) return true;
+    return false;
+  }
   EvictDecision Decide(int64_t step, int64_t reference, const float* row, int dim) const {
     EvictDecision d = EvictDecision::kKeep;
     for (const auto& p : policies_) {

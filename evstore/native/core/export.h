@@ -154,8 +154,8 @@ struct Chunk {
 
 // Streams Bloom counter blocks `ids` (all of them when ids is null, then only
 // the non-zero ones) in chunks of at most `cap` blocks.
-template <typename K>
-void ExportBloom(const Table<K>& t, const std::vector<int64_t>* ids, int64_t cap, ExportSink<K>* sink,
+template <typename K, typename Tr, typename S>
+void ExportBloom(const Table<K, Tr, S>& t, const std::vector<int64_t>* ids, int64_t cap, ExportSink<K>* sink,
                  ExportCounts* c) {
   if (!t.has_bloom()) return;
   const int64_t B = CountingBloom::kBlock, total = ids ? ids->size() : t.bloom()->num_blocks();
@@ -181,8 +181,8 @@ void ExportBloom(const Table<K>& t, const std::vector<int64_t>* ids, int64_t cap
 }  // namespace export_internal
 
 // Every key of the table. `num_slots` is the slot prefix written with each row.
-template <typename K>
-ExportCounts ExportFull(const Table<K>& t, int num_slots, int64_t chunk_rows, ExportSink<K>* sink) {
+template <typename K, typename Tr, typename S>
+ExportCounts ExportFull(const Table<K, Tr, S>& t, int num_slots, int64_t chunk_rows, ExportSink<K>* sink) {
   const int stride = t.dim() * (1 + num_slots);
   export_internal::Chunk<K> ch(stride, chunk_rows < 1 ? 1 : chunk_rows);
   ExportCounts c;
@@ -209,8 +209,8 @@ ExportCounts ExportFull(const Table<K>& t, int num_slots, int64_t chunk_rows, Ex
 }
 
 // The sealed snapshot's changes: dirty keys' current state, deleted keys.
-template <typename K>
-ExportCounts ExportDelta(const Table<K>& t, const typename Table<K>::Snapshot& snap, int num_slots,
+template <typename K, typename Tr, typename S>
+ExportCounts ExportDelta(const Table<K, Tr, S>& t, const typename Table<K, Tr, S>::Snapshot& snap, int num_slots,
                          int64_t chunk_rows, ExportSink<K>* sink) {
   const int stride = t.dim() * (1 + num_slots);
   const int64_t cap = chunk_rows < 1 ? 1 : chunk_rows;

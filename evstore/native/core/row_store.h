@@ -2,7 +2,8 @@
 //
 // The table (table.h) never touches row memory except through a row store
 // `S`, a template parameter (Table<K, Traits, S>; default RowArena, arena.h,
-// the in-memory arena). A DRAM+SSD tier is another class with this contract:
+// the in-memory arena; TieredStore, tiered_store.h, a DRAM cache over a disk
+// tier). Every store implements this contract:
 //
 //   Row ids      uint32 < kMaxRowIds (2^31). Ids at and above 2^31 are not
 //                rows: index entries use them for "not admitted" marks
@@ -15,10 +16,24 @@
 //                                              std::length_error when full
 //   void Free(uint32_t r);                     id back to the store
 //   float* Row(uint32_t r) const;              the row, resident and writable
+//   const float* ReadRow(uint32_t r) const;    the same, for reading only (a
+//                                              tier need not write it back)
+//   const float* PeekRow(uint32_t r, float* scratch) const;  the row to read
+//                                              now, maybe copied to scratch
+//                                              (stride floats) and not cached
+//   static constexpr bool kAllResident;        every row always in DRAM
 //   int64_t& Version(uint32_t r) const;        its version slot
 //   static void PrefetchRow(const float*, int floats);  a hint, may be a no-op
 //   int stride() const;
 //   int64_t free_rows() const, bytes() const, version_bytes() const;
+//   void Bind(uint32_t r, int segment);        r now belongs to a key of that
+//                                              segment (before its first Row)
+//   void Hint(uint32_t r, uint32_t freq) const;  the key's lookup count (a
+//                                              cache hint; may be a no-op)
+//   bool RowIsZero(uint32_t r, int dim) const; first dim floats all zero
+//                                              (a tier answers without I/O)
+//   void AttachLocks(SegmentLocks);            how to reach segment locks
+//   TierStats tier_stats() const;              cache figures (zeros: no tier)
 //   std::unique_ptr<Widened> PrepareWiden(int new_stride) const;
 //   void Relayout(int new_stride, const std::vector<float>& tail, Widened*);
 //                                              widen every row (new slots)
@@ -34,10 +49,18 @@
 //    which the table calls with every segment lock held.
 //  * Allocate/AllocateMany/Free are thread-safe on their own (callers hold
 //    different segment locks at once).
+//  * A thread touching rows (Row, ReadRow, Version, Free) holds exactly one
+//    segment lock, the owner's (Relayout excepted), so a tier may try-lock
+//    any other segment to evict its rows.
+//  * Rows are built by MakeRowStore(stride, TierConfig): a store that takes
+//    a TierConfig gets it, the others only the stride.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <shared_mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -48,12 +71,49 @@ inline constexpr uint32_t kNoRowId = 0xFFFFFFFFu;   // an entry without a row
 inline constexpr uint32_t kMaxRowIds = 0x80000000u;  // row ids are < 2^31
 static_assert(kNoRowId >= kMaxRowIds, "the no-row mark is not a row id");
 
+// Where a tiered store keeps rows (tiered_store.h); unused by RowArena.
+struct TierConfig {
+  int64_t dram_bytes = 0;  // cache budget for rows (embedding + slots)
+  std::string path;        // parent of the store's private directory
+};
+// A tier's cache figures (all zero for an all-DRAM store).
+struct TierStats {
+  int64_t hits = 0, misses = 0;  // row accesses served from DRAM / faulted in
+  int64_t writebacks = 0;        // rows written to disk on eviction
+  int64_t write_failures = 0;    // write-backs the disk refused (row kept in DRAM)
+  int64_t resident = 0;          // rows in DRAM now
+  int64_t budget_rows = 0;       // rows the DRAM budget holds
+  int64_t disk_bytes = 0;        // bytes the tier's file occupies on disk
+};
+// Segment s's lock, for a store that evicts rows of other segments.
+using SegmentLocks = std::function<std::shared_mutex&(int)>;
+
+// Builds a store: with the tier config if the store takes one.
+template <typename S>
+S MakeRowStore(int stride, const TierConfig& tier) {
+  if constexpr (std::is_constructible<S, int, const TierConfig&>::value) {
+    return S(stride, tier);
+  } else {
+    (void)tier;
+    return S(stride);
+  }
+}
+
 // Compile-time check of the contract above (the signatures the table calls).
 template <typename S>
 constexpr bool IsRowStore() {
   using W = typename S::Widened;
   return std::is_same<decltype(std::declval<const S&>().Row(uint32_t{})), float*>::value &&
+         std::is_same<decltype(std::declval<const S&>().ReadRow(uint32_t{})), const float*>::value &&
+         std::is_same<decltype(std::declval<const S&>().PeekRow(uint32_t{}, std::declval<float*>())),
+                      const float*>::value &&
+         std::is_same<decltype(S::kAllResident), const bool>::value &&
          std::is_same<decltype(std::declval<const S&>().Version(uint32_t{})), int64_t&>::value &&
+         std::is_same<decltype(std::declval<S&>().Bind(uint32_t{}, int{})), void>::value &&
+         std::is_same<decltype(std::declval<const S&>().Hint(uint32_t{}, uint32_t{})), void>::value &&
+         std::is_same<decltype(std::declval<const S&>().RowIsZero(uint32_t{}, int{})), bool>::value &&
+         std::is_same<decltype(std::declval<S&>().AttachLocks(std::declval<SegmentLocks>())), void>::value &&
+         std::is_same<decltype(std::declval<const S&>().tier_stats()), TierStats>::value &&
          std::is_same<decltype(std::declval<S&>().Allocate()), uint32_t>::value &&
          std::is_same<decltype(std::declval<S&>().AllocateMany(size_t{}, std::declval<uint32_t*>())), void>::value &&
          std::is_same<decltype(std::declval<S&>().Free(uint32_t{})), void>::value &&

@@ -19,6 +19,7 @@
 //       <ev>-slots [N, S, dim] and <ev>-slot_names [S]
 //   Stats fields         EvStats' output vector, in this order (TableStats).
 //   Op inputs            names the kernels read inputs by (ctx->input(name)).
+//   Shard route          the name of the key -> shard route (shard.h) in manifests.
 // No TensorFlow here: plain strings.
 #pragma once
 #include <string>
@@ -49,6 +50,12 @@ inline constexpr const char* kSlotValues = "-values";
 // length in 16 bits; a longer key fails its op before anything changes.
 inline constexpr int kMaxStringKeyBytes = 65535;
 
+// ---- shard routing ---------------------------------------------------------------
+// The name of ShardOf's route (shard.h), recorded with every shard of a sharded
+// EV in checkpoint manifests: a chain restores shard i into shard i only when
+// its route is this one, so a new route needs a new name.
+inline constexpr const char* kShardRoute = "mix64-v1";
+
 // "<ev><suffix>", e.g. TensorName("user", kKeys) == "user-keys".
 inline std::string TensorName(const std::string& ev, const char* suffix) { return ev + suffix; }
 // "<ev>/<slot>-values": the slot's prefix (what a checkpoint lists as the
@@ -73,7 +80,11 @@ inline std::string SlotTensor(const std::string& ev, const std::string& slot) {
   X(deleted, "keys in the open deleted sets")                                         \
   X(evicted, "keys erased by Evict since the table was created")                      \
   X(filter_bytes, "admission filter counters (0 without a Bloom filter)")             \
-  X(zero_rows, "admitted keys whose embedding is all zero (zero_rows.h)")
+  X(zero_rows, "admitted keys whose embedding is all zero (zero_rows.h)")           \
+  X(cache_hits, "tiered storage: row accesses served from DRAM (0 without a tier)")  \
+  X(cache_misses, "tiered storage: rows read back from disk into DRAM")              \
+  X(cache_rows, "tiered storage: rows in DRAM now")                                  \
+  X(disk_bytes, "tiered storage: bytes of rows on disk")
 
 #define EVSTORE_STATS_NAME_(name, doc) #name,
 inline constexpr const char* kStatsFields[] = {EVSTORE_STATS_FIELDS(EVSTORE_STATS_NAME_)};

@@ -285,8 +285,8 @@ class Segment {
   void Reset(size_t ngroups) {
     ngroups_ = ngroups;
     size_t cap = capacity();
-    // Plain pages here: segments reallocate on every growth, and huge-page
-    // faults (zeroing, compaction) made inserts ~2x slower when tried.
+    // Plain pages here: segments reallocate on every growth, and each huge-page
+    // fault zeroes (and may compact) 2 MiB, which an insert would then wait for.
     ctrl_ = static_cast<uint8_t*>(std::aligned_alloc(16, cap));
     slots_ = static_cast<E*>(std::malloc(cap * sizeof(E)));
     if (!ctrl_ || !slots_) throw std::bad_alloc();

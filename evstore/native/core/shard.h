@@ -9,8 +9,8 @@
 // Invariants:
 //  - ShardOf is part of the checkpoint format: a chain saved with N shards
 //    restores shard i straight into shard i of an N-shard EV only because the
-//    route never changes. Its name in manifests is kShardRoute; a new route
-//    needs a new name.
+//    route never changes. Its name in manifests is schema::kShardRoute
+//    (schema.h); a new route needs a new name.
 //  - It must not correlate with the table's own hash (HashKey picks the
 //    segment from the top bits of Mix64(k)): a different seed feeds the mix,
 //    so the keys of one shard still spread over every segment of its table.
@@ -22,8 +22,6 @@
 #include "string_hash.h"
 
 namespace evstore {
-
-inline constexpr const char* kShardRoute = "mix64-v1";
 
 template <typename K>
 inline int32_t ShardOf(K key, int32_t num_shards) {

@@ -5,7 +5,8 @@
 //                 bits of the key hash into S = 2^segments_log2 (default 64)
 //                 segments, each with its own shared_mutex, growth, dirty list
 //                 and deleted set. Keyed by a traits class (key_traits.h).
-//   rows_         (row_store.h; default RowArena, arena.h) rows
+//   rows_         (row_store.h; default RowArena, arena.h; or TieredStore,
+//                 tiered_store.h: a DRAM cache over a disk tier) rows
 //                 [embedding | optimizer slots] + versions; ids are stable,
 //                 freed rows are recycled.
 //   admission_    (filter_policy.h) AdmissionPolicy: CounterAdmission or
@@ -100,6 +101,7 @@ struct TableConfig {
   std::vector<float> default_value;  // dim; empty = zeros
   uint32_t min_freq = 1;             // admission threshold (1 = admit at first sight)
   BloomConfig bloom;                 // capacity > 0: count non-admitted keys in a Bloom filter
+  TierConfig tier;                   // a tiered row store's budget and directory (row_store.h)
 };
 
 // One int64 per field of the schema (schema.h: EVSTORE_STATS_FIELDS, which
@@ -143,7 +145,8 @@ class Table {
       : dim_(cfg.dim),
         index_(cfg.segments_log2),  // checks the range before anything is sized by it
         nseg_(index_.num_segments()),
-        rows_(cfg.dim) {
+        rows_(MakeRowStore<Store>(cfg.dim, cfg.tier)) {
+    rows_.AttachLocks([this](int s) -> std::shared_mutex& { return index_.segment(s).mu; });
     if (dim_ <= 0) throw std::invalid_argument("dim must be positive, got " + std::to_string(dim_));
     default_ = cfg.default_value.empty() ? std::vector<float>(dim_, 0.f) : cfg.default_value;
     if (static_cast<int>(default_.size()) != dim_)
@@ -250,7 +253,7 @@ class Table {
         Idx::PrefetchAhead(seg, g, keys, j, hi);
         uint32_t i = g.order[j];
         const E* en = seg.Find(keys[i], g.hash[i]);
-        const float* p = (en && RowIsReal(en->row)) ? rows_.Row(en->row) : default_.data();
+        const float* p = (en && RowIsReal(en->row)) ? rows_.ReadRow(en->row) : default_.data();
         rows_.PrefetchRow(p, dim_);
         src[j - lo] = p;
       }
@@ -305,6 +308,7 @@ class Table {
         en->add_freq(counts ? Occurrences(counts[i]) : 1);
         seg.MarkDirty(en);
         if (RowIsReal(en->row)) {
+          rows_.Hint(en->row, en->freq());
           src[j - lo] = rows_.Row(en->row);
           rows_.PrefetchRow(src[j - lo], dim_);
         } else {
@@ -454,6 +458,10 @@ class Table {
     if (policies.empty()) return 0;
     int64_t erased = 0;
     std::vector<Owned> victims;
+    // Only a policy that reads weights (L2) reads rows: eviction by step
+    // never brings a tiered store's cold rows back into DRAM.
+    const bool needs_row = policies.NeedsRow();
+    Scratch scratch(this);
     for (int s = 0; s < nseg_; ++s) {
       Seg& seg = index_.segment(s);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
@@ -461,7 +469,7 @@ class Table {
       seg.ForEach([&](E& en) {
         const bool adm = RowIsReal(en.row);
         const int64_t ref = adm ? VersionReference(rows_.Version(en.row)) : FilteredReference(en.row);
-        switch (policies.Decide(step, ref, adm ? rows_.Row(en.row) : nullptr, dim_)) {
+        switch (policies.Decide(step, ref, adm && needs_row ? rows_.PeekRow(en.row, scratch.data()) : nullptr, dim_)) {
           case EvictDecision::kEvict:
             victims.push_back(Traits::OwnStored(en.key));
             break;
@@ -508,12 +516,13 @@ class Table {
   template <typename Fn>
   void ForEachInSegment(int s, const Fn& fn) const {
     const Seg& seg = index_.segment(s);
+    Scratch scratch(this);  // a cold row is read into it, not cached (bounded memory)
     std::shared_lock<std::shared_mutex> lock(seg.mu);
     seg.ForEach([&](const E& en) {
       bool adm = RowIsReal(en.row);
       ExportedKey<K> x{Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1, static_cast<int64_t>(en.freq()),
                        adm ? -1 : FilteredReference(en.row)};
-      fn(x, adm ? rows_.Row(en.row) : nullptr);
+      fn(x, adm ? rows_.PeekRow(en.row, scratch.data()) : nullptr);
     });
   }
   int num_segments() const { return nseg_; }
@@ -525,6 +534,7 @@ class Table {
   // (optional) gets a filtered key's last-seen step (-1 unknown or admitted).
   void Read(const K* keys, int64_t n, int stride, uint8_t* present, uint8_t* admitted, int64_t* versions,
             int64_t* freqs, float* rows, int64_t* seen = nullptr) const {
+    Scratch scratch(this);
     for (int64_t i = 0; i < n; ++i) {
       uint64_t h = Traits::Hash(keys[i]);
       const Seg& seg = index_.SegmentFor(h);
@@ -537,7 +547,7 @@ class Table {
       if (seen) seen[i] = (en && !admitted[i]) ? FilteredReference(en->row) : -1;
       if (!rows) continue;  // metadata only
       if (admitted[i])
-        std::memcpy(rows + i * stride, rows_.Row(en->row), stride * sizeof(float));
+        std::memcpy(rows + i * stride, rows_.PeekRow(en->row, scratch.data()), stride * sizeof(float));
       else
         std::memset(rows + i * stride, 0, stride * sizeof(float));
     }
@@ -592,7 +602,7 @@ class Table {
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = seg.FindOrAdd(keys[i], h);
       if (demote && RowIsReal(en->row)) {
-        if (IsZeroRow(rows_.Row(en->row), dim_)) --ZeroCount(seg);
+        if (rows_.RowIsZero(en->row, dim_)) --ZeroCount(seg);
         rows_.Free(en->row);
         en->row = kNoRow;
         seg.adjust_admitted(-1);
@@ -730,8 +740,16 @@ class Table {
     st.free_rows = rows_.free_rows();
     st.meta_bytes = rows_.version_bytes();
     st.row_bytes = rows_.bytes() - st.meta_bytes;
+    const TierStats tier = rows_.tier_stats();
+    st.cache_hits = tier.hits;
+    st.cache_misses = tier.misses;
+    st.cache_rows = tier.resident;
+    st.disk_bytes = tier.disk_bytes;
     return st;
   }
+  // The row store's cache figures (all zero for the all-DRAM store).
+  TierStats tier_stats() const { return rows_.tier_stats(); }
+  const Store& store() const { return rows_; }
   int64_t size() const {
     int64_t n = 0;
     for (int s = 0; s < nseg_; ++s) {
@@ -743,6 +761,15 @@ class Table {
 
  private:
   using Grouping = typename Idx::Grouping;
+  // A row-sized buffer for PeekRow (row_store.h), allocated only for a store
+  // whose rows may be off DRAM.
+  struct Scratch {
+    explicit Scratch(const Table* t) {
+      if constexpr (!Store::kAllResident) buf.resize(t->stride());
+    }
+    float* data() { return buf.data(); }
+    std::vector<float> buf;
+  };
   // A pass-1 entry without a row, for pass 2 of FindOrInsert.
   struct Pending {
     int64_t pos;
@@ -765,6 +792,8 @@ class Table {
   // decides about the dirty mark (ImportRows with mark_dirty=false must not set it).
   void Admit(Seg& seg, E* en) { Admit(seg, en, rows_.Allocate()); }
   void Admit(Seg& seg, E* en, uint32_t r) {
+    rows_.Bind(r, index_.IndexOf(seg));
+    rows_.Hint(r, en->freq());
     float* row = rows_.Row(r);
     const size_t b = Traits::BankHash(Traits::Load(en->key)) % bank_rows_;
     std::memcpy(row, bank_.data() + b * dim_, dim_ * sizeof(float));
@@ -779,7 +808,7 @@ class Table {
   void EraseLocked(Seg& seg, E* en, bool track_deleted = true) {
     Owned k = Traits::OwnStored(en->key);
     if (RowIsReal(en->row)) {
-      if (IsZeroRow(rows_.Row(en->row), dim_)) --ZeroCount(seg);
+      if (rows_.RowIsZero(en->row, dim_)) --ZeroCount(seg);
       rows_.Free(en->row);
       seg.adjust_admitted(-1);
     }

@@ -38,7 +38,7 @@ class EvApplyBase : public EvTableOp<K> {
       }
     }
   }
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     EV_INPUT(ctx, grads, schema::kGradsInput);
     EV_INPUT(ctx, step, schema::kGlobalStepInput);
@@ -86,10 +86,26 @@ class EvApplyBase : public EvTableOp<K> {
     return t->scalar<float>()();
   }
   virtual void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) = 0;
+  virtual void Run(OpKernelContext* ctx, TieredTableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n,
+                   int64_t step) = 0;
 
  private:
   std::vector<std::string> hparams_;  // input names after schema::kApplyInputs
 };
+
+// An apply body written once for both table types:
+//   EV_APPLY_RUN(ctx, t, k, g, n, step) { ... }
+#define EV_APPLY_RUN(ctx_, t_, k_, g_, n_, step_)                                                         \
+  void Run(OpKernelContext* c_, TableT<K>& x_, const CoreKey<K>* a_, const float* b_, int64_t m_,          \
+           int64_t s_) override {                                                                         \
+    RunT(c_, x_, a_, b_, m_, s_);                                                                          \
+  }                                                                                                        \
+  void Run(OpKernelContext* c_, TieredTableT<K>& x_, const CoreKey<K>* a_, const float* b_, int64_t m_,    \
+           int64_t s_) override {                                                                         \
+    RunT(c_, x_, a_, b_, m_, s_);                                                                          \
+  }                                                                                                        \
+  template <typename TableType>                                                                            \
+  void RunT(OpKernelContext* ctx_, TableType& t_, const CoreKey<K>* k_, const float* g_, int64_t n_, int64_t step_)
 
 }  // namespace tf
 }  // namespace evstore

@@ -38,14 +38,11 @@ void MaybePauseMidData() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// Streams one EV's export into writer columns. Tensor names (docs/ARCHITECTURE.md, "Checkpoints"; core/schema.h):
-//   <name>-keys, -values, -versions, -freqs, <name>/<slot>-values   admitted keys
-//   <name>-keys_filtered, -freqs_filtered, -seen_filtered            counted, not admitted
-//        (-seen_filtered: the step each was last seen at, -1 unknown)
-//   <name>-deleted_keys                                              deltas only
-//   <name>-clock        int64 [1]: the table's clock (evict_policy.h)
-//   <name>-bloom_geometry int64 [3], -bloom_blocks int64 [n], -bloom_counters uint8 [n, 4096]:
-//        a BloomFilter's counters (filter_policy.h); only with a Bloom filter.
+// Streams one EV's export into writer columns: the per-EV tensors of
+// docs/reference/checkpoint-format.md (names from core/schema.h): admitted keys with
+// their rows, versions, frequencies and slot rows; counted-not-admitted keys with their
+// counts and last sightings; the clock (evict_policy.h); a BloomFilter's counters
+// (filter_policy.h); in deltas the deleted keys.
 // Checkpoints written before -seen_filtered / -clock / -bloom_* existed still
 // load: their filtered keys' last-seen step is unknown, their clock is the
 // newest version, and Bloom counters start from zero.
@@ -150,15 +147,16 @@ ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStream
                                      ")");
     return {};
   }
-  TableT<K>& t = res->table();
-  auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
-  SlotSpecs slots = t.slots();
-  for (const auto& s : slots) slot_names->push_back(schema::SlotPrefix(name, s.first));
-  BundleSink<K> sink(w, name, t.dim(), slots, !full, t.bloom());
-  ExportCounts c = full ? ExportFull(t, static_cast<int>(slots.size()), chunk_rows, &sink)
-                        : ExportDelta(t, *snap, static_cast<int>(slots.size()), chunk_rows, &sink);
-  sink.End(t.clock());
-  return c;
+  return res->Visit([&](auto& t) {
+    auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
+    SlotSpecs slots = t.slots();
+    for (const auto& s : slots) slot_names->push_back(schema::SlotPrefix(name, s.first));
+    BundleSink<K> sink(w, name, t.dim(), slots, !full, t.bloom());
+    ExportCounts c = full ? ExportFull(t, static_cast<int>(slots.size()), chunk_rows, &sink)
+                          : ExportDelta(t, *snap, static_cast<int>(slots.size()), chunk_rows, &sink);
+    sink.End(t.clock());
+    return c;
+  });
 }
 
 class EvSaveBundleOp : public OpKernel {
@@ -291,7 +289,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
         std::memmove(data + w * width, data + keep[w] * width, sizeof(T) * width);
   }
 
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     EV_INPUT(ctx, prefix_t, "prefix");
     EV_INPUT(ctx, name_t, "ev_name");
     EV_INPUT(ctx, slot_names, "slot_names");

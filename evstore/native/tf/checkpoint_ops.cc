@@ -1,8 +1,7 @@
 // Op registrations for streaming checkpoints (kernels: checkpoint_kernels.cc).
-// The tensor names inside a bundle are defined once in core/schema.h (format:
-// docs/ARCHITECTURE.md, "Checkpoints"): per EV <name>-keys, -values, -versions,
-// -freqs, <name>/<slot>-values, -keys_filtered, -freqs_filtered, and in deltas
-// -deleted_keys; the dense tensors under the given names.
+// The tensor names inside a bundle are defined once in core/schema.h and
+// tabled in docs/reference/checkpoint-format.md; the dense tensors keep the
+// names they are given.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"

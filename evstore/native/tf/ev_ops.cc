@@ -41,8 +41,11 @@ REGISTER_OP("EvCreate")
     .Attr("min_freq: int = 1")
     .Attr("bloom_capacity: int = 0")
     .Attr("bloom_fp_rate: float = 0.01")
+    .Attr("tier_dram_bytes: int = 0")
+    .Attr("tier_path: string = ''")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Creates the table behind `handle` if absent (idempotent for the same dim).");
+    .Doc("Creates the table behind `handle` if absent (idempotent for the same dim). tier_dram_bytes > 0: rows "
+         "live in a DRAM cache of that many bytes over a private directory under tier_path (TieredStore).");
 
 REGISTER_OP("EvFind")
     .Input("handle: resource")

@@ -10,6 +10,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/platform/tstring.h"
 #include "../core/table.h"
+#include "../core/tiered_store.h"
 
 namespace evstore {
 namespace tf {
@@ -34,25 +35,59 @@ struct KeyDtype<tensorflow::tstring> {
 };
 template <typename T>
 using CoreKey = typename KeyDtype<T>::Key;
+// The two table types a resource may hold: rows all in DRAM (the default),
+// or in a DRAM cache over a disk tier (core/tiered_store.h). Kernels are
+// written once over the table type (kernel_util.h: EV_TABLE_KERNEL) and the
+// resource picks the type when it is created, so the all-DRAM table is the
+// same code as without tiering.
 template <typename T>
 using TableT = Table<CoreKey<T>>;
+template <typename T>
+using TieredTableT = Table<CoreKey<T>, KeyTraits<CoreKey<T>>, TieredStore<>>;
 
 template <typename K>
 class EvResource : public tensorflow::ResourceBase {
  public:
-  using TableType = TableT<K>;
-  explicit EvResource(TableConfig cfg) : table_(std::move(cfg)) {}
-  TableType& table() { return table_; }
+  // A tier config with dram_bytes > 0 makes a tiered table.
+  explicit EvResource(TableConfig cfg) {
+    if (cfg.tier.dram_bytes > 0) {
+      tiered_ = std::make_unique<TieredTableT<K>>(std::move(cfg));
+    } else {
+      dram_ = std::make_unique<TableT<K>>(std::move(cfg));
+    }
+  }
+  // Exactly one of these is non-null.
+  TableT<K>* dram() { return dram_.get(); }
+  TieredTableT<K>* tiered() { return tiered_.get(); }
+  // Calls fn(table) with the table of whichever type this resource holds.
+  template <typename Fn>
+  decltype(auto) Visit(Fn&& fn) {
+    if (tiered_) return fn(*tiered_);
+    return fn(*dram_);
+  }
+  template <typename Fn>
+  decltype(auto) Visit(Fn&& fn) const {
+    if (tiered_) return fn(static_cast<const TieredTableT<K>&>(*tiered_));
+    return fn(static_cast<const TableT<K>&>(*dram_));
+  }
+  int dim() const {
+    return Visit([](const auto& t) { return t.dim(); });
+  }
   std::string DebugString() const override {
-    return "EmbeddingVariable(dim=" + std::to_string(table_.dim()) + ", size=" + std::to_string(table_.size()) + ")";
+    return Visit([](const auto& t) {
+      return "EmbeddingVariable(dim=" + std::to_string(t.dim()) + ", size=" + std::to_string(t.size()) + ")";
+    });
   }
   int64_t MemoryUsed() const override {
-    TableStats s = table_.Stats();
-    return s.index_bytes + s.meta_bytes + s.row_bytes;
+    return Visit([](const auto& t) {
+      TableStats s = t.Stats();
+      return s.index_bytes + s.meta_bytes + s.row_bytes;
+    });
   }
 
  private:
-  TableType table_;
+  std::unique_ptr<TableT<K>> dram_;
+  std::unique_ptr<TieredTableT<K>> tiered_;
 };
 
 }  // namespace tf

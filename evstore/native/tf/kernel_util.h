@@ -128,12 +128,31 @@ class EvTableOp : public OpKernel {
   void Compute(OpKernelContext* ctx) final {
     tensorflow::core::RefCountPtr<EvResource<K>> res;
     OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
-    ComputeOn(ctx, res->table());
+    if (TieredTableT<K>* t = res->tiered()) {
+      // A write-back the disk refused kept its row in DRAM (nothing lost);
+      // the op that caused it reports it.
+      const int64_t failures = t->store().write_failures();
+      ComputeOn(ctx, *t);
+      if (ctx->status().ok() && t->store().write_failures() > failures)
+        ctx->CtxFailure(errors::ResourceExhausted("EmbeddingVariable: ", t->store().last_failure(),
+                                                  "; free disk space or raise dram_bytes"));
+      return;
+    }
+    ComputeOn(ctx, *res->dram());
   }
 
  protected:
   virtual void ComputeOn(OpKernelContext* ctx, TableT<K>& t) = 0;
+  virtual void ComputeOn(OpKernelContext* ctx, TieredTableT<K>& t) = 0;
 };
+
+// A kernel body written once for both table types (ev_resource.h):
+//   EV_TABLE_KERNEL(ctx, t) { ... t is a TableType& ... }
+#define EV_TABLE_KERNEL(ctx_, t_)                                                                \
+  void ComputeOn(OpKernelContext* c_, TableT<K>& x_) override { ComputeOnT(c_, x_); }           \
+  void ComputeOn(OpKernelContext* c_, TieredTableT<K>& x_) override { ComputeOnT(c_, x_); }     \
+  template <typename TableType>                                                                 \
+  void ComputeOnT(OpKernelContext* ctx_, TableType& t_)
 
 
 // Registers `cls<K>` for op `name` with the integer key types only (ops whose

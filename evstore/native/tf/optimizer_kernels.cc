@@ -46,7 +46,7 @@ class EvApplyFtrlOp : public EvApplyBase<K> {
     OP_REQUIRES_OK(c, c->GetAttr("initial_accumulator_value", &init_));
     OP_REQUIRES(c, init_ >= 0, errors::InvalidArgument("initial_accumulator_value must be >= 0, got ", init_));
   }
-  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
+  EV_APPLY_RUN(ctx, t, k, g, n, step) {
     const float lr = this->Scalar(ctx, "lr"), l1 = this->Scalar(ctx, "l1"), l2 = this->Scalar(ctx, "l2"),
                 shrink = this->Scalar(ctx, "l2_shrinkage"), power = this->Scalar(ctx, "lr_power");
     EV_CHECK_RANGE("learning_rate", lr, 0.f, false);
@@ -66,7 +66,7 @@ template <typename K>
 class EvApplyAdamWOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
-  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
+  EV_APPLY_RUN(ctx, t, k, g, n, step) {
     const float alpha = this->Scalar(ctx, "alpha"), b1 = this->Scalar(ctx, "beta1"), b2 = this->Scalar(ctx, "beta2"),
                 eps = this->Scalar(ctx, "epsilon"), lr = this->Scalar(ctx, "lr"), wd = this->Scalar(ctx, "weight_decay");
     EV_CHECK_RANGE("beta_1", b1, 0.f, true, 1.f);
@@ -85,7 +85,7 @@ template <typename K>
 class EvApplyGroupAdamOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
-  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
+  EV_APPLY_RUN(ctx, t, k, g, n, step) {
     const float alpha = this->Scalar(ctx, "alpha"), b1 = this->Scalar(ctx, "beta1"), b2 = this->Scalar(ctx, "beta2"),
                 eps = this->Scalar(ctx, "epsilon"), l1 = this->Scalar(ctx, "l1"), l2 = this->Scalar(ctx, "l2"),
                 l21 = this->Scalar(ctx, "l21");
@@ -109,7 +109,7 @@ class EvApplyGroupAdagradOp : public EvApplyBase<K> {
     OP_REQUIRES_OK(c, c->GetAttr("initial_accumulator_value", &init_));
     OP_REQUIRES(c, init_ >= 0, errors::InvalidArgument("initial_accumulator_value must be >= 0, got ", init_));
   }
-  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
+  EV_APPLY_RUN(ctx, t, k, g, n, step) {
     const float lr = this->Scalar(ctx, "lr"), eps = this->Scalar(ctx, "epsilon"), l1 = this->Scalar(ctx, "l1"),
                 l2 = this->Scalar(ctx, "l2"), l21 = this->Scalar(ctx, "l21");
     EV_CHECK_RANGE("learning_rate", lr, 0.f, false);
@@ -129,7 +129,7 @@ template <typename K>
 class EvZeroRowKeysOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     std::vector<OwnedKey<K>> keys;
     const ZeroRowPredicate zero{t.dim()};
     for (int s = 0; s < t.num_segments(); ++s)

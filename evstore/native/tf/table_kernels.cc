@@ -21,6 +21,12 @@ class EvCreateOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("min_freq", &min_freq_));
     OP_REQUIRES_OK(c, c->GetAttr("bloom_capacity", &bloom_capacity_));
     OP_REQUIRES_OK(c, c->GetAttr("bloom_fp_rate", &bloom_fp_rate_));
+    OP_REQUIRES_OK(c, c->GetAttr("tier_dram_bytes", &tier_dram_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr("tier_path", &tier_path_));
+    OP_REQUIRES(c, tier_dram_bytes_ >= 0,
+                errors::InvalidArgument("tier_dram_bytes must be >= 0, got ", tier_dram_bytes_));
+    OP_REQUIRES(c, tier_dram_bytes_ == 0 || !tier_path_.empty(),
+                errors::InvalidArgument("a tiered table (tier_dram_bytes > 0) needs tier_path"));
     OP_REQUIRES(c, segments_log2_ >= 0 && segments_log2_ <= 12,
                 errors::InvalidArgument("segments_log2 must be in [0, 12]"));
     OP_REQUIRES(c, min_freq_ >= 1, errors::InvalidArgument("min_freq must be >= 1, got ", min_freq_));
@@ -39,6 +45,8 @@ class EvCreateOp : public OpKernel {
     cfg.min_freq = static_cast<uint32_t>(min_freq_);
     cfg.bloom.capacity = bloom_capacity_;
     cfg.bloom.fp_rate = bloom_fp_rate_;
+    cfg.tier.dram_bytes = tier_dram_bytes_;
+    cfg.tier.path = tier_path_;
     auto b = bank.flat<float>();
     cfg.bank.assign(b.data(), b.data() + b.size());
     auto d = dflt.flat<float>();
@@ -59,14 +67,15 @@ class EvCreateOp : public OpKernel {
     }
     OP_REQUIRES_OK(ctx, st);
     tensorflow::core::ScopedUnref unref(res);
-    OP_REQUIRES(ctx, res->table().dim() == dim_,
+    OP_REQUIRES(ctx, res->dim() == dim_,
                 errors::FailedPrecondition("EmbeddingVariable '", handle.name(),
-                                           "' already exists with dim ", res->table().dim(), ", not ", dim_));
+                                           "' already exists with dim ", res->dim(), ", not ", dim_));
   }
 
  private:
-  int64_t dim_, segments_log2_, min_freq_, bloom_capacity_;
+  int64_t dim_, segments_log2_, min_freq_, bloom_capacity_, tier_dram_bytes_;
   float bloom_fp_rate_;
+  std::string tier_path_;
 };
 
 // ---------------------------------------------------------------- introspection
@@ -75,7 +84,7 @@ template <typename K>
 class EvSizeOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = t.size();
@@ -86,7 +95,7 @@ template <typename K>
 class EvStatsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     TableStats s = t.Stats();
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({schema::kNumStatsFields}), &out));
@@ -102,7 +111,7 @@ template <typename K>
 class EvKeyInfoOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor *freqs, *versions, *admitted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &freqs));
@@ -127,7 +136,7 @@ template <typename K>
 class EvRemoveOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
@@ -143,7 +152,7 @@ template <typename K>
 class EvExportOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     const int dim = t.dim();
     SlotSpecs slots = t.slots();
     const int ns = static_cast<int>(slots.size());
@@ -192,7 +201,7 @@ template <typename K>
 class EvImportOp : public EvTableOp<K> {
  public:
   explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     const int dim = t.dim();
     EV_INPUT(ctx, keys, schema::kKeysInput);
     EV_INPUT(ctx, vals, "values");
@@ -248,8 +257,8 @@ class EvBeginExportOp : public EvTableOp<K> {
   explicit EvBeginExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("return_keys", &return_keys_));
   }
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
-    std::shared_ptr<const typename TableT<K>::Snapshot> snap;
+  EV_TABLE_KERNEL(ctx, t) {
+    std::shared_ptr<const typename TableType::Snapshot> snap;
     EV_TRY(ctx, snap = t.BeginExport());
     const int64_t nd = return_keys_ ? snap->dirty.size() : 0, nx = return_keys_ ? snap->deleted.size() : 0;
     Tensor *id, *dirty, *deleted;
@@ -270,7 +279,7 @@ template <typename K>
 class EvEndExportOp : public EvTableOp<K> {
  public:
   explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     EV_INPUT(ctx, snapshot_id, "snapshot_id");
     uint64_t id = static_cast<uint64_t>(snapshot_id.scalar<int64_t>()());
     if (commit_) {

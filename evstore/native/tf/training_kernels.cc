@@ -18,7 +18,7 @@ template <typename K, bool kTrain>
 class EvLookupOp : public EvTableOp<K> {
  public:
   explicit EvLookupOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
-  void ComputeOn(OpKernelContext* ctx, TableT<K>& t) override {
+  EV_TABLE_KERNEL(ctx, t) {
     OP_REQUIRES(ctx, t.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
     EV_INPUT(ctx, keys, schema::kKeysInput);
@@ -49,7 +49,7 @@ template <typename K>
 class EvApplySgdOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
-  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
+  EV_APPLY_RUN(ctx, t, k, g, n, step) {
     t.Apply(k, g, n, step, SgdUpdate{this->Scalar(ctx, "lr"), t.dim()}, IntraOp(ctx));
   }
 };
@@ -60,7 +60,7 @@ class EvApplyMomentumOp : public EvApplyBase<K> {
   explicit EvApplyMomentumOp(OpKernelConstruction* c) : EvApplyBase<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
   }
-  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
+  EV_APPLY_RUN(ctx, t, k, g, n, step) {
     auto off = t.EnsureSlots({{"momentum", 0.f}});
     t.Apply(k, g, n, step,
             MomentumUpdate{this->Scalar(ctx, "lr"), this->Scalar(ctx, "momentum"), nesterov_, t.dim(), off[0]},
@@ -77,7 +77,7 @@ class EvApplyAdagradOp : public EvApplyBase<K> {
   explicit EvApplyAdagradOp(OpKernelConstruction* c) : EvApplyBase<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("initial_accumulator_value", &init_));
   }
-  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
+  EV_APPLY_RUN(ctx, t, k, g, n, step) {
     auto off = t.EnsureSlots({{"accumulator", init_}});
     t.Apply(k, g, n, step, AdagradUpdate{this->Scalar(ctx, "lr"), this->Scalar(ctx, "epsilon"), t.dim(), off[0]},
             IntraOp(ctx));
@@ -91,7 +91,7 @@ template <typename K>
 class EvApplyAdamOp : public EvApplyBase<K> {
  public:
   using EvApplyBase<K>::EvApplyBase;
-  void Run(OpKernelContext* ctx, TableT<K>& t, const CoreKey<K>* k, const float* g, int64_t n, int64_t step) override {
+  EV_APPLY_RUN(ctx, t, k, g, n, step) {
     auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
     AdamUpdate u{this->Scalar(ctx, "alpha"), this->Scalar(ctx, "beta1"), this->Scalar(ctx, "beta2"),
                  this->Scalar(ctx, "epsilon"), t.dim(), off[0], off[1]};

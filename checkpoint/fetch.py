@@ -1,0 +1,254 @@
+"""Verified reads of a committed checkpoint: "these tensors of commit m,
+verified" (docs/ARCHITECTURE.md, "Checkpoints", "What a reader fetches").
+
+    with fetch(storage, m, {"ckpt": ["user-keys", "user-values"]}) as t:
+        keys = t["user-keys"]
+    with fetch(storage, m) as t:     # the whole main bundle, as a local directory
+        load_ev(t.dir, ...)
+
+Named tensors (a serving replica): the bundle's index is read whole and
+checked against the manifest (size and crc32c); the index then gives each
+tensor's data file, byte range and crc32c. A data file that holds nothing but
+wanted tensors is read whole and checked against the manifest; from a data
+file that also holds other tensors (shard 0 holds the dense weights next to
+the dense optimizer state) only the wanted tensors' byte ranges are read,
+each checked against its index entry. Nothing else is read: optimizer slots
+(`<ev>/<slot>-values`, one data file each) and dense optimizer state never
+leave the root, and a byte changed in them cannot make the read fail. Bytes
+travel once, straight into memory (ranged GETs on object stores).
+
+The whole main bundle (restore): its files are staged privately
+(Storage.stage: hard links or downloads) and each is checked against the
+manifest; the result has `dir` for the native loader.
+
+Every failure is a CorruptCheckpointError naming the file (and the tensor):
+missing, truncated, a checksum mismatch, a wanted tensor the index lacks, a
+data file the manifest does not list. Other I/O errors (OSError) pass through:
+they may be transient.
+"""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from checkpoint.chain import verify_staged
+from checkpoint.errors import CorruptCheckpointError
+from checkpoint.index import data_file, parse_index
+from checkpoint.manifest import BUNDLE_PREFIX
+
+__all__ = ["fetch", "Fetched", "bundle_files"]
+
+
+def bundle_files(manifest, prefix=BUNDLE_PREFIX):
+    """The files of bundle `prefix` that `manifest` lists (index and data)."""
+    return sorted(n for n in manifest.files if n == prefix + ".index" or n.startswith(prefix + ".data-"))
+
+
+class Fetched:
+    """Verified tensors of one checkpoint. `t[name]` (or `t[prefix, name]` for
+    a bundle other than the main one) is a read-only np.ndarray; `bytes_read`
+    counts every byte read from the root; `dir` is a private local directory
+    holding the whole main bundle (whole fetches only). Release with close()
+    or a `with` block."""
+
+    def __init__(self, manifest, arrays=None, directory=None, bytes_read=0, release=None):
+        self.manifest = manifest
+        self.bytes_read = bytes_read
+        self.dir = directory
+        self._arrays = arrays or {}
+        self._release = release
+        self._reader = None
+
+    def __getitem__(self, key):
+        prefix, name = key if isinstance(key, tuple) else (BUNDLE_PREFIX, key)
+        if (prefix, name) in self._arrays:
+            return self._arrays[prefix, name]
+        if self.dir is not None and prefix == BUNDLE_PREFIX:
+            if self._reader is None:
+                self._reader = tf.train.load_checkpoint(os.path.join(self.dir, BUNDLE_PREFIX))
+            return self._reader.get_tensor(name)
+        raise KeyError(f"{self.manifest.dir}: tensor {name!r} of bundle {prefix!r} was not fetched")
+
+    def close(self):
+        self._reader = None
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def fetch(storage, manifest, tensors=None, verify=True):
+    """These tensors of commit `manifest` from `storage`, verified.
+
+    Args:
+      tensors: {bundle prefix: [tensor names]} ("ckpt" is the main bundle; a
+        list means the main bundle); None: the whole main bundle, staged in a
+        private local directory (`Fetched.dir`).
+      verify: check checksums (whole fetches only; named tensors are always
+        checked).
+    Returns: a Fetched (close it).
+    Raises:
+      CorruptCheckpointError: a file or tensor is missing, truncated or does
+        not match the manifest or the index.
+      OSError: an I/O error of the filesystem.
+    """
+    if tensors is None:
+        return _fetch_whole(storage, manifest, verify)
+    if not isinstance(tensors, dict):
+        tensors = {BUNDLE_PREFIX: list(tensors)}
+    arrays, total = {}, 0
+    for prefix, names in tensors.items():
+        got, n = _fetch_named(storage, manifest, prefix, list(names))
+        arrays.update({(prefix, k): v for k, v in got.items()})
+        total += n
+    return Fetched(manifest, arrays=arrays, bytes_read=total)
+
+
+def _fetch_whole(storage, manifest, verify):
+    names = bundle_files(manifest)
+    d = storage.stage(manifest.dir, names)
+    try:
+        if verify:
+            problems = verify_staged(d, manifest, lambda n: storage.display(manifest.dir, n), names=names)
+            if problems:
+                raise CorruptCheckpointError("; ".join(problems))
+    except BaseException:
+        storage.unstage(d)
+        raise
+    size = sum(manifest.files[n]["size"] for n in names)
+    return Fetched(manifest, directory=d, bytes_read=size, release=lambda: storage.unstage(d))
+
+
+def _crc(data, crc=0):
+    from evstore import ops
+    return int(ops.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(bytes(data))))
+
+
+def _listed(storage, manifest, name):
+    want = manifest.files.get(name)
+    if want is None:
+        raise CorruptCheckpointError(f"{storage.display(manifest.dir, name)}: not listed in the manifest")
+    return want
+
+
+def _read(storage, manifest, ranges):
+    """[bytes] of [(file, start, end)], each checked for length."""
+    try:
+        out = storage.read_ranges(manifest.dir, ranges)
+    except FileNotFoundError as e:
+        missing = next((n for n, _, _ in ranges if n in str(e)), ranges[0][0])
+        raise CorruptCheckpointError(f"{storage.display(manifest.dir, missing)}: missing") from None
+    for (name, start, end), b in zip(ranges, out):
+        if len(b) != end - start:
+            raise CorruptCheckpointError(f"{storage.display(manifest.dir, name)}: {len(b)} bytes at offset {start}, "
+                                         f"the index says {end - start} (truncated)")
+    return out
+
+
+def _fetch_named(storage, manifest, prefix, names):
+    index_name = prefix + ".index"
+    where = storage.display(manifest.dir, index_name)
+    want = _listed(storage, manifest, index_name)
+    (index,) = _read(storage, manifest, [(index_name, 0, want["size"])])
+    if _crc(index) != want["crc32c"]:
+        raise CorruptCheckpointError(f"{where}: crc32c does not match the manifest (corrupt)")
+    num_shards, entries = parse_index(index, where)
+    missing = [n for n in names if n not in entries]
+    if missing:
+        raise CorruptCheckpointError(f"{where}: the bundle holds no tensor {missing}")
+    by_file = {}
+    for e in entries.values():
+        if e.size:
+            by_file.setdefault(e.shard_id, []).append(e)
+    wanted = set(names)
+    whole, ranged = [], []
+    for shard, held in sorted(by_file.items()):
+        mine = [e for e in held if e.name in wanted]
+        if not mine:
+            continue
+        f = data_file(prefix, shard, num_shards)
+        info = _listed(storage, manifest, f)
+        if len(mine) == len(held):
+            whole.append((f, info, mine))
+        else:
+            for e in mine:
+                if e.offset + e.size > info["size"]:
+                    raise CorruptCheckpointError(f"{storage.display(manifest.dir, f)}: tensor {e.name!r} lies "
+                                                 f"outside the file's {info['size']} bytes")
+                ranged.append((f, e))
+    reads = [(f, 0, info["size"]) for f, info, _ in whole] + [(f, e.offset, e.offset + e.size) for f, e in ranged]
+    blobs = _read(storage, manifest, reads) if reads else []
+    raw = {}
+    for (f, info, mine), b in zip(whole, blobs):
+        if _crc(b) != info["crc32c"]:
+            raise CorruptCheckpointError(f"{storage.display(manifest.dir, f)}: crc32c does not match the manifest "
+                                         "(corrupt)")
+        view = memoryview(b)
+        for e in mine:
+            raw[e.name] = view[e.offset:e.offset + e.size]
+    for (f, e), b in zip(ranged, blobs[len(whole):]):
+        raw[e.name] = memoryview(b)
+        if _entry_crc(e, b) != e.crc32c:
+            raise CorruptCheckpointError(f"{storage.display(manifest.dir, f)}: tensor {e.name!r} crc32c does not "
+                                         "match the index (corrupt)")
+    out = {}
+    for n in names:
+        e = entries[n]
+        try:
+            out[n] = _decode(e, raw.get(n, b""))
+        except ValueError as err:
+            raise CorruptCheckpointError(f"{where}: tensor {n!r} cannot be decoded ({err})") from None
+    return out, len(index) + sum(len(b) for b in blobs)
+
+
+def _entry_crc(e, data):
+    """The crc32c an index entry records for `data`: of the bytes as stored,
+    except for strings, whose crc covers each length as a uint32 instead of
+    its varint (TensorFlow's BundleWriter)."""
+    if e.dtype != tf.string.as_datatype_enum:
+        return _crc(data)
+    lengths, start = _string_lengths(data, int(np.prod(e.shape, dtype=np.int64)))
+    return _crc(data[start:], _crc(lengths.astype("<u4").tobytes()))
+
+
+def _string_lengths(data, n):
+    """(lengths, offset of the length checksum) of a string tensor's bytes."""
+    b = np.frombuffer(data, np.uint8, count=min(len(data), 10 * n))
+    ends = np.flatnonzero(b < 0x80)[:n]
+    if len(ends) < n:
+        raise ValueError("truncated string lengths")
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    if np.any(ends - starts > 9):
+        raise ValueError("bad string length")
+    pos = np.arange(ends[-1] + 1) if n else np.zeros(0, np.int64)
+    group = np.repeat(np.arange(n), ends - starts + 1)
+    shift = (pos - starts[group]) * 7
+    vals = (b[:len(pos)].astype(np.uint64) & np.uint64(0x7F)) << shift.astype(np.uint64)
+    lengths = np.zeros(n, np.uint64)
+    np.add.at(lengths, group, vals)
+    return lengths, (int(ends[-1]) + 1 if n else 0)
+
+
+def _decode(e, data):
+    dtype = tf.dtypes.as_dtype(e.dtype)
+    if dtype == tf.string:
+        n = int(np.prod(e.shape, dtype=np.int64))
+        if n == 0:
+            return np.empty(e.shape, object)
+        lengths, start = _string_lengths(data, n)
+        body = data[start + 4:]
+        cuts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        if cuts[-1] != len(body):
+            raise ValueError(f"string bytes {len(body)}, lengths say {cuts[-1]}")
+        raw = bytes(body)
+        return np.array([raw[cuts[i]:cuts[i + 1]] for i in range(n)], dtype=object).reshape(e.shape)
+    npd = np.dtype(dtype.as_numpy_dtype)
+    count = int(np.prod(e.shape, dtype=np.int64))
+    if len(data) != count * npd.itemsize:
+        raise ValueError(f"{len(data)} bytes for {count} elements of {dtype.name}")
+    return np.frombuffer(data, npd, count=count).reshape(e.shape)

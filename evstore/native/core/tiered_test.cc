@@ -1,0 +1,354 @@
+// TF-free tests of the tiered row store (tiered_store.h, row_file.h,
+// cache_policy.h) under the table. Built and run by tests/native/test_core.py
+// (sanitized, -O3, portable probe). Exits non-zero on the first failure.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "table.h"
+#include "test_check.h"
+#include "tiered_store.h"
+#include "unique_sum.h"
+
+using namespace evstore;
+
+template <typename K>
+using Tiered = Table<K, KeyTraits<K>, TieredStore<>>;
+
+static void TwoThreadFor(int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& work) {
+  if (total <= 0) return;
+  int64_t mid = total / 2;
+  std::thread t([&] { if (mid > 0) work(0, mid); });
+  work(mid, total);
+  t.join();
+}
+static const ParallelFor kThreads = TwoThreadFor;
+
+static bool Exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+static std::string TempDir() {
+  char tmpl[] = "/tmp/evstore-tiered-test-XXXXXX";
+  CHECK(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+static TableConfig Cfg(int dim, uint32_t min_freq = 1) {
+  TableConfig c;
+  c.dim = dim;
+  c.min_freq = min_freq;
+  for (int r = 0; r < 37; ++r)
+    for (int d = 0; d < dim; ++d) c.bank.push_back(static_cast<float>(r * 10 + d + 1) / 64.f);
+  return c;
+}
+static TableConfig TierCfg(TableConfig c, const std::string& dir, int64_t dram_bytes) {
+  c.tier.dram_bytes = dram_bytes;
+  c.tier.path = dir;
+  return c;
+}
+
+// Zipf(1.1) ids over [0, n): what CTR ids look like.
+struct Zipf {
+  std::vector<double> cdf;
+  std::mt19937_64 rng;
+  Zipf(int n, double s, uint64_t seed) : rng(seed) {
+    double sum = 0;
+    for (int i = 1; i <= n; ++i) cdf.push_back(sum += 1.0 / std::pow(i, s));
+    for (double& c : cdf) c /= sum;
+  }
+  int64_t Next() {
+    double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    return static_cast<int64_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+  }
+};
+
+// Every key's full state, from the table's own export walk (sorted by key).
+struct State {
+  bool admitted;
+  int64_t version, freq, seen;
+  std::vector<float> row;
+  bool operator==(const State& o) const {
+    return admitted == o.admitted && version == o.version && freq == o.freq && seen == o.seen && row == o.row;
+  }
+};
+template <typename K>
+using MapKey = std::conditional_t<std::is_same<K, std::string_view>::value, std::string, K>;
+template <typename T>
+static auto Dump(const T& t) {
+  using K = std::decay_t<decltype(std::declval<ExportedKey<typename T::Idx::Key>>().key)>;
+  std::map<MapKey<K>, State> out;
+  const int stride = t.stride();
+  for (int s = 0; s < t.num_segments(); ++s)
+    t.ForEachInSegment(s, [&](const auto& x, const float* row) {
+      State st{x.admitted, x.version, x.freq, x.seen, {}};
+      if (row) st.row.assign(row, row + stride);
+      out[MapKey<K>(x.key)] = st;
+    });
+  return out;
+}
+
+// One training step on both tables: lookup, Adam on the unique keys, and
+// every 5th step an eviction by step (and L2 when asked).
+template <typename A, typename B, typename K>
+static void TrainStep(A& a, B& b, const std::vector<K>& keys, int64_t step, bool l2) {
+  const int dim = a.dim();
+  std::vector<float> oa(keys.size() * dim), ob(keys.size() * dim);
+  a.FindOrInsert(keys.data(), keys.size(), oa.data(), kThreads);
+  b.FindOrInsert(keys.data(), keys.size(), ob.data(), kThreads);
+  CHECK(oa == ob);
+  std::vector<float> g(keys.size() * dim);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = oa[i] * 0.01f + static_cast<float>(i % 7) * 0.001f;
+  std::vector<K> uk;
+  std::vector<float> ug;
+  int64_t un = UniqueSum(keys.data(), g.data(), static_cast<int64_t>(keys.size()), dim, &uk, &ug);
+  auto offs = a.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
+  CHECK(offs == b.EnsureSlots({{"m", 0.f}, {"v", 0.f}}));
+  AdamUpdate adam{0.01f, 0.9f, 0.999f, 1e-7f, dim, offs[0], offs[1]};
+  CHECK_EQ(a.Apply(uk.data(), ug.data(), un, step, adam, kThreads),
+           b.Apply(uk.data(), ug.data(), un, step, adam, kThreads));
+  if (step % 5 == 0) {
+    EvictionPolicies p;
+    p.Add(GlobalStepEviction(8));
+    if (l2) p.Add(L2WeightEviction(0.05f));
+    CHECK_EQ(a.Evict(step, p), b.Evict(step, p));
+  }
+}
+
+static void test_tiered_table_equals_all_dram_table_bit_for_bit() {
+  const int dim = 8;
+  // No filter, the counting filter, the Bloom filter.
+  for (int filter : {0, 1, 2}) {
+    for (bool l2 : {false, true}) {
+      std::string dir = TempDir();
+      TableConfig cfg = Cfg(dim, filter == 0 ? 1 : 2);
+      if (filter == 2) cfg.bloom.capacity = 10000;
+      Table<int64_t> dram(cfg);
+      // About 40 rows of DRAM (dim 8, Adam: 96 bytes a row) for ~2,000 keys.
+      Tiered<int64_t> tier(TierCfg(cfg, dir, 40 * 100));
+      Zipf z(4000, 1.1, 7 + filter);
+      for (int64_t step = 1; step <= 40; ++step) {
+        std::vector<int64_t> keys;
+        for (int i = 0; i < 256; ++i) keys.push_back(z.Next() * 7919 - 3);
+        TrainStep(tier, dram, keys, step, l2);
+      }
+      TierStats ts = tier.tier_stats();
+      CHECK(ts.misses > 0 && ts.writebacks > 0);
+      CHECK(Dump(tier) == Dump(dram));
+      TableStats sa = tier.Stats(), sb = dram.Stats();
+      CHECK_EQ(sa.admitted, sb.admitted);
+      CHECK_EQ(sa.filtered, sb.filtered);
+      CHECK_EQ(sa.zero_rows, sb.zero_rows);
+      CHECK_EQ(sa.evicted, sb.evicted);
+      // The open dirty / deleted sets (what the next delta carries) agree too.
+      auto ea = tier.BeginExport();
+      auto eb = dram.BeginExport();
+      auto sorted = [](std::vector<int64_t> v) { std::sort(v.begin(), v.end()); return v; };
+      CHECK(sorted(ea->dirty) == sorted(eb->dirty));
+      CHECK(sorted(ea->deleted) == sorted(eb->deleted));
+      tier.Commit(ea->id);
+      dram.Commit(eb->id);
+    }
+  }
+}
+
+static void test_resident_rows_stay_near_the_budget() {
+  const int dim = 16;
+  std::string dir = TempDir();
+  const int64_t budget_rows = 100;
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, budget_rows * (dim * 4 + 8)));
+  CHECK_EQ(t.tier_stats().budget_rows, budget_rows);
+  for (int b = 0; b < 50; ++b) {
+    std::vector<int64_t> keys;
+    for (int i = 0; i < 64; ++i) keys.push_back(b * 64 + i);
+    std::vector<float> out(keys.size() * dim);
+    t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+    // One batch may overshoot by the rows it pins (64 here), never more.
+    CHECK(t.tier_stats().resident <= budget_rows + 64);
+  }
+  CHECK_EQ(t.size(), 3200);
+  CHECK(t.tier_stats().disk_bytes >= (3200 - budget_rows - 64) * dim * 4);
+}
+
+static void test_full_walk_streams_cold_rows_without_caching_them() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 50 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back(i * 5);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  const TierStats before = t.tier_stats();
+  CHECK(Dump(t) == Dump(dram));  // every row, through ForEachInSegment
+  const TierStats after = t.tier_stats();
+  CHECK_EQ(after.misses, before.misses);
+  CHECK_EQ(after.resident, before.resident);
+}
+
+static void test_eviction_by_step_reads_no_cold_row() {
+  const int dim = 4;
+  std::string dir = TempDir();
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 50 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 2000; ++i) keys.push_back(i);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  std::vector<float> g(keys.size() * dim, 0.5f);
+  t.Apply(keys.data(), g.data(), 1000, 3, SgdUpdate{1.f, dim}, kThreads);  // first half at step 3
+  const int64_t misses = t.tier_stats().misses;
+  EvictionPolicies p;
+  p.Add(GlobalStepEviction(5));
+  // The first half (updated at 3) goes; the second (admitted before any step:
+  // unknown age) is stamped in its version, which lives in DRAM.
+  CHECK_EQ(t.Evict(10, p), 1000);
+  CHECK_EQ(t.tier_stats().misses, misses);
+  CHECK_EQ(t.size(), 1000);
+}
+
+static void test_rows_widen_on_disk_when_slots_are_added() {
+  const int dim = 3;
+  std::string dir = TempDir();
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 20 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 500; ++i) keys.push_back(i * 13);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  CHECK(t.tier_stats().writebacks > 0);
+  CHECK((t.EnsureSlots({{"acc", 0.25f}}) == std::vector<int>{3}));
+  dram.EnsureSlots({{"acc", 0.25f}});
+  CHECK_EQ(t.stride(), 6);
+  CHECK(Dump(t) == Dump(dram));
+}
+
+static void test_string_keys_on_a_tiered_table() {
+  const int dim = 4;
+  std::string dir = TempDir();
+  Table<std::string_view, StringKeyTraits> dram(Cfg(dim));
+  Table<std::string_view, StringKeyTraits, TieredStore<>> t(TierCfg(Cfg(dim), dir, 30 * (dim * 4 + 8)));
+  std::vector<std::string> owned;
+  for (int i = 0; i < 600; ++i) owned.push_back("user-" + std::to_string(i * 7));
+  std::vector<std::string_view> keys(owned.begin(), owned.end());
+  for (int64_t step = 1; step <= 3; ++step) TrainStep(t, dram, keys, step, false);
+  CHECK(t.tier_stats().misses > 0);
+  CHECK(Dump(t) == Dump(dram));
+}
+
+static void test_private_directory_is_removed_and_stale_ones_cleared() {
+  std::string parent = TempDir();
+  std::string mine;
+  {
+    TieredStore<> s(4, TierConfig{1 << 20, parent});
+    mine = s.dir();
+    CHECK(Exists(mine + "/rows") && Exists(mine + "/lock"));
+    // A second store in the same parent does not take the live one for stale.
+    TieredStore<> other(4, TierConfig{1 << 20, parent});
+    CHECK(Exists(mine) && other.dir() != mine);
+  }
+  CHECK(!Exists(mine));
+  // A killed process's directory: its lock died with it.
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    TieredStore<> s(4, TierConfig{1 << 20, parent});
+    std::FILE* f = std::fopen((parent + "/child-dir").c_str(), "w");
+    std::fputs(s.dir().c_str(), f);
+    std::fclose(f);
+    ::kill(::getpid(), SIGKILL);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFSIGNALED(status));
+  char buf[512] = {0};
+  std::FILE* f = std::fopen((parent + "/child-dir").c_str(), "r");
+  CHECK(f && std::fgets(buf, sizeof buf, f));
+  std::fclose(f);
+  CHECK(Exists(buf));
+  TieredStore<> next(4, TierConfig{1 << 20, parent});
+  CHECK(!Exists(buf));
+}
+
+// A disk that refuses writes (RLIMIT_FSIZE, in a child so the limit stays
+// there): every write-back fails, rows stay in DRAM, nothing is lost.
+static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
+  std::string dir = TempDir();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &rl);
+    const int dim = 8;
+    Table<int64_t> dram(Cfg(dim));
+    Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 10 * (dim * 4 + 8)));
+    t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
+    dram.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
+    for (int64_t step = 1; step <= 4; ++step) {
+      std::vector<int64_t> keys;
+      for (int i = 0; i < 300; ++i) keys.push_back(i * 3 + step);
+      TrainStep(t, dram, keys, step, false);
+    }
+    TierStats ts = t.tier_stats();
+    bool ok = ts.write_failures > 0 && ts.resident > 200 && Dump(t) == Dump(dram) &&
+              t.store().last_failure().find("stays in memory") != std::string::npos;
+    if (!ok) std::_Exit(3);
+    // Widening rows on a full disk: a clear error, the table unchanged.
+    auto before = Dump(t);
+    bool thrown = false;
+    try {
+      t.EnsureSlots({{"m", 0.f}, {"v", 0.f}, {"extra", 1.f}});
+    } catch (const std::runtime_error& e) {
+      thrown = std::string(e.what()).find("widening rows on disk failed") != std::string::npos;
+    }
+    std::_Exit(thrown && t.stride() == 3 * dim && Dump(t) == before ? 0 : 4);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+}
+
+static void test_bad_config_is_refused() {
+  CHECK_THROWS((TieredStore<>(4, TierConfig{0, "/tmp"})), std::invalid_argument);
+  CHECK_THROWS((TieredStore<>(4, TierConfig{1024, ""})), std::invalid_argument);
+  CHECK_THROWS((TieredStore<>(4, TierConfig{1024, "/proc/evstore-no-such/dir"})), std::runtime_error);
+}
+
+static void test_frequency_clock_weights() {
+  CHECK_EQ(FrequencyClock::HeatOf(0), 1);
+  CHECK_EQ(FrequencyClock::HeatOf(1), 1);
+  CHECK_EQ(FrequencyClock::HeatOf(1000), 10);
+  CHECK_EQ(FrequencyClock::HeatOf(0x7FFFFFFF), FrequencyClock::kMaxWeight);
+  std::atomic<uint8_t> w{0};
+  FrequencyClock::OnAccess(w, 3);
+  CHECK(!FrequencyClock::Pass(w) && !FrequencyClock::Pass(w) && !FrequencyClock::Pass(w) && FrequencyClock::Pass(w));
+}
+
+int main() {
+  RUN(test_frequency_clock_weights);
+  RUN(test_bad_config_is_refused);
+  RUN(test_tiered_table_equals_all_dram_table_bit_for_bit);
+  RUN(test_resident_rows_stay_near_the_budget);
+  RUN(test_full_walk_streams_cold_rows_without_caching_them);
+  RUN(test_eviction_by_step_reads_no_cold_row);
+  RUN(test_rows_widen_on_disk_when_slots_are_added);
+  RUN(test_string_keys_on_a_tiered_table);
+  RUN(test_private_directory_is_removed_and_stale_ones_cleared);
+  RUN(test_full_disk_keeps_rows_in_dram_and_counts_failures);
+  std::printf("all tests passed\n");
+  return 0;
+}

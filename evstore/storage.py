@@ -1,0 +1,63 @@
+"""Where an EmbeddingVariable's rows live: all in DRAM (the default) or in a
+DRAM cache over a disk tier (`TieredStorage`). See docs/guides/tiered-storage.md.
+"""
+
+import os
+import tempfile
+
+__all__ = ["TieredStorage"]
+
+
+class TieredStorage:
+    """Rows in a DRAM cache of `dram_bytes` over a private directory on local disk.
+
+    `EmbeddingVariable(..., storage=evstore.TieredStorage(dram_bytes=..., path=...))`
+    keeps the EV's index and per-key metadata (key, frequency, dirty bit,
+    version, cache bookkeeping: 36-41 bytes per int64 key) in DRAM and its
+    rows (embedding + optimizer slots) in a cache of about `dram_bytes`;
+    the other rows live in one record file on disk, read back when a lookup,
+    apply or import touches them. Which rows stay in DRAM follows the keys'
+    lookup frequency and recent updates (core/cache_policy.h). Every EV
+    operation, checkpoint and delta works and gives bit for bit what the
+    all-DRAM table gives; a full save streams rows from both tiers without
+    growing the cache.
+
+    The disk tier is a cache, never a source of truth: each table creates its
+    own directory `<path>/evstore-tier-<pid>-<n>/` and removes it when the EV
+    is destroyed; a directory left by a killed process is removed by the next
+    tiered EV created under the same `path`. Checkpoints stay the only durable
+    state: restore them to rebuild the tier.
+
+    A disk that refuses a write (full, or a file size limit) keeps the row in
+    DRAM (nothing is lost, the cache then exceeds its budget) and fails the op
+    that needed the write with ResourceExhaustedError.
+
+    Args:
+      dram_bytes: the row cache's budget in bytes (a positive int), per table:
+        each shard of a sharded EV has its own. One batch may exceed it by
+        the rows it touches in one index segment while it holds them.
+      path: the parent directory of the tables' private directories (created
+        if missing); default: the system temp directory. Use a local SSD.
+
+    Raises:
+      TypeError / ValueError: `dram_bytes` is not a positive int, or `path`
+        is not a non-empty string.
+    """
+
+    def __init__(self, dram_bytes, path=None):
+        if isinstance(dram_bytes, bool) or not isinstance(dram_bytes, int):
+            raise TypeError(f"dram_bytes must be a positive int, got {dram_bytes!r}")
+        if dram_bytes <= 0:
+            raise ValueError(f"dram_bytes must be a positive int, got {dram_bytes}")
+        if path is None:
+            path = tempfile.gettempdir()
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise ValueError(f"path must be a non-empty directory path, got {path!r}")
+        self.dram_bytes = dram_bytes
+        self.path = os.path.abspath(os.fspath(path))
+
+    def _native_attrs(self):
+        return {"tier_dram_bytes": self.dram_bytes, "tier_path": self.path}
+
+    def __repr__(self):
+        return f"TieredStorage(dram_bytes={self.dram_bytes}, path={self.path!r})"

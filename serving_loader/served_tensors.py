@@ -1,0 +1,69 @@
+"""What a serving replica reads of a checkpoint, and how it becomes served rows.
+
+A replica serves keys, rows, and the keys to drop (filtered keys read the
+default value; a delta's deleted keys), plus the export's dense weights. It
+reads the rows from the commit's serving view when there is one
+(checkpoint/serving_view.py) and the replica uses views, else the float32
+`<ev>-values`. Nothing else of the checkpoint is named, so nothing else is
+read (checkpoint/fetch.py): not the versions, frequencies or optimizer slots
+of EVs, not the dense optimizer state.
+"""
+import dataclasses
+
+import numpy as np
+
+from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.serving_view import VIEW_PREFIX, codec, view_tensors
+from evstore import schema
+
+__all__ = ["Plan", "plan"]
+
+
+@dataclasses.dataclass
+class Plan:
+    tensors: dict   # {bundle prefix: [tensor names]}: the argument of checkpoint.fetch
+    parts: dict     # {served EV: [checkpoint entry names (a sharded EV's parts)]}
+    kind: str       # "full" or "delta"
+    view: str       # "float32" or the view's dtype
+
+    def ev_arrays(self, t, name, dim):
+        """(keys, float32 rows [N, dim], keys to erase) of served EV `name`
+        from Fetched `t`. Raises ValueError when the view does not match the
+        keys (a corrupt commit)."""
+        keys, values, erase = [], [], []
+        for p in self.parts[name]:
+            k = t[schema.tensor(p, schema.KEYS)]
+            if self.view == "float32":
+                v = t[schema.tensor(p, schema.VALUES)]
+            else:
+                c = codec(self.view)
+                v = c.decode({s: t[VIEW_PREFIX, schema.tensor(p, s)] for s in c.suffixes()}, dim)
+                if len(v) != len(k):
+                    raise ValueError(f"the serving view holds {len(v)} rows of {p!r} for {len(k)} keys")
+            keys.append(k)
+            values.append(v)
+            erase.append(t[schema.tensor(p, schema.KEYS_FILTERED)])
+            if self.kind == "delta":
+                erase.append(t[schema.tensor(p, schema.DELETED_KEYS)])
+        return np.concatenate(keys), np.concatenate(values), np.concatenate(erase)
+
+
+def plan(manifest, parts, dense, use_view=True):
+    """The Plan for checkpoint `manifest`: served EVs `parts` ({name: entry
+    names}), dense weights `dense` (names); `use_view`: read the serving view
+    when the commit has one."""
+    view = (manifest.serving_view or {}).get("dtype") if use_view else None
+    main, extra = [], []
+    for entries in parts.values():
+        for p in entries:
+            main += [schema.tensor(p, schema.KEYS), schema.tensor(p, schema.KEYS_FILTERED)]
+            if manifest.kind == "delta":
+                main.append(schema.tensor(p, schema.DELETED_KEYS))
+            if view:
+                extra += view_tensors(view, p)
+            else:
+                main.append(schema.tensor(p, schema.VALUES))
+    tensors = {BUNDLE_PREFIX: main + list(dense)}
+    if view:
+        tensors[VIEW_PREFIX] = extra
+    return Plan(tensors, parts, manifest.kind, view or "float32")

@@ -1,0 +1,371 @@
+"""An EmbeddingVariable on tiered storage (evstore.TieredStorage: a DRAM cache
+far smaller than the table over a private directory on disk) ends bit for bit
+equal to an all-DRAM EV after the same work: every optimizer kind, both
+filters, both eviction policies, string keys, every lookup path, checkpoint
+round trips, a SIGKILLed trainer, a full disk. docs/guides/tiered-storage.md."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import checkpoint
+import evstore
+
+DIM = 8
+NKEYS = 3000
+# ~40 rows of dim 8 with two slots: the table is ~75x its DRAM budget.
+BUDGET = 40 * (DIM * 3 * 4 + 8)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FUSED = {
+    "sgd": lambda: evstore.optimizers.SGD(0.1),
+    "momentum": lambda: evstore.optimizers.SGD(0.05, momentum=0.9),
+    "adagrad": lambda: evstore.optimizers.Adagrad(0.1),
+    "adam": lambda: evstore.optimizers.Adam(0.01),
+    "adamw": lambda: evstore.optimizers.AdamW(0.01, weight_decay=0.1),
+    "ftrl": lambda: evstore.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
+    "group_adam": lambda: evstore.optimizers.GroupAdam(0.01, l1_regularization_strength=0.01,
+                                                       l21_regularization_strength=0.01),
+    "group_adagrad": lambda: evstore.optimizers.GroupAdagrad(0.1, l1_regularization_strength=0.01,
+                                                             l21_regularization_strength=0.01),
+    "generic_rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+}
+FILTERS = {
+    "none": lambda: None,
+    "counter": lambda: evstore.CounterFilter(2),
+    "bloom": lambda: evstore.BloomFilter(2, capacity=20000),
+}
+
+
+def batch_keys(step, n=256, nkeys=NKEYS):
+    """Zipf(1.1) ids, as CTR ids are; a pure function of the step."""
+    r = np.random.default_rng(100 + step)
+    return (np.minimum(r.zipf(1.1, size=n), nkeys) * 7919 - 3).astype(np.int64)
+
+
+def make(tmp_path, tiered, name="t", **kw):
+    storage = evstore.TieredStorage(dram_bytes=BUDGET, path=str(tmp_path / "tier")) if tiered else None
+    return evstore.EmbeddingVariable(name, DIM, initializer=tf.random_normal_initializer(0, 0.1, seed=3),
+                                     initializer_bank_size=97, storage=storage, **kw)
+
+
+def train_step(ev, opt, step, keys=None):
+    keys = batch_keys(step) if keys is None else keys
+    target = np.random.default_rng(step).normal(size=(len(keys), DIM)).astype(np.float32)
+    with tf.GradientTape() as tape:
+        emb = evstore.embedding_lookup(ev, keys)
+        loss = tf.reduce_sum(tf.square(emb - target))
+    grads = tape.gradient(loss, ev.trainable_variables)
+    opt.apply_gradients(zip(grads, ev.trainable_variables))
+
+
+def state(ev):
+    """Everything a checkpoint holds of the EV, keys sorted, as numpy."""
+    out = {}
+    for shard_i, e in enumerate(ev.shards):
+        x = e.export()
+        k, f = np.argsort(x["keys"].numpy()), np.argsort(x["filtered_keys"].numpy())
+        for n in ("keys", "values", "versions", "freqs"):
+            out[f"{shard_i}:{n}"] = x[n].numpy()[k]
+        for n in ("filtered_keys", "filtered_freqs"):
+            out[f"{shard_i}:{n}"] = x[n].numpy()[f]
+        for s, v in x["slots"].items():
+            out[f"{shard_i}:slot:{s}"] = v.numpy()[k]
+    return out
+
+
+def assert_same(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def assert_went_to_disk(ev):
+    st = ev.stats()
+    assert st["cache_misses"] > 0 and st["disk_bytes"] > 0, st
+    assert st["cache_rows"] < st["admitted"] / 2, st
+
+
+def stats_without_tier(ev):
+    st = ev.stats()
+    return {k: st[k] for k in ("size", "admitted", "filtered", "dirty", "deleted", "evicted", "zero_rows")}
+
+
+@pytest.mark.parametrize("opt_name", sorted(FUSED))
+def test_every_optimizer_trains_a_tiered_ev_exactly_like_an_all_dram_ev(tmp_path, opt_name):
+    dram, tier = make(tmp_path, False), make(tmp_path, True)
+    o1, o2 = FUSED[opt_name](), FUSED[opt_name]()
+    for step in range(12):
+        train_step(dram, o1, step)
+        train_step(tier, o2, step)
+    assert_went_to_disk(tier)
+    assert_same(state(tier), state(dram))
+    assert stats_without_tier(tier) == stats_without_tier(dram)
+
+
+@pytest.mark.parametrize("filter_name", sorted(FILTERS))
+@pytest.mark.parametrize("evict", ["global_step", "l2_weight"])
+def test_filters_and_eviction_policies_agree_with_all_dram(tmp_path, filter_name, evict):
+    policy = (lambda: evstore.GlobalStepEvict(4)) if evict == "global_step" else (lambda: evstore.L2WeightEvict(0.3))
+    dram = make(tmp_path, False, filter=FILTERS[filter_name](), evict=policy())
+    tier = make(tmp_path, True, filter=FILTERS[filter_name](), evict=policy())
+    o1, o2 = evstore.optimizers.Adam(0.05), evstore.optimizers.Adam(0.05)
+    evicted = 0
+    for step in range(16):
+        train_step(dram, o1, step)
+        train_step(tier, o2, step)
+        if step % 4 == 3:
+            n = int(dram.evict(step))
+            assert int(tier.evict(step)) == n
+            evicted += n
+    assert evicted > 0
+    assert_went_to_disk(tier)
+    assert_same(state(tier), state(dram))
+    assert stats_without_tier(tier) == stats_without_tier(dram)
+
+
+def test_eviction_by_step_reads_no_cold_row_back(tmp_path):
+    tier = make(tmp_path, True, evict=evstore.GlobalStepEvict(2))
+    opt = evstore.optimizers.SGD(0.1)
+    for step in range(6):
+        train_step(tier, opt, step)
+    misses = tier.stats()["cache_misses"]
+    assert int(tier.evict(100)) > 0
+    assert tier.stats()["cache_misses"] == misses
+
+
+def test_string_keys_on_tiered_storage(tmp_path):
+    dram = make(tmp_path, False, key_dtype=tf.string)
+    tier = make(tmp_path, True, key_dtype=tf.string)
+    o1, o2 = evstore.optimizers.Adagrad(0.1), evstore.optimizers.Adagrad(0.1)
+    for step in range(8):
+        keys = np.array([b"user-%d" % k for k in batch_keys(step)], dtype=object)
+        train_step(dram, o1, step, keys)
+        train_step(tier, o2, step, keys)
+    assert_went_to_disk(tier)
+    assert_same(state(tier), state(dram))
+
+
+def test_every_lookup_path_reads_the_same_rows(tmp_path):
+    dram, tier = make(tmp_path, False), make(tmp_path, True)
+    o1, o2 = evstore.optimizers.Adam(0.05), evstore.optimizers.Adam(0.05)
+    for step in range(6):
+        train_step(dram, o1, step)
+        train_step(tier, o2, step)
+    dram2, tier2 = make(tmp_path, False, name="t2"), make(tmp_path, True, name="t2")
+    ids = batch_keys(99, n=512)
+    sp = tf.sparse.from_dense(tf.constant(ids.reshape(64, 8)))
+    sp_w = tf.SparseTensor(sp.indices, tf.linspace(0.5, 1.5, tf.size(sp.values)), sp.dense_shape)
+    for training in (False, True):
+        np.testing.assert_array_equal(evstore.embedding_lookup(tier, ids, training=training).numpy(),
+                                      evstore.embedding_lookup(dram, ids, training=training).numpy())
+        for combiner in ("sum", "mean", "sqrtn"):
+            np.testing.assert_array_equal(
+                evstore.embedding_lookup_sparse(tier, sp, sp_w, combiner=combiner, training=training).numpy(),
+                evstore.embedding_lookup_sparse(dram, sp, sp_w, combiner=combiner, training=training).numpy())
+            np.testing.assert_array_equal(
+                evstore.safe_embedding_lookup_sparse(tier, sp, sp_w, combiner=combiner, training=training).numpy(),
+                evstore.safe_embedding_lookup_sparse(dram, sp, sp_w, combiner=combiner, training=training).numpy())
+        a = evstore.embedding_lookup_group([tier, tier2], [ids[:100], ids[100:]], training=training)
+        b = evstore.embedding_lookup_group([dram, dram2], [ids[:100], ids[100:]], training=training)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+    assert_same(state(tier), state(dram))
+    assert_same(state(tier2), state(dram2))
+
+
+def test_sharded_tiered_ev_equals_sharded_all_dram_ev(tmp_path):
+    dram, tier = make(tmp_path, False, shards=3), make(tmp_path, True, shards=3)
+    o1, o2 = evstore.optimizers.Adam(0.05), evstore.optimizers.Adam(0.05)
+    for step in range(8):
+        train_step(dram, o1, step)
+        train_step(tier, o2, step)
+    assert_same(state(tier), state(dram))
+
+
+def test_full_and_delta_checkpoints_round_trip_through_tiered_storage(tmp_path):
+    dram, tier = make(tmp_path, False, filter=evstore.CounterFilter(2)), make(tmp_path, True,
+                                                                               filter=evstore.CounterFilter(2))
+    o1, o2 = evstore.optimizers.Adam(0.05), evstore.optimizers.Adam(0.05)
+    m_dram = checkpoint.CheckpointManager(str(tmp_path / "dram"), {"t": dram})
+    m_tier = checkpoint.CheckpointManager(str(tmp_path / "tier_ckpt"), {"t": tier})
+    for step in range(6):
+        train_step(dram, o1, step)
+        train_step(tier, o2, step)
+    m_dram.save_full()
+    m_tier.save_full()
+    for step in range(6, 10):
+        train_step(dram, o1, step)
+        train_step(tier, o2, step)
+        dram.remove(batch_keys(step)[:5])
+        tier.remove(batch_keys(step)[:5])
+    m_dram.save_delta()
+    m_tier.save_delta()
+    # A tiered EV restores the tiered chain, an all-DRAM one too, and both
+    # equal the trained all-DRAM EV.
+    fresh_tier, fresh_dram = make(tmp_path, True, filter=evstore.CounterFilter(2)), make(tmp_path, False)
+    checkpoint.CheckpointManager(str(tmp_path / "tier_ckpt"), {"t": fresh_tier}, lease=False).restore()
+    checkpoint.CheckpointManager(str(tmp_path / "tier_ckpt"), {"t": fresh_dram}, lease=False).restore()
+    assert_went_to_disk(fresh_tier)
+    assert_same(state(fresh_tier), state(dram))
+    assert_same(state(fresh_dram), state(dram))
+    m_dram.close()
+    m_tier.close()
+
+
+def test_checkpoint_files_of_tiered_and_all_dram_evs_are_identical(tmp_path):
+    dram, tier = make(tmp_path, False), make(tmp_path, True)
+    o1, o2 = evstore.optimizers.Adam(0.05), evstore.optimizers.Adam(0.05)
+    for step in range(5):
+        train_step(dram, o1, step)
+        train_step(tier, o2, step)
+    m1 = checkpoint.CheckpointManager(str(tmp_path / "a"), {"t": dram}, lease=False)
+    m2 = checkpoint.CheckpointManager(str(tmp_path / "b"), {"t": tier}, lease=False)
+    m1.save_full()
+    m2.save_full()
+    for step in range(5, 8):
+        train_step(dram, o1, step)
+        train_step(tier, o2, step)
+    m1.save_delta()
+    m2.save_delta()
+    files = {}
+    for root in ("a", "b"):
+        for dirpath, _, names in os.walk(tmp_path / root):
+            for n in names:
+                if n.endswith(".data-00000-of-00001") or n.endswith(".index"):
+                    rel = os.path.relpath(os.path.join(dirpath, n), tmp_path / root)
+                    files.setdefault(rel, []).append((tmp_path / root / rel).read_bytes())
+    assert files and all(len(v) == 2 and v[0] == v[1] for v in files.values()), sorted(files)
+
+
+def test_restore_of_a_chain_bigger_than_the_budget(tmp_path):
+    big = make(tmp_path, False)
+    keys = np.arange(20000, dtype=np.int64) * 13
+    vals = np.random.default_rng(0).normal(size=(20000, DIM)).astype(np.float32)
+    big.load(keys, vals)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "c"), {"t": big}, lease=False)
+    mgr.save_full()
+    big.load(keys[:500], vals[:500] * 2)
+    mgr.save_delta()
+    fresh = make(tmp_path, True)
+    checkpoint.CheckpointManager(str(tmp_path / "c"), {"t": fresh}, lease=False).restore()
+    st = fresh.stats()
+    assert st["admitted"] == 20000 and st["cache_rows"] < 1000, st
+    assert_same(state(fresh), state(big))
+
+
+KILLED_TRAINER = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    import checkpoint, evstore
+    from test_tiered import make, train_step, state
+    import pathlib
+    tmp = pathlib.Path(sys.argv[1])
+    ev = make(tmp, True, filter=evstore.CounterFilter(2))
+    opt = evstore.optimizers.Adam(0.05)
+    mgr = checkpoint.CheckpointManager(str(tmp / "ckpt"), {{"t": ev}}, lease=False)
+    for step in range(5):
+        train_step(ev, opt, step)
+    mgr.save_full()
+    for step in range(5, 8):
+        train_step(ev, opt, step)
+    mgr.save_delta()
+    np.savez(tmp / "committed.npz", **state(ev))
+    for step in range(8, 12):
+        train_step(ev, opt, step)   # not committed: lost with the process
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_sigkilled_trainer_restores_exactly_and_its_tier_is_cleared(tmp_path):
+    script = KILLED_TRAINER.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]
+    stale = [d for d in os.listdir(tmp_path / "tier") if d.startswith("evstore-tier-")]
+    assert stale, "the killed trainer's private directory is left behind"
+    fresh = make(tmp_path, True, filter=evstore.CounterFilter(2))
+    left = [d for d in os.listdir(tmp_path / "tier") if d.startswith("evstore-tier-")]
+    assert not set(stale) & set(left), "a stale directory survived the next tiered EV's creation"
+    checkpoint.CheckpointManager(str(tmp_path / "ckpt"), {"t": fresh}, lease=False).restore()
+    committed = dict(np.load(tmp_path / "committed.npz"))
+    assert_same(state(fresh), committed)
+
+
+FULL_DISK = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    import tensorflow as tf
+    sys.path.insert(0, {tests!r})
+    import evstore
+    from evstore import training
+    from test_tiered import make, batch_keys, state, assert_same, DIM
+    import pathlib
+    tmp = pathlib.Path(sys.argv[1])
+    dram, tier = make(tmp, False), make(tmp, True)
+
+    def step(ev, i):
+        # Lookup and apply as separate ops: each is tried, whatever the other did.
+        keys = batch_keys(i)
+        errors = []
+        for op in (lambda: evstore.embedding_lookup(ev, keys),
+                   lambda: training.sparse_apply_adagrad(
+                       ev, tf.IndexedSlices(tf.fill([len(keys), DIM], 0.25), keys), 0.1, i)):
+            try:
+                op()
+            except tf.errors.ResourceExhaustedError as e:
+                errors.append(str(e))
+        return errors
+
+    for i in range(3):
+        assert not step(tier, i) and not step(dram, i)
+    # Python ignores SIGXFSZ: writes past the limit fail with EFBIG.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (tier.stats()["disk_bytes"], resource.RLIM_INFINITY))
+    errors = []
+    for i in range(3, 8):
+        errors += step(tier, i)
+        assert not step(dram, i)
+    assert errors, "no error on a full disk"
+    assert "stays in memory" in errors[0] and "free disk space or raise dram_bytes" in errors[0], errors[0]
+    assert_same(state(tier), state(dram))   # nothing lost: the rows stayed in DRAM
+    # Space again: training goes on without errors and still agrees.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    for i in range(8, 10):
+        assert not step(tier, i) and not step(dram, i)
+    assert_same(state(tier), state(dram))
+    print("ERROR:", errors[0])
+""")
+
+
+def test_a_full_disk_is_a_clear_error_that_loses_no_row(tmp_path):
+    script = FULL_DISK.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "ERROR:" in p.stdout
+
+
+def test_storage_arguments_are_checked():
+    with pytest.raises(ValueError):
+        evstore.TieredStorage(dram_bytes=0)
+    with pytest.raises(TypeError):
+        evstore.TieredStorage(dram_bytes=1.5)
+    with pytest.raises(TypeError):
+        evstore.EmbeddingVariable("x", 4, storage="disk")
+
+
+def test_private_directory_goes_away_with_the_ev(tmp_path):
+    ev = make(tmp_path, True)
+    train_step(ev, evstore.optimizers.SGD(0.1), 0)
+    assert [d for d in os.listdir(tmp_path / "tier") if d.startswith("evstore-tier-")]
+    del ev
+    import gc
+    gc.collect()
+    assert not [d for d in os.listdir(tmp_path / "tier") if d.startswith("evstore-tier-")]

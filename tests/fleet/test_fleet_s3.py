@@ -1,0 +1,106 @@
+"""A fleet on one object-store root (issue 31, item 3): a trainer and three
+`evstore serve` replicas against one S3 server (moto's, a separate process on
+127.0.0.1, through s3fs). Each replica converges to each new commit, serves
+from the commit's bfloat16 view, reads far less than the commit holds, and
+reports per commit on /metrics the bytes it fetched, its apply duration and
+the lag from the commit's time to served."""
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+import checkpoint
+import serving_loader
+from ckpt_model import make_model, probe_inputs, train
+from serve_proc import Server, metrics, predict_columns
+
+REPLICAS = 3
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3_root(tmp_path):
+    """s3://<bucket>/fleet on a moto S3 server process; AWS_* variables
+    (inherited by the replicas) point at it."""
+    import fsspec
+
+    port = _free_port()
+    log = open(tmp_path / "moto.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto server did not start (exit {proc.poll()})")
+            time.sleep(0.2)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    fsspec.filesystem("s3").clear_instance_cache()
+    bucket = f"evstore-{uuid.uuid4().hex[:12]}"
+    fsspec.filesystem("s3").mkdir(bucket)
+    try:
+        yield f"s3://{bucket}/fleet"
+    finally:
+        checkpoint.lease._release_all()   # the writer lease, while the server still answers
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        fsspec.filesystem("s3").clear_instance_cache()
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def test_three_replicas_on_one_s3_root_converge_to_each_commit_and_report_it(tmp_path, s3_root):
+    model = make_model()
+    train(model, 0, 3)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export)
+    mgr = checkpoint.CheckpointManager(s3_root, model, serving_view="bfloat16")
+    mgr.save_full()
+    replicas = []
+    try:
+        for i in range(REPLICAS):
+            replicas.append(Server(str(tmp_path), export, root=s3_root, name="ctr"))
+        users, items = probe_inputs()
+        for k in range(3):
+            train(model, 3 + 3 * k, 6 + 3 * k)
+            seq = mgr.save_delta()
+            m = mgr.chain()[-1]
+            want = model.predict([users, items], verbose=0)
+            for r in replicas:
+                r.wait_version(seq)
+                got = np.asarray(predict_columns(r, {"users": users, "items": items}))
+                assert np.abs(got - want).max() <= 1e-2   # the bfloat16 view's tolerance (test_serving_view)
+                s = metrics(r)
+                assert s["evstore_serving_applied_sequence"] == seq
+                assert 0 < s["evstore_serving_last_commit_fetched_bytes"] < m.total_bytes / 2
+                assert s["evstore_serving_last_commit_apply_seconds"] >= 0
+                assert s["evstore_serving_last_commit_lag_seconds"] >= 0
+                assert s["evstore_serving_fetched_bytes_total"] >= s["evstore_serving_last_commit_fetched_bytes"]
+                status, body = r.call("GET", "/v1/models/ctr/admin")
+                assert status == 200 and body["serving_view"] == "bfloat16", body
+    finally:
+        for r in replicas:
+            r.stop()

@@ -1,0 +1,146 @@
+"""The documentation holds: README.md and every page under docs/ are checked as written.
+
+- every ```python block of a page runs: a page's blocks, joined in order, in a fresh interpreter
+  (cwd the repository root, or a new temporary directory when the page says
+  `<!-- docs-test: cwd=tmp -->`). ```text, ```bash and ```sh blocks are shown, not run;
+- every relative link resolves to a file of the repository, and every #anchor to a heading of
+  its page (GitHub's anchors, which mkdocs.yml's `toc` slugify also produces);
+- no link and no text a user reads points outside the repository (`../shared`);
+- the command-line reference is what `evstore_app.cli_reference` renders from the parser;
+- `mkdocs build --strict` succeeds (skipped only when MkDocs is not installed: `make test` installs it).
+"""
+import glob
+import os
+import re
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = sorted(["README.md", "BENCHMARKS.md"]
+               + [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)])
+# The dated benchmark log is kept as it was written (it names the machine's shared paths of the time).
+HISTORY = "docs/history/"
+FENCE = re.compile(r"^(```+|~~~+)([^\n]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
+LINK = re.compile(r"(?<!\!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _read(page):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        return f.read()
+
+
+def _python_blocks(text):
+    return [m.group(3) for m in FENCE.finditer(text) if m.group(2).strip() == "python"]
+
+
+def _prose(text):
+    """The page without its fenced blocks and inline code (where links are not links)."""
+    text = FENCE.sub("", text)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def anchor(heading):
+    """GitHub's anchor of a heading: inline markup dropped, lower case, punctuation other than
+    '-' and '_' dropped, each space a hyphen."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())
+    text = text.replace("`", "").lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(page):
+    seen, out = {}, set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", _read(page)), re.M):
+        a = anchor(heading)
+        n = seen.get(a, 0)
+        seen[a] = n + 1
+        out.add(a if n == 0 else f"{a}-{n}")
+    return out
+
+
+def _links(page):
+    return LINK.findall(_prose(_read(page)))
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(_read(p))])
+def test_python_blocks_of_the_page_run_as_written(page, tmp_path):
+    text = _read(page)
+    script = tmp_path / "page_blocks.py"
+    script.write_text("\n".join(_python_blocks(text)))
+    cwd = tmp_path / "cwd" if "<!-- docs-test: cwd=tmp -->" in text else ROOT
+    os.makedirs(cwd, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f"{page}: its python blocks failed\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_and_anchor_of_the_page_resolves(page):
+    broken = []
+    for target in _links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):       # http:, https:, mailto:
+            continue
+        path, _, frag = target.partition("#")
+        path = urllib.parse.unquote(path)
+        dest = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), path)) if path else os.path.join(ROOT, page)
+        if os.path.relpath(dest, ROOT).startswith(".."):
+            broken.append(f"{target}: outside the repository")
+        elif not os.path.exists(dest):
+            broken.append(f"{target}: no such file")
+        elif frag and dest.endswith(".md") and frag not in _anchors(os.path.relpath(dest, ROOT)):
+            broken.append(f"{target}: no heading with anchor #{frag}")
+    assert broken == [], f"{page}: " + "; ".join(broken)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if not p.startswith(HISTORY)])
+def test_the_page_points_nowhere_outside_the_repository(page):
+    text = _read(page)
+    assert "../shared" not in text, f"{page} names ../shared, which a clone does not have"
+    assert "DESIGN.md" not in text and "DESIGN section" not in text, f"{page} cites a design file not shipped"
+
+
+def test_readme_links_into_the_docs_site():
+    targets = {t.partition("#")[0] for t in _links("README.md")}
+    for page in ("docs/getting-started.md", "docs/guides/serving.md", "docs/reference/checkpoint-format.md",
+                 "docs/reference/cli.md", "docs/performance.md"):
+        assert page in targets, f"README.md does not link to {page}"
+
+
+def test_benchmarks_md_holds_no_relative_links():
+    """The site includes BENCHMARKS.md into docs/performance.md, where a relative link would resolve
+    against docs/ instead of the root: BENCHMARKS.md names paths in code spans instead."""
+    relative = [t for t in _links("BENCHMARKS.md") if not re.match(r"^([a-z][a-z0-9+.-]*:|#)", t, re.I)]
+    assert relative == []
+
+
+def test_checkpoint_tensor_names_are_tabled_once():
+    """The per-EV tensor names have one table, docs/reference/checkpoint-format.md; other pages link to it."""
+    tables = [p for p in PAGES if re.search(r"^\| *`<name>-keys_filtered`", _read(p), re.M)]
+    assert tables == ["docs/reference/checkpoint-format.md"]
+
+
+def test_cli_reference_page_is_rendered_from_the_parser():
+    from evstore_app.cli_reference import render
+    assert _read("docs/reference/cli.md") == render(), \
+        "docs/reference/cli.md is stale: run `make cli-docs` (python -m evstore_app.cli_reference)"
+
+
+def test_every_docs_page_is_in_the_site_nav():
+    lines = [line for line in _read("mkdocs.yml").splitlines() if not line.lstrip().startswith("#")]
+    nav = set(re.findall(r":\s*([\w./-]+\.md)\s*$", "\n".join(lines), re.M))
+    pages = {os.path.relpath(p, "docs") for p in PAGES if p.startswith("docs/")}
+    assert sorted(pages - nav) == [] and sorted(nav - pages) == []
+
+
+def test_mkdocs_builds_the_site_strictly(tmp_path):
+    pytest.importorskip("mkdocs", reason="MkDocs is not installed (pip install --group docs; make test installs it)")
+    pytest.importorskip("material", reason="mkdocs-material is not installed (pip install --group docs)")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert (tmp_path / "site" / "reference" / "checkpoint-format" / "index.html").exists()
