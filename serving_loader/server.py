@@ -168,7 +168,7 @@ class ServingApp:
     """
 
     def __init__(self, model, model_name="default", max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
-                 refresh_every_s=1.0, batching=None, idle_timeout_s=REST_IDLE_TIMEOUT_S, admin_token=None):
+                 refresh_every_s=1.0, batching=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, admin_token=None):
         if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
             raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
         self.model = model
