@@ -51,6 +51,7 @@ import zlib
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
+from evstore import distribute as _distribute
 from evstore._ops import gen
 from evstore.group import embedding_lookup_group as _local_group
 from evstore.schema import SHARD_ROUTE
@@ -145,7 +146,7 @@ class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module, collective_imple
             strategy = tf.distribute.get_strategy()
         self._rank, self._num_workers = _workers(strategy)
         self._ev_name = name
-        with tf.init_scope(), tf.variable_creator_scope(_local_creator):
+        with tf.init_scope(), tf.variable_creator_scope(_local_creator), _distribute.building_parts():
             self._local = UnshardedEmbeddingVariable(f"{name}/part_{self._rank}", dim, **ev_kwargs)
         self._local._collective_parent = weakref.ref(self)
         if self._num_workers > 1:

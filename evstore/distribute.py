@@ -17,11 +17,21 @@ ParameterServerStrategy); `EmbeddingVariable(...)` and
 
 Refusals are `ValueError`s that say which strategy to use instead. The
 checks run when the EV is built, never at the first step: an EV is never
-built in a scope where it would train silently wrong.
+built in a scope where it would train silently wrong. Building the subclass
+`UnshardedEmbeddingVariable(...)` directly is checked too (`check_table`):
+under a MultiWorkerMirroredStrategy of several workers it is refused, except
+as the part of a distributed EV (`building_parts()`: a
+CollectiveEmbeddingVariable's local shard).
 """
+import contextlib
+import threading
+
 import tensorflow as tf
 
-__all__ = ["EV_KIND_UNSHARDED", "EV_KIND_SHARDED", "EV_KIND_COLLECTIVE", "ev_kind", "in_multi_worker_scope"]
+__all__ = ["EV_KIND_UNSHARDED", "EV_KIND_SHARDED", "EV_KIND_COLLECTIVE", "ev_kind", "in_multi_worker_scope",
+           "building_parts", "check_table"]
+
+_PARTS = threading.local()
 
 EV_KIND_UNSHARDED = "unsharded"
 EV_KIND_SHARDED = "sharded"
@@ -72,3 +82,36 @@ def ev_kind(sharded, name=None):
         "OneDeviceStrategy, CentralStorageStrategy, a MirroredStrategy of one device, "
         "MultiWorkerMirroredStrategy (split over the workers) and ParameterServerStrategy (on the parameter "
         "servers). Build the model under one of those")
+
+
+@contextlib.contextmanager
+def building_parts():
+    """While active (this thread), the tables built are parts of a distributed
+    EV (a CollectiveEmbeddingVariable's local shard), which `check_table` lets through."""
+    outer = getattr(_PARTS, "active", False)
+    _PARTS.active = True
+    try:
+        yield
+    finally:
+        _PARTS.active = outer
+
+
+def check_table(name):
+    """Checks that one table of its own (an UnshardedEmbeddingVariable) may be
+    built in the current scope.
+
+    Raises:
+      ValueError: the strategy in scope cannot train it (as `ev_kind`), or a
+        MultiWorkerMirroredStrategy of several workers is in scope and the
+        table is not a part (`building_parts`): every worker would hold its
+        own whole table, trained apart.
+    """
+    if getattr(_PARTS, "active", False):
+        return
+    kind = ev_kind(False, name=name)
+    strategy = _strategy()
+    if kind == EV_KIND_COLLECTIVE and strategy.num_replicas_in_sync > 1:
+        raise ValueError(
+            f"UnshardedEmbeddingVariable '{name}' under a MultiWorkerMirroredStrategy of "
+            f"{strategy.num_replicas_in_sync} workers would be a whole table per worker, trained apart: build "
+            "evstore.EmbeddingVariable(...) (split over the workers) instead")

@@ -244,6 +244,7 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
                  shards=None, devices=None, storage=None):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
+        _distribute.check_table(name)
         _check_dim(dim)
         key_dtype = tf.as_dtype(key_dtype)
         if key_dtype not in KEY_DTYPES:

@@ -136,14 +136,15 @@ def build_parser():
                      help="commits whose quality covers fewer than N examples are not judged by the gate, nor "
                           "become its reference (default 1000)")
     srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
-                     help="port of the admin listener (pin, resume, rollback, metrics; serving_loader.admin_listener); "
-                          "default: 8502 with the default REST port 8501, else any free port (printed at start); -1: none")
+                     help="port of the admin listener (pin, resume, rollback, metrics; "
+                          "serving_loader.admin_listener); default: 8502 with the default REST port 8501, else any "
+                          "free port (printed at start); -1: none")
     srv.add_argument("--admin_host", "--admin-host", default="127.0.0.1",
                      help="address the admin listener binds (default 127.0.0.1; another needs --admin_token_file)")
     srv.add_argument("--admin_token_file", "--admin-token-file", default=None, metavar="FILE",
                      help="file holding the admin token: admin requests then need 'Authorization: Bearer <token>'")
-    srv.add_argument("--rest_idle_timeout", "--rest-idle-timeout", type=float, default=60.0, metavar="SECONDS",
-                     help="close REST and admin connections idle this long (default 60; 0: never)")
+    srv.add_argument("--rest_idle_timeout_s", "--rest-idle-timeout-s", type=float, default=60.0,
+                     metavar="SECONDS", help="close REST and admin connections idle this long (default 60; 0: never)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")

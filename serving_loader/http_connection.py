@@ -357,7 +357,7 @@ class HttpConnection(asyncio.Protocol):
         elif self.in_message or self.queue:
             self.queue.clear()
             self._send(error_response(408, f"no request bytes for {self.limits.idle_timeout_s:g} s "
-                                           "(--rest_idle_timeout)"), False)
+                                           "(--rest_idle_timeout_s)"), False)
         else:
             self.closed = True
             self.transport.close()

@@ -78,6 +78,11 @@ def main():
             import evstore
             kinds = {"layer_kind": type(emb.ev).__name__,
                      "raw_kind": type(evstore.EmbeddingVariable("raw", 2)).__name__}
+            try:
+                evstore.UnshardedEmbeddingVariable("direct", 2)
+                kinds["direct_error"] = ""
+            except ValueError as e:
+                kinds["direct_error"] = str(e)
     model.fit(dataset(), epochs=1, shuffle=False, verbose=0)
     ev = emb.ev.local if ports else emb.ev
     e = ev.export()

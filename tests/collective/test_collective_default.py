@@ -39,6 +39,13 @@ def test_an_ev_and_the_keras_layer_built_in_the_scope_are_collective(runs):
         assert str(w["layer_kind"]) == str(w["raw_kind"]) == "CollectiveEmbeddingVariable"
 
 
+def test_an_unsharded_table_built_directly_in_the_scope_is_refused(runs):
+    _, workers = runs
+    for w in workers:
+        assert "2 workers would be a whole table per worker" in str(w["direct_error"])
+        assert "evstore.EmbeddingVariable(...)" in str(w["direct_error"])
+
+
 def test_each_worker_holds_only_its_keys_and_together_the_single_process_keys(runs):
     single, workers = runs
     from evstore import shard_index

@@ -56,6 +56,12 @@ def main():
         except ValueError as e:
             entry["error"] = str(e)
         try:
+            with strategy.scope():
+                evstore.UnshardedEmbeddingVariable("direct", 2)
+            entry["direct_error"] = None
+        except ValueError as e:
+            entry["direct_error"] = str(e)
+        try:
             entry["max_diff"] = float(np.abs(fit(strategy) - reference).max())
         except ValueError as e:
             entry["layer_error"] = str(e)
@@ -66,6 +72,7 @@ def main():
     with strategy.scope():
         entry["built"] = type(evstore.EmbeddingVariable("mw", 2)).__name__
         entry["layer_built"] = type(evstore.keras.Embedding(2, name="mw_layer").ev).__name__
+        entry["direct_built"] = type(evstore.UnshardedEmbeddingVariable("mw_direct", 2)).__name__   # one worker
         for what, make in (("shards_error", lambda: evstore.EmbeddingVariable("mw_sharded", 2, shards=2)),
                            ("layer_not_collective_error", lambda: evstore.keras.Embedding(2, collective=False))):
             try:

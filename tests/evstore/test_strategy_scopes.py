@@ -26,7 +26,7 @@ def scopes():
 def test_a_mirrored_strategy_of_several_devices_refuses_ev_and_layer_saying_what_to_use(scopes):
     entry = scopes["MirroredStrategy(2 devices)"]
     assert entry["built"] is None and entry["max_diff"] is None
-    for message in (entry["error"], entry["layer_error"]):
+    for message in (entry["error"], entry["layer_error"], entry["direct_error"]):
         assert "MirroredStrategy of 2 devices" in message
         assert "CentralStorageStrategy" in message and "MultiWorkerMirroredStrategy" in message
 
@@ -36,12 +36,14 @@ def test_a_mirrored_strategy_of_several_devices_refuses_ev_and_layer_saying_what
 def test_strategies_that_keep_one_table_train_as_with_no_strategy(scopes, name):
     entry = scopes[name]
     assert entry["built"] == "UnshardedEmbeddingVariable" and entry["error"] is None
+    assert entry["direct_error"] is None
     assert entry["layer_error"] is None and entry["max_diff"] <= 1e-6
 
 
 def test_a_multi_worker_scope_builds_collective_tables_and_refuses_what_would_train_apart(scopes):
     entry = scopes["MultiWorkerMirroredStrategy(1 worker)"]
     assert entry["built"] == entry["layer_built"] == "CollectiveEmbeddingVariable"
+    assert entry["direct_built"] == "UnshardedEmbeddingVariable"   # one worker: a table of its own is whole
     assert "shards= / devices= do not apply" in entry["shards_error"]
     assert "collective=False" in entry["layer_not_collective_error"]
     assert "leave collective unset" in entry["layer_not_collective_error"]

@@ -14,7 +14,7 @@ import tensorflow as tf
 import serving_loader
 from served import Server
 
-IDLE_S = 3          # the server's --rest_idle_timeout here
+IDLE_S = 3          # the server's --rest_idle_timeout_s here
 STRINGS = {"inputs": {"text": ["abc", "hello"], "scale": [[1, 2], [3, 4]]}}
 
 
@@ -32,7 +32,7 @@ def server(tmp_path_factory):
     export = str(tmp / "export")
     serving_loader.export_serving_model(Strings(), export, input_signature=[
         tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None, 2], tf.float32, name="scale")])
-    s = Server(str(tmp), export, name="strings", extra=["--rest_idle_timeout", str(IDLE_S)])
+    s = Server(str(tmp), export, name="strings", extra=["--rest_idle_timeout_s", str(IDLE_S)])
     try:
         yield s
     finally:
