@@ -1,4 +1,4 @@
-"""A serving fleet reads only what it serves (issue 31): bytes a replica
+"""A serving fleet reads only what it serves: bytes a replica
 reads per commit, served model quality of the lower-precision serving views,
 the trainer's commit time with a view, and three replicas against one.
 

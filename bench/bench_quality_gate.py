@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_quality_gate.py [--out DIR] [--part demo,movielens]
         [--demo-minutes 2.5] [--poison 50:30] [--demo-gate default]
-        [--movielens tests/data/movielens-slice/ratings.csv] [--ml-poison 0.4:0.25] [--ml-commit-every 8]
+        [--movielens examples/data/movielens/ratings.csv] [--ml-poison 0.4:0.25] [--ml-commit-every 8]
         [--ml-gate "auc >= served - 0.03"]
     .venv/bin/python bench/bench_quality_gate.py --out DIR --combine RUN1/quality_gate.json RUN2/...  (one picture)
 
@@ -229,7 +229,7 @@ def main():
     ap.add_argument("--demo-minutes", type=float, default=2.5)
     ap.add_argument("--poison", default="50:30", help="demo: START:SECONDS of shuffled training labels")
     ap.add_argument("--demo-gate", default="default")
-    ap.add_argument("--movielens", default=os.path.join(REPO, "tests", "data", "movielens-slice", "ratings.csv"))
+    ap.add_argument("--movielens", default=os.path.join(REPO, "examples", "data", "movielens", "ratings.csv"))
     ap.add_argument("--ml-poison", default="0.4:0.25", help="movielens: FROM:LENGTH as fractions of the batches")
     ap.add_argument("--ml-commit-every", type=int, default=8)
     ap.add_argument("--ml-gate", default="auc >= served - 0.03")

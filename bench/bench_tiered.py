@@ -1,4 +1,4 @@
-"""Tiered storage (issue 30): the disk engine choice and the EV-level figures.
+"""Tiered storage: the disk engine choice and the EV-level figures.
 
     .venv/bin/python bench/bench_tiered.py engine --keys 1000000 --rounds 3
     .venv/bin/python bench/bench_tiered.py ev --keys 300000 --rounds 2

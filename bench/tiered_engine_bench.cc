@@ -1,4 +1,4 @@
-// Tiered storage benchmark (issue 30), core only (no TensorFlow): one table
+// Tiered storage benchmark, core only (no TensorFlow): one table
 // workload on three row stores, one per process run:
 //   dram     Table<int64_t> (RowArena): every row in DRAM, the reference;
 //   rowfile  TieredStore<FrequencyClock, RowFile>: the shipped disk engine;

@@ -6,9 +6,9 @@ Classify, Regress, GetModelMetadata) and tensorflow.serving.ModelService
 The transport is not Python's: serving_loader/native/grpc_frontend.cc speaks
 HTTP/2 (nghttp2) and gRPC's message framing in a C++ thread and hands whole
 request messages to one Python dispatch thread in batches; answers go back
-from whichever thread finishes them. grpcio's own server cost about 290 us of
-CPU per call on this project's 2-core benchmark machine before any model work,
-more than a whole REST request (BENCHMARKS.md, "Serving over the network").
+from whichever thread finishes them. grpcio's own server spends more CPU per
+call before any model work than a whole REST request
+(docs/history/benchmarks-log.md).
 Requests reach the model as REST ones do (ServingApp.call_model: the default
 signature through the batcher); errors are TF Serving's canonical codes
 (ServingError.code) with its messages. ModelService.HandleReloadConfigRequest

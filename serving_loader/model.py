@@ -158,8 +158,8 @@ def zero_example(inputs):
 
 class _FlatCall:
     """A signature called on its flat inputs, without ConcreteFunction.__call__'s
-    per-call argument binding (about 60 of the ~190 us a one-row call of the
-    demo's model costs on this project's 2-core machine; BENCHMARKS.md).
+    per-call argument binding, a large share of a one-row call's cost
+    (docs/history/benchmarks-log.md).
 
     Built once per signature: its parameter order, specs and captured inputs
     (the variables and tables) do not change while a model is served, since

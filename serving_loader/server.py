@@ -457,16 +457,16 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
                      batching=batching, idle_timeout_s=idle_timeout_s, admin_token=admin_token)
     # The loaded model leaves a large heap of long-lived Python objects (TF,
     # Keras, the restored graph); a full garbage collection walks all of them
-    # and stalls every request for hundreds of milliseconds (measured ~0.4 s
-    # here). Frozen, they are skipped by every later collection.
+    # and stalls every request for hundreds of milliseconds. Frozen, they are
+    # skipped by every later collection.
     app.warm_up()
     gc.collect()
     gc.freeze()
     rest_sock = _bind(host, rest_api_port) if rest_api_port is not None else None
     admin_sock = _bind(admin_host, admin_port) if admin_port != -1 else None
     try:
-        # uvloop: libuv's event loop and transports behind asyncio's API; the REST server's CPU per
-        # request fell from 179-190 to 133-153 us with it (BENCHMARKS.md, issue 14).
+        # uvloop: libuv's event loop and transports behind asyncio's API, which cost the REST
+        # server less CPU per request than asyncio's own (docs/history/benchmarks-log.md).
         return uvloop.run(_serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every,
                                        out, grpc_idle_timeout_s))
     finally:

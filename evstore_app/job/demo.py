@@ -49,10 +49,13 @@ class _Server:
     def __init__(self, export, root, name="demo", poll_every=0.05, log_path=None, gate=None):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}/v1/models/{name}"
+        # The admin listener only when gated: the demo reads the gate's hold from the admin status.
+        admin_port = _free_port() if gate is not None else -1
+        self.admin_url = f"http://127.0.0.1:{admin_port}/v1/models/{name}/admin"
         self.log = open(log_path or os.devnull, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
-             "--rest_api_port", str(self.port), "--port", "-1", "--admin_port", "-1", "--model-name", name,
+             "--rest_api_port", str(self.port), "--port", "-1", "--admin_port", str(admin_port), "--model-name", name,
              "--poll-every", str(poll_every)]
             + (["--gate", gate] if gate is not None else []),
             stdout=self.log, stderr=subprocess.STDOUT)
@@ -94,8 +97,8 @@ class _Server:
         return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
 
     def admin(self):
-        """The server's admin status (serving_loader/admin.py)."""
-        return self._get(self.base + "/admin")
+        """The server's admin status (serving_loader/admin.py; a gated server's admin listener)."""
+        return self._get(self.admin_url)
 
     def published(self):
         """Every version the server has published (its status lists them all,

@@ -1,4 +1,4 @@
-"""A fleet on one object-store root (issue 31, item 3): a trainer and three
+"""A fleet on one object-store root: a trainer and three
 `evstore serve` replicas against one S3 server (moto's, a separate process on
 127.0.0.1, through s3fs). Each replica converges to each new commit, serves
 from the commit's bfloat16 view, reads far less than the commit holds, and
@@ -18,7 +18,7 @@ import pytest
 import checkpoint
 import serving_loader
 from ckpt_model import make_model, probe_inputs, train
-from serve_proc import Server, metrics, predict_columns
+from serve_proc import Server, admin, metrics, predict_columns
 
 REPLICAS = 3
 
@@ -99,7 +99,7 @@ def test_three_replicas_on_one_s3_root_converge_to_each_commit_and_report_it(tmp
                 assert s["evstore_serving_last_commit_apply_seconds"] >= 0
                 assert s["evstore_serving_last_commit_lag_seconds"] >= 0
                 assert s["evstore_serving_fetched_bytes_total"] >= s["evstore_serving_last_commit_fetched_bytes"]
-                status, body = r.call("GET", "/v1/models/ctr/admin")
+                status, body = admin(r)
                 assert status == 200 and body["serving_view"] == "bfloat16", body
     finally:
         for r in replicas:

@@ -1,4 +1,4 @@
-"""A serving replica reads and verifies only what it serves (issue 31, item 1):
+"""A serving replica reads and verifies only what it serves:
 keys, values, filtered and deleted keys, the served dense weights. Never an
 EV's versions, frequencies or optimizer slots, never the dense optimizer
 state; a byte changed in what it reads refuses the commit (counted once), a

@@ -1,4 +1,4 @@
-"""The serving view (issue 31, item 2): the trainer writes the served rows in
+"""The serving view: the trainer writes the served rows in
 bfloat16, float16 or int8 (per-row scale) into the same commit; stock
 TensorFlow reads it; a replica serves from it and says so; the trainer's own
 state stays float32; a commit whose view is missing or corrupt is refused

@@ -1,4 +1,4 @@
-"""Faults between a trainer and a running ServingModel (issue 13, items 3 and 4):
+"""Faults between a trainer and a running ServingModel:
 a lost acknowledgement never reuses a sequence number and a server that
 applied withdrawn content converges; a delta the server cannot hold is
 refused whole, counted once, and the next full repairs it."""
