@@ -88,9 +88,14 @@ class SyncCheckpointManager(CheckpointManager):
     def _gather(self, values):
         return all_gather_ints(values, self.num_workers)
 
-    def _save(self, kind, metadata):
+    def _save(self, kind, metadata, quality=None):
         if metadata is not None and not isinstance(metadata, dict) and not callable(metadata):
             raise TypeError(f"metadata must be a dict (JSON-serialisable), got {type(metadata).__name__}")
+        if quality is not None:
+            # Each worker sees only its slice of the batch; a commit's quality
+            # would need the workers' counts gathered first, which this
+            # manager does not do, so it refuses rather than record one part.
+            raise ValueError("SyncCheckpointManager does not record a commit's quality (quality= must be None)")
         with self._save_lock:
             seq = 0
             if self.rank == 0:
