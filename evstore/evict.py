@@ -21,10 +21,12 @@ import abc
 
 import math
 
+from evstore.policy_config import ConfiguredPolicy
+
 __all__ = ["EvictPolicy", "GlobalStepEvict", "L2WeightEvict"]
 
 
-class EvictPolicy(abc.ABC):
+class EvictPolicy(ConfiguredPolicy, abc.ABC):
     """Base class of eviction policies (the interface the EV uses)."""
 
     @abc.abstractmethod
@@ -41,17 +43,6 @@ class EvictPolicy(abc.ABC):
     def get_config(self):
         """The constructor's arguments, a JSON-serialisable dict (Keras's
         serialization: a layer's config holds its policies so)."""
-
-    @classmethod
-    def from_config(cls, config):
-        """The policy `get_config` describes."""
-        return cls(**config)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self.get_config() == other.get_config()
-
-    def __hash__(self):
-        return hash((type(self), tuple(sorted(self.get_config().items()))))
 
 
 class GlobalStepEvict(EvictPolicy):

@@ -20,6 +20,8 @@ import abc
 
 import math
 
+from evstore.policy_config import ConfiguredPolicy
+
 __all__ = ["AdmissionFilter", "CounterFilter", "BloomFilter"]
 
 
@@ -30,7 +32,7 @@ def _check_min_freq(cls, min_freq, upper=None):
         raise ValueError(f"{cls}: min_freq must be <= {upper} (its counters are 8-bit), got {min_freq}")
 
 
-class AdmissionFilter(abc.ABC):
+class AdmissionFilter(ConfiguredPolicy, abc.ABC):
     """Base class of admission filters (the interface the EV uses)."""
 
     min_freq = 1
@@ -43,17 +45,6 @@ class AdmissionFilter(abc.ABC):
     def get_config(self):
         """The constructor's arguments, a JSON-serialisable dict (Keras's
         serialization: a layer's config holds its filter so)."""
-
-    @classmethod
-    def from_config(cls, config):
-        """The filter `get_config` describes."""
-        return cls(**config)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self.get_config() == other.get_config()
-
-    def __hash__(self):
-        return hash((type(self), tuple(sorted(self.get_config().items()))))
 
 
 class CounterFilter(AdmissionFilter):

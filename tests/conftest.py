@@ -4,8 +4,8 @@ make the shared test helpers importable by name from every test directory.
 `ckpt_model` (tests/checkpoint/ckpt_model.py: the small deterministic training
 job of the checkpoint and serving tests, also run as a subprocess script) and
 `served` (tests/serving_loader/served.py: serving processes and exports for
-the serving tests) and `serve_proc` (the `evstore` command and helpers over a
-server process) are registered here, loaded lazily on first use, so `from
+the serving tests), `serve_proc` (the `evstore` command and helpers over a
+server process) and `s3_server` (moto's S3 server with a fresh bucket) are registered here, loaded lazily on first use, so `from
 ckpt_model import make_model` works in any test module without editing sys.path.
 """
 import importlib.util
@@ -17,7 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SHARED = {"ckpt_model": os.path.join(TESTS, "checkpoint", "ckpt_model.py"),
           "served": os.path.join(TESTS, "serving_loader", "served.py"),
-          "serve_proc": os.path.join(TESTS, "serving_loader", "serve_proc.py")}
+          "serve_proc": os.path.join(TESTS, "serving_loader", "serve_proc.py"),
+          "s3_server": os.path.join(TESTS, "checkpoint", "s3_server.py")}
 
 
 def _register_lazily(name, path):

@@ -2,13 +2,6 @@
 serving poll through s3fs against moto's standalone S3 server, started as a
 separate process on 127.0.0.1. Credentials and endpoint come from the usual
 AWS environment variables only (what docs/guides/checkpoints.md tells users to set)."""
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-import uuid
 
 import numpy as np
 import pytest
@@ -16,54 +9,15 @@ import pytest
 import checkpoint
 import serving_loader
 from ckpt_model import make_model, probe_inputs, train
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from s3_server import moto_bucket
 
 
 @pytest.fixture(scope="module")
 def s3_bucket(tmp_path_factory):
     """A bucket on a moto S3 server process; AWS_* variables point at it."""
-    import fsspec
-
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto server did not start (exit {proc.poll()})")
-            time.sleep(0.2)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    fsspec.filesystem("s3").clear_instance_cache()
-    bucket = f"evstore-{uuid.uuid4().hex[:12]}"
-    fsspec.filesystem("s3").mkdir(bucket)
-    try:
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with moto_bucket(log, before_stop=checkpoint.lease._release_all) as bucket:   # the writer lease first
         yield bucket
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        checkpoint.lease._release_all()   # the writer lease, while the server still answers
-        fsspec.filesystem("s3").clear_instance_cache()
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def _predict(sm):

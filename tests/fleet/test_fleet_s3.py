@@ -4,13 +4,6 @@
 from the commit's bfloat16 view, reads far less than the commit holds, and
 reports per commit on /metrics the bytes it fetched, its apply duration and
 the lag from the commit's time to served."""
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-import uuid
 
 import numpy as np
 import pytest
@@ -18,58 +11,18 @@ import pytest
 import checkpoint
 import serving_loader
 from ckpt_model import make_model, probe_inputs, train
+from s3_server import moto_bucket
 from serve_proc import Server, admin, metrics, predict_columns
 
 REPLICAS = 3
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def s3_root(tmp_path):
     """s3://<bucket>/fleet on a moto S3 server process; AWS_* variables
     (inherited by the replicas) point at it."""
-    import fsspec
-
-    port = _free_port()
-    log = open(tmp_path / "moto.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto server did not start (exit {proc.poll()})")
-            time.sleep(0.2)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    fsspec.filesystem("s3").clear_instance_cache()
-    bucket = f"evstore-{uuid.uuid4().hex[:12]}"
-    fsspec.filesystem("s3").mkdir(bucket)
-    try:
+    with moto_bucket(tmp_path / "moto.log", before_stop=checkpoint.lease._release_all) as bucket:
         yield f"s3://{bucket}/fleet"
-    finally:
-        checkpoint.lease._release_all()   # the writer lease, while the server still answers
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        fsspec.filesystem("s3").clear_instance_cache()
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def test_three_replicas_on_one_s3_root_converge_to_each_commit_and_report_it(tmp_path, s3_root):
