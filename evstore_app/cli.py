@@ -266,9 +266,9 @@ def _dispatch(args):
     if args.command == "server":
         return _server(args)
     if args.command == "serve":
-        from serving_loader import server
+        from evstore_app import serve_cmd
 
-        return server.cli(args)
+        return serve_cmd.run(args)
     if args.command == "serve-admin":
         return _serve_admin(args)
     if args.command == "ckpt":

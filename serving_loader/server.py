@@ -548,34 +548,3 @@ def _set_tf_threads(intra, inter):
                 raise ValueError(f"{name} must be set before TensorFlow runs anything in this process: {e}") from None
     log.info("TensorFlow threads: intra-op %d, inter-op %d (0: TensorFlow's choice)",
              threading_.get_intra_op_parallelism_threads(), threading_.get_inter_op_parallelism_threads())
-
-
-def cli(args):
-    """`evstore serve` (arguments parsed by evstore_app.cli)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll otherwise
-    try:
-        batching = None
-        if args.enable_batching:
-            batching = BatchingOptions(max_batch_size=args.max_batch_size,
-                                       batch_timeout_micros=args.batch_timeout_micros,
-                                       max_enqueued_batches=args.max_enqueued_batches,
-                                       num_batch_threads=args.num_batch_threads)
-        return serve(args.export, args.checkpoints, host=args.host,
-                     port=None if args.port < 0 else args.port,
-                     rest_api_port=None if args.rest_api_port < 0 else args.rest_api_port,
-                     model_name=args.model_name, poll_every=args.poll_every,
-                     max_request_bytes=args.max_request_bytes, batching=batching, allow_empty=args.allow_empty,
-                     intra_op_parallelism=args.tensorflow_intra_op_parallelism,
-                     inter_op_parallelism=args.tensorflow_inter_op_parallelism,
-                     grpc_idle_timeout_s=args.grpc_idle_timeout_s, gate=args.gate,
-                     gate_min_examples=args.gate_min_examples,
-                     admin_port=args.admin_port, admin_host=args.admin_host,
-                     admin_token=admin_listener.read_token(args.admin_token_file) if args.admin_token_file else None,
-                     idle_timeout_s=args.rest_idle_timeout_s or None)
-    except (ValueError, OSError) as e:
-        from serving_loader.model import NothingToServeError
-
-        hint = " (--allow-empty serves the export as it is)" if isinstance(e, NothingToServeError) else ""
-        print(f"evstore serve: {e}{hint}", file=sys.stderr)
-        return 1
