@@ -21,6 +21,7 @@ Encodings (one small class each behind `ViewCodec`):
     [-127, 127] (Check-N-Run's uniform quantization); a row of zeros has
     scale 0. Decoded value = q * scale.
 """
+import abc
 import concurrent.futures
 import os
 
@@ -36,7 +37,7 @@ VIEW_PREFIX = "serving"
 SCALE = "-values_scale"
 
 
-class ViewCodec:
+class ViewCodec(abc.ABC):
     """How the view stores float32 rows and reads them back."""
 
     dtype = None   # the manifest's name of the view
@@ -45,13 +46,13 @@ class ViewCodec:
         """Tensor suffixes one EV has in the view bundle."""
         return (schema.VALUES,)
 
+    @abc.abstractmethod
     def encode(self, values):
         """{suffix: np.ndarray} for float32 rows `values` [N, dim]."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def decode(self, tensors, dim):
         """float32 [N, dim] from {suffix: np.ndarray}; ValueError if inconsistent."""
-        raise NotImplementedError
 
 
 class _Cast(ViewCodec):
