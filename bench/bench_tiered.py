@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_tiered.py engine --keys 1000000 --rounds 3
     .venv/bin/python bench/bench_tiered.py ev --keys 300000 --rounds 2
+    .venv/bin/python bench/bench_tiered.py serving --keys 1000000   # bench/bench_tiered_serving.py
 
 `engine`: builds bench/tiered_engine_bench.cc (core only, no TensorFlow;
 needs Debian's librocksdb-dev, found by pkg-config) and runs, alternately and
@@ -170,6 +171,13 @@ def ev_level(args):
 
 
 def main():
+    if sys.argv[1:2] == ["serving"]:   # serving a tiered model: its own script and flags
+        sys.path.insert(0, HERE)
+        import bench_tiered_serving
+        sp = argparse.ArgumentParser(prog="bench_tiered.py serving", description=bench_tiered_serving.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        bench_tiered_serving.add_args(sp)
+        sys.exit(bench_tiered_serving.main(sp.parse_args(sys.argv[2:])))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["engine", "ev"])
     ap.add_argument("--keys", type=int, default=1_000_000)
