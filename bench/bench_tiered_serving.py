@@ -64,20 +64,30 @@ def rss_mib():
 
 
 def build(dim, storage=None):
-    import keras
+    """(model, ev): a tf.Module; `storage` makes the writer's EV tiered."""
     import tensorflow as tf
 
     import evstore
 
-    ids = keras.Input(shape=(IDS,), dtype="int64", name="ids")
-    e = evstore.keras.Embedding(dim, name="emb", embeddings_initializer=tf.constant_initializer(0.0),
-                                storage=storage)(ids)
-    x = keras.layers.GlobalAveragePooling1D()(e)
-    out = keras.layers.Dense(1, activation="sigmoid", name="out",
-                             kernel_initializer=keras.initializers.GlorotUniform(seed=1))(x)
-    model = keras.Model(ids, out)
-    model(np.zeros((1, IDS), np.int64))
-    return model, model.get_layer("emb").ev
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = evstore.EmbeddingVariable("emb", dim, initializer=tf.zeros_initializer(), storage=storage)
+            self.kernel = tf.Variable(tf.keras.initializers.GlorotUniform(seed=1)([dim, 1]), name="out_kernel")
+            self.bias = tf.Variable(tf.zeros([1]), name="out_bias")
+
+        def __call__(self, ids):
+            x = tf.reduce_mean(evstore.embedding_lookup(self.emb, ids), axis=1)
+            return tf.sigmoid(tf.matmul(x, self.kernel) + self.bias)
+
+    model = Model()
+    return model, model.emb
+
+
+def _signature():
+    import tensorflow as tf
+
+    return [tf.TensorSpec([None, IDS], tf.int64, name="ids")]
 
 
 def write_chain(workdir, keys, dim, deltas, delta_rows, seed, writer_dram_bytes=None):
@@ -91,8 +101,8 @@ def write_chain(workdir, keys, dim, deltas, delta_rows, seed, writer_dram_bytes=
         storage = evstore.TieredStorage(dram_bytes=writer_dram_bytes, path=os.path.join(workdir, "writer-tier"))
     model, ev = build(dim, storage)
     stock, tables = os.path.join(workdir, "export-stock"), os.path.join(workdir, "export-evstore")
-    export_serving_model(model, stock)
-    export_serving_model(model, tables, tables="evstore")
+    export_serving_model(model, stock, input_signature=_signature())
+    export_serving_model(model, tables, input_signature=_signature(), tables="evstore")
     rng = np.random.default_rng(seed)
     for s in range(0, keys, CHUNK):
         e = min(keys, s + CHUNK)
@@ -123,7 +133,8 @@ class Feed:
         self.manifest = MANIFEST
         self.source, self.dest = source, dest
         os.makedirs(dest, exist_ok=True)
-        self.pending = sorted(d for d in os.listdir(source) if os.path.exists(os.path.join(source, d, MANIFEST)))
+        self.pending = sorted((d for d in os.listdir(source) if os.path.exists(os.path.join(source, d, MANIFEST))),
+                              key=lambda d: int(d.rsplit("-", 1)[1]))   # by sequence number
 
     def next(self):
         """Commits the next checkpoint; False when none is left."""
