@@ -75,6 +75,52 @@ def test_a_tiered_model_answers_what_the_all_dram_export_answers_after_a_full_an
     tiered.close()
 
 
+def test_a_sharded_ev_is_served_as_one_tiered_table(tmp_path):
+    model = make_model(user_shards=3)
+    train(model, 0, 3)
+    stock, tables = str(tmp_path / "stock"), str(tmp_path / "evstore")
+    serving_loader.export_serving_model(model, stock)
+    serving_loader.export_serving_model(model, tables, tables="evstore")
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    tiered, stock = _models((model, stock, tables, mgr, str(tmp_path / "tier")))
+    _same_answers(tiered, stock)
+    train(model, 3, 5)
+    seq = mgr.save_delta()
+    assert tiered.poll() == stock.poll() == seq
+    _same_answers(tiered, stock)
+    tiered.close()
+
+
+def test_string_keys_are_served_from_a_tiered_table_with_deletions(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    keys = np.array([b"sku:%d" % i for i in range(200)] + [b"", b"\xff\xfe", b"a\x00b"], object)
+    ids = keras.Input(shape=(2,), dtype="string", name="skus")
+    emb = evstore.keras.Embedding(4, key_dtype="string", name="sku")
+    model = keras.Model(ids, keras.layers.Flatten()(emb(ids)))
+    model.compile(optimizer=evstore.optimizers.Adagrad(0.2), loss="mse")
+    rng = np.random.default_rng(0)
+    model.train_on_batch(tf.constant(keys[rng.integers(0, len(keys), (256, 2))]), rng.normal(size=(256, 8)))
+    stock, tables = str(tmp_path / "stock"), str(tmp_path / "evstore")
+    serving_loader.export_serving_model(model, stock)
+    serving_loader.export_serving_model(model, tables, tables="evstore")
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    tiered = serving_loader.ServingModel(tables, mgr.root,
+                                         storage=evstore.TieredStorage(dram_bytes=256, path=str(tmp_path / "tier")))
+    stock = serving_loader.ServingModel(stock, mgr.root)
+    probe = {"skus": np.concatenate([keys, [b"never"]])[:204].reshape(-1, 2)}
+    emb.ev.remove(keys[::7])
+    mgr.save_delta()
+    for _ in range(2):   # after the full, then after the delta
+        np.testing.assert_array_equal(tiered.predict(probe)[0]["outputs"], stock.predict(probe)[0]["outputs"])
+        assert tiered.poll() == stock.poll() == 2
+    np.testing.assert_array_equal(tiered.predict(probe)[0]["outputs"], stock.predict(probe)[0]["outputs"])
+    tiered.close()
+
+
 def test_an_evstore_table_export_holds_no_rows_and_serves_the_default_without_a_root(job):
     model, _, tables, _, _ = job
     sm = serving_loader.ServingModel(tables)
