@@ -15,6 +15,8 @@ streaming the full's bundle, that `adopt` makes the served table in one swap
 optimizer slots; their dirty and deleted sets are dropped after each change
 (nothing is ever exported from them), so they do not grow while serving.
 """
+import logging
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context as _context
@@ -28,6 +30,8 @@ __all__ = ["ExportedTable", "EvTable", "STOCK", "EVSTORE", "TABLE_KINDS"]
 STOCK = "stock"       # DenseHashTable: any TensorFlow loads the export
 EVSTORE = "evstore"   # evstore tables: loads with evstore's op library; rows may live in a tier
 TABLE_KINDS = (STOCK, EVSTORE)
+
+log = logging.getLogger("evstore.serving")
 
 
 def _anonymous_handle(key_dtype):
@@ -110,18 +114,31 @@ def _forget_changes(handle, key_dtype):
     ops.ev_end_export(handle, sid, key_dtype=key_dtype, commit=True)
 
 
+def _completed(op):
+    """Runs `op()`. A tiered table whose disk refused a write-back still
+    completes the op (the row stays in DRAM, the cache over its budget) and
+    then reports ResourceExhausted (core/tiered_store.h): a publish must not
+    stop half-way for it, so it is logged and the op counts as done."""
+    try:
+        op()
+    except tf.errors.ResourceExhaustedError as e:
+        if "free disk space" not in e.message:   # not a refused write-back (e.g. out of memory): not completed
+            raise
+        log.warning("serving table over its DRAM budget: %s", e.message)
+
+
 def _erase(handle, key_dtype, keys):
-    ops.ev_remove(handle, tf.constant(keys, key_dtype))
+    _completed(lambda: ops.ev_remove(handle, tf.constant(keys, key_dtype)))
     _forget_changes(handle, key_dtype)
 
 
 def _insert(handle, key_dtype, dim, keys, values, freqs):
     n = len(keys)
     freqs = np.ones([n], np.int64) if freqs is None else np.asarray(freqs, np.int64)
-    ops.ev_import(handle, tf.constant(keys, key_dtype), tf.constant(values, tf.float32),
-                  tf.zeros([n, 0, dim], tf.float32), tf.constant([], tf.string),
-                  tf.fill([n], tf.constant(-1, tf.int64)), tf.constant(freqs, tf.int64),
-                  tf.constant([], key_dtype), tf.constant([], tf.int64), clear=False)
+    _completed(lambda: ops.ev_import(handle, tf.constant(keys, key_dtype), tf.constant(values, tf.float32),
+                                     tf.zeros([n, 0, dim], tf.float32), tf.constant([], tf.string),
+                                     tf.fill([n], tf.constant(-1, tf.int64)), tf.constant(freqs, tf.int64),
+                                     tf.constant([], key_dtype), tf.constant([], tf.int64), clear=False))
     _forget_changes(handle, key_dtype)
 
 
