@@ -153,6 +153,27 @@ def test_pin_and_rollback_on_a_tiered_model_serve_what_the_all_dram_export_serve
     assert _tier_dirs(tier) == []
 
 
+def test_the_quality_gate_holds_a_failing_commit_on_a_tiered_model(job):
+    model, _, tables, mgr, tier = job
+
+    def q(auc):
+        return {"auc": auc, "logloss": 0.5, "examples": 1000, "label_rate": 0.3}
+
+    mgr.save_full(quality=q(0.80))
+    tiered = serving_loader.ServingModel(tables, mgr.root, gate="auc >= served - 0.05",
+                                         storage=evstore.TieredStorage(dram_bytes=DRAM_BYTES, path=tier))
+    stock = serving_loader.ServingModel(job[1], mgr.root)
+    train(model, 3, 4)
+    bad = mgr.save_delta(quality=q(0.60))
+    assert tiered.poll() == 1 and tiered.admin_status()["held_commits"] == [bad]
+    train(model, 4, 5)
+    good = mgr.save_delta(quality=q(0.79))
+    assert tiered.poll() == good and tiered.applied_seqs[-2:] == [bad, good]   # published together
+    assert stock.poll() == good
+    _same_answers(tiered, stock)
+    tiered.close()
+
+
 def _corrupt_largest_data_file(d):
     f = max((os.path.join(d, n) for n in os.listdir(d) if ".data-" in n), key=os.path.getsize)
     b = bytearray(open(f, "rb").read())
