@@ -157,6 +157,7 @@ class EvTable:
     """
 
     reserves_sentinels = False   # an evstore table holds every key (serving_loader/table.py's does not)
+    weighs_freqs = True          # insert() takes the keys' frequencies: the tier's cache policy weighs them
 
     def __init__(self, resource, key_dtype, dim, default, storage=None):
         self._resource = resource

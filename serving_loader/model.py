@@ -48,11 +48,10 @@ the loading, predictions and the public names):
   * serving_loader/rwlock.py, serving_loader/table.py: the reader-writer lock
     and the serving table adapter.
 """
+import atexit
 import json
 import os
 import threading
-
-import atexit
 import weakref
 
 import tensorflow as tf
@@ -62,6 +61,7 @@ from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
 from evstore.storage import TieredStorage
 from serving_loader.apply_metrics import ApplyMetrics
+from serving_loader.ev_table import EVSTORE, STOCK, EvTable
 from serving_loader.export import FORMAT, MAP_FILE
 from serving_loader.flat_call import FlatCall, zero_example
 from serving_loader.gate import Gate, GateState
@@ -69,7 +69,6 @@ from serving_loader.polling import Polling
 from serving_loader.rollback import Rollback, RollbackError
 from serving_loader.rwlock import RWLock
 from serving_loader.staging import Staging
-from serving_loader.ev_table import EVSTORE, STOCK, EvTable
 from serving_loader.streamed_reload import StreamedReload
 from serving_loader.table import Table
 

@@ -21,7 +21,7 @@ class _Staged:
 
     def __init__(self, manifest, evs, dense, view="float32", bytes_read=0):
         self.manifest = manifest
-        self.evs = evs        # name -> (erase_keys, upsert_keys, upsert_values)
+        self.evs = evs        # name -> (erase_keys, upsert_keys, upsert_values, reserved, freqs or None)
         self.dense = dense    # name -> np.ndarray
         self.view = view      # the precision its rows were read in
         self.bytes_read = bytes_read
@@ -41,7 +41,7 @@ class Staging:
         if missing:
             raise CheckpointError(f"{m.dir} holds no EV {missing} that the export serves")
         plan = served_tensors.plan(m, {n: parts[n] for n in self._tables}, list(self._dense), self.use_serving_view,
-                                   freqs=[n for n, t in self._tables.items() if not t.reserves_sentinels])
+                                   freqs=[n for n, t in self._tables.items() if t.weighs_freqs])
         with fetch(self.storage, m, plan.tensors) as t:
             evs = {}
             for name in self._tables:
@@ -50,7 +50,7 @@ class Staging:
                 except ValueError as e:
                     raise CheckpointError(f"{m.dir}: EV {name!r}: {e}") from None
                 freqs = None
-                if not self._tables[name].reserves_sentinels:
+                if self._tables[name].weighs_freqs:
                     freqs = plan.ev_freqs(t, name)
                     if len(freqs) != len(keys):
                         raise CheckpointError(f"{m.dir}: EV {name!r} has {len(freqs)} frequencies for "

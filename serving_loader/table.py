@@ -9,6 +9,7 @@ class Table:
     (The other adapter, for evstore tables: serving_loader/ev_table.py.)"""
 
     reserves_sentinels = True   # its empty and deleted keys live beside it (export.py)
+    weighs_freqs = False        # insert() ignores the keys' frequencies
 
     def __init__(self, resource, key_dtype):
         self._h = resource.resource_handle
