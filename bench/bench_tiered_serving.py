@@ -10,8 +10,10 @@ twice: the stock export (every row in a DenseHashTable) and `tables="evstore"` s
 `storage=evstore.TieredStorage(dram_bytes=--dram-fraction of the rows' bytes)`.
 
   chain    a writer EV (all DRAM, or tiered with --writer-dram-bytes for sizes that do not fit)
-           gets --keys rows, saved as a full; then --deltas deltas, each giving --delta-rows
-           random keys new values and removing 1% as many (root "source").
+           gets --keys rows, with the frequencies Zipf(--zipf) ids would give them, saved as a full;
+           then --deltas deltas, each giving --delta-rows keys drawn from the same Zipf ids (what a
+           stretch of training touches) new values and removing 1% as many random keys (root
+           "source").
   serving  each model reads its own root, fed from "source": the full at start, then one delta
            every --every seconds during its "busy" windows (files hard-linked, the manifest last:
            a commit as a writer makes it). Predicts of one example (8 ids drawn from Zipf(--zipf)
@@ -21,7 +23,8 @@ twice: the stock export (every row in a DenseHashTable) and `tables="evstore"` s
            applying each delta as it lands), and the two models alternate too.
 
 Reported per model: p50 / p99 of predict latency idle and busy, deltas applied, apply time
-(stage + publish) median, the tiered table's DRAM hit rate over the predicts, and RSS.
+(stage + publish) median, publish time (under the write lock: predictions wait) p50 and max, the tiered table's DRAM hit rate over the idle windows' predicts (a
+delta's upserts count as reads too), and the RSS the model added.
 `run(...)` is the callable form (tscale's larger runs): it returns the dict printed as the last line.
 """
 import argparse
@@ -90,8 +93,14 @@ def _signature():
     return [tf.TensorSpec([None, IDS], tf.int64, name="ids")]
 
 
-def write_chain(workdir, keys, dim, deltas, delta_rows, seed, writer_dram_bytes=None):
-    """Exports (stock, evstore) and the source root: a full of `keys` rows and `deltas` deltas."""
+def freqs(idx, zipf):
+    """What training would have counted for key index i: its share of Zipf(zipf) ids, the rank i + 1."""
+    return np.maximum(1, np.round(1e6 / (np.asarray(idx, np.float64) + 1) ** zipf)).astype(np.int64)
+
+
+def write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes=None):
+    """Exports (stock, evstore) and the source root: a full of `keys` rows and `deltas` deltas, the rows'
+    frequencies those Zipf(zipf) ids would give (the tier's cache policy weighs them)."""
     import checkpoint
     import evstore
     from serving_loader import export_serving_model
@@ -106,16 +115,20 @@ def write_chain(workdir, keys, dim, deltas, delta_rows, seed, writer_dram_bytes=
     rng = np.random.default_rng(seed)
     for s in range(0, keys, CHUNK):
         e = min(keys, s + CHUNK)
-        ev.load(make_keys(np.arange(s, e)), rng.standard_normal((e - s, dim), dtype=np.float32) * 0.1)
+        idx = np.arange(s, e)
+        ev.load(make_keys(idx), rng.standard_normal((e - s, dim), dtype=np.float32) * 0.1, freqs=freqs(idx, zipf))
     mgr = checkpoint.CheckpointManager(os.path.join(workdir, "source"), model)
     t0 = time.perf_counter()
     mgr.save_full()
     log(f"  full of {keys} x {dim} saved in {time.perf_counter() - t0:.1f} s")
     deletes = max(1, delta_rows // 100)
     for _ in range(deltas):
-        idx = rng.choice(keys, size=delta_rows + deletes, replace=False)
-        ev.load(make_keys(idx[:delta_rows]), rng.standard_normal((delta_rows, dim), dtype=np.float32) * 0.1)
-        ev.remove(make_keys(idx[delta_rows:]))
+        # The keys a stretch of training touched (Zipf ids), and a few cold ones removed (evicted).
+        touched = np.unique((rng.zipf(zipf, size=20 * delta_rows) - 1) % keys)
+        idx = rng.choice(touched, size=min(delta_rows, len(touched)), replace=False)
+        gone = np.setdiff1d(rng.choice(keys, size=deletes, replace=False), idx)
+        ev.load(make_keys(idx), rng.standard_normal((len(idx), dim), dtype=np.float32) * 0.1, freqs=freqs(idx, zipf))
+        ev.remove(make_keys(gone))
         mgr.save_delta()
     log(f"  {deltas} deltas of {delta_rows} rows (+{deletes} deletions) saved")
     root = mgr.root
@@ -170,8 +183,10 @@ def predict_loop(sm, seconds, hz, n, zipf, rng, stats=None):
 
 
 def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000, every=1.0, windows=3,
-        window_s=5.0, predict_hz=200.0, zipf=1.1, seed=0, workdir=None, writer_dram_bytes=None, peer=True):
-    """The benchmark; returns its result dict. `peer=False` skips the all-DRAM model (sizes it cannot hold)."""
+        window_s=5.0, predict_hz=200.0, zipf=1.1, seed=0, workdir=None, writer_dram_bytes=None, peer=True,
+        warm=True):
+    """The benchmark; returns its result dict. `peer=False` skips the all-DRAM model (sizes it cannot hold);
+    `warm=False` publishes deltas without first reading their rows into the cache (ServingModel._warm)."""
     import logging
 
     import evstore
@@ -182,7 +197,7 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
     workdir = workdir or tempfile.mkdtemp(prefix="tserve-bench-")
     os.makedirs(workdir, exist_ok=True)
     try:
-        stock, tables, source = write_chain(workdir, keys, dim, deltas, delta_rows, seed, writer_dram_bytes)
+        stock, tables, source = write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes)
         dram_bytes = max(1, int(keys * dim * 4 * dram_fraction))
         rss0 = rss_mib()
         models = {}
@@ -197,7 +212,16 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
                 sm = ServingModel(stock, feed.dest)
             load_s = time.perf_counter() - t0
             models[name] = {"sm": sm, "feed": feed, "load_s": load_s, "rss_mib": rss_mib() - rss0,
-                            "idle": [], "busy": []}
+                            "idle": [], "busy": [], "publish": []}
+
+            def timed_publish(staged, orig=sm._publish, out=models[name]["publish"]):   # under the write lock
+                t = time.perf_counter()
+                orig(staged)
+                out.append(time.perf_counter() - t)
+
+            sm._publish = timed_publish
+            if not warm:   # the comparison: a delta's rows read from disk under the write lock
+                sm._warm = lambda staged: None
             rss0 = rss_mib()
             log(f"  {name}: loaded the full in {load_s:.1f} s, +{models[name]['rss_mib']:.0f} MiB RSS")
         gc.collect()
@@ -205,14 +229,16 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
         rng = np.random.default_rng(seed + 1)
         for m in models.values():
             predict_loop(m["sm"], 2.0, predict_hz, keys, zipf, rng)   # warm-up (and the tier's hot set)
-        hits0 = {}
+        reads = {"hits": 0, "misses": 0}   # the tiered table's, during idle windows: predicts only
         for w in range(windows):
             for name, m in (models.items() if w % 2 == 0 else reversed(list(models.items()))):
                 sm = m["sm"]
-                if name == "tiered" and name not in hits0:
-                    st = sm.tier_stats()["emb"]
-                    hits0 = {name: (st["cache_hits"], st["cache_misses"])}
+                before = sm.tier_stats().get("emb")
                 m["idle"] += predict_loop(sm, window_s, predict_hz, keys, zipf, rng)
+                if before is not None:
+                    after = sm.tier_stats()["emb"]
+                    reads["hits"] += after["cache_hits"] - before["cache_hits"]
+                    reads["misses"] += after["cache_misses"] - before["cache_misses"]
                 stop = threading.Event()
 
                 def feeder(feed=m["feed"], stop=stop):
@@ -231,18 +257,19 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
                                                    else [])
         out = {"keys": keys, "dim": dim, "dram_fraction": dram_fraction, "dram_bytes": dram_bytes,
                "delta_rows": delta_rows, "every_s": every, "windows": windows, "window_s": window_s,
-               "predict_hz": predict_hz, "zipf": zipf}
+               "predict_hz": predict_hz, "zipf": zipf, "warm": warm}
         for name, m in models.items():
             sm = m["sm"]
             r = {"idle_p50_ms": pct(m["idle"], 50), "idle_p99_ms": pct(m["idle"], 99), "idle_n": len(m["idle"]),
                  "busy_p50_ms": pct(m["busy"], 50), "busy_p99_ms": pct(m["busy"], 99), "busy_n": len(m["busy"]),
                  "deltas_applied": len(m.get("applied", [])), "failures": sm.failures,
                  "apply_p50_s": float(np.median(m["applied"])) if m.get("applied") else None,
+                 "publish_p50_ms": pct(m["publish"][1:], 50), "publish_max_ms": max(m["publish"][1:] or [0]) * 1e3,
                  "load_s": m["load_s"], "rss_mib": m["rss_mib"]}
             if name == "tiered":
                 st = sm.tier_stats()["emb"]
-                h, mi = st["cache_hits"] - hits0[name][0], st["cache_misses"] - hits0[name][1]
-                r.update(hit_rate=h / max(1, h + mi), cache_rows=st["cache_rows"], disk_bytes=st["disk_bytes"])
+                r.update(idle_hit_rate=reads["hits"] / max(1, reads["hits"] + reads["misses"]),
+                         cache_rows=st["cache_rows"], disk_bytes=st["disk_bytes"])
             out[name] = r
             sm.close()
         if peer:
@@ -270,6 +297,8 @@ def add_args(p):
     p.add_argument("--writer-dram-bytes", type=int, default=None,
                    help="the chain's writer EV tiered with this budget (sizes whose rows do not fit in DRAM)")
     p.add_argument("--no-peer", action="store_true", help="skip the all-DRAM model (sizes it cannot hold)")
+    p.add_argument("--no-warm", action="store_true",
+                   help="publish deltas without reading their rows into the cache first (for comparison)")
 
 
 def main(args):
@@ -277,7 +306,7 @@ def main(args):
     res = run(keys=args.keys, dim=args.dim, dram_fraction=args.dram_fraction, deltas=args.deltas,
               delta_rows=args.delta_rows, every=args.every, windows=args.windows, window_s=args.window_s,
               predict_hz=args.predict_hz, zipf=args.zipf, seed=args.seed, workdir=args.dir,
-              writer_dram_bytes=args.writer_dram_bytes, peer=not args.no_peer)
+              writer_dram_bytes=args.writer_dram_bytes, peer=not args.no_peer, warm=not args.no_warm)
     log(f"({time.time() - t0:.0f} s)")
     print(json.dumps(res))
     return 0

@@ -99,6 +99,19 @@ class Staging:
             erase = erase[(erase != empty) & (erase != deleted)]
         return erase, keys, values, reserved
 
+    def _warm(self, s):
+        """Before the write lock: reads the rows staged `s` changes in each served
+        table, as a prediction does, so a tiered table holds them in DRAM and
+        its publish does not read them from disk under the lock (a no-op for
+        tables in DRAM). Predictions go on meanwhile."""
+        self._lock.acquire_read()
+        try:
+            for name, (_, keys, *_) in s.evs.items():
+                if keys.size:
+                    self._tables[name].warm(keys)
+        finally:
+            self._lock.release_read()
+
     def _publish(self, s):
         """Under the write lock: make the staged checkpoint the served state.
         Everything was validated by _stage, so no step here fails on content."""

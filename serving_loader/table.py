@@ -29,5 +29,8 @@ class Table:
     def erase(self, keys):
         tf.raw_ops.LookupTableRemoveV2(table_handle=self._h, keys=tf.convert_to_tensor(keys, self._kd))
 
+    def warm(self, keys):
+        """Nothing to do: every row is in DRAM."""
+
     def close(self):
         """Nothing to do: the table is freed with the loaded model."""
