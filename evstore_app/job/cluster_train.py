@@ -51,14 +51,16 @@ class CtrModel(tf.Module):
         with the same seed start equal, sharded or not).
       table: makes each table, table(name, dim, **ev_kwargs) (default: an
         EmbeddingVariable of `shards` shards).
+      storage: the default tables' storage (evstore.TieredStorage: each
+        shard's rows in a DRAM cache over a tier on its own task's disk).
     """
 
-    def __init__(self, shards=None, seed=0, table=None):
+    def __init__(self, shards=None, seed=0, table=None, storage=None):
         super().__init__(name="ctr")
         rng = np.random.default_rng(seed)
         self.tables = {}
         self.weights = {}
-        table = table or functools.partial(evstore.EmbeddingVariable, shards=shards)
+        table = table or functools.partial(evstore.EmbeddingVariable, shards=shards, storage=storage)
         for field, dim in FIELDS:
             bank = rng.normal(0.0, 0.05, size=(BANK, dim)).astype(np.float32)
             self.tables[field] = table(field, dim, initializer=tf.constant_initializer(bank),
@@ -115,13 +117,14 @@ class ClusterJob:
       keep_chains: chains kept under `checkpoints`.
       shards: shards per table (default: the number of PS tasks).
       local: train in this process with unsharded EVs (no cluster).
+      storage: the tables' storage (CtrModel's; None: all rows in DRAM).
 
     Raises:
       ValueError: a bad cluster or argument (the message names it).
     """
 
     def __init__(self, cluster=None, checkpoints=None, batch_size=256, seed=0, learning_rate=0.05,
-                 delta_every=20, full_every=None, keep_chains=3, shards=None, local=False):
+                 delta_every=20, full_every=None, keep_chains=3, shards=None, local=False, storage=None):
         for name, v in (("batch_size", batch_size), ("delta_every", delta_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -148,7 +151,7 @@ class ClusterJob:
             self.num_ps = len(spec["ps"])
             shards = self.num_ps if shards is None else shards
         with self.strategy.scope():   # shard i on PS i % num_ps
-            self.model = CtrModel(shards=shards, seed=seed)
+            self.model = CtrModel(shards=shards, seed=seed, storage=storage)
             self.optimizer = evstore.optimizers.SGD(learning_rate)
             # Built here, under the scope (its variables on the PS), not inside a scheduled function;
             # an EV's optimizer variable is its proxy (what `apply` maps it to).

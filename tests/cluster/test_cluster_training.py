@@ -56,6 +56,16 @@ def test_sync_cluster_training_equals_single_process_training(tmp_path):
     assert_same_state(load(out), reference(20))
 
 
+def test_sync_cluster_training_on_tiered_tables_equals_single_process_all_dram_training(tmp_path):
+    out = str(tmp_path / "state.npz")
+    with LocalCluster(num_ps=2, num_workers=2, directory=str(tmp_path)) as lc:
+        # 1 KiB of rows per shard (32 rows of 8 floats): most rows live in each PS's tier file.
+        r = run_chief(lc, CHIEF, ["--cluster", lc.cluster_file, "--steps", 20, "--sync", "--batch-size", BATCH,
+                                  "--state-out", out, "--tiered-dram-bytes", 1024, "--tier-path", tmp_path])
+    assert r["cache_misses"] > 0                        # rows were read back from the PS tasks' disk tiers
+    assert_same_state(load(out), reference(20))
+
+
 def _qualities(root):
     """{position: quality record} of every commit under `root`."""
     out = {}
