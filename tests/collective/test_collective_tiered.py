@@ -29,6 +29,7 @@ def runs(tmp_path_factory):
             procs.append(h.start([SCRIPT, d / f"{kind}{r}.npz", "worker", "--rank", r, "--ports", ports, *extra],
                                  logs[-1]))
     assert h.wait_all(procs, logs) == [0] * 4, "\n".join(f"--- {lg}\n{h.tail(lg)}" for lg in logs)
+    assert os.listdir(tier) == [], "each worker removes its tier directories when it exits"
     return ([np.load(d / f"tiered{r}.npz") for r in range(2)], [np.load(d / f"dram{r}.npz") for r in range(2)])
 
 
