@@ -133,6 +133,17 @@ def test_an_evstore_table_export_holds_no_rows_and_serves_the_default_without_a_
     sm.close()
 
 
+def test_two_loads_of_one_evstore_table_export_hold_their_own_tables(job):
+    _, _, tables, mgr, _ = job
+    mgr.save_full()
+    loaded = serving_loader.ServingModel(tables, mgr.root)   # all in DRAM
+    empty = serving_loader.ServingModel(tables)
+    assert loaded.rows()["user"] > 0 and empty.rows() == {"user": 0, "item": 0}
+    empty.close()
+    assert loaded.rows()["user"] > 0
+    loaded.close()
+
+
 def test_pin_and_rollback_on_a_tiered_model_serve_what_the_all_dram_export_serves(job):
     model, _, _, mgr, tier = job
     mgr.save_full()
