@@ -283,7 +283,7 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
     return mapping
 
 
-def ensure_serving_export(model, export_dir, input_signature=None, output_name="outputs"):
+def ensure_serving_export(model, export_dir, input_signature=None, output_name="outputs", tables=STOCK):
     """Makes `export_dir` (a local path) hold `model`'s serving export.
 
     An absent or empty `export_dir` gets a new export, written to a sibling
@@ -292,7 +292,7 @@ def ensure_serving_export(model, export_dir, input_signature=None, output_name="
     map: tables, dims, dense weights, inputs), it is kept: a resumed job does
     not rewrite it under a running server. Its tables' initial rows do not
     matter to a server with a checkpoint root: it serves the root's chain.
-    Returns (serving map, True if written now).
+    `tables`: export_serving_model's. Returns (serving map, True if written now).
 
     Raises:
       ValueError: `export_dir` holds something else (another model's export,
@@ -314,7 +314,8 @@ def ensure_serving_export(model, export_dir, input_signature=None, output_name="
     tmp = os.path.join(parent, f".{os.path.basename(export_dir)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        mapping = export_serving_model(model, tmp, input_signature=input_signature, output_name=output_name)
+        mapping = export_serving_model(model, tmp, input_signature=input_signature, output_name=output_name,
+                                       tables=tables)
         if existing is not None:
             if existing != mapping:
                 raise ValueError(f"export directory {export_dir} holds the export of another model (its tables "

@@ -15,6 +15,7 @@ import serving_loader
 
 from ckpt_model import ev, make_model, train   # tests/checkpoint, registered by tests/conftest.py
 from served import Server
+from serve_proc import evstore as evstore_cli, last_line
 
 # The "user" table holds a few hundred rows of 8 floats (+ bookkeeping): about 12 fit in the cache.
 DRAM_BYTES = 512
@@ -132,6 +133,17 @@ def test_an_evstore_table_export_holds_no_rows_and_serves_the_default_without_a_
     sm.close()
 
 
+def test_two_loads_of_one_evstore_table_export_hold_their_own_tables(job):
+    _, _, tables, mgr, _ = job
+    mgr.save_full()
+    loaded = serving_loader.ServingModel(tables, mgr.root)   # all in DRAM
+    empty = serving_loader.ServingModel(tables)
+    assert loaded.rows()["user"] > 0 and empty.rows() == {"user": 0, "item": 0}
+    empty.close()
+    assert loaded.rows()["user"] > 0
+    loaded.close()
+
+
 def test_pin_and_rollback_on_a_tiered_model_serve_what_the_all_dram_export_serves(job):
     model, _, _, mgr, tier = job
     mgr.save_full()
@@ -217,6 +229,13 @@ def test_storage_for_a_stock_export_is_refused(job):
     _, stock, _, _, tier = job
     with pytest.raises(ValueError, match='tables="evstore"'):
         serving_loader.ServingModel(stock, storage=evstore.TieredStorage(dram_bytes=DRAM_BYTES, path=tier))
+
+
+def test_evstore_serve_refuses_tiered_storage_for_a_stock_export(job):
+    _, stock, _, _, tier = job
+    r = evstore_cli("serve", "--export", stock, "--tiered-dram-bytes", "4096", "--tier-path", tier)
+    assert r.returncode == 1
+    assert last_line(r.stderr).startswith("evstore serve: ") and 'tables="evstore"' in last_line(r.stderr)
 
 
 def test_evstore_serve_tiered_clears_a_stale_tier_directory_and_removes_its_own_on_exit(job, tmp_path):
