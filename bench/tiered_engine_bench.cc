@@ -65,9 +65,10 @@ class RocksEngine {
   }
   const std::string& dir() const { return dir_; }
   int last_error() const { return EIO; }
-  bool Write(uint32_t r, const void* src) {
+  bool Write(uint32_t r, const void* src, int* err = nullptr) {
     char k[4];
     Key(r, k);
+    if (err) *err = EIO;
     return db_->Put(wo_, rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(src), record_bytes_)).ok();
   }
   void Read(uint32_t r, void* dst) const {
