@@ -36,6 +36,9 @@ runs nothing else).
 
 Then bench/bench_filters.py (admission filters and eviction on a Zipf stream,
 vs TFRA's restrict policies; skip with --no-filters) appends its table.
+Then bench/bench_tiered.py engine (the tiered row store against the all-DRAM
+table, core only, 300k keys x 64 with Adam, 10% in DRAM, one round; the RocksDB
+peer only where librocksdb-dev is installed; skip with --no-tiered).
 
 Writes bench/results/bench-<UTC time>.json (all raw numbers) and .md (the
 tables printed to stdout); logs go to bench/results/logs/.
@@ -357,6 +360,7 @@ def main():
     ap.add_argument("--only-cluster", action="store_true", help="run only the PS-cluster benchmark")
     ap.add_argument("--no-filters", action="store_true", help="skip bench/bench_filters.py")
     ap.add_argument("--no-e2e", action="store_true", help="skip bench/bench_e2e.py (end-to-end training)")
+    ap.add_argument("--no-tiered", action="store_true", help="skip bench/bench_tiered.py (tiered row store, core)")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
@@ -372,7 +376,7 @@ def main():
     only = [o for o in ("checkpoint", "serving", "cluster") if getattr(args, "only_" + o)]
     if only:
         configs = []
-        args.no_filters = args.no_e2e = True
+        args.no_filters = args.no_e2e = args.no_tiered = True
         for o in ("checkpoint", "serving", "cluster"):
             setattr(args, "no_" + o, o not in only)
     args.checkpoint_keys = args.checkpoint_keys or (200_000 if args.quick else 10_000_000)
@@ -450,6 +454,19 @@ def main():
                       + (table_lines if r.returncode == 0 else f"failed (exit {r.returncode}); see "
                          "bench/results/logs/bench_filters.log") + "\n")
 
+    tiered_md = ""
+    if not args.no_tiered:
+        keys = 100_000 if args.quick else 300_000
+        print(f"[{time.time() - t_start:6.0f}s] tiered row store (bench_tiered.py engine, {keys} keys) ...", flush=True)
+        cmd = [sys.executable, os.path.join(HERE, "bench_tiered.py"), "engine", "--keys", str(keys), "--rounds", "1"]
+        with open(os.path.join(logdir, "bench_tiered.log"), "w") as log:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
+        parts = [p for p in r.stdout.split("\n\n") if " keys x dim 64" in p]
+        notes = [ln for ln in r.stdout.splitlines() if ln.startswith("RocksDB not found")]
+        tiered_md = ("\n### Tiered row store, core only (bench_tiered.py engine)\n\n"
+                     + ("\n".join(notes + [parts[-1].strip()]) if r.returncode == 0 and parts else
+                        f"failed (exit {r.returncode}); see bench/results/logs/bench_tiered.log") + "\n")
+
     meta = {"date_utc": stamp, "evstore_commit": commit,
             "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
             "host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
@@ -460,7 +477,7 @@ def main():
           + (f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
              "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
              "ratios are within a run.\n" if results else f"{meta['total_s']:.0f} s total.\n")
-          + (tables(results, tfra_note) if results else "") + filters_md + e2e_md + checkpoint_tables(ckpt)
+          + (tables(results, tfra_note) if results else "") + filters_md + tiered_md + e2e_md + checkpoint_tables(ckpt)
           + serving_tables(serving) + cluster_tables(cluster))
     base = os.path.join(args.out_dir, f"bench-{stamp}")
     with open(base + ".json", "w") as f:

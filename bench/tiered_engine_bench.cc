@@ -7,16 +7,20 @@
 // Built by bench/bench_tiered.py:
 //   g++ -std=c++17 -O3 -pthread -I evstore/native/core -I <tf include> bench/tiered_engine_bench.cc \
 //       $(pkg-config --cflags --libs rocksdb)
+// or, where librocksdb-dev is not installed, with -DEVSTORE_BENCH_NO_ROCKSDB
+// (no peer: the dram and rowfile stores only).
 // Usage: tiered_engine_bench <store> <keys> <dram_fraction> <dir>
 // Workload: <keys> int64 keys at dim 64 with Adam's two slots (768 bytes a row),
 // the cache budget <dram_fraction> of the rows' bytes; fill every key, then
 // training steps of 4,096 Zipf(1.1) ids (lookup + Adam apply, two threads),
 // read-only lookups at batch 1 and 1,024, a full export to a null sink.
 // Prints one line of `name value` pairs.
+#ifndef EVSTORE_BENCH_NO_ROCKSDB
+#include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
-#include <rocksdb/cache.h>
+#endif
 
 #include <time.h>
 
@@ -39,6 +43,7 @@
 using namespace evstore;
 using Clock = std::chrono::steady_clock;
 
+#ifndef EVSTORE_BENCH_NO_ROCKSDB
 // RocksDB as a TieredStore engine: record r = value of the 4-byte big-endian
 // key r. No WAL (the tier is a cache, never durable), no compression (float
 // rows do not compress), an 8 MiB block cache (the DRAM budget is the row
@@ -65,9 +70,10 @@ class RocksEngine {
   }
   const std::string& dir() const { return dir_; }
   int last_error() const { return EIO; }
-  bool Write(uint32_t r, const void* src) {
+  bool Write(uint32_t r, const void* src, int* err = nullptr) {
     char k[4];
     Key(r, k);
+    if (err) *err = EIO;
     return db_->Put(wo_, rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(src), record_bytes_)).ok();
   }
   void Read(uint32_t r, void* dst) const {
@@ -103,6 +109,7 @@ class RocksEngine {
   rocksdb::DB* db_ = nullptr;
   rocksdb::WriteOptions wo_;
 };
+#endif  // EVSTORE_BENCH_NO_ROCKSDB
 
 static void TwoThreads(int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& w) {
   int64_t mid = total / 2;
@@ -154,8 +161,13 @@ struct Zipf {  // ranks 1..n with P(k) ~ k^-s, by inverse CDF over a table
   }
 };
 
+template <typename V>
+static int64_t Cap(const V& v) {
+  return static_cast<int64_t>(v.capacity() * sizeof(typename V::value_type));
+}
+
 template <typename T>
-static void Run(T& t, int64_t nkeys, const char* store) {
+static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
   const int dim = t.dim();
   ParallelFor pf = TwoThreads;
   auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
@@ -221,17 +233,25 @@ static void Run(T& t, int64_t nkeys, const char* store) {
   const double export_s = Secs(t0);
   const double export_cpu_s = CpuSecs() - cpu1;
   TableStats st = t.Stats();
+  // RSS the table does not report: the process minus its RSS before the
+  // table existed, the benchmark's own buffers and the table's index, meta
+  // and row bytes (what is left is allocator and thread overhead).
+  const int64_t rss = RssBytes();
+  const int64_t buffers = Cap(keys) + Cap(out) + Cap(batch) + Cap(g) + Cap(uk) + Cap(ug) + Cap(z.cdf) + Cap(lat1) +
+                          Cap(lat1k) + Cap(o1);
+  const double other_mb = (rss - rss_base - buffers - st.index_bytes - st.meta_bytes - st.row_bytes) / 1048576.0;
   std::printf(
       "store %s keys %lld fill_s %.3f train_keys_per_s %.0f train_cpu_ns_per_key %.1f hit_rate %.4f find1_keys_per_s %.0f find1_p99_us %.1f "
       "find1k_keys_per_s %.0f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f rss_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
-      "cache_rows %lld disk_mb %.1f\n",
+      "cache_rows %lld disk_mb %.1f rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
       store, static_cast<long long>(nkeys), fill_s, steps * B / train_s, train_cpu_ns, hit, lat1.size() / [&] {
         double s = 0;
         for (double x : lat1) s += x;
         return s;
-      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, RssBytes() / 1048576.0,
+      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, rss / 1048576.0,
       st.index_bytes / 1048576.0, st.meta_bytes / 1048576.0, st.row_bytes / 1048576.0,
-      static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0);
+      static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0, rss_base / 1048576.0, buffers / 1048576.0,
+      other_mb);
 }
 
 int main(int argc, char** argv) {
@@ -243,6 +263,7 @@ int main(int argc, char** argv) {
   const int64_t nkeys = std::atoll(argv[2]);
   const double frac = std::atof(argv[3]);
   const int dim = 64;
+  const int64_t rss_base = RssBytes();
   TableConfig c;
   c.dim = dim;
   for (int i = 0; i < 64 * dim; ++i) c.bank.push_back(0.01f * (i % 97));
@@ -250,13 +271,15 @@ int main(int argc, char** argv) {
   c.tier.dram_bytes = static_cast<int64_t>(frac * nkeys * dim * 3 * 4);
   if (store == "dram") {
     Table<int64_t> t(c);
-    Run(t, nkeys, "dram");
+    Run(t, nkeys, "dram", rss_base);
   } else if (store == "rowfile") {
     Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RowFile>> t(c);
-    Run(t, nkeys, "rowfile");
+    Run(t, nkeys, "rowfile", rss_base);
+#ifndef EVSTORE_BENCH_NO_ROCKSDB
   } else if (store == "rocksdb") {
     Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RocksEngine>> t(c);
-    Run(t, nkeys, "rocksdb");
+    Run(t, nkeys, "rocksdb", rss_base);
+#endif
   } else {
     std::fprintf(stderr, "unknown store %s\n", store.c_str());
     return 2;

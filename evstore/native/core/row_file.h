@@ -82,11 +82,18 @@ class RowFile {
 
   const std::string& dir() const { return dir_; }
   size_t record_bytes() const { return record_bytes_; }
-  int last_error() const { return last_error_; }
+  int last_error() const { return last_error_.load(std::memory_order_relaxed); }
 
-  // Writes record r. False (errno in last_error()) when the disk refuses:
-  // the record's previous contents on disk are then unspecified.
-  bool Write(uint32_t r, const void* src) { return WriteAt(fd_, r, record_bytes_, src); }
+  // Writes record r. False (errno in last_error(), and in *err if given)
+  // when the disk refuses: the record's previous contents on disk are then
+  // unspecified. Reads and writes of different records may run concurrently
+  // (pread/pwrite on one descriptor); Widen may not run beside them.
+  bool Write(uint32_t r, const void* src, int* err = nullptr) {
+    int e = 0;
+    const bool ok = WriteAt(fd_, r, record_bytes_, src, &e);
+    if (!ok && err) *err = e;
+    return ok;
+  }
 
   // Reads record r (previously written). Throws std::runtime_error on failure.
   void Read(uint32_t r, void* dst) const {
@@ -118,7 +125,7 @@ class RowFile {
   bool Widen(size_t new_record_bytes, uint32_t nrecords, const Present& present, const std::vector<char>& tail) {
     int nfd = ::open(DataPath(1).c_str(), O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
     if (nfd < 0) {
-      last_error_ = errno;
+      last_error_.store(errno, std::memory_order_relaxed);
       return false;
     }
     std::vector<char> buf(new_record_bytes);
@@ -126,14 +133,14 @@ class RowFile {
       if (!present(r)) continue;
       Read(r, buf.data());
       std::memcpy(buf.data() + record_bytes_, tail.data(), new_record_bytes - record_bytes_);
-      if (!WriteAt(nfd, r, new_record_bytes, buf.data())) {
+      if (!WriteAt(nfd, r, new_record_bytes, buf.data(), nullptr)) {
         ::close(nfd);
         ::unlink(DataPath(1).c_str());
         return false;
       }
     }
     if (::rename(DataPath(1).c_str(), DataPath(0).c_str()) != 0) {
-      last_error_ = errno;
+      last_error_.store(errno, std::memory_order_relaxed);
       ::close(nfd);
       ::unlink(DataPath(1).c_str());
       return false;
@@ -174,14 +181,16 @@ class RowFile {
  private:
   std::string DataPath(int which) const { return dir_ + (which == 0 ? "/rows" : "/rows.widening"); }
 
-  bool WriteAt(int fd, uint32_t r, size_t bytes, const void* src) {
+  bool WriteAt(int fd, uint32_t r, size_t bytes, const void* src, int* err) {
     size_t done = 0;
     const off_t base = static_cast<off_t>(r) * static_cast<off_t>(bytes);
     while (done < bytes) {
       ssize_t put = ::pwrite(fd, static_cast<const char*>(src) + done, bytes - done, base + done);
       if (put < 0 && errno == EINTR) continue;
       if (put <= 0) {
-        last_error_ = put < 0 ? errno : ENOSPC;
+        const int e = put < 0 ? errno : ENOSPC;
+        last_error_.store(e, std::memory_order_relaxed);
+        if (err) *err = e;
         return false;
       }
       done += static_cast<size_t>(put);
@@ -215,7 +224,7 @@ class RowFile {
   std::string dir_;
   int fd_ = -1;
   int lock_fd_ = -1;
-  int last_error_ = 0;
+  std::atomic<int> last_error_{0};
 };
 
 }  // namespace evstore

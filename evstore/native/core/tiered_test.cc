@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -283,6 +285,85 @@ static void test_private_directory_is_removed_and_stale_ones_cleared() {
   CHECK(!Exists(buf));
 }
 
+// Two threads reading one cold row at once (both hold its segment lock
+// shared): one reads it from disk, the other waits for it; both get the row.
+static void test_two_readers_missing_the_same_row_both_get_it() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 8 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 400; ++i) keys.push_back(i * 11 + 1);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  const int64_t misses_before = t.tier_stats().misses;
+  for (int round = 0; round < 200; ++round) {
+    const int64_t k = keys[round % keys.size()];
+    // Touch other keys so that k's row is on disk only.
+    std::vector<int64_t> others;
+    for (int i = 1; i <= 40; ++i) others.push_back(keys[(round + i * 7) % keys.size()]);
+    others.erase(std::remove(others.begin(), others.end(), k), others.end());
+    std::vector<float> o(others.size() * dim);
+    t.Find(others.data(), others.size(), o.data(), SerialFor);
+    std::vector<float> want(dim), a(dim), b(dim);
+    dram.Find(&k, 1, want.data(), SerialFor);
+    std::atomic<int> ready{0};
+    std::thread th([&] {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      t.Find(&k, 1, a.data(), SerialFor);
+    });
+    ready.fetch_add(1);
+    while (ready.load() < 2) {
+    }
+    t.Find(&k, 1, b.data(), SerialFor);
+    th.join();
+    CHECK(a == want);
+    CHECK(b == want);
+  }
+  CHECK(t.tier_stats().misses - misses_before >= 200);
+  CHECK(Dump(t) == Dump(dram));
+}
+
+// Lookups of one set of keys while another thread trains a disjoint set,
+// evicting the first set's rows and faulting rows in: every lookup answers
+// the right row, and the trained state equals the all-DRAM table's.
+static void test_eviction_racing_lookups_loses_nothing() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 24 * (dim * 4 + 8)));
+  std::vector<int64_t> read_keys, train_keys;
+  for (int i = 0; i < 150; ++i) read_keys.push_back(i * 2);
+  for (int i = 0; i < 300; ++i) train_keys.push_back(i * 2 + 1);
+  std::vector<float> want(read_keys.size() * dim), o(train_keys.size() * dim);
+  t.FindOrInsert(read_keys.data(), read_keys.size(), want.data(), kThreads);
+  dram.FindOrInsert(read_keys.data(), read_keys.size(), want.data(), kThreads);
+  std::atomic<bool> done{false};
+  std::atomic<int> wrong{0};
+  std::thread reader([&] {
+    std::vector<float> got(read_keys.size() * dim);
+    while (!done.load()) {
+      t.Find(read_keys.data(), read_keys.size(), got.data(), SerialFor);
+      if (got != want) wrong.fetch_add(1);
+    }
+  });
+  for (int64_t step = 1; step <= 30; ++step) {
+    t.FindOrInsert(train_keys.data(), train_keys.size(), o.data(), kThreads);
+    dram.FindOrInsert(train_keys.data(), train_keys.size(), o.data(), kThreads);
+    std::vector<float> g(train_keys.size() * dim, 0.125f);
+    t.Apply(train_keys.data(), g.data(), train_keys.size(), step, SgdUpdate{0.5f, dim}, kThreads);
+    dram.Apply(train_keys.data(), g.data(), train_keys.size(), step, SgdUpdate{0.5f, dim}, kThreads);
+  }
+  done.store(true);
+  reader.join();
+  CHECK_EQ(wrong.load(), 0);
+  CHECK(t.tier_stats().writebacks > 0);
+  CHECK(Dump(t) == Dump(dram));
+}
+
 // A disk that refuses writes (RLIMIT_FSIZE, in a child so the limit stays
 // there): every write-back fails, rows stay in DRAM, nothing is lost.
 static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
@@ -349,6 +430,8 @@ int main() {
   RUN(test_string_keys_on_a_tiered_table);
   RUN(test_private_directory_is_removed_and_stale_ones_cleared);
   RUN(test_full_disk_keeps_rows_in_dram_and_counts_failures);
+  RUN(test_two_readers_missing_the_same_row_both_get_it);
+  RUN(test_eviction_racing_lookups_loses_nothing);
   std::printf("all tests passed\n");
   return 0;
 }
