@@ -1,12 +1,17 @@
 """What a serving replica reads of a checkpoint, and how it becomes served rows.
 
-A replica serves keys, rows, and the keys to drop (filtered keys read the
-default value; a delta's deleted keys), plus the export's dense weights. It
-reads the rows from the commit's serving view when there is one
-(checkpoint/serving_view.py) and the replica uses views, else the float32
-`<ev>-values`. Nothing else of the checkpoint is named, so nothing else is
-read (checkpoint/fetch.py): not the versions, frequencies or optimizer slots
-of EVs, not the dense optimizer state.
+A replica serves keys, rows, and the keys to drop (a delta's deleted keys),
+plus the export's dense weights. It reads the rows from the commit's serving
+view when there is one (checkpoint/serving_view.py) and the replica uses
+views, else the float32 `<ev>-values`. Nothing else of the checkpoint is
+named, so nothing else is read (checkpoint/fetch.py): not the versions,
+frequencies or optimizer slots of EVs, not the dense optimizer state, and not
+the counted-not-admitted keys (they read the default value, as absent keys
+do): a full replaces the served rows whole, and a delta whose manifest says
+`deleted_complete` lists every key that lost its row among its deleted keys.
+Only a delta without it (an older writer's, or the synchronous job's) has its
+filtered keys read and erased, since a key evicted and counted again within
+it is only there.
 """
 import dataclasses
 
@@ -25,6 +30,7 @@ class Plan:
     parts: dict     # {served EV: [checkpoint entry names (a sharded EV's parts)]}
     kind: str       # "full" or "delta"
     view: str       # "float32" or the view's dtype
+    deleted_complete: bool = False   # the delta's deleted keys list every key that lost its row
 
     def ev_arrays(self, t, name, dim):
         """(keys, float32 rows [N, dim], keys to erase) of served EV `name`
@@ -42,9 +48,9 @@ class Plan:
                     raise ValueError(f"the serving view holds {len(v)} rows of {p!r} for {len(k)} keys")
             keys.append(k)
             values.append(v)
-            erase.append(t[schema.tensor(p, schema.KEYS_FILTERED)])
-            if self.kind == "delta":
-                erase.append(t[schema.tensor(p, schema.DELETED_KEYS)])
+            erase += [t[n] for n in _erase_tensors(self.kind, self.deleted_complete, p)]
+        if not erase:   # a full: the served rows are replaced whole
+            erase = [keys[0][:0]]
         return np.concatenate(keys), np.concatenate(values), np.concatenate(erase)
 
 
@@ -56,9 +62,7 @@ def plan(manifest, parts, dense, use_view=True):
     main, extra = [], []
     for entries in parts.values():
         for p in entries:
-            main += [schema.tensor(p, schema.KEYS), schema.tensor(p, schema.KEYS_FILTERED)]
-            if manifest.kind == "delta":
-                main.append(schema.tensor(p, schema.DELETED_KEYS))
+            main += [schema.tensor(p, schema.KEYS)] + _erase_tensors(manifest.kind, manifest.deleted_complete, p)
             if view:
                 extra += view_tensors(view, p)
             else:
@@ -66,4 +70,13 @@ def plan(manifest, parts, dense, use_view=True):
     tensors = {BUNDLE_PREFIX: main + list(dense)}
     if view:
         tensors[VIEW_PREFIX] = extra
-    return Plan(tensors, parts, manifest.kind, view or "float32")
+    return Plan(tensors, parts, manifest.kind, view or "float32", manifest.deleted_complete)
+
+
+def _erase_tensors(kind, deleted_complete, p):
+    """The tensors of entry `p` holding keys a replica erases from its served rows."""
+    if kind == "full":
+        return []
+    if deleted_complete:
+        return [schema.tensor(p, schema.DELETED_KEYS)]
+    return [schema.tensor(p, schema.DELETED_KEYS), schema.tensor(p, schema.KEYS_FILTERED)]
