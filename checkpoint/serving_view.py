@@ -8,9 +8,10 @@ listed in the same MANIFEST.json as the main bundle and committed by it: one
 commit protocol, never a second chain. The native writer encodes each chunk
 of rows as it streams the main bundle (EvSaveBundle's `view`,
 evstore/native/core/view_codec.h: one pass, no copy of the table, its files
-fsynced with the bundle's), one data file per tensor; `write_view` below
-writes it from a finished bundle's rows instead (the bundle merged from
-several tasks' parts), into one data file. Per EV (part) `<ev>` it
+fsynced with the bundle's): the EVs' view tensors one after another in one
+data file, `serving.data-00000-of-00001`, an int8 view's row scales after
+each EV's values (held until they end: 4 bytes a row). `write_view` below writes the same bundle from a finished
+bundle's rows instead (the bundle merged from several tasks' parts). Per EV (part) `<ev>` it
 holds `<ev>-values` in the view's dtype, row-aligned with the main bundle's
 `<ev>-keys`, and for int8 `<ev>-values_scale` [N] float32. The manifest says
 `"serving_view": {"dtype": ...}`. The trainer's own state (the main bundle,

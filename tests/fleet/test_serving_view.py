@@ -44,6 +44,9 @@ def test_view_round_trips_and_stock_tensorflow_reads_it(tmp_path, view):
     _, _, mgr = _job(tmp_path, view)
     for m in mgr.chain():
         assert m.serving_view == {"dtype": view}
+        # one data file beside its index: the EVs' view tensors follow one another in it
+        assert sorted(n for n in m.files if n.startswith("serving.")) == ["serving.data-00000-of-00001",
+                                                                         "serving.index"]
         main = tf.train.load_checkpoint(os.path.join(mgr.root, m.dir, "ckpt"))
         stock = tf.train.load_checkpoint(os.path.join(mgr.root, m.dir, "serving"))
         for ev in ("user", "item"):

@@ -65,14 +65,13 @@ class BundleSink : public ExportSink<CoreKey<T>> {
              const CountingBloom* bloom, BundleStreamWriter* view = nullptr, view::Codec codec = view::Codec::kNone)
       : w_(w), dim_(dim), view_(view), codec_(codec) {
     using schema::TensorName;  // tensor names: core/schema.h
-    if (view_) {
+    if (view_) {  // one view data file (shard 0): the EVs' view columns are written one after another
       view_values_ = view_->BeginColumn(TensorName(name, schema::kValues),
                                         codec_ == view::Codec::kInt8      ? tensorflow::DT_INT8
                                         : codec_ == view::Codec::kFloat16 ? tensorflow::DT_HALF
                                                                           : tensorflow::DT_BFLOAT16,
-                                        {dim});
-      if (codec_ == view::Codec::kInt8)
-        view_scales_ = view_->BeginColumn(TensorName(name, schema::kValues) + kViewScaleSuffix, tensorflow::DT_FLOAT, {});
+                                        {dim}, /*in_shard0=*/true);
+      scale_name_ = TensorName(name, schema::kValues) + kViewScaleSuffix;
     }
     keys_ = BeginKeys(TensorName(name, schema::kKeys));
     values_ = w->BeginColumn(TensorName(name, schema::kValues), tensorflow::DT_FLOAT, {dim});
@@ -108,10 +107,10 @@ class BundleSink : public ExportSink<CoreKey<T>> {
       w_->Append(c == 0 ? values_ : slot_cols_[c - 1], buf_.data(), n);
       if (c == 0 && view_) {
         vbuf_.resize(static_cast<size_t>(n) * dim_ * view::ElementBytes(codec_));
-        scales_.resize(codec_ == view::Codec::kInt8 ? n : 0);
-        view::EncodeRows(codec_, buf_.data(), n, dim_, vbuf_.data(), scales_.data());
+        const size_t had = scales_.size();
+        if (codec_ == view::Codec::kInt8) scales_.resize(had + n);  // kept until the values end (4 bytes a row)
+        view::EncodeRows(codec_, buf_.data(), n, dim_, vbuf_.data(), scales_.data() + had);
         view_->Append(view_values_, vbuf_.data(), n);
-        if (view_scales_ >= 0) view_->Append(view_scales_, scales_.data(), n);
       }
     }
     MaybePauseMidData();
@@ -136,7 +135,11 @@ class BundleSink : public ExportSink<CoreKey<T>> {
     for (int c : {deleted_, bblocks_, bcounters_})
       if (c >= 0) w_->EndColumn(c);
     if (view_) view_->EndColumn(view_values_);
-    if (view_scales_ >= 0) view_->EndColumn(view_scales_);
+    if (view_ && codec_ == view::Codec::kInt8) {  // the row scales, whole, after the values in shard 0
+      tensorflow::Tensor t(tensorflow::DT_FLOAT, tensorflow::TensorShape({static_cast<int64_t>(scales_.size())}));
+      std::copy(scales_.begin(), scales_.end(), t.flat<float>().data());
+      view_->AddTensor(scale_name_, t);
+    }
   }
 
  private:
@@ -160,7 +163,8 @@ class BundleSink : public ExportSink<CoreKey<T>> {
   std::vector<float> buf_;
   BundleStreamWriter* view_;
   view::Codec codec_;
-  int view_values_ = -1, view_scales_ = -1;
+  int view_values_ = -1;
+  std::string scale_name_;
   std::vector<char> vbuf_;
   std::vector<float> scales_;
 };
@@ -247,11 +251,10 @@ class EvSaveBundleOp : public OpKernel {
           counts[i] = SaveOne<int32_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st, vw.get(), codec_);
         OP_REQUIRES_OK(ctx, st);
       }
+      std::vector<BundleFile> view_files;
+      if (vw) view_files = vw->Finish(/*sync_dir=*/false);  // the bundle's Finish fsyncs the directory
       files = w.Finish();
-      if (vw) {
-        std::vector<BundleFile> more = vw->Finish();
-        files.insert(files.end(), more.begin(), more.end());
-      }
+      files.insert(files.end(), view_files.begin(), view_files.end());
     });
     Tensor *fn, *fs, *fc, *cn, *sn;
     const int64_t nf = files.size();
