@@ -1,7 +1,9 @@
 """Tiered storage: the disk engine choice and the EV-level figures.
 
     .venv/bin/python bench/bench_tiered.py engine --keys 1000000 --rounds 3
-    .venv/bin/python bench/bench_tiered.py ev --keys 300000 --rounds 2
+    .venv/bin/python bench/bench_tiered.py ev --keys 10000000 --dram-mib 768 --rounds 1
+    .venv/bin/python bench/bench_tiered.py beyond --keys 17500000 --dim 128 --dram-mib 1536
+    .venv/bin/python bench/bench_tiered.py serving --keys 1000000   # bench/bench_tiered_serving.py
 
 `engine`: builds bench/tiered_engine_bench.cc (core only, no TensorFlow;
 needs Debian's librocksdb-dev, found by pkg-config) and runs, alternately and
@@ -12,9 +14,12 @@ RocksDB (the peer). dim 64 with Adam (768 bytes a row), a cache budget of
 and the ratios tiered / all-DRAM and RowFile / RocksDB.
 
 `ev`: the same comparison through TensorFlow: an EmbeddingVariable with
-evstore.TieredStorage vs an all-DRAM one, each in its own process: training
-lookup + Adam apply rate (and the DRAM hit rate), read-only lookups at batch
-1 and 1,024, RSS after training, full save and restore time.
+evstore.TieredStorage vs an all-DRAM one, each in its own process: populate
+rate, training lookup + Adam apply rate (and the DRAM hit rate), read-only
+lookups at batch 1 and 1,024, RSS against the budget, full save and restore
+time, delta size. `beyond`: a tiered table larger than this machine's memory
+trains, saves a full, and restores it bit for bit in a new process.
+Both: bench/tiered_ev.py.
 """
 import argparse
 import json
@@ -24,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import tiered_ev
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -84,101 +91,24 @@ def engine(args):
         print(f"| {f} | {a:.4g} | {b:.4g} | {c:.4g} | {ratio(b, a)} | {ratio(b, c)} |")
 
 
-EV_CHILD = r"""
-import json, os, sys, time
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np, tensorflow as tf
-sys.path.insert(0, {root!r})
-import evstore, checkpoint
-sys.path.insert(0, {here!r})
-from peak_rss import rss_mib
-kind, nkeys, frac, tier_dir, ckpt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
-DIM, B = 64, 4096
-storage = evstore.TieredStorage(dram_bytes=int(frac * nkeys * DIM * 3 * 4), path=tier_dir) if kind == "tiered" else None
-ev = evstore.EmbeddingVariable("t", DIM, storage=storage)
-opt = evstore.optimizers.Adam(0.001)
-keys = (np.arange(nkeys, dtype=np.int64) * 0x9E3779B1) % (1 << 40)
-rng = np.random.default_rng(0)
-def zipf(n):
-    return keys[np.minimum(rng.zipf(1.1, size=n), nkeys) - 1]
-# Fill: one training lookup of every key, then slots exist (a first Adam step).
-for lo in range(0, nkeys, 65536):
-    evstore.embedding_lookup(ev, keys[lo:lo + 65536])
-def step():
-    ids = zipf(B)
-    with tf.GradientTape() as tape:
-        e = evstore.embedding_lookup(ev, ids)
-        loss = tf.reduce_sum(e * e)
-    opt.apply_gradients(zip(tape.gradient(loss, ev.trainable_variables), ev.trainable_variables))
-for _ in range(20):
-    step()
-s0 = ev.stats()
-t0 = time.perf_counter()
-steps = 100
-for _ in range(steps):
-    step()
-train = steps * B / (time.perf_counter() - t0)
-s1 = ev.stats()
-acc = (s1["cache_hits"] - s0["cache_hits"]) + (s1["cache_misses"] - s0["cache_misses"])
-hit = (s1["cache_hits"] - s0["cache_hits"]) / acc if acc else 1.0
-lat1 = []
-for _ in range(2000):
-    ids = zipf(1)
-    a = time.perf_counter(); evstore.embedding_lookup(ev, ids, training=False); lat1.append(time.perf_counter() - a)
-lat1k = []
-for _ in range(200):
-    ids = zipf(1024)
-    a = time.perf_counter(); evstore.embedding_lookup(ev, ids, training=False); lat1k.append(time.perf_counter() - a)
-rss = rss_mib()
-mgr = checkpoint.CheckpointManager(ckpt, {{"t": ev}}, lease=False)
-a = time.perf_counter(); mgr.save_full(); save = time.perf_counter() - a
-fresh = evstore.EmbeddingVariable("t", DIM, storage=storage)
-a = time.perf_counter(); checkpoint.CheckpointManager(ckpt, {{"t": fresh}}, lease=False).restore(); restore = time.perf_counter() - a
-st = ev.stats()
-print(json.dumps(dict(kind=kind, train_keys_per_s=train, hit_rate=hit, find1_keys_per_s=len(lat1) / sum(lat1),
-      find1_p99_us=sorted(lat1)[int(0.99 * len(lat1))] * 1e6, find1k_keys_per_s=1024 * len(lat1k) / sum(lat1k),
-      find1k_p99_ms=sorted(lat1k)[int(0.99 * len(lat1k))] * 1e3, rss_mb=rss, save_s=save, restore_s=restore,
-      index_mb=st["index_bytes"] / 2**20, meta_mb=st["meta_bytes"] / 2**20, row_mb=st["row_bytes"] / 2**20,
-      disk_mb=st["disk_bytes"] / 2**20)))
-"""
-
-
-def ev_level(args):
-    script = EV_CHILD.format(root=ROOT, here=HERE)
-    runs = {"dram": [], "tiered": []}
-    for r in range(args.rounds):
-        for kind in (["dram", "tiered"] if r % 2 == 0 else ["tiered", "dram"]):
-            with tempfile.TemporaryDirectory(dir=args.dir) as d:
-                p = subprocess.run(["nice", "-n", "10", sys.executable, "-c", script, kind, str(args.keys),
-                                    str(args.dram_fraction), os.path.join(d, "tier"), os.path.join(d, "ckpt")],
-                                   capture_output=True, text=True, cwd=ROOT)
-            if p.returncode != 0:
-                sys.exit(f"{kind} failed: {p.stderr[-3000:]}")
-            fig = json.loads(p.stdout.strip().splitlines()[-1])
-            runs[kind].append(fig)
-            print(json.dumps(fig), flush=True)
-    fields = ["train_keys_per_s", "hit_rate", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s",
-              "find1k_p99_ms", "rss_mb", "save_s", "restore_s", "index_mb", "meta_mb", "row_mb", "disk_mb"]
-    med = {k: {f: statistics.median(x[f] for x in v) for f in fields} for k, v in runs.items()}
-    print(f"\nEV level: {args.keys:,} keys x dim 64 + Adam, DRAM budget {args.dram_fraction:.0%} of row bytes, "
-          f"{args.rounds} rounds, medians")
-    print("| figure | all-DRAM EV | tiered EV | tiered / all-DRAM |")
-    print("|---|---|---|---|")
-    for f in fields:
-        a, b = med["dram"][f], med["tiered"][f]
-        print(f"| {f} | {a:.4g} | {b:.4g} | {b / a:.2f}x |" if a else f"| {f} | {a:.4g} | {b:.4g} | - |")
-
-
 def main():
+    if sys.argv[1:2] == ["serving"]:   # serving a tiered model: its own script and flags
+        sys.path.insert(0, HERE)
+        import bench_tiered_serving
+        sp = argparse.ArgumentParser(prog="bench_tiered.py serving", description=bench_tiered_serving.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        bench_tiered_serving.add_args(sp)
+        sys.exit(bench_tiered_serving.main(sp.parse_args(sys.argv[2:])))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["engine", "ev"])
+    ap.add_argument("what", choices=["engine", "ev", "beyond"])
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--dram-fraction", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the tier's files go (default: the temp directory)")
+    tiered_ev.add_arguments(ap)
     args = ap.parse_args()
     t0 = time.time()
-    (engine if args.what == "engine" else ev_level)(args)
+    {"engine": engine, "ev": tiered_ev.ev_level, "beyond": tiered_ev.beyond}[args.what](args)
     print(f"\n({time.time() - t0:.0f} s)")
 
 

@@ -38,12 +38,10 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 
 import numpy as np
@@ -51,15 +49,10 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "checkpoint"))
 sys.path.insert(0, ROOT)
+import s3_server  # noqa: E402  (tests/checkpoint: moto's server, shared with the S3 tests)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STARTUP_S = 300   # TensorFlow import + model load on a busy 2-core machine
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _proc_stats(pid):
@@ -91,23 +84,9 @@ class Moto:
     """moto's S3 server on 127.0.0.1 and a fresh bucket; AWS_* set for children."""
 
     def __init__(self, workdir):
-        self.port = _free_port()
         self.log = open(os.path.join(workdir, "moto.log"), "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        endpoint = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    self.stop()
-                    raise RuntimeError("moto server did not start")
-                time.sleep(0.2)
-        os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint})
+        self.proc, endpoint = s3_server.start_server(self.log)
+        os.environ.update(dict(s3_server.ENV, AWS_ENDPOINT_URL=endpoint))
         import fsspec
 
         self.fs = fsspec.filesystem("s3")

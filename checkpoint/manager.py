@@ -187,15 +187,7 @@ class CheckpointManager:
                 raise LeaseHeldError(*self._lease_refused.args)
             if kind == "delta" and self._last is None:
                 raise CheckpointError("save_delta() needs a chain to extend: call save_full() or restore() first")
-            if self._lease_args is not None:
-                if self._lease is None or not self._lease.held:
-                    self._lease = process_lease(self.storage, *self._lease_args)
-                    try:
-                        self._lease.acquire()
-                    except LeaseHeldError as e:
-                        self._lease_refused = e
-                        raise
-                self._lease.check()
+            self._hold_lease()
             sc = scan(self.storage)
             # Never a sequence number a failed save used: its manifest may have
             # become visible (a lost acknowledgement) and been applied by a reader.
@@ -227,6 +219,24 @@ class CheckpointManager:
                 self._apply_retention()
             log.info("committed %s (step %d, %d bytes)", manifest.dir, manifest.global_step, manifest.total_bytes)
             return seq
+
+    def _hold_lease(self):
+        """Takes the root's writer lease, or checks it is still held (with
+        lease=True). Raises LeaseHeldError (and keeps refusing every later
+        save) when another writer holds it, LeaseLostError when it was taken
+        over."""
+        if self._lease_refused is not None:
+            raise LeaseHeldError(*self._lease_refused.args)
+        if self._lease_args is None:
+            return
+        if self._lease is None or not self._lease.held:
+            self._lease = process_lease(self.storage, *self._lease_args)
+            try:
+                self._lease.acquire()
+            except LeaseHeldError as e:
+                self._lease_refused = e
+                raise
+        self._lease.check()
 
     def close(self):
         """Releases this process's writer lease on the root (shared by its managers there); a later save

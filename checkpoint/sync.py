@@ -3,9 +3,12 @@ saves its own shards into the same chain.
 
 One save, called by every worker at the same point of its program (after
 the same step), in order:
-  1. worker 0 (the chief) removes dead saves and picks the sequence number;
-     an all-gather gives it to every worker (and is the barrier that keeps a
-     worker from writing before the chief cleaned up);
+  1. worker 0 (the chief) takes (or checks) the root's writer lease for the
+     whole job (checkpoint/lease.py: one writer per root), removes dead saves
+     and picks the sequence number; an all-gather gives every worker the
+     number and the lease's outcome (a refused or lost lease fails the save on
+     every worker, nothing written) and is the barrier that keeps a worker
+     from writing before the chief cleaned up;
   2. each worker, under its manager's lock: eviction at the global step, seal
      of its shards' dirty and deleted sets, its part bundle `ckpt_part<rank>`
      streamed into the checkpoint directory (the chief's part also holds the
@@ -15,6 +18,10 @@ the same step), in order:
      written, joins the parts into one `ckpt` bundle (MergeV2Checkpoints, as
      the parameter-server save does), checks it and writes MANIFEST.json: one
      manifest naming every shard (`<ev>/part_<r>`, "shard": {index r, count W});
+     A commit's quality (evstore.quality) is measured by the chief over
+     every worker's scored examples (`quality=` is each worker's
+     `evstore.quality.Scored`, carried in its part report): AUC is not an
+     average of the workers' AUCs;
   4. an all-gather of the commit outcome: each worker commits its snapshots
      when the manifest is written, and aborts them otherwise (their changes
      go into the next save).
@@ -40,8 +47,10 @@ from checkpoint.chain import scan
 from checkpoint.collect import collect
 from checkpoint.commit import _check_written, abort_snapshots
 from checkpoint.errors import CheckpointError
+from checkpoint.lease import LeaseHeldError, LeaseLostError
 from checkpoint.manager import CheckpointManager
 from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
+from evstore import quality as _quality
 from evstore.collective import all_gather_ints
 
 __all__ = ["SyncCheckpointManager"]
@@ -57,16 +66,26 @@ class SyncCheckpointManager(CheckpointManager):
     per worker. Arguments are CheckpointManager's, plus:
       rank, num_workers: this worker's index and the number of workers
         (default: those of the model's CollectiveEmbeddingVariables).
+      lease, lease_timeout, take_over: CheckpointManager's; the chief holds
+        the root's lease for the whole job.
+
+    `save_full` / `save_delta` take `quality=` as this worker's scored
+    examples since the previous commit: an `evstore.quality.Scored`, or a
+    callable returning one (called under the manager's lock). The chief
+    measures the commit's quality record over every worker's part; every
+    worker passes one, or none does.
 
     Raises:
       ValueError: a root that is not a local path; rank / num_workers that
-        disagree with the model's tables.
+        disagree with the model's tables; (saves) a quality record instead of
+        `Scored` (one worker's record would cover only its slice).
       RuntimeError (start): scheduled saves, which cannot be collective.
     """
 
     def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536,
-                 rank=None, num_workers=None):
-        super().__init__(root, model, global_step, keep_chains, storage_options, chunk_rows)
+                 rank=None, num_workers=None, lease=True, lease_timeout=60.0, take_over=False):
+        super().__init__(root, model, global_step, keep_chains, storage_options, chunk_rows, lease=lease,
+                         lease_timeout=lease_timeout, take_over=take_over)
         if not self.storage.local:
             raise ValueError(f"every worker writes its part of a synchronous checkpoint: {self.storage.url} must "
                              "be a path every worker sees (a local disk or a shared filesystem)")
@@ -91,31 +110,40 @@ class SyncCheckpointManager(CheckpointManager):
     def _save(self, kind, metadata, quality=None):
         if metadata is not None and not isinstance(metadata, dict) and not callable(metadata):
             raise TypeError(f"metadata must be a dict (JSON-serialisable), got {type(metadata).__name__}")
-        if quality is not None:
-            # Each worker sees only its slice of the batch; a commit's quality
-            # would need the workers' counts gathered first, which this
-            # manager does not do, so it refuses rather than record one part.
-            raise ValueError("SyncCheckpointManager does not record a commit's quality (quality= must be None)")
+        if quality is not None and not callable(quality) and not isinstance(quality, _quality.Scored):
+            raise ValueError("a synchronous commit's quality is measured over every worker's examples: pass this "
+                             "worker's evstore.quality.Scored (or a callable returning it), not a quality record, "
+                             f"got {type(quality).__name__}")
         with self._save_lock:
-            seq = 0
+            seq, leased, refusal = 0, 1, None
             if self.rank == 0:
-                sc = scan(self.storage)
-                seq = max(sc.max_seq, self._last.seq if self._last else 0) + 1
-                self._remove_leftovers(sc)
+                try:
+                    self._hold_lease()
+                except (LeaseHeldError, LeaseLostError) as e:
+                    leased, refusal = 0, e
+                else:
+                    sc = scan(self.storage)
+                    seq = max(sc.max_seq, self._last.seq if self._last else 0) + 1
+                    self._remove_leftovers(sc)
             has_chain = int(kind == "full" or self._last is not None)
-            agreed = self._gather([seq, has_chain])
+            agreed = self._gather([seq, has_chain, leased])
+            if refusal is not None:
+                raise refusal
+            if not agreed[:, 2].all():
+                raise LeaseHeldError(f"{self.storage.url}: the chief (worker 0) does not hold the root's writer "
+                                     "lease (another job writes there, or took it over); nothing is written")
             seq = int(agreed[:, 0].max())
             if not agreed[:, 1].all():
                 raise CheckpointError("save_delta() needs a chain to extend on every worker: call save_full() or "
                                       "restore() first")
-            manifest = self._commit(kind, seq, collect(self.model), metadata)
+            manifest = self._commit(kind, seq, collect(self.model), metadata, quality)
             self._last = manifest
             if kind == "full" and self.rank == 0:
                 self._apply_retention()
             log.info("worker %d committed %s (step %d)", self.rank, manifest.dir, manifest.global_step)
             return seq
 
-    def _commit(self, kind, seq, col, metadata):
+    def _commit(self, kind, seq, col, metadata, quality=None):
         dirname = dir_name(kind, seq)
         directory = self.storage.join(dirname)
         evs = col.evs
@@ -125,6 +153,10 @@ class SyncCheckpointManager(CheckpointManager):
                 with self.lock:
                     step = self._step_value(col)
                     meta = metadata() if callable(metadata) else metadata
+                    scored = quality() if callable(quality) else quality
+                    if scored is not None and not isinstance(scored, _quality.Scored):
+                        raise ValueError("the quality callable of a synchronous save must return this worker's "
+                                         f"evstore.quality.Scored, got {type(scored).__name__}")
                     for ev in evs.values():
                         if getattr(ev, "evict_policies", ()):
                             ev.evict(step)
@@ -141,6 +173,8 @@ class SyncCheckpointManager(CheckpointManager):
                     files, counts = write_bundle(directory, evs, sids, dense, full=(kind == "full"),
                                                  chunk_rows=self.chunk_rows, prefix=_part(self.rank))
                 report = {"files": files, "counts": counts, "step": int(step), "meta": meta or {},
+                          # floats as JSON round-trip exactly (repr)
+                          "scored": None if scored is None else [scored.labels.tolist(), scored.scores.tolist()],
                           "evs": {n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name,
                                       **({"shard": col.shard_info[n]} if n in col.shard_info else {})}
                                   for n, ev in evs.items()}}
@@ -193,10 +227,16 @@ class SyncCheckpointManager(CheckpointManager):
         dtypes, shapes = reader.get_variable_to_dtype_map(), reader.get_variable_to_shape_map()
         dense = {n: {"dtype": tf.as_dtype(dtypes[n]).name, "shape": list(shapes[n])} for n in names}
         chief = reports[0]
+        parts = [rep["scored"] for rep in reports]
+        if any(p is None for p in parts) and not all(p is None for p in parts):
+            raise CheckpointError(f"checkpoint {dirname}: workers {[r for r, p in enumerate(parts) if p is None]} "
+                                  "gave no quality while the others did; every worker passes quality=, or none")
+        quality = None if parts[0] is None else _quality.Scored.concat(
+            _quality.Scored.of(*p) for p in parts).measure()
         manifest = Manifest(
             seq=seq, kind=kind, parent=None if kind == "full" else self._last.seq,
             base=seq if kind == "full" else self._last.base, global_step=chief["step"], wall_time=time.time(),
-            files=files, evs=evs, dense=dense, metadata=dict(chief["meta"]))
+            files=files, evs=evs, dense=dense, metadata=dict(chief["meta"]), quality=quality)
         manifest.to_json()
         _failpoints.hit("before-manifest")
         self.storage.write_manifest(dirname, manifest)

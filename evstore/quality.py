@@ -21,14 +21,18 @@ Scores are probabilities of the positive class; labels are 0 / 1.
 (NaN -> null, numpy scalars -> Python numbers), `measure` computes one from
 labels and scores, and `ProgressiveQuality` accumulates the scores of a
 training loop and answers the record of everything since a position.
+`Scored` holds scored examples not yet summarised: what each worker of a
+synchronous job contributes, so that a commit's record is measured once over
+every worker's examples (AUC does not average across parts).
 """
 import math
 import numbers
 import threading
+import typing
 
 import numpy as np
 
-__all__ = ["FIELDS", "SCHEMA", "normalize", "measure", "auc", "logloss", "ProgressiveQuality"]
+__all__ = ["FIELDS", "SCHEMA", "normalize", "measure", "auc", "logloss", "Scored", "ProgressiveQuality"]
 
 FIELDS = ("auc", "logloss", "examples", "label_rate")
 
@@ -120,6 +124,38 @@ def normalize(quality):
     return out
 
 
+class Scored(typing.NamedTuple):
+    """Examples scored before training, not yet summarised: `labels` (0 / 1)
+    and `scores` (probabilities), float64 vectors of one length. `concat`
+    joins parts (one per worker); `measure()` is their quality record."""
+
+    labels: np.ndarray
+    scores: np.ndarray
+
+    @classmethod
+    def of(cls, labels, scores):
+        """Checked and converted to float64 vectors.
+
+        Raises:
+          ValueError: labels and scores differ in length.
+        """
+        y = np.asarray(labels, np.float64).reshape(-1)
+        p = np.asarray(scores, np.float64).reshape(-1)
+        if y.shape != p.shape:
+            raise ValueError(f"labels and scores differ in length: {y.size} and {p.size}")
+        return cls(y, p)
+
+    @classmethod
+    def concat(cls, parts):
+        parts = list(parts)
+        if not parts:
+            return cls(np.zeros(0), np.zeros(0))
+        return cls(np.concatenate([q.labels for q in parts]), np.concatenate([q.scores for q in parts]))
+
+    def measure(self):
+        return measure(self.labels, self.scores)
+
+
 class ProgressiveQuality:
     """Accumulates a training loop's progressive scores, keyed by a
     monotone position (the examples trained so far, say), and answers the
@@ -135,23 +171,22 @@ class ProgressiveQuality:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._batches = []   # (position, labels, scores)
+        self._batches = []   # (position, Scored)
 
     def record(self, position, labels, scores):
-        y = np.asarray(labels, np.float64).reshape(-1)
-        p = np.asarray(scores, np.float64).reshape(-1)
-        if y.shape != p.shape:
-            raise ValueError(f"labels and scores differ in length: {y.size} and {p.size}")
+        q = Scored.of(labels, scores)
         with self._lock:
-            self._batches.append((position, y, p))
+            self._batches.append((position, q))
+
+    def scored_since(self, position):
+        """The examples recorded after `position` (None: all of them), as
+        `Scored`; forgets those at or before it."""
+        with self._lock:
+            if position is not None:
+                self._batches = [b for b in self._batches if b[0] > position]
+            return Scored.concat(b[1] for b in self._batches)
 
     def since(self, position):
         """The quality record of the batches recorded after `position`
         (None: all of them)."""
-        with self._lock:
-            if position is not None:
-                self._batches = [b for b in self._batches if b[0] > position]
-            batches = list(self._batches)
-        if not batches:
-            return measure([], [])
-        return measure(np.concatenate([b[1] for b in batches]), np.concatenate([b[2] for b in batches]))
+        return self.scored_since(position).measure()

@@ -2,10 +2,34 @@
 DRAM cache over a disk tier (`TieredStorage`). See docs/guides/tiered-storage.md.
 """
 
+import atexit
 import os
 import tempfile
+import weakref
 
 __all__ = ["TieredStorage"]
+
+# Tiered tables still alive, dropped at interpreter exit: a table object that
+# a reference cycle or a distribution strategy keeps alive to the end is never
+# destroyed otherwise, and its tier directory would stay behind (until the next
+# tiered table under the same path clears it as stale).
+_LIVE = weakref.WeakValueDictionary()
+
+
+def _track(ev):
+    """Drops `ev`'s table (and so its tier directory) at interpreter exit if it is still alive then."""
+    if not _LIVE:
+        atexit.unregister(_drop_live)
+        atexit.register(_drop_live)
+    _LIVE[id(ev)] = ev
+
+
+def _drop_live():
+    for ev in list(_LIVE.values()):
+        try:
+            ev._destroy_resource()
+        except Exception:   # exiting: the runtime may already be partly gone; nothing to report to
+            pass
 
 
 class TieredStorage:

@@ -17,6 +17,7 @@ from evstore import evict as _evict
 from evstore import schema
 from evstore._ops import gen
 from evstore.filters import AdmissionFilter
+from evstore import storage as _storage
 from evstore.storage import TieredStorage
 
 __all__ = ["EmbeddingVariable", "UnshardedEmbeddingVariable"]
@@ -307,6 +308,8 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         attrs = self._filter._native_attrs() if self._filter is not None else {}
         if self._storage is not None:
             attrs.update(self._storage._native_attrs())
+            if tf.executing_eagerly():
+                _storage._track(self)
         return gen.ev_create(self.resource_handle, bank, default_value, key_dtype=self._key_dtype,
                              dim=self._dim, segments_log2=self._segments_log2, **attrs)
 

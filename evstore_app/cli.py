@@ -148,6 +148,13 @@ def build_parser():
                      help="file holding the admin token: admin requests then need 'Authorization: Bearer <token>'")
     srv.add_argument("--rest_idle_timeout_s", "--rest-idle-timeout-s", type=float, default=60.0,
                      metavar="SECONDS", help="close REST and admin connections idle this long (default 60; 0: never)")
+    srv.add_argument("--tiered-dram-bytes", "--tiered_dram_bytes", type=int, default=None, metavar="BYTES",
+                     help="keep each served table's rows in a DRAM cache of BYTES over a private directory on local "
+                          "disk (an export written with tables=\"evstore\"; docs/guides/tiered-storage.md); default: "
+                          "every row in DRAM")
+    srv.add_argument("--tier-path", "--tier_path", default=None, metavar="DIR",
+                     help="parent of the tier's private directories (default: the system temp directory; use a "
+                          "local SSD); with --tiered-dram-bytes")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")

@@ -10,6 +10,17 @@ from serving_loader.server import serve
 __all__ = ["run"]
 
 
+def _tier(args):
+    """--tiered-dram-bytes / --tier-path as an evstore.TieredStorage, or None."""
+    if args.tiered_dram_bytes is None:
+        if args.tier_path is not None:
+            raise ValueError("--tier-path needs --tiered-dram-bytes")
+        return None
+    from evstore.storage import TieredStorage
+
+    return TieredStorage(args.tiered_dram_bytes, path=args.tier_path)
+
+
 def run(args):
     """Runs `evstore serve` (`args` parsed by evstore_app.cli): its flags become serve()'s
     keyword arguments (a negative port: that API off; --rest_idle_timeout_s 0: never),
@@ -36,8 +47,9 @@ def run(args):
                      gate_min_examples=args.gate_min_examples,
                      admin_port=args.admin_port, admin_host=args.admin_host,
                      admin_token=admin_listener.read_token(args.admin_token_file) if args.admin_token_file else None,
-                     idle_timeout_s=args.rest_idle_timeout_s or None, use_serving_view=args.serving_view)
-    except (ValueError, OSError) as e:
+                     idle_timeout_s=args.rest_idle_timeout_s or None, tier=_tier(args),
+                     use_serving_view=args.serving_view)
+    except (ValueError, TypeError, OSError) as e:
         from serving_loader.model import NothingToServeError
 
         hint = " (--allow-empty serves the export as it is)" if isinstance(e, NothingToServeError) else ""

@@ -27,6 +27,13 @@ The loaded object exposes the tables as `tables[i]`, the sentinel keys' rows as
 `reserved_rows[i]` / `reserved_present[i]` and the variables as `dense[i]`
 (indices from the map; exports written before `reserved` existed cannot serve
 the two sentinel keys, and ServingModel refuses checkpoints holding them).
+
+`export_serving_model(..., tables="evstore")` writes the other kind
+(serving_loader/ev_table.py): each EV stays an empty evstore table
+(`tables[i]`, an ExportedTable, looked up with EvFind: every key servable, no
+sentinels), its default value in `ev_defaults[i]`; the map says
+`"tables": "evstore"` and each EV entry has `"default": i` instead of the
+sentinel fields. It loads where evstore's op library is loaded.
 """
 import json
 import os
@@ -38,6 +45,7 @@ import tensorflow as tf
 
 from checkpoint.collect import collect
 from evstore.substitution import substitute_lookups
+from serving_loader.ev_table import EVSTORE, STOCK, TABLE_KINDS, ExportedTable
 
 __all__ = ["export_serving_model", "ensure_serving_export", "MAP_FILE", "sentinels"]
 
@@ -154,7 +162,8 @@ def _set_method_names(export_dir, methods):
         f.write(sm.SerializeToString())
 
 
-def export_serving_model(model, export_dir, input_signature=None, output_name="outputs", example_signatures=()):
+def export_serving_model(model, export_dir, input_signature=None, output_name="outputs", example_signatures=(),
+                         tables=STOCK):
     """Writes a stock-TensorFlow SavedModel of `model` to `export_dir`.
 
     Args:
@@ -171,12 +180,23 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
         tf.Example protos ("inputs") with one feature per model input, named
         as the input and shaped as it without the batch dimension; the model
         must have one output.
-    The tables start with the EVs' current rows (materialised once here).
+      tables: "stock" (default): each EV becomes a DenseHashTable holding
+        its current rows, and any TensorFlow loads the export. "evstore":
+        each EV stays an evstore table (serving_loader/ev_table.py), empty
+        in the export (its rows come from the checkpoint root; nothing is
+        materialised, so a table larger than memory exports): a process
+        loads it with evstore's op library, and `ServingModel(...,
+        storage=evstore.TieredStorage(...))` / `evstore serve
+        --tiered-dram-bytes` keeps its rows in a DRAM cache over a disk tier.
+    The stock tables start with the EVs' current rows (materialised once here).
     Returns the serving map (see the module docstring).
 
     Raises:
-      ValueError: unnamed / duplicate inputs, a non-empty export_dir.
+      ValueError: unnamed / duplicate inputs, a non-empty export_dir, an
+        unknown `tables`.
     """
+    if tables not in TABLE_KINDS:
+        raise ValueError(f"tables must be one of {list(TABLE_KINDS)}, got {tables!r}")
     unknown = sorted(set(example_signatures) - set(EXAMPLE_SIGNATURES))
     if unknown or isinstance(example_signatures, str):
         raise ValueError(f"example_signatures takes a list of {sorted(EXAMPLE_SIGNATURES)}, got {example_signatures!r}")
@@ -191,10 +211,21 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
     module.dense = []
     mapping = {"format": FORMAT, "version": 1, "evs": {}, "dense": {}, "signature": "serving_default",
                "inputs": [{"name": s.name, "dtype": s.dtype.name, "shape": s.shape.as_list()} for s in specs]}
+    if tables == EVSTORE:
+        mapping["tables"] = EVSTORE
+        module.ev_defaults = []
     served = {}
     for name, ev in col.logical_evs().items():   # a sharded EV is one table, like an unsharded one
-        empty, deleted = sentinels(ev.key_dtype)
         default = ev.default_value if ev.default_value is not None else np.zeros([ev.dim], np.float32)
+        if tables == EVSTORE:
+            i = len(module.tables)
+            module.tables.append(ExportedTable(ev.key_dtype, ev.dim, default))
+            module.ev_defaults.append(tf.Variable(np.asarray(default, np.float32), trainable=False,
+                                                  name=f"ev_{i}_default"))
+            mapping["evs"][name] = {"index": i, "dim": ev.dim, "key_dtype": ev.key_dtype.name, "default": i}
+            served[ev] = lambda ids, t=module.tables[i], d=ev.dim: _shaped(t.lookup(tf.reshape(ids, [-1])), ids, d)
+            continue
+        empty, deleted = sentinels(ev.key_dtype)
         table = tf.lookup.experimental.DenseHashTable(
             key_dtype=ev.key_dtype, value_dtype=tf.float32, default_value=tf.constant(default),
             empty_key=empty, deleted_key=deleted, name=f"ev_{len(module.tables)}")
@@ -252,7 +283,7 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
     return mapping
 
 
-def ensure_serving_export(model, export_dir, input_signature=None, output_name="outputs"):
+def ensure_serving_export(model, export_dir, input_signature=None, output_name="outputs", tables=STOCK):
     """Makes `export_dir` (a local path) hold `model`'s serving export.
 
     An absent or empty `export_dir` gets a new export, written to a sibling
@@ -261,7 +292,7 @@ def ensure_serving_export(model, export_dir, input_signature=None, output_name="
     map: tables, dims, dense weights, inputs), it is kept: a resumed job does
     not rewrite it under a running server. Its tables' initial rows do not
     matter to a server with a checkpoint root: it serves the root's chain.
-    Returns (serving map, True if written now).
+    `tables`: export_serving_model's. Returns (serving map, True if written now).
 
     Raises:
       ValueError: `export_dir` holds something else (another model's export,
@@ -283,7 +314,8 @@ def ensure_serving_export(model, export_dir, input_signature=None, output_name="
     tmp = os.path.join(parent, f".{os.path.basename(export_dir)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        mapping = export_serving_model(model, tmp, input_signature=input_signature, output_name=output_name)
+        mapping = export_serving_model(model, tmp, input_signature=input_signature, output_name=output_name,
+                                       tables=tables)
         if existing is not None:
             if existing != mapping:
                 raise ValueError(f"export directory {export_dir} holds the export of another model (its tables "

@@ -48,16 +48,20 @@ the loading, predictions and the public names):
   * serving_loader/rwlock.py, serving_loader/table.py: the reader-writer lock
     and the serving table adapter.
 """
+import atexit
 import json
 import os
 import threading
+import weakref
 
 import tensorflow as tf
 
 from checkpoint.chain import scan
 from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
+from evstore.storage import TieredStorage
 from serving_loader.apply_metrics import ApplyMetrics
+from serving_loader.ev_table import EVSTORE, STOCK, EvTable
 from serving_loader.export import FORMAT, MAP_FILE
 from serving_loader.flat_call import FlatCall, zero_example
 from serving_loader.gate import Gate, GateState
@@ -65,6 +69,7 @@ from serving_loader.polling import Polling
 from serving_loader.rollback import Rollback, RollbackError
 from serving_loader.rwlock import RWLock
 from serving_loader.staging import Staging
+from serving_loader.streamed_reload import StreamedReload
 from serving_loader.table import Table
 
 __all__ = ["ServingModel", "NothingToServeError", "RollbackError", "zero_example"]
@@ -82,13 +87,22 @@ def _read_signature_defs(export_dir):
     return dict(sm.meta_graphs[0].signature_def)
 
 
+def _close_at_exit(ref):
+    model = ref()
+    if model is not None:
+        model.close()
+
+
 class NothingToServeError(ValueError):
     """The checkpoint root has nothing the export can serve (it does not exist,
     holds no committed checkpoint, none of the export's tables, or its newest
     chain cannot be applied). The message is one line."""
 
 
-class ServingModel(Polling, Rollback, Staging, ApplyMetrics):
+TIER_STATS = ("cache_hits", "cache_misses", "cache_rows", "disk_bytes")
+
+
+class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
     """A serving export (export_serving_model) plus the checkpoint chain applied to it.
 
     Args:
@@ -107,7 +121,15 @@ class ServingModel(Polling, Rollback, Staging, ApplyMetrics):
       use_serving_view: read a commit's serving view (lower-precision rows
         the trainer wrote with it, checkpoint/serving_view.py) when it has
         one (default True); False reads its float32 rows. Either way a
-        replica reads only what it serves (checkpoint/fetch.py).
+        replica reads only what it serves (checkpoint/fetch.py). An export
+        of evstore tables reads float32 rows.
+      storage: for an export written with `tables="evstore"`: None (default)
+        keeps every row in DRAM; an `evstore.TieredStorage(dram_bytes,
+        path)` keeps each served table's rows in a DRAM cache of
+        `dram_bytes` (per table) over a private directory under `path`,
+        removed by `close()` (serving_loader/ev_table.py,
+        docs/guides/tiered-storage.md). A reload or rollback streams the full
+        into a second table, then swaps it in.
 
     Attributes: `version` (sequence number served; None before the first
     checkpoint), `base` (its full), `pinned`, `serving_view` (precision of
@@ -115,13 +137,15 @@ class ServingModel(Polling, Rollback, Staging, ApplyMetrics):
     `metrics()` for monitoring.
 
     Raises:
-      ValueError: `export_dir` is not a serving export.
+      ValueError: `export_dir` is not a serving export; `storage` given for
+        an export of stock tables.
+      TypeError: `storage` is not an evstore.TieredStorage.
       NothingToServeError: (allow_empty=False) nothing of the root can be served.
       serving_loader.gate.GateError (a ValueError): a malformed gate.
     """
 
     def __init__(self, export_dir, checkpoint_root=None, storage_options=None, allow_empty=False, gate=None,
-                 use_serving_view=True):
+                 use_serving_view=True, storage=None):
         map_path = os.path.join(export_dir, MAP_FILE)
         try:
             with open(map_path) as f:
@@ -132,6 +156,15 @@ class ServingModel(Polling, Rollback, Staging, ApplyMetrics):
         if self.mapping.get("format") != FORMAT:
             raise ValueError(f"{map_path} is not an evstore serving map")
         self.export_dir = export_dir
+        self.table_kind = self.mapping.get("tables", STOCK)
+        if storage is not None:
+            if not isinstance(storage, TieredStorage):
+                raise TypeError(f"storage must be an evstore.TieredStorage or None, got {type(storage).__name__}")
+            if self.table_kind != EVSTORE:
+                raise ValueError(f"{export_dir} serves its EVs from stock DenseHashTables, which hold every row in "
+                                 "DRAM; tiered storage needs an export written with "
+                                 "export_serving_model(..., tables=\"evstore\")")
+        self.storage_tier = storage
         # The quality gate (serving_loader/gate.py): parsed first, so a malformed one is refused at once.
         self.gate = GateState(gate if isinstance(gate, Gate) else Gate.parse(gate)) if gate is not None else None
         self.served_quality = None     # quality record of the served commit (None: not recorded)
@@ -145,8 +178,13 @@ class ServingModel(Polling, Rollback, Staging, ApplyMetrics):
         self._fn = self._loaded.signatures[self.signature]
         self._flat = {}   # signature key -> FlatCall or None (built on first use)
         self.signature_defs = _read_signature_defs(export_dir)
-        self._tables = {n: Table(self._loaded.tables[e["index"]], e["key_dtype"])
-                        for n, e in self.mapping["evs"].items()}
+        if self.table_kind == EVSTORE:
+            self._tables = {n: EvTable(self._loaded.tables[e["index"]], e["key_dtype"], e["dim"],
+                                       self._loaded.ev_defaults[e["default"]].numpy(), storage=storage)
+                            for n, e in self.mapping["evs"].items()}
+        else:
+            self._tables = {n: Table(self._loaded.tables[e["index"]], e["key_dtype"])
+                            for n, e in self.mapping["evs"].items()}
         self._dense = {n: self._loaded.dense[i] for n, i in self.mapping["dense"].items()}
         # The two sentinel keys' rows (export.py); absent in exports older than them.
         self._reserved = {n: (self._loaded.reserved_rows[e["reserved"]], self._loaded.reserved_present[e["reserved"]])
@@ -165,7 +203,7 @@ class ServingModel(Polling, Rollback, Staging, ApplyMetrics):
         self.last_error = None
         self.freshness_s = []      # commit -> served, per applied checkpoint (bounded)
         self.apply_latency_s = []  # stage + publish, per applied checkpoint (bounded)
-        self.use_serving_view = bool(use_serving_view)
+        self.use_serving_view = bool(use_serving_view) and self.table_kind == STOCK
         self.serving_view = None       # precision of the served rows: "float32" or a view dtype (None: none yet)
         self.fetched_bytes_total = 0   # bytes read from the root for published checkpoints
         self.last_fetched_bytes = None # ... for the last one
@@ -177,6 +215,8 @@ class ServingModel(Polling, Rollback, Staging, ApplyMetrics):
         self.rollback_failures = 0
         self.last_rollback = None      # {"from", "to", "then", "seconds", "wall_time"} of the last one done
         self._sched = None
+        if self.table_kind == EVSTORE:   # a tiered table's directory goes with the process
+            atexit.register(_close_at_exit, weakref.ref(self))
         if self.storage is not None:
             self.poll()
             if self.version is None and not allow_empty:
@@ -247,4 +287,32 @@ class ServingModel(Polling, Rollback, Staging, ApplyMetrics):
 
     def rows(self):
         """{EV name: rows in its serving table}."""
-        return {n: int(t.size()) for n, t in self._tables.items()}
+        self._lock.acquire_read()   # a reload swaps evstore tables under the write lock
+        try:
+            return {n: int(t.size()) for n, t in self._tables.items()}
+        finally:
+            self._lock.release_read()
+
+    def tier_stats(self):
+        """{EV name: {"cache_hits", "cache_misses", "cache_rows", "disk_bytes"}} of
+        tiered serving tables ({} for DRAM ones)."""
+        if self.storage_tier is None:
+            return {}
+        self._lock.acquire_read()
+        try:
+            return {n: {k: v for k, v in t.stats().items() if k in TIER_STATS} for n, t in self._tables.items()}
+        finally:
+            self._lock.release_read()
+
+    def close(self):
+        """Stops polling and drops evstore serving tables now (a tiered table's
+        directory is removed); the model serves no more. Idempotent; also run
+        at interpreter exit. Stock tables are freed with the model."""
+        self.stop()
+        self._lock.acquire_write()
+        try:
+            tables, self._tables = self._tables, {}
+            for t in tables.values():
+                t.close()
+        finally:
+            self._lock.release_write()

@@ -97,6 +97,8 @@ class Polling:
                     self._still_committed([m], e)
                     self._refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
                     return
+            for s in staged:
+                self._warm(s)
             self._lock.acquire_write()
             try:
                 for s in staged:   # a held stretch is published with the commit that passed, in one step

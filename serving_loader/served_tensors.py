@@ -4,14 +4,15 @@ A replica serves keys, rows, and the keys to drop (a delta's deleted keys),
 plus the export's dense weights. It reads the rows from the commit's serving
 view when there is one (checkpoint/serving_view.py) and the replica uses
 views, else the float32 `<ev>-values`. Nothing else of the checkpoint is
-named, so nothing else is read (checkpoint/fetch.py): not the versions,
-frequencies or optimizer slots of EVs, not the dense optimizer state, and not
-the counted-not-admitted keys (they read the default value, as absent keys
-do): a full replaces the served rows whole, and a delta whose manifest says
-`deleted_complete` lists every key that lost its row among its deleted keys.
-Only a delta without it (an older writer's, or the synchronous job's) has its
-filtered keys read and erased, since a key evicted and counted again within
-it is only there.
+named, so nothing else is read (checkpoint/fetch.py): not the versions or
+optimizer slots of EVs (nor their frequencies, except for an evstore serving
+table, whose tier's cache policy weighs them), not the dense optimizer state,
+and not the counted-not-admitted keys (they read the default value, as absent
+keys do): a full replaces the served rows whole, and a delta whose manifest
+says `deleted_complete` lists every key that lost its row among its deleted
+keys. Only a delta without it (an older writer's, or the synchronous job's)
+has its filtered keys read and erased, since a key evicted and counted again
+within it is only there.
 """
 import dataclasses
 
@@ -53,16 +54,24 @@ class Plan:
             erase = [keys[0][:0]]
         return np.concatenate(keys), np.concatenate(values), np.concatenate(erase)
 
+    def ev_freqs(self, t, name):
+        """The training frequencies of `ev_arrays`' keys (read only for the EVs
+        `plan` was asked `freqs` of)."""
+        return np.concatenate([t[schema.tensor(p, schema.FREQS)] for p in self.parts[name]])
 
-def plan(manifest, parts, dense, use_view=True):
+
+def plan(manifest, parts, dense, use_view=True, freqs=()):
     """The Plan for checkpoint `manifest`: served EVs `parts` ({name: entry
     names}), dense weights `dense` (names); `use_view`: read the serving view
-    when the commit has one."""
+    when the commit has one; `freqs`: served EVs whose keys' frequencies are
+    read too (an evstore serving table weighs them in its cache policy)."""
     view = (manifest.serving_view or {}).get("dtype") if use_view else None
     main, extra = [], []
-    for entries in parts.values():
+    for name, entries in parts.items():
         for p in entries:
             main += [schema.tensor(p, schema.KEYS)] + _erase_tensors(manifest.kind, manifest.deleted_complete, p)
+            if name in freqs:
+                main.append(schema.tensor(p, schema.FREQS))
             if view:
                 extra += view_tensors(view, p)
             else:

@@ -92,6 +92,13 @@ class ServingMetrics:
         self.version = Gauge("evstore_serving_applied_sequence", "Checkpoint sequence number served (-1: none "
                              "yet, the export as written)", registry=r)
         self.rows = Gauge("evstore_serving_rows", "Rows in each served embedding table", ["table"], registry=r)
+        # A tiered serving table's cache (docs/guides/tiered-storage.md), since the table was loaded: a
+        # reload or rollback starts a new table, so these are gauges.
+        self.tier = {f: Gauge(f"evstore_serving_tier_{f}", help_, ["table"], registry=r) for f, help_ in (
+            ("cache_hits", "Row reads of a tiered serving table answered from its DRAM cache"),
+            ("cache_misses", "Row reads of a tiered serving table that read its disk tier"),
+            ("cache_rows", "Rows of a tiered serving table in its DRAM cache"),
+            ("disk_bytes", "Bytes of a tiered serving table's row file on disk"))}
         self.predict_latency = Histogram("evstore_serving_predict_latency_seconds", "Predict request time "
                                          "(parse, model, encode) of answered requests", registry=r,
                                          buckets=_LATENCY_BUCKETS)
@@ -144,6 +151,9 @@ class ServingMetrics:
         self.version.set(-1 if m.version is None else m.version)
         for name, n in m.rows().items():
             self.rows.labels(table=name).set(n)
+        for name, st in m.tier_stats().items():
+            for field, v in st.items():
+                self.tier[field].labels(table=name).set(v)
 
     def exposition(self):
         from prometheus_client import generate_latest
@@ -400,7 +410,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
           poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
           storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0,
           grpc_idle_timeout_s=None, gate=None, gate_min_examples=1000, admin_port=None, admin_host="127.0.0.1",
-          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, use_serving_view=True):
+          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, tier=None, use_serving_view=True):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
     `port` (TF Serving's flags; 0: any free port; None: that API off; a build
@@ -427,9 +437,11 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     progress is closed (None: grpc_service.DEFAULT_IDLE_TIMEOUT_S; 0: never).
     `gate`: a quality gate expression (serving_loader/gate.py; "default": its
     DEFAULT_GATE), refused with GateError (a ValueError) before anything loads; commits of fewer
-    than `gate_min_examples` examples are not judged. `use_serving_view`: serve
-    a commit's serving view when it has one (False: its float32 rows;
-    ServingModel's argument).
+    than `gate_min_examples` examples are not judged. `tier`: an
+    evstore.TieredStorage for an export of evstore tables (ServingModel's
+    `storage`): each table's rows in a DRAM cache over a private directory,
+    removed when serve returns. `use_serving_view`: serve a commit's serving
+    view when it has one (False: its float32 rows; ServingModel's argument).
     """
     from serving_loader.model import ServingModel
 
@@ -454,7 +466,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         admin_listener.check_exposure(admin_host, admin_token)
     _set_tf_threads(intra_op_parallelism, inter_op_parallelism)
     model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty,
-                         gate=gate, use_serving_view=use_serving_view)
+                         gate=gate, storage=tier, use_serving_view=use_serving_view)
     app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every,
                      batching=batching, idle_timeout_s=idle_timeout_s, admin_token=admin_token)
     # The loaded model leaves a large heap of long-lived Python objects (TF,
@@ -476,6 +488,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
             if sock is not None:
                 sock.close()
         app.close()
+        model.close()
 
 
 async def _serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every, out,

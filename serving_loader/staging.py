@@ -10,6 +10,7 @@ from checkpoint.errors import CheckpointError
 from checkpoint.fetch import fetch
 from checkpoint.shards import logical_entries
 from serving_loader import served_tensors
+from serving_loader.ev_table import EVSTORE
 from serving_loader.export import sentinels
 
 __all__ = ["Staging"]
@@ -20,7 +21,7 @@ class _Staged:
 
     def __init__(self, manifest, evs, dense, view="float32", bytes_read=0):
         self.manifest = manifest
-        self.evs = evs        # name -> (erase_keys, upsert_keys, upsert_values)
+        self.evs = evs        # name -> (erase_keys, upsert_keys, upsert_values, reserved, freqs or None)
         self.dense = dense    # name -> np.ndarray
         self.view = view      # the precision its rows were read in
         self.bytes_read = bytes_read
@@ -39,7 +40,8 @@ class Staging:
         missing = sorted(set(self._tables) - set(parts))
         if missing:
             raise CheckpointError(f"{m.dir} holds no EV {missing} that the export serves")
-        plan = served_tensors.plan(m, {n: parts[n] for n in self._tables}, list(self._dense), self.use_serving_view)
+        plan = served_tensors.plan(m, {n: parts[n] for n in self._tables}, list(self._dense), self.use_serving_view,
+                                   freqs=[n for n, t in self._tables.items() if t.weighs_freqs])
         with fetch(self.storage, m, plan.tensors) as t:
             evs = {}
             for name in self._tables:
@@ -47,19 +49,28 @@ class Staging:
                     keys, values, erase = plan.ev_arrays(t, name, self.mapping["evs"][name]["dim"])
                 except ValueError as e:
                     raise CheckpointError(f"{m.dir}: EV {name!r}: {e}") from None
-                evs[name] = self._checked(m, name, erase, keys, values)
+                freqs = None
+                if self._tables[name].weighs_freqs:
+                    freqs = plan.ev_freqs(t, name)
+                    if len(freqs) != len(keys):
+                        raise CheckpointError(f"{m.dir}: EV {name!r} has {len(freqs)} frequencies for "
+                                              f"{len(keys)} keys")
+                evs[name] = self._checked(m, name, erase, keys, values) + (freqs,)
             dense = {n: t[n] for n in self._dense}
             bytes_read = t.bytes_read
+        self._check_dense(m, dense)
+        return _Staged(m, evs, dense, view=plan.view, bytes_read=bytes_read)
+
+    def _check_dense(self, m, dense):
         for n, v in dense.items():
             if tuple(v.shape) != tuple(self._dense[n].shape) or v.dtype != self._dense[n].dtype.as_numpy_dtype:
                 raise CheckpointError(f"{m.dir}: dense {n!r} is {v.dtype} {list(v.shape)}, the export serves "
                                       f"{self._dense[n].dtype.name} {self._dense[n].shape.as_list()}")
-        return _Staged(m, evs, dense, view=plan.view, bytes_read=bytes_read)
 
     def _checked(self, m, name, erase, keys, values):
         """Validates an EV's staged tensors completely (publish must not fail
         half-way): dtypes, dim, row counts; splits off the sentinel keys, which
-        live beside the table. Returns (erase, keys, values, reserved) with
+        live beside a stock table. Returns (erase, keys, values, reserved) with
         reserved = {j: row or None (erased)} for sentinel key j (sentinels())."""
         info = self.mapping["evs"][name]
         kd = tf.as_dtype(info["key_dtype"]).as_numpy_dtype
@@ -68,6 +79,8 @@ class Staging:
         if values.dtype != np.float32 or values.ndim != 2 or values.shape != (len(keys), info["dim"]):
             raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]} for {len(keys)} keys, "
                                   f"the export serves dim {info['dim']}")
+        if not self._tables[name].reserves_sentinels:
+            return erase, keys, values, {}
         empty, deleted = sentinels(info["key_dtype"])
         reserved = {}
         for j, k in enumerate((empty, deleted)):
@@ -86,15 +99,28 @@ class Staging:
             erase = erase[(erase != empty) & (erase != deleted)]
         return erase, keys, values, reserved
 
+    def _warm(self, s):
+        """Before the write lock: reads the rows staged `s` changes in each served
+        table, as a prediction does, so a tiered table holds them in DRAM and
+        its publish does not read them from disk under the lock (a no-op for
+        tables in DRAM). Predictions go on meanwhile."""
+        self._lock.acquire_read()
+        try:
+            for name, (_, keys, *_) in s.evs.items():
+                if keys.size:
+                    self._tables[name].warm(keys)
+        finally:
+            self._lock.release_read()
+
     def _publish(self, s):
         """Under the write lock: make the staged checkpoint the served state.
         Everything was validated by _stage, so no step here fails on content."""
-        for name, (erase, keys, values, reserved) in s.evs.items():
+        for name, (erase, keys, values, reserved, freqs) in s.evs.items():
             table = self._tables[name]
             if erase.size:
-                table.erase(tf.constant(erase))
+                table.erase(erase)
             if keys.size:
-                table.insert(tf.constant(keys), tf.constant(values))
+                table.insert(keys, values, freqs)
             if reserved:
                 rows_var, present_var = self._reserved[name]
                 rows, present = rows_var.numpy(), present_var.numpy()
@@ -118,7 +144,10 @@ class Staging:
 
     def _load_chain(self, chain):
         """Stages every checkpoint of `chain` (raising before any change if one
-        fails), then under the write lock replaces the served state with it."""
+        fails), then under the write lock replaces the served state with it.
+        Evstore tables stream the full instead (serving_loader/streamed_reload.py)."""
+        if self.table_kind == EVSTORE:
+            return self._load_chain_streamed(chain)
         staged = [self._stage(m) for m in chain]
         self._lock.acquire_write()
         try:

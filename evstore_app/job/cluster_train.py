@@ -33,6 +33,7 @@ import tensorflow as tf
 
 import checkpoint
 import evstore
+from evstore.quality import ProgressiveQuality
 from evstore_app.job.synthetic import ClickStream
 
 __all__ = ["CtrModel", "ClusterJob", "FIELDS", "run"]
@@ -50,14 +51,16 @@ class CtrModel(tf.Module):
         with the same seed start equal, sharded or not).
       table: makes each table, table(name, dim, **ev_kwargs) (default: an
         EmbeddingVariable of `shards` shards).
+      storage: the default tables' storage (evstore.TieredStorage: each
+        shard's rows in a DRAM cache over a tier on its own task's disk).
     """
 
-    def __init__(self, shards=None, seed=0, table=None):
+    def __init__(self, shards=None, seed=0, table=None, storage=None):
         super().__init__(name="ctr")
         rng = np.random.default_rng(seed)
         self.tables = {}
         self.weights = {}
-        table = table or functools.partial(evstore.EmbeddingVariable, shards=shards)
+        table = table or functools.partial(evstore.EmbeddingVariable, shards=shards, storage=storage)
         for field, dim in FIELDS:
             bank = rng.normal(0.0, 0.05, size=(BANK, dim)).astype(np.float32)
             self.tables[field] = table(field, dim, initializer=tf.constant_initializer(bank),
@@ -114,13 +117,14 @@ class ClusterJob:
       keep_chains: chains kept under `checkpoints`.
       shards: shards per table (default: the number of PS tasks).
       local: train in this process with unsharded EVs (no cluster).
+      storage: the tables' storage (CtrModel's; None: all rows in DRAM).
 
     Raises:
       ValueError: a bad cluster or argument (the message names it).
     """
 
     def __init__(self, cluster=None, checkpoints=None, batch_size=256, seed=0, learning_rate=0.05,
-                 delta_every=20, full_every=None, keep_chains=3, shards=None, local=False):
+                 delta_every=20, full_every=None, keep_chains=3, shards=None, local=False, storage=None):
         for name, v in (("batch_size", batch_size), ("delta_every", delta_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -147,7 +151,7 @@ class ClusterJob:
             self.num_ps = len(spec["ps"])
             shards = self.num_ps if shards is None else shards
         with self.strategy.scope():   # shard i on PS i % num_ps
-            self.model = CtrModel(shards=shards, seed=seed)
+            self.model = CtrModel(shards=shards, seed=seed, storage=storage)
             self.optimizer = evstore.optimizers.SGD(learning_rate)
             # Built here, under the scope (its variables on the PS), not inside a scheduled function;
             # an EV's optimizer variable is its proxy (what `apply` maps it to).
@@ -160,6 +164,8 @@ class ClusterJob:
                                                         keep_chains=keep_chains)
         self.position = 0
         self.commits = []          # (seq, kind, position) of this process's commits
+        self.progressive = ProgressiveQuality()   # scored batches, keyed by the position after each
+        self._scored = []          # (position, labels, step output) not yet in `progressive`
         self._step = self._make_step()
 
     def _make_step(self):
@@ -169,16 +175,28 @@ class ClusterJob:
             ids = {"user": user, "item": item, "category": category}
             variables = model.train_vars
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(label, model(ids, hour)))
+                logits = model(ids, hour)
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(label, logits))
             grads = tape.gradient(loss, variables)
             opt.apply_gradients(zip(grads, variables), global_step=step.assign_add(1))
-            return loss
+            return loss, tf.sigmoid(logits)   # scores from before this step's update: progressive validation
 
         @tf.function
         def train_step(user, item, category, hour, label):
             return strategy.run(fn, args=(user, item, category, hour, label))
 
         return train_step
+
+    def quality(self):
+        """The quality record of the batches trained since the last commit
+        (called under the manager's lock by each save, after `join`)."""
+        for position, labels, out in self._scored:
+            out = out.fetch() if hasattr(out, "fetch") else out   # a scheduled step's RemoteValue: (loss, scores)
+            scores = np.asarray(out[1])
+            self.progressive.record(position, labels, scores)
+        self._scored = []
+        last = self.manager.last_committed
+        return self.progressive.since(None if last is None else int(last.metadata["position"]))
 
     def batch(self, b):
         """Batch b's step arguments (user, item, category, hour, label tensors)."""
@@ -201,7 +219,7 @@ class ClusterJob:
     def save(self):
         """Waits for the scheduled steps and commits a checkpoint at the current position; returns its seq."""
         self.join()
-        return commit_position(self.manager, self.position, self.full_every, self.commits)
+        return commit_position(self.manager, self.position, self.full_every, self.commits, quality=self.quality)
 
     def train(self, steps, sync=False, on_commit=None):
         """Trains batches `position .. steps - 1`, committing every `delta_every` batches and at the end.
@@ -216,12 +234,14 @@ class ClusterJob:
         while self.position < steps:
             args = self.batch(self.position)
             if self.coord is not None:
-                self.coord.schedule(self._step, args=args)
+                out = self.coord.schedule(self._step, args=args)
                 if sync:
                     self.coord.join()
             else:
-                self._step(*args)
+                out = self._step(*args)
             self.position += 1
+            if self.manager is not None:
+                self._scored.append((self.position, args[-1].numpy(), out))
             if self.manager is not None and self.position % self.delta_every == 0:
                 seq = self.save()
                 if on_commit:
@@ -234,13 +254,14 @@ class ClusterJob:
         return self.position
 
 
-def commit_position(manager, position, full_every, commits):
+def commit_position(manager, position, full_every, commits, quality=None):
     """Commits a checkpoint with the input position as metadata (the chain's
-    first a full, then deltas, a full every `full_every` batches); appends
-    (seq, kind, position) to `commits`; returns the seq."""
+    first a full, then deltas, a full every `full_every` batches) and
+    `quality` (the manager's quality= argument); appends (seq, kind,
+    position) to `commits`; returns the seq."""
     full = manager.last_committed is None or (full_every is not None and position % full_every == 0)
     meta = {"position": position}
-    seq = manager.save_full(meta) if full else manager.save_delta(meta)
+    seq = manager.save_full(meta, quality=quality) if full else manager.save_delta(meta, quality=quality)
     commits.append((seq, "full" if full else "delta", position))
     return seq
 

@@ -57,6 +57,7 @@ class SyncJob:
 
         import checkpoint.sync
         import evstore
+        from evstore.quality import ProgressiveQuality
         from evstore_app.job.cluster_train import CtrModel
         from evstore_app.job.synthetic import ClickStream
 
@@ -84,6 +85,7 @@ class SyncJob:
         self.position = 0
         self.resumed_at = None
         self.commits = []
+        self.progressive = ProgressiveQuality()   # this worker's slices, keyed by position after
         self._step = self._make_step()
 
     @property
@@ -104,11 +106,12 @@ class SyncJob:
             ids = {"user": user, "item": item, "category": category}
             variables = self.train_vars
             with tf.GradientTape() as tape:
-                losses = tf.nn.sigmoid_cross_entropy_with_logits(label, model(ids, hour))
+                logits = model(ids, hour)
+                losses = tf.nn.sigmoid_cross_entropy_with_logits(label, logits)
                 loss = tf.reduce_sum(losses) / batch   # the global batch: gradients summed over the workers
             grads = tape.gradient(loss, variables)
             opt.apply_gradients(zip(grads, variables), global_step=step.assign_add(1))
-            return loss
+            return loss, tf.sigmoid(logits)   # this worker's slice, scored before the update (progressive)
 
         spec = [tf.TensorSpec([None], tf.int64)] * 3 + [tf.TensorSpec([None], tf.float32)] * 2
 
@@ -134,10 +137,15 @@ class SyncJob:
         self.resumed_at = self.position
         return self.position
 
+    def scored(self):
+        """This worker's scored examples since the last commit (its part of the commit's quality)."""
+        last = self.manager.last_committed
+        return self.progressive.scored_since(None if last is None else int(last.metadata["position"]))
+
     def save(self):
         """Commits a checkpoint at the current position (collective: every worker at once); returns its seq."""
         from evstore_app.job.cluster_train import commit_position
-        return commit_position(self.manager, self.position, self.full_every, self.commits)
+        return commit_position(self.manager, self.position, self.full_every, self.commits, quality=self.scored)
 
     def train(self, steps, on_commit=None):
         """Trains batches `position .. steps - 1`, committing every `delta_every` batches and at the end."""
@@ -146,8 +154,12 @@ class SyncJob:
         while self.position < steps:
             if kill and int(kill_rank) == self.rank and int(kill_batch) == self.position and self.resumed_at == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
-            self._step(*self.batch(self.position))
+            args = self.batch(self.position)
+            _, scores = self._step(*args)
             self.position += 1
+            if self.manager is not None:
+                scores = self.strategy.experimental_local_results(scores)[0]
+                self.progressive.record(self.position, args[-1].numpy(), scores.numpy())
             if self.manager is not None and self.position % self.delta_every == 0:
                 seq = self.save()
                 if on_commit:

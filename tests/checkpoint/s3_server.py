@@ -20,14 +20,11 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def moto_bucket(log_path, before_stop=None):
-    """Starts the server (its output to `log_path`), creates a bucket and
-    yields its name; `before_stop()` runs while the server still answers."""
-    import fsspec
-
+def start_server(log):
+    """Starts moto's server with its output to the open file `log`; returns
+    (process, endpoint URL) once it answers. RuntimeError if it does not
+    within 60 s (the process is killed)."""
     port = _free_port()
-    log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
@@ -35,12 +32,22 @@ def moto_bucket(log_path, before_stop=None):
     while True:
         try:
             urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close()
-            break
+            return proc, endpoint
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
                 raise RuntimeError(f"moto server did not start (exit {proc.poll()})")
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def moto_bucket(log_path, before_stop=None):
+    """Starts the server (its output to `log_path`), creates a bucket and
+    yields its name; `before_stop()` runs while the server still answers."""
+    import fsspec
+
+    log = open(log_path, "w")
+    proc, endpoint = start_server(log)
     env = dict(ENV, AWS_ENDPOINT_URL=endpoint)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

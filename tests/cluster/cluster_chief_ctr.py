@@ -41,9 +41,15 @@ def main():
     p.add_argument("--dump-dir", default=None)
     p.add_argument("--pause-after-commits", type=int, default=None)
     p.add_argument("--state-out", required=True)
+    p.add_argument("--tiered-dram-bytes", type=int, default=None, help="tables on evstore.TieredStorage")
+    p.add_argument("--tier-path", default=None)
     a = p.parse_args()
+    storage = None
+    if a.tiered_dram_bytes is not None:
+        import evstore
+        storage = evstore.TieredStorage(dram_bytes=a.tiered_dram_bytes, path=a.tier_path)
     job = ClusterJob(a.cluster, checkpoints=a.checkpoints, batch_size=a.batch_size, delta_every=a.delta_every,
-                     shards=a.shards)
+                     shards=a.shards, storage=storage)
     resumed_at = job.resume()
     if a.dump_dir and a.checkpoints:
         save_npz(os.path.join(a.dump_dir, "restored.npz"), job.model.state())
@@ -66,7 +72,9 @@ def main():
     save_npz(a.state_out, job.model.state())
     print("RESULT " + json.dumps({"resumed_at": resumed_at, "position": job.position,
                                   "global_step": int(job.global_step.numpy()), "commits": job.commits,
-                                  "devices": {f: list(t.devices) for f, t in job.model.tables.items()}}),
+                                  "devices": {f: list(t.devices) for f, t in job.model.tables.items()},
+                                  "cache_misses": sum(int(t.stats()["cache_misses"])
+                                                      for t in job.model.tables.values())}),
           flush=True)
     sys.stdout.flush()
     os._exit(0)  # skip teardown RPCs to tasks that may be gone

@@ -2,6 +2,8 @@
 (evstore_app.job.cluster_train; chief, PS and worker processes) against the same
 job in one process with unsharded EVs, under failures and restarts."""
 import functools
+import glob
+import json
 import os
 import shutil
 
@@ -52,6 +54,42 @@ def test_sync_cluster_training_equals_single_process_training(tmp_path):
     assert r["global_step"] == 20
     # Values to 1e-6, versions (the step of each key's last update) and frequencies exactly.
     assert_same_state(load(out), reference(20))
+
+
+def test_sync_cluster_training_on_tiered_tables_equals_single_process_all_dram_training(tmp_path):
+    out = str(tmp_path / "state.npz")
+    with LocalCluster(num_ps=2, num_workers=2, directory=str(tmp_path)) as lc:
+        # 1 KiB of rows per shard (32 rows of 8 floats): most rows live in each PS's tier file.
+        r = run_chief(lc, CHIEF, ["--cluster", lc.cluster_file, "--steps", 20, "--sync", "--batch-size", BATCH,
+                                  "--state-out", out, "--tiered-dram-bytes", 1024, "--tier-path", tmp_path])
+    assert r["cache_misses"] > 0                        # rows were read back from the PS tasks' disk tiers
+    assert_same_state(load(out), reference(20))
+
+
+def _qualities(root):
+    """{position: quality record} of every commit under `root`."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(root, "*", "MANIFEST.json"))):
+        with open(path) as f:
+            m = json.load(f)
+        out[m["metadata"]["position"]] = m.get("quality")
+    return out
+
+
+def test_each_commit_carries_the_quality_of_its_batches_as_the_single_process_job_measures_it(tmp_path):
+    root = str(tmp_path / "ckpt")
+    with LocalCluster(num_ps=2, num_workers=2, directory=str(tmp_path)) as lc:
+        run_chief(lc, CHIEF, ["--cluster", lc.cluster_file, "--steps", 20, "--sync", "--batch-size", BATCH,
+                              "--checkpoints", root, "--delta-every", 10, "--state-out", str(tmp_path / "s.npz")])
+    one = ClusterJob(local=True, batch_size=BATCH, checkpoints=str(tmp_path / "one"), delta_every=10)
+    one.train(20)
+    got, want = _qualities(root), _qualities(str(tmp_path / "one"))
+    assert sorted(got) == sorted(want) == [10, 20]
+    for pos, q in got.items():
+        assert q["examples"] == want[pos]["examples"] == 10 * BATCH
+        assert q["label_rate"] == want[pos]["label_rate"]
+        assert abs(q["logloss"] - want[pos]["logloss"]) < 1e-5, pos
+        assert abs(q["auc"] - want[pos]["auc"]) < 1e-3, pos   # scores equal to 1e-6: near-ties may swap
 
 
 def test_async_cluster_training_via_cli_has_the_single_process_keys_and_frequencies(tmp_path):

@@ -6,6 +6,8 @@ of tests/collective run it and compare.
 Usage: python sync_model.py OUT.npz single
        python sync_model.py OUT.npz worker --rank R --ports P0,P1[,...] [--ckpt ROOT]
        python sync_model.py OUT.npz restore --ckpt ROOT [--rank R --ports ...] [--serving DIR]
+       --tiered DIR: every table on evstore.TieredStorage under DIR, with a DRAM
+       cache of TIERED_ROWS rows (far fewer than a table holds)
 """
 import json
 import os
@@ -14,6 +16,7 @@ import sys
 STEPS = 6
 GLOBAL_BATCH = 8
 DIM_A, DIM_B = 4, 3
+TIERED_ROWS = 3
 
 
 def batch(step, rank, workers):
@@ -46,13 +49,19 @@ def bank_initializer(shape, dtype):
 class Model:
     """The tables, dense weights and optimizer; `predict` is the forward pass."""
 
-    def __init__(self, collective_tables):
+    def __init__(self, collective_tables, tier_dir=None):
         import tensorflow as tf
 
         import evstore
         from evstore import collective
-        kw_a = dict(initializer=bank_initializer, initializer_bank_size=64, filter=evstore.CounterFilter(2))
-        kw_b = dict(initializer=bank_initializer, initializer_bank_size=64, key_dtype=tf.int32)
+
+        def storage(dim):   # rows of dim floats and Adam's two slots
+            return None if tier_dir is None else evstore.TieredStorage(dram_bytes=TIERED_ROWS * dim * 3 * 4,
+                                                                       path=tier_dir)
+        kw_a = dict(initializer=bank_initializer, initializer_bank_size=64, filter=evstore.CounterFilter(2),
+                    storage=storage(DIM_A))
+        kw_b = dict(initializer=bank_initializer, initializer_bank_size=64, key_dtype=tf.int32,
+                    storage=storage(DIM_B))
         make = collective.CollectiveEmbeddingVariable if collective_tables else evstore.EmbeddingVariable
         self.ta = make("table_a", DIM_A, **kw_a)
         self.tb = make("table_b", DIM_B, **kw_b)
@@ -98,6 +107,9 @@ def save_npz(out, model, extra=None):
             arrays[f"{tag}_{k}"] = e[k].numpy()
         for s, val in e["slots"].items():
             arrays[f"{tag}_slot_{s}"] = val.numpy()
+    for tag, ev in zip(("a", "b"), model.evs):   # this process's DRAM cache of each table
+        st = ev.stats()
+        arrays.update({f"{tag}_{k}": st[k] for k in ("cache_hits", "cache_misses", "cache_rows", "disk_bytes")})
     for tag, table in zip(("a", "b"), (model.ta, model.tb)):   # the whole table, on every worker
         e = table.export()
         for k in ("keys", "values", "versions", "freqs", "filtered_keys", "filtered_freqs"):
@@ -126,6 +138,7 @@ def main():
     ap.add_argument("--ckpt", default=None, help="worker: save a full after step 3 and a delta at the end here; "
                                                  "restore: restore from here")
     ap.add_argument("--serving", default=None, help="restore (one process): export the served model here")
+    ap.add_argument("--tiered", default=None, help="the tables' rows on evstore.TieredStorage under this directory")
     a = ap.parse_args()
     ports = [p for p in a.ports.split(",") if p]
     if ports:
@@ -139,7 +152,7 @@ def main():
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if ports else tf.distribute.get_strategy()
     with strategy.scope():
-        model = Model(collective_tables=a.mode != "single")
+        model = Model(collective_tables=a.mode != "single", tier_dir=a.tiered)
     sig = [tf.TensorSpec([None, 3], tf.int64, name="ids_a"), tf.TensorSpec([None], tf.int32, name="b_vals"),
            tf.TensorSpec([None], tf.int64, name="b_splits"), tf.TensorSpec([None], tf.float32, name="y")]
 

@@ -69,3 +69,44 @@ def test_a_stopped_job_resumes_from_its_last_commit_when_run_again(tmp_path):
     res = json.loads(out.strip().splitlines()[-1])
     assert res["restarts"] == 0 and res["resumed_at"] == 4 and res["global_step"] == STEPS
     assert_equals_reference(tmp_path)
+
+
+def _qualities(root):
+    """{position: quality record} of every commit under `root`."""
+    out = {}
+    for path in sorted(root.glob("*/MANIFEST.json")):
+        m = json.loads(path.read_text())
+        out[m["metadata"]["position"]] = m.get("quality")
+    return out
+
+
+def test_each_commit_carries_the_quality_of_every_workers_examples_as_one_process_measures_it(tmp_path):
+    code, out, err = train_sync(tmp_path, "run")
+    assert code == 0, err[-3000:]
+    from evstore_app.job.cluster_train import ClusterJob
+    one = ClusterJob(local=True, batch_size=BATCH, checkpoints=str(tmp_path / "one"), delta_every=DELTA)
+    one.train(STEPS)
+    got, want = _qualities(tmp_path / "ckpt"), _qualities(tmp_path / "one")
+    assert sorted(got) == sorted(want) == list(range(DELTA, STEPS + 1, DELTA))
+    for pos, q in got.items():
+        assert q["examples"] == want[pos]["examples"] == DELTA * BATCH   # both workers' halves of each batch
+        assert q["label_rate"] == want[pos]["label_rate"]
+        assert abs(q["logloss"] - want[pos]["logloss"]) < 1e-5, pos
+        assert abs(q["auc"] - want[pos]["auc"]) < 1e-3, pos             # scores equal to 1e-5: near-ties may swap
+
+
+def test_a_job_whose_root_lease_another_writer_holds_commits_nothing_and_says_why(tmp_path):
+    import checkpoint
+    from checkpoint.lease import Lease
+    (tmp_path / "ckpt").mkdir()
+    holder = Lease(checkpoint.Storage(str(tmp_path / "ckpt")), timeout=600)    # a live writer of this host
+    holder.acquire()
+    try:
+        code, out, err = train_sync(tmp_path, "run", max_restarts=0)
+    finally:
+        holder.release()
+    assert code == 1, err[-3000:]
+    logs = [(tmp_path / "run" / f"worker-{r}.log").read_text() for r in range(2)]
+    assert "LeaseHeldError" in logs[0] and f"pid {os.getpid()}" in logs[0]            # the chief: the holder
+    assert "the chief (worker 0) does not hold the root's writer lease" in logs[1]   # worker 1: the same save fails
+    assert not list((tmp_path / "ckpt").glob("*/MANIFEST.json"))

@@ -143,14 +143,15 @@ def _set_version(ev, v):
     ev.load(keys, (v * 1000 + keys).astype(np.float32).reshape(-1, 1))
 
 
-def _serve(tmp_path, version, extra):
-    """The model exported, a full of `version`, a server (flags `extra`) serving it: (ev, manager, server)."""
+def _serve(tmp_path, version, extra, tables="stock"):
+    """The model exported (`tables`: export_serving_model's), a full of `version`, a server (flags `extra`)
+    serving it: (ev, manager, server)."""
     import checkpoint
     import serving_loader
 
     model, ev = _build()
     export = str(tmp_path / "export")
-    serving_loader.export_serving_model(model, export)
+    serving_loader.export_serving_model(model, export, tables=tables)
     mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
     _set_version(ev, version)
     mgr.save_full()
@@ -181,11 +182,32 @@ def _check(ids, values, committed):
 
 
 def test_storm_of_callers_gets_own_rows_from_one_committed_version_while_deltas_apply(storm_server):
+    _storm_while_deltas_apply(*storm_server)
+
+
+def test_a_served_tiered_model_under_a_predict_storm_while_deltas_apply_answers_each_request_from_one_version(
+        tmp_path):
+    # 64 rows of 1 float; a cache of ~8 rows: most lookups read the disk tier
+    ev, mgr, server = _serve(tmp_path, 1, ["--max_batch_size", "8", "--batch_timeout_micros", "20000",
+                                           "--tiered-dram-bytes", "100", "--tier-path", str(tmp_path / "tier")],
+                             tables="evstore")
+    try:
+        _storm_while_deltas_apply(ev, mgr, server)
+        status, text = server.call("GET", "/metrics")
+        misses = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith('evstore_serving_tier_cache_misses{table="emb"}')]
+        assert misses and misses[0] > 0, "the storm was answered from DRAM alone"
+    finally:
+        server.stop()
+
+
+def _storm_while_deltas_apply(ev, mgr, server):
+    """REST and gRPC callers against `server` while deltas of new versions are committed: each answer
+    holds the caller's rows of exactly one committed version."""
     import grpc
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    ev, mgr, server = storm_server
     committed = {1}
     values_of = {mgr.last_committed.seq: 1}
     stop = threading.Event()

@@ -169,6 +169,15 @@ REGISTER_OP("EvImport")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Upserts rows, slots and filtered counts (clear=true: replaces the table).");
 
+REGISTER_OP("EvSwapTables")
+    .Input("handle: resource")
+    .Input("other: resource")
+    .Attr("key_dtype: {int32, int64, string}")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Exchanges the tables behind two handles of the same key dtype and dim (rows, index, tier and all). "
+         "The caller keeps every other op off both tables while it runs (serving_loader: its write lock).");
+
 // Two-phase export (the checkpoint manager's commit protocol: docs/ARCHITECTURE.md,
 // "Checkpoints"):
 // seal the dirty and deleted sets, write them out, then commit or abort.

@@ -70,6 +70,14 @@ class EvResource : public tensorflow::ResourceBase {
     if (tiered_) return fn(static_cast<const TieredTableT<K>&>(*tiered_));
     return fn(static_cast<const TableT<K>&>(*dram_));
   }
+  // Exchanges the tables of two resources (EvSwapTables: a serving process
+  // loads a chain into a second table, then makes it the served one). Not
+  // synchronised with kernels running on either resource: the caller keeps
+  // every other op off both while it runs.
+  void SwapTable(EvResource& other) {
+    dram_.swap(other.dram_);
+    tiered_.swap(other.tiered_);
+  }
   int dim() const {
     return Visit([](const auto& t) { return t.dim(); });
   }

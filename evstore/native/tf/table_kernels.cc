@@ -293,6 +293,25 @@ class EvEndExportOp : public EvTableOp<K> {
   bool commit_;
 };
 
+// ---------------------------------------------------------------- swap
+
+template <typename K>
+class EvSwapTablesOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<EvResource<K>> a;
+    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &a));
+    tensorflow::ResourceHandle hb;
+    OP_REQUIRES_OK(ctx, tensorflow::HandleFromInput(ctx, "other", &hb));
+    tensorflow::core::RefCountPtr<EvResource<K>> b;
+    OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, hb, &b));
+    OP_REQUIRES(ctx, a->dim() == b->dim(),
+                errors::InvalidArgument("EvSwapTables: tables of dim ", a->dim(), " and ", b->dim()));
+    if (a.get() != b.get()) a->SwapTable(*b);
+  }
+};
+
 template <typename K>
 using EvHandleKernel = tensorflow::ResourceHandleOp<EvResource<K>>;
 
@@ -306,6 +325,7 @@ EV_REGISTER_KEYED("EvExport", EvExportOp);
 EV_REGISTER_KEYED("EvImport", EvImportOp);
 EV_REGISTER_KEYED("EvBeginExport", EvBeginExportOp);
 EV_REGISTER_KEYED("EvEndExport", EvEndExportOp);
+EV_REGISTER_KEYED("EvSwapTables", EvSwapTablesOp);
 
 }  // namespace
 }  // namespace tf
