@@ -5,6 +5,7 @@ the trainer's commit time with a view, and three replicas against one.
     .venv/bin/python bench/bench_fleet.py [--batches 600] [--delta-every 40] [--replica-deltas 12]
     .venv/bin/python bench/bench_fleet.py --data examples/data/movielens --skip-replicas \
         --batches 400 --delta-every 20 --warmup 20
+    .venv/bin/python bench/bench_fleet.py --root OUT/checkpoints --export OUT/export   # a demo run's
 
 The demo's model and stream (evstore_app/job: SPEC, ClickStream, Trainer) on a
 local root. One training run per view (bfloat16, float16, int8), same seed:
@@ -27,6 +28,7 @@ replica the lag commit -> served (its /metrics gauge) p50 / p99 and bytes
 fetched per commit. Prints one JSON line.
 """
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -120,6 +122,50 @@ def quality_run(view, batches, delta_every, warmup, seed, data="demo"):
            "examples_scored": int(len(y))}
     f32.stop()
     low.stop()
+    return res
+
+
+def root_bytes(root, export):
+    """Bytes a replica of `export` reads per retained delta of an existing
+    root (an `evstore demo --serving-view ...` run's `checkpoints`): float32
+    rows and, on commits that hold one, the view, each fetched as a replica
+    fetches it (served_tensors.plan + checkpoint.fetch), against every file
+    of the commit; and, as the peer in the same run, the same reads with the
+    filtered keys too (what a replica reads of a delta whose manifest lacks
+    deleted_complete, as every delta did before)."""
+    from checkpoint import Storage, scan
+    from checkpoint.fetch import fetch
+    from checkpoint.shards import logical_entries
+    from serving_loader import served_tensors
+
+    with open(os.path.join(export, "assets.extra", "evstore_serving.json")) as f:
+        mapping = json.load(f)
+    storage = Storage(root)
+    deltas = [m for m in scan(storage).manifests.values() if m.kind == "delta"]
+    today, f32, view, dtypes = [], [], [], set()
+    with_filtered = {False: [], True: []}   # the same, also reading the filtered keys (a delta without deleted_complete)
+    for m in deltas:
+        parts = logical_entries(m)
+        served = {n: parts[n] for n in mapping["evs"]}
+        for use_view, out in ((False, f32), (True, view)):
+            if use_view and not m.serving_view:
+                continue
+            for mm, o in ((m, out), (dataclasses.replace(m, deleted_complete=False), with_filtered[use_view])):
+                plan = served_tensors.plan(mm, served, list(mapping["dense"]), use_view=use_view)
+                with fetch(storage, mm, plan.tensors) as t:
+                    o.append(t.bytes_read)
+        today.append(_today_bytes(m))
+        if m.serving_view:
+            dtypes.add(m.serving_view["dtype"])
+    t = statistics.mean(today)
+    res = {"root": root, "deltas": len(deltas), "bytes_per_delta": {"today": round(t), "float32": round(statistics.mean(f32))},
+           "ratio_to_today": {"float32": round(statistics.mean(f32) / t, 3)}}
+    res["ratio_to_today"]["float32_reading_filtered_keys"] = round(statistics.mean(with_filtered[False]) / t, 3)
+    if view:
+        name = "/".join(sorted(dtypes))
+        res["bytes_per_delta"][name] = round(statistics.mean(view))
+        res["ratio_to_today"][name] = round(statistics.mean(view) / t, 3)
+        res["ratio_to_today"][name + "_reading_filtered_keys"] = round(statistics.mean(with_filtered[True]) / t, 3)
     return res
 
 
@@ -220,7 +266,13 @@ def main():
     ap.add_argument("--skip-replicas", action="store_true")
     ap.add_argument("--data", default="demo", help="demo (the synthetic stream) or a MovieLens directory "
                     "(examples/movielens.json), e.g. examples/data/movielens")
+    ap.add_argument("--root", default=None, help="only measure the bytes per delta of this existing root "
+                    "(with --export, e.g. an `evstore demo --serving-view bfloat16` run's checkpoints and export)")
+    ap.add_argument("--export", default=None)
     args = ap.parse_args()
+    if args.root:
+        print(json.dumps(root_bytes(args.root, args.export)))
+        return
     res = {"quality": [quality_run(v, args.batches, args.delta_every, args.warmup, args.seed, args.data)
                        for v in args.views.split(",") if v]}
     if not args.skip_replicas:

@@ -12,6 +12,7 @@ import os
 import tensorflow as tf
 
 from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.serving_view import VIEW_PREFIX, write_view
 from evstore import schema
 
 __all__ = ["write_bundle", "write_bundles", "merge_parts", "load_ev", "read_dense", "GLOBAL_STEP"]
@@ -21,7 +22,7 @@ CHUNK_ROWS = 65536
 
 
 def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROWS, prefix=BUNDLE_PREFIX,
-                 device=None):
+                 device=None, view=None):
     """Writes `directory/<prefix>.*` (the writer op runs on `device`, default: here).
 
     Args:
@@ -29,13 +30,16 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
       snapshot_ids: {name: id} from `ev.begin_export`.
       dense: {name: tf.Tensor} (global step included).
       full: every key (True) or the snapshots' changes (False).
+      view: None, or a serving view dtype: the rows are also encoded into
+        `directory/serving.*` as they stream (checkpoint/serving_view.py).
     Returns:
-      (files {basename: {"size", "crc32c"}}, per-EV {"rows", "filtered", "deleted", "slots"}).
+      (files {basename: {"size", "crc32c"}} (the view's included),
+       per-EV {"rows", "filtered", "deleted", "slots"}).
     """
     from evstore import ops
     names = list(evs)
     with tf.device(device):
-        out = _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows)
+        out = _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows, view)
     files = {f.decode(): {"size": int(s), "crc32c": int(c)}
              for f, s, c in zip(out.files.numpy(), out.file_sizes.numpy(), out.file_crc32c.numpy())}
     slots = {n: [] for n in names}
@@ -49,7 +53,7 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
     return files, counts
 
 
-def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows):
+def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows, view=None):
     return ops.ev_save_bundle(
         prefix=os.path.join(directory, prefix),
         handles=[evs[n].resource_handle for n in names],
@@ -57,7 +61,8 @@ def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chun
         snapshot_ids=tf.constant([snapshot_ids[n] for n in names], tf.int64, shape=[len(names)]),
         dense_names=tf.constant(list(dense), tf.string, shape=[len(dense)]),
         dense=list(dense.values()),
-        key_dtypes=[evs[n].key_dtype for n in names], full=full, chunk_rows=chunk_rows)
+        key_dtypes=[evs[n].key_dtype for n in names], full=full, chunk_rows=chunk_rows, view=view or "",
+        view_prefix=VIEW_PREFIX)
 
 
 def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_index=0, num_shards=1):
@@ -78,7 +83,7 @@ def read_dense(directory, names):
     return {n: reader.get_tensor(n) for n in names}
 
 
-def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROWS):
+def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROWS, view=None):
     """`write_bundle`, with every task writing the EVs it holds (checkpoint/shards.py).
 
     EVs all in this process: one `write_bundle`. Otherwise one part bundle per
@@ -86,12 +91,14 @@ def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_RO
     tensors and the global step in a part written here), then merged by
     TensorFlow's MergeV2Checkpoints into `<directory>/ckpt` (index merged,
     data files renamed, not copied). Same return value as write_bundle, with
-    the merged file names.
+    the merged file names. `view`: a serving view, streamed with the rows
+    (EVs all here) or, after a merge, written from the merged bundle's rows
+    (checkpoint/serving_view.py write_view).
     """
     from checkpoint.shards import device_groups
     groups = device_groups(evs)
     if set(groups) <= {""}:
-        return write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows)
+        return write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows, view=view)
     local = groups.pop("", [])
     jobs = [(f"{BUNDLE_PREFIX}_part{k}", task + "/device:CPU:0", names, {})
             for k, (task, names) in enumerate(sorted(groups.items()))]
@@ -104,7 +111,10 @@ def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_RO
 
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(run, jobs))
-    return merge_parts(directory, [j[0] for j in jobs], results)
+    files, counts = merge_parts(directory, [j[0] for j in jobs], results)
+    if view is not None:
+        files.update(write_view(directory, list(evs), view, BUNDLE_PREFIX))
+    return files, counts
 
 
 def merge_parts(directory, prefixes, results):

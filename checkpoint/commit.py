@@ -3,8 +3,9 @@ CheckpointManager saves and by `tools.write_full` (compact).
 
   1. under `lock`: `prepare()` (the caller's eviction, step and metadata),
      seal each EV's dirty and deleted sets into a snapshot, read the dense
-     tensors, stream the bundle into the checkpoint directory (local roots)
-     or a staging directory (remote roots), fsyncing every file;
+     tensors, stream the bundle (and the serving view, encoded from the same
+     chunks) into the checkpoint directory (local roots) or a staging
+     directory (remote roots), fsyncing every file;
   2. check the files' sizes and that the index lists every tensor; upload;
   3. the commit point: MANIFEST.json written atomically, last;
   4. only then each EV commits its snapshot.
@@ -12,7 +13,6 @@ Any failure in 1-3 aborts the snapshots (the next save carries every change)
 and removes the directory; a kill leaves at worst a directory without a
 manifest, which readers ignore.
 """
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -24,7 +24,6 @@ from checkpoint import _failpoints
 from checkpoint.bundle import GLOBAL_STEP, write_bundles
 from checkpoint.errors import CheckpointError
 from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
-from checkpoint.serving_view import write_view
 from checkpoint.shards import device_groups
 from evstore import quality as _quality
 from evstore import schema
@@ -51,8 +50,8 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
         "shard"; see checkpoint/shards.py). EVs on other tasks write their
         own bundle parts there, so the root must be local to every task.
       serving_view: None, or the dtype of a serving view written into the
-        same commit (checkpoint/serving_view.py), after the bundle, outside
-        `lock`.
+        same commit (checkpoint/serving_view.py): the rows are encoded as
+        they stream, in the same pass as the bundle.
     """
     shard_info = shard_info or {}
     if not storage.local and set(device_groups(evs)) - {""}:
@@ -72,17 +71,9 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             dense[GLOBAL_STEP] = tf.constant(int(step), tf.int64)
             staging = storage.staging_dir(dirname)
             _failpoints.hit("before-bundle")
-            files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"), chunk_rows=chunk_rows)
-        if serving_view is None:
-            _check_written(staging, files, list(evs), list(dense))
-        else:   # the view is written (and fsynced) while the bundle is checked
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                view = pool.submit(write_view, staging, list(evs), serving_view, BUNDLE_PREFIX)
-                try:
-                    _check_written(staging, files, list(evs), list(dense))
-                finally:
-                    view_files = view.result()
-            files.update(view_files)
+            files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"), chunk_rows=chunk_rows,
+                                          view=serving_view)
+        _check_written(staging, files, list(evs), list(dense))
         storage.upload(staging, dirname, list(files))
         manifest = Manifest(
             seq=seq, kind=kind, parent=None if kind == "full" else parent, base=seq if kind == "full" else base,
@@ -92,7 +83,8 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             dense={n: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for n, t in dense.items()},
             metadata=dict(meta or {}), parent_checksum=None if kind == "full" else parent_checksum,
             quality=quality,
-            serving_view=None if serving_view is None else {"dtype": serving_view})
+            serving_view=None if serving_view is None else {"dtype": serving_view},
+            deleted_complete=True)   # the native table keeps re-inserted keys in the deleted set
         manifest.to_json()  # metadata must serialise before anything is committed
         _failpoints.hit("before-manifest")
         manifest_sent = True

@@ -16,6 +16,13 @@ bundle (`ckpt.index`, `ckpt.data-*`) and, written last, `MANIFEST.json`:
 Optional: `"serving_view": {"dtype": "bfloat16"}` when the commit also holds
 a lower-precision serving view (checkpoint/serving_view.py); absent otherwise.
 
+Optional: `"deleted_complete": true` when each EV's deleted keys list every
+key erased since the parent, also those re-inserted since (evstore/native/core/
+table.h, "Dirty / deleted tracking"). A serving replica then erases only the
+deleted keys and never reads the counted-not-admitted keys; without it (commits
+of writers before it, or of the synchronous job's merged bundles) it reads them
+too, since a key evicted and seen again within one delta is only among those.
+
 `parent` is the checkpoint this one follows (None for a full), `base` the full
 that starts its chain (a full's base is itself). Checksums are crc32c
 (Castagnoli, unmasked) of whole files. `quality` (optional: absent when the
@@ -98,6 +105,7 @@ SCHEMA = {
                            "shape": {"type": "array", "items": _COUNT}}}},
         "metadata": {"type": "object"},
         "quality": _quality.SCHEMA,
+        "deleted_complete": {"const": True},
         "serving_view": {"type": "object", "required": ["dtype"], "additionalProperties": False,
                          "properties": {"dtype": {"enum": ["bfloat16", "float16", "int8"]}}},
     },
@@ -137,6 +145,7 @@ class Manifest:
     parent_checksum: str | None = None   # the parent manifest's checksum (deltas; None: not recorded)
     quality: dict | None = None          # evstore.quality record of the data since the parent (None: not given)
     serving_view: dict | None = None     # {"dtype": ...} when the commit holds a serving view
+    deleted_complete: bool = False       # deleted keys list every key erased since the parent
     # `checksum` (an attribute, not a field): this manifest's content identity,
     # set by to_json / from_json (None for a manifest without one).
     checksum = None
@@ -156,6 +165,8 @@ class Manifest:
             del d["quality"]
         if d["serving_view"] is None:
             del d["serving_view"]   # optional: manifests without a view stay as they were
+        if not d["deleted_complete"]:
+            del d["deleted_complete"]
         d["checksum"] = self.checksum = canonical_checksum(d)
         return json.dumps(d, indent=1, sort_keys=True, allow_nan=False)
 
@@ -183,7 +194,7 @@ class Manifest:
                 wall_time=float(d["wall_time"]), files=d["files"], evs=d["evs"], dense=d["dense"],
                 metadata=d.get("metadata") or {}, parent_checksum=d.get("parent_checksum"),
                 quality=d.get("quality"),
-                serving_view=d.get("serving_view"))
+                serving_view=d.get("serving_view"), deleted_complete=bool(d.get("deleted_complete")))
         m.checksum = d.get("checksum")
         if m.kind == "full" and (m.parent is not None or m.base != m.seq):
             raise CorruptCheckpointError(f"{where}: a full must have no parent and be its own base")

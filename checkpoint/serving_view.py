@@ -3,11 +3,15 @@ written by the trainer inside the same commit (docs/ARCHITECTURE.md,
 "Checkpoints", "Serving view").
 
 A commit with a view holds a second TensorFlow bundle, `serving.index` and
-`serving.data-00000-of-00001` (the format BundleWriter writes, so
-`tf.train.load_checkpoint` and any stock tool read it; written here from
-numpy, without a TensorFlow op per tensor, and with the rows read straight
-from the main bundle's data files, to keep a commit's added time small), listed in the same MANIFEST.json as the main bundle and committed
-by it: one commit protocol, never a second chain. Per EV (part) `<ev>` it
+its data files (`tf.train.load_checkpoint` and any stock tool read it),
+listed in the same MANIFEST.json as the main bundle and committed by it: one
+commit protocol, never a second chain. The native writer encodes each chunk
+of rows as it streams the main bundle (EvSaveBundle's `view`,
+evstore/native/core/view_codec.h: one pass, no copy of the table, its files
+fsynced with the bundle's): the EVs' view tensors one after another in one
+data file, `serving.data-00000-of-00001`, an int8 view's row scales after
+each EV's values (held until they end: 4 bytes a row). `write_view` below writes the same bundle from a finished
+bundle's rows instead (the bundle merged from several tasks' parts). Per EV (part) `<ev>` it
 holds `<ev>-values` in the view's dtype, row-aligned with the main bundle's
 `<ev>-keys`, and for int8 `<ev>-values_scale` [N] float32. The manifest says
 `"serving_view": {"dtype": ...}`. The trainer's own state (the main bundle,
@@ -15,7 +19,8 @@ what restore reads) stays float32; a serving replica reads the view instead
 of `<ev>-values` and refuses the whole commit when the view is missing or
 corrupt.
 
-Encodings (one small class each behind `ViewCodec`):
+Encodings (one small class each behind `ViewCodec`; view_codec.h encodes
+bit for bit the same):
   - "bfloat16", "float16": each value rounded to the nearest (ties to even);
   - "int8": per row, scale = max |value| / 127, q = round(value / scale) in
     [-127, 127] (Check-N-Run's uniform quantization); a row of zeros has

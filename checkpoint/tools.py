@@ -262,7 +262,7 @@ def materialize(root, seq=None, storage_options=None, chunk_rows=CHUNK_ROWS):
 
 # ---- writing a full ---------------------------------------------------------------------
 def write_full(root, evs, dense, global_step, metadata=None, seq=None, storage_options=None,
-               chunk_rows=CHUNK_ROWS, shard_info=None):
+               chunk_rows=CHUNK_ROWS, shard_info=None, serving_view=None):
     """Writes and commits a full checkpoint of `evs` and `dense` under `root`.
 
     The same commit protocol as CheckpointManager.save_full: each EV's changes
@@ -282,6 +282,8 @@ def write_full(root, evs, dense, global_step, metadata=None, seq=None, storage_o
         it must be above every existing one.
       shard_info: {name: manifest "shard" entry} for EVs that are parts of a
         sharded EV (checkpoint/shards.py); compact keeps the chain's.
+      serving_view: None, or the dtype of a serving view written into the
+        same commit (checkpoint/serving_view.py), as CheckpointManager's.
     Returns:
       The committed Manifest.
     """
@@ -297,10 +299,16 @@ def write_full(root, evs, dense, global_step, metadata=None, seq=None, storage_o
         raise ValueError(f"seq must be above every checkpoint of {storage.url} (the newest is {top}), got {seq}")
     return commit_checkpoint(storage, "full", seq, evs, dense_fn=lambda: dict(dense),
                              prepare=lambda: (int(global_step), dict(metadata or {}), None), chunk_rows=chunk_rows,
-                             shard_info=shard_info)
+                             shard_info=shard_info, serving_view=serving_view)
 
 
 # ---- compact ------------------------------------------------------------------------------
+def chain_view(chain):
+    """The serving view dtype every commit of `chain` holds, or None (no view, or views of several dtypes)."""
+    views = {(m.serving_view or {}).get("dtype") for m in chain}
+    return views.pop() if len(views) == 1 else None
+
+
 def compact(root, seq=None, storage_options=None, chunk_rows=CHUNK_ROWS):
     """Folds the chain `restore(seq=seq)` would apply into one new full.
 
@@ -310,6 +318,9 @@ def compact(root, seq=None, storage_options=None, chunk_rows=CHUNK_ROWS):
     metadata) with sequence number one above every directory of the root.
     `restore()` then applies just that full (it is the newest checkpoint);
     nothing is deleted: CheckpointManager's retention removes old chains.
+    When every commit of the chain holds a serving view of one dtype, the
+    full holds one too (the same codec, from its float32 rows), so replicas
+    serve it as they served the chain.
     Needs the chain's tables in memory. Do not run it while a job saves into
     the same root.
 
@@ -324,7 +335,7 @@ def compact(root, seq=None, storage_options=None, chunk_rows=CHUNK_ROWS):
         step = int(dense.pop(GLOBAL_STEP))
         shard_info = {n: e["shard"] for m in chain for n, e in m.evs.items() if e.get("shard")}
         manifest = write_full(storage, evs, dense, step, metadata=chain[-1].metadata, chunk_rows=chunk_rows,
-                              shard_info=shard_info)
+                              shard_info=shard_info, serving_view=chain_view(chain))
         return chain, manifest
     finally:
         evs.clear()
@@ -440,8 +451,9 @@ def cli(args):
         if args.tool == "compact":
             chain, m = compact(args.root, seq=args.seq)
             rows = ", ".join(f"{n} {e['rows']}/{e['filtered']}" for n, e in m.evs.items()) or "no EVs"
+            view = f"; serving view {m.serving_view['dtype']}" if m.serving_view else ""
             print(f"compacted {' -> '.join(str(c.seq) for c in chain)} into {m.dir} (step {m.global_step}, "
-                  f"{_human(m.total_bytes)}; rows/filtered: {rows})")
+                  f"{_human(m.total_bytes)}; rows/filtered: {rows}{view})")
             return 0
         if args.tool == "to-parquet":
             res = to_parquet(args.root, args.out_dir, seq=args.seq)

@@ -104,6 +104,9 @@ def build_parser():
                      help="the <name> in /v1/models/<name> and in gRPC model specs (default: default)")
     srv.add_argument("--poll-every", "--poll_every", type=float, default=1.0, metavar="SECONDS",
                      help="seconds between checkpoint polls (default 1)")
+    srv.add_argument("--no-serving-view", "--no_serving_view", dest="serving_view", action="store_false",
+                     help="serve the float32 rows of commits that hold a lower-precision serving view (default: "
+                          "serve the view when a commit has one; docs/guides/serving-fleet.md)")
     srv.add_argument("--max-request-bytes", "--max_request_bytes", type=int, default=10 * 2**20,
                      help="largest request body accepted (REST 413 / gRPC RESOURCE_EXHAUSTED past it; default 10 MiB)")
     srv.add_argument("--enable_batching", "--enable-batching", default=True, action=argparse.BooleanOptionalAction,

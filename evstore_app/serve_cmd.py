@@ -47,7 +47,8 @@ def run(args):
                      gate_min_examples=args.gate_min_examples,
                      admin_port=args.admin_port, admin_host=args.admin_host,
                      admin_token=admin_listener.read_token(args.admin_token_file) if args.admin_token_file else None,
-                     idle_timeout_s=args.rest_idle_timeout_s or None, tier=_tier(args))
+                     idle_timeout_s=args.rest_idle_timeout_s or None, tier=_tier(args),
+                     use_serving_view=args.serving_view)
     except (ValueError, TypeError, OSError) as e:
         from serving_loader.model import NothingToServeError
 

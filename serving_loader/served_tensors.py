@@ -1,13 +1,18 @@
 """What a serving replica reads of a checkpoint, and how it becomes served rows.
 
-A replica serves keys, rows, and the keys to drop (filtered keys read the
-default value; a delta's deleted keys), plus the export's dense weights. It
-reads the rows from the commit's serving view when there is one
-(checkpoint/serving_view.py) and the replica uses views, else the float32
-`<ev>-values`. Nothing else of the checkpoint is named, so nothing else is
-read (checkpoint/fetch.py): not the versions or optimizer slots of EVs (nor
-their frequencies, except for an evstore serving table, whose tier's cache
-policy weighs them), not the dense optimizer state.
+A replica serves keys, rows, and the keys to drop (a delta's deleted keys),
+plus the export's dense weights. It reads the rows from the commit's serving
+view when there is one (checkpoint/serving_view.py) and the replica uses
+views, else the float32 `<ev>-values`. Nothing else of the checkpoint is
+named, so nothing else is read (checkpoint/fetch.py): not the versions or
+optimizer slots of EVs (nor their frequencies, except for an evstore serving
+table, whose tier's cache policy weighs them), not the dense optimizer state,
+and not the counted-not-admitted keys (they read the default value, as absent
+keys do): a full replaces the served rows whole, and a delta whose manifest
+says `deleted_complete` lists every key that lost its row among its deleted
+keys. Only a delta without it (an older writer's, or the synchronous job's)
+has its filtered keys read and erased, since a key evicted and counted again
+within it is only there.
 """
 import dataclasses
 
@@ -26,6 +31,7 @@ class Plan:
     parts: dict     # {served EV: [checkpoint entry names (a sharded EV's parts)]}
     kind: str       # "full" or "delta"
     view: str       # "float32" or the view's dtype
+    deleted_complete: bool = False   # the delta's deleted keys list every key that lost its row
 
     def ev_arrays(self, t, name, dim):
         """(keys, float32 rows [N, dim], keys to erase) of served EV `name`
@@ -43,9 +49,9 @@ class Plan:
                     raise ValueError(f"the serving view holds {len(v)} rows of {p!r} for {len(k)} keys")
             keys.append(k)
             values.append(v)
-            erase.append(t[schema.tensor(p, schema.KEYS_FILTERED)])
-            if self.kind == "delta":
-                erase.append(t[schema.tensor(p, schema.DELETED_KEYS)])
+            erase += [t[n] for n in _erase_tensors(self.kind, self.deleted_complete, p)]
+        if not erase:   # a full: the served rows are replaced whole
+            erase = [keys[0][:0]]
         return np.concatenate(keys), np.concatenate(values), np.concatenate(erase)
 
     def ev_freqs(self, t, name):
@@ -63,11 +69,9 @@ def plan(manifest, parts, dense, use_view=True, freqs=()):
     main, extra = [], []
     for name, entries in parts.items():
         for p in entries:
-            main += [schema.tensor(p, schema.KEYS), schema.tensor(p, schema.KEYS_FILTERED)]
+            main += [schema.tensor(p, schema.KEYS)] + _erase_tensors(manifest.kind, manifest.deleted_complete, p)
             if name in freqs:
                 main.append(schema.tensor(p, schema.FREQS))
-            if manifest.kind == "delta":
-                main.append(schema.tensor(p, schema.DELETED_KEYS))
             if view:
                 extra += view_tensors(view, p)
             else:
@@ -75,4 +79,13 @@ def plan(manifest, parts, dense, use_view=True, freqs=()):
     tensors = {BUNDLE_PREFIX: main + list(dense)}
     if view:
         tensors[VIEW_PREFIX] = extra
-    return Plan(tensors, parts, manifest.kind, view or "float32")
+    return Plan(tensors, parts, manifest.kind, view or "float32", manifest.deleted_complete)
+
+
+def _erase_tensors(kind, deleted_complete, p):
+    """The tensors of entry `p` holding keys a replica erases from its served rows."""
+    if kind == "full":
+        return []
+    if deleted_complete:
+        return [schema.tensor(p, schema.DELETED_KEYS)]
+    return [schema.tensor(p, schema.DELETED_KEYS), schema.tensor(p, schema.KEYS_FILTERED)]

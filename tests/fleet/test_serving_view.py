@@ -10,6 +10,8 @@ import pytest
 import tensorflow as tf
 
 import checkpoint
+import checkpoint.tools
+import evstore
 import serving_loader
 from checkpoint.serving_view import codec
 from ckpt_model import assert_same_state, make_model, probe_inputs, state, train
@@ -42,6 +44,9 @@ def test_view_round_trips_and_stock_tensorflow_reads_it(tmp_path, view):
     _, _, mgr = _job(tmp_path, view)
     for m in mgr.chain():
         assert m.serving_view == {"dtype": view}
+        # one data file beside its index: the EVs' view tensors follow one another in it
+        assert sorted(n for n in m.files if n.startswith("serving.")) == ["serving.data-00000-of-00001",
+                                                                         "serving.index"]
         main = tf.train.load_checkpoint(os.path.join(mgr.root, m.dir, "ckpt"))
         stock = tf.train.load_checkpoint(os.path.join(mgr.root, m.dir, "serving"))
         for ev in ("user", "item"):
@@ -61,6 +66,35 @@ def test_view_round_trips_and_stock_tensorflow_reads_it(tmp_path, view):
             else:
                 scale = np.abs(x).max(axis=1, keepdims=True) / 127
                 assert np.all(err <= scale * (0.5 + 1e-5))
+
+
+# Rows at the encodings' edges: ties (bfloat16: 1 + 2^-8 and 1 + 3 * 2^-8;
+# float16: 1 + 2^-11), float16's overflow to inf (65520) and largest value
+# (65504), its subnormals (2^-24, 3 * 2^-26) and underflow to zero (2^-25),
+# signed zeros, int8's half steps (a row of scale 1: 0.5, 1.5, 2.5, -0.5) and a
+# row of zeros (scale 0).
+EDGE_ROWS = np.array([[1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 1 + 2.0 ** -11, 65520.0, 65504.0, -0.0],
+                      [2.0 ** -24, 3 * 2.0 ** -26, 2.0 ** -25, -2.0 ** -25, 1e-8, 0.1],
+                      [127.0, 0.5, 1.5, 2.5, -0.5, -127.0],
+                      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                      [-3.3, 2.2, 1e-3, -7.5, 0.0123, 33.0]], np.float32)
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_view_streamed_with_the_rows_equals_the_codec_encoding_bit_for_bit(tmp_path, view):
+    table = evstore.EmbeddingVariable(f"edge_{view}", dim=EDGE_ROWS.shape[1])
+    table.load(np.arange(len(EDGE_ROWS), dtype=np.int64), EDGE_ROWS)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), {"edge": table}, serving_view=view)
+    mgr.save_full()
+    d = os.path.join(mgr.root, mgr.chain()[-1].dir)
+    rows = tf.train.load_checkpoint(os.path.join(d, "ckpt")).get_tensor("edge-values")
+    stock = tf.train.load_checkpoint(os.path.join(d, "serving"))
+    with np.errstate(over="ignore"):   # 65520 becomes float16 inf, as it should
+        want_all = codec(view).encode(rows)
+    for suffix, want in want_all.items():
+        got = stock.get_tensor("edge" + suffix)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
 @pytest.mark.parametrize("view", VIEWS)
@@ -89,7 +123,7 @@ def test_trainer_restores_float32_state_bit_for_bit_from_a_chain_with_a_view(tmp
 def _break_view(mgr, how):
     m = mgr.chain()[-1]
     d = os.path.join(mgr.root, m.dir)
-    data = [f for f in m.files if f.startswith("serving.data-")][0]
+    data = max((f for f in m.files if f.startswith("serving.data-")), key=lambda f: m.files[f]["size"])
     if how == "missing":
         os.remove(os.path.join(d, data))
     else:
@@ -129,3 +163,25 @@ def test_commit_with_missing_or_corrupt_view_is_refused_whole_and_the_chain_stay
 def test_a_serving_view_other_than_the_three_is_refused(tmp_path):
     with pytest.raises(ValueError, match="serving_view must be one of"):
         checkpoint.CheckpointManager(str(tmp_path / "ckpt"), make_model(), serving_view="float8")
+
+
+def test_compacted_chain_with_a_view_holds_the_view_and_serves_like_the_chain(tmp_path):
+    model, export, mgr = _job(tmp_path, "int8")
+    chain = serving_loader.ServingModel(export, mgr.root)
+    assert chain.version == 2
+    _, m = checkpoint.tools.compact(mgr.root)
+    assert m.kind == "full" and m.serving_view == {"dtype": "int8"} and "serving.index" in m.files
+    compacted = serving_loader.ServingModel(export, mgr.root)
+    assert compacted.version == m.seq and compacted.serving_view == "int8"
+    np.testing.assert_array_equal(_outputs(compacted), _outputs(chain))
+
+
+def test_compacted_chain_without_one_view_dtype_holds_no_view(tmp_path):
+    model, export, mgr = _job(tmp_path, "int8")
+    mgr.serving_view = "bfloat16"
+    train(model, 8, 10)
+    mgr.save_delta()
+    _, m = checkpoint.tools.compact(mgr.root)
+    assert m.serving_view is None and not any(n.startswith("serving.") for n in m.files)
+    compacted = serving_loader.ServingModel(export, mgr.root)
+    assert compacted.version == m.seq and compacted.serving_view == "float32"

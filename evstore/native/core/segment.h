@@ -31,8 +31,9 @@
 //    stay within 32 bytes per key: BENCHMARKS.md, memory table). Growth
 //    rehashes this segment only; rows never move.
 //  * `dirty` holds every key whose entry has the dirty bit set (plus, possibly,
-//    keys erased since); `deleted` holds keys erased since the last sealed
-//    export and not re-inserted (FindOrAdd takes a key out again).
+//    keys erased since); `deleted` holds every key erased since the last
+//    sealed export, re-inserted since or not (a re-inserted key is also
+//    dirty: a reader erases a delta's deleted keys before it applies its rows).
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -152,13 +153,10 @@ class Segment {
   }
 
   // The key's entry, inserted (counted 0, no row) if absent; a re-inserted key
-  // leaves the deleted set. Caller holds `mu` exclusively. May rehash.
+  // stays in the deleted set. Caller holds `mu` exclusively. May rehash.
   E* FindOrAdd(Key key, uint64_t h) {
     E* en = Find(key, h);
-    if (!en) {
-      en = InsertAbsent(key, h);
-      if (!deleted.empty()) deleted.erase(Traits::Own(key));
-    }
+    if (!en) en = InsertAbsent(key, h);
     return en;
   }
 

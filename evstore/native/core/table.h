@@ -43,8 +43,13 @@
 //   * A key whose persisted state changes (frequency, row, version, admission)
 //     gets its entry's dirty bit set and, on the 0->1 transition, is appended to
 //     its segment's `dirty` list. So the open dirty set costs O(changed keys).
-//   * Erasing a key puts it in its segment's `deleted` set; re-inserting it
-//     takes it out again (it becomes dirty instead).
+//   * Erasing a key puts it in its segment's `deleted` set until the next
+//     seal, even if it is re-inserted meanwhile (then it is dirty too). A
+//     reader applies a delta's deleted keys before its rows and filtered keys,
+//     so a key erased and re-inserted in one delta ends in its new state; and
+//     a reader that serves only admitted rows (a serving replica) learns from
+//     the deleted keys alone every key that lost its row, without reading the
+//     counted-not-admitted keys.
 //   * BeginExport() seals both sets into a Snapshot under each segment lock in
 //     turn: dirty keys still present with the bit set move into the snapshot
 //     (bit cleared, which also drops duplicates and erased keys); deleted sets
@@ -668,10 +673,8 @@ class Table {
       Seg& seg = index_.SegmentFor(h);
       std::unique_lock<std::shared_mutex> lock(seg.mu);
       E* en = seg.Find(k, h);
-      if (en)
-        seg.MarkDirty(en);  // re-inserted since: the next export upserts it
-      else
-        seg.deleted.insert(o);
+      if (en) seg.MarkDirty(en);  // re-inserted since: the next export upserts it too
+      seg.deleted.insert(o);
     }
     if (CountingBloom* bloom = admission_->mutable_bloom()) {
       for (int64_t b : open_->bloom_blocks) {

@@ -143,6 +143,9 @@ void BundleStreamWriter::CheckName(const std::string& name) {
 
 void BundleStreamWriter::AddTensor(const std::string& name, const tensorflow::Tensor& t) {
   CheckName(name);
+  if (open_in_shard0_ >= 0)
+    throw std::logic_error("tensor '" + name + "' added while column '" + cols_[open_in_shard0_].name +
+                           "' streams into shard 0");
   if (!tensorflow::DataTypeCanUseMemcpy(t.dtype()))
     throw std::invalid_argument("checkpoint tensor '" + name + "' has dtype " +
                                 tensorflow::DataTypeString(t.dtype()) + ", which the streaming writer does not store");
@@ -159,7 +162,7 @@ void BundleStreamWriter::AddTensor(const std::string& name, const tensorflow::Te
 }
 
 int BundleStreamWriter::BeginColumn(const std::string& name, tensorflow::DataType dtype,
-                                    std::vector<int64_t> inner_dims) {
+                                    std::vector<int64_t> inner_dims, bool in_shard0) {
   CheckName(name);
   Column c;
   c.name = name;
@@ -168,6 +171,17 @@ int BundleStreamWriter::BeginColumn(const std::string& name, tensorflow::DataTyp
   for (int64_t d : inner_dims) elems *= d;
   c.inner = std::move(inner_dims);
   c.row_bytes = elems * tensorflow::DataTypeSize(dtype);
+  if (in_shard0) {
+    if (open_in_shard0_ >= 0)
+      throw std::logic_error("column '" + name + "' begun while '" + cols_[open_in_shard0_].name +
+                             "' streams into shard 0");
+    c.in_shard0 = true;
+    c.offset = main_->size();
+    has_whole_tensors_ = true;
+    cols_.push_back(std::move(c));
+    open_in_shard0_ = static_cast<int>(cols_.size()) - 1;
+    return open_in_shard0_;
+  }
   c.temp_path = prefix_ + ".tmp-" + std::to_string(cols_.size());
   created_.push_back(c.temp_path);
   c.file = std::make_unique<OutFile>(c.temp_path);
@@ -211,13 +225,25 @@ void BundleStreamWriter::Append(int col, const void* data, int64_t rows) {
   Column& c = cols_.at(col);
   if (c.ended) throw std::logic_error("column '" + c.name + "' already ended");
   if (c.is_string) throw std::logic_error("column '" + c.name + "' holds strings: AppendStrings");
-  c.file->Write(data, rows * c.row_bytes);
+  if (c.in_shard0) {
+    main_->Write(data, rows * c.row_bytes);
+    c.crc = Crc32cExtend(c.crc, data, rows * c.row_bytes);
+    c.size += rows * c.row_bytes;
+  } else {
+    c.file->Write(data, rows * c.row_bytes);
+  }
   c.rows += rows;
 }
 
 void BundleStreamWriter::EndColumn(int col) {
   Column& c = cols_.at(col);
   if (c.ended) return;
+  if (c.in_shard0) {
+    c.entry_crc = c.crc;
+    c.ended = true;
+    open_in_shard0_ = -1;
+    return;
+  }
   if (c.is_string && c.rows > 0) {
     // [varint lengths][masked crc32c of the uint32 lengths][bytes] into one file.
     c.file->Close(/*sync=*/false);
@@ -255,7 +281,7 @@ void BundleStreamWriter::EndColumn(int col) {
   c.ended = true;
 }
 
-std::vector<BundleFile> BundleStreamWriter::Finish() {
+std::vector<BundleFile> BundleStreamWriter::Finish(bool sync_dir) {
   for (size_t i = 0; i < cols_.size(); ++i) EndColumn(static_cast<int>(i));
   // Shard ids: 0 = whole tensors (and empty columns); 1.. = non-empty
   // columns in creation order. When nothing lives in shard 0 it is not
@@ -263,8 +289,12 @@ std::vector<BundleFile> BundleStreamWriter::Finish() {
   // by an entry, which TensorFlow's MergeV2Checkpoints requires (it renames
   // only referenced files, yet counts every file in the merged header).
   int nonempty = 0;
-  for (const auto& c : cols_) nonempty += c.size > 0;
-  const bool main_used = has_whole_tensors_ || nonempty < static_cast<int>(cols_.size()) || nonempty == 0;
+  int own_files = 0;  // columns that may have a file of their own
+  for (const auto& c : cols_) {
+    own_files += !c.in_shard0;
+    nonempty += c.size > 0 && !c.in_shard0;
+  }
+  const bool main_used = has_whole_tensors_ || nonempty < own_files || nonempty == 0;
   const int num_shards = (main_used ? 1 : 0) + nonempty;
   main_->Close(/*sync=*/main_used);   // unused: unlinked below
   std::vector<BundleFile> files;
@@ -288,7 +318,10 @@ std::vector<BundleFile> BundleStreamWriter::Finish() {
     shape.AsProto(e.mutable_shape());
     e.set_size(c.size);
     e.set_crc32c(tsl::crc32c::Mask(c.entry_crc));
-    if (c.size == 0) {
+    if (c.in_shard0) {
+      e.set_shard_id(0);
+      e.set_offset(c.size ? c.offset : 0);
+    } else if (c.size == 0) {
       e.set_shard_id(0);
       e.set_offset(0);
       ::unlink(c.temp_path.c_str());
@@ -332,7 +365,7 @@ std::vector<BundleFile> BundleStreamWriter::Finish() {
     }
     files.push_back({index.substr(index.rfind('/') + 1), f.size, f.crc});
   }
-  FsyncDir(Dirname(prefix_));
+  if (sync_dir) FsyncDir(Dirname(prefix_));
   finished_ = true;
   return files;
 }

@@ -8,7 +8,8 @@
 // contiguous byte range (shard, offset, size, crc32c) in one of the data
 // files, and the index is written last. So each streamed tensor gets a data
 // file (shard) of its own, appended chunk by chunk; whole tensors (dense
-// variables, global step) share shard 0. Finish() drops empty columns (their
+// variables, global step) share shard 0, and so may columns written one after
+// another (one open at a time: `in_shard0`). Finish() drops empty columns (their
 // entries point at zero bytes of shard 0), names the shards
 // `prefix.data-SSSSS-of-NNNNN`, fsyncs them, and writes `prefix.index`
 // (TensorFlow's table format via tsl::table::TableBuilder, header entry
@@ -80,7 +81,12 @@ class BundleStreamWriter {
   // A whole tensor (memcpy-able dtype) in shard 0. Throws on error.
   void AddTensor(const std::string& name, const tensorflow::Tensor& t);
   // A streamed tensor of shape [rows] + inner_dims; returns its column id.
-  int BeginColumn(const std::string& name, tensorflow::DataType dtype, std::vector<int64_t> inner_dims);
+  // `in_shard0`: its bytes go into shard 0 (no file, no fsync of its own)
+  // instead of a data file of its own; at most one such column is open at a
+  // time, and no AddTensor while it is (for columns written one after another,
+  // as the serving view's, docs/ARCHITECTURE.md "Serving view").
+  int BeginColumn(const std::string& name, tensorflow::DataType dtype, std::vector<int64_t> inner_dims,
+                  bool in_shard0 = false);
   // A streamed DT_STRING tensor of shape [rows]; returns its column id.
   int BeginStringColumn(const std::string& name);
   // Appends `rows` rows (row-major, inner_dims elements each).
@@ -89,8 +95,10 @@ class BundleStreamWriter {
   void AppendStrings(int col, const std::string_view* v, int64_t n);
   // Flushes and closes a column's file (frees its buffer).
   void EndColumn(int col);
-  // Renames the shards, writes the index, fsyncs. Returns the files written.
-  std::vector<BundleFile> Finish();
+  // Renames the shards, writes the index, fsyncs (the directory too unless
+  // `sync_dir` is false: a second bundle in the same directory whose writer
+  // finishes later fsyncs it). Returns the files written.
+  std::vector<BundleFile> Finish(bool sync_dir = true);
 
  private:
   struct Column {
@@ -105,6 +113,8 @@ class BundleStreamWriter {
     uint32_t crc = 0;        // of the file's bytes
     uint32_t entry_crc = 0;  // the index entry's (unmasked): = crc except for strings
     bool ended = false;
+    bool in_shard0 = false;  // bytes in shard 0 from `offset` (BeginColumn's in_shard0)
+    int64_t offset = 0;
     // DT_STRING: the varint lengths go to their own file until EndColumn.
     bool is_string = false;
     std::unique_ptr<OutFile> lengths;
@@ -115,7 +125,8 @@ class BundleStreamWriter {
   std::unique_ptr<OutFile> main_;  // shard 0
   std::vector<Column> cols_;
   std::map<std::string, tensorflow::BundleEntryProto> entries_;
-  bool has_whole_tensors_ = false;  // an AddTensor wrote into shard 0
+  bool has_whole_tensors_ = false;  // an AddTensor (or an in_shard0 column) wrote into shard 0
+  int open_in_shard0_ = -1;          // the in_shard0 column open now, or -1
   std::vector<std::string> created_;  // every path to delete on failure
   bool finished_ = false;
 };

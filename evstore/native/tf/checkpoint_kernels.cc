@@ -16,6 +16,7 @@
 
 #include "../core/export.h"
 #include "../core/shard.h"
+#include "../core/view_codec.h"
 #include "bundle_stream.h"
 #include "kernel_util.h"
 #include "../core/crc32c.h"
@@ -46,9 +47,14 @@ void MaybePauseMidData() {
 // Checkpoints written before -seen_filtered / -clock / -bloom_* existed still
 // load: their filtered keys' last-seen step is unknown, their clock is the
 // newest version, and Bloom counters start from zero.
+// With a serving view writer (`view`, core/view_codec.h) each chunk of rows is
+// also encoded into the view bundle as it streams: `<name>-values` in the
+// view's dtype and, for int8, `<name>-values_scale`, row-aligned with the keys.
 // Key columns hold the tensor type T (int32, int64, or tf.string in
 // TensorFlow's string encoding, bundle_stream.h); the core hands the sink its
 // key type K = CoreKey<T>.
+constexpr char kViewScaleSuffix[] = "_scale";  // `<name>-values_scale` (checkpoint/serving_view.py SCALE)
+
 template <typename T>
 class BundleSink : public ExportSink<CoreKey<T>> {
   using K = CoreKey<T>;
@@ -56,9 +62,17 @@ class BundleSink : public ExportSink<CoreKey<T>> {
 
  public:
   BundleSink(BundleStreamWriter* w, const std::string& name, int dim, const SlotSpecs& slots, bool delta,
-             const CountingBloom* bloom)
-      : w_(w), dim_(dim) {
+             const CountingBloom* bloom, BundleStreamWriter* view = nullptr, view::Codec codec = view::Codec::kNone)
+      : w_(w), dim_(dim), view_(view), codec_(codec) {
     using schema::TensorName;  // tensor names: core/schema.h
+    if (view_) {  // one view data file (shard 0): the EVs' view columns are written one after another
+      view_values_ = view_->BeginColumn(TensorName(name, schema::kValues),
+                                        codec_ == view::Codec::kInt8      ? tensorflow::DT_INT8
+                                        : codec_ == view::Codec::kFloat16 ? tensorflow::DT_HALF
+                                                                          : tensorflow::DT_BFLOAT16,
+                                        {dim}, /*in_shard0=*/true);
+      scale_name_ = TensorName(name, schema::kValues) + kViewScaleSuffix;
+    }
     keys_ = BeginKeys(TensorName(name, schema::kKeys));
     values_ = w->BeginColumn(TensorName(name, schema::kValues), tensorflow::DT_FLOAT, {dim});
     versions_ = w->BeginColumn(TensorName(name, schema::kVersions), tensorflow::DT_INT64, {});
@@ -91,6 +105,13 @@ class BundleSink : public ExportSink<CoreKey<T>> {
       for (int64_t i = 0; i < n; ++i)
         std::memcpy(buf_.data() + i * dim_, rows + i * stride + c * dim_, dim_ * sizeof(float));
       w_->Append(c == 0 ? values_ : slot_cols_[c - 1], buf_.data(), n);
+      if (c == 0 && view_) {
+        vbuf_.resize(static_cast<size_t>(n) * dim_ * view::ElementBytes(codec_));
+        const size_t had = scales_.size();
+        if (codec_ == view::Codec::kInt8) scales_.resize(had + n);  // kept until the values end (4 bytes a row)
+        view::EncodeRows(codec_, buf_.data(), n, dim_, vbuf_.data(), scales_.data() + had);
+        view_->Append(view_values_, vbuf_.data(), n);
+      }
     }
     MaybePauseMidData();
   }
@@ -113,6 +134,12 @@ class BundleSink : public ExportSink<CoreKey<T>> {
     for (int c : slot_cols_) w_->EndColumn(c);
     for (int c : {deleted_, bblocks_, bcounters_})
       if (c >= 0) w_->EndColumn(c);
+    if (view_) view_->EndColumn(view_values_);
+    if (view_ && codec_ == view::Codec::kInt8) {  // the row scales, whole, after the values in shard 0
+      tensorflow::Tensor t(tensorflow::DT_FLOAT, tensorflow::TensorShape({static_cast<int64_t>(scales_.size())}));
+      std::copy(scales_.begin(), scales_.end(), t.flat<float>().data());
+      view_->AddTensor(scale_name_, t);
+    }
   }
 
  private:
@@ -134,12 +161,18 @@ class BundleSink : public ExportSink<CoreKey<T>> {
       bcounters_ = -1;
   std::vector<int> slot_cols_;
   std::vector<float> buf_;
+  BundleStreamWriter* view_;
+  view::Codec codec_;
+  int view_values_ = -1;
+  std::string scale_name_;
+  std::vector<char> vbuf_;
+  std::vector<float> scales_;
 };
 
 template <typename K>
 ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStreamWriter* w, const std::string& name,
                      int64_t snapshot_id, bool full, int64_t chunk_rows, std::vector<std::string>* slot_names,
-                     absl::Status* st) {
+                     absl::Status* st, BundleStreamWriter* view, view::Codec codec) {
   tensorflow::core::RefCountPtr<EvResource<K>> res;
   *st = tensorflow::LookupResource(ctx, h, &res);
   if (!st->ok()) {
@@ -151,7 +184,7 @@ ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStream
     auto snap = t.OpenSnapshot(static_cast<uint64_t>(snapshot_id));
     SlotSpecs slots = t.slots();
     for (const auto& s : slots) slot_names->push_back(schema::SlotPrefix(name, s.first));
-    BundleSink<K> sink(w, name, t.dim(), slots, !full, t.bloom());
+    BundleSink<K> sink(w, name, t.dim(), slots, !full, t.bloom(), view, codec);
     ExportCounts c = full ? ExportFull(t, static_cast<int>(slots.size()), chunk_rows, &sink)
                           : ExportDelta(t, *snap, static_cast<int>(slots.size()), chunk_rows, &sink);
     sink.End(t.clock());
@@ -166,6 +199,15 @@ class EvSaveBundleOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("full", &full_));
     OP_REQUIRES_OK(c, c->GetAttr("chunk_rows", &chunk_rows_));
     OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
+    std::string view;
+    OP_REQUIRES_OK(c, c->GetAttr("view", &view));
+    try {
+      codec_ = view::Parse(view);
+    } catch (const std::invalid_argument& e) {
+      c->CtxFailure(errors::InvalidArgument(e.what()));
+      return;
+    }
+    OP_REQUIRES_OK(c, c->GetAttr("view_prefix", &view_prefix_));
   }
   void Compute(OpKernelContext* ctx) override {
     EV_INPUT(ctx, prefix_t, "prefix");
@@ -187,6 +229,12 @@ class EvSaveBundleOp : public OpKernel {
     std::vector<BundleFile> files;
     EV_TRY(ctx, {
       BundleStreamWriter w(prefix);
+      std::unique_ptr<BundleStreamWriter> vw;   // the serving view, beside the bundle
+      if (codec_ != view::Codec::kNone) {
+        const size_t slash = prefix.rfind('/');
+        vw = std::make_unique<BundleStreamWriter>(
+            (slash == std::string::npos ? std::string() : prefix.substr(0, slash + 1)) + view_prefix_);
+      }
       for (int i = 0; i < dense.size(); ++i)
         w.AddTensor(std::string(dense_names.flat<tensorflow::tstring>()(i)), dense[i]);
       for (int i = 0; i < n; ++i) {
@@ -195,14 +243,18 @@ class EvSaveBundleOp : public OpKernel {
         const int64_t id = snaps.flat<int64_t>()(i);
         absl::Status st;
         if (key_dtypes_[i] == tensorflow::DT_INT64)
-          counts[i] = SaveOne<int64_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st);
+          counts[i] = SaveOne<int64_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st, vw.get(), codec_);
         else if (key_dtypes_[i] == tensorflow::DT_STRING)
-          counts[i] = SaveOne<tensorflow::tstring>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st);
+          counts[i] = SaveOne<tensorflow::tstring>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st,
+                                                   vw.get(), codec_);
         else
-          counts[i] = SaveOne<int32_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st);
+          counts[i] = SaveOne<int32_t>(ctx, h, &w, name, id, full_, chunk_rows_, &slot_names, &st, vw.get(), codec_);
         OP_REQUIRES_OK(ctx, st);
       }
+      std::vector<BundleFile> view_files;
+      if (vw) view_files = vw->Finish(/*sync_dir=*/false);  // the bundle's Finish fsyncs the directory
       files = w.Finish();
+      files.insert(files.end(), view_files.begin(), view_files.end());
     });
     Tensor *fn, *fs, *fc, *cn, *sn;
     const int64_t nf = files.size();
@@ -228,6 +280,8 @@ class EvSaveBundleOp : public OpKernel {
   std::vector<DataType> key_dtypes_;
   bool full_;
   int64_t chunk_rows_;
+  view::Codec codec_ = view::Codec::kNone;
+  std::string view_prefix_;
 };
 
 // Reads a key column chunk by chunk as the core's key type (a string key: a

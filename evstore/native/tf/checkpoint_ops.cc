@@ -20,6 +20,8 @@ REGISTER_OP("EvSaveBundle")
     .Attr("Tdense: list(type) >= 0")
     .Attr("full: bool")
     .Attr("chunk_rows: int = 65536")
+    .Attr("view: string = ''")
+    .Attr("view_prefix: string = 'serving'")
     .Output("files: string")
     .Output("file_sizes: int64")
     .Output("file_crc32c: int64")
@@ -39,6 +41,11 @@ snapshot (`snapshot_ids`, from EvBeginExport): a full writes every key, a delta
 the snapshot's dirty keys and deleted keys. Rows stream in chunks of
 `chunk_rows` keys. Outputs the files written (basenames, sizes, crc32c), per EV
 [rows, filtered, deleted] counts, and "<name>/<slot>" for every slot written.
+With `view` ("bfloat16", "float16" or "int8"; "" none) the rows are also
+encoded as they stream into a second bundle, `<dir of prefix>/<view_prefix>`:
+per EV `<name>-values` in that dtype (int8 with `<name>-values_scale`, per row
+max |value| / 127), row-aligned with `<name>-keys` (core/view_codec.h); its
+files are among the outputs.
 )doc");
 
 REGISTER_OP("EvLoadBundle")
