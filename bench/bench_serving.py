@@ -66,6 +66,7 @@ sys.path.insert(1, ROOT)
 import numpy as np  # noqa: E402
 
 from common import make_keys  # noqa: E402
+from peak_rss import status_kib  # noqa: E402
 
 IDS_PER_EXAMPLE = 8
 CHUNK = 1_000_000
@@ -81,14 +82,6 @@ def pct(xs, q):
 
 
 # ---- memory ------------------------------------------------------------------
-def _status_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 class PeakRss:
     """Extra resident MiB during a block: max(VmHWM after a reset, 2 ms VmRSS samples) - VmRSS before."""
 
@@ -104,7 +97,7 @@ class PeakRss:
             self._hwm = True
         except OSError:
             self._hwm = False
-        self.before = _status_kib("VmRSS")
+        self.before = status_kib("VmRSS")
         self.peak = self.before
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._sample, daemon=True)
@@ -113,12 +106,12 @@ class PeakRss:
 
     def _sample(self):
         while not self._stop.wait(0.002):
-            self.peak = max(self.peak, _status_kib("VmRSS"))
+            self.peak = max(self.peak, status_kib("VmRSS"))
 
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, _status_kib("VmRSS"), _status_kib("VmHWM") if self._hwm else 0)
+        self.peak = max(self.peak, status_kib("VmRSS"), status_kib("VmHWM") if self._hwm else 0)
         self.extra_mib = (self.peak - self.before) / 1024
         self.before_mib = self.before / 1024
         return False

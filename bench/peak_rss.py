@@ -15,7 +15,7 @@ import ctypes
 import threading
 
 
-def _malloc_trim():
+def malloc_trim():
     """Returns freed heap memory to the OS, so reuse of it does not hide a block's needs."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -23,7 +23,7 @@ def _malloc_trim():
         pass
 
 
-def _status_kib(field):
+def status_kib(field):
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -32,7 +32,7 @@ def _status_kib(field):
 
 
 def rss_mib():
-    return _status_kib("VmRSS") / 1024
+    return status_kib("VmRSS") / 1024
 
 
 class PeakRss:
@@ -42,7 +42,7 @@ class PeakRss:
         self.hwm_reset = False
 
     def __enter__(self):
-        _malloc_trim()
+        malloc_trim()
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
@@ -66,7 +66,7 @@ class PeakRss:
         self._t.join()
         self.end_mib = rss_mib()
         self.sampled_mib = max(self.sampled_mib, self.end_mib)
-        self.hwm_mib = _status_kib("VmHWM") / 1024 if self.hwm_reset else 0.0
+        self.hwm_mib = status_kib("VmHWM") / 1024 if self.hwm_reset else 0.0
         self.peak_mib = max(self.sampled_mib, self.hwm_mib)
         return False
 

@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+from peak_rss import malloc_trim, status_kib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SAMPLE = 4096          # rows checked bit for bit after a restore
@@ -56,20 +58,8 @@ def _keys(nkeys):
 
 def _status_mib(field):
     """VmRSS / VmHWM of this process in MiB; freed heap goes back to the OS first."""
-    _malloc_trim()
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _malloc_trim():
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    malloc_trim()
+    return status_kib(field) / 1024
 
 
 def _dir_mb(path):

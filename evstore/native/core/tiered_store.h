@@ -50,9 +50,9 @@
 // (it only try-locks), so this adds no lock cycle.
 //
 // Cost: every miss is one pread and every dirty eviction one pwrite of a
-// row (a syscall each: about 1.3 and 2.2 us on the development VM, a
-// fixed per-call cost; bench/tiered_engine_bench.cc, docs/guides/
-// tiered-storage.md "Speed").
+// row: a syscall each, whose fixed per-call cost dominates a row's bytes
+// (measured by bench/tiered_engine_bench.cc; docs/guides/tiered-storage.md
+// "Speed").
 //
 // Errors: a write-back the disk refuses (full disk, RLIMIT_FSIZE) keeps the
 // victim in DRAM, counts a write failure and remembers the message; the
