@@ -65,7 +65,7 @@ sys.path.insert(1, ROOT)
 
 import numpy as np  # noqa: E402
 
-from common import make_keys  # noqa: E402
+from common import make_keys, open_loop  # noqa: E402
 from peak_rss import status_kib  # noqa: E402
 
 IDS_PER_EXAMPLE = 8
@@ -256,26 +256,9 @@ def trainer(args):
 
 
 def predict_loop(sm, seconds, hz, batch, n, rng):
-    """Open-loop predicts: request i is due at t0 + i/hz; returns (latency from due time, call time) lists."""
-    lat, call = [], []
-    period = 1.0 / hz
-    t0 = time.perf_counter()
-    i = 0
-    while True:
-        due = t0 + i * period
-        if due - t0 > seconds:
-            break
-        now = time.perf_counter()
-        if now < due:
-            time.sleep(due - now)
-        ids = make_keys(rng.integers(0, n, (batch, IDS_PER_EXAMPLE)))
-        t = time.perf_counter()
-        sm.predict({"ids": ids})
-        end = time.perf_counter()
-        lat.append(end - due)
-        call.append(end - t)
-        i += 1
-    return lat, call
+    """Open-loop predicts (common.open_loop); returns (latency from due time, call time) lists."""
+    return open_loop(seconds, hz, lambda: {"ids": make_keys(rng.integers(0, n, (batch, IDS_PER_EXAMPLE)))},
+                     sm.predict)
 
 
 def bench_live(args, workdir):

@@ -44,7 +44,7 @@ sys.path.insert(1, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 
-from common import make_keys  # noqa: E402
+from common import make_keys, open_loop  # noqa: E402
 
 IDS = 8
 CHUNK = 1_000_000
@@ -162,24 +162,10 @@ class Feed:
         return True
 
 
-def predict_loop(sm, seconds, hz, n, zipf, rng, stats=None):
-    """Open-loop predicts of one example; latency (s) from each request's due time."""
-    lat = []
-    period = 1.0 / hz
-    t0 = time.perf_counter()
-    i = 0
-    while True:
-        due = t0 + i * period
-        if due - t0 > seconds:
-            break
-        now = time.perf_counter()
-        if now < due:
-            time.sleep(due - now)
-        ids = make_keys((rng.zipf(zipf, size=(1, IDS)) - 1) % n)
-        sm.run(sm.signature, {"ids": ids})
-        lat.append(time.perf_counter() - due)
-        i += 1
-    return lat
+def predict_loop(sm, seconds, hz, n, zipf, rng):
+    """Open-loop predicts of one example (common.open_loop); latency (s) from each request's due time."""
+    return open_loop(seconds, hz, lambda: {"ids": make_keys((rng.zipf(zipf, size=(1, IDS)) - 1) % n)},
+                     lambda feed: sm.run(sm.signature, feed))[0]
 
 
 def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000, every=1.0, windows=3,

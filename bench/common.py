@@ -100,3 +100,28 @@ def add_stream_args(ap):
     ap.add_argument("--dim", type=int, default=16, help="embedding dim (default 16)")
     ap.add_argument("--save-every", type=int, default=10, help="steps between saves: evict / restrict (default 10)")
     ap.add_argument("--seed", type=int, default=0, help="stream seed (default 0)")
+
+
+def open_loop(seconds, hz, make_request, send):
+    """Open-loop requests for `seconds`: request i is due at t0 + i/hz, built by
+    make_request() and sent by send(request). Returns (latency from each due
+    time, time in send) lists, in seconds."""
+    lat, call = [], []
+    period = 1.0 / hz
+    t0 = time.perf_counter()
+    i = 0
+    while True:
+        due = t0 + i * period
+        if due - t0 > seconds:
+            break
+        now = time.perf_counter()
+        if now < due:
+            time.sleep(due - now)
+        req = make_request()
+        t = time.perf_counter()
+        send(req)
+        end = time.perf_counter()
+        lat.append(end - due)
+        call.append(end - t)
+        i += 1
+    return lat, call
