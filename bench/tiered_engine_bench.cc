@@ -20,6 +20,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
 #endif
 
 #include <time.h>
@@ -44,8 +45,8 @@ using namespace evstore;
 using Clock = std::chrono::steady_clock;
 
 #ifndef EVSTORE_BENCH_NO_ROCKSDB
-// RocksDB as a TieredStore engine: record r = value of the 4-byte big-endian
-// key r. No WAL (the tier is a cache, never durable), no compression (float
+// RocksDB as a TieredStore engine: record `loc` = value of the 4-byte
+// big-endian key loc (the store's log-structured locations, log_space.h). No WAL (the tier is a cache, never durable), no compression (float
 // rows do not compress), an 8 MiB block cache (the DRAM budget is the row
 // cache's; RocksDB's own cache is kept small, as the row cache is in front).
 class RocksEngine {
@@ -70,28 +71,36 @@ class RocksEngine {
   }
   const std::string& dir() const { return dir_; }
   int last_error() const { return EIO; }
-  bool Write(uint32_t r, const void* src, int* err = nullptr) {
-    char k[4];
-    Key(r, k);
+  bool Write(uint32_t loc, const void* src, size_t n = 1, int* err = nullptr) {
+    rocksdb::WriteBatch b;
+    for (size_t i = 0; i < n; ++i) {
+      char k[4];
+      Key(loc + static_cast<uint32_t>(i), k);
+      b.Put(rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(src) + i * record_bytes_, record_bytes_));
+    }
     if (err) *err = EIO;
-    return db_->Put(wo_, rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(src), record_bytes_)).ok();
+    return db_->Write(wo_, &b).ok();
   }
-  void Read(uint32_t r, void* dst) const {
+  void Read(uint32_t loc, void* dst) const {
     char k[4];
-    Key(r, k);
+    Key(loc, k);
     rocksdb::PinnableSlice v;
     rocksdb::Status st = db_->Get(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), rocksdb::Slice(k, 4), &v);
     if (!st.ok() || v.size() != record_bytes_) throw std::runtime_error("rocksdb get: " + st.ToString());
     std::memcpy(dst, v.data(), record_bytes_);
   }
+  void ReadMany(const uint32_t* locs, void* const* dsts, size_t n) const {
+    for (size_t i = 0; i < n; ++i) Read(locs[i], dsts[i]);
+  }
+  void WillNeed(const uint32_t*, size_t) const {}
   int64_t disk_bytes() const {
     uint64_t sst = 0, mem = 0;
     db_->GetIntProperty("rocksdb.total-sst-files-size", &sst);
     db_->GetIntProperty("rocksdb.cur-size-all-mem-tables", &mem);
     return static_cast<int64_t>(sst + mem);
   }
-  template <typename Present>
-  bool Widen(size_t new_record_bytes, uint32_t nrecords, const Present&, const std::vector<char>&) {
+  template <typename OldLoc>
+  bool Widen(size_t new_record_bytes, uint32_t nrecords, const OldLoc&, const std::vector<char>&) {
     if (nrecords != 0) return false;  // the benchmark adds its slots before the first row
     record_bytes_ = new_record_bytes;
     return true;
@@ -243,14 +252,18 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
   std::printf(
       "store %s keys %lld fill_s %.3f train_keys_per_s %.0f train_cpu_ns_per_key %.1f hit_rate %.4f find1_keys_per_s %.0f find1_p99_us %.1f "
       "find1k_keys_per_s %.0f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f rss_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
-      "cache_rows %lld disk_mb %.1f rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
+      "cache_rows %lld disk_mb %.1f writebacks %lld write_batches %lld compacted %lld misses %lld read_calls %lld "
+      "disk_records %lld live_records %lld rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
       store, static_cast<long long>(nkeys), fill_s, steps * B / train_s, train_cpu_ns, hit, lat1.size() / [&] {
         double s = 0;
         for (double x : lat1) s += x;
         return s;
       }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, rss / 1048576.0,
       st.index_bytes / 1048576.0, st.meta_bytes / 1048576.0, st.row_bytes / 1048576.0,
-      static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0, rss_base / 1048576.0, buffers / 1048576.0,
+      static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0, static_cast<long long>(ts1.writebacks - ts0.writebacks),
+      static_cast<long long>(ts1.write_batches - ts0.write_batches), static_cast<long long>(ts1.compacted - ts0.compacted),
+      static_cast<long long>(ts1.misses - ts0.misses), static_cast<long long>(ts1.read_calls - ts0.read_calls),
+      static_cast<long long>(ts1.disk_records), static_cast<long long>(ts1.live_records), rss_base / 1048576.0, buffers / 1048576.0,
       other_mb);
 }
 

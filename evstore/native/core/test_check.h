@@ -1,5 +1,5 @@
 // The one check harness of the TF-free core test binaries (*_test.cc, built
-// and run by tests/native/test_core.py). A failed check prints file:line and
+// and run by tests/native/CMakeLists.txt (make test-native)). A failed check prints file:line and
 // the expression (with both values for CHECK_EQ) and exits 1 at once; a binary
 // that reaches its end prints "all tests passed", which the driver requires.
 #pragma once
