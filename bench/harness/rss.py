@@ -1,4 +1,11 @@
-"""Peak resident memory of a block of code (Linux; pure Python, usable in any venv).
+"""Resident memory of this process (Linux; pure Python, usable in any venv): the
+one place the benchmarks read it.
+
+    rss_mib()               # VmRSS now
+    hwm_mib()               # VmHWM: the peak so far
+    mem_available_mib()     # MemAvailable of the machine
+
+Peak resident memory of a block of code:
 
     with PeakRss() as p:
         save()
@@ -24,6 +31,7 @@ def malloc_trim():
 
 
 def status_kib(field):
+    """A kB field of /proc/self/status (VmRSS, VmHWM, ...); 0 if absent."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -32,7 +40,22 @@ def status_kib(field):
 
 
 def rss_mib():
+    """Resident set size of this process in MiB (VmRSS)."""
     return status_kib("VmRSS") / 1024
+
+
+def hwm_mib():
+    """Peak resident set size of this process so far in MiB (VmHWM)."""
+    return status_kib("VmHWM") / 1024
+
+
+def mem_available_mib():
+    """MemAvailable from /proc/meminfo in MiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return float("inf")
 
 
 class PeakRss:
