@@ -2,11 +2,11 @@
 
 Run with the project venv from the repo root (bench/run.py runs it after the lookup matrix):
 
-    .venv/bin/python bench/bench_checkpoint.py                      # 10M keys x dim 16, Adam slots
-    .venv/bin/python bench/bench_checkpoint.py --keys 200000 --repeats 1 --no-tfra   # quick
-    .venv/bin/python bench/bench_checkpoint.py --peer-python .peer-tfra/bin/python
+    .venv/bin/python -m bench.checkpoints.bench_checkpoint                      # 10M keys x dim 16, Adam slots
+    .venv/bin/python -m bench.checkpoints.bench_checkpoint --keys 200000 --repeats 1 --no-tfra   # quick
+    .venv/bin/python -m bench.checkpoints.bench_checkpoint --peer-python .peer-tfra/bin/python
 
-The table: one EmbeddingVariable of --keys keys (bench/common.py's keys) x
+The table: one EmbeddingVariable of --keys keys (bench/harness/workload.py's keys) x
 --dim, with Adam slots m and v, filled with `ev.load` (values, slots,
 versions, freqs) in chunks; a CheckpointManager on a local root (--dir, default
 a directory under bench/results/ on the repository's disk) saves it.
@@ -30,12 +30,12 @@ a directory under bench/results/ on the repository's disk) saves it.
                    --restore-live also times restoring the full into the live
                    10M-key table (going back in time in a running job).
   memory           extra memory of each save = RSS high-water during it minus
-                   RSS before (bench/peak_rss.py: VmHWM reset through
+                   RSS before (bench/harness/rss.py: VmHWM reset through
                    /proc/self/clear_refs, and a 2 ms VmRSS sampling thread);
                    a restore keeps the table it loads, so for restores the
                    high-water above the RSS after it is reported too.
   CPU              user + system CPU seconds of each full save (getrusage).
-  TFRA             bench/peer_tfra_checkpoint.py in the peer venv (--peer-python):
+  TFRA             bench/peers/peer_tfra_checkpoint.py in the peer venv (--peer-python):
                    the same keys in a de.keras.layers.Embedding with Adam slots
                    (DynamicEmbeddingOptimizer), saved by tf.train.Checkpoint.write
                    (+ fsync of the files) and restored by Checkpoint.read.
@@ -53,15 +53,14 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(1, ROOT)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from common import add_size_args, fill_chunks, make_keys  # noqa: E402
-from peak_rss import PeakRss  # noqa: E402
+from bench.harness.paths import RESULTS, ROOT
+from bench.harness.peers import module_cmd
+from bench.harness.args import add_size_args
+from bench.harness.workload import fill_chunks, make_keys
+from bench.harness.rss import PeakRss
 
 TARGETS = {"full_vs_seq": 0.5, "extra_mib": 256, "delta1_vs_full": 0.05}
 
@@ -120,7 +119,7 @@ def dirty(ev, step, frac, args, tf, evstore):
 
 
 def run_tfra(args):
-    cmd = [args.peer_python, os.path.join(HERE, "peer_tfra_checkpoint.py"), "--keys", str(args.keys),
+    cmd = module_cmd("bench.peers.peer_tfra_checkpoint", python=args.peer_python) + ["--keys", str(args.keys),
            "--dim", str(args.dim), "--seed", str(args.seed), "--fill-chunk", str(args.fill_chunk),
            "--repeats", str(args.tfra_repeats), "--dir", os.path.join(args.dir, "tfra")]
     logf = open(os.path.join(args.log_dir, f"peer_tfra_checkpoint_{args.keys}x{args.dim}.log"), "w") \
@@ -156,7 +155,7 @@ def main():
     ap.add_argument("--restore-live", action="store_true",
                     help="also time restoring the full into the live (filled) table: slow, see BENCHMARKS.md")
     args = ap.parse_args()
-    args.dir = os.path.abspath(args.dir or os.path.join(HERE, "results", f"ckpt-scratch-{os.getpid()}"))
+    args.dir = os.path.abspath(args.dir or os.path.join(RESULTS, f"ckpt-scratch-{os.getpid()}"))
     os.makedirs(args.dir, exist_ok=True)
     try:
         out = measure(args)

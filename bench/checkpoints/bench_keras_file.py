@@ -3,11 +3,11 @@ an evstore table vs a CheckpointManager full save / restore of the same model.
 
 Run with the project venv from the repo root:
 
-    .venv/bin/python bench/bench_keras_file.py                   # 200k keys x dim 16, Adam slots
-    .venv/bin/python bench/bench_keras_file.py --keys 20000 --repeats 1   # quick
+    .venv/bin/python -m bench.checkpoints.bench_keras_file                   # 200k keys x dim 16, Adam slots
+    .venv/bin/python -m bench.checkpoints.bench_keras_file --keys 20000 --repeats 1   # quick
 
 The model: `evstore.keras.Embedding(--dim)` + Dense, compiled with
-evstore's Adam; its table is filled with --keys keys (bench/common.py's keys)
+evstore's Adam; its table is filled with --keys keys (bench/harness/workload.py's keys)
 with values, Adam slots m and v, versions and freqs (`ev.load`). Interleaved,
 --repeats times, in one directory under --dir:
 
@@ -22,7 +22,7 @@ with values, Adam slots m and v, versions and freqs (`ev.load`). Interleaved,
 
 Reported: median seconds of each, the ratios keras / ckpt, file bytes, and
 the RSS high-water above the RSS before each save and load
-(bench/peak_rss.py). Prints one JSON line (the last line of stdout).
+(bench/harness/rss.py). Prints one JSON line (the last line of stdout).
 """
 import argparse
 import json
@@ -34,17 +34,14 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-import checkpoint  # noqa: E402
-import evstore  # noqa: E402
-from common import fill_chunks  # noqa: E402
-from peak_rss import PeakRss  # noqa: E402
+import checkpoint
+import evstore
+from bench.harness.workload import fill_chunks
+from bench.harness.rss import PeakRss
 
 
 def build(dim):

@@ -1,20 +1,20 @@
 """Parameter-server training on a loopback cluster: evstore vs TFRA's `devices=[...]` sharding.
 
-    .venv/bin/python bench/bench_cluster.py            # batch 1024; 2 PS with 1 and 2 workers, 1 and 4 PS with 1
+    .venv/bin/python -m bench.cluster.bench_cluster            # batch 1024; 2 PS with 1 and 2 workers, 1 and 4 PS with 1
                                                        # worker; 5 warm-up + 2 x 30 steps per worker (~12 min)
-    .venv/bin/python bench/bench_cluster.py --quick    # batch 256, vocabs <= 100k, 2 PS only, 2 warm-up + 8 steps
-    .venv/bin/python bench/bench_cluster.py --systems evstore,tfra --worker-counts 1 --ps-counts "" --batch-size 512
-    .venv/bin/python bench/bench_cluster.py --render bench/results/cluster-<stamp>.json   # reprint the tables
+    .venv/bin/python -m bench.cluster.bench_cluster --quick    # batch 256, vocabs <= 100k, 2 PS only, 2 warm-up + 8 steps
+    .venv/bin/python -m bench.cluster.bench_cluster --systems evstore,tfra --worker-counts 1 --ps-counts "" --batch-size 512
+    .venv/bin/python -m bench.cluster.bench_cluster --render bench/results/cluster-<stamp>.json   # reprint the tables
 
 Every run is one chief process (`--chief`: this file for evstore,
-bench/peer_tfra_cluster.py in the .peer-tfra venv for TFRA) that starts its
+bench/peers/peer_tfra_cluster.py in the .peer-tfra venv for TFRA) that starts its
 own loopback cluster of --ps PS tasks and W worker tasks, each a separate
 process of its venv that loads the system's ops before starting
 `tf.distribute.Server` (`python -m evstore_app server` for evstore,
-bench/cluster_server.py importing TFRA for TFRA), and drives it the same way
+bench/cluster/cluster_server.py importing TFRA for TFRA), and drives it the same way
 for both systems: ParameterServerStrategy + ClusterCoordinator, one
 `coord.schedule` per step of a tf.function running `strategy.run(step)` on a
-worker, the input a per-worker dataset (bench/cluster_driver.py).
+worker, the input a per-worker dataset (bench/cluster/cluster_driver.py).
 
 The model is bench_e2e.py's Criteo-like wide & deep (26 fields, Zipf ids,
 13 dense features, embeddings dim 16, a dim-1 wide table, Dense 256-128-1 as
@@ -40,7 +40,7 @@ TensorFlow logs "Starting call: <method>" for each unary RPC it issues
 = one tensor fetched across tasks, ...). Also the analytic minimum bytes of a
 step (unique ids x 8 B out, rows x dim x 4 B back, row gradients x dim x 4 B
 out, dense parameters and their gradients x 4 B) and CPU seconds per role
-(/proc); bench/cluster_report.py renders the tables and the 8/32-PS model. Results:
+(/proc); bench/cluster/cluster_report.py renders the tables and the 8/32-PS model. Results:
 bench/results/cluster-<UTC>.json and .md; logs in bench/results/logs/.
 """
 import argparse
@@ -53,14 +53,13 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 
-import cluster_driver  # noqa: E402
-from bench_e2e import N_FIELDS  # noqa: E402
-from cluster_common import emit, ss_available  # noqa: E402
-from cluster_report import render  # noqa: E402
+from bench.harness.paths import RESULTS, ROOT
+from bench.harness.peers import DEFAULT_VENV, module_cmd
+from bench.cluster import cluster_driver
+from bench.training.bench_e2e import N_FIELDS
+from bench.cluster.cluster_common import emit, ss_available
+from bench.cluster.cluster_report import render
 
 SYSTEMS = ("evstore", "evstore_group", "evstore_table", "evstore_2shards", "tfra")
 PLACEMENT = {"evstore": "shards", "evstore_group": "group", "evstore_table": "table", "evstore_2shards": "shards2"}
@@ -128,7 +127,6 @@ def _git_describe():
 
 def run_chief(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, ROOT)
     res = cluster_driver.run(args, "evstore", sys.executable, build_evstore(args))
     res["system"] = {v: k for k, v in PLACEMENT.items()}[args.placement]
     emit(res)
@@ -159,9 +157,9 @@ def run_one(system, ps, workers, args, peer_py, logdir, stamp):
     if system == "tfra":
         if not peer_py:
             return {"error": "TFRA peer venv unavailable"}
-        cmd = [peer_py, os.path.join(HERE, "peer_tfra_cluster.py")] + common
+        cmd = module_cmd("bench.peers.peer_tfra_cluster", python=peer_py) + common
     else:
-        cmd = [sys.executable, os.path.abspath(__file__), "--chief", "--placement", PLACEMENT[system]] + common
+        cmd = module_cmd(__spec__.name) + ["--chief", "--placement", PLACEMENT[system]] + common
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="grpc_state=2")
     t0 = time.time()
     with open(chief_log, "w") as log:
@@ -191,9 +189,9 @@ def main():
     ap.add_argument("--ps-counts", default="1,4",
                     help="extra runs with 1 worker and these PS counts, for the cost-per-PS fit (default 1,4; "
                          "quick: none)")
-    ap.add_argument("--peer-venv", default=os.path.join(ROOT, ".peer-tfra"), help="TFRA venv (default .peer-tfra)")
+    ap.add_argument("--peer-venv", default=DEFAULT_VENV, help="TFRA venv (default .peer-tfra)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per chief process")
-    ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out-dir", default=RESULTS)
     ap.add_argument("--render", metavar="JSON", help="only print the tables of a saved cluster-*.json")
     argv = sys.argv[1:]
     args = ap.parse_args(argv)
@@ -239,7 +237,7 @@ def main():
                             f"{r['per_step']['worker_ps_bytes'] / 1e6:.2f} MB and "
                             f"{r['per_step']['worker_ps_rpcs']:.0f} RPCs worker<->PS per step"), flush=True)
     meta = {"date_utc": stamp, "evstore_commit": _git_describe(),
-            "command": " ".join([os.path.relpath(sys.executable, ROOT), "bench/bench_cluster.py"] + argv),
+            "command": " ".join([os.path.relpath(sys.executable, ROOT), "-m", __spec__.name] + argv),
             "host": platform.node(), "cpus": os.cpu_count(), "ps": args.ps, "worker_counts": counts,
             "configs": configs,
             "systems": systems, "batch_size": args.batch_size, "dim": args.dim, "max_vocab": args.max_vocab,

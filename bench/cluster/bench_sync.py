@@ -1,8 +1,8 @@
 """Synchronous training (CollectiveEmbeddingVariables, MultiWorkerMirroredStrategy)
 vs the parameter-server mode vs one process, on bench_cluster.py's Criteo-like model.
 
-    .venv/bin/python bench/bench_sync.py                  # global batch 1024, 2 workers, 2 rounds (~10 min)
-    .venv/bin/python bench/bench_sync.py --quick          # batch 256, vocabs <= 100k, 1 round of 8 steps
+    .venv/bin/python -m bench.cluster.bench_sync                  # global batch 1024, 2 workers, 2 rounds (~10 min)
+    .venv/bin/python -m bench.cluster.bench_sync --quick          # batch 256, vocabs <= 100k, 1 round of 8 steps
 
 The model is bench_e2e.py's wide & deep (26 fields of Zipf ids, dim 16, a
 dim-1 wide table over all 26 ids, 13 dense features, Dense 256-128-1), Adam.
@@ -36,13 +36,12 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 
-from bench_e2e import N_FIELDS  # noqa: E402
-from cluster_common import tcp_bytes  # noqa: E402
-from cluster_driver import dense_param_count, dense_variables, forward, make_pool  # noqa: E402
+from bench.harness.paths import RESULTS, ROOT
+from bench.harness.peers import module_cmd
+from bench.training.bench_e2e import N_FIELDS
+from bench.cluster.cluster_common import tcp_bytes
+from bench.cluster.cluster_driver import dense_param_count, dense_variables, forward, make_pool
 
 
 def _args(ap):
@@ -55,7 +54,7 @@ def _args(ap):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out-dir", default=RESULTS)
 
 
 def build(tf, args, collective):
@@ -115,7 +114,6 @@ def run_process(args):
     if sync:
         os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in args.ports.split(",")]},
                                               "task": {"type": "worker", "index": args.rank}})
-    sys.path.insert(0, ROOT)
     import tensorflow as tf
 
     import evstore
@@ -234,17 +232,16 @@ def _common(args):
 
 def run_one(args, logdir, stamp, r):
     with open(os.path.join(logdir, f"sync_{stamp}_one_{r}.log"), "w") as log:
-        return _result(_spawn([sys.executable, __file__, "--role", "one"] + _common(args), log))
+        return _result(_spawn(module_cmd(__spec__.name) + ["--role", "one"] + _common(args), log))
 
 
 def run_sync(args, logdir, stamp, r):
-    sys.path.insert(0, ROOT)
-    from cluster_common import free_ports
+    from bench.cluster.cluster_common import free_ports
     ports = ",".join(str(p) for p in free_ports(args.workers))
     procs = []
     for rank in range(args.workers):
         log = open(os.path.join(logdir, f"sync_{stamp}_sync_{r}_w{rank}.log"), "w")
-        procs.append(_spawn([sys.executable, __file__, "--role", "sync", "--rank", str(rank), "--ports", ports]
+        procs.append(_spawn(module_cmd(__spec__.name) + ["--role", "sync", "--rank", str(rank), "--ports", ports]
                             + _common(args), log))
     results = [_result(p) for p in procs]
     return results[0]
@@ -393,11 +390,10 @@ def main():
             row[name] = fn(args, logdir, stamp, r)
             print(f"    {row[name]['examples_per_s']:,.0f} examples/s", flush=True)
         rounds.append(row)
-    sys.path.insert(0, ROOT)
     an = analytic(args)
     one_eps = statistics.median(r["one"]["examples_per_s"] for r in rounds)
     proj = project(one_eps, _sync_median(rounds), an, args)
-    meta = {"date_utc": stamp, "command": " ".join([".venv/bin/python", "bench/bench_sync.py"] + argv),
+    meta = {"date_utc": stamp, "command": " ".join([".venv/bin/python", "bench/cluster/bench_sync.py"] + argv),
             "host": platform.node(), "cpus": os.cpu_count(), "workers": args.workers, "batch_size": args.batch_size,
             "dim": args.dim, "max_vocab": args.max_vocab, "steps": args.steps, "rounds": args.rounds,
             "total_s": time.time() - t0}

@@ -1,4 +1,4 @@
-"""Processes and counters of bench/bench_cluster.py (stdlib + numpy only: imported in both venvs).
+"""Processes and counters of bench/cluster/bench_cluster.py (stdlib + numpy only: imported in both venvs).
 
 * `LoopbackServers`: the PS and worker tasks of one loopback cluster, each a
   separate process (`python -m evstore_app server` for evstore, `cluster_server.py`
@@ -24,7 +24,9 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
+
 _CALL = re.compile(rb"Starting call: (\S+)")
 
 
@@ -66,7 +68,7 @@ def server_command(python, system, job, task, spec_file, threads=0):
     if system == "evstore":
         return ([python, "-m", "evstore_app", "server", "--job", job, "--task", str(task), "--cluster", spec_file,
                  "--exit-with-parent"], b"evstore server: ready")
-    return ([python, os.path.join(HERE, "cluster_server.py"), "--system", system, "--job", job, "--task", str(task),
+    return (module_cmd("bench.cluster.cluster_server", python=python) + ["--system", system, "--job", job, "--task", str(task),
              "--cluster", spec_file, "--threads", str(threads)], b"ready")
 
 
@@ -92,7 +94,7 @@ class LoopbackServers:
                     self.logs[name] = os.path.join(logdir, f"cluster_{tag}_{name}.log")
                     with open(self.logs[name], "wb") as log:
                         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env,
-                                             cwd=os.path.dirname(HERE), start_new_session=True,
+                                             cwd=ROOT, start_new_session=True,
                                              preexec_fn=_die_with_parent)
                     self.procs.append(p)
                     self.roles[p.pid] = name

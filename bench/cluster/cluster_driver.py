@@ -1,4 +1,4 @@
-"""The chief's training loop of bench/bench_cluster.py, shared by both systems' chiefs.
+"""The chief's training loop of bench/cluster/bench_cluster.py, shared by both systems' chiefs.
 
 Runs in either venv (TF 2.21 + evstore, or TF 2.16 + TFRA): only TF APIs both
 have. `run(args, system, build)`:
@@ -23,15 +23,12 @@ Examples/s of a window = workers * steps * batch / window seconds.
 """
 import os
 import statistics
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-from bench_e2e import N_DENSE, N_FIELDS, make_batch, vocab_sizes  # noqa: E402
-from cluster_common import (LoopbackServers, analytic_bytes, bytes_delta, cluster_spec,  # noqa: E402
-                            cpu_seconds, rpc_counts, tcp_bytes)
+from bench.harness.paths import LOGS
+from bench.training.bench_e2e import N_DENSE, N_FIELDS, make_batch, vocab_sizes
+from bench.cluster.cluster_common import LoopbackServers, analytic_bytes, bytes_delta, cluster_spec, cpu_seconds, rpc_counts, tcp_bytes
 
 HIDDEN = (256, 128)
 
@@ -49,7 +46,7 @@ def add_args(ap):
     ap.add_argument("--rounds", type=int, default=2, help="timed windows")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="intra/inter-op threads of every server (0: default)")
-    ap.add_argument("--log-dir", default=os.path.join(HERE, "results", "logs"))
+    ap.add_argument("--log-dir", default=LOGS)
     ap.add_argument("--tag", default="run", help="log file name tag")
     ap.add_argument("--chief-log", default=None, help="this process's stderr file (its gRPC calls are counted)")
 

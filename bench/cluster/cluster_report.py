@@ -1,4 +1,4 @@
-"""Tables of bench/bench_cluster.py results (markdown), and the model for larger clusters.
+"""Tables of bench/cluster/bench_cluster.py results (markdown), and the model for larger clusters.
 
 Per-step numbers are per worker step: a window's totals divided by the steps
 all workers ran in it. Byte pairs read from the first role's sockets:
@@ -37,7 +37,7 @@ only" to "+ RPC cost". The dense variables are assumed spread over the PS
 (a variable_partitioner); in the runs each is one variable on one PS.
 """
 
-from cluster_common import min_embedding_bytes  # noqa: E402
+from bench.cluster.cluster_common import min_embedding_bytes
 
 ASSUME = {"links": [(10, 100), (25, 50)], "ps_cores": 8, "worker_cores": 4, "chief_cores": 2,
           "rtts_per_step": 4, "workers_per_ps": 4}
@@ -230,7 +230,7 @@ def model_table(meta, results):
         return "∞" if x == float("inf") else f"{x:,.0f}"
 
     counts = sorted({r["ps"] for r in results.values() if "error" not in r and r["workers"] == 1})
-    out = [f"Model (bench/cluster_report.py): 1-worker costs at {counts} PS "
+    out = [f"Model (bench/cluster/cluster_report.py): 1-worker costs at {counts} PS "
            + ("fitted linearly in the PS count through the runs with 2+ PS" if len(counts) > 1 else "held constant (one PS count measured)")
            + f"; PS {A['ps_cores']} cores, chief {A['chief_cores']}, worker "
            f"{A['worker_cores']} effective; {A['rtts_per_step']} sequential round trips per step; "

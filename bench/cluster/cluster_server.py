@@ -1,6 +1,6 @@
-"""One TF gRPC server (a PS or worker task) of bench/bench_cluster.py's loopback cluster, for TFRA.
+"""One TF gRPC server (a PS or worker task) of bench/cluster/bench_cluster.py's loopback cluster, for TFRA.
 
-    .peer-tfra/bin/python bench/cluster_server.py --system tfra --job worker --task 1 --cluster cluster.json
+    .peer-tfra/bin/python -m bench.cluster.cluster_server --system tfra --job worker --task 1 --cluster cluster.json
 
 (evstore's tasks run evstore's own launcher, `python -m evstore_app server`; `--system
 evstore` here does the same job without it.) Imports the system's op library first (`import evstore`, or TFRA's
@@ -11,7 +11,6 @@ until killed. Prints "ready <job> <task>" on stdout once the server started.
 """
 import argparse
 import json
-import os
 import sys
 
 
@@ -24,7 +23,6 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="intra/inter-op threads (0: TF default)")
     args = ap.parse_args()
     if args.system == "evstore":
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         import evstore  # noqa: F401  (loads the op library: the server can run EV kernels)
     else:
         from tensorflow_recommenders_addons import dynamic_embedding  # noqa: F401  (registers TFRA kernels)

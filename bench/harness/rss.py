@@ -30,18 +30,18 @@ def malloc_trim():
         pass
 
 
-def status_kib(field):
-    """A kB field of /proc/self/status (VmRSS, VmHWM, ...); 0 if absent."""
-    with open("/proc/self/status") as f:
+def status_kib(field, pid="self"):
+    """A kB field of /proc/<pid>/status (VmRSS, VmHWM, ...) of this process or of `pid`; 0 if absent."""
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
 
-def rss_mib():
-    """Resident set size of this process in MiB (VmRSS)."""
-    return status_kib("VmRSS") / 1024
+def rss_mib(pid="self"):
+    """Resident set size of this process (or of `pid`) in MiB (VmRSS)."""
+    return status_kib("VmRSS", pid) / 1024
 
 
 def hwm_mib():

@@ -2,10 +2,10 @@
 
 Run ONLY with the peer venv's python (never import TFRA into the project venv):
 
-    .peer-tfra/bin/python bench/peer_tfra.py --keys 1000000 --dim 16
-    .peer-tfra/bin/python bench/peer_tfra.py --keys 1000000 --dim 16 --serve   # driven by bench_lookup.py
+    .peer-tfra/bin/python -m bench.peers.peer_tfra --keys 1000000 --dim 16
+    .peer-tfra/bin/python -m bench.peers.peer_tfra --keys 1000000 --dim 16 --serve   # driven by bench_lookup.py
 
-Key generation and batches: bench/common.py (identical to bench_lookup.py).
+Key generation and batches: bench/harness/workload.py (identical to bench_lookup.py).
 The table is a `de.keras.layers.Embedding(dim)`'s `de.Variable` (one CPU
 CuckooHashTable shard, not pre-sized), filled with N keys by
 `CuckooHashTable.insert` in chunks. Workloads (one batch each; keys/s = median):
@@ -38,9 +38,11 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Batches, add_size_args, fill_chunks, rate, rss_mib  # noqa: E402
+from bench.harness.args import add_size_args
+from bench.harness.rss import rss_mib
+from bench.harness.timing import rate
+from bench.harness.workload import Batches, fill_chunks
 
 WORKLOADS = ("find", "lookup_init", "upsert_existing", "insert_new", "train_step")
 

@@ -1,20 +1,20 @@
 """Peer checkpoint benchmark: TFRA 0.8.1 `dynamic_embedding` saved by tf.train.Checkpoint.
 
-Run ONLY with the peer venv's python (bench/bench_checkpoint.py drives it):
+Run ONLY with the peer venv's python (bench/checkpoints/bench_checkpoint.py drives it):
 
-    .peer-tfra/bin/python bench/peer_tfra_checkpoint.py --keys 1000000 --dim 16 --dir /tmp/tfra-ckpt
+    .peer-tfra/bin/python -m bench.peers.peer_tfra_checkpoint --keys 1000000 --dim 16 --dir /tmp/tfra-ckpt
 
 The table: a `de.keras.layers.Embedding(dim)` (one CPU CuckooHashTable shard)
 trained one step by `de.DynamicEmbeddingOptimizer(tf_keras Adam)` so its Adam
 slots m and v exist (each a de.Variable with its own table), then the same
---keys keys as bench/common.py inserted into the parameter table and both slot
+--keys keys as bench/harness/workload.py inserted into the parameter table and both slot
 tables in chunks. `tf.train.Checkpoint(layer=..., optimizer=...)`:
   save     Checkpoint.write(prefix) (TFRA exports each table's keys and values
            as whole tensors, and TF's saver writes them) + fsync of the written
            files and the directory (TF does not fsync): save_s = write_s + fsync_s.
   restore  Checkpoint.read(prefix) into the same objects, their tables cleared
            first (checked: every table has its rows back).
-  memory   extra RSS during each (bench/peak_rss.py).
+  memory   extra RSS during each (bench/harness/rss.py).
 Prints one JSON line.
 """
 import argparse
@@ -27,13 +27,11 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from common import fill_chunks  # noqa: E402
-from peak_rss import PeakRss  # noqa: E402
+from bench.harness.workload import fill_chunks
+from bench.harness.rss import PeakRss
 
 
 def fsync_files(paths):

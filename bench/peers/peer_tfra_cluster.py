@@ -1,12 +1,12 @@
-"""TFRA chief of bench/bench_cluster.py: the same PS training with TFRA 0.8.1's `devices=[...]` sharding.
+"""TFRA chief of bench/cluster/bench_cluster.py: the same PS training with TFRA 0.8.1's `devices=[...]` sharding.
 
 Run ONLY with the peer venv's python (TF 2.16, tf_keras; never import TFRA into the project venv):
 
-    .peer-tfra/bin/python bench/peer_tfra_cluster.py --workers 2 --batch-size 1024 --steps 30
+    .peer-tfra/bin/python -m bench.peers.peer_tfra_cluster --workers 2 --batch-size 1024 --steps 30
 
 The cluster, the data, the dense part of the model and the measurement are
-bench/cluster_driver.py's (the evstore chief runs the same code); its servers
-are bench/cluster_server.py processes of this venv that import TFRA's
+bench/cluster/cluster_driver.py's (the evstore chief runs the same code); its servers
+are bench/cluster/cluster_server.py processes of this venv that import TFRA's
 dynamic_embedding (registering its kernels) before starting. Each of the 26
 field tables (dim 16) and the wide table (dim 1) is a
 `de.keras.layers.Embedding(dim, devices=[every PS])` created under the
@@ -21,12 +21,10 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-import cluster_driver  # noqa: E402
-from bench_e2e import N_FIELDS  # noqa: E402
-from cluster_common import emit  # noqa: E402
+from bench.cluster import cluster_driver
+from bench.training.bench_e2e import N_FIELDS
+from bench.cluster.cluster_common import emit
 
 
 def build_tfra(args):

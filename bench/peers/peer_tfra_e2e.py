@@ -1,8 +1,8 @@
-"""Peer worker of bench/bench_e2e.py: the same wide & deep training on TFRA 0.8.1 dynamic_embedding.
+"""Peer worker of bench/training/bench_e2e.py: the same wide & deep training on TFRA 0.8.1 dynamic_embedding.
 
 Run ONLY with the peer venv's python (TF 2.16, tf_keras; never import TFRA into the project venv):
 
-    .peer-tfra/bin/python bench/peer_tfra_e2e.py --mode keras --batch-size 1024 --steps 30 --warmup 5
+    .peer-tfra/bin/python -m bench.peers.peer_tfra_e2e --mode keras --batch-size 1024 --steps 30 --warmup 5
 
 Data, model builder and timing loop are bench_e2e.py's (imported; that module
 needs only numpy at import time), so the batches and the architecture are the
@@ -24,10 +24,9 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_e2e import (N_FIELDS, build_wide_deep, cur_rss_mib, make_batches, model_inputs,  # noqa: E402
-                       peak_rss_mib, run_steps, worker_args)
+from bench.harness.rss import hwm_mib, rss_mib
+from bench.training.bench_e2e import N_FIELDS, build_wide_deep, make_batches, model_inputs, run_steps, worker_args
 
 
 def main():
@@ -48,7 +47,7 @@ def main():
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     tfk.utils.set_random_seed(args.seed)
-    rss0 = cur_rss_mib()
+    rss0 = rss_mib()
     init = tfk.initializers.RandomNormal(0.0, 0.01, seed=args.seed)
     layers = {}
 
@@ -87,7 +86,7 @@ def main():
                 "tfra_version": tfra.__version__, "keras_version": tfk.__version__,
                 "optimizer": type(opt).__module__ + "." + type(opt).__name__,
                 "build_s": build_s, "data_s": data_s, "rss_after_build_mib": rss0,
-                "peak_rss_mib": peak_rss_mib(), "rss_end_mib": cur_rss_mib()})
+                "peak_rss_mib": hwm_mib(), "rss_end_mib": rss_mib()})
     res["table_rows"] = int(sum(int(layers[f"emb_{i}"].params.size()) for i in range(N_FIELDS)))
     res["wide_rows"] = int(layers["wide_emb"].params.size())
     print(json.dumps(res), flush=True)

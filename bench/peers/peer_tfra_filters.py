@@ -1,13 +1,13 @@
-"""Peer benchmark for bench/bench_filters.py: TFRA 0.8.1 restrict policies on the Zipf stream.
+"""Peer benchmark for bench/tables/bench_filters.py: TFRA 0.8.1 restrict policies on the Zipf stream.
 
 Run ONLY with the peer venv's python (never import TFRA into the project venv):
 
-    .peer-tfra/bin/python bench/peer_tfra_filters.py --policy frequency --reserve 100000
-    .peer-tfra/bin/python bench/peer_tfra_filters.py --policy none,frequency,timestamp   # interleaved
+    .peer-tfra/bin/python -m bench.peers.peer_tfra_filters --policy frequency --reserve 100000
+    .peer-tfra/bin/python -m bench.peers.peer_tfra_filters --policy none,frequency,timestamp   # interleaved
 
 A `de.Variable` (one CPU CuckooHashTable shard) with `restrict_policy` =
 None | de.FrequencyRestrictPolicy | de.TimestampRestrictPolicy. A training step
-on a batch (bench/common.py zipf_stream) is what TFRA's optimizer wrapper does:
+on a batch (bench/harness/workload.py zipf_stream) is what TFRA's optimizer wrapper does:
 `var.lookup(ids)` (find + initializer rows for misses), the policy's status
 update `restrict_policy.apply_update(ids)`, then the SGD row update written
 back with `var.upsert(unique ids, rows)` (TFRA inserts new keys at the apply).
@@ -22,9 +22,10 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import add_stream_args, rss_mib, zipf_stream  # noqa: E402
+from bench.harness.args import add_stream_args
+from bench.harness.rss import rss_mib
+from bench.harness.workload import zipf_stream
 
 
 def main():

@@ -1,11 +1,11 @@
 """Peer benchmark: TFRA 0.8.1's training path with TensorFlow's optimizers.
 
-Run ONLY with the peer venv's python (driven by bench/bench_optimizers.py):
+Run ONLY with the peer venv's python (driven by bench/tables/bench_optimizers.py):
 
-    .peer-tfra/bin/python bench/peer_tfra_optimizers.py --keys 1000000 --dim 16 --serve
+    .peer-tfra/bin/python -m bench.peers.peer_tfra_optimizers --keys 1000000 --dim 16 --serve
 
 The table and batches are peer_tfra.py's (a `de.keras.layers.Embedding(dim)`
-filled with N keys; bench/common.py batches). Workload `apply_<opt>` is one
+filled with N keys; bench/harness/workload.py batches). Workload `apply_<opt>` is one
 training step of batch i through TFRA's Keras path: Embedding lookup under a
 GradientTape, loss = sum(emb), gradient, then
 `de.DynamicEmbeddingOptimizer(tf_keras.optimizers.<Opt>).apply_gradients`;
@@ -13,14 +13,12 @@ it answers [apply_gradients seconds, whole step seconds]. <opt>: adam, ftrl,
 adagrad, sgd, adamw, rmsprop, nadam (tf_keras' classes with their default hyper-parameters
 except the learning rate). Each optimizer keeps its own slot tables.
 """
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from peer_tfra import TfraPeer, serve, standalone  # noqa: E402
-from common import add_size_args  # noqa: E402
+from bench.peers.peer_tfra import TfraPeer, serve, standalone
+from bench.harness.args import add_size_args
 
 OPTIMIZERS = {"adam": "Adam", "ftrl": "Ftrl", "adagrad": "Adagrad", "sgd": "SGD", "adamw": "AdamW",
               "rmsprop": "RMSprop", "nadam": "Nadam"}

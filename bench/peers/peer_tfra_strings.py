@@ -1,6 +1,6 @@
 """Peer for bench_string_keys.py: TFRA 0.8.1's CPU cuckoo table with tf.string keys.
 
-Run ONLY with the peer venv's python (.peer-tfra, /work/shared/peers/tfra-setup.sh):
+Run ONLY with the peer venv's python (.peer-tfra, made by bench/peers/tfra-setup.sh):
 reads "<keys> <dim> <key_bytes> <batch>" on its first stdin line, fills a
 `de.get_variable(key_dtype=tf.string)` table's CuckooHashTable with the same
 keys bench_string_keys.py makes, prints "@@READY <rss MiB>", then answers
@@ -15,8 +15,8 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from string_keys_common import batch_indices, make_keys, rss_mib  # noqa: E402
+from bench.harness.rss import rss_mib
+from bench.tables.string_keys_common import batch_indices, make_keys
 
 
 def main():

@@ -2,10 +2,10 @@
 reads per commit, served model quality of the lower-precision serving views,
 the trainer's commit time with a view, and three replicas against one.
 
-    .venv/bin/python bench/bench_fleet.py [--batches 600] [--delta-every 40] [--replica-deltas 12]
-    .venv/bin/python bench/bench_fleet.py --data examples/data/movielens --skip-replicas \
+    .venv/bin/python -m bench.serving.bench_fleet [--batches 600] [--delta-every 40] [--replica-deltas 12]
+    .venv/bin/python -m bench.serving.bench_fleet --data examples/data/movielens --skip-replicas \
         --batches 400 --delta-every 20 --warmup 20
-    .venv/bin/python bench/bench_fleet.py --root OUT/checkpoints --export OUT/export   # a demo run's
+    .venv/bin/python -m bench.serving.bench_fleet --root OUT/checkpoints --export OUT/export   # a demo run's
 
 The demo's model and stream (evstore_app/job: SPEC, ClickStream, Trainer) on a
 local root. One training run per view (bfloat16, float16, int8), same seed:
@@ -41,8 +41,9 @@ import urllib.request
 
 import numpy as np
 
+from bench.harness.paths import ROOT
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 VIEWS = ("bfloat16", "float16", "int8")
 
@@ -58,8 +59,7 @@ def _stream(data, seed):
         from evstore_app.job.synthetic import SPEC, ClickStream
         return dict(SPEC), ClickStream(seed=seed, batch_size=SPEC["batch_size"]).batches()
     from evstore_app.job.source import FileStream
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(here, "examples", "movielens.json")) as f:
+    with open(os.path.join(ROOT, "examples", "movielens.json")) as f:
         spec = json.load(f)
     return spec, FileStream(data, spec).batches()
 

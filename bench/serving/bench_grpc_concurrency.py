@@ -1,7 +1,7 @@
 """gRPC under many concurrent calls, every answer's status and rows checked.
 
-    .venv/bin/python bench/bench_grpc_concurrency.py                  # ~2 minutes
-    .venv/bin/python bench/bench_grpc_concurrency.py --levels 8 64 --seconds 5
+    .venv/bin/python -m bench.serving.bench_grpc_concurrency                  # ~2 minutes
+    .venv/bin/python -m bench.serving.bench_grpc_concurrency --levels 8 64 --seconds 5
 
 h2load (bench_serving_net.py) does not read gRPC's status trailer, so its
 request rate says nothing of what the answers were. Here a grpc.aio client
@@ -19,24 +19,15 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-import bench_serving_net as net  # noqa: E402
-
-
-def _rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for ln in f:
-            if ln.startswith("VmRSS:"):
-                return int(ln.split()[1]) / 1024
-    return float("nan")
+from bench.harness.peers import module_cmd
+from bench.harness.rss import rss_mib
+from bench.serving import bench_serving_net as net
 
 
 def client(args):
@@ -98,14 +89,14 @@ def run(args):
         for level in args.levels:
             channels = max(1, min(args.channels, level))
             cpu0 = net._cpu_s(server.proc.pid)
-            out = subprocess.run([sys.executable, __file__, "--client", path, "--port", str(server.grpc),
+            out = subprocess.run(module_cmd(__spec__.name) + ["--client", path, "--port", str(server.grpc),
                                   "--level", str(level), "--channels", str(channels), "--seconds", str(args.seconds)],
                                  capture_output=True, text=True, check=True).stdout
             r = json.loads(out.strip().splitlines()[-1])
             calls = sum(r["codes"].values())
             r.update(level=level, channels=channels,
                      cpu_us_per_call=(net._cpu_s(server.proc.pid) - cpu0) / max(1, calls) * 1e6,
-                     server_rss_mb=_rss_mb(server.proc.pid))
+                     server_rss_mb=rss_mib(pid=server.proc.pid))
             net.log(f"{level} in flight over {channels} connection(s): {r}")
             results.append(r)
     finally:

@@ -2,7 +2,7 @@
 httptools) against the hand-written HTTP/1.1 layer it replaced (the file at
 commit --base, loaded from git), measured side by side in one run.
 
-    .venv/bin/python bench/bench_http_layer.py --seconds 5 --rounds 3
+    .venv/bin/python -m bench.serving.bench_http_layer --seconds 5 --rounds 3
 
 Each layer runs in its own process on uvloop with the same router: POST
 /v1/models/m:predict answers a fixed 20-byte JSON body at once (no model),
@@ -25,9 +25,9 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
+
 
 BASE = "f3c542d"     # the last commit with the hand-written layer
 PATH = "/v1/models/m:predict"
@@ -112,7 +112,7 @@ def main():
     try:
         for which in ("new", "old"):
             port_file = os.path.join(work, which + ".port")
-            procs[which] = subprocess.Popen([sys.executable, __file__, "--serve", which, "--base", args.base,
+            procs[which] = subprocess.Popen(module_cmd(__spec__.name) + ["--serve", which, "--base", args.base,
                                              "--port-file", port_file])
             deadline = time.time() + 60
             while not os.path.exists(port_file):

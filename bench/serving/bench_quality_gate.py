@@ -1,10 +1,10 @@
 """A poisoned stretch of training data, served with and without the quality gate.
 
-    .venv/bin/python bench/bench_quality_gate.py [--out DIR] [--part demo,movielens]
+    .venv/bin/python -m bench.serving.bench_quality_gate [--out DIR] [--part demo,movielens]
         [--demo-minutes 2.5] [--poison 50:30] [--demo-gate default]
         [--movielens examples/data/movielens/ratings.csv] [--ml-poison 0.4:0.25] [--ml-commit-every 8]
         [--ml-gate "auc >= served - 0.03"]
-    .venv/bin/python bench/bench_quality_gate.py --out DIR --combine RUN1/quality_gate.json RUN2/...  (one picture)
+    .venv/bin/python -m bench.serving.bench_quality_gate --out DIR --combine RUN1/quality_gate.json RUN2/...  (one picture)
 
 demo: `evstore demo` twice, as real processes (trainer, `evstore serve` polling
 every 0.25 s): without a gate and with `--gate`, the training labels shuffled
@@ -36,8 +36,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from bench.harness.paths import ROOT as REPO
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -243,7 +242,7 @@ def main():
     out = args.out or tempfile.mkdtemp(prefix="evstore-bench-gate-")
     os.makedirs(out, exist_ok=True)
     parts = args.part.split(",")
-    res = {"command": " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:])}
+    res = {"command": " ".join(["python", "-m", __spec__.name] + sys.argv[1:])}
     if "movielens" in parts:
         a, b = (float(v) for v in args.ml_poison.split(":"))
         res["movielens"] = run_movielens(os.path.join(out, "movielens"), args.movielens, (a, b),

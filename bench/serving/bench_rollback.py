@@ -1,15 +1,15 @@
 """Rollback cost: time and extra resident memory of ServingModel.rollback.
 
-    .venv/bin/python bench/bench_rollback.py [--keys 500000] [--dim 16] [--deltas 3] [--delta-rows 50000]
+    .venv/bin/python -m bench.serving.bench_rollback [--keys 500000] [--dim 16] [--deltas 3] [--delta-rows 50000]
 
-The model and data are bench_serving's (one EV "emb", keys from bench/common.py):
+The model and data are bench_serving's (one EV "emb", keys from bench/harness/workload.py):
 a full of --keys rows, then --deltas deltas of --delta-rows changed rows each.
 A ServingModel serves the newest; then it is rolled back to the second-newest
 commit (a chain of the full and --deltas - 1 deltas is staged and published),
 resumed (back to the newest: one delta applied), and for comparison a second
 ServingModel of the same export and root is loaded (what a reload-based server
 such as TF Serving holds while a new version loads). Extra RSS: peak during the
-call minus RSS before it (bench/peak_rss.py: VmHWM and a 2 ms VmRSS sampler).
+call minus RSS before it (bench/harness/rss.py: VmHWM and a 2 ms VmRSS sampler).
 Also the latency of back-to-back batch-1 predictions on a second thread: idle
 for 1 s, and during the rollback (its longest is how long the publish blocks
 predictions). Prints one JSON line.
@@ -17,16 +17,14 @@ predictions). Prints one JSON line.
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from bench_serving import IDS_PER_EXAMPLE, make_job, touch  # noqa: E402
-from peak_rss import PeakRss  # noqa: E402
+from bench.serving.bench_serving import IDS_PER_EXAMPLE, make_job, touch
+from bench.harness.rss import PeakRss
 
 
 def main():

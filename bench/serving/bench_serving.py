@@ -2,13 +2,13 @@
 
 Run with the project venv from the repo root (bench/run.py runs it after the checkpoint bench):
 
-    .venv/bin/python bench/bench_serving.py                       # defaults below, ~3 minutes
-    .venv/bin/python bench/bench_serving.py --keys 200000 --delta-rows 100000 --live-s 10   # quick
+    .venv/bin/python -m bench.serving.bench_serving                       # defaults below, ~3 minutes
+    .venv/bin/python -m bench.serving.bench_serving --keys 200000 --delta-rows 100000 --live-s 10   # quick
 
 The served model: ids [batch, 8] int64 -> one EmbeddingVariable "emb" (dim 16
 or 64) -> mean over the 8 rows -> Dense(1). Its serving export
 (serving_loader.export_serving_model) is written while the table is empty, so
-every served row comes from checkpoints. Keys are bench/common.py's keys.
+every served row comes from checkpoints. Keys are bench/harness/workload.py's keys.
 
   apply (per --dims)  --keys rows are loaded into the EV (ev.load) and saved
                       as a full; ServingModel(export, root) loads it (the
@@ -58,15 +58,13 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(1, ROOT)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from common import make_keys, open_loop  # noqa: E402
-from peak_rss import status_kib  # noqa: E402
+from bench.harness.peers import module_cmd
+from bench.harness.timing import open_loop
+from bench.harness.workload import make_keys
+from bench.harness.rss import PeakRss
 
 IDS_PER_EXAMPLE = 8
 CHUNK = 1_000_000
@@ -79,42 +77,6 @@ def log(*a):
 
 def pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) if len(xs) else None
-
-
-# ---- memory ------------------------------------------------------------------
-class PeakRss:
-    """Extra resident MiB during a block: max(VmHWM after a reset, 2 ms VmRSS samples) - VmRSS before."""
-
-    def __enter__(self):
-        try:
-            import ctypes
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self._hwm = True
-        except OSError:
-            self._hwm = False
-        self.before = status_kib("VmRSS")
-        self.peak = self.before
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._sample, daemon=True)
-        self._t.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, status_kib("VmRSS"))
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, status_kib("VmRSS"), status_kib("VmHWM") if self._hwm else 0)
-        self.extra_mib = (self.peak - self.before) / 1024
-        self.before_mib = self.before / 1024
-        return False
 
 
 # ---- the model ---------------------------------------------------------------
@@ -196,7 +158,7 @@ def bench_apply(args, dim, workdir, measure_memory):
                 t = time.perf_counter()
                 sm.poll()
                 wall = time.perf_counter() - t
-            mem = {"delta_apply_extra_mib": p.extra_mib, "rss_before_mib": p.before_mib}
+            mem = {"delta_apply_extra_mib": p.extra_mib, "rss_start_mib": p.start_mib}
         else:
             t = time.perf_counter()
             sm.poll()
@@ -270,7 +232,7 @@ def bench_live(args, workdir):
     windows = max(1, round(args.live_s / args.window_s))
     log(f"live: trainer updates {args.live_rows} rows every {args.every}s; predicts of {args.predict_batch} at "
         f"{args.predict_hz}/s in {windows} idle and {windows} busy windows of {args.window_s}s, alternating")
-    cmd = [sys.executable, os.path.abspath(__file__), "--trainer", "--workdir", workdir, "--keys", str(args.keys),
+    cmd = module_cmd(__spec__.name) + ["--trainer", "--workdir", workdir, "--keys", str(args.keys),
            "--live-rows", str(args.live_rows), "--every", str(args.every), "--seed", str(args.seed),
            "--trainer-s", str(2 * windows * (args.window_s + 1) + 120)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)

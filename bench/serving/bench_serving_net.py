@@ -1,8 +1,8 @@
 """Serving over the network: `evstore serve` (REST and gRPC) against the same
 export's in-process signature call rate, measured side by side in one run.
 
-    .venv/bin/python bench/bench_serving_net.py                 # ~5 minutes
-    .venv/bin/python bench/bench_serving_net.py --seconds 5     # quicker
+    .venv/bin/python -m bench.serving.bench_serving_net                 # ~5 minutes
+    .venv/bin/python -m bench.serving.bench_serving_net --seconds 5     # quicker
 
 The served model is the demo's (evstore_app/job/synthetic.py SPEC: three EVs,
 a dense feature, MLP 64-32), trained on the synthetic click stream for a few
@@ -51,11 +51,11 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
+import numpy as np
+
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
 
 TARGETS = {"served_over_inprocess": 1.0, "p99_ms": 20.0, "grpc_over_rest": 1.0, "live_p99_ratio": 2.0}
 
@@ -226,7 +226,7 @@ def grpc_load(port, x, connections, seconds, client="aio"):
     with tempfile.NamedTemporaryFile(suffix=".pb", delete=False) as f:
         f.write(req.SerializeToString())
     try:
-        out = subprocess.run([sys.executable, __file__, "--grpc-client", f.name, "--port", str(port),
+        out = subprocess.run(module_cmd(__spec__.name) + ["--grpc-client", f.name, "--port", str(port),
                               "--connections", str(connections), "--seconds", str(seconds), "--client", client],
                              capture_output=True, text=True, check=True).stdout
     finally:

@@ -1,10 +1,10 @@
 """Admission filters and eviction on a long-tailed stream: evstore vs TFRA's restrict policies.
 
-    .venv/bin/python bench/bench_filters.py             # 2M lookups, dim 16 (~3 min)
-    .venv/bin/python bench/bench_filters.py --quick     # 400k lookups
+    .venv/bin/python -m bench.tables.bench_filters             # 2M lookups, dim 16 (~3 min)
+    .venv/bin/python -m bench.tables.bench_filters --quick     # 400k lookups
     make bench                                          # bench/run.py runs this too
 
-Stream (bench/common.py zipf_stream): 8192 ids per step, id = step*800 + rank,
+Stream (bench/harness/workload.py zipf_stream): 8192 ids per step, id = step*800 + rank,
 rank ~ Zipf(1.1) over 200k ranks: a moving window where popular ids fade and
 new ones arrive, most ids are seen once or twice.
 
@@ -44,11 +44,12 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 
-from common import add_stream_args, rss_mib, zipf_stream  # noqa: E402
+from bench.harness.args import add_stream_args
+from bench.harness.paths import RESULTS, ROOT
+from bench.harness.peers import DEFAULT_VENV, module_cmd
+from bench.harness.rss import rss_mib
+from bench.harness.workload import zipf_stream
 
 TTL = 40
 EV_CONFIGS = ["none", "counter3", "bloom3", "none+evict", "counter3+evict", "bloom3+evict"]
@@ -165,13 +166,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="400k lookups")
     ap.add_argument("--worker", choices=["evstore"], help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
-    ap.add_argument("--peer-python", default=os.path.join(ROOT, ".peer-tfra", "bin", "python"),
+    ap.add_argument("--peer-python", default=os.path.join(DEFAULT_VENV, "bin", "python"),
                     help="python of the TFRA venv (default .peer-tfra/bin/python); missing: TFRA is skipped")
     ap.add_argument("--ttl", type=int, default=TTL, help=f"GlobalStepEvict steps_to_live (default {TTL}; quick 10)")
     ap.add_argument("--bloom-capacity", type=int, default=500_000, help="BloomFilter capacity (default 500k)")
     ap.add_argument("--no-tfra", action="store_true")
     ap.add_argument("--timeout", type=float, default=1200)
-    ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out-dir", default=RESULTS)
     args = ap.parse_args()
     if args.quick:
         args.lookups = min(args.lookups, 400_000)
@@ -188,7 +189,7 @@ def main():
     # policies interleaved in another (run right after). Memory (RSS growth):
     # one process per configuration.
     def ev_cmd(cfgs):
-        return ([sys.executable, os.path.abspath(__file__), "--worker", "evstore", "--config", ",".join(cfgs),
+        return (module_cmd(__spec__.name) + ["--worker", "evstore", "--config", ",".join(cfgs),
                  "--bloom-capacity", str(args.bloom_capacity), "--ttl", str(args.ttl)] + stream_args(args))
 
     print("evstore: all configurations interleaved (speed) ...", flush=True)
@@ -198,7 +199,7 @@ def main():
     tfra = not args.no_tfra and os.path.exists(args.peer_python)
 
     def tfra_cmd(policies):
-        return [args.peer_python, os.path.join(HERE, "peer_tfra_filters.py"), "--policy", ",".join(policies),
+        return module_cmd("bench.peers.peer_tfra_filters", python=args.peer_python) + ["--policy", ",".join(policies),
                 "--reserve", str(reserve)] + stream_args(args)
 
     if tfra:
@@ -220,7 +221,7 @@ def main():
         m = memory.get((sys_, r.get("config")), {})
         results.append(dict(r, system=sys_, rss_per_live=m.get("rss_per_live"), rss_mib_half=m.get("rss_mib_half"),
                             rss_mib_end=m.get("rss_mib_end"), alone=m))
-    meta = {"command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv), "lookups": args.lookups,
+    meta = {"command": " ".join([os.path.relpath(sys.executable, ROOT), "-m", __spec__.name] + sys.argv[1:]), "lookups": args.lookups,
             "batch": args.batch, "dim": args.dim, "window": args.window, "shift": args.shift,
             "save_every": args.save_every, "distinct_ids": int(counts.size),
             "ids_seen_3plus": int((counts >= 3).sum()), "reserve": reserve,

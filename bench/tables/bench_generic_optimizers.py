@@ -1,8 +1,8 @@
 """Any Keras optimizer on an EV (the generic row path) vs TFRA's training path with the same optimizer.
 
-    .venv/bin/python bench/bench_generic_optimizers.py --keys 1000000 --dim 16 --peer-python .peer-tfra/bin/python
+    .venv/bin/python -m bench.tables.bench_generic_optimizers --keys 1000000 --dim 16 --peer-python .peer-tfra/bin/python
 
-Keys and batches: bench/common.py (the TFRA peer sees the very same batches).
+Keys and batches: bench/harness/workload.py (the TFRA peer sees the very same batches).
 For each optimizer in turn (RMSprop and Nadam: optimizers evstore does not
 fuse), one EmbeddingVariable of N keys (ev.load in chunks, then a committed
 export so nothing is dirty), and per round i, interleaved (the order rotates
@@ -13,7 +13,7 @@ each round):
                    dense slice, write back (evstore/generic.py)
   generic_fn       the same call inside a tf.function (one trace, then one graph run per step)
   tfra             `de.DynamicEmbeddingOptimizer(tf_keras.optimizers.<Opt>(1e-3)).apply_gradients`
-                   of the gradient of sum(embedding(keys_i)) (bench/peer_tfra_optimizers.py;
+                   of the gradient of sum(embedding(keys_i)) (bench/peers/peer_tfra_optimizers.py;
                    the apply_gradients call alone, its lookup and gradient are not timed)
 
 Each system keeps its own optimizer state; gradients are N(0, 0.01) on our
@@ -26,11 +26,10 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from bench_optimizers import add_optimizer_args, finish, interleave, setup  # noqa: E402
-from common import fill_chunks, rate, rss_mib  # noqa: E402
+from bench.harness.rss import rss_mib
+from bench.harness.timing import rate
+from bench.harness.workload import fill_chunks
+from bench.tables.bench_optimizers import add_optimizer_args, finish, interleave, setup
 
 OPTIMIZERS = {"rmsprop": "RMSprop", "nadam": "Nadam"}   # ours -> keras.optimizers class; TFRA workload apply_<ours>
 

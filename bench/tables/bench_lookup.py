@@ -2,11 +2,11 @@
 
 Run with the project venv from the repo root (bench/run.py drives it per size):
 
-    .venv/bin/python bench/bench_lookup.py --keys 1000000 --dim 16
-    .venv/bin/python bench/bench_lookup.py --keys 1000000 --dim 16 --peer-python .peer-tfra/bin/python
-    .venv/bin/python bench/bench_lookup.py --quick
+    .venv/bin/python -m bench.tables.bench_lookup --keys 1000000 --dim 16
+    .venv/bin/python -m bench.tables.bench_lookup --keys 1000000 --dim 16 --peer-python .peer-tfra/bin/python
+    .venv/bin/python -m bench.tables.bench_lookup --quick
 
-Keys and batches: bench/common.py (the TFRA peer sees the very same batches).
+Keys and batches: bench/harness/workload.py (the TFRA peer sees the very same batches).
 Every system is filled with the same N keys (not pre-sized), then measured in
 INTERLEAVED rounds: round r runs batch r of every workload of a phase, one
 system after another (order rotated each round), so all systems share the
@@ -47,13 +47,14 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from common import Batches, add_size_args, fill_chunks, rate, rss_mib, timed  # noqa: E402
+from bench.harness.args import add_size_args
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
+from bench.harness.rss import rss_mib
+from bench.harness.timing import rate, timed
+from bench.harness.workload import Batches, fill_chunks
 
 SYSTEMS = ("evstore", "dense_hash", "numpy")
 PHASES = {
@@ -129,7 +130,7 @@ class Evstore:
 class DenseHash:
     def __init__(self, args, bt, tf):
         self.bt = bt
-        # keys are >= 0 (bench/common.py), so -1 / -2 are free to reserve
+        # keys are >= 0 (bench/harness/workload.py), so -1 / -2 are free to reserve
         self.table = tf.lookup.experimental.DenseHashTable(
             key_dtype=tf.int64, value_dtype=tf.float32, default_value=tf.zeros([args.dim]),
             empty_key=-1, deleted_key=-2)
@@ -173,14 +174,15 @@ class NumpyGather:
 class TfraProcess:
     """peer_tfra.py --serve in the peer venv, spoken to over pipes."""
 
-    def __init__(self, args, script="peer_tfra.py"):
-        cmd = [args.peer_python, os.path.join(HERE, script), "--serve", "--keys", str(args.keys),
+    def __init__(self, args, module="bench.peers.peer_tfra"):
+        script = module.rsplit(".", 1)[1]
+        cmd = module_cmd(module, python=args.peer_python) + ["--serve", "--keys", str(args.keys),
                "--dim", str(args.dim), "--batch", str(args.batch), "--batches", str(args.batches),
                "--warmup", str(args.warmup), "--seed", str(args.seed), "--fill-chunk", str(args.fill_chunk)]
-        self.stderr = open(os.path.join(args.log_dir, f"{script[:-3]}_{args.keys}x{args.dim}.log"), "w") \
+        self.stderr = open(os.path.join(args.log_dir, f"{script}_{args.keys}x{args.dim}.log"), "w") \
             if args.log_dir else subprocess.DEVNULL
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                  text=True, bufsize=1)
+        self.p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=self.stderr, text=True, bufsize=1)
         self.info = None
 
     def _reply(self):
@@ -288,7 +290,7 @@ def main():
     import tensorflow as tf
     out["tf_version"] = tf.__version__
     if "evstore" in wanted:  # which native build this process measured (the tree may be rebuilt meanwhile)
-        so = glob.glob(os.path.join(os.path.dirname(HERE), "evstore", "native", "_evstore_ops*.so"))
+        so = glob.glob(os.path.join(ROOT, "evstore", "native", "_evstore_ops*.so"))
         out["evstore_so_mtime"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(os.path.getmtime(so[0]))) \
             if so else None
     bt = Batches(args.keys, args.batch, args.batches + args.warmup, args.seed)

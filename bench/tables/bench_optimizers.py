@@ -1,8 +1,8 @@
 """Optimizer applies: evstore's fused kernels vs TFRA's training path with TF's optimizers.
 
-    .venv/bin/python bench/bench_optimizers.py --keys 1000000 --dim 16 --peer-python .peer-tfra/bin/python
+    .venv/bin/python -m bench.tables.bench_optimizers --keys 1000000 --dim 16 --peer-python .peer-tfra/bin/python
 
-Keys and batches: bench/common.py (the TFRA peer sees the very same batches).
+Keys and batches: bench/harness/workload.py (the TFRA peer sees the very same batches).
 For each optimizer in turn, one EmbeddingVariable of N keys (ev.load in chunks,
 then a committed export so nothing is dirty), and per round i, interleaved
 (the order rotates each round):
@@ -12,7 +12,7 @@ then a committed export so nothing is dirty), and per round i, interleaved
   apply_gradients  evstore.optimizers.<Opt>.apply_gradients([(IndexedSlices, ev)]): the
                    Keras 3 path a model uses (non-finite check, step, hyper-parameters, kernel)
   tfra             `de.DynamicEmbeddingOptimizer(tf_keras.optimizers.<Opt>).apply_gradients`
-                   of the gradient of sum(embedding(keys_i)) (bench/peer_tfra_optimizers.py;
+                   of the gradient of sum(embedding(keys_i)) (bench/peers/peer_tfra_optimizers.py;
                    the apply_gradients call alone, its lookup and gradient are not timed)
 
 TFRA has an equivalent for adam, adamw, ftrl, adagrad and sgd; group_adam and
@@ -29,10 +29,10 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from common import Batches, add_size_args, fill_chunks, rate, rss_mib  # noqa: E402
+from bench.harness.args import add_size_args
+from bench.harness.rss import rss_mib
+from bench.harness.timing import rate
+from bench.harness.workload import Batches, fill_chunks
 
 # ours -> (evstore.optimizers class, sparse_apply function, kwargs, TFRA workload, TFRA equivalent?)
 OPTIMIZERS = {
@@ -117,7 +117,7 @@ def setup(ap, optimizers):
     if args.peer_python:
         from bench_lookup import TfraProcess
         try:
-            peer = TfraProcess(args, script="peer_tfra_optimizers.py")
+            peer = TfraProcess(args, module="bench.peers.peer_tfra_optimizers")
             peer.wait_ready()
             out["tfra_info"] = peer.info
         except Exception as e:  # report, run our side alone

@@ -1,7 +1,7 @@
 """String keys: find and find-or-insert keys/s with 8- and 32-byte keys, against
 evstore's int64 path and TFRA's string-key cuckoo table, in one run, interleaved.
 
-    .venv/bin/python bench/bench_string_keys.py --keys 1000000 --dim 16 \\
+    .venv/bin/python -m bench.tables.bench_string_keys --keys 1000000 --dim 16 \\
         --peer-python .peer-tfra/bin/python
 
 For each key size: one evstore string EV, one evstore int64 EV (keys 0..N-1)
@@ -19,18 +19,17 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from string_keys_common import batch_indices, make_keys  # noqa: E402
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
+from bench.tables.string_keys_common import batch_indices, make_keys
 
 
 class Peer:
     def __init__(self, python, n, dim, kb, batch):
-        self.p = subprocess.Popen([python, os.path.join(os.path.dirname(__file__), "peer_tfra_strings.py")],
+        self.p = subprocess.Popen(module_cmd("bench.peers.peer_tfra_strings", python=python), cwd=ROOT,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.p.stdin.write(f"{n} {dim} {kb} {batch}\n")
         self.p.stdin.flush()

@@ -1,11 +1,12 @@
 """Before/after of two evstore checkouts: the reduced `make bench` and the serving benchmark, alternating.
 
-    .venv/bin/python bench/compare_trees.py --before ../wt-before --after . --pairs 5
+    .venv/bin/python -m bench.tables.compare_trees --before ../wt-before --after . --pairs 5
 
 Each checkout must have its op library built in place against this venv's TensorFlow (`make install`
 in that checkout, or `cmake -S TREE -B TREE -G Ninja -DPython_EXECUTABLE=.venv/bin/python && cmake
 --build TREE`); both run under this venv's python with PYTHONPATH set to the checkout, and
-each runs its OWN bench scripts (`<tree>/bench/run.py`, `<tree>/bench/bench_serving.py`), so the
+each runs its OWN benchmarks (`python -m bench.run`, `python -m bench.serving.bench_serving` from the
+tree's root; the scripts bench/run.py and bench/serving/bench_serving.py of a tree from before bench/ was a package), so the
 figures are what `make bench` of that tree reports. One pair = one run of each tree; the order
 alternates pair by pair (before first, then after first, ...), so a slow drift of the machine hits
 both sides alike. Per run:
@@ -35,7 +36,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from bench.harness.paths import RESULTS
+
 
 # (label, higher_is_better, extractor(run.py json, bench_serving json))
 FIGURES = [
@@ -66,11 +68,19 @@ FIGURES = [
 LOOKUP_FIGURES = FIGURES[:8]
 
 
+def bench_cmd(python, tree, module):
+    """`python -m module` for a tree whose bench/ is a package (run from the tree's root); a tree
+    from before bench/ was a package runs the script of the module's last name."""
+    if os.path.exists(os.path.join(tree, "bench", "__init__.py")):
+        return [python, "-m", module]
+    return [python, os.path.join(tree, "bench", module.rsplit(".", 1)[1] + ".py")]
+
+
 def run_tree(tree, keys, dim, python, workdir, tag, lookups_only=False, batches=10):
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TF_CPP_MIN_LOG_LEVEL="2")
     out_dir = os.path.join(workdir, tag)
     os.makedirs(out_dir, exist_ok=True)
-    cmd = [python, os.path.join(tree, "bench", "run.py"), "--matrix", f"{keys}x{dim}", "--batches", str(batches),
+    cmd = bench_cmd(python, tree, "bench.run") + ["--matrix", f"{keys}x{dim}", "--batches", str(batches),
            "--no-tfra", "--no-cluster", "--no-filters", "--no-e2e", "--no-serving", "--opt-max-keys", "0",
            "--out-dir", out_dir]
     cmd += ["--no-checkpoint"] if lookups_only else ["--checkpoint-keys", str(keys), "--checkpoint-repeats", "3"]
@@ -80,7 +90,7 @@ def run_tree(tree, keys, dim, python, workdir, tag, lookups_only=False, batches=
     if lookups_only:
         return {label: round(f(bench, None), 6) for label, _, f in LOOKUP_FIGURES}
     with open(os.path.join(out_dir, "serving.log"), "w") as log:
-        r = subprocess.run([python, os.path.join(tree, "bench", "bench_serving.py"), "--seed", "0", "--live-s", "60",
+        r = subprocess.run(bench_cmd(python, tree, "bench.serving.bench_serving") + ["--seed", "0", "--live-s", "60",
                             "--predict-hz", "200"], cwd=tree,
                            env=env, stdout=subprocess.PIPE, stderr=log, text=True, check=True)
     serving = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1])
@@ -131,7 +141,7 @@ def main():
     for label, _, _ in figures:
         lines.append(f"- {label}: before {[r[label] for r in raw['before']]}, after {[r[label] for r in raw['after']]}")
     print("\n".join(lines))
-    out = args.out or os.path.join(HERE, "results", time.strftime("compare-%Y%m%dT%H%M%SZ.json", time.gmtime()))
+    out = args.out or os.path.join(RESULTS, time.strftime("compare-%Y%m%dT%H%M%SZ.json", time.gmtime()))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump({"before": os.path.abspath(args.before), "after": os.path.abspath(args.after), "loads": loads,

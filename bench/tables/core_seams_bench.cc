@@ -1,5 +1,5 @@
 // Core micro-benchmark: one source compiled against two trees' evstore/native/core headers
-// (g++ -std=c++17 -O3 -pthread -I <tree>/evstore/native/core bench/core_seams_bench.cc), run alternately.
+// (g++ -std=c++17 -O3 -pthread -I <tree>/evstore/native/core bench/tables/core_seams_bench.cc), run alternately.
 // Prints ns per key for insert (find-or-insert of new keys), find, find-or-insert of existing keys, Adam
 // apply, and seconds for a full export of 1M x 16 with two slots to a null sink.
 #include <algorithm>

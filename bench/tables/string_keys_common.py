@@ -1,6 +1,4 @@
 """Keys and batches shared by bench_string_keys.py and its TFRA peer (no TF here)."""
-import os
-
 import numpy as np
 
 
@@ -20,10 +18,3 @@ def batch_indices(n, batch, count, seed=1):
     rng = np.random.default_rng(seed)
     return [rng.integers(0, n, size=batch) for _ in range(count)]
 
-
-def rss_mib():
-    with open(f"/proc/{os.getpid()}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return 0.0

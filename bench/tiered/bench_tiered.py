@@ -1,11 +1,11 @@
 """Tiered storage: the disk engine choice and the EV-level figures.
 
-    .venv/bin/python bench/bench_tiered.py engine --keys 1000000 --rounds 3
-    .venv/bin/python bench/bench_tiered.py ev --keys 10000000 --dram-mib 768 --rounds 1
-    .venv/bin/python bench/bench_tiered.py beyond --keys 17500000 --dim 128 --dram-mib 1536
-    .venv/bin/python bench/bench_tiered.py serving --keys 1000000   # bench/bench_tiered_serving.py
+    .venv/bin/python -m bench.tiered.bench_tiered engine --keys 1000000 --rounds 3
+    .venv/bin/python -m bench.tiered.bench_tiered ev --keys 10000000 --dram-mib 768 --rounds 1
+    .venv/bin/python -m bench.tiered.bench_tiered beyond --keys 17500000 --dim 128 --dram-mib 1536
+    .venv/bin/python -m bench.tiered.bench_tiered serving --keys 1000000   # bench/tiered/bench_tiered_serving.py
 
-`engine`: builds bench/tiered_engine_bench.cc (core only, no TensorFlow) and
+`engine`: builds bench/tiered/tiered_engine_bench.cc (core only, no TensorFlow) and
 runs, alternately and each in a fresh process, the same workload on three row
 stores: all-DRAM (RowArena), the DRAM cache over RowFile (shipped) and the
 same cache over RocksDB (the peer; only where Debian's librocksdb-dev is
@@ -25,7 +25,7 @@ rate, training lookup + Adam apply rate (and the DRAM hit rate), read-only
 lookups at batch 1 and 1,024, RSS against the budget, full save and restore
 time, delta size. `beyond`: a tiered table larger than this machine's memory
 trains, saves a full, and restores it bit for bit in a new process.
-Both: bench/tiered_ev.py.
+Both: bench/tiered/bench_tiered_ev.py.
 """
 import argparse
 import json
@@ -36,10 +36,10 @@ import sys
 import tempfile
 import time
 
-import tiered_ev
+from bench.tiered import bench_tiered_ev
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from bench.harness.paths import ROOT
+
 
 
 def build_engine_bench(out):
@@ -53,7 +53,7 @@ def build_engine_bench(out):
         has_rocks = False
     extra = rocks.stdout.split() if has_rocks else ["-DEVSTORE_BENCH_NO_ROCKSDB"]
     cmd = ["g++", "-std=c++17", "-O3", "-pthread", "-I", os.path.join(ROOT, "evstore/native/core"), "-I", tf_inc,
-           os.path.join(HERE, "tiered_engine_bench.cc"), "-o", out, *extra]
+           os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiered_engine_bench.cc"), "-o", out, *extra]
     subprocess.run(cmd, check=True)
     return " ".join(cmd), has_rocks
 
@@ -116,8 +116,7 @@ def engine(args):
 
 def main():
     if sys.argv[1:2] == ["serving"]:   # serving a tiered model: its own script and flags
-        sys.path.insert(0, HERE)
-        import bench_tiered_serving
+        from bench.tiered import bench_tiered_serving
         sp = argparse.ArgumentParser(prog="bench_tiered.py serving", description=bench_tiered_serving.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
         bench_tiered_serving.add_args(sp)
@@ -128,10 +127,10 @@ def main():
     ap.add_argument("--dram-fraction", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the tier's files go (default: the temp directory)")
-    tiered_ev.add_arguments(ap)
+    bench_tiered_ev.add_arguments(ap)
     args = ap.parse_args()
     t0 = time.time()
-    {"engine": engine, "ev": tiered_ev.ev_level, "beyond": tiered_ev.beyond}[args.what](args)
+    {"engine": engine, "ev": bench_tiered_ev.ev_level, "beyond": bench_tiered_ev.beyond}[args.what](args)
     print(f"\n({time.time() - t0:.0f} s)")
 
 

@@ -34,10 +34,10 @@ import sys
 import tempfile
 import time
 
-from peak_rss import malloc_trim, status_kib
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
+from bench.harness.rss import malloc_trim, status_kib
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 SAMPLE = 4096          # rows checked bit for bit after a restore
 FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "restore_full_s", "train_keys_per_s", "train_cpu_us_per_key",
           "hit_rate", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
@@ -148,7 +148,6 @@ class Side:
 def child(cfg):
     """Runs the steps `cfg["phase"]` names; prints one JSON line of figures."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, ROOT)
     import numpy as np
     out = dict(kind=cfg["kind"], phase=cfg["phase"])
     # baseline: the runtime and an empty table, before any row exists
@@ -315,7 +314,7 @@ def _cfg(args, kind, phase, work):
 
 def _run_child(cfg):
     os.makedirs(cfg["tier_dir"], exist_ok=True)
-    p = subprocess.run(["nice", "-n", "10", sys.executable, os.path.abspath(__file__), "child", json.dumps(cfg)],
+    p = subprocess.run(["nice", "-n", "10", *module_cmd(__spec__.name), "child", json.dumps(cfg)],
                        capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         sys.exit(f"{cfg['kind']} {cfg['phase']} failed (exit {p.returncode}): {p.stderr[-3000:]}")

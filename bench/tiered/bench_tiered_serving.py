@@ -1,9 +1,9 @@
 """Serving a tiered model: predict latency at batch 1 with 10% of the rows in DRAM, idle and while
 deltas apply, against the all-DRAM (stock) export of the same model, in the same run.
 
-    .venv/bin/python bench/bench_tiered_serving.py                        # 1M keys x 64, ~4 minutes
-    .venv/bin/python bench/bench_tiered_serving.py --keys 10000000 --dir /mnt/ssd/b   # bigger
-    .venv/bin/python bench/bench_tiered.py serving --keys 1000000         # the same, as bench_tiered's mode
+    .venv/bin/python -m bench.tiered.bench_tiered_serving                        # 1M keys x 64, ~4 minutes
+    .venv/bin/python -m bench.tiered.bench_tiered_serving --keys 10000000 --dir /mnt/ssd/b   # bigger
+    .venv/bin/python -m bench.tiered.bench_tiered serving --keys 1000000         # the same, as bench_tiered's mode
 
 The model: ids [batch, 8] int64 -> one EmbeddingVariable "emb" (--dim) -> mean -> Dense(1), exported
 twice: the stock export (every row in a DenseHashTable) and `tables="evstore"` served with
@@ -38,13 +38,12 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from common import make_keys, open_loop  # noqa: E402
+from bench.harness.rss import rss_mib
+from bench.harness.timing import open_loop
+from bench.harness.workload import make_keys
 
 IDS = 8
 CHUNK = 1_000_000
@@ -56,14 +55,6 @@ def log(*a):
 
 def pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) * 1e3 if len(xs) else None
-
-
-def rss_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def build(dim, storage=None):

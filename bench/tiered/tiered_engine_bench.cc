@@ -4,8 +4,8 @@
 //   rowfile  TieredStore<FrequencyClock, RowFile>: the shipped disk engine;
 //   rocksdb  TieredStore<FrequencyClock, RocksEngine>: the same DRAM cache over
 //            RocksDB (row id -> row bytes), the peer the engine was chosen against.
-// Built by bench/bench_tiered.py:
-//   g++ -std=c++17 -O3 -pthread -I evstore/native/core -I <tf include> bench/tiered_engine_bench.cc \
+// Built by bench/tiered/bench_tiered.py:
+//   g++ -std=c++17 -O3 -pthread -I evstore/native/core -I <tf include> bench/tiered/tiered_engine_bench.cc \
 //       $(pkg-config --cflags --libs rocksdb)
 // or, where librocksdb-dev is not installed, with -DEVSTORE_BENCH_NO_ROCKSDB
 // (no peer: the dram and rowfile stores only).

@@ -1,15 +1,15 @@
 """End-to-end training examples/s of a Criteo-like wide & deep model: evstore vs TF hashing vs TFRA.
 
-    .venv/bin/python bench/bench_e2e.py            # batch 1024, 5 warm-up + 30 timed steps per run
-    .venv/bin/python bench/bench_e2e.py --quick    # batch 1024, 3 warm-up + 12 timed steps, vocabs <= 100k
-    .venv/bin/python bench/bench_e2e.py --rounds 2   # every run twice, alternating; the median run reported
-    .venv/bin/python bench/bench_e2e.py --batch-size 512 --steps 20 --warmup 3 --modes keras
+    .venv/bin/python -m bench.training.bench_e2e            # batch 1024, 5 warm-up + 30 timed steps per run
+    .venv/bin/python -m bench.training.bench_e2e --quick    # batch 1024, 3 warm-up + 12 timed steps, vocabs <= 100k
+    .venv/bin/python -m bench.training.bench_e2e --rounds 2   # every run twice, alternating; the median run reported
+    .venv/bin/python -m bench.training.bench_e2e --batch-size 512 --steps 20 --warmup 3 --modes keras
 
 The data (identical in every process, generated from --seed with numpy only):
   26 sparse fields, field f has a vocabulary of V_f ids, V_f log-spaced from
   10 to --max-vocab (default 1e6); each example draws one id per field
   Zipf-like (P(rank r) ~ (r+1)^-1.1) and the id fed to the model is the int64
-  hash make_keys((f << 40) | r) (bench/common.py), so fields never share ids.
+  hash make_keys((f << 40) | r) (bench/harness/workload.py), so fields never share ids.
   13 dense features ~ N(0, 1). Labels: Bernoulli(sigmoid(hidden function)),
   the hidden function = a fixed pseudo-random weight per (field, id) plus a
   fixed linear function of the dense features. Batch b is a function of
@@ -32,7 +32,7 @@ Systems (one fresh process per system x mode; peak RSS = the process's VmHWM):
             lazy / sparse Adam in Keras 3).
   tfra      TFRA 0.8.1 de.keras.layers.Embedding per field (tf_keras model,
             de.DynamicEmbeddingOptimizer(tf_keras.optimizers.legacy.Adam), the
-            optimizer TFRA documents for TF >= 2.11), bench/peer_tfra_e2e.py
+            optimizer TFRA documents for TF >= 2.11), bench/peers/peer_tfra_e2e.py
             in the .peer-tfra venv (TF 2.16).
 Modes:
   keras     model.train_on_batch(x, y) (Keras' own compiled train function).
@@ -57,11 +57,11 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 
-from common import make_keys  # noqa: E402
+from bench.harness.paths import RESULTS, ROOT
+from bench.harness.peers import DEFAULT_VENV, module_cmd
+from bench.harness.rss import hwm_mib, rss_mib
+from bench.harness.workload import make_keys
 
 N_FIELDS = 26
 N_DENSE = 13
@@ -139,23 +139,6 @@ def build_wide_deep(K, field_embedding, wide_embedding, n_fields, dim, hidden=(2
 
 # ---------------------------------------------------------------- timing loop (shared with the peer)
 
-def peak_rss_mib():
-    """VmHWM of this process (MiB): its peak resident memory so far."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def cur_rss_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def run_steps(step_fn, batches, warmup, steps, batch):
     """Runs warmup + steps calls of step_fn(x, y) -> loss; returns the timing result dict."""
     times, losses = [], []
@@ -225,7 +208,7 @@ def run_worker(args):
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     keras.utils.set_random_seed(args.seed)
-    rss0 = cur_rss_mib()
+    rss0 = rss_mib()
     init = keras.initializers.RandomNormal(0.0, 0.01, seed=args.seed)
     meta = {"system": args.worker, "mode": args.mode, "tf_version": tf.__version__,
             "keras_version": keras.__version__}
@@ -265,8 +248,8 @@ def run_worker(args):
     res.update(meta)
     res["data_s"] = data_s
     res["rss_after_build_mib"] = rss0
-    res["peak_rss_mib"] = peak_rss_mib()
-    res["rss_end_mib"] = cur_rss_mib()
+    res["peak_rss_mib"] = hwm_mib()
+    res["rss_end_mib"] = rss_mib()
     if args.worker == "evstore":
         res["table_rows"] = int(sum(int(model.get_layer(f"emb_{i}").ev.size()) for i in range(N_FIELDS)))
         res["wide_rows"] = int(model.get_layer("wide_emb").ev.size())
@@ -291,9 +274,9 @@ def run_one(system, mode, args, peer_py, logdir):
     if system == "tfra":
         if not peer_py:
             return {"error": "TFRA peer venv unavailable"}
-        cmd = [peer_py, os.path.join(HERE, "peer_tfra_e2e.py")] + common
+        cmd = module_cmd("bench.peers.peer_tfra_e2e", python=peer_py) + common
     else:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", system] + common
+        cmd = module_cmd(__spec__.name) + ["--worker", system] + common
     log_path = os.path.join(logdir, f"e2e_{system}_{mode}.log")
     t0 = time.time()
     with open(log_path, "w") as log:
@@ -384,11 +367,11 @@ def main():
                     help="smoke run: 3 warm-up + 12 timed steps, --max-vocab 100000 (unless given)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, default all")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: keras,step (default both)")
-    ap.add_argument("--peer-venv", default=os.path.join(ROOT, ".peer-tfra"), help="TFRA venv (default .peer-tfra)")
+    ap.add_argument("--peer-venv", default=DEFAULT_VENV, help="TFRA venv (default .peer-tfra)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every system/mode run this many times (alternating); report the median run")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per worker process")
-    ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out-dir", default=RESULTS)
     ap.add_argument("--render", metavar="JSON", help="only print the table of a saved e2e-*.json")
     argv = sys.argv[1:]
     args = ap.parse_args(argv)
@@ -438,7 +421,7 @@ def main():
                                 f"{r['wall_s']:.0f} s"), flush=True)
     results = {k: combine_rounds(v) for k, v in runs.items()}
     meta = {"date_utc": stamp, "evstore_commit": _git_describe(),
-            "command": " ".join([os.path.relpath(sys.executable, ROOT), "bench/bench_e2e.py"] + argv),
+            "command": " ".join([os.path.relpath(sys.executable, ROOT), "-m", __spec__.name] + argv),
             "host": platform.node(), "cpus": os.cpu_count(), "batch_size": args.batch_size, "steps": args.steps,
             "warmup": args.warmup, "seed": args.seed, "dim": args.dim, "max_vocab": args.max_vocab,
             "vocabs": vocabs, "vocab_total": sum(vocabs), "hash_cap": args.hash_cap,

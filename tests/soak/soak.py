@@ -1,13 +1,13 @@
 """The soak: a trainer and three serving replicas on an S3-protocol root for
 a given time, with SIGKILLs at random moments, checked all along.
 
-    python bench/soak.py --minutes 120 --out /tmp/soak.json
+    .venv/bin/python tests/soak/soak.py --minutes 120 --out /tmp/soak.json   # or: make soak
 
 What runs (all real processes on this machine):
   * moto's S3 server on 127.0.0.1 (the root is s3://<bucket>/soak, reached
     through s3fs with the usual AWS_* variables, as tests/checkpoint/
     test_s3_root.py does);
-  * bench/soak_trainer.py: commits a delta every --delta-every seconds, a
+  * tests/soak/soak_trainer.py: commits a delta every --delta-every seconds, a
     full every --full-every commits (keep_chains --keep-chains), and
     journals each commit with its prediction on the probe inputs;
   * --replicas `evstore serve` processes polling the root every 0.5 s;
@@ -46,7 +46,8 @@ import uuid
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "checkpoint"))
 sys.path.insert(0, ROOT)
 import s3_server  # noqa: E402  (tests/checkpoint: moto's server, shared with the S3 tests)
@@ -167,7 +168,7 @@ class Soak:
     # ---- processes -----------------------------------------------------------------------
     def start_trainer(self):
         self.instances += 1
-        cmd = [sys.executable, os.path.join(ROOT, "bench", "soak_trainer.py"), "--root", self.root,
+        cmd = [sys.executable, os.path.join(HERE, "soak_trainer.py"), "--root", self.root,
                "--export", self.export, "--journal", self.journal_path, "--delta-every", str(self.a.delta_every),
                "--full-every", str(self.a.full_every), "--keep-chains", str(self.a.keep_chains)]
         self.trainer = Proc("trainer", cmd, self.workdir, self.instances)

@@ -1,4 +1,4 @@
-"""The soak's trainer (bench/soak.py starts it, SIGKILLs it and starts it
+"""The soak's trainer (tests/soak/soak.py starts it, SIGKILLs it and starts it
 again): trains the checkpoint tests' small CTR model (tests/checkpoint/
 ckpt_model.py, deterministic batches) and commits a delta every
 `--delta-every` seconds, a full every `--full-every` commits, to `--root`.
@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "checkpoint"))   # ckpt_model: the tests' model and batches
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

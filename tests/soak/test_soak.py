@@ -1,8 +1,8 @@
-"""bench/soak.py for 3 minutes: a trainer committing to moto's S3 server,
+"""tests/soak/soak.py for 3 minutes: a trainer committing to moto's S3 server,
 three `evstore serve` replicas, SIGKILLs of the trainer and of replicas at
 random moments (seeded), every answer checked against the commit it names.
 One test, the whole run: it passes when the soak reports no violation
-(bench/soak.py's docstring lists them) and at least one kill happened; the
+(soak.py's docstring lists them) and at least one kill happened; the
 growth figures are reported, not judged, over so short a run."""
 import json
 import os
@@ -10,13 +10,14 @@ import signal
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 MINUTES = 3
 
 
 def test_soak_three_minutes_loses_nothing_and_every_replica_converges(tmp_path):
     out = tmp_path / "soak.json"
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "soak.py"), "--minutes", str(MINUTES), "--kill-min", "15",
+    cmd = [sys.executable, os.path.join(HERE, "soak.py"), "--minutes", str(MINUTES), "--kill-min", "15",
            "--kill-max", "35", "--workdir", str(tmp_path / "work"), "--out", str(out)]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
