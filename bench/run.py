@@ -53,7 +53,7 @@ import sys
 import time
 
 from bench.harness.paths import RESULTS, ROOT
-from bench.harness.peers import DEFAULT_VENV, ensure_peer, module_cmd
+from bench.harness.peers import DEFAULT_VENV, ensure_peer, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
 from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
 
@@ -73,20 +73,7 @@ def run_bench(keys, dim, args, tag, extra, logdir, module="bench.tables.bench_lo
     cmd = module_cmd(module) + ["--keys", str(keys), "--dim", str(dim),
            "--batch", str(args.batch), "--batches", str(args.batches), "--warmup", str(args.warmup),
            "--seed", str(args.seed), "--log-dir", logdir] + extra
-    log_path = os.path.join(logdir, f"{script}_{keys}x{dim}_{tag}.log")
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
-                               timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout}s; see {log_path}"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"{script} exit {r.returncode}; see {log_path}"}
-    res = json.loads(lines[-1])
-    res["wall_s"] = time.time() - t0
-    return res
+    return run_json(cmd, os.path.join(logdir, f"{script}_{keys}x{dim}_{tag}.log"), args.timeout)
 
 
 def run_config(keys, dim, args, peer_py, logdir):
@@ -104,30 +91,13 @@ def run_config(keys, dim, args, peer_py, logdir):
     return out
 
 
-def _run_json_bench(cmd, log_path, what, timeout):
-    """Runs one benchmark process whose last stdout line starting with "{" is its
-    JSON result; returns it with its wall time (or {"error": ...})."""
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout}s; see {log_path}"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"{what} exit {r.returncode}; see {log_path}"}
-    res = json.loads(lines[-1])
-    res["wall_s"] = time.time() - t0
-    return res
-
-
 def run_checkpoint(args, peer_py, logdir):
     """One bench_checkpoint.py process; returns its JSON result (or {"error": ...})."""
     cmd = module_cmd("bench.checkpoints.bench_checkpoint") + ["--keys", str(args.checkpoint_keys),
            "--dim", "16", "--repeats", str(args.checkpoint_repeats), "--seed", str(args.seed), "--log-dir", logdir]
     cmd += ["--peer-python", peer_py] if peer_py else ["--no-tfra"]
     log_path = os.path.join(logdir, f"bench_checkpoint_{args.checkpoint_keys}x16.log")
-    return _run_json_bench(cmd, log_path, "bench_checkpoint", args.timeout)
+    return run_json(cmd, log_path, args.timeout)
 
 
 def run_serving(args, logdir):
@@ -135,12 +105,11 @@ def run_serving(args, logdir):
     cmd = module_cmd("bench.serving.bench_serving") + ["--seed", str(args.seed)]
     if args.quick:
         cmd += ["--keys", "200000", "--delta-rows", "100000", "--apply-rounds", "2", "--live-s", "10"]
-    res = _run_json_bench(cmd, os.path.join(logdir, "bench_serving.log"), "bench_serving", args.timeout)
+    res = run_json(cmd, os.path.join(logdir, "bench_serving.log"), args.timeout)
     net = module_cmd("bench.serving.bench_serving_net") + ["--seed", str(args.seed)]
     if args.quick:
         net += ["--seconds", "5", "--rounds", "2"]
-    res["net"] = _run_json_bench(net, os.path.join(logdir, "bench_serving_net.log"), "bench_serving_net",
-                                 args.timeout)
+    res["net"] = run_json(net, os.path.join(logdir, "bench_serving_net.log"), args.timeout)
     return res
 
 
@@ -149,7 +118,7 @@ def run_cluster(args, peer_py, logdir):
     cmd = module_cmd("bench.cluster.bench_cluster") + ["--out-dir", args.out_dir, "--seed", str(args.seed)]
     cmd += (["--quick"] if args.quick else []) + (["--peer-venv", args.peer_venv] if peer_py else
                                                    ["--systems", "evstore,evstore_table"])
-    return _run_json_bench(cmd, os.path.join(logdir, "bench_cluster.log"), "bench_cluster", max(args.timeout, 5400))
+    return run_json(cmd, os.path.join(logdir, "bench_cluster.log"), max(args.timeout, 5400))
 
 
 def m(x):

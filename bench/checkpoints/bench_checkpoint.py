@@ -48,7 +48,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
@@ -56,8 +55,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
-from bench.harness.paths import RESULTS, ROOT
-from bench.harness.peers import module_cmd
+from bench.harness.paths import RESULTS
+from bench.harness.peers import module_cmd, run_json
 from bench.harness.args import add_size_args
 from bench.harness.workload import fill_chunks, make_keys
 from bench.harness.rss import PeakRss
@@ -122,16 +121,8 @@ def run_tfra(args):
     cmd = module_cmd("bench.peers.peer_tfra_checkpoint", python=args.peer_python) + ["--keys", str(args.keys),
            "--dim", str(args.dim), "--seed", str(args.seed), "--fill-chunk", str(args.fill_chunk),
            "--repeats", str(args.tfra_repeats), "--dir", os.path.join(args.dir, "tfra")]
-    logf = open(os.path.join(args.log_dir, f"peer_tfra_checkpoint_{args.keys}x{args.dim}.log"), "w") \
-        if args.log_dir else subprocess.DEVNULL
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=logf, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout}s"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"peer_tfra_checkpoint exit {r.returncode}" + (f"; see {logf.name}" if args.log_dir else "")}
-    return json.loads(lines[-1])
+    return run_json(cmd, os.path.join(args.log_dir, f"peer_tfra_checkpoint_{args.keys}x{args.dim}.log")
+                    if args.log_dir else None, args.timeout)
 
 
 def main():

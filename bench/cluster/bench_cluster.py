@@ -55,7 +55,7 @@ import time
 
 
 from bench.harness.paths import RESULTS, ROOT
-from bench.harness.peers import DEFAULT_VENV, module_cmd
+from bench.harness.peers import DEFAULT_VENV, module_cmd, run_json
 from bench.cluster import cluster_driver
 from bench.training.bench_e2e import N_FIELDS
 from bench.cluster.cluster_common import emit, ss_available
@@ -161,18 +161,11 @@ def run_one(system, ps, workers, args, peer_py, logdir, stamp):
     else:
         cmd = module_cmd(__spec__.name) + ["--chief", "--placement", PLACEMENT[system]] + common
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="grpc_state=2")
-    t0 = time.time()
-    with open(chief_log, "w") as log:
-        try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-                               timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout}s; see {os.path.relpath(chief_log, ROOT)}"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"exit {r.returncode}{_first_error(chief_log)}; see {os.path.relpath(chief_log, ROOT)}"}
-    res = json.loads(lines[-1])
-    res["chief_wall_s"] = time.time() - t0
+    res = run_json(cmd, chief_log, args.timeout, what="chief", env=env)
+    if "error" in res:
+        res["error"] += _first_error(chief_log)
+    else:
+        res["chief_wall_s"] = res.pop("wall_s")
     return res
 
 

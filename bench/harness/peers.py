@@ -2,9 +2,11 @@
 bench/peers/tfra-setup.sh) and is never imported into the project venv. A peer
 is a module of bench.peers run by that venv's python from the repository root,
 so it shares bench.harness with the side it is compared against."""
+import json
 import os
 import subprocess
 import sys
+import time
 
 from bench.harness.paths import ROOT
 
@@ -38,3 +40,25 @@ def ensure_peer(venv, log):
     if r.returncode != 0 or not os.path.exists(py):
         return None, f"tfra-setup.sh failed (exit {r.returncode}); see {log.name}"
     return py, None
+
+
+def run_json(cmd, log_path, timeout=None, what=None, env=None):
+    """Runs one benchmark or peer process from the repository root, its stderr to `log_path`
+    (None: discarded); returns the JSON of the last stdout line starting with "{" plus its
+    wall_s, or {"error": ...} naming the log when it timed out, failed or printed no result."""
+    if what is None:
+        what = cmd[cmd.index("-m") + 1].rsplit(".", 1)[-1] if "-m" in cmd else os.path.basename(cmd[0])
+    see = f"; see {os.path.relpath(log_path, ROOT)}" if log_path else ""
+    t0 = time.time()
+    with open(log_path, "w") if log_path else open(os.devnull, "w") as log:
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout,
+                               env=env)
+        except subprocess.TimeoutExpired:
+            return {"error": f"{what} timed out after {timeout}s{see}"}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return {"error": f"{what} exit {r.returncode}{see}"}
+    res = json.loads(lines[-1])
+    res["wall_s"] = time.time() - t0
+    return res

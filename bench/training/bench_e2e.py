@@ -59,7 +59,7 @@ import numpy as np
 
 
 from bench.harness.paths import RESULTS, ROOT
-from bench.harness.peers import DEFAULT_VENV, module_cmd
+from bench.harness.peers import DEFAULT_VENV, module_cmd, run_json
 from bench.harness.rss import hwm_mib, rss_mib
 from bench.harness.workload import make_keys
 
@@ -277,19 +277,7 @@ def run_one(system, mode, args, peer_py, logdir):
         cmd = module_cmd("bench.peers.peer_tfra_e2e", python=peer_py) + common
     else:
         cmd = module_cmd(__spec__.name) + ["--worker", system] + common
-    log_path = os.path.join(logdir, f"e2e_{system}_{mode}.log")
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout}s; see {log_path}"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"exit {r.returncode}; see {os.path.relpath(log_path, ROOT)}"}
-    res = json.loads(lines[-1])
-    res["wall_s"] = time.time() - t0
-    return res
+    return run_json(cmd, os.path.join(logdir, f"e2e_{system}_{mode}.log"), args.timeout)
 
 
 def combine_rounds(rs):
