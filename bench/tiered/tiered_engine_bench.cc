@@ -13,7 +13,10 @@
 // Workload: <keys> int64 keys at dim 64 with Adam's two slots (768 bytes a row),
 // the cache budget <dram_fraction> of the rows' bytes; fill every key, then
 // training steps of 4,096 Zipf(1.1) ids (lookup + Adam apply, two threads),
-// read-only lookups at batch 1 and 1,024, a full export to a null sink.
+// read-only lookups at batch 1 and 1,024, a full export to a null sink (and
+// again with the tier's file dropped from the page cache: cold_export_s),
+// and the disk's sequential write and cold read of the rows' bytes
+// (seq_write_s, seq_read_s) for the save target.
 // Prints one line of `name value` pairs.
 #ifndef EVSTORE_BENCH_NO_ROCKSDB
 #include <rocksdb/cache.h>
@@ -23,7 +26,9 @@
 #include <rocksdb/write_batch.h>
 #endif
 
+#include <fcntl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -175,8 +180,44 @@ static int64_t Cap(const V& v) {
   return static_cast<int64_t>(v.capacity() * sizeof(typename V::value_type));
 }
 
+// Drops a file's pages from the page cache (written back first): its next
+// reads come from the disk.
+static void DropCache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+// The disk's sequential rate for `bytes` in `dir`: seconds to write them (8 MiB
+// writes, then fsync) and to read them back cold (8 MiB reads).
+static void SequentialRate(const std::string& dir, int64_t bytes, double* write_s, double* read_s) {
+  const std::string path = dir + "/sequential-probe";
+  std::vector<char> buf(8 << 20, 1);
+  int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
+  if (fd < 0) return;
+  auto t0 = Clock::now();
+  for (int64_t done = 0; done < bytes;) {
+    ssize_t n = ::write(fd, buf.data(), static_cast<size_t>(std::min<int64_t>(buf.size(), bytes - done)));
+    if (n <= 0) break;
+    done += n;
+  }
+  ::fsync(fd);
+  *write_s = Secs(t0);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  t0 = Clock::now();
+  for (off_t at = 0;;) {
+    ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
+    if (n <= 0) break;
+    at += n;
+  }
+  *read_s = Secs(t0);
+  ::close(fd);
+  ::unlink(path.c_str());
+}
+
 template <typename T>
-static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
+static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const std::string& dir) {
   const int dim = t.dim();
   ParallelFor pf = TwoThreads;
   auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
@@ -241,6 +282,17 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
   ExportFull(t, 2, 65536, &sink);
   const double export_s = Secs(t0);
   const double export_cpu_s = CpuSecs() - cpu1;
+  // The same export with the tier's file out of the page cache (as in a
+  // table larger than memory), and the disk's sequential rate for the rows'
+  // bytes, measured now.
+  double cold_export_s = export_s, seq_write_s = 0, seq_read_s = 0;
+  if constexpr (!std::decay_t<decltype(t.store())>::kAllResident) {
+    DropCache(t.store().dir() + "/rows");
+    t0 = Clock::now();
+    ExportFull(t, 2, 65536, &sink);
+    cold_export_s = Secs(t0);
+  }
+  SequentialRate(dir, nkeys * static_cast<int64_t>(t.stride()) * 4, &seq_write_s, &seq_read_s);
   TableStats st = t.Stats();
   // RSS the table does not report: the process minus its RSS before the
   // table existed, the benchmark's own buffers and the table's index, meta
@@ -251,14 +303,15 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
   const double other_mb = (rss - rss_base - buffers - st.index_bytes - st.meta_bytes - st.row_bytes) / 1048576.0;
   std::printf(
       "store %s keys %lld fill_s %.3f train_keys_per_s %.0f train_cpu_ns_per_key %.1f hit_rate %.4f find1_keys_per_s %.0f find1_p99_us %.1f "
-      "find1k_keys_per_s %.0f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f rss_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
+      "find1k_keys_per_s %.0f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f cold_export_s %.3f seq_write_s %.3f "
+      "seq_read_s %.3f rss_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
       "cache_rows %lld disk_mb %.1f writebacks %lld write_batches %lld compacted %lld misses %lld read_calls %lld "
       "disk_records %lld live_records %lld rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
       store, static_cast<long long>(nkeys), fill_s, steps * B / train_s, train_cpu_ns, hit, lat1.size() / [&] {
         double s = 0;
         for (double x : lat1) s += x;
         return s;
-      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, rss / 1048576.0,
+      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, cold_export_s, seq_write_s, seq_read_s, rss / 1048576.0,
       st.index_bytes / 1048576.0, st.meta_bytes / 1048576.0, st.row_bytes / 1048576.0,
       static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0, static_cast<long long>(ts1.writebacks - ts0.writebacks),
       static_cast<long long>(ts1.write_batches - ts0.write_batches), static_cast<long long>(ts1.compacted - ts0.compacted),
@@ -284,14 +337,14 @@ int main(int argc, char** argv) {
   c.tier.dram_bytes = static_cast<int64_t>(frac * nkeys * dim * 3 * 4);
   if (store == "dram") {
     Table<int64_t> t(c);
-    Run(t, nkeys, "dram", rss_base);
+    Run(t, nkeys, "dram", rss_base, argv[4]);
   } else if (store == "rowfile") {
     Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RowFile>> t(c);
-    Run(t, nkeys, "rowfile", rss_base);
+    Run(t, nkeys, "rowfile", rss_base, argv[4]);
 #ifndef EVSTORE_BENCH_NO_ROCKSDB
   } else if (store == "rocksdb") {
     Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RocksEngine>> t(c);
-    Run(t, nkeys, "rocksdb", rss_base);
+    Run(t, nkeys, "rocksdb", rss_base, argv[4]);
 #endif
   } else {
     std::fprintf(stderr, "unknown store %s\n", store.c_str());

@@ -687,9 +687,10 @@ class TieredStore {
       hand_ = (hand_ + 1 == nslots) ? 0 : hand_ + 1;
       SlotInfo& in = Info(s);
       if (in.row == kNoRowId) continue;
-      RowMeta& m = Meta(in.row);
-      if (m.slot.load(std::memory_order_relaxed) != s) continue;  // being filled (not yet published)
       if (!Policy::Pass(in.weight)) continue;
+      // A slot being filled (its row not yet published) is owned by a
+      // segment its loader holds: the try-lock below fails (or it is `self`).
+      RowMeta& m = Meta(in.row);
       if (m.owner == self || m.owner == kNoOwner) continue;
       if (!held->Take(m.owner, locks_)) continue;
       if (m.version > newest_) newest_ = m.version;
