@@ -309,12 +309,12 @@ class Table {
       thread_local std::vector<const float*> src;  // row per position, prefetched
       thread_local std::vector<Pending> pending;    // positions whose key has no row yet
       thread_local std::vector<uint32_t> rows;
-      thread_local std::vector<uint32_t> want;     // a tier: rows of pass 1, faulted in together
-      thread_local std::vector<int64_t> want_pos;
       src.resize(hi - lo);
       pending.clear();
-      want.clear();
-      want_pos.clear();
+      if constexpr (!Store::kAllResident) {
+        TierRows().clear();
+        TierPositions().clear();
+      }
       bool bloom_pending = false;
       // Pass 1: count every occurrence (inserting unseen keys, or counting
       // them in the Bloom filter), note rows.
@@ -340,16 +340,17 @@ class Table {
             src[j - lo] = rows_.ReadRow(en->row);
             rows_.PrefetchRow(src[j - lo], dim_);
           } else {
-            want.push_back(en->row);
-            want_pos.push_back(j);
+            TierRows().push_back(en->row);
+            TierPositions().push_back(j);
           }
         } else {
           pending.push_back({j, en, seg.rehashes()});
         }
       }
       if constexpr (!Store::kAllResident) {
+        const std::vector<uint32_t>& want = TierRows();
         rows_.FaultMany(want.data(), want.size());
-        for (size_t k = 0; k < want.size(); ++k) src[want_pos[k] - lo] = rows_.ReadRow(want[k]);
+        for (size_t k = 0; k < want.size(); ++k) src[TierPositions()[k] - lo] = rows_.ReadRow(want[k]);
       }
       // Pass 2a (Bloom): a key without an entry is admitted (entry + row)
       // once the filter's batch-complete estimate reaches min_freq.
@@ -434,8 +435,7 @@ class Table {
       // Pass 1: resolve entries and prefetch their rows and versions (no
       // inserts, so entry pointers stay valid for pass 2); a tier faults the
       // cold rows in together instead.
-      thread_local std::vector<uint32_t> want;
-      want.clear();
+      if constexpr (!Store::kAllResident) TierRows().clear();
       for (int64_t j = lo; j < hi; ++j) {
         Idx::PrefetchAhead(seg, g, keys, j, hi);
         uint32_t i = g.order[j];
@@ -445,13 +445,13 @@ class Table {
           if constexpr (Store::kAllResident) {
             rows_.PrefetchRow(rows_.Row(en->row), stride);
           } else {
-            want.push_back(en->row);
+            TierRows().push_back(en->row);
           }
           __builtin_prefetch(&rows_.Version(en->row));
         }
         hit[j - lo] = en;
       }
-      if constexpr (!Store::kAllResident) rows_.FaultMany(want.data(), want.size());
+      if constexpr (!Store::kAllResident) rows_.FaultMany(TierRows().data(), TierRows().size());
       // Pass 2: fused update, version stamp, dirty mark.
       int64_t local = 0, zero_delta = 0;
       for (int64_t j = lo; j < hi; ++j) {
@@ -854,6 +854,18 @@ class Table {
   // Marks an entry chosen for admission while rows are allocated in bulk.
   static constexpr uint32_t kAdmitting = kNoRowId - 1;
   static_assert(kAdmitting == kNoRowMark - 1, "the admitting mark is the one evict_policy.h leaves free");
+
+  // A tiered store's rows of one segment's part of a batch, faulted in
+  // together (FaultMany), and their positions in the batch; per thread, used
+  // only when rows may be off DRAM.
+  static std::vector<uint32_t>& TierRows() {
+    thread_local std::vector<uint32_t> v;
+    return v;
+  }
+  static std::vector<int64_t>& TierPositions() {
+    thread_local std::vector<int64_t> v;
+    return v;
+  }
 
   // Copies the rows noted for positions [lo, hi) to their output slots.
   void CopyRowsOut(const Grouping& g, int64_t lo, int64_t hi, const std::vector<const float*>& src,
