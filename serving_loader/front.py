@@ -51,7 +51,11 @@ class FrontModel(ServingModel):
 
     `gate`, `allow_empty`, `storage_options`: as ServingModel's. `wait_s`:
     how long to wait for every shard to answer at start. `timeout_s`: a
-    request's deadline at each shard.
+    request's deadline at each shard. `max_cached_rows`: a sharded EV's
+    cache here (rows fetched for requests at the served version) is emptied
+    at the next poll once it holds more rows (it is emptied at every
+    publish anyway), so a fleet that publishes nothing for a long while
+    does not pull its whole model into the front.
 
     Raises ValueError (an export of stock tables or one without lookup_keys
     functions: re-export it; shards that are not 0..N-1 of one fleet),
@@ -60,7 +64,7 @@ class FrontModel(ServingModel):
     """
 
     def __init__(self, export_dir, checkpoint_root, shards, storage_options=None, allow_empty=False, gate=None,
-                 wait_s=60.0, timeout_s=5.0):
+                 wait_s=60.0, timeout_s=5.0, max_cached_rows=1_000_000):
         super().__init__(export_dir, None, gate=gate)
         if self.table_kind != "evstore":
             raise ValueError(f"{export_dir} serves its EVs from stock tables; a sharded fleet needs an export "
@@ -83,7 +87,7 @@ class FrontModel(ServingModel):
             self.remote[name] = self._tables.pop(name)
         self._input_names = [i["name"] for i in self.mapping["inputs"]]
         self._cache_lock = threading.Lock()
-        self.fleet_failures = 0
+        self.max_cached_rows = int(max_cached_rows)
         if checkpoint_root is not None:
             self.storage = Storage(checkpoint_root, storage_options)
             if not allow_empty:
@@ -102,7 +106,22 @@ class FrontModel(ServingModel):
                 for i, problem in self.fleet.rejoin(self.version):
                     self._refuse(None, f"{problem}: requests that need it fail until it is back",
                                  key=("rejoin", i), retry=True)
+        self._trim_caches()
         return super().poll()
+
+    def _trim_caches(self):
+        self._lock.acquire_read()
+        try:
+            big = [t for t in self.remote.values() if t.size() > self.max_cached_rows]
+        finally:
+            self._lock.release_read()
+        if big:
+            self._lock.acquire_write()
+            try:
+                for t in big:
+                    t.adopt(t.replacement())
+            finally:
+                self._lock.release_write()
 
     def _fleet_stage(self, m):
         self.fleet.stage(m.seq, self.version)

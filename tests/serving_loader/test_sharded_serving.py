@@ -79,7 +79,7 @@ def _same(front, single, inputs=None):
 
 
 @pytest.mark.parametrize("trained_shards", [2, None], ids=["trainer-route-matches", "unsharded-in-checkpoint"])
-def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version(tmp_path, trained_shards):
+def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version_each_shard_reading_its_part(tmp_path, trained_shards):
     model = make_model(user_shards=trained_shards)
     train(model, 0, 3)
     export = str(tmp_path / "export")
@@ -100,27 +100,13 @@ def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version(t
             assert fleet.front.poll() == single.poll() == seq
             assert [s.version for s in fleet.shards] == [seq, seq]
             _same(fleet.front, single)
+            if trained_shards == 2:   # each shard read its own part of the delta, not the other's
+                assert all(s.bytes_read_last < single.last_fetched_bytes for s in fleet.shards)
+                assert sum(s.bytes_read_last for s in fleet.shards) < 1.5 * single.last_fetched_bytes
         assert sum(s.rows()["user"] for s in fleet.shards) == single.rows()["user"]
     finally:
         fleet.close()
         single.close()
-
-
-def test_each_shard_reads_only_its_part_of_a_delta(tmp_path, job):
-    model, export, mgr, single = job
-    fleet = Fleet(tmp_path, export, mgr.root, 2)
-    try:
-        train(model, 3, 6)
-        seq = mgr.save_delta()
-        assert fleet.front.poll() == single.poll() == seq
-        m = checkpoint.chain.scan(checkpoint.storage.Storage(mgr.root)).manifests[seq]
-        for i, s in enumerate(fleet.shards):   # its part's tensors and the index, nothing of the other part
-            own = sum(m.files[f]["size"] for f in m.files if f.startswith("ckpt.index"))
-            assert s.bytes_read_last < single.last_fetched_bytes
-            assert s.bytes_read_last >= own
-        assert sum(s.bytes_read_last for s in fleet.shards) < 2 * single.last_fetched_bytes
-    finally:
-        fleet.close()
 
 
 def test_a_predict_storm_while_deltas_land_never_mixes_versions(tmp_path, job):
@@ -373,5 +359,19 @@ def test_the_shard_port_answers_hostile_bytes_with_clean_errors_and_keeps_servin
         out, version = fleet.front.predict(_probe())   # still serving
         assert version == mgr.latest_seq() if hasattr(mgr, "latest_seq") else version is not None
         slow.close()
+    finally:
+        fleet.close()
+
+
+def test_the_fronts_row_cache_is_emptied_at_a_poll_once_over_its_bound_and_answers_stay_exact(tmp_path, job):
+    _, export, mgr, single = job
+    fleet = Fleet(tmp_path, export, mgr.root, 2)
+    try:
+        fleet.front.max_cached_rows = 10
+        _same(fleet.front, single)
+        assert fleet.front.remote["user"].size() > 10
+        fleet.front.poll()
+        assert fleet.front.remote["user"].size() == 0
+        _same(fleet.front, single)
     finally:
         fleet.close()
