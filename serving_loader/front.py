@@ -31,9 +31,6 @@ rejoins at the fleet's version.
 """
 import threading
 
-import numpy as np
-import tensorflow as tf
-
 from checkpoint.chain import scan
 from checkpoint.storage import Storage
 from serving_loader.model import NothingToServeError, ServingModel

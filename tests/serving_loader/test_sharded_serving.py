@@ -2,16 +2,12 @@
 large EVs (serving_loader/shard_model.py, on grpcio: shard_service.py) and a
 front (serving_loader/front.py) that answers TF Serving's APIs, fans each
 request's lookups out to the shards and publishes every commit on all of
-them at once. Specified against a single tiered replica of the same export."""
-import json
+them at once. Specified against a single tiered replica of the same export.
+(The fleet with each shard and the front on a host of its own, a shard killed
+mid-publish: tests/multihost/test_sharded_hosts.py.)"""
 import os
-import queue
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -23,10 +19,8 @@ import serving_loader
 from serving_loader.front import FrontModel
 from serving_loader.shard_model import ShardModel
 from serving_loader.shard_service import SERVICE, ShardServer
-from serving_loader.tfs import ServingError
 
 from ckpt_model import ev, make_model, train   # tests/checkpoint, registered by tests/conftest.py
-from served import STARTUP_S, Server
 
 DRAM_BYTES = 512   # the shards' tier: a few rows in DRAM, the rest on disk
 
@@ -197,127 +191,6 @@ def _same_at(front, single, version):
     single.rollback(version, then="pin")
     _same(front, single)
     single.resume()
-
-
-# ---- real processes: `evstore serve --shard` and `evstore serve --shards`
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ShardProc:
-    """`evstore serve --shard i/N` as a subprocess on `port`; `started()` waits for it to listen."""
-
-    def __init__(self, tmp, export, root, shard, port):
-        self.port = port
-        self.log = open(os.path.join(tmp, f"shard-{shard.replace('/', 'of')}-{time.monotonic_ns()}.log"), "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "evstore_app.cli", "serve", "--export", export,
-                                      "--checkpoints", root, "--shard", shard, "--shard-evs", "user",
-                                      "--port", str(port), "--tiered-dram-bytes", str(DRAM_BYTES),
-                                      "--tier-path", str(tmp)], stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.lines = queue.Queue()
-        threading.Thread(target=lambda: [self.lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
-
-    def started(self):
-        deadline = time.time() + STARTUP_S
-        while True:
-            try:
-                line = self.lines.get(timeout=1)
-            except queue.Empty:
-                line = ""
-            if line.startswith("shard "):
-                assert int(line.rsplit(":", 1)[1]) == self.port
-                return self
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.kill()
-                raise AssertionError(f"shard did not start: {open(self.log.name).read()[-3000:]}")
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-        self.log.close()
-
-
-def _grpc_predict(server, inputs):
-    """(outputs, version) of a gRPC Predict; grpc.RpcError when it fails."""
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    from serving_loader.tensor_proto import array_to_tensor
-
-    req = predict_pb2.PredictRequest()
-    req.model_spec.name = "ctr"
-    for k, v in inputs.items():
-        array_to_tensor(v, req.inputs[k])
-    with server.channel() as ch:
-        resp = prediction_service_pb2_grpc.PredictionServiceStub(ch).Predict(req, timeout=60)
-    out = np.frombuffer(resp.outputs["outputs"].tensor_content, np.float32)
-    return out, resp.model_spec.version.value
-
-
-def test_a_killed_shard_fails_its_requests_with_unavailable_holds_the_fleet_mid_publish_and_rejoins(tmp_path, job):
-    model, export, mgr, single = job
-    # the shards and the front start at once (the front waits for the shards to answer)
-    shards = [ShardProc(str(tmp_path), export, mgr.root, f"{i}/2", _free_port()) for i in range(2)]
-    front = Server(str(tmp_path), export, mgr.root, extra=("--shards", ",".join(f"127.0.0.1:{s.port}"
-                                                                                 for s in shards)))
-    for s in shards:
-        s.started()
-    try:
-        probe = _probe()
-        v1 = front.version()
-        out, version = _grpc_predict(front, probe)
-        assert version == v1 == single.version
-        np.testing.assert_array_equal(out, single.predict(probe)[0]["outputs"].ravel())
-        # the next commit is staged on both shards, then shard 1 is killed before the fleet publishes it
-        train(model, 3, 5)
-        seq = _stage_everywhere_then_kill(shards, mgr, front, v1)
-        status, body = front.predict({"inputs": {k: v.tolist() for k, v in probe.items()}})
-        assert status == 503 and "shard 1/2" in body["error"] and "unavailable" in body["error"], body
-        with pytest.raises(grpc.RpcError) as err:
-            _grpc_predict(front, probe)
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "shard 1/2" in err.value.details()
-        # keys that live on shard 0 only are served meanwhile, at the fleet's version
-        only0 = _keys_of_shard(0, 2)
-        out, version = _grpc_predict(front, {"users": only0, "items": np.zeros([len(only0), 1], np.int32)})
-        assert version == v1
-        assert front.version() == v1   # the front polls every 0.2 s meanwhile: the fleet stays at v1
-        shards[1] = ShardProc(str(tmp_path), export, mgr.root, "1/2", shards[1].port).started()   # back, same port
-        front.wait_version(seq)
-        assert single.poll() == seq
-        out, version = _grpc_predict(front, probe)
-        assert version == seq
-        np.testing.assert_array_equal(out, single.predict(probe)[0]["outputs"].ravel())
-    finally:
-        front.stop()
-        for s in shards:
-            s.kill()
-
-
-def _stage_everywhere_then_kill(shards, mgr, front, fleet_version):
-    """Commits a delta, stages it on every shard as the front's first phase does, kills shard 1 before
-    the publish: the commit's sequence number."""
-    seq = mgr.save_delta()
-    # pin the front so its own poll does not race this test's first phase, stage by hand, unpin after the kill
-    assert front.admin_call("POST", "/v1/models/ctr/admin/pin")[0] == 200
-    for s in shards:
-        with grpc.insecure_channel(f"127.0.0.1:{s.port}") as ch:
-            st = json.loads(ch.unary_unary(f"/{SERVICE}/Stage")(json.dumps({"target": seq,
-                                                                             "fleet": fleet_version}).encode(),
-                                                                 timeout=60))
-            assert st["staged"] == seq and st["version"] == fleet_version
-    shards[1].kill()
-    assert front.admin_call("POST", "/v1/models/ctr/admin/resume")[0] in (200, 409)
-    return seq
-
-
-def _keys_of_shard(i, n):
-    from evstore.sharded import shard_index
-    import tensorflow as tf
-
-    keys = np.arange(0, 400, dtype=np.int64)
-    return keys[shard_index(tf.constant(keys), n).numpy() == i][:20].reshape(-1, 2)
 
 
 def test_the_shard_port_answers_hostile_bytes_with_clean_errors_and_keeps_serving(tmp_path, job):

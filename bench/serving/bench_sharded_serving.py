@@ -1,7 +1,7 @@
 """Sharded serving: predict latency at batch 1 and 64 of one tiered replica, and of a front over 2 and 4
 shards, in the same run, while a delta lands every second; and the bytes each shard reads per delta.
 
-    nice -n 5 .venv/bin/python bench/bench_sharded_serving.py         # ~4 minutes
+    nice -n 5 .venv/bin/python -m bench.serving.bench_sharded_serving         # ~4 minutes
 
 The model: ids [batch, 8] int64 -> one EV "emb" (--dim) -> mean -> Dense(1), exported with
 tables="evstore". Per configuration a chain is written by a writer whose EV has as many shards as the
@@ -31,14 +31,14 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from bench_tiered_serving import IDS, Feed, freqs  # noqa: E402
-from common import make_keys, open_loop  # noqa: E402
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
+from bench.harness.timing import open_loop
+from bench.harness.workload import make_keys
+from bench.tiered.bench_tiered_serving import IDS, Feed, freqs
 
 
 def log(*a):
@@ -95,10 +95,10 @@ def write_chain(workdir, shards, keys, dim, deltas, delta_rows, zipf, seed):
 class ShardProcess:
     def __init__(self, export, root, i, n, dram_bytes, tier, log_path):
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "evstore_app.cli", "serve", "--export", export,
-                                      "--checkpoints", root, "--shard", f"{i}/{n}", "--port", "0",
-                                      "--tiered-dram-bytes", str(dram_bytes), "--tier-path", tier],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.proc = subprocess.Popen(module_cmd("evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
+                                                "--shard", f"{i}/{n}", "--port", 0, "--tiered-dram-bytes", dram_bytes,
+                                                "--tier-path", tier),
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)
         lines = queue.Queue()
         threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
         while True:
@@ -194,8 +194,8 @@ def main():
     ap.add_argument("--delta-rows", type=int, default=5_000)
     ap.add_argument("--every", type=float, default=1.0)
     ap.add_argument("--window-s", type=float, default=15.0)
-    ap.add_argument("--hz", type=float, default=100.0, help="predicts per second at batch 1")
-    ap.add_argument("--hz-64", type=float, default=25.0, help="predicts per second at batch 64")
+    ap.add_argument("--hz", type=float, default=20.0, help="predicts per second at batch 1")
+    ap.add_argument("--hz-64", type=float, default=10.0, help="predicts per second at batch 64")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="1: the single tiered replica")
     ap.add_argument("--dram-fraction", type=float, default=0.1)

@@ -1,6 +1,6 @@
 """Which runtime carries a serving front's lookups to its shards: grpcio or TensorFlow's distributed runtime.
 
-    .venv/bin/python bench/bench_shard_runtime.py            # ~1 minute
+    .venv/bin/python -m bench.serving.bench_shard_runtime            # ~1 minute
 
 The same work behind both: a shard process holds a [--rows, --dim] float32 table and answers the rows of
 the keys it is sent; the front (this process) sends --keys distinct row ids and waits for the rows,
@@ -23,10 +23,11 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(1, os.path.dirname(HERE))
 
-import numpy as np  # noqa: E402
+import numpy as np
+
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
 
 
 def free_port():
@@ -73,8 +74,8 @@ def serve_tf(port):
 
 
 def start(mode, port, args):
-    p = subprocess.Popen([sys.executable, __file__, "--serve", mode, "--port", str(port), "--rows", str(args.rows),
-                          "--dim", str(args.dim)], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(module_cmd("bench.serving.bench_shard_runtime", "--serve", mode, "--port", port,
+                                    "--rows", args.rows, "--dim", args.dim), stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert p.stdout.readline().strip() == "ready"
     return p
 
