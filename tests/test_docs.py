@@ -5,9 +5,9 @@
   `<!-- docs-test: cwd=tmp -->`). ```text blocks are shown, not run; so are ```bash and ```sh
   blocks, except those marked `<!-- docs-test: run -->` on the line before the fence: those run as
   a newcomer pastes them (README.md's train / serve / query block among them), after the page's
-  python blocks, in a shell with the project's environment activated, in namespaces of their own
-  (a loopback network, so the documented ports 8500-8502 are free; a private /tmp, so the
-  documented /tmp paths are new), and what they print is checked against RUN_EXPECTS;
+  python blocks, in a shell with the project's environment activated, on a host of their own
+  (tests/hosts.py: the documented ports 8500-8502 are free, /tmp is private, so the documented
+  /tmp paths are new), and what they print is checked against RUN_EXPECTS;
 - every relative link resolves to a file of the repository, and every #anchor to a heading of
   its page (GitHub's anchors, which mkdocs.yml's `toc` slugify also produces);
 - no link and no text a user reads points outside the repository (`../shared`);
@@ -17,7 +17,6 @@
 import glob
 import os
 import re
-import shutil
 import subprocess
 import sys
 import urllib.parse
@@ -106,9 +105,12 @@ for i in $(seq 240); do
 done
 """,
 }
-# Run as root in new network, mount and PID namespaces (the blocks' servers die with the shell).
+# The shell a newcomer pastes into, on a host of its own (tests/hosts.py): the environment as a
+# user's shell has it, the page's python blocks, its marked shell blocks, RUN_AFTER, then the
+# background servers the blocks started are stopped.
 SHELL = """
-ip link set lo up && mount -t tmpfs tmpfs /tmp || exit 97
+unset TF_CPP_MIN_LOG_LEVEL PYTHONPATH PYTHONDONTWRITEBYTECODE
+export PATH="$DOCS_VENV/bin:$PATH" VIRTUAL_ENV="$DOCS_VENV"
 cd "$DOCS_ROOT"
 if [ -n "$DOCS_PY" ]; then python -c "$DOCS_PY" || exit 98; fi
 eval "$DOCS_SH"
@@ -121,23 +123,27 @@ exit 0
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if _run_blocks(_read(p))])
-def test_shell_blocks_marked_run_work_as_pasted(page):
-    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
-        pytest.skip("needs root, unshare and ip (network, mount and PID namespaces): make test runs as root")
+def test_shell_blocks_marked_run_work_as_pasted(page, tmp_path):
+    import hosts
+
     assert page in RUN_EXPECTS, f"{page} has blocks marked to run: say in RUN_EXPECTS what they print"
     text = _read(page)
-    venv = os.path.dirname(sys.executable)
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH")}
-    env.update(PATH=venv + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=os.path.dirname(venv),
-               DOCS_ROOT=ROOT, DOCS_PY="\n".join(_python_blocks(text)), DOCS_SH="\n".join(_run_blocks(text)),
+    env = dict(DOCS_VENV=os.path.dirname(os.path.dirname(sys.executable)), DOCS_ROOT=ROOT,
+               DOCS_PY="\n".join(_python_blocks(text)), DOCS_SH="\n".join(_run_blocks(text)),
                DOCS_AFTER=RUN_AFTER.get(page, ""))
-    r = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc", "bash", "-c", SHELL],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, f"{page}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-    assert "Traceback" not in out, f"{page}\n{r.stderr[-5000:]}"
+    with hosts.network_or_skip(tmp_path / "hosts") as net:
+        p = net.host("newcomer").popen(["bash", "-c", SHELL], env=env, stderr=subprocess.PIPE)
+        try:
+            stdout, stderr = p.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+            raise AssertionError(f"{page}: still running after 900 s\n{stdout[-3000:]}\n{stderr[-5000:]}")
+    out = stdout + stderr
+    assert p.returncode == 0, f"{page}: exit {p.returncode}\n{stdout[-3000:]}\n{stderr[-5000:]}"
+    assert "Traceback" not in out, f"{page}\n{stderr[-5000:]}"
     missing = [x for x in RUN_EXPECTS[page] if not re.search(x, out)]
-    assert missing == [], f"{page}: not printed: {missing}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    assert missing == [], f"{page}: not printed: {missing}\n{stdout[-3000:]}\n{stderr[-5000:]}"
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(_read(p)) and not _run_blocks(_read(p))])
