@@ -10,7 +10,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-__all__ = ["FileStream"]
+__all__ = ["FileStream", "column_ids", "label_values"]
 
 _ROW = "__evstore_row"   # read order, the tiebreak of the timestamp sort
 
@@ -28,7 +28,7 @@ def _read(path, fmt):
     raise ValueError(f"spec: data.format must be 'csv' or 'parquet', got {fmt!r}")
 
 
-def _ids(col, field, where):
+def column_ids(col, field, where):
     """A sparse field's keys from its column, as the field's "keys" says (spec.py):
     int64 [N]; string: an object array of bytes, [N], or [N, max_ids] padded
     with b"" for a split field; hash: int64 [N]."""
@@ -58,6 +58,13 @@ def _ids(col, field, where):
     out = np.full((len(binary), n), b"", dtype=object)
     out[rows[keep], slot[keep]] = pieces[keep]
     return out
+
+
+def label_values(lab, spec):
+    """float32 0/1 labels from the label column's float64 values: >= the spec's
+    threshold, else > 0."""
+    thr = spec["label"].get("threshold")
+    return ((lab >= thr) if thr is not None else (lab > 0)).astype(np.float32)
 
 
 class FileStream:
@@ -105,13 +112,12 @@ class FileStream:
             raise ValueError(f"spec names columns {missing} that the data lacks (it has {_names(table)})")
         self.rows = table.num_rows
         self.batch_size = spec["batch_size"]
-        self.cols = {f["column"]: _ids(table[f["column"]], f, f"spec: sparse[{i}]")
+        self.cols = {f["column"]: column_ids(table[f["column"]], f, f"spec: sparse[{i}]")
                      for i, f in enumerate(spec["sparse"])}
         for c in spec["dense"]:
             self.cols[c] = pc.fill_null(table[c].cast(pa.float32()), 0.0).to_numpy(zero_copy_only=False)
-        lab = table[spec["label"]["column"]].to_numpy(zero_copy_only=False).astype(np.float64)
-        thr = spec["label"].get("threshold")
-        self.labels = ((lab >= thr) if thr is not None else (lab > 0)).astype(np.float32)
+        self.labels = label_values(table[spec["label"]["column"]].to_numpy(zero_copy_only=False).astype(np.float64),
+                                   spec)
 
     def batches(self, start=0):
         """(position after the batch, (columns, labels)) from row `start` to the end."""
