@@ -498,6 +498,7 @@ class KafkaStream:
         if self._dlq is not None:
             self._dlq.flush(10)
         if self.consumer is not None:
+            self._final_lag = self.lag()
             self.consumer.close()
             self.consumer = None
         if self._down_since is not None:
@@ -507,7 +508,7 @@ class KafkaStream:
     def report(self):
         """What the report and summary.json say about the stream."""
         return {"source": self.describe(), "messages": self.messages, "bad": self.bad,
-                "bad_reasons": dict(self.bad_reasons), "ended": self.ended, "lag": self.lag() if self.consumer else {},
+                "bad_reasons": dict(self.bad_reasons), "ended": self.ended, "lag": self.lag() if self.consumer else getattr(self, "_final_lag", {}),
                 "offsets": self.position()["kafka"], "event_to_commit": self.freshness_summary(),
                 "broker_waits_s": [round(b - a, 2) for a, b in self.waits],
                 "dead_letter_topic": self.dead_letter_topic}
