@@ -10,7 +10,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-__all__ = ["FileStream", "column_ids", "label_values"]
+__all__ = ["FileStream", "column_ids", "label_values", "read_table"]
 
 _ROW = "__evstore_row"   # read order, the tiebreak of the timestamp sort
 
@@ -67,45 +67,54 @@ def label_values(lab, spec):
     return ((lab >= thr) if thr is not None else (lab > 0)).astype(np.float32)
 
 
+def read_table(data, spec, max_rows=None):
+    """The rows of `data` (a file, or every data file of a directory) as the
+    job trains them: the spec's joins applied, sorted by its timestamp column
+    (read order breaking ties), the first `max_rows`. ValueError naming the
+    spec field or column for a join or timestamp the data lacks."""
+    d = spec.get("data", {})
+    fmt = d.get("format")
+    if os.path.isdir(data):
+        ext = (".parquet", ".pq") if fmt == "parquet" else (".csv",) if fmt == "csv" else (".csv", ".parquet")
+        joined = {j["file"] for j in d.get("join", [])}
+        files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(ext) and f not in joined)
+        base = data
+    else:
+        files, base = [data], os.path.dirname(data)
+    if not files:
+        raise ValueError(f"no data files in {data}")
+    table = pa.concat_tables([_read(f, fmt) for f in files])
+    # The order is deterministic: files by name, rows as read, then a stable
+    # sort by timestamp with the read order breaking ties (a join reorders
+    # rows), so every run reads the same rows in the same order and a resumed
+    # position means the same rows.
+    table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    for i, j in enumerate(d.get("join", [])):
+        path = os.path.join(base, j["file"])
+        right = _read(path, None)
+        where = f"spec: data.join[{i}]"
+        if j["on"] not in table.column_names:
+            raise ValueError(f"{where}.on: column {j['on']!r} is not in the data (it has "
+                             f"{_names(table)})")
+        lacking = [c for c in [j["on"]] + list(j["columns"]) if c not in right.column_names]
+        if lacking:
+            raise ValueError(f"{where}: {path} has no column(s) {lacking} (it has {right.column_names})")
+        right = right.select([j["on"]] + list(j["columns"]))
+        table = table.join(right, keys=j["on"], join_type="left outer")
+    ts = d.get("timestamp")
+    if ts and ts not in table.column_names:
+        raise ValueError(f"spec: data.timestamp: column {ts!r} is not in the data (it has {_names(table)})")
+    table = table.sort_by(([(ts, "ascending")] if ts else []) + [(_ROW, "ascending")]).drop_columns([_ROW])
+    if max_rows is not None:
+        table = table.slice(0, max_rows)
+    return table
+
+
 class FileStream:
     """Batches of a data file (or every data file of a directory) in timestamp order."""
 
     def __init__(self, data, spec, max_rows=None):
-        d = spec.get("data", {})
-        fmt = d.get("format")
-        if os.path.isdir(data):
-            ext = (".parquet", ".pq") if fmt == "parquet" else (".csv",) if fmt == "csv" else (".csv", ".parquet")
-            joined = {j["file"] for j in d.get("join", [])}
-            files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(ext) and f not in joined)
-            base = data
-        else:
-            files, base = [data], os.path.dirname(data)
-        if not files:
-            raise ValueError(f"no data files in {data}")
-        table = pa.concat_tables([_read(f, fmt) for f in files])
-        # The order is deterministic: files by name, rows as read, then a stable
-        # sort by timestamp with the read order breaking ties (a join reorders
-        # rows), so every run reads the same rows in the same order and a resumed
-        # position means the same rows.
-        table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
-        for i, j in enumerate(d.get("join", [])):
-            path = os.path.join(base, j["file"])
-            right = _read(path, None)
-            where = f"spec: data.join[{i}]"
-            if j["on"] not in table.column_names:
-                raise ValueError(f"{where}.on: column {j['on']!r} is not in the data (it has "
-                                 f"{_names(table)})")
-            lacking = [c for c in [j["on"]] + list(j["columns"]) if c not in right.column_names]
-            if lacking:
-                raise ValueError(f"{where}: {path} has no column(s) {lacking} (it has {right.column_names})")
-            right = right.select([j["on"]] + list(j["columns"]))
-            table = table.join(right, keys=j["on"], join_type="left outer")
-        ts = d.get("timestamp")
-        if ts and ts not in table.column_names:
-            raise ValueError(f"spec: data.timestamp: column {ts!r} is not in the data (it has {_names(table)})")
-        table = table.sort_by(([(ts, "ascending")] if ts else []) + [(_ROW, "ascending")]).drop_columns([_ROW])
-        if max_rows is not None:
-            table = table.slice(0, max_rows)
+        table = read_table(data, spec, max_rows)
         need = [f["column"] for f in spec["sparse"]] + list(spec["dense"]) + [spec["label"]["column"]]
         missing = [c for c in need if c not in table.column_names]
         if missing:

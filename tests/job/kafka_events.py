@@ -32,22 +32,24 @@ def produce(bootstrap, topic, rows, partitions=1, raw=()):
     """Produces `rows` as JSON (row i to partition i % partitions), then the
     raw byte strings `raw` as (partition, bytes); waits for every ack."""
     from confluent_kafka import Producer
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for i, row in enumerate(rows):
-        p.produce(topic, json.dumps(row).encode(), partition=i % partitions)
+
+    from evstore_app.job.kafka_produce import produce_rows
+    produce_rows(bootstrap, topic, rows, partitions=partitions)
+    p = Producer({"bootstrap.servers": bootstrap})
     for part, value in raw:
         p.produce(topic, value, partition=part)
     assert p.flush(30) == 0
 
 
-def train(root, bootstrap, topic, *flags, env=None, wait=True):
-    """`evstore train --kafka` as a process (Popen when not `wait`)."""
+def train(root, bootstrap, topic, *flags, env=None, wait=True, stderr=None):
+    """`evstore train --kafka` as a process (Popen when not `wait`; its stderr
+    to the open file `stderr` when given)."""
     spec = os.path.join(os.path.dirname(str(root)), "spec.json")
     with open(spec, "w") as f:
         json.dump(SPEC, f)
     cmd = [sys.executable, "-m", "evstore_app.cli", "train", "--kafka", bootstrap, "--topic", topic, "--spec", spec,
            "--checkpoints", str(root), "--no-progress", *flags]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr or subprocess.PIPE, text=True,
                          env={**os.environ, **(env or {})})
     if not wait:
         return p
@@ -104,3 +106,26 @@ def set_group_offsets(bootstrap, group, topic, offsets):
         c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
     finally:
         c.close()
+
+
+def committed_messages(root):
+    """The largest message count a commit under `root` records (0: none)."""
+    best = 0
+    for d in os.listdir(root) if os.path.isdir(root) else []:
+        try:
+            with open(os.path.join(root, d, "MANIFEST.json")) as f:
+                pos = json.load(f)["metadata"].get("position")
+        except (OSError, ValueError, KeyError):
+            continue
+        if isinstance(pos, dict):
+            best = max(best, int(pos.get("messages", 0)))
+    return best
+
+
+def wait_until(what, proc, timeout=300):
+    """Waits until `what()` is true while `proc` runs."""
+    deadline = time.time() + timeout
+    while not what():
+        assert proc.poll() is None, f"the job ended early (exit {proc.returncode})"
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.1)
