@@ -303,6 +303,9 @@ class KafkaStream:
             tp.offset = self.offsets.get((tp.topic, tp.partition), k.OFFSET_STORED)
         consumer.assign(parts)
         self._assigned = {(tp.topic, tp.partition) for tp in parts}
+        print("evstore train: the group assigned " + (", ".join(
+            f"{tp.topic}[{tp.partition}]@" + (f"{tp.offset}" if tp.offset >= 0 else "group's offset")
+            for tp in parts) or "no partition"), file=sys.stderr, flush=True)
 
     def _discover(self):
         if self.group_managed or time.time() - self._discovered < self.discover_every:

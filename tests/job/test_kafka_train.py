@@ -122,3 +122,45 @@ def test_killed_at_any_moment_the_job_trains_every_event_once_into_the_uninterru
                    progress=False, out=str(tmp_path / "file-out"))
     file_model, _ = restored(tmp_path / "file-root")
     assert state_matches(load_spec(SPEC), str(root), file_model)
+
+
+def test_a_rebalance_of_a_group_managed_run_neither_skips_nor_repeats_events(broker, tmp_path):
+    """Another member joins the job's group, takes a partition, commits a wrong
+    offset for it (past the end: a job trusting the group would skip events)
+    and leaves; the job gets the partition back and reads it from its own position."""
+    import threading
+
+    from confluent_kafka import Consumer, TopicPartition
+    from kafka_events import committed_messages, wait_until
+    first, second = events(400, seed=5), events(400, seed=5, start=400)
+    create_topic(broker.bootstrap, "clicks2", 2)
+    produce(broker.bootstrap, "clicks2", first, partitions=2)
+    with open(tmp_path / "train.err", "w") as err:
+        p = train(tmp_path / "root", broker.bootstrap, "clicks2", "--group", "gm", "--group-managed",
+                  "--max-events", "800", "--delta-every", "0.3", wait=False, stderr=err)
+        wait_until(lambda: committed_messages(tmp_path / "root") == 400, p)
+        held, stop = [], threading.Event()
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "gm", "enable.auto.commit": False,
+                      "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        c.subscribe(["clicks2"], on_assign=lambda cons, parts: held.extend(parts))
+
+        def member():
+            while not stop.is_set():
+                c.consume(10, 0.1)      # its events are its own, never trained by the job's model
+        t = threading.Thread(target=member)
+        t.start()
+        wait_until(lambda: held, p)
+        produce(broker.bootstrap, "clicks2", second, partitions=2)
+        mine = held[0].partition
+        stop.set()
+        t.join()
+        c.commit(offsets=[TopicPartition("clicks2", mine, 10_000)], asynchronous=False)
+        c.close()
+        out, _ = p.communicate(timeout=300)
+    text = (tmp_path / "train.err").read_text()
+    assert p.returncode == 0, text[-3000:]
+    assert text.count("the group assigned") >= 2
+    model, meta = restored(tmp_path / "root")
+    rows = first + second
+    assert key_freqs(model, "user") == counts(rows, "user") and key_freqs(model, "item") == counts(rows, "item")
+    assert meta["position"]["kafka"] == {"clicks2": {"0": 400, "1": 400}}
