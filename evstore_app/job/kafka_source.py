@@ -47,7 +47,9 @@ __all__ = ["KafkaStream", "KafkaUnavailableError", "parse_until"]
 log = logging.getLogger("evstore.kafka")
 
 _DEFAULTS = {"enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
-             "enable.partition.eof": False, "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 2000}
+             "enable.partition.eof": False, "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 2000,
+             # group-managed: a rebalance waits for every member's next heartbeat (librdkafka's default 3 s)
+             "heartbeat.interval.ms": 1000}
 _FORBIDDEN = {"enable.auto.commit": "true would commit offsets the checkpoint has not recorded (the job commits "
                                     "them to the group itself, after each checkpoint commit)"}
 _INT64 = (-2**63, 2**63 - 1)
