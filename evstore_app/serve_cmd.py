@@ -1,6 +1,7 @@
 """`evstore serve`: the command's arguments turned into a call of
 serving_loader.server.serve (the library), with the command's logging and exit status."""
 import logging
+import shlex
 import sys
 
 from serving_loader import admin_listener
@@ -50,8 +51,13 @@ def run(args):
                      idle_timeout_s=args.rest_idle_timeout_s or None, tier=_tier(args),
                      use_serving_view=args.serving_view)
     except (ValueError, TypeError, OSError) as e:
-        from serving_loader.model import NothingToServeError
+        from serving_loader.model import NotAnExportError, NothingToServeError
 
-        hint = " (--allow-empty serves the export as it is)" if isinstance(e, NothingToServeError) else ""
+        hint = ""
+        if isinstance(e, NothingToServeError):
+            hint = " (--allow-empty serves the export as it is)"
+        elif isinstance(e, NotAnExportError):
+            hint = (f"; from the command line: evstore train --data DATA --spec SPEC --checkpoints ROOT "
+                    f"--export {shlex.quote(args.export)} --max-rows 0 writes the export alone")
         print(f"evstore serve: {e}{hint}", file=sys.stderr)
         return 1
