@@ -263,6 +263,7 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
         tensors = {n: tf.convert_to_tensor(v, dtype=self.inputs[n]["dtype"]) for n, v in inputs.items()}
         self._lock.acquire_read()
         try:
+            self._fill_rows(self.signature, tensors)
             out = self._fn(**tensors)
             version = self.version
         except tf.errors.InvalidArgumentError as e:
@@ -280,6 +281,7 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
         fn = self._fn if signature == self.signature else self._loaded.signatures[signature]
         self._lock.acquire_read()
         try:
+            self._fill_rows(signature, inputs)
             flat = self._flat.get(signature, False)
             if flat is False:   # its probe compares two calls: no publish between them
                 flat = self._flat[signature] = FlatCall.build(fn, signature)

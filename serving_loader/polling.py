@@ -110,12 +110,18 @@ class Polling:
                     return
             for s in staged:
                 self._warm(s)
+            try:
+                self._fleet_stage(run[-1])   # a sharded front: every shard stages it first (serving_loader/front.py)
+            except OSError as e:
+                self._refuse(run[-1], f"cannot apply {run[-1].dir}: {e}", retry=True)
+                return
             self._lock.acquire_write()
             try:
                 for s in staged:   # a held stretch is published with the commit that passed, in one step
                     self._publish(s)
             finally:
                 self._lock.release_write()
+            self._fleet_published(run[-1].seq)
             for m in run:
                 self._record(m, t0)
             for st in staged:

@@ -431,7 +431,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
           poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
           storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0,
           grpc_idle_timeout_s=None, gate=None, gate_min_examples=1000, admin_port=None, admin_host="127.0.0.1",
-          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, tier=None, use_serving_view=True):
+          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, tier=None, use_serving_view=True, shards=None):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
     `port` (TF Serving's flags; 0: any free port; None: that API off; a build
@@ -465,6 +465,9 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     `storage`): each table's rows in a DRAM cache over a private directory,
     removed when serve returns. `use_serving_view`: serve a commit's serving
     view when it has one (False: its float32 rows; ServingModel's argument).
+    `shards`: "host:port,..." of serving shards (serving_loader/front.py):
+    this server is their front (an export of evstore tables; the sharded
+    EVs' rows come from the shards, the others' are held here in DRAM).
     """
     from serving_loader.model import ServingModel
 
@@ -498,8 +501,17 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
         socks.append(admin_sock)
         if port:   # 0: any free port
             _bind(host, port, "gRPC").close()
-        model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty,
-                             gate=gate, storage=tier, use_serving_view=use_serving_view)
+        if shards is not None:
+            from serving_loader.front import FrontModel
+            from serving_loader.shard_client import parse_addresses
+
+            if tier is not None:
+                raise ValueError("a front holds its small EVs in DRAM; --tiered-dram-bytes is the shards' (--shard)")
+            model = FrontModel(export_dir, checkpoint_root, parse_addresses(shards), storage_options=storage_options,
+                               allow_empty=allow_empty, gate=gate)
+        else:
+            model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options,
+                                 allow_empty=allow_empty, gate=gate, storage=tier, use_serving_view=use_serving_view)
         app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes,
                          refresh_every_s=poll_every, batching=batching, idle_timeout_s=idle_timeout_s,
                          admin_token=admin_token)
