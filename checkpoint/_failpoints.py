@@ -1,9 +1,11 @@
 """Crash-test hooks: with EVSTORE_FAILPOINT=<point> a saving process stops at
 that point, after creating $EVSTORE_FAILPOINT_FILE, until it is killed; with
 EVSTORE_FAILPOINT=<point>:raise it raises OSError there (a failed save). Unset,
-a hit is one dictionary lookup. Points: before-bundle, before-manifest,
-after-manifest (manifest durable, EV snapshots not yet committed); the native
-writer has bundle-mid-data.
+a hit is one dictionary lookup. Points: before-bundle, before-upload (parts
+written on every task, none uploaded), before-manifest, after-manifest
+(manifest durable, EV snapshots not yet committed); in a task's checkpoint
+service (checkpoint/task_service.py), task-before-upload (its part written,
+about to upload); the native writer has bundle-mid-data.
 """
 import os
 import time
