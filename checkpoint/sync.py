@@ -27,8 +27,17 @@ the same step), in order:
      go into the next save).
 A worker that dies fails the collectives of the others (the save raises, its
 directory stays without a manifest and the next save removes it); a kill
-after the manifest leaves a committed checkpoint. The root must be a path
-every worker sees (a local disk for local workers, a shared filesystem).
+after the manifest leaves a committed checkpoint.
+
+The root: a local path every worker sees (local workers, a shared
+filesystem): the parts go into the checkpoint directory and are merged there.
+Any other root (an object store, the only storage the workers share): each
+worker writes its part into a private temp directory, the all-gather of step 3
+also tells every worker how many data files each part has, and each worker
+uploads its data files under their names in the merged bundle
+(checkpoint/remote_parts.py), its part index and its report; after an
+all-gather of the uploads the chief merges the part indexes, checks every
+object in the root and writes the manifest.
 
 Restores need no coordination: each worker reads the chain and keeps the keys
 its shard owns (checkpoint/shards.py), so a chain saved by W workers restores
@@ -80,7 +89,7 @@ class SyncCheckpointManager(CheckpointManager):
     worker passes one, or none does.
 
     Raises:
-      ValueError: a root that is not a local path; rank / num_workers that
+      ValueError: rank / num_workers that
         disagree with the model's tables; (saves) a quality record instead of
         `Scored` (one worker's record would cover only its slice).
       RuntimeError (start): scheduled saves, which cannot be collective.
@@ -148,7 +157,7 @@ class SyncCheckpointManager(CheckpointManager):
         dirname = dir_name(kind, seq)
         # A local root: every part straight into the checkpoint directory. Any
         # other: into a private directory of this worker's host, uploaded.
-        directory = self.storage.join(dirname) if self.storage.local else tempfile.mkdtemp(prefix="evstore-sync-")
+        directory = self.storage.join(dirname) if self.storage.local else tempfile.mkdtemp(prefix="evstore-sync-part-")
         evs = col.evs
         sids, wrote, committed = {}, False, False
         try:
