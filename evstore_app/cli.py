@@ -155,6 +155,17 @@ def build_parser():
     srv.add_argument("--tier-path", "--tier_path", default=None, metavar="DIR",
                      help="parent of the tier's private directories (default: the system temp directory; use a "
                           "local SSD); with --tiered-dram-bytes")
+    srv.add_argument("--shard", default=None, metavar="I/N",
+                     help="run as serving shard I of N: hold partition I of the sharded EVs (tiered with "
+                          "--tiered-dram-bytes) and answer a front's lookups on --port (gRPC, no REST); the front "
+                          "decides the version (docs/guides/sharded-serving.md)")
+    srv.add_argument("--shard-evs", "--shard_evs", default=None, metavar="EV,...",
+                     help="with --shard: the EVs sharded (default: every EV of the export); the front serves the "
+                          "others")
+    srv.add_argument("--shards", default=None, metavar="HOST:PORT,...",
+                     help="run as the front of these shards (shard i at the i-th address): dense weights and small "
+                          "EVs here, the sharded EVs' rows read from the shards per request, every commit published "
+                          "on all of them at once (docs/guides/sharded-serving.md)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")

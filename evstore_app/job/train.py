@@ -6,7 +6,10 @@ trains batch by batch with progressive evaluation, saves deltas and fulls on
 a schedule, and commits a final delta when the data ends or on Ctrl-C /
 SIGTERM. With `export`, the serving export is written first (or kept if it
 is this model's), so `evstore serve --export EXPORT --checkpoints ROOT` can
-follow the run from its first commit.
+follow the run from its first commit (the closing summary prints that
+command line, with `--model_name` the spec file's name). `max_rows=0` with
+`export` writes the export and commits nothing: what `evstore serve
+--allow-empty` serves until the first commit.
 """
 import os
 import sys
@@ -46,7 +49,7 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     already holds every row of `data` trains and commits nothing."""
     if guard is not None:
         Gate.parse(guard, min_examples=guard_min_examples)   # refused before anything is read or built
-    spec = load_spec(spec)
+    spec_arg, spec = spec, load_spec(spec)
     stream = FileStream(data, spec, max_rows=max_rows)
     trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view)
     if stop_event is not None:
@@ -63,13 +66,15 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
         import serving_loader
         _, written = serving_loader.ensure_serving_export(trainer.model, export)
         extra["export"] = {"dir": os.path.abspath(export), "written": written,
-                           "serve": serve_command(export, checkpoints)}
+                           "serve": serve_command(export, checkpoints, model_name(spec_arg))}
     os.makedirs(out, exist_ok=True)
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
     summary = Summary(out, trainer)
-    if start >= stream.rows:         # a finished root: nothing to train, nothing to commit
-        first = trainer.manager.last_committed.seq
-        return summary.finish(first_full=first, final=first, train_seconds=0.0, steps=0, spec=spec,
+    if start >= stream.rows:         # a finished root (or no rows asked for): nothing to train or commit
+        last = trainer.manager.last_committed
+        first = None if last is None else last.seq
+        return summary.finish(first_full=first, final=first, train_seconds=0.0, steps=0,
+                              spec=spec if first is not None else None,
                               extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
     if trainer.manager.last_committed is None:
         trainer.manager.save_full(metadata=trainer.metadata(), quality=trainer.quality)   # the initial state
@@ -117,11 +122,22 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
                           extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
 
 
-def serve_command(export, checkpoints):
-    """The `evstore serve` command line that serves `export` kept fresh from `checkpoints`."""
+def model_name(spec):
+    """The name `evstore train` suggests serving the model as: the spec file's
+    name without its extension (examples/movielens.json -> movielens), or
+    "default" (the server's default name) for a spec given as a dict."""
+    if isinstance(spec, (str, os.PathLike)):
+        return os.path.splitext(os.path.basename(os.fspath(spec)))[0] or "default"
+    return "default"
+
+
+def serve_command(export, checkpoints, name="default"):
+    """The `evstore serve` command line that serves `export` kept fresh from
+    `checkpoints` as model `name` (what the REST paths /v1/models/<name> ask for)."""
     import shlex
     root = checkpoints if "://" in str(checkpoints) else os.path.abspath(checkpoints)
-    return f"evstore serve --export {shlex.quote(os.path.abspath(export))} --checkpoints {shlex.quote(str(root))}"
+    return (f"evstore serve --export {shlex.quote(os.path.abspath(export))} --checkpoints {shlex.quote(str(root))} "
+            f"--model_name {shlex.quote(name)}")
 
 
 def default_out(checkpoints):
