@@ -3,11 +3,12 @@
 - every ```python block of a page runs: a page's blocks, joined in order, in a fresh interpreter
   (cwd the repository root, or a new temporary directory when the page says
   `<!-- docs-test: cwd=tmp -->`). ```text blocks are shown, not run; so are ```bash and ```sh
-  blocks, except those marked `<!-- docs-test: run -->` on the line before the fence: those run as
-  a newcomer pastes them (README.md's train / serve / query block among them), after the page's
-  python blocks, in a shell with the project's environment activated, on a host of their own
-  (tests/hosts.py: the documented ports 8500-8502 are free, /tmp is private, so the documented
-  /tmp paths are new), and what they print is checked against RUN_EXPECTS;
+  blocks, except those marked `<!-- docs-test: run -->` on the line before the fence: those run
+  as a newcomer pastes them (README.md's train / serve / query block among them) in a shell with
+  the project's environment activated, on a host of their own (tests/hosts.py: the documented
+  ports 8500-8502 are free and /tmp is private, so the documented /tmp paths are new), after the
+  page's python blocks where they serve what those wrote (RUN_WITH_PYTHON), and what they print
+  is checked against RUN_EXPECTS;
 - every relative link resolves to a file of the repository, and every #anchor to a heading of
   its page (GitHub's anchors, which mkdocs.yml's `toc` slugify also produces);
 - no link and no text a user reads points outside the repository (`../shared`);
@@ -96,6 +97,9 @@ RUN_EXPECTS = {
         r"evstore_serving_applied_sequence 2\.0\n",
     ],
 }
+# Pages whose marked shell blocks serve what the page's python blocks wrote: the python blocks run
+# first, in the same shell (and not in test_python_blocks_of_the_page_run_as_written).
+RUN_WITH_PYTHON = {"docs/guides/serving.md"}
 RUN_AFTER = {
     "README.md": r"""
 newest=$(ls /tmp/ml/ckpt | sed -n 's/^\(full\|delta\)-0*\([0-9][0-9]*\)$/\2/p' | sort -n | tail -1)
@@ -129,7 +133,8 @@ def test_shell_blocks_marked_run_work_as_pasted(page, tmp_path):
     assert page in RUN_EXPECTS, f"{page} has blocks marked to run: say in RUN_EXPECTS what they print"
     text = _read(page)
     env = dict(DOCS_VENV=os.path.dirname(os.path.dirname(sys.executable)), DOCS_ROOT=ROOT,
-               DOCS_PY="\n".join(_python_blocks(text)), DOCS_SH="\n".join(_run_blocks(text)),
+               DOCS_PY="\n".join(_python_blocks(text)) if page in RUN_WITH_PYTHON else "",
+               DOCS_SH="\n".join(_run_blocks(text)),
                DOCS_AFTER=RUN_AFTER.get(page, ""))
     with hosts.network_or_skip(tmp_path / "hosts") as net:
         p = net.host("newcomer").popen(["bash", "-c", SHELL], env=env, stderr=subprocess.PIPE)
@@ -146,7 +151,7 @@ def test_shell_blocks_marked_run_work_as_pasted(page, tmp_path):
     assert missing == [], f"{page}: not printed: {missing}\n{stdout[-3000:]}\n{stderr[-5000:]}"
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(_read(p)) and not _run_blocks(_read(p))])
+@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(_read(p)) and p not in RUN_WITH_PYTHON])
 def test_python_blocks_of_the_page_run_as_written(page, tmp_path):
     text = _read(page)
     script = tmp_path / "page_blocks.py"
