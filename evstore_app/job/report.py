@@ -7,7 +7,7 @@ import numpy as np
 import checkpoint
 from evstore_app.job.model import build_model, field_ev
 
-__all__ = ["Summary", "state_matches"]
+__all__ = ["Summary", "state_matches", "format_offsets"]
 
 
 def _ev_state(model, names):
@@ -214,6 +214,36 @@ def write_report_png(res, path):
     return path
 
 
+def format_offsets(position):
+    """"topic[0]@120 topic[1]@98" for a Kafka position dict."""
+    parts = [f"{t}[{p}]@{off:,}" for t, ps in sorted((position.get("kafka") or {}).items())
+             for p, off in sorted(ps.items(), key=lambda kv: int(kv[0]))]
+    return " ".join(parts) or "(none)"
+
+
+def _kafka_lines(k):
+    """The Kafka source's lines of the summary: offsets reached, lag, bad
+    messages, event time -> commit, broker waits."""
+    lines = [f"kafka: {k['source']}: {k['messages']:,} messages consumed in all, ended by {k['ended']}; offsets "
+             f"{format_offsets({'kafka': k['offsets']})}"]
+    lag = k.get("lag") or {}
+    if lag:
+        lines.append("kafka lag at the end: " + ", ".join(f"{p} {v:,}" if v is not None else f"{p} ?"
+                                                         for p, v in lag.items()))
+    if k.get("bad"):
+        reasons = ", ".join(f"{r}: {n:,}" for r, n in sorted(k["bad_reasons"].items()))
+        lines.append(f"kafka bad messages skipped: {k['bad']:,} in all ({reasons or 'before this run'})"
+                     + (f", produced to {k['dead_letter_topic']}" if k.get("dead_letter_topic") else ""))
+    f = k.get("event_to_commit")
+    if f:
+        lines.append(f"event time -> commit: p50 {f['p50_s']} s, p99 {f['p99_s']} s, max {f['max_s']} s "
+                     f"({f['events']:,} events)")
+    if k.get("broker_waits_s"):
+        lines.append(f"waited for the Kafka broker {len(k['broker_waits_s'])} time(s): "
+                     + ", ".join(f"{w} s" for w in k["broker_waits_s"]))
+    return lines
+
+
 def _count(n, word):
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -249,13 +279,17 @@ def format_summary(res):
     """The human-readable summary printed at the end of a run."""
     session = res.get("examples_this_session", res["examples"])
     lines = []
+    kafka = res.get("kafka")
     if res.get("resumed_at") is not None:
-        lines.append(f"resumed at row {res['resumed_at']:,} ({res['examples'] - session:,} examples trained "
-                     "before this run)")
-    if session == 0 and res.get("resumed_at") is not None:
+        at = (f"offsets {format_offsets(res['resumed_at'])}" if isinstance(res["resumed_at"], dict)
+              else f"row {res['resumed_at']:,}")
+        lines.append(f"resumed at {at} ({res['examples'] - session:,} examples trained before this run)")
+    if kafka:
+        lines.extend(_kafka_lines(kafka))
+    if session == 0 and res.get("resumed_at") is not None and not kafka:
         lines.append(f"nothing new to train: the checkpoint root is at row {res.get('position', res['resumed_at']):,}"
                      f" of {res.get('rows_in_data', '?'):,} (no checkpoint committed)")
-    elif session == 0 and not res.get("rows_in_data"):
+    elif session == 0 and not kafka and not res.get("rows_in_data"):
         lines.append("nothing to train: no rows (--max-rows 0 or empty data); no checkpoint committed")
     else:
         lines.append(f"examples: {session:,} this run in {res['train_seconds']} s ({res['examples_per_s']:,.0f} "

@@ -56,12 +56,19 @@ def test_the_first_runs_summary_calls_its_full_the_initial_untrained_model(train
     assert "1 fulls" not in line and "1 deltas" not in line
 
 
-def test_train_max_rows_0_with_export_writes_the_export_alone(tmp_path):
-    p = _train(tmp_path, 0, "o")
+@pytest.fixture(scope="module")
+def export_alone(tmp_path_factory):
+    """`evstore train --max-rows 0 --export`: (its directory, the CompletedProcess)."""
+    tmp = tmp_path_factory.mktemp("export-alone")
+    return tmp, _train(tmp, 0, "o")
+
+
+def test_train_max_rows_0_with_export_writes_the_export_alone(export_alone):
+    tmp, p = export_alone
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
-    assert os.path.exists(tmp_path / "export" / "assets.extra" / "evstore_serving.json")
-    assert not os.path.exists(tmp_path / "ckpt") or not any(n.startswith(("full-", "delta-"))
-                                                            for n in os.listdir(tmp_path / "ckpt"))
+    assert os.path.exists(tmp / "export" / "assets.extra" / "evstore_serving.json")
+    assert not os.path.exists(tmp / "ckpt") or not any(n.startswith(("full-", "delta-"))
+                                                       for n in os.listdir(tmp / "ckpt"))
     assert "nothing to train: no rows (--max-rows 0 or empty data); no checkpoint committed" in p.stdout
     assert "--model_name movielens" in p.stdout
 
@@ -147,16 +154,16 @@ def test_serve_on_a_root_of_another_model_exits_non_zero_with_a_one_line_reason(
                            "tables ['genre', 'movie', 'user']"), line
 
 
-def test_serve_with_allow_empty_serves_the_export_and_applies_the_first_commit(trained, tmp_path):
+def test_serve_with_allow_empty_serves_the_export_and_applies_the_first_commit(trained, export_alone, tmp_path):
     """The newcomer's order: `train --max-rows 0 --export` writes the export, `serve --allow-empty`
     serves it, and the first commit of the root is applied when it appears."""
     import shutil
 
     tmp, _, _ = trained
-    p = _train(tmp_path, 0, "o")
+    alone, p = export_alone
     assert p.returncode == 0, p.stderr[-3000:]
     root = tmp_path / "later"
-    server = Server(str(tmp_path), str(tmp_path / "export"), str(root), name="m", extra=["--allow-empty"])
+    server = Server(str(tmp_path), str(alone / "export"), str(root), name="m", extra=["--allow-empty"])
     try:
         assert server.version() == 0            # the export as written
         shutil.copytree(tmp / "ckpt", tmp_path / "staging")
