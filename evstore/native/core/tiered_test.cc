@@ -509,6 +509,23 @@ static void test_concurrent_training_and_lookups_equal_all_dram() {
   CHECK(Dump(t) == Dump(dram));
 }
 
+// stats() counts the tier's per-key DRAM cost: 24 bytes of metadata per row
+// id (allocated in chunks of 65,536) and 4 bytes per disk record.
+static void test_stats_count_the_per_key_dram_cost() {
+  const int dim = 4;
+  std::string dir = TempDir();
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 64 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 5000; ++i) keys.push_back(i);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  const TableStats st = t.Stats();
+  const TierStats ts = t.tier_stats();
+  CHECK(ts.disk_records >= 4000);
+  CHECK(st.meta_bytes >= 65536 * 24 + ts.disk_records * 4);
+  CHECK(st.meta_bytes <= 65536 * 24 + ts.disk_records * 4 + 64 * 1024);  // + the log's extent table
+}
+
 static void test_bad_config_is_refused() {
   CHECK_THROWS((TieredStore<>(4, TierConfig{0, "/tmp"})), std::invalid_argument);
   CHECK_THROWS((TieredStore<>(4, TierConfig{1024, ""})), std::invalid_argument);
@@ -542,6 +559,7 @@ int main() {
   RUN(test_misses_of_one_batch_are_read_in_runs);
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
+  RUN(test_stats_count_the_per_key_dram_cost);
   std::printf("all tests passed\n");
   return 0;
 }
