@@ -471,8 +471,8 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
                      batching=batching, idle_timeout_s=idle_timeout_s, admin_token=admin_token)
     # The loaded model leaves a large heap of long-lived Python objects (TF,
     # Keras, the restored graph); a full garbage collection walks all of them
-    # and stalls every request for hundreds of milliseconds. Frozen, they are
-    # skipped by every later collection.
+    # and stalls every request meanwhile. Frozen, they are skipped by every
+    # later collection.
     app.warm_up()
     gc.collect()
     gc.freeze()
