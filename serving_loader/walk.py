@@ -1,0 +1,188 @@
+"""The walk of a commit through serving (docs/ARCHITECTURE.md, "Serving"):
+source -> stage -> policy -> publish.
+
+Each poll asks the commit source (source.py) what is committed, the policy
+(policy.py) what of it to serve (pin, quality gate, refusals), the stager
+(stager.py) to read and check it, and the publisher (publisher.py) to make it
+the served state; the metrics (apply_metrics.py) count the outcome. It
+follows the served chain commit by commit, reloads from the newest chain when
+the served one was withdrawn or replaced, counts a checkpoint that cannot be
+served once and keeps the last good state; `start` / `stop` poll in the
+background (apscheduler). A rollback (rollback.py) is a walk to a chosen
+commit."""
+import logging
+import threading
+import time
+
+import tensorflow as tf
+
+from checkpoint.chain import WITHDRAWN_RESCANS
+from checkpoint.errors import CheckpointError
+from serving_loader.source import Withdrawn
+from serving_loader.streamed_reload import load_streamed
+
+__all__ = ["CommitWalk", "STAGE_ERRORS"]
+
+log = logging.getLogger("evstore.serving")
+
+# What staging a commit can raise for a commit that cannot be served (the served state stays).
+STAGE_ERRORS = (CheckpointError, OSError, tf.errors.OpError, ValueError)
+
+
+class CommitWalk:
+    """Drives commits of `source` through `stager`, `policy` and `publisher`,
+    reporting to `metrics`; `streamed`: the publisher's tables are replaced
+    whole by a reload (evstore tables) rather than rewritten in place."""
+
+    def __init__(self, source, stager, policy, publisher, metrics, streamed=False):
+        self.source, self.stager, self.policy = source, stager, policy
+        self.publisher, self.metrics, self.streamed = publisher, metrics, streamed
+        self.lock = threading.Lock()   # one walk at a time: polls, pin, resume, rollback
+        self._sched = None
+
+    def poll(self):
+        """Applies every checkpoint committed since the served one; returns the served seq."""
+        if self.source is None:
+            return self.publisher.served.seq
+        with self.lock:
+            # A checkpoint the writer's retention withdraws while this server
+            # stages it is not a failure: scan again and serve what is committed.
+            for _ in range(WITHDRAWN_RESCANS):
+                sc = self.source.scan()
+                if not sc.manifests:
+                    break
+                if self.policy.pinned:
+                    break
+                try:
+                    served = self.publisher.served
+                    if served.seq is not None and self.source.is_committed(sc, served):
+                        self._follow_chain(sc)
+                    self._maybe_reload(sc)
+                except Withdrawn as e:
+                    log.info("%s was withdrawn while this server staged it (retention of its writer); "
+                             "scanning again", e)
+                    continue
+                break
+            return self.publisher.served.seq
+
+    def _follow_chain(self, sc):
+        children = self.source.children(sc)
+        while True:
+            served = self.publisher.served
+            pending = self.source.after(children, served, self.policy.refused, limit=self.policy.stretch_limit())
+            if not pending:
+                self.policy.caught_up()
+                return
+            run = self.policy.admit(served.seq, pending)
+            if not run:
+                return   # held: the gate's status says why
+            t0 = time.time()
+            staged = []
+            for m in run:
+                try:
+                    staged.append(self.stager.stage(m))
+                except STAGE_ERRORS as e:
+                    self.source.still_committed([m], e)
+                    self.refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
+                    return
+            self.publisher.warm(staged)
+            self.publisher.publish(staged)   # a held stretch is published with the commit that passed, in one step
+            self._published(staged)
+            for m in run:
+                self.metrics.record(m, t0)
+            self.policy.serving(run[-1].seq)
+
+    def _maybe_reload(self, sc):
+        try:
+            chain = self.source.newest_chain(sc)
+        except CheckpointError as e:
+            served = self.publisher.served.seq
+            if served is None or max(sc.manifests) > served:
+                self.refuse(None, f"newest chain cannot be served: {e}", key=("chain", str(e)))
+            return
+        served = self.publisher.served
+        if any((m.seq, m.checksum) == (served.seq, served.checksum) for m in chain):
+            return  # the served checkpoint is in the newest chain: _follow_chain applies the rest
+        if self.policy.is_refused(chain[-1]):
+            return  # this chain was refused already: wait for a newer one
+        chain = chain[:self.policy.reload_end(served.seq, chain, lambda: self._served_chain_intact(sc))]
+        if not chain:
+            return   # held on the served version: the gate's status says why
+        if served.seq is not None:
+            log.warning("served %s is not in the newest chain (%s..%s): it was withdrawn or the chain was "
+                        "replaced; reloading", served.seq, chain[0].dir, chain[-1].dir)
+        t0 = time.time()
+        before = served.seq
+        try:
+            self.load_chain(chain)
+        except STAGE_ERRORS as e:
+            self.source.still_committed(chain, e)
+            self.refuse(chain[-1], f"cannot reload from {chain[0].dir}: {e}", retry=isinstance(e, OSError))
+            return
+        for m in chain:   # every checkpoint this reload newly serves counts as applied
+            if before is None or m.seq > before or m.seq == chain[-1].seq:
+                self.metrics.record(m, t0)
+        log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
+
+    def load_chain(self, chain):
+        """Stages every checkpoint of `chain` (raising before any change if one
+        fails), then replaces the served state with it in one step. Evstore
+        tables stream the full instead (serving_loader/streamed_reload.py)."""
+        if self.streamed:
+            staged = load_streamed(self.stager, self.publisher, chain)
+        else:
+            staged = [self.stager.stage(m) for m in chain]
+            self.publisher.replace(staged)
+        self._published(staged)
+
+    def _published(self, staged):
+        for s in staged:
+            self.metrics.fetched(s.bytes_read)
+            self.policy.published(s.manifest.quality)
+
+    def _served_chain_intact(self, sc):
+        """The served commit is still committed (or its whole chain was removed
+        by the writer's retention: it was committed) and every later commit of
+        its chain follows from it."""
+        served = self.publisher.served
+        if not self.source.is_committed(sc, served):
+            fulls = [q for q, m in sc.manifests.items() if m.kind == "full"]
+            return bool(fulls) and served.base < min(fulls)
+        reachable = {m.seq for m in self.source.after(self.source.children(sc), served, self.policy.refused)}
+        return all(q in reachable for q, m in sc.manifests.items() if m.base == served.base and q > served.seq)
+
+    def refuse(self, m, msg, key=None, retry=False):
+        """A checkpoint (or chain) that cannot be served: counted once; not
+        retried unless the cause may pass (`retry`: an I/O error)."""
+        new = self.policy.refuse(key or (m.seq, m.checksum), retry=retry)
+        if new is None:
+            return
+        if new:
+            self.metrics.fail(msg, self.publisher.served.seq)
+        else:
+            self.metrics.last_error = msg
+
+    def start(self, every_s=1.0):
+        """Polls the checkpoint root every `every_s` seconds (apscheduler)."""
+        if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or every_s <= 0:
+            raise ValueError(f"every_s must be a positive number of seconds, got {every_s!r}")
+        if self.source is None:
+            raise ValueError("no checkpoint_root to poll")
+        if self._sched is not None:
+            raise RuntimeError("already polling; stop() first")
+        from checkpoint.schedule import background_scheduler
+        self._sched = background_scheduler("serving")
+        self._sched.add_job(self._poll_quietly, "interval", seconds=every_s, id="poll", max_instances=1,
+                            coalesce=True)
+        self._sched.start()
+
+    def _poll_quietly(self):
+        try:
+            self.poll()
+        except Exception as e:  # noqa: BLE001 - the poller must survive
+            self.refuse(None, f"poll failed: {e!r}", key=("poll", repr(e)), retry=True)  # counted once
+
+    def stop(self):
+        if self._sched is not None:
+            self._sched.shutdown(wait=True)
+            self._sched = None
