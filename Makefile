@@ -80,8 +80,11 @@ $(DOCSDEPS): pyproject.toml | $(DEPS)
 
 install: $(NATIVE)
 
+# The suite on TEST_WORKERS processes (pytest-xdist), each test file on one of them: a file's
+# module-scoped fixtures are built once. TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: install $(TESTDEPS) $(DOCSDEPS)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
 
 demo: install
 	$(BIN)/evstore demo

@@ -10,11 +10,14 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MINUTES = 3
 
 
+@pytest.mark.long
 def test_soak_three_minutes_loses_nothing_and_every_replica_converges(tmp_path):
     out = tmp_path / "soak.json"
     cmd = [sys.executable, os.path.join(HERE, "soak.py"), "--minutes", str(MINUTES), "--kill-min", "15",
