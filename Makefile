@@ -111,11 +111,13 @@ bench-peers:
 # The reliability soak (tests/soak/soak.py: a trainer on moto's S3 server, three
 # replicas, random SIGKILLs, every answer checked); `make test` runs it for 3
 # minutes. SOAK_MINUTES=120 make soak for the long run; the report goes to SOAK_OUT.
+# SOAK_ARGS=--hosts: every process on a host of its own (network and mount namespaces; root).
 SOAK_MINUTES ?= 30
 SOAK_OUT ?= out/soak.json
+SOAK_ARGS ?=
 soak: install $(TESTDEPS)
 	mkdir -p $(dir $(SOAK_OUT))
-	$(BIN)/python tests/soak/soak.py --minutes $(SOAK_MINUTES) --out $(SOAK_OUT)
+	$(BIN)/python tests/soak/soak.py --minutes $(SOAK_MINUTES) --out $(SOAK_OUT) $(SOAK_ARGS)
 
 # The in-source CMake build (editable.mode = "inplace") and the libraries.
 clean:

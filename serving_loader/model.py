@@ -73,9 +73,9 @@ from serving_loader.rollback import RollbackError
 from serving_loader.source import CommitSource
 from serving_loader.stager import Stager
 from serving_loader.table import Table
-from serving_loader.walk import CommitWalk
+from serving_loader.walk import REPLACE, STREAM, CommitWalk
 
-__all__ = ["ServingModel", "NothingToServeError", "RollbackError", "zero_example"]
+__all__ = ["ServingModel", "NothingToServeError", "NotAnExportError", "RollbackError", "zero_example"]
 
 
 def _read_signature_defs(export_dir):
@@ -100,6 +100,11 @@ class NothingToServeError(ValueError):
     """The checkpoint root has nothing the export can serve (it does not exist,
     holds no committed checkpoint, none of the export's tables, or its newest
     chain cannot be applied). The message is one line."""
+
+
+class NotAnExportError(ValueError):
+    """`export_dir` holds no evstore serving export (export_serving_model's
+    map file is missing). The message is one line."""
 
 
 TIER_STATS = ("cache_hits", "cache_misses", "cache_rows", "disk_bytes")
@@ -149,7 +154,8 @@ class ServingModel:
     `metrics()` for monitoring.
 
     Raises:
-      ValueError: `export_dir` is not a serving export; `storage` given for
+      NotAnExportError (a ValueError): `export_dir` is not a serving export.
+      ValueError: `storage` given for
         an export of stock tables.
       TypeError: `storage` is not an evstore.TieredStorage.
       NothingToServeError: (allow_empty=False) nothing of the root can be served.
@@ -163,8 +169,8 @@ class ServingModel:
             with open(map_path) as f:
                 self.mapping = json.load(f)
         except FileNotFoundError:
-            raise ValueError(f"{export_dir} is not an evstore serving export (no {MAP_FILE}); write it with "
-                             "serving_loader.export_serving_model") from None
+            raise NotAnExportError(f"{export_dir} is not an evstore serving export (no {MAP_FILE}); write it with "
+                                   "serving_loader.export_serving_model") from None
         if self.mapping.get("format") != FORMAT:
             raise ValueError(f"{map_path} is not an evstore serving map")
         self.export_dir = export_dir
@@ -182,10 +188,8 @@ class ServingModel:
                                     if gate is not None else None)
         self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
         self.source = CommitSource(self.storage) if self.storage is not None else None
-        if self.source is not None and not allow_empty:
-            why = self.source.nothing_to_serve(self.source.scan(), self.mapping["evs"])   # before the (slow) load
-            if why:
-                raise NothingToServeError(why)
+        if self.source is not None and not allow_empty:   # before the (slow) SavedModel load
+            self._check_root()
         self._loaded = tf.saved_model.load(export_dir)
         self.signature = self.mapping["signature"]
         self._fn = self._loaded.signatures[self.signature]
@@ -208,14 +212,40 @@ class ServingModel:
         self.stager = Stager(self.storage, self.mapping, self.publisher, self.use_serving_view)
         self.apply_metrics = ApplyMetrics()
         self.walk = CommitWalk(self.source, self.stager, self.policy, self.publisher, self.apply_metrics,
-                               streamed=self.table_kind == EVSTORE)
+                               reload=STREAM if self.table_kind == EVSTORE else REPLACE)
         if self.table_kind == EVSTORE:   # a tiered table's directory goes with the process
             atexit.register(_close_at_exit, weakref.ref(self))
         if self.storage is not None:
-            self.poll()
-            if self.version is None and not allow_empty:
-                raise NothingToServeError(" ".join(f"checkpoint root {self.storage.url}: {self.last_error or 'nothing to apply'}"
-                                                   .split()))
+            self._first_poll(allow_empty)
+
+    def _check_root(self):
+        """NothingToServeError unless the root holds something for this export."""
+        why = self.source.nothing_to_serve(self.source.scan(), self.mapping["evs"])
+        if why:
+            raise NothingToServeError(why)
+
+    def _first_poll(self, allow_empty):
+        self.poll()
+        if self.version is None and not allow_empty:
+            raise NothingToServeError(" ".join(f"checkpoint root {self.storage.url}: {self.last_error or 'nothing to apply'}"
+                                               .split()))
+
+    def _attach_root(self, checkpoint_root, storage_options=None, allow_empty=False, poll=True):
+        """For a model made without a root (a sharded fleet's front and shards, which set
+        up their tables first): follows `checkpoint_root` from now on, as the constructor
+        would have (NothingToServeError unless `allow_empty`), polling it once if `poll`."""
+        self.storage = Storage(checkpoint_root, storage_options)
+        self.source = self.walk.source = CommitSource(self.storage)
+        self.stager.storage = self.storage
+        if not allow_empty:
+            self._check_root()
+        if poll:
+            self._first_poll(allow_empty)
+
+    def _fill_rows(self, signature, inputs):
+        """Under the read lock, before signature `signature` runs on `inputs`: a sharded
+        front fetches the rows it looks up from its shards (serving_loader/front.py).
+        Nothing to do for one replica."""
 
     # What is served (the publisher's), how it got there (the metrics'), what is decided (the policy's).
     version = _served("seq", "Sequence number of the served commit (None before the first).")
@@ -326,6 +356,7 @@ class ServingModel:
         tensors = {n: tf.convert_to_tensor(v, dtype=self.inputs[n]["dtype"]) for n, v in inputs.items()}
         try:
             with self.publisher.reading() as served:
+                self._fill_rows(self.signature, tensors)
                 out = self._fn(**tensors)
         except tf.errors.InvalidArgumentError as e:
             raise ValueError(f"the serving signature refused the inputs: {e.message}") from None
@@ -339,6 +370,7 @@ class ServingModel:
         TensorFlow's errors for inputs the signature refuses."""
         fn = self._fn if signature == self.signature else self._loaded.signatures[signature]
         with self.publisher.reading() as served:
+            self._fill_rows(signature, inputs)
             flat = self._flat.get(signature, False)
             if flat is False:   # its probe compares two calls: no publish between them
                 flat = self._flat[signature] = FlatCall.build(fn, signature)

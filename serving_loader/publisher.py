@@ -42,6 +42,7 @@ class Publisher:
         self.reserved = reserved
         self._key_dtypes = key_dtypes     # EV name -> key dtype name (its sentinel keys)
         self.served = ServedVersion()
+        self.after_publish = []   # callables run under the write lock after each published commit
         self._lock = RWLock()
 
     @contextlib.contextmanager
@@ -54,7 +55,8 @@ class Publisher:
             self._lock.release_read()
 
     @contextlib.contextmanager
-    def _writing(self):
+    def writing(self):
+        """The block changes the served state: no prediction runs meanwhile."""
         self._lock.acquire_write()
         try:
             yield
@@ -75,14 +77,14 @@ class Publisher:
     def publish(self, staged):
         """Makes the staged commits (a stretch of the served chain, in order) the
         served state in one step."""
-        with self._writing():
+        with self.writing():
             for s in staged:
                 self._publish_one(s)
 
     def replace(self, staged):
         """Replaces the served state by a whole staged chain (full first), in one
         step: every row of the previous chain is dropped first."""
-        with self._writing():
+        with self.writing():
             for name, table in self.tables.items():
                 keys, _ = table.export()
                 empty, deleted = sentinels(self._key_dtypes[name])
@@ -98,7 +100,7 @@ class Publisher:
         """Replaces each served table by its filled replacement (`fresh`, EV name ->
         table; adopted ones are removed from it) and publishes the chain's
         `staged` commits (their rows are in the replacements already), in one step."""
-        with self._writing():
+        with self.writing():
             for name, table in self.tables.items():
                 table.adopt(fresh.pop(name))
             for s in staged:
@@ -125,6 +127,8 @@ class Publisher:
             self.dense[name].assign(value)
         m = s.manifest
         self.served = ServedVersion(m.seq, m.base, m.checksum, m.quality, s.view)
+        for fn in self.after_publish:
+            fn()
 
     def rows(self):
         """{EV name: rows in its serving table}."""
@@ -138,7 +142,7 @@ class Publisher:
 
     def close(self):
         """Drops every served table now; nothing is served any more."""
-        with self._writing():
+        with self.writing():
             tables, self.tables = self.tables, {}
             for t in tables.values():
                 t.close()

@@ -66,7 +66,7 @@ class Stager:
                     if len(freqs) != len(keys):
                         raise CheckpointError(f"{m.dir}: EV {name!r} has {len(freqs)} frequencies for "
                                               f"{len(keys)} keys")
-                evs[name] = self._checked(m, name, erase, keys, values) + (freqs,)
+                evs[name] = self.checked(m, name, erase, keys, values) + (freqs,)
             dense = {n: t[n] for n in self._dense}
             bytes_read = t.bytes_read
         self.check_dense(m, dense)
@@ -78,7 +78,7 @@ class Stager:
                 raise CheckpointError(f"{m.dir}: dense {n!r} is {v.dtype} {list(v.shape)}, the export serves "
                                       f"{self._dense[n].dtype.name} {self._dense[n].shape.as_list()}")
 
-    def _checked(self, m, name, erase, keys, values):
+    def checked(self, m, name, erase, keys, values):
         """Validates an EV's staged tensors completely (publish must not fail
         half-way): dtypes, dim, row counts; splits off the sentinel keys, which
         live beside a stock table. Returns (erase, keys, values, reserved) with

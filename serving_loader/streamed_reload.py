@@ -22,13 +22,38 @@ from checkpoint.fetch import fetch
 from checkpoint.shards import logical_entries
 from serving_loader.stager import Staged
 
-__all__ = ["load_streamed"]
+__all__ = ["load_streamed", "staged_into_replacements"]
 
 
-def load_streamed(stager, publisher, chain):
+def staged_into_replacements(tables, staged):
+    """{EV: replacement table} of `tables` ({EV: EvTable}) holding the chain
+    `staged` ([Staged], full first; each in memory) applied in order; their
+    `evs` are emptied (publishing them sets the rest). The replacements are
+    closed if this fails. A sharded fleet reloads so (its front and shards
+    read only their own rows, which fit in memory)."""
+    fresh = {}
+    try:
+        for name, table in tables.items():
+            fresh[name] = table.replacement()
+        for s in staged:
+            for name, (erase, keys, values, _, freqs) in s.evs.items():
+                if erase.size:
+                    fresh[name].erase(erase)
+                if keys.size:
+                    fresh[name].insert(keys, values, freqs)
+            s.evs = {}
+    except BaseException:
+        for t in fresh.values():
+            t.close()
+        raise
+    return fresh
+
+
+def load_streamed(stager, publisher, chain, before_publish=lambda: None):
     """Stages `chain` (full first) into replacements of `publisher`'s evstore
-    tables and publishes it; returns the published Staged list. Raises (the
-    stager's errors) before any change to the served state."""
+    tables and publishes it (`before_publish()` runs just before: it may raise
+    to stop); returns the published Staged list. Raises (the stager's errors)
+    before any change to the served state."""
     full, deltas = chain[0], chain[1:]
     parts = logical_entries(full)
     missing = sorted(set(publisher.tables) - set(parts))
@@ -53,6 +78,7 @@ def load_streamed(stager, publisher, chain):
                 if keys.size:
                     fresh[name].insert(keys, values, freqs)
             s.evs = {}
+        before_publish()
         publisher.adopt(fresh, [head] + staged)
         return [head] + staged
     finally:

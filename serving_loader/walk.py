@@ -19,7 +19,7 @@ import tensorflow as tf
 from checkpoint.chain import WITHDRAWN_RESCANS
 from checkpoint.errors import CheckpointError
 from serving_loader.source import Withdrawn
-from serving_loader.streamed_reload import load_streamed
+from serving_loader.streamed_reload import load_streamed, staged_into_replacements
 
 __all__ = ["CommitWalk", "STAGE_ERRORS"]
 
@@ -29,14 +29,35 @@ log = logging.getLogger("evstore.serving")
 STAGE_ERRORS = (CheckpointError, OSError, tf.errors.OpError, ValueError)
 
 
+def _log_applied(staged, apply_s, lag_s):
+    """One INFO line per commit applied on top of the served one: its seq and
+    kind, the apply time (stage + publish of its run), the rows it upserted and
+    deleted, and how long after its commit it was served."""
+    m = staged.manifest
+    upserted = sum(int(keys.size) for _, keys, *_ in staged.evs.values())
+    deleted = sum(int(erase.size) for erase, *_ in staged.evs.values())
+    log.info("applied %s %d (chain of full %d) in %.3f s: %s rows upserted, %s deleted; served %.1f s after its "
+             "commit", m.kind, m.seq, m.base, apply_s, f"{upserted:,}", f"{deleted:,}", lag_s)
+
+
+# How a reload replaces the served state (CommitWalk.reload).
+REPLACE = "replace"            # stock tables: staged in memory, the tables rewritten in place
+STREAM = "stream"              # evstore tables: the full streamed into replacement tables (streamed_reload.py)
+REPLACEMENTS = "replacements"  # evstore tables whose rows fit in memory: staged, then into replacements
+
+
 class CommitWalk:
     """Drives commits of `source` through `stager`, `policy` and `publisher`,
-    reporting to `metrics`; `streamed`: the publisher's tables are replaced
-    whole by a reload (evstore tables) rather than rewritten in place."""
+    reporting to `metrics`. `reload`: how a reload replaces the served state
+    (REPLACE, STREAM or REPLACEMENTS). `fleet`: None for one replica; for a
+    sharded fleet's front, its shards (serving_loader/shard_client.py's Fleet:
+    `stage(seq, served_seq)` before each publish, raising OSError when one
+    cannot, which holds the fleet's version; `publish(seq)` after it)."""
 
-    def __init__(self, source, stager, policy, publisher, metrics, streamed=False):
+    def __init__(self, source, stager, policy, publisher, metrics, reload=REPLACE, fleet=None):
         self.source, self.stager, self.policy = source, stager, policy
-        self.publisher, self.metrics, self.streamed = publisher, metrics, streamed
+        self.publisher, self.metrics = publisher, metrics
+        self.reload, self.fleet = reload, fleet
         self.lock = threading.Lock()   # one walk at a time: polls, pin, resume, rollback
         self._sched = None
 
@@ -86,10 +107,18 @@ class CommitWalk:
                     self.refuse(m, f"cannot apply {m.dir}: {e}", retry=isinstance(e, OSError))
                     return
             self.publisher.warm(staged)
+            try:
+                self._fleet_stage(run[-1])
+            except OSError as e:
+                self.refuse(run[-1], f"cannot apply {run[-1].dir}: {e}", retry=True)
+                return
             self.publisher.publish(staged)   # a held stretch is published with the commit that passed, in one step
+            self._fleet_published(run[-1].seq)
             self._published(staged)
             for m in run:
                 self.metrics.record(m, t0)
+            for s in staged:
+                _log_applied(s, self.metrics.last_apply_s, self.metrics.last_lag_s)
             self.policy.serving(run[-1].seq)
 
     def _maybe_reload(self, sc):
@@ -122,18 +151,39 @@ class CommitWalk:
         for m in chain:   # every checkpoint this reload newly serves counts as applied
             if before is None or m.seq > before or m.seq == chain[-1].seq:
                 self.metrics.record(m, t0)
-        log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
+        log.info("serving %d: loaded the chain of full %d (%d checkpoint%s) in %.3f s: %s rows served", chain[-1].seq,
+                 chain[0].seq, len(chain), "" if len(chain) == 1 else "s", time.time() - t0,
+                 f"{sum(self.publisher.rows().values()):,}")
 
     def load_chain(self, chain):
         """Stages every checkpoint of `chain` (raising before any change if one
-        fails), then replaces the served state with it in one step. Evstore
-        tables stream the full instead (serving_loader/streamed_reload.py)."""
-        if self.streamed:
-            staged = load_streamed(self.stager, self.publisher, chain)
+        fails), then replaces the served state with it in one step (`reload`:
+        how; a fleet's shards stage it first and publish after)."""
+        if self.reload == STREAM:
+            staged = load_streamed(self.stager, self.publisher, chain, lambda: self._fleet_stage(chain[-1]))
         else:
             staged = [self.stager.stage(m) for m in chain]
-            self.publisher.replace(staged)
+            if self.reload == REPLACEMENTS:
+                fresh = staged_into_replacements(self.publisher.tables, staged)
+                try:
+                    self._fleet_stage(chain[-1])
+                    self.publisher.adopt(fresh, staged)
+                finally:
+                    for t in fresh.values():
+                        t.close()
+            else:
+                self._fleet_stage(chain[-1])
+                self.publisher.replace(staged)
+        self._fleet_published(chain[-1].seq)
         self._published(staged)
+
+    def _fleet_stage(self, m):
+        if self.fleet is not None:
+            self.fleet.stage(m.seq, self.publisher.served.seq)
+
+    def _fleet_published(self, seq):
+        if self.fleet is not None:
+            self.fleet.publish(seq)
 
     def _published(self, staged):
         for s in staged:

@@ -67,7 +67,8 @@ class Trainer:
         if self.manager.latest() is None:
             return 0
         meta = self.manager.restore()
-        self.position = int(meta.get("position", 0))
+        pos = meta.get("position", 0)
+        self.position = pos if isinstance(pos, dict) else int(pos)   # a dict: a Kafka stream's offsets
         self.examples = self.examples_at_start = int(meta.get("examples", 0))
         self.resumed_at = self.position
         return self.position

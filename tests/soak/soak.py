@@ -12,7 +12,13 @@ What runs (all real processes on this machine):
     journals each commit with its prediction on the probe inputs;
   * --replicas `evstore serve` processes polling the root every 0.5 s;
   * a client thread per replica calling gRPC Predict on the probe inputs
-    back to back.
+    back to back (tests/soak/soak_client.py).
+With --hosts (root only) every process runs on a host of its own
+(tests/hosts.py: network, mount and UTS namespaces): moto on host `s3`, the
+trainer on `trainer` (it also uploads the serving export to the store), each
+replica on `replica<i>` (it downloads the export from the store, then serves
+on port 8500 of its address), the clients as one process on `client`. The
+object store is all they share.
 Every --kill-min..--kill-max seconds (uniform), once the last kill has
 converged, the trainer or one replica (even odds; the replica at random)
 is SIGKILLed and started again at once.
@@ -27,7 +33,11 @@ Checked all along (each failure is a violation in the report; exit 1):
     --converge-s;
   * a replica that is up answers (errors only while it is being killed);
   * disk is bounded by retention: never more than keep_chains + 1 fulls
-    (one more while a full is being written) under the root.
+    (one more while a full is being written) under the root;
+  * --hosts: at the end no host holds a checkpoint file outside the object
+    store (tests/hosts.py's scan of each host's private /tmp, home and
+    /dev/shm); checkpoint.Storage's temporary directories that SIGKILLed
+    processes left behind are counted in the report, not violations.
 Reported: RSS, open descriptors and threads of every process, their growth
 per hour (least-squares slope over each process's life after its first
 --warmup-s seconds; the longest-lived instance of each role), the disk
@@ -37,6 +47,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -50,10 +61,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "checkpoint"))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import hosts  # noqa: E402  (tests/hosts.py: every process on a host of its own, for --hosts)
 import s3_server  # noqa: E402  (tests/checkpoint: moto's server, shared with the S3 tests)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STARTUP_S = 300   # TensorFlow import + model load on a busy 2-core machine
+# checkpoint.Storage's temporary directories (staging an upload, a reader's cache), which a SIGKILLed
+# process leaves in its host's /tmp: counted in the report, not violations.
+_STORAGE_TEMP = re.compile(r"/\.?evstore-(stage|ckpt-cache|restore)-[^/]*/")
 
 
 def _proc_stats(pid):
@@ -107,10 +123,13 @@ class Moto:
 class Proc:
     """One instance of a role (trainer, replica-i): its process, start time and resource samples."""
 
-    def __init__(self, role, cmd, workdir, n):
+    def __init__(self, role, cmd, workdir, n, host=None):
         self.role = role
         self.log = open(os.path.join(workdir, f"{role}-{n}.log"), "w")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)
+        if host is None:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)
+        else:   # --hosts: a process on its host (tests/hosts.py)
+            self.proc = host.popen(cmd, stdout=subprocess.PIPE, stderr=self.log)
         self.started = time.monotonic()
         self.ready_at = None
         self.samples = []   # (t, rss MB, threads, fds)
@@ -142,10 +161,21 @@ class Soak:
     def __init__(self, a):
         self.a = a
         self.workdir = a.workdir
-        self.moto = Moto(self.workdir)
-        self.root = f"s3://{self.moto.bucket}/soak"
-        self.export = os.path.join(self.workdir, "export")
-        self.journal_path = os.path.join(self.workdir, "journal.jsonl")
+        self.net = self.moto = None
+        if a.hosts:   # every process on a host of its own, moto too: the object store is all they share
+            self.net = hosts.Network(os.path.join(self.workdir, "hosts"))
+            self.store = self.net.object_store()
+            self.root, self.export_url = self.store.root("soak"), self.store.root("export")
+            self.trainer_host = self.net.host("trainer")
+            self.replica_hosts = [self.net.host(f"replica{i}") for i in range(a.replicas)]
+            self.client_host = self.net.host("client")
+            self.export = "/tmp/export"   # the trainer's; each replica downloads it from export_url
+            self.journal_path = os.path.join(self.trainer_host.tmp, "journal.jsonl")
+        else:
+            self.moto = Moto(self.workdir)
+            self.root = f"s3://{self.moto.bucket}/soak"
+            self.export = os.path.join(self.workdir, "export")
+            self.journal_path = os.path.join(self.workdir, "journal.jsonl")
         self.rng = random.Random(a.seed)
         self.lock = threading.Lock()
         self.violations = []
@@ -168,16 +198,26 @@ class Soak:
     # ---- processes -----------------------------------------------------------------------
     def start_trainer(self):
         self.instances += 1
+        journal = "/tmp/journal.jsonl" if self.net else self.journal_path
         cmd = [sys.executable, os.path.join(HERE, "soak_trainer.py"), "--root", self.root,
-               "--export", self.export, "--journal", self.journal_path, "--delta-every", str(self.a.delta_every),
+               "--export", self.export, "--journal", journal, "--delta-every", str(self.a.delta_every),
                "--full-every", str(self.a.full_every), "--keep-chains", str(self.a.keep_chains)]
-        self.trainer = Proc("trainer", cmd, self.workdir, self.instances)
+        if self.net:
+            cmd += ["--export-url", self.export_url]
+        self.trainer = Proc("trainer", cmd, self.workdir, self.instances, host=self.net and self.trainer_host)
 
     def start_replica(self, i):
         self.instances += 1
-        cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", self.export, "--checkpoints", self.root,
-               "--port", "0", "--rest_api_port", "0", "--model_name", "soak", "--poll-every", "0.5"]
-        self.replicas[i] = Proc(f"replica{i}", cmd, self.workdir, self.instances)
+        serve = ["--checkpoints", self.root, "--model_name", "soak", "--poll-every", "0.5"]
+        if self.net:
+            h = self.replica_hosts[i]
+            cmd = [sys.executable, os.path.join(ROOT, "tests", "multihost", "replica.py"), self.export_url, *serve,
+                   "--host", h.address, "--port", "8500", "--rest_api_port", "8501"]
+        else:
+            h = None
+            cmd = [sys.executable, "-m", "evstore_app.cli", "serve", "--export", self.export, *serve,
+                   "--port", "0", "--rest_api_port", "0"]
+        self.replicas[i] = Proc(f"replica{i}", cmd, self.workdir, self.instances, host=h)
         self.ports[i] = None
 
     def wait_ready(self, p, what):
@@ -191,8 +231,8 @@ class Soak:
                 raise RuntimeError(f"{p.role} did not start (exit {p.proc.poll()}); see {p.log.name}")
             time.sleep(0.2)
         p.ready_at = time.monotonic()
-        if what == "replica":
-            return int([ln for ln in p.lines if ln.startswith("grpc ")][0].rsplit(":", 1)[1])
+        if what == "replica":   # "grpc <name> on <host>:<port>"
+            return [ln for ln in p.lines if ln.startswith("grpc ")][0].rsplit(" ", 1)[1]
         return None
 
     # ---- the journal -----------------------------------------------------------------------
@@ -229,48 +269,65 @@ class Soak:
             self.violations.append(f"replica {i} answered version {version} with outputs of no committed state")
 
     # ---- threads ---------------------------------------------------------------------------
+    def answered(self, i, t, version, outputs):
+        with self.lock:
+            self.answers[i] += 1
+            self.served[i] = (t, version)
+            self.check_answer(i, version, outputs)
+
+    def failed(self, i, t, code, p=None):
+        """A failed predict at time `t`: a violation when replica i's instance `p` (None: the current one)
+        was up and ready then."""
+        with self.lock:
+            p = p or self.replicas[i]
+            if p is not None and p.ready_at is not None and t > p.ready_at and p.proc.poll() is None \
+                    and self.replicas[i] is p:
+                self.errors_up[i] += 1
+                if self.errors_up[i] <= 10:
+                    self.violations.append(f"replica {i} (up) failed a predict: {code}")
+
     def client(self, i):
-        import grpc
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+        """One replica's client thread (every process on this machine)."""
+        import soak_client
 
-        from ckpt_model import probe_inputs
+        state = {}
 
-        users, items = probe_inputs()
-        req = predict_pb2.PredictRequest()
-        req.model_spec.name = "soak"
-        req.inputs["users"].CopyFrom(tf.make_tensor_proto(users))
-        req.inputs["items"].CopyFrom(tf.make_tensor_proto(items))
-        channel = port = None
-        while not self.stopping.is_set():
+        def target():
             p, cur = self.replicas[i], self.ports[i]
             if cur is None or p is None or p.proc.poll() is not None:
-                time.sleep(0.1)
+                return None
+            state["p"] = p
+            return cur
+
+        soak_client.predict_loop(target, self.stopping, lambda t, v, o: self.answered(i, t, v, o),
+                                 lambda t, code: self.failed(i, t, code, state.get("p")), self.a.query_every)
+
+    def host_clients(self):
+        """--hosts: the clients as one process on the client's host; its lines are checked here."""
+        addresses = [f"{h.address}:8500" for h in self.replica_hosts]
+        self.instances += 1
+        self.client_proc = Proc("client", [sys.executable, os.path.join(HERE, "soak_client.py"),
+                                           "--query-every", str(self.a.query_every), *addresses],
+                                self.workdir, self.instances, host=self.client_host)
+        seen = 0
+        while not self.stopping.is_set():
+            lines = self.client_proc.lines
+            if seen == len(lines):
+                if self.client_proc.proc.poll() is not None:
+                    with self.lock:
+                        self.violations.append(f"the client process exited ({self.client_proc.proc.returncode}); "
+                                               f"see {self.client_proc.log.name}")
+                    return
+                time.sleep(0.05)
                 continue
-            if cur != port:
-                if channel is not None:
-                    channel.close()
-                channel, port = grpc.insecure_channel(f"127.0.0.1:{cur}"), cur
-                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            try:
-                answer = stub.Predict(req, timeout=30)
-            except grpc.RpcError as e:
-                time.sleep(0.2)
-                with self.lock:
-                    if self.replicas[i] is p and p.proc.poll() is None and self.ports[i] == port:
-                        self.errors_up[i] += 1
-                        if self.errors_up[i] <= 10:
-                            self.violations.append(f"replica {i} (up) failed a predict: {e.code()}")
-                continue
-            version = answer.model_spec.version.value
-            outputs = tf.make_ndarray(answer.outputs["outputs"]).ravel()
-            with self.lock:
-                self.answers[i] += 1
-                self.served[i] = (time.monotonic(), version)
-                self.check_answer(i, version, outputs)
-            time.sleep(self.a.query_every)
-        if channel is not None:
-            channel.close()
+            for line in lines[seen:len(lines)]:
+                r = json.loads(line)
+                if "e" in r:
+                    self.failed(r["i"], r["t"], r["e"])
+                else:
+                    self.answered(r["i"], r["t"], r["v"], np.array(r["o"]))
+            seen = len(lines)
+        self.client_proc.kill()
 
     def sampler(self):
         import checkpoint.manifest as manifest
@@ -286,10 +343,15 @@ class Soak:
             if now - last_disk >= 3 * self.a.sample_every:
                 last_disk = now
                 try:
-                    path = f"{self.moto.bucket}/soak"
-                    self.moto.fs.invalidate_cache()
-                    size = self.moto.fs.du(path)
-                    names = [n.rsplit("/", 1)[-1] for n in self.moto.fs.ls(path, detail=False)]
+                    if self.net:
+                        objects = self.store.objects("soak/")
+                        size = sum(n for _, n in objects)
+                        names = {k.split("/")[1] for k, _ in objects if k.count("/") >= 2}
+                    else:
+                        path = f"{self.moto.bucket}/soak"
+                        self.moto.fs.invalidate_cache()
+                        size = self.moto.fs.du(path)
+                        names = [n.rsplit("/", 1)[-1] for n in self.moto.fs.ls(path, detail=False)]
                     fulls = sum(1 for n in names if (manifest.parse_dir_name(n) or ("",))[0] == "full")
                 except FileNotFoundError:
                     continue
@@ -323,7 +385,10 @@ class Soak:
             self.start_replica(i)
         for i in range(a.replicas):
             self.ports[i] = self.wait_ready(self.replicas[i], "replica")
-        threads = [threading.Thread(target=self.client, args=(i,), daemon=True) for i in range(a.replicas)]
+        if self.net:
+            threads = [threading.Thread(target=self.host_clients, daemon=True)]
+        else:
+            threads = [threading.Thread(target=self.client, args=(i,), daemon=True) for i in range(a.replicas)]
         threads.append(threading.Thread(target=self.sampler, daemon=True))
         for t in threads:
             t.start()
@@ -383,7 +448,11 @@ class Soak:
         for p in [*self.replicas, self.trainer]:
             if p is not None:
                 p.stop() if p.role != "trainer" else p.kill()
-        self.moto.stop()
+        if self.net:
+            self.leftovers = self.net.checkpoint_files()
+            self.net.close()
+        else:
+            self.moto.stop()
 
     # ---- the report --------------------------------------------------------------------------
     def report(self, elapsed):
@@ -404,9 +473,18 @@ class Soak:
             }
         commits = sorted(self.probe)
         converge = [k["converge_s"] for k in self.kills if k["converge_s"] is not None]
+        leftovers = {h: [os.path.relpath(p, self.net.workdir) for p in ps]
+                     for h, ps in getattr(self, "leftovers", {}).items()}
+        temporaries = {h: [p for p in ps if _STORAGE_TEMP.search(p)] for h, ps in leftovers.items()}
+        for h, ps in leftovers.items():
+            outside = [p for p in ps if not _STORAGE_TEMP.search(p)]
+            if outside:
+                self.violations.append(f"host {h} holds checkpoint files outside the object store: {outside[:5]}")
         return {
             "minutes": round(elapsed / 60, 2),
-            "root": "moto S3 on 127.0.0.1 via s3fs",
+            "root": ("moto S3 on a host of its own via s3fs; the trainer, each replica and the client each on a "
+                     "host of their own (tests/hosts.py)") if self.net else "moto S3 on 127.0.0.1 via s3fs",
+            "killed_processes_temporary_files": {h: len(ps) for h, ps in temporaries.items() if ps},
             "replicas": a.replicas,
             "delta_every_s": a.delta_every, "full_every": a.full_every, "keep_chains": a.keep_chains,
             "commits_journaled": len(commits), "last_commit": commits[-1] if commits else None,
@@ -439,6 +517,10 @@ def main(argv=None):
     p.add_argument("--warmup-s", type=float, default=30.0,
                    help="seconds after a process is ready before its samples count for growth (30)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
+    p.add_argument("--hosts", action="store_true",
+                   help="every process on a host of its own (network and mount namespaces, tests/hosts.py; root "
+                        "only): moto, the trainer, each replica and the client; at the end no host may hold a "
+                        "checkpoint file outside the object store")
     p.add_argument("--workdir", default=None, help="logs, export and journal (default: a new temp directory)")
     p.add_argument("--out", default=None, help="write the JSON report here too")
     a = p.parse_args(argv)

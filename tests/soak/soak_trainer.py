@@ -24,6 +24,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "checkpoint"))   # ckpt_model: th
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import fsspec  # noqa: E402
+
 import checkpoint  # noqa: E402
 import serving_loader  # noqa: E402
 from ckpt_model import make_model, probe_inputs, train  # noqa: E402
@@ -48,6 +50,8 @@ def main(argv=None):
     p.add_argument("--full-every", type=int, default=10, help="every Nth commit is a full (default 10)")
     p.add_argument("--keep-chains", type=int, default=2, help="retention: chains kept (default 2)")
     p.add_argument("--steps", type=int, default=4, help="most training steps between commits (default 4)")
+    p.add_argument("--export-url", default=None,
+                   help="also upload the export here (an fsspec URL: replicas on other hosts download it)")
     a = p.parse_args(argv)
     model = make_model()
     mgr = checkpoint.CheckpointManager(a.root, model, keep_chains=a.keep_chains, lease_timeout=30.0)
@@ -56,6 +60,9 @@ def main(argv=None):
             train(model, 0, 3)
             if not os.path.exists(os.path.join(a.export, "saved_model.pb")):
                 serving_loader.export_serving_model(model, a.export)
+            if a.export_url:
+                fs, path = fsspec.core.url_to_fs(a.export_url)
+                fs.put(a.export.rstrip("/") + "/", path.rstrip("/") + "/", recursive=True)
             probe = _probe(model)
             _journal(journal, event="commit", seq=mgr.save_full(), kind="full", probe=probe, pid=os.getpid())
         else:
