@@ -5,7 +5,8 @@ from serving_loader import model
 def test_serving_model_public_names_import_from_model_py():
     from serving_loader.model import NothingToServeError, RollbackError, ServingModel, zero_example  # noqa: F401
 
-    assert set(model.__all__) == {"ServingModel", "NothingToServeError", "RollbackError", "zero_example"}
+    assert set(model.__all__) == {"ServingModel", "NothingToServeError", "NotAnExportError", "RollbackError",
+                                  "zero_example"}
 
 
 def test_the_serve_command_is_the_applications_and_serve_the_librarys():
