@@ -61,7 +61,7 @@ def s3_manifests(root):
 @pytest.fixture(scope="module")
 def s3_job(tmp_path_factory, s3_bucket):
     """A sync 2-PS job on the S3 root (worker 1 killed at batch 5), killed whole (chief, PS, worker 0)
-    after its second commit.
+    after its third commit (at batch 20).
 
     Returns (root, commits [(seq, position)], sent {seq: bytes the chief sent}, dumps dir, base dir)."""
     d = tmp_path_factory.mktemp("s3_job")
@@ -72,7 +72,7 @@ def s3_job(tmp_path_factory, s3_bucket):
         # Worker 1 is SIGKILLed at batch 5: the job goes on with worker 0 and commits as before.
         run_chief(lc, CHIEF, ["--cluster", lc.cluster_file, "--steps", 60, "--sync", "--batch-size", BATCH,
                               "--checkpoints", root, "--delta-every", 10, "--dump-dir", dumps,
-                              "--kill-worker-at", 5, "--pause-after-commits", 2,
+                              "--kill-worker-at", 5, "--pause-after-commits", 3,
                               "--state-out", str(d / "never.npz")],
                   stop_on="PAUSED", lines_out=lines, actions=actions)
     assert actions == [("kill", "worker", 1)]
@@ -83,7 +83,7 @@ def s3_job(tmp_path_factory, s3_bucket):
 
 def test_ps_job_commits_a_full_and_deltas_to_s3_each_ps_uploading_its_own_rows(s3_job):
     root, commits, sent, _, base = s3_job
-    assert [p for _, p in commits] == [10, 20]
+    assert [p for _, p in commits] == [5, 10, 20]   # the chief commits when it stops at batch 5 too
     manifests = s3_manifests(root)
     assert sorted(manifests) == [s for s, _ in commits]
     for seq, m in manifests.items():
