@@ -73,7 +73,8 @@ def _same(front, single, inputs=None):
 
 
 @pytest.mark.parametrize("trained_shards", [2, None], ids=["trainer-route-matches", "unsharded-in-checkpoint"])
-def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version_each_shard_reading_its_part(tmp_path, trained_shards):
+def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version_each_shard_reading_its_part(
+        tmp_path, trained_shards):
     model = make_model(user_shards=trained_shards)
     train(model, 0, 3)
     export = str(tmp_path / "export")
