@@ -437,10 +437,11 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     a gRPC connection that sends nothing for this long with no call in
     progress is closed (None: grpc_service.DEFAULT_IDLE_TIMEOUT_S; 0: never).
     `gate`: a quality gate expression (serving_loader/gate.py; "default": its
-    DEFAULT_GATE), refused with GateError (a ValueError) before anything loads; commits are judged
-    on runs of at least `gate_min_examples` examples (None: evstore.gate.DEFAULT_MIN_EXAMPLES); a hold past `gate_max_hold_commits` commits or
-    `gate_max_hold_s` seconds (None: no bound) is reported as overdue and, with
-    `gate_past_max_hold="serve"`, ends by serving the newest commit (GateState's arguments). `tier`: an
+    DEFAULT_GATE), refused with GateError (a ValueError) before anything loads; commits are
+    judged on runs of at least `gate_min_examples` examples (None: evstore.gate.DEFAULT_MIN_EXAMPLES);
+    a hold past `gate_max_hold_commits` commits or `gate_max_hold_s` seconds (None: no bound) is
+    reported as overdue and, with `gate_past_max_hold="serve"`, ends by serving the newest commit
+    (GateState's arguments). `tier`: an
     evstore.TieredStorage for an export of evstore tables (ServingModel's
     `storage`): each table's rows in a DRAM cache over a private directory,
     removed when serve returns. `use_serving_view`: serve a commit's serving

@@ -168,7 +168,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     `serving_view`: the trainer also writes the served rows in that precision
     (CheckpointManager's argument), which the server then serves."""
     if gate is not None:
-        from serving_loader.gate import Gate
+        from evstore.gate import Gate
         Gate.parse(gate)   # refused here, not in the serving process
     import serving_loader
     out = out or tempfile.mkdtemp(prefix="evstore-demo-")

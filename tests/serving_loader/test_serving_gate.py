@@ -290,3 +290,28 @@ def test_a_served_process_reports_the_hold_in_status_admin_and_metrics(tmp_path,
         assert body["model_version_status"][0]["status"]["error_message"] == ""
     finally:
         assert server.stop() == 0
+
+
+def test_a_stream_of_small_commits_with_a_poisoned_stretch_is_never_served_poisoned(tmp_path):
+    """The reported stream: a delta every 256 examples (every commit under min_examples), the
+    labels inverted for a stretch; the gated server never serves a commit that trained on it."""
+    from evstore_app.job.synthetic import SPEC, ClickStream
+    from evstore_app.job.trainer import Trainer
+
+    tr = Trainer(dict(SPEC, batch_size=128), str(tmp_path / "ckpt"), keep_chains=None)
+    serving_loader.ensure_serving_export(tr.model, str(tmp_path / "export"))
+    stream = ClickStream(seed=0, batch_size=128)
+    tr.manager.save_full(metadata=tr.metadata(), quality=tr.quality)
+    sm = serving_loader.ServingModel(str(tmp_path / "export"), tr.manager.root, gate="default")
+    poisoned, clean = set(), []
+    for b in range(56):
+        cols, y = stream.batch(b)
+        x = tr.inputs(cols)
+        tr.train(x, 1 - y if 24 <= b < 34 else y, b + 1, tr.predict(x))
+        if b % 2 == 1:
+            seq = tr.manager.save_delta(metadata=tr.metadata(), quality=tr.quality)
+            (poisoned.add(seq) if 24 <= b < 35 else clean.append(seq))
+            sm.poll()
+    served = set(sm.gate.served_versions)
+    assert len(poisoned) == 5 and not poisoned & served                  # never served, however small
+    assert set(clean[:12]) & served and sm.gate.held_back_total >= 5     # it served before the stretch
