@@ -5,7 +5,9 @@ make the shared test helpers importable by name from every test directory.
 job of the checkpoint and serving tests, also run as a subprocess script) and
 `served` (tests/serving_loader/served.py: serving processes and exports for
 the serving tests), `serve_proc` (the `evstore` command and helpers over a
-server process) and `s3_server` (moto's S3 server with a fresh bucket) are registered here, loaded lazily on first use, so `from
+server process), `s3_server` (moto's S3 server with a fresh bucket), `hosts` (every task on
+a host of its own: network and mount namespaces) and `host_cluster` (a parameter-server
+cluster on those hosts) are registered here, loaded lazily on first use, so `from
 ckpt_model import make_model` works in any test module without editing sys.path.
 """
 import importlib.util
@@ -18,7 +20,9 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 SHARED = {"ckpt_model": os.path.join(TESTS, "checkpoint", "ckpt_model.py"),
           "served": os.path.join(TESTS, "serving_loader", "served.py"),
           "serve_proc": os.path.join(TESTS, "serving_loader", "serve_proc.py"),
-          "s3_server": os.path.join(TESTS, "checkpoint", "s3_server.py")}
+          "s3_server": os.path.join(TESTS, "checkpoint", "s3_server.py"),
+          "hosts": os.path.join(TESTS, "hosts.py"),
+          "host_cluster": os.path.join(TESTS, "host_cluster.py")}
 
 
 def _register_lazily(name, path):

@@ -31,6 +31,9 @@ def cluster_logs(lc):
 def run_chief(lc, script, args, timeout=180.0, log_path=None, actions=None, stop_on=None, lines_out=None):
     """Runs `python script args...` as the chief of `lc`; returns the parsed RESULT.
 
+    `lc`: a LocalCluster, or a tests/host_cluster.HostCluster (the chief then
+    runs on the cluster's chief host).
+
     `script` is a file in this directory, or a list (an argv prefix, e.g.
     `["-m", "evstore_app", "train-cluster"]`; then the RESULT is the last stdout
     line, parsed as JSON). `ACTION kill|restart <job> <task>` lines are
@@ -40,13 +43,17 @@ def run_chief(lc, script, args, timeout=180.0, log_path=None, actions=None, stop
     with the chief's stderr tail when it times out, fails or prints no RESULT.
     """
     log_path = log_path or os.path.join(lc.directory, "chief.log")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE]), TF_CPP_MIN_LOG_LEVEL="2")
+    path = {"PYTHONPATH": os.pathsep.join([ROOT, HERE])}
+    env = dict(os.environ, **path, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
     with open(log_path, "wb") as err:
         argv = list(script) if isinstance(script, (list, tuple)) else [os.path.join(HERE, script)]
-        proc = subprocess.Popen([sys.executable] + argv + [str(a) for a in args],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                start_new_session=True)
+        cmd = [sys.executable] + argv + [str(a) for a in args]
+        if hasattr(lc, "start_chief"):   # tests/host_cluster.py: the chief on a host of its own
+            proc = lc.start_chief(cmd, env=path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        else:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                                    env=env, start_new_session=True)
     lines = queue.Queue()
 
     def read():
