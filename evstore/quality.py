@@ -46,7 +46,8 @@ import typing
 
 import numpy as np
 
-__all__ = ["FIELDS", "SCHEMA", "HIST_BINS", "HIST_LOGIT", "normalize", "measure", "merge", "hist_auc", "auc", "logloss",
+__all__ = ["FIELDS", "SCHEMA", "HIST_BINS", "HIST_LOGIT", "normalize", "measure", "merge", "from_hist", "hist_auc", "auc",
+           "logloss",
            "Scored", "ProgressiveQuality"]
 
 FIELDS = ("auc", "logloss", "examples", "label_rate")
@@ -121,8 +122,10 @@ def _hist(y, p):
             "neg": np.bincount(b[~pos], minlength=HIST_BINS).tolist(), "loss": float(loss.sum())}
 
 
-def _of_hist(pos, neg, loss):
-    """The record of histograms `pos` / `neg` (int64 arrays) and summed loss `loss`."""
+def from_hist(pos, neg, loss):
+    """The record (with its `hist`) of per-label histograms `pos` / `neg`
+    (HIST_BINS integer counts each) and summed cross-entropy `loss`."""
+    pos, neg = np.asarray(pos, np.int64), np.asarray(neg, np.int64)
     n_pos, n_neg = int(pos.sum()), int(neg.sum())
     n = n_pos + n_neg
     if n_pos and n_neg:   # Mann-Whitney over bins: a negative in a lower bin counts 1, in the same bin 1/2
@@ -138,7 +141,7 @@ def _of_hist(pos, neg, loss):
 def hist_auc(quality):
     """The AUC of a record's histogram (what `merge` computes), None without one."""
     h = quality.get("hist") if quality else None
-    return None if h is None else _of_hist(np.asarray(h["pos"], np.int64), np.asarray(h["neg"], np.int64),
+    return None if h is None else from_hist(np.asarray(h["pos"], np.int64), np.asarray(h["neg"], np.int64),
                                            h["loss"])["auc"]
 
 
@@ -154,7 +157,7 @@ def merge(records):
         return records[0]
     pos = np.sum([np.asarray(r["hist"]["pos"], np.int64) for r in records], axis=0)
     neg = np.sum([np.asarray(r["hist"]["neg"], np.int64) for r in records], axis=0)
-    return _of_hist(pos, neg, sum(float(r["hist"]["loss"]) for r in records))
+    return from_hist(pos, neg, sum(float(r["hist"]["loss"]) for r in records))
 
 
 def normalize(quality):

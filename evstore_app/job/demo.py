@@ -137,6 +137,11 @@ class _Server:
         self.log.close()
 
 
+def _unserved(status):
+    """The commits a gated server's admin `status` holds back or leaves waiting."""
+    return status.get("held_commits", []) + status.get("waiting_commits", [])
+
+
 def _poisoned(history, first_full, examples):
     """The commits after `first_full` that trained on examples of the
     stretch (`examples`: (after, up to], as the trainer counts them)."""
@@ -224,8 +229,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
                     bar.update(last_stats, trainer, summary, server)
         train_seconds = time.time() - t_train
         final = trainer.manager.stop()                     # the final delta: nothing trained is lost
-        # An upper bound: a loaded machine is slow. A gated server may hold the final commit instead.
-        held_final = lambda: gate is not None and final in server.admin().get("held_commits", [])  # noqa: E731
+        # An upper bound: a loaded machine is slow. A gated server may hold the final commit instead, or
+        # leave it waiting (too few examples since the last judged commit to judge it).
+        held_final = lambda: gate is not None and final in _unserved(server.admin())  # noqa: E731
         _wait_for(lambda: server.observe() >= final or held_final(), 120)
         # Counted from the manager's history: retention may have deleted some by now.
         committed = sum(1 for m in trainer.manager.history if m.seq > first_full)
