@@ -20,7 +20,7 @@ SHELL := /bin/bash
 BUILD_SYSTEM = $(BIN)/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
 	build = toml.load(open("pyproject.toml", "rb"))["build-system"]; exec(sys.argv[1])'
 
-.PHONY: all install test demo docs cli-docs bench bench-peers clean system-packages
+.PHONY: all install test demo docs cli-docs bench bench-peers soak clean system-packages
 
 all: install
 
@@ -97,11 +97,24 @@ docs: $(DOCSDEPS) cli-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # Benchmarks against peers (TFRA in its own venv .peer-tfra, made by bench/peers/tfra-setup.sh).
+# bench/ is a package run from the repository root: any one benchmark is
+# `$(BIN)/python -m bench.<area>.<name>` (bench/README.md lists them).
 bench: install
-	$(BIN)/python bench/run.py
+	$(BIN)/python -m bench.run
 
 bench-peers:
 	bash bench/peers/tfra-setup.sh .peer-tfra
+
+# The reliability soak (tests/soak/soak.py: a trainer on moto's S3 server, three
+# replicas, random SIGKILLs, every answer checked); `make test` runs it for 3
+# minutes. SOAK_MINUTES=120 make soak for the long run; the report goes to SOAK_OUT.
+# SOAK_ARGS=--hosts: every process on a host of its own (network and mount namespaces; root).
+SOAK_MINUTES ?= 30
+SOAK_OUT ?= out/soak.json
+SOAK_ARGS ?=
+soak: install $(TESTDEPS)
+	mkdir -p $(dir $(SOAK_OUT))
+	$(BIN)/python tests/soak/soak.py --minutes $(SOAK_MINUTES) --out $(SOAK_OUT) $(SOAK_ARGS)
 
 # The in-source CMake build (editable.mode = "inplace") and the libraries.
 clean:

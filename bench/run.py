@@ -1,42 +1,42 @@
 """`make bench`: evstore vs TFRA, TF DenseHashTable and numpy gather over a size matrix.
 
-    .venv/bin/python bench/run.py            # default matrix: 1M and 10M keys x dim 16 and 64
-    .venv/bin/python bench/run.py --quick    # ~1 minute smoke run (100k keys, 5 rounds)
-    .venv/bin/python bench/run.py --matrix 1000000x16 --batches 10
+    .venv/bin/python -m bench.run            # default matrix: 1M and 10M keys x dim 16 and 64
+    .venv/bin/python -m bench.run --quick    # ~1 minute smoke run (100k keys, 5 rounds)
+    .venv/bin/python -m bench.run --matrix 1000000x16 --batches 10
 
 For each (keys, dim), one configuration in memory at a time, it runs
-bench/bench_lookup.py twice, each a fresh process measuring its systems
+bench/tables/bench_lookup.py twice, each a fresh process measuring its systems
 interleaved batch by batch (every ratio is taken within one run):
   run A  evstore, TF DenseHashTable, numpy gather   phases read, insert
   run B  evstore, TFRA                               phases read, insert, train
-Then bench/bench_checkpoint.py (one process, --checkpoint-keys keys x dim 16 with
+Then bench/checkpoints/bench_checkpoint.py (one process, --checkpoint-keys keys x dim 16 with
 Adam slots): full save vs a sequential write of the same bytes, extra memory,
 delta saves at 0.1% / 1% / 10% dirty keys, restores, and TFRA's
 tf.train.Checkpoint save of the same table (--no-checkpoint skips it,
 --only-checkpoint runs nothing else).
-Then bench/bench_serving.py (one process plus its trainer process): delta apply
+Then bench/serving/bench_serving.py (one process plus its trainer process): delta apply
 rows/s at dim 16 and 64, memory of a delta apply vs a second load (TF Serving's
 reload), freshness and predict p50/p99 idle vs under continuous application;
-then bench/bench_serving_net.py: `evstore serve` over REST (wrk) and gRPC
+then bench/serving/bench_serving_net.py: `evstore serve` over REST (wrk) and gRPC
 against the export's in-process signature call rate, batch 1 and 64, and p99
 while deltas apply (--no-serving skips both, --only-serving runs nothing else).
 Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
-bench/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
+bench/tables/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
 Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
-optimizer of the same batch (bench/peer_tfra_optimizers.py).
-TFRA is bench/peer_tfra.py in the .peer-tfra venv (created with
+optimizer of the same batch (bench/peers/peer_tfra_optimizers.py).
+TFRA is bench/peers/peer_tfra.py in the .peer-tfra venv (created with
 bench/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
 unavailable and everything else still runs. A run whose estimated peak memory
 exceeds MemAvailable is skipped (and reported).
 
-Then bench/bench_cluster.py (parameter-server training on a loopback cluster,
+Then bench/cluster/bench_cluster.py (parameter-server training on a loopback cluster,
 evstore vs TFRA's devices=[...]: examples/s with 1 and 2 workers, bytes and
 gRPC calls per step, the 8/32-PS model; --no-cluster skips it, --only-cluster
 runs nothing else).
 
-Then bench/bench_filters.py (admission filters and eviction on a Zipf stream,
+Then bench/tables/bench_filters.py (admission filters and eviction on a Zipf stream,
 vs TFRA's restrict policies; skip with --no-filters) appends its table.
-Then bench/bench_tiered.py engine (the tiered row store against the all-DRAM
+Then bench/tiered/bench_tiered.py engine (the tiered row store against the all-DRAM
 table, core only, 300k keys x 64 with Adam, 10% in DRAM, one round; the RocksDB
 peer only where librocksdb-dev is installed; skip with --no-tiered).
 
@@ -52,29 +52,14 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-from common import mem_available_mib  # noqa: E402
-from section_tables import checkpoint_tables, cluster_tables, serving_tables  # noqa: E402
+from bench.harness.paths import RESULTS, ROOT
+from bench.harness.peers import DEFAULT_VENV, ensure_peer, module_cmd, run_json
+from bench.harness.rss import mem_available_mib
+from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
 
 DEFAULT_MATRIX = "1000000x16,1000000x64,10000000x16,10000000x64"
 QUICK_MATRIX = "100000x16,100000x64"
 TARGETS = {"tfra": 3.0, "dense_hash": 2.0, "numpy": 0.6, "adam": 3.0, "bytes": 32}
-
-
-def ensure_peer(venv, log):
-    """Returns (python path, None) if TFRA is importable in `venv`, else (None, reason)."""
-    py = os.path.join(venv, "bin", "python")
-    setup = os.path.join(ROOT, "bench", "peers", "tfra-setup.sh")
-    if not os.path.exists(setup):
-        return (py, None) if os.path.exists(py) else (None, f"{setup} not found and {venv} missing")
-    print(f"checking TFRA peer venv {venv} (tfra-setup.sh; builds it on first use)...", flush=True)
-    r = subprocess.run(["bash", setup, venv], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    if r.returncode != 0 or not os.path.exists(py):
-        return None, f"tfra-setup.sh failed (exit {r.returncode}); see {log.name}"
-    return py, None
 
 
 def est_peak_mib(keys, dim):
@@ -82,25 +67,13 @@ def est_peak_mib(keys, dim):
     return keys * (4 * dim + 16) * 6 / 2**20 + 1500
 
 
-def run_bench(keys, dim, args, tag, extra, logdir, script="bench_lookup.py"):
-    """One bench_lookup.py (or `script`) process; returns its JSON result (or {"error": ...})."""
-    cmd = [sys.executable, os.path.join(HERE, script), "--keys", str(keys), "--dim", str(dim),
+def run_bench(keys, dim, args, tag, extra, logdir, module="bench.tables.bench_lookup"):
+    """One bench_lookup (or `module`) process; returns its JSON result (or {"error": ...})."""
+    script = module.rsplit(".", 1)[1]
+    cmd = module_cmd(module) + ["--keys", str(keys), "--dim", str(dim),
            "--batch", str(args.batch), "--batches", str(args.batches), "--warmup", str(args.warmup),
            "--seed", str(args.seed), "--log-dir", logdir] + extra
-    log_path = os.path.join(logdir, f"{script[:-3]}_{keys}x{dim}_{tag}.log")
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
-                               timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout}s; see {log_path}"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"{script} exit {r.returncode}; see {log_path}"}
-    res = json.loads(lines[-1])
-    res["wall_s"] = time.time() - t0
-    return res
+    return run_json(cmd, os.path.join(logdir, f"{script}_{keys}x{dim}_{tag}.log"), args.timeout)
 
 
 def run_config(keys, dim, args, peer_py, logdir):
@@ -114,56 +87,38 @@ def run_config(keys, dim, args, peer_py, logdir):
                          + (["--peer-python", peer_py] if peer_py else []), logdir)
     if keys <= args.opt_max_keys:
         out["O"] = run_bench(keys, dim, args, "O", (["--peer-python", peer_py] if peer_py else []), logdir,
-                             script="bench_optimizers.py")
+                             module="bench.tables.bench_optimizers")
     return out
-
-
-def _run_json_bench(cmd, log_path, what, timeout):
-    """Runs one benchmark process whose last stdout line starting with "{" is its
-    JSON result; returns it with its wall time (or {"error": ...})."""
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout}s; see {log_path}"}
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"{what} exit {r.returncode}; see {log_path}"}
-    res = json.loads(lines[-1])
-    res["wall_s"] = time.time() - t0
-    return res
 
 
 def run_checkpoint(args, peer_py, logdir):
     """One bench_checkpoint.py process; returns its JSON result (or {"error": ...})."""
-    cmd = [sys.executable, os.path.join(HERE, "bench_checkpoint.py"), "--keys", str(args.checkpoint_keys),
+    cmd = module_cmd("bench.checkpoints.bench_checkpoint") + ["--keys", str(args.checkpoint_keys),
            "--dim", "16", "--repeats", str(args.checkpoint_repeats), "--seed", str(args.seed), "--log-dir", logdir]
     cmd += ["--peer-python", peer_py] if peer_py else ["--no-tfra"]
     log_path = os.path.join(logdir, f"bench_checkpoint_{args.checkpoint_keys}x16.log")
-    return _run_json_bench(cmd, log_path, "bench_checkpoint", args.timeout)
+    return run_json(cmd, log_path, args.timeout)
 
 
 def run_serving(args, logdir):
     """One bench_serving.py process; returns its JSON result (or {"error": ...})."""
-    cmd = [sys.executable, os.path.join(HERE, "bench_serving.py"), "--seed", str(args.seed)]
+    cmd = module_cmd("bench.serving.bench_serving") + ["--seed", str(args.seed)]
     if args.quick:
         cmd += ["--keys", "200000", "--delta-rows", "100000", "--apply-rounds", "2", "--live-s", "10"]
-    res = _run_json_bench(cmd, os.path.join(logdir, "bench_serving.log"), "bench_serving", args.timeout)
-    net = [sys.executable, os.path.join(HERE, "bench_serving_net.py"), "--seed", str(args.seed)]
+    res = run_json(cmd, os.path.join(logdir, "bench_serving.log"), args.timeout)
+    net = module_cmd("bench.serving.bench_serving_net") + ["--seed", str(args.seed)]
     if args.quick:
         net += ["--seconds", "5", "--rounds", "2"]
-    res["net"] = _run_json_bench(net, os.path.join(logdir, "bench_serving_net.log"), "bench_serving_net",
-                                 args.timeout)
+    res["net"] = run_json(net, os.path.join(logdir, "bench_serving_net.log"), args.timeout)
     return res
 
 
 def run_cluster(args, peer_py, logdir):
     """One bench_cluster.py orchestrator (its chiefs and servers are its children)."""
-    cmd = [sys.executable, os.path.join(HERE, "bench_cluster.py"), "--out-dir", args.out_dir, "--seed", str(args.seed)]
+    cmd = module_cmd("bench.cluster.bench_cluster") + ["--out-dir", args.out_dir, "--seed", str(args.seed)]
     cmd += (["--quick"] if args.quick else []) + (["--peer-venv", args.peer_venv] if peer_py else
                                                    ["--systems", "evstore,evstore_table"])
-    return _run_json_bench(cmd, os.path.join(logdir, "bench_cluster.log"), "bench_cluster", max(args.timeout, 5400))
+    return run_json(cmd, os.path.join(logdir, "bench_cluster.log"), max(args.timeout, 5400))
 
 
 def m(x):
@@ -342,12 +297,12 @@ def main():
     ap.add_argument("--batches", type=int, default=None, help="timed rounds per phase (default 20; quick 5)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed rounds per phase (default 2; quick 1)")
     ap.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
-    ap.add_argument("--peer-venv", default=os.path.join(ROOT, ".peer-tfra"), help="TFRA venv (default .peer-tfra)")
+    ap.add_argument("--peer-venv", default=DEFAULT_VENV, help="TFRA venv (default .peer-tfra)")
     ap.add_argument("--no-tfra", action="store_true", help="skip the TFRA peer")
     ap.add_argument("--opt-max-keys", type=int, default=1_000_000,
                     help="run the optimizer benchmark (run O) for configurations up to this many keys (default 1M)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
-    ap.add_argument("--out-dir", default=os.path.join(HERE, "results"), help="results directory")
+    ap.add_argument("--out-dir", default=RESULTS, help="results directory")
     ap.add_argument("--render", metavar="JSON", help="only print the tables of a saved results file")
     ap.add_argument("--checkpoint-keys", type=int, default=None,
                     help="keys of the checkpoint benchmark (default 10M; quick 200k)")
@@ -358,9 +313,9 @@ def main():
     ap.add_argument("--only-serving", action="store_true", help="run only the serving benchmark")
     ap.add_argument("--no-cluster", action="store_true", help="skip the PS-cluster benchmark")
     ap.add_argument("--only-cluster", action="store_true", help="run only the PS-cluster benchmark")
-    ap.add_argument("--no-filters", action="store_true", help="skip bench/bench_filters.py")
-    ap.add_argument("--no-e2e", action="store_true", help="skip bench/bench_e2e.py (end-to-end training)")
-    ap.add_argument("--no-tiered", action="store_true", help="skip bench/bench_tiered.py (tiered row store, core)")
+    ap.add_argument("--no-filters", action="store_true", help="skip bench/tables/bench_filters.py")
+    ap.add_argument("--no-e2e", action="store_true", help="skip bench/training/bench_e2e.py (end-to-end training)")
+    ap.add_argument("--no-tiered", action="store_true", help="skip bench/tiered/bench_tiered.py (tiered row store, core)")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
@@ -429,7 +384,7 @@ def main():
     e2e_md = ""
     if not args.no_e2e:
         print(f"[{time.time() - t_start:6.0f}s] end-to-end training (bench_e2e.py) ...", flush=True)
-        cmd = [sys.executable, os.path.join(HERE, "bench_e2e.py"), "--out-dir", args.out_dir]
+        cmd = module_cmd("bench.training.bench_e2e") + ["--out-dir", args.out_dir]
         cmd += (["--quick"] if args.quick else [])
         cmd += (["--peer-venv", args.peer_venv] if peer_py else ["--systems", "evstore,tf_hash"])
         with open(os.path.join(logdir, "bench_e2e.log"), "w") as log:
@@ -444,7 +399,7 @@ def main():
     filters_md = ""
     if not args.no_filters:
         print(f"[{time.time() - t_start:6.0f}s] filters and eviction (bench_filters.py) ...", flush=True)
-        cmd = [sys.executable, os.path.join(HERE, "bench_filters.py"), "--out-dir", args.out_dir]
+        cmd = module_cmd("bench.tables.bench_filters") + ["--out-dir", args.out_dir]
         cmd += (["--quick"] if args.quick else []) + (["--no-tfra"] if peer_py is None else
                                                        ["--peer-python", peer_py])
         with open(os.path.join(logdir, "bench_filters.log"), "w") as log:
@@ -458,7 +413,7 @@ def main():
     if not args.no_tiered:
         keys = 100_000 if args.quick else 300_000
         print(f"[{time.time() - t_start:6.0f}s] tiered row store (bench_tiered.py engine, {keys} keys) ...", flush=True)
-        cmd = [sys.executable, os.path.join(HERE, "bench_tiered.py"), "engine", "--keys", str(keys), "--rounds", "1"]
+        cmd = module_cmd("bench.tiered.bench_tiered") + ["engine", "--keys", str(keys), "--rounds", "1"]
         with open(os.path.join(logdir, "bench_tiered.log"), "w") as log:
             r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
         parts = [p for p in r.stdout.split("\n\n") if " keys x dim 64" in p]
@@ -468,7 +423,7 @@ def main():
                         f"failed (exit {r.returncode}); see bench/results/logs/bench_tiered.log") + "\n")
 
     meta = {"date_utc": stamp, "evstore_commit": commit,
-            "command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
+            "command": " ".join([os.path.relpath(sys.executable, ROOT), "-m", "bench.run"] + sys.argv[1:]),
             "host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "batch": args.batch, "batches": args.batches,
             "warmup": args.warmup, "seed": args.seed, "tfra": tfra_note or "available",

@@ -1,7 +1,7 @@
 """Spread of the same-run ratios across several `bench/run.py` result files.
 
-    .venv/bin/python bench/summarize.py bench/results/bench-A.json bench/results/bench-B.json ...
-    .venv/bin/python bench/summarize.py --last 3
+    .venv/bin/python -m bench.summarize bench/results/bench-A.json bench/results/bench-B.json ...
+    .venv/bin/python -m bench.summarize --last 3
 
 The machines are shared and noisy: one run's ratio can be off by 2x. This
 prints, per (keys, dim) and ratio, the median and min-max over the files, as
@@ -14,7 +14,7 @@ import os
 import statistics
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from bench.harness.paths import RESULTS
 
 # (label, target, run, system, key, run, system, key): ratio = a / b
 RATIOS = [
@@ -47,7 +47,7 @@ def main():
     args = ap.parse_args()
     files = list(args.files)
     if args.last:
-        files += sorted(glob.glob(os.path.join(HERE, "results", "bench-*.json")))[-args.last:]
+        files += sorted(glob.glob(os.path.join(RESULTS, "bench-*.json")))[-args.last:]
     if not files:
         ap.error("no result files given")
     ratios = {}  # (keys, dim) -> label -> [ratio per file]

@@ -9,10 +9,13 @@ Public API (docs/ARCHITECTURE.md, "Ops and Python API"):
   optimizer trains EVs through generic, see generic.sparse_apply_keras for v1 graphs), keras.Embedding,
   summary.ev_stats, substitute_lookups (the lookup hook serving exports use), ops (the kernels).
 """
-from evstore import generic  # noqa: F401  (any Keras optimizer trains EVs; installed by optimizers)
+from evstore import keras_compat  # first: refuses a Keras layout evstore's patches do not fit, in one line
+from evstore import _device_probe
+from evstore import generic  # any Keras optimizer trains EVs (keras_compat.install below)
 from evstore import optimizers  # noqa: F401
 from evstore import training  # noqa: F401
 from evstore import keras  # noqa: F401
+from evstore import keras_export
 from evstore import ops  # noqa: F401
 from evstore import summary  # noqa: F401
 from evstore.collective import CollectiveEmbeddingVariable
@@ -25,6 +28,11 @@ from evstore.storage import TieredStorage
 from evstore.substitution import substitute_lookups
 from evstore.schema import MAX_STRING_KEY_BYTES
 from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
+
+# Every change evstore makes to Keras, through evstore/keras_compat.py: the generic optimizer path
+# and the refusal of model.export() for models holding evstore tables.
+keras_compat.install(generic.HOOKS, keras_export.HOOKS)
+_device_probe.probe_quietly()   # no "failed call to cuInit" error line on a machine without a CUDA driver
 
 __version__ = "0.1.0"
 

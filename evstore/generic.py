@@ -27,30 +27,23 @@ gradient neither move nor decay. Optimizers whose rule is not row-local are
 refused with a ValueError naming them (`Adafactor`, `Lamb`, `Muon`);
 `use_ema=True` is refused for EVs.
 
-evstore installs this into Keras when it is imported (`install()`): six
-methods of Keras's optimizer base classes get a branch for EVs and their
-proxies; with no EV in the variable list they run Keras's code unchanged.
+When evstore is imported, evstore/keras_compat.py (which owns every change
+evstore makes to Keras) sets six methods of Keras's optimizer base classes to
+the hooks below: each has a branch for EVs and their proxies; with no EV in
+the variable list they run Keras's code unchanged.
 """
 import threading
-import warnings
 import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-try:   # the Keras internals the hooks attach to (Keras 3 as TensorFlow 2.21 ships it)
-    from keras.src.backend.tensorflow import optimizer as _tf_optimizer
-    from keras.src.optimizers import base_optimizer as _base
-    from keras.src.optimizers import loss_scale_optimizer as _lso
-except ImportError:   # another Keras layout: install() warns, the fused optimizers still work
-    _tf_optimizer = _base = _lso = None
-
-from evstore import finite
+from evstore import finite, keras_compat
 from evstore._ops import gen
 from evstore.variable import EmbeddingVariable, _colocated_with, ev_for_variable
 
-__all__ = ["install", "REFUSED"]
+__all__ = ["REFUSED", "HOOKS", "sparse_apply_keras"]
 
 # Optimizers whose update of a row depends on other rows: no lazy row path.
 REFUSED = {
@@ -220,17 +213,15 @@ tf.register_tensor_conversion_function(
     _NullAccumulator, lambda v, dtype=None, name=None, as_ref=False: tf.zeros([], dtype or tf.float32))
 
 
-# ---- the Keras hooks ----------------------------------------------------------
-
-_orig = {}
+# ---- the Keras hooks (set by keras_compat.install) ----------------------------------
 
 
-def _add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
     ev = ev_for_variable(reference_variable)
     if ev is not None and name == "gradient_accumulator":
         return _NullAccumulator()
     if ev is None or _is_fused(self):
-        return _orig["add_variable_from_reference"](self, reference_variable, name=name, initializer=initializer)
+        return keras_compat.original("BaseOptimizer.add_variable_from_reference")(self, reference_variable, name=name, initializer=initializer)
     if name == "average":
         _refuse(self, ev)
     rows = _rows_for(self, reference_variable, ev)
@@ -242,13 +233,13 @@ def _add_variable_from_reference(self, reference_variable, name=None, initialize
     return rows.add_slot(table_name, _constant_of(initializer, table_name))
 
 
-def _get_variable_index(self, variable):
+def get_variable_index(self, variable):
     st = _STATE.get(self)
     if st is not None:
         i = st.index.get(id(variable))
         if i is not None:
             return i
-    return _orig["_get_variable_index"](self, variable)
+    return keras_compat.original("BaseOptimizer._get_variable_index")(self, variable)
 
 
 def _unique_sum(keys, values):
@@ -335,7 +326,7 @@ def refuse_non_finite(grads, variables):
                                     keys=[_KEYS.get(_uid(v)) for v in variables])
 
 
-def _with_evs(apply_fn, check):
+def with_evs(apply_fn, check):
     def apply(self, grads, trainable_variables=None):
         variables = trainable_variables
         if variables is None and self.built:
@@ -365,7 +356,7 @@ def _with_evs(apply_fn, check):
     return apply
 
 
-def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+def distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
     # Keras's TFOptimizer._distributed_tf_update_step with one branch: a
     # non-fused optimizer updates an EV proxy through the generic row path.
     def apply_grad_to_update_var(var, grad, learning_rate):
@@ -411,38 +402,23 @@ def apply_rows(opt, ev, proxy, grad, learning_rate, global_step=None):
                                  tf.cast(step, tf.int64))
 
 
-def _backend_increment_gradient_accumulators(self, grads, acc_grads):
+def backend_increment_gradient_accumulators(self, grads, acc_grads):
     # EV gradients were accumulated by key (_accumulate); Keras's accumulators
     # of their proxies hold nothing.
     pairs = [(g, a) for g, a in zip(grads, acc_grads) if not isinstance(a, _NullAccumulator)]
-    return _orig["_backend_increment_gradient_accumulators"](self, [g for g, _ in pairs], [a for _, a in pairs])
+    return keras_compat.original("TFOptimizer._backend_increment_gradient_accumulators")(self, [g for g, _ in pairs], [a for _, a in pairs])
 
 
-_installed = False
-
-
-def install():
-    """Teaches Keras's optimizers EVs (idempotent; evstore calls it on import)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    needed = ("add_variable_from_reference", "_get_variable_index", "apply")
-    if _base is None or not all(hasattr(_base.BaseOptimizer, n) for n in needed) or not hasattr(
-            _tf_optimizer.TFOptimizer, "_distributed_tf_update_step"):
-        warnings.warn(f"evstore: this Keras ({keras.__version__}) does not have the optimizer internals the "
-                      "generic EV path attaches to; only evstore.optimizers train EmbeddingVariables")
-        return
-    B, T = _base.BaseOptimizer, _tf_optimizer.TFOptimizer
-    _orig["add_variable_from_reference"] = B.add_variable_from_reference
-    _orig["_get_variable_index"] = B._get_variable_index
-    B.add_variable_from_reference = _add_variable_from_reference
-    B._get_variable_index = _get_variable_index
-    B.apply = _with_evs(B.apply, check=True)
-    _lso.LossScaleOptimizer.apply = _with_evs(_lso.LossScaleOptimizer.apply, check=False)
-    T._distributed_tf_update_step = _distributed_tf_update_step
-    _orig["_backend_increment_gradient_accumulators"] = T._backend_increment_gradient_accumulators
-    T._backend_increment_gradient_accumulators = _backend_increment_gradient_accumulators
+# What evstore/keras_compat.py sets in Keras (evstore/__init__.py installs them): "Owner.attribute" ->
+# the replacement made from Keras's own.
+HOOKS = {
+    "BaseOptimizer.add_variable_from_reference": lambda own: add_variable_from_reference,
+    "BaseOptimizer._get_variable_index": lambda own: get_variable_index,
+    "BaseOptimizer.apply": lambda own: with_evs(own, check=True),
+    "LossScaleOptimizer.apply": lambda own: with_evs(own, check=False),
+    "TFOptimizer._distributed_tf_update_step": lambda own: distributed_tf_update_step,
+    "TFOptimizer._backend_increment_gradient_accumulators": lambda own: backend_increment_gradient_accumulators,
+}
 
 
 def sparse_apply_keras(optimizer, grads_and_evs, global_step):

@@ -22,7 +22,7 @@ import tensorflow as tf
 from evstore import collective as _collective
 from evstore import distribute as _distribute
 from evstore import evict as _evict
-from evstore import keras_export as _keras_export
+from evstore import keras_compat as _keras_compat
 from evstore import keras_saving as _keras_saving
 from evstore.evict import GlobalStepEvict, L2WeightEvict
 from evstore.filters import BloomFilter, CounterFilter
@@ -30,51 +30,6 @@ from evstore.lookup import embedding_lookup
 from evstore.variable import EmbeddingVariable, register_proxy
 
 __all__ = ["Embedding"]
-
-
-def _fit_under_multi_worker():
-    """Keras 3.15's `model.fit` under a MultiWorkerMirroredStrategy of several
-    workers reduces its first (x, y) batch with `strategy.reduce`, which takes
-    no nested structure (ValueError: "Attempt to convert a value (PerReplica...)").
-    The batch only gives the symbolic build its shapes: this worker's local
-    slice serves as well and issues no collective. Installed once, by the
-    first collective layer; it changes nothing for other strategies."""
-    from keras.src.backend.tensorflow import trainer as _trainer
-    cls = _trainer.TensorFlowTrainer
-    original = cls._maybe_symbolic_build
-    if getattr(original, "_evstore_local_batch", False):
-        return
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        strategy = getattr(self, "_distribute_strategy", None)
-        if iterator is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            for _, _, it in iterator:
-                batch = next(it)
-                data_batch = tf.nest.map_structure(
-                    lambda x: strategy.experimental_local_results(x)[0]
-                    if isinstance(x, tf.distribute.DistributedValues) else x, batch)
-                break
-            iterator = None
-        return original(self, iterator=iterator, data_batch=data_batch)
-
-    _maybe_symbolic_build._evstore_local_batch = True
-    cls._maybe_symbolic_build = _maybe_symbolic_build
-
-    # Its step then averages the logs over the workers with
-    # `strategy.reduce("MEAN", v, axis=0)`, which fails on a scalar (the
-    # loss): scalars are averaged over the workers alone (axis=None).
-    reduce_per_replica = _trainer.reduce_per_replica
-
-    def reduce_scalars_too(values, strategy, reduction):
-        if reduction in ("auto", "mean") and _trainer._collective_all_reduce_multi_worker(strategy):
-            def reduce(v):
-                rank = strategy.experimental_local_results(v)[0].shape.rank if _trainer._is_per_replica_instance(v) \
-                    else tf.convert_to_tensor(v).shape.rank
-                return strategy.reduce("MEAN", v, axis=0 if rank else None)
-            return tf.nest.map_structure(reduce, values)
-        return reduce_per_replica(values, strategy, reduction)
-
-    _trainer.reduce_per_replica = reduce_scalars_too
 
 
 @keras.saving.register_keras_serializable(package="evstore")
@@ -148,7 +103,7 @@ class Embedding(keras.layers.Layer):
         if self.collective and (shards is not None or devices is not None):
             raise ValueError("evstore.keras.Embedding: collective=True shards by worker; shards=/devices= do not apply")
         if self.collective:
-            _fit_under_multi_worker()
+            _keras_compat.install_multi_worker_fit()
         make = _collective.CollectiveEmbeddingVariable if self.collective else EmbeddingVariable
         self.ev = make(self.name, dim, key_dtype=self.key_dtype, initializer=embeddings_initializer,
                        default_value=default_value, filter=filter,
@@ -295,5 +250,3 @@ def _initializer_from_config(config):
 # evict.py); a layer's config holds them as registered Keras serializables.
 for _cls in (CounterFilter, BloomFilter, GlobalStepEvict, L2WeightEvict):
     keras.saving.register_keras_serializable(package="evstore")(_cls)
-
-_keras_export.install()

@@ -7,12 +7,11 @@ it, and no checkpoint written after the export would ever reach it. evstore's
 serving export is `serving_loader.export_serving_model(model, export_dir)`
 (stock TensorFlow ops only, hot-applied checkpoints under `evstore serve`),
 which lives in a package above this one; so `keras.Model.export` is wrapped
-to refuse, naming the layers and that function, before anything is written.
+(by evstore/keras_compat.py) to refuse, naming the layers and that function,
+before anything is written.
 Models without an evstore layer export as Keras does.
 """
-import keras
-
-__all__ = ["install", "refusal"]
+__all__ = ["refusal", "refusing_export", "HOOKS"]
 
 
 def refusal(model):
@@ -28,18 +27,17 @@ def refusal(model):
             "SavedModel of stock TensorFlow ops that `evstore serve` keeps up to date with every checkpoint")
 
 
-def install():
-    """Wraps `keras.Model.export` once (idempotent)."""
-    original = keras.Model.export
-    if getattr(original, "_evstore_refuses_tables", False):
-        return
-
+def refusing_export(own):
+    """`keras.Model.export` refusing models with evstore tables, calling Keras's
+    `own` for the others (set by evstore/keras_compat.py)."""
     def export(self, filepath, *args, **kwargs):
         message = refusal(self)
         if message is not None:
             raise ValueError(message)
-        return original(self, filepath, *args, **kwargs)
+        return own(self, filepath, *args, **kwargs)
 
-    export.__doc__ = original.__doc__
-    export._evstore_refuses_tables = True
-    keras.Model.export = export
+    export.__doc__ = own.__doc__
+    return export
+
+
+HOOKS = {"Model.export": refusing_export}   # set by evstore/keras_compat.py

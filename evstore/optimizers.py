@@ -37,8 +37,6 @@ from evstore import generic
 from evstore import training
 from evstore.variable import EmbeddingVariable, ev_for_variable
 
-generic.install()   # every other Keras optimizer trains EVs through the generic row path
-
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "GroupAdam", "GroupAdagrad", "VariableLearningRate"]
 
 

@@ -53,8 +53,13 @@ def build_parser():
     demo.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
                       help="run the serving process with `evstore serve --gate EXPR` (EXPR omitted: its default)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train = command("train", "train on Parquet / CSV files per a feature spec, with checkpoints")
-    train.add_argument("--data", required=True, help="a data file or a directory of them")
+    train = command("train", "train on Parquet / CSV files or Kafka topics per a feature spec, with checkpoints")
+    src = train.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help="a data file or a directory of them")
+    src.add_argument("--kafka", metavar="HOST:PORT[,...]",
+                     help="train from Kafka: the bootstrap servers; messages are JSON objects whose fields are the "
+                          "spec's columns; an unbounded run, exactly once by the checkpoint (each commit records "
+                          "every partition's offset; a restart resumes there); docs/guides/streaming-job.md")
     train.add_argument("--spec", required=True, help="feature spec (JSON), e.g. examples/movielens.json")
     train.add_argument("--checkpoints", required=True,
                        help="checkpoint root (path or fsspec URL such as s3://bucket/path); resumes from it")
@@ -81,6 +86,7 @@ def build_parser():
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _kafka_flags(train)
     ckpt = command("ckpt", "inspect, verify, compact or export a checkpoint root")
     tools = ckpt.add_subparsers(dest="tool", required=True, metavar="TOOL")
     t = command("inspect", "list committed checkpoints and the chain restore() applies", tools)
@@ -170,6 +176,17 @@ def build_parser():
     srv.add_argument("--tier-path", "--tier_path", default=None, metavar="DIR",
                      help="parent of the tier's private directories (default: the system temp directory; use a "
                           "local SSD); with --tiered-dram-bytes")
+    srv.add_argument("--shard", default=None, metavar="I/N",
+                     help="run as serving shard I of N: hold partition I of the sharded EVs (tiered with "
+                          "--tiered-dram-bytes) and answer a front's lookups on --port (gRPC, no REST); the front "
+                          "decides the version (docs/guides/sharded-serving.md)")
+    srv.add_argument("--shard-evs", "--shard_evs", default=None, metavar="EV,...",
+                     help="with --shard: the EVs sharded (default: every EV of the export); the front serves the "
+                          "others")
+    srv.add_argument("--shards", default=None, metavar="HOST:PORT,...",
+                     help="run as the front of these shards (shard i at the i-th address): dense weights and small "
+                          "EVs here, the sharded EVs' rows read from the shards per request, every commit published "
+                          "on all of them at once (docs/guides/sharded-serving.md)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")
@@ -225,6 +242,44 @@ def _ctr_job_flags(parser, batch_help):
                         help="batches between full checkpoints (default: only the first checkpoint is a full)")
     parser.add_argument("--learning-rate", type=float, default=0.05, help="learning rate (default 0.05)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
+
+
+def _kafka_flags(train):
+    """The Kafka source's flags of `train` (used with --kafka)."""
+    k = train.add_argument_group("Kafka source (with --kafka)")
+    k.add_argument("--topic", action="append", default=None, metavar="TOPIC",
+                   help="a topic to consume (repeat for several)")
+    k.add_argument("--group", default="evstore", help="consumer group the offsets are committed to after each "
+                   "checkpoint commit (default evstore)")
+    k.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
+                   help="a librdkafka property passed through, e.g. security.protocol=SASL_SSL (repeat)")
+    k.add_argument("--max-events", type=int, default=None, metavar="N",
+                   help="stop once N messages were consumed in all (across restarts; bad ones count)")
+    k.add_argument("--until", default=None, metavar="TIME",
+                   help="stop at this wall-clock time: ISO 8601 (2026-11-27T08:00:00Z) or a duration (90s, 30m, 2h)")
+    k.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
+                   help="produce bad messages there (headers name their source) before skipping them")
+    k.add_argument("--batch-linger", type=float, default=0.5, metavar="SECONDS",
+                   help="a batch waits this long to fill once its first message arrived (default 0.5)")
+    k.add_argument("--group-managed", action="store_true",
+                   help="let the consumer group assign partitions (subscribe) instead of taking every partition; "
+                        "each assigned partition still starts at this job's own position")
+
+
+def _kafka_stream(args):
+    """The KafkaStream of `train --kafka ...` (ValueError for bad flags)."""
+    from evstore_app.job.kafka_source import KafkaStream, parse_until
+    if not args.topic:
+        raise ValueError("--kafka needs at least one --topic")
+    props = {}
+    for kv in args.kafka_property:
+        if "=" not in kv:
+            raise ValueError(f"--kafka-property takes KEY=VALUE, got {kv!r}")
+        k, v = kv.split("=", 1)
+        props[k.strip()] = v
+    return KafkaStream(args.kafka, args.topic, group_id=args.group, properties=props, max_events=args.max_events,
+                       until=None if args.until is None else parse_until(args.until), linger=args.batch_linger,
+                       dead_letter_topic=args.dead_letter_topic, group_managed=args.group_managed)
 
 
 def _schedule_flags(parser, delta_every, full_every):
@@ -456,6 +511,7 @@ def _job(args):
     if not args.verbose:   # "skipped: maximum number of running instances" when a save outlasts its interval
         import logging
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    from evstore_app.job.kafka_source import KafkaUnavailableError
     from evstore_app.job.report import format_summary
     from evstore_app.job.spec import SpecError
     try:
@@ -468,13 +524,16 @@ def _job(args):
                            serving_view=args.serving_view)
         else:
             from evstore_app.job import train
-            res = train.run(args.data, args.spec, args.checkpoints, delta_every=args.delta_every,
+            if args.kafka is None and (args.topic or args.max_events or args.until or args.dead_letter_topic):
+                raise ValueError("--topic, --max-events, --until and --dead-letter-topic go with --kafka")
+            data = _kafka_stream(args) if args.kafka is not None else args.data
+            res = train.run(data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
                             serving_view=args.serving_view, guard_min_examples=args.guard_min_examples,
                             from_seq=args.from_seq, export_tables=args.export_tables)
-    except (SpecError, ValueError, OSError) as e:
+    except (SpecError, ValueError, OSError, KafkaUnavailableError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR
     print(format_summary(res), flush=True)

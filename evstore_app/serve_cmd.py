@@ -1,6 +1,7 @@
 """`evstore serve`: the command's arguments turned into a call of
 serving_loader.server.serve (the library), with the command's logging and exit status."""
 import logging
+import shlex
 import sys
 
 from serving_loader import admin_listener
@@ -30,6 +31,16 @@ def run(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll otherwise
     try:
+        if args.shard is not None:
+            if args.shards is not None:
+                raise ValueError("--shard (a shard) and --shards (a front) exclude each other")
+            from serving_loader.shard_service import serve_shard
+
+            return serve_shard(args.export, args.checkpoints, args.shard, host=args.host, port=args.port,
+                               evs=args.shard_evs.split(",") if args.shard_evs else None, tier=_tier(args),
+                               max_request_bytes=args.max_request_bytes)
+        if args.shard_evs is not None:
+            raise ValueError("--shard-evs needs --shard")
         batching = None
         if args.enable_batching:
             batching = BatchingOptions(max_batch_size=args.max_batch_size,
@@ -49,10 +60,15 @@ def run(args):
                      admin_port=args.admin_port, admin_host=args.admin_host,
                      admin_token=admin_listener.read_token(args.admin_token_file) if args.admin_token_file else None,
                      idle_timeout_s=args.rest_idle_timeout_s or None, tier=_tier(args),
-                     use_serving_view=args.serving_view)
+                     use_serving_view=args.serving_view, shards=args.shards)
     except (ValueError, TypeError, OSError) as e:
-        from serving_loader.model import NothingToServeError
+        from serving_loader.model import NotAnExportError, NothingToServeError
 
-        hint = " (--allow-empty serves the export as it is)" if isinstance(e, NothingToServeError) else ""
+        hint = ""
+        if isinstance(e, NothingToServeError):
+            hint = " (--allow-empty serves the export as it is)"
+        elif isinstance(e, NotAnExportError):
+            hint = (f"; from the command line: evstore train --data DATA --spec SPEC --checkpoints ROOT "
+                    f"--export {shlex.quote(args.export)} --max-rows 0 writes the export alone")
         print(f"evstore serve: {e}{hint}", file=sys.stderr)
         return 1

@@ -41,13 +41,14 @@ def handle(model, model_name, method, path, body=b""):
     runs the rollback): call it off the event loop. Independent of the HTTP
     stack: a server routes PATH (a regex, full match) here."""
     from serving_loader.model import RollbackError
+    from serving_loader.tfs import serving_note
 
     m = _PATH.fullmatch(path)
     if m is None:
         return None
     name, what = m["name"], m["action"]
     if name != model_name:
-        return 404, {"error": f"Servable not found for request: Latest({name}) (serving {model_name!r})"}
+        return 404, {"error": f"Servable not found for request: Latest({name}){serving_note(model_name)}"}
     if what is not None and what not in _ACTIONS:
         return 404, {"error": f"no admin action {what!r}; the actions are {', '.join(_ACTIONS)}"}
     want = "GET" if what is None else "POST"

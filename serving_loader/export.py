@@ -33,7 +33,14 @@ the two sentinel keys, and ServingModel refuses checkpoints holding them).
 (`tables[i]`, an ExportedTable, looked up with EvFind: every key servable, no
 sentinels), its default value in `ev_defaults[i]`; the map says
 `"tables": "evstore"` and each EV entry has `"default": i` instead of the
-sentinel fields. It loads where evstore's op library is loaded.
+sentinel fields. It loads where evstore's op library is loaded. Such an export
+also holds, for each signature `<key>`, a function `lookup_keys_<key>` (same
+inputs, not a signature: TF Serving's metadata does not list it) answering
+{EV name: the ids the signature looks up in that EV, flattened, in lookup
+order, duplicates kept}: a sharded serving front (serving_loader/front.py)
+runs it to know which rows to ask its shards for before it runs the signature.
+Its EV lookups answer zeros, so ids computed from a lookup's rows are not
+supported there.
 """
 import json
 import os
@@ -146,6 +153,42 @@ def _example_signature(kind, specs, forward):
             raise ValueError(f"a regress signature needs one value per example, the model answers {y.shape}")
         return {"outputs": tf.reshape(y, [-1])}
 
+    return fn
+
+
+def _key_recorder(names, dims):
+    """({ev: fn(ids)}, recorded): substitutes that record each lookup's ids
+    (flattened) in `recorded` {EV name: [ids]} and answer zero rows."""
+    recorded = {}
+
+    def fn(ids, name, dim):
+        recorded.setdefault(name, []).append(tf.reshape(ids, [-1]))
+        return _shaped(tf.zeros(tf.stack([tf.size(ids), dim]), tf.float32), ids, dim)
+
+    return {ev: (lambda ids, n=n, d=dims[n]: fn(ids, n, d)) for ev, n in names.items()}, recorded
+
+
+def _lookup_keys_function(specs, model, names, dims, key_dtypes, output_name, parse=None):
+    """The `lookup_keys_<signature>` function of an evstore export (module docstring)."""
+    def keys_of(args):
+        fns, recorded = _key_recorder(names, dims)
+        with substitute_lookups(fns):
+            x = list(args) if len(args) > 1 else args[0]
+            _ = model(x, training=False) if isinstance(model, keras.Model) else model(x)
+        return {n: tf.concat(recorded[n], 0) if n in recorded else tf.zeros([0], key_dtypes[n])
+                for n in dims}
+
+    if parse is None:
+        @tf.function(input_signature=specs)
+        def fn(*args):
+            return keys_of(args)
+    else:
+        features = {s.name: _feature_spec(s) for s in specs}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def fn(serialized):
+            parsed = tf.io.parse_example(serialized, features)
+            return keys_of([tf.cast(parsed[s.name], s.dtype) for s in specs])
     return fn
 
 
@@ -274,6 +317,14 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
         setattr(module, f"serve_{kind}", fn)
         signatures[key] = fn.get_concrete_function()
         methods[key] = method
+    if tables == EVSTORE:   # what a sharded front asks its shards for (module docstring)
+        names = {ev: n for n, ev in col.logical_evs().items()}
+        dims = {n: e["dim"] for n, e in mapping["evs"].items()}
+        key_dtypes = {n: tf.as_dtype(e["key_dtype"]) for n, e in mapping["evs"].items()}
+        for key in signatures:
+            setattr(module, f"lookup_keys_{key}",
+                    _lookup_keys_function(specs, model, names, dims, key_dtypes, output_name,
+                                          parse=None if key == "serving_default" else key))
     tf.saved_model.save(module, export_dir, signatures=signatures)
     if methods:
         _set_method_names(export_dir, methods)

@@ -33,22 +33,30 @@ class FlatCall:
     dtypes, shapes); the public call then runs and raises its usual error.
     """
 
-    def __init__(self, fn):
-        kw = fn.structured_input_signature[1]
-        self.names = list(fn.function_type.parameters)
-        self.specs = [kw[n] for n in self.names]
+    def __init__(self, fn, positional=None):
+        args, kw = fn.structured_input_signature
+        if positional is None:
+            self.names = list(fn.function_type.parameters)
+            self.specs = [kw[n] for n in self.names]
+        else:   # a function of positional parameters, fed from inputs named `positional`, in order
+            self.names = list(positional)
+            self.specs = list(args)
         self.captured = list(fn.captured_inputs)
         self._call = fn._inference_function.call_preflattened
 
     @classmethod
-    def build(cls, fn, name):
+    def build(cls, fn, name, positional=None):
+        """A FlatCall of `fn` (a signature's ConcreteFunction; or, with
+        `positional` input names, a concrete function of positional
+        parameters), or None when it does not answer as the public call."""
         try:
-            flat = cls(fn)
+            flat = cls(fn, positional)
             if any(s.shape.rank is None for s in flat.specs):
                 raise ValueError("an input of unknown rank")
             probe = zero_example({n: (None if s.dtype == tf.string else s.dtype.as_numpy_dtype, s.shape.as_list())
                                   for n, s in zip(flat.names, flat.specs)})
-            want, got = fn(**probe), flat(probe)
+            want = fn(**probe) if positional is None else fn(*[probe[n] for n in flat.names])
+            got = flat(probe)
             if got is None or set(got) != set(want) or not all(
                     np.array_equal(got[k].numpy(), want[k].numpy()) for k in want):
                 raise ValueError("its answer differs from the public call's")

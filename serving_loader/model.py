@@ -72,7 +72,7 @@ from serving_loader.staging import Staging
 from serving_loader.streamed_reload import StreamedReload
 from serving_loader.table import Table
 
-__all__ = ["ServingModel", "NothingToServeError", "RollbackError", "zero_example"]
+__all__ = ["ServingModel", "NothingToServeError", "NotAnExportError", "RollbackError", "zero_example"]
 
 
 def _read_signature_defs(export_dir):
@@ -97,6 +97,11 @@ class NothingToServeError(ValueError):
     """The checkpoint root has nothing the export can serve (it does not exist,
     holds no committed checkpoint, none of the export's tables, or its newest
     chain cannot be applied). The message is one line."""
+
+
+class NotAnExportError(ValueError):
+    """`export_dir` holds no evstore serving export (export_serving_model's
+    map file is missing). The message is one line."""
 
 
 TIER_STATS = ("cache_hits", "cache_misses", "cache_rows", "disk_bytes")
@@ -137,7 +142,8 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
     `metrics()` for monitoring.
 
     Raises:
-      ValueError: `export_dir` is not a serving export; `storage` given for
+      NotAnExportError (a ValueError): `export_dir` is not a serving export.
+      ValueError: `storage` given for
         an export of stock tables.
       TypeError: `storage` is not an evstore.TieredStorage.
       NothingToServeError: (allow_empty=False) nothing of the root can be served.
@@ -151,8 +157,8 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
             with open(map_path) as f:
                 self.mapping = json.load(f)
         except FileNotFoundError:
-            raise ValueError(f"{export_dir} is not an evstore serving export (no {MAP_FILE}); write it with "
-                             "serving_loader.export_serving_model") from None
+            raise NotAnExportError(f"{export_dir} is not an evstore serving export (no {MAP_FILE}); write it with "
+                                   "serving_loader.export_serving_model") from None
         if self.mapping.get("format") != FORMAT:
             raise ValueError(f"{map_path} is not an evstore serving map")
         self.export_dir = export_dir
@@ -259,6 +265,7 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
         tensors = {n: tf.convert_to_tensor(v, dtype=self.inputs[n]["dtype"]) for n, v in inputs.items()}
         self._lock.acquire_read()
         try:
+            self._fill_rows(self.signature, tensors)
             out = self._fn(**tensors)
             version = self.version
         except tf.errors.InvalidArgumentError as e:
@@ -276,6 +283,7 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
         fn = self._fn if signature == self.signature else self._loaded.signatures[signature]
         self._lock.acquire_read()
         try:
+            self._fill_rows(signature, inputs)
             flat = self._flat.get(signature, False)
             if flat is False:   # its probe compares two calls: no publish between them
                 flat = self._flat[signature] = FlatCall.build(fn, signature)

@@ -33,6 +33,17 @@ def _judged_alone(gate, quality):
     return quality if quality is not None and gate.judged(quality) else None
 
 
+def _log_applied(staged, apply_s, lag_s):
+    """One INFO line per commit applied on top of the served one: its seq and
+    kind, the apply time (stage + publish of its run), the rows it upserted and
+    deleted, and how long after its commit it was served."""
+    m = staged.manifest
+    upserted = sum(int(keys.size) for _, keys, *_ in staged.evs.values())
+    deleted = sum(int(erase.size) for erase, *_ in staged.evs.values())
+    log.info("applied %s %d (chain of full %d) in %.3f s: %s rows upserted, %s deleted; served %.1f s after its "
+             "commit", m.kind, m.seq, m.base, apply_s, f"{upserted:,}", f"{deleted:,}", lag_s)
+
+
 class Polling:
     """ServingModel's polling of its checkpoint root (a mixin: the state it reads and
     writes is ServingModel's, set up by its __init__)."""
@@ -102,14 +113,22 @@ class Polling:
                     return
             for s in staged:
                 self._warm(s)
+            try:
+                self._fleet_stage(run[-1])   # a sharded front: every shard stages it first (serving_loader/front.py)
+            except OSError as e:
+                self._refuse(run[-1], f"cannot apply {run[-1].dir}: {e}", retry=True)
+                return
             self._lock.acquire_write()
             try:
                 for s in staged:   # a held stretch is published with the commit that passed, in one step
                     self._publish(s)
             finally:
                 self._lock.release_write()
+            self._fleet_published(run[-1].seq)
             for m in run:
                 self._record(m, t0)
+            for st in staged:
+                _log_applied(st, self.last_apply_s, self.last_lag_s)
             if self.gate is not None:
                 self.gate.passed(judged, serving=run[-1].seq)
 
@@ -163,7 +182,9 @@ class Polling:
         for m in chain:   # every checkpoint this reload newly serves counts as applied
             if before is None or m.seq > before or m.seq == chain[-1].seq:
                 self._record(m, t0)
-        log.info("serving %s (reloaded chain of %d)", chain[-1].dir, len(chain))
+        log.info("serving %d: loaded the chain of full %d (%d checkpoint%s) in %.3f s: %s rows served", chain[-1].seq,
+                 chain[0].seq, len(chain), "" if len(chain) == 1 else "s", time.time() - t0,
+                 f"{sum(self.rows().values()):,}")
 
     def _gated_end(self, sc, chain):
         """How much of the newest `chain` a gated reload serves, and the record

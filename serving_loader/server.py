@@ -29,6 +29,7 @@ are copied from its counters at each scrape and every poll interval.
 """
 import asyncio
 import concurrent.futures
+import errno
 import gc
 import logging
 import math
@@ -50,11 +51,12 @@ from serving_loader.gate import register_metrics as gate_metrics
 from serving_loader.httpserver import (DEFAULT_IDLE_TIMEOUT_S, HttpServer, Response, Router, error_response,
                                       json_response)
 from serving_loader.tfs import (CLASSIFY_METHOD, REGRESS_METHOD, Servable, ServingError, format_classify_json,
-                                format_predict_json, format_regress_json, parse_examples_json, parse_predict_json)
+                                format_predict_json, format_regress_json, missing_name_message, parse_examples_json,
+                                parse_predict_json)
 
 log = logging.getLogger("evstore.serving")
 
-__all__ = ["ServingApp", "ServingMetrics", "serve", "DEFAULT_MAX_REQUEST_BYTES"]
+__all__ = ["ServingApp", "ServingMetrics", "serve", "DEFAULT_MAX_REQUEST_BYTES", "PortError"]
 
 DEFAULT_MAX_REQUEST_BYTES = 10 * 2**20
 _LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0)
@@ -311,7 +313,7 @@ class ServingApp:
             if m is not None:
                 name, version, label = _model_spec(m)
                 if not name:
-                    raise ServingError("INVALID_ARGUMENT", "Missing model name in request.")
+                    raise ServingError("INVALID_ARGUMENT", missing_name_message(self.model_name))
                 if m.group(4):
                     self.servable.check_spec(name, version, label)
                     return json_response(self.servable.metadata_json())
@@ -391,13 +393,32 @@ def _format_examples(outputs, method):
 
 
 # ---- the process ---------------------------------------------------------------------
-def _bind(host, port):
+class PortError(OSError):
+    """A port `serve` cannot listen on (in use, not permitted, no such address);
+    the message names the API, the address and the argument that moves it."""
+
+
+# serve()'s listeners: the API and its port argument (serve's keyword, `evstore serve`'s flag, TF Serving's name)
+_PORT_ARGS = {"REST": "rest_api_port", "admin": "admin_port", "gRPC": "port"}
+
+
+def _bind(host, port, api):
+    """A socket bound to host:port, not yet listening (a client's connect is
+    refused until `listen`, so it never waits on a server still loading):
+    PortError naming `api`'s port argument when the address cannot be bound."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, kind, proto, _, addr = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(addr)
-    sock.listen(1024)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        reason = "is in use (another server?)" if e.errno == errno.EADDRINUSE else f"cannot be bound: {e.strerror}"
+        err = PortError(f"{api} port {port} on {_shown(host)} {reason}: --{_PORT_ARGS[api]} chooses another, "
+                        f"-1 turns {api} off")
+        err.errno = e.errno
+        raise err from None
     sock.setblocking(False)
     return sock
 
@@ -411,7 +432,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
           storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0,
           grpc_idle_timeout_s=None, gate=None, gate_min_examples=None, gate_max_hold_commits=None,
           gate_max_hold_s=None, gate_past_max_hold="hold", admin_port=None, admin_host="127.0.0.1",
-          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, tier=None, use_serving_view=True):
+          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, tier=None, use_serving_view=True, shards=None):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
     `port` (TF Serving's flags; 0: any free port; None: that API off; a build
@@ -424,7 +445,9 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     Prints `serving <name> version <v> on http://<host>:<rest port>`, then
     `admin <name> on http://<admin host>:<admin port>`, then `grpc <name> on
     <host>:<port>` to `out` once the sockets listen (with port 0 the printed
-    port is the one bound). The admin listener (serving_loader.admin_listener)
+    port is the one bound). The ports are checked before the model loads: one
+    that cannot be bound (in use, say) is a PortError (an OSError) naming the
+    API, the address and the flag that moves it. The admin listener (serving_loader.admin_listener)
     binds `admin_host` on `admin_port` (None: admin_listener.default_port of
     the REST port; -1: none), behind bearer `admin_token` if given (a
     non-loopback `admin_host` without one is a ValueError). `idle_timeout_s`:
@@ -446,6 +469,9 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     `storage`): each table's rows in a DRAM cache over a private directory,
     removed when serve returns. `use_serving_view`: serve a commit's serving
     view when it has one (False: its float32 rows; ServingModel's argument).
+    `shards`: "host:port,..." of serving shards (serving_loader/front.py):
+    this server is their front (an export of evstore tables; the sharded
+    EVs' rows come from the shards, the others' are held here in DRAM).
     """
     from serving_loader.model import ServingModel
 
@@ -470,30 +496,52 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
             raise ValueError(f"admin_port must be an integer in [0, 65535] or -1, got {admin_port!r}")
         admin_listener.check_exposure(admin_host, admin_token)
     _set_tf_threads(intra_op_parallelism, inter_op_parallelism)
-    model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options, allow_empty=allow_empty,
-                         gate=gate, storage=tier, use_serving_view=use_serving_view)
-    app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes, refresh_every_s=poll_every,
-                     batching=batching, idle_timeout_s=idle_timeout_s, admin_token=admin_token)
-    # The loaded model leaves a large heap of long-lived Python objects (TF,
-    # Keras, the restored graph); a full garbage collection walks all of them
-    # and stalls every request for hundreds of milliseconds. Frozen, they are
-    # skipped by every later collection.
-    app.warm_up()
-    gc.collect()
-    gc.freeze()
-    rest_sock = _bind(host, rest_api_port) if rest_api_port is not None else None
-    admin_sock = _bind(admin_host, admin_port) if admin_port != -1 else None
+    # The ports are taken (REST, admin) or checked (gRPC, which the native front end binds) before
+    # the model loads: a port in use is one line at once, not after the load.
+    socks, model, app = [], None, None
     try:
+        rest_sock = _bind(host, rest_api_port, "REST") if rest_api_port is not None else None
+        socks.append(rest_sock)
+        admin_sock = _bind(admin_host, admin_port, "admin") if admin_port != -1 else None
+        socks.append(admin_sock)
+        if port:   # 0: any free port
+            _bind(host, port, "gRPC").close()
+        if shards is not None:
+            from serving_loader.front import FrontModel
+            from serving_loader.shard_client import parse_addresses
+
+            if tier is not None:
+                raise ValueError("a front holds its small EVs in DRAM; --tiered-dram-bytes is the shards' (--shard)")
+            model = FrontModel(export_dir, checkpoint_root, parse_addresses(shards), storage_options=storage_options,
+                               allow_empty=allow_empty, gate=gate)
+        else:
+            model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options,
+                                 allow_empty=allow_empty, gate=gate, storage=tier, use_serving_view=use_serving_view)
+        app = ServingApp(model, model_name=model_name, max_request_bytes=max_request_bytes,
+                         refresh_every_s=poll_every, batching=batching, idle_timeout_s=idle_timeout_s,
+                         admin_token=admin_token)
+        # The loaded model leaves a large heap of long-lived Python objects (TF,
+        # Keras, the restored graph); a full garbage collection walks all of them
+        # and stalls every request for hundreds of milliseconds. Frozen, they are
+        # skipped by every later collection.
+        app.warm_up()
+        gc.collect()
+        gc.freeze()
+        for sock in socks:
+            if sock is not None:
+                sock.listen(1024)
         # uvloop: libuv's event loop and transports behind asyncio's API, which cost the REST
         # server less CPU per request than asyncio's own (docs/history/benchmarks-log.md).
         return uvloop.run(_serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every,
                                        out, grpc_idle_timeout_s))
     finally:
-        for sock in (rest_sock, admin_sock):
+        for sock in socks:
             if sock is not None:
                 sock.close()
-        app.close()
-        model.close()
+        if app is not None:
+            app.close()
+        if model is not None:
+            model.close()
 
 
 async def _serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every, out,

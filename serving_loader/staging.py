@@ -112,6 +112,20 @@ class Staging:
         finally:
             self._lock.release_read()
 
+    def _fleet_stage(self, m):
+        """Before commit `m` is published here: a sharded serving front has every
+        shard stage it (serving_loader/front.py), raising OSError (the fleet
+        holds its version) when one cannot. A no-op for one replica."""
+
+    def _fleet_published(self, seq):
+        """After commit `seq` was published here (a sharded front tells its
+        shards; a no-op for one replica)."""
+
+    def _fill_rows(self, signature, inputs):
+        """Under the read lock, before signature `signature` runs on `inputs`:
+        a sharded front fetches the rows it looks up from its shards. A no-op
+        for one replica."""
+
     def _publish(self, s):
         """Under the write lock: make the staged checkpoint the served state.
         Everything was validated by _stage, so no step here fails on content."""
@@ -149,6 +163,7 @@ class Staging:
         if self.table_kind == EVSTORE:
             return self._load_chain_streamed(chain)
         staged = [self._stage(m) for m in chain]
+        self._fleet_stage(chain[-1])
         self._lock.acquire_write()
         try:
             for name, table in self._tables.items():  # drop the previous chain's rows
@@ -163,3 +178,4 @@ class Staging:
                 self._publish(s)
         finally:
             self._lock.release_write()
+        self._fleet_published(chain[-1].seq)

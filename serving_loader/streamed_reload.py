@@ -21,7 +21,31 @@ from checkpoint.errors import CheckpointError
 from checkpoint.fetch import fetch
 from checkpoint.shards import logical_entries
 
-__all__ = ["StreamedReload"]
+__all__ = ["StreamedReload", "staged_into_replacements"]
+
+
+def staged_into_replacements(tables, staged):
+    """{EV: replacement table} of `tables` ({EV: EvTable}) holding the chain
+    `staged` ([_Staged], full first; each in memory) applied in order; their
+    `evs` are emptied (publishing them sets the rest). The replacements are
+    closed if this fails. A sharded fleet reloads so (its front and shards
+    read only their own rows, which fit in memory)."""
+    fresh = {}
+    try:
+        for name, table in tables.items():
+            fresh[name] = table.replacement()
+        for s in staged:
+            for name, (erase, keys, values, _, freqs) in s.evs.items():
+                if erase.size:
+                    fresh[name].erase(erase)
+                if keys.size:
+                    fresh[name].insert(keys, values, freqs)
+            s.evs = {}
+    except BaseException:
+        for t in fresh.values():
+            t.close()
+        raise
+    return fresh
 
 
 class StreamedReload:
@@ -55,6 +79,7 @@ class StreamedReload:
                     if keys.size:
                         fresh[name].insert(keys, values, freqs)
                 s.evs = {}
+            self._fleet_stage(chain[-1])
             self._lock.acquire_write()
             try:
                 for name, table in self._tables.items():
@@ -63,6 +88,7 @@ class StreamedReload:
                     self._publish(s)
             finally:
                 self._lock.release_write()
+            self._fleet_published(chain[-1].seq)
         finally:
             for table in fresh.values():
                 table.close()

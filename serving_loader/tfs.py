@@ -49,6 +49,19 @@ def invalid(message):
     return ServingError("INVALID_ARGUMENT", message)
 
 
+def serving_note(name, version=None):
+    """What an error about a model not served appends to TF Serving's message,
+    so the client learns the name to ask for: " (serving 'ctr')", or with
+    `version` " (serving 'ctr' version 7)"."""
+    return f" (serving {name!r}" + ("" if version is None else f" version {version}") + ")"
+
+
+def missing_name_message(name):
+    """GET /v1/models (no model name): TF Serving's 400 message, which lists no
+    model (its REST API has no list of models), and the path to ask instead."""
+    return f"Missing model name in request. This server serves {name!r}: GET /v1/models/{name}"
+
+
 # ---- the served model as TF Serving sees it -----------------------------------
 class Servable:
     """A ServingModel served as `name`: its signatures (method, inputs,
@@ -83,15 +96,16 @@ class Servable:
             raise invalid(f"Both model version ({version}) and model version label ({label}) cannot be supplied.")
         want = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
         if name != self.name:
-            raise ServingError("NOT_FOUND", f"Servable not found for request: {want}")
+            raise ServingError("NOT_FOUND", f"Servable not found for request: {want}{serving_note(self.name)}")
         if label is not None:
             raise invalid(f"Unrecognized servable version label: {label}")
         if version is not None and version != self.version:
-            raise ServingError("NOT_FOUND", f"Servable not found for request: {want}")
+            raise ServingError("NOT_FOUND", f"Servable not found for request: {want}"
+                                            f"{serving_note(self.name, self.version)}")
 
     def check_status_spec(self, name, label=None):
         if name != self.name:
-            raise ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
+            raise ServingError("NOT_FOUND", f"Could not find any versions of model {name}{serving_note(self.name)}")
         if label is not None:
             raise invalid(f"Unrecognized servable version label: {label}")
 

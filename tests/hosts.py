@@ -5,7 +5,9 @@ network namespace with its own address on that bridge (10.213.0.2, .3, ...)
 and its own loopback; each process started on a host also gets a mount
 namespace in which `/tmp`, the home directory and `/dev/shm` are that host's
 private directories and every other file (the checkout and its venv
-included) is read-only. What two hosts share is what real hosts share: the
+included) is read-only, and a UTS namespace whose hostname is the host's
+name (so a checkpoint lease names the host its writer runs on). Process ids
+are the machine's: a test signals any process directly. What two hosts share is what real hosts share: the
 network between them, and an object store if the test starts one
 (`Network.object_store()`: moto's S3 server on a host of its own). Nothing of
 this is visible in, or routed to from, the machine's own (root) network
@@ -96,6 +98,7 @@ API
     .root(prefix) -> "s3://<bucket>/<prefix>"
     .keys(prefix="") -> [keys]   the bucket's keys (ListObjectsV2, from inside
                                  the store's host)
+    .objects(prefix="") -> [(key, size)]
 
 Where processes see what (inside a host): the checkout at its own path,
 read-only (so tests/ scripts and `python -m evstore_app` work as usual);
@@ -145,13 +148,14 @@ STARTUP_S = 300                       # a TensorFlow process on a loaded 2-core 
 # entries the interpreter lives in (e.g. .pyenv), shown read-only in the private home.
 _SETUP = r"""
 set -e
+hostname "$EVH_HOSTNAME"
 for d in $EVH_HOME_RO; do mount --bind "$4/$d" "$2/$d"; done
 mount --rbind "$2" "$4"
 mount --bind "$3" /dev/shm
 mount --bind "$1" /tmp
 mount -o remount,bind,ro /
 for d in $EVH_HOME_RO; do mount -o remount,bind,ro "$4/$d"; done
-unset EVH_HOME_RO
+unset EVH_HOME_RO EVH_HOSTNAME
 shift 4
 exec setpriv --pdeathsig KILL -- "$@"
 """
@@ -405,7 +409,8 @@ class Host:
             raise RuntimeError("the network is closed")
         full_env = self.net.process_env(env)
         full_env["EVH_HOME_RO"] = " ".join(self.net.home_shares)
-        cmd = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--propagation", "private", "--",
+        full_env["EVH_HOSTNAME"] = self.name
+        cmd = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private", "--",
                "/bin/sh", "-c", _SETUP, "hosts-setup", self.tmp, self.home, self.shm, self.net.home_path,
                *[str(a) for a in argv]]
         popen = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=full_env, text=text,
@@ -510,19 +515,23 @@ class ObjectStore:
             with opener.open(req, timeout=60) as r:
                 return r.read()
 
-    def keys(self, prefix=""):
-        """Every key under `prefix` in the bucket."""
-        keys, token = [], None
+    def objects(self, prefix=""):
+        """[(key, size in bytes)] of every object under `prefix` in the bucket (ListObjectsV2)."""
+        out, token = [], None
         while True:
             q = f"/{self.bucket}?list-type=2&prefix={urllib.parse.quote(prefix)}"
             if token:
                 q += f"&continuation-token={urllib.parse.quote(token)}"
             root = ET.fromstring(self._request("GET", q))
             ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-            keys += [c.findtext(f"{ns}Key") for c in root.iter(f"{ns}Contents")]
+            out += [(c.findtext(f"{ns}Key"), int(c.findtext(f"{ns}Size"))) for c in root.iter(f"{ns}Contents")]
             if root.findtext(f"{ns}IsTruncated") != "true":
-                return keys
+                return out
             token = root.findtext(f"{ns}NextContinuationToken")
+
+    def keys(self, prefix=""):
+        """Every key under `prefix` in the bucket."""
+        return [k for k, _ in self.objects(prefix)]
 
 
 class Network:

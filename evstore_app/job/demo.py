@@ -47,6 +47,7 @@ class _Server:
     checkpoint, under a millisecond for the demo's root)."""
 
     def __init__(self, export, root, name="demo", poll_every=0.05, log_path=None, gate=None):
+        self.name = name
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}/v1/models/{name}"
         # The admin listener only when gated: the demo reads the gate's hold from the admin status.
@@ -254,7 +255,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     result = summary.finish(first_full=first_full, final=final, train_seconds=train_seconds, steps=step,
                             server_seen=server.seen, spec=spec,
                             extra={"export": {"dir": os.path.abspath(export), "written": True,
-                                              "serve": serve_command(export, root)}})
+                                              "serve": serve_command(export, root, server.name)}})
     sv = result["serving"]
     sv["applied_by_server"] = int(server_metrics.get("evstore_serving_checkpoints_applied_total", -1))
     sv["apply_failures"] = int(server_metrics.get("evstore_serving_apply_failures_total", -1))

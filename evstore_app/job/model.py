@@ -99,6 +99,9 @@ def build_model(spec, seed=0):
     if name not in OPTIMIZERS:
         raise ValueError(f"spec: optimizer {name!r} is not one of {sorted(OPTIMIZERS)}")
     model.compile(optimizer=getattr(evstore.optimizers, OPTIMIZERS[name])(**opt), loss="binary_crossentropy")
+    # Built now, not at the first step: its variables (the dense layers' slots, the iteration count) exist
+    # before a restore, which loads them, so a resumed job continues with the optimizer state it saved.
+    model.optimizer.build(model.trainable_variables)
     return model
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import checkpoint
 from evstore_app.job.model import build_model, field_ev
 
-__all__ = ["Summary", "state_matches"]
+__all__ = ["Summary", "state_matches", "format_offsets"]
 
 
 def _ev_state(model, names):
@@ -90,8 +90,9 @@ class Summary:
         from evstore_app.job.trainer import auc
         t = self.trainer
         history = list(t.manager.history)                 # every commit of this run, deleted ones too
-        ms = [m for m in history if m.seq >= first_full]
+        ms = [m for m in history if first_full is not None and m.seq >= first_full]
         fulls = [m.total_bytes for m in ms if m.kind == "full"]
+        untrained = [m for m in ms if m.kind == "full" and m.metadata.get("examples", 0) == 0]
         deltas = [m.total_bytes for m in ms if m.kind == "delta"]
         # A full worth comparing a delta with holds trained state (train's first full is the empty model).
         trained = [m for m in history if m.kind == "full" and m.metadata.get("examples", 0) > 0]
@@ -107,6 +108,7 @@ class Summary:
             "steps": steps, "train_seconds": round(train_seconds, 2),
             "examples_per_s": round(session / max(train_seconds, 1e-9), 1),
             "checkpoints": {"first_full": first_full, "final": final, "fulls": len(fulls), "deltas": len(deltas),
+                            "untrained_fulls": len(untrained),
                             "full_bytes_mean": int(np.mean(fulls)) if fulls else 0,
                             "delta_bytes_mean": int(np.mean(deltas)) if deltas else 0,
                             "delta_bytes_p50": int(np.percentile(deltas, 50)) if deltas else 0,
@@ -196,7 +198,7 @@ def write_report_png(res, path):
     c = res["checkpoints"]
     lines = [f"examples this run: {res.get('examples_this_session', res['examples']):,}",
              f"examples/s: {res['examples_per_s']:,.0f}",
-             f"commits: {c['fulls']} fulls, {c['deltas']} deltas"]
+             f"commits: {_count(c['fulls'], 'full')}, {_count(c['deltas'], 'delta')}"]
     if a.get("live") is not None:
         lines.append(f"AUC live {a['live']:.4f}" + (f", frozen {a['frozen']:.4f}" if a.get("frozen") is not None
                                                      else ""))
@@ -213,30 +215,90 @@ def write_report_png(res, path):
     return path
 
 
+def format_offsets(position):
+    """"topic[0]@120 topic[1]@98" for a Kafka position dict."""
+    parts = [f"{t}[{p}]@{off:,}" for t, ps in sorted((position.get("kafka") or {}).items())
+             for p, off in sorted(ps.items(), key=lambda kv: int(kv[0]))]
+    return " ".join(parts) or "(none)"
+
+
+def _kafka_lines(k):
+    """The Kafka source's lines of the summary: offsets reached, lag, bad
+    messages, event time -> commit, broker waits."""
+    lines = [f"kafka: {k['source']}: {k['messages']:,} messages consumed in all, ended by {k['ended']}; offsets "
+             f"{format_offsets({'kafka': k['offsets']})}"]
+    lag = k.get("lag") or {}
+    if lag:
+        lines.append("kafka lag at the end: " + ", ".join(f"{p} {v:,}" if v is not None else f"{p} ?"
+                                                         for p, v in lag.items()))
+    if k.get("bad"):
+        reasons = ", ".join(f"{r}: {n:,}" for r, n in sorted(k["bad_reasons"].items()))
+        lines.append(f"kafka bad messages skipped: {k['bad']:,} in all ({reasons or 'before this run'})"
+                     + (f", produced to {k['dead_letter_topic']}" if k.get("dead_letter_topic") else ""))
+    f = k.get("event_to_commit")
+    if f:
+        lines.append(f"event time -> commit: p50 {f['p50_s']} s, p99 {f['p99_s']} s, max {f['max_s']} s "
+                     f"({f['events']:,} events)")
+    if k.get("broker_waits_s"):
+        lines.append(f"waited for the Kafka broker {len(k['broker_waits_s'])} time(s): "
+                     + ", ".join(f"{w} s" for w in k["broker_waits_s"]))
+    return lines
+
+
+def _count(n, word):
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _checkpoints_phrase(c):
+    """The summary's account of the commits of a run, e.g. "1 full (the initial,
+    untrained model: 0.06 MiB), 1 delta (0.681 MiB; ...)"."""
+    parts = []
+    untrained = c.get("untrained_fulls", 0)
+    if c["fulls"]:
+        size = f"{c['full_bytes_mean'] / 2**20:.2f} MiB"
+        if c["fulls"] == 1 and untrained == 1:
+            parts.append(f"1 full (the initial, untrained model: {size})")
+        elif c["fulls"] == 1:
+            parts.append(f"1 full ({size})")
+        else:
+            parts.append(f"{c['fulls']} fulls (mean {size}"
+                         + (f"; {untrained} of them the initial, untrained model" if untrained else "") + ")")
+    if c["deltas"]:
+        size = f"{c['delta_bytes_mean'] / 2**20:.3f} MiB"
+        ref = c.get("reference_full")
+        phrase = f"{_count(c['deltas'], 'delta')} ({'mean ' if c['deltas'] > 1 else ''}{size}"
+        if ref:
+            phrase += f" = {c['delta_bytes_mean'] / ref['bytes']:.1%} of the newest full of trained state, " \
+                      f"{ref['bytes'] / 2**20:.2f} MiB)"
+        else:
+            phrase += "; no full of trained state yet to compare with)"
+        parts.append(phrase)
+    return ", ".join(parts)
+
+
 def format_summary(res):
     """The human-readable summary printed at the end of a run."""
     session = res.get("examples_this_session", res["examples"])
     lines = []
+    kafka = res.get("kafka")
     if res.get("resumed_at") is not None:
-        lines.append(f"resumed at row {res['resumed_at']:,} ({res['examples'] - session:,} examples trained "
-                     "before this run)")
-    if session == 0 and res.get("resumed_at") is not None:
+        at = (f"offsets {format_offsets(res['resumed_at'])}" if isinstance(res["resumed_at"], dict)
+              else f"row {res['resumed_at']:,}")
+        lines.append(f"resumed at {at} ({res['examples'] - session:,} examples trained before this run)")
+    if kafka:
+        lines.extend(_kafka_lines(kafka))
+    if session == 0 and res.get("resumed_at") is not None and not kafka:
         lines.append(f"nothing new to train: the checkpoint root is at row {res.get('position', res['resumed_at']):,}"
                      f" of {res.get('rows_in_data', '?'):,} (no checkpoint committed)")
+    elif session == 0 and not kafka and not res.get("rows_in_data"):
+        lines.append("nothing to train: no rows (--max-rows 0 or empty data); no checkpoint committed")
     else:
         lines.append(f"examples: {session:,} this run in {res['train_seconds']} s ({res['examples_per_s']:,.0f} "
                      "examples/s)" + (f"; {res['examples']:,} in all" if res["examples"] != session else ""))
     c = res["checkpoints"]
     ref = c.get("reference_full")
     if c["fulls"] or c["deltas"]:
-        line = f"checkpoints: {c['fulls']} fulls (mean {c['full_bytes_mean'] / 2**20:.2f} MiB), {c['deltas']} deltas " \
-               f"(mean {c['delta_bytes_mean'] / 2**20:.3f} MiB"
-        if ref and c["deltas"]:
-            line += f" = {c['delta_bytes_mean'] / ref['bytes']:.1%} of the newest full of trained state, " \
-                    f"{ref['bytes'] / 2**20:.2f} MiB)"
-        else:
-            line += "; no full of trained state yet to compare with)"
-        lines.append(line)
+        lines.append("checkpoints: " + _checkpoints_phrase(c))
     tb = res.get("tables") or {}
     for n in (tb.get("rows") or {}):
         lines.append(f"table {n}: {tb['rows'][n]:,} rows, {tb['filtered'][n]:,} counted not admitted, "

@@ -10,7 +10,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-__all__ = ["FileStream"]
+__all__ = ["FileStream", "column_ids", "label_values", "read_table"]
 
 _ROW = "__evstore_row"   # read order, the tiebreak of the timestamp sort
 
@@ -28,7 +28,7 @@ def _read(path, fmt):
     raise ValueError(f"spec: data.format must be 'csv' or 'parquet', got {fmt!r}")
 
 
-def _ids(col, field, where):
+def column_ids(col, field, where):
     """A sparse field's keys from its column, as the field's "keys" says (spec.py):
     int64 [N]; string: an object array of bytes, [N], or [N, max_ids] padded
     with b"" for a split field; hash: int64 [N]."""
@@ -60,58 +60,73 @@ def _ids(col, field, where):
     return out
 
 
+def label_values(lab, spec):
+    """float32 0/1 labels from the label column's float64 values: >= the spec's
+    threshold, else > 0."""
+    thr = spec["label"].get("threshold")
+    return ((lab >= thr) if thr is not None else (lab > 0)).astype(np.float32)
+
+
+def read_table(data, spec, max_rows=None):
+    """The rows of `data` (a file, or every data file of a directory) as the
+    job trains them: the spec's joins applied, sorted by its timestamp column
+    (read order breaking ties), the first `max_rows`. ValueError naming the
+    spec field or column for a join or timestamp the data lacks."""
+    d = spec.get("data", {})
+    fmt = d.get("format")
+    if os.path.isdir(data):
+        ext = (".parquet", ".pq") if fmt == "parquet" else (".csv",) if fmt == "csv" else (".csv", ".parquet")
+        joined = {j["file"] for j in d.get("join", [])}
+        files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(ext) and f not in joined)
+        base = data
+    else:
+        files, base = [data], os.path.dirname(data)
+    if not files:
+        raise ValueError(f"no data files in {data}")
+    table = pa.concat_tables([_read(f, fmt) for f in files])
+    # The order is deterministic: files by name, rows as read, then a stable
+    # sort by timestamp with the read order breaking ties (a join reorders
+    # rows), so every run reads the same rows in the same order and a resumed
+    # position means the same rows.
+    table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    for i, j in enumerate(d.get("join", [])):
+        path = os.path.join(base, j["file"])
+        right = _read(path, None)
+        where = f"spec: data.join[{i}]"
+        if j["on"] not in table.column_names:
+            raise ValueError(f"{where}.on: column {j['on']!r} is not in the data (it has "
+                             f"{_names(table)})")
+        lacking = [c for c in [j["on"]] + list(j["columns"]) if c not in right.column_names]
+        if lacking:
+            raise ValueError(f"{where}: {path} has no column(s) {lacking} (it has {right.column_names})")
+        right = right.select([j["on"]] + list(j["columns"]))
+        table = table.join(right, keys=j["on"], join_type="left outer")
+    ts = d.get("timestamp")
+    if ts and ts not in table.column_names:
+        raise ValueError(f"spec: data.timestamp: column {ts!r} is not in the data (it has {_names(table)})")
+    table = table.sort_by(([(ts, "ascending")] if ts else []) + [(_ROW, "ascending")]).drop_columns([_ROW])
+    if max_rows is not None:
+        table = table.slice(0, max_rows)
+    return table
+
+
 class FileStream:
     """Batches of a data file (or every data file of a directory) in timestamp order."""
 
     def __init__(self, data, spec, max_rows=None):
-        d = spec.get("data", {})
-        fmt = d.get("format")
-        if os.path.isdir(data):
-            ext = (".parquet", ".pq") if fmt == "parquet" else (".csv",) if fmt == "csv" else (".csv", ".parquet")
-            joined = {j["file"] for j in d.get("join", [])}
-            files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(ext) and f not in joined)
-            base = data
-        else:
-            files, base = [data], os.path.dirname(data)
-        if not files:
-            raise ValueError(f"no data files in {data}")
-        table = pa.concat_tables([_read(f, fmt) for f in files])
-        # The order is deterministic: files by name, rows as read, then a stable
-        # sort by timestamp with the read order breaking ties (a join reorders
-        # rows), so every run reads the same rows in the same order and a resumed
-        # position means the same rows.
-        table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
-        for i, j in enumerate(d.get("join", [])):
-            path = os.path.join(base, j["file"])
-            right = _read(path, None)
-            where = f"spec: data.join[{i}]"
-            if j["on"] not in table.column_names:
-                raise ValueError(f"{where}.on: column {j['on']!r} is not in the data (it has "
-                                 f"{_names(table)})")
-            lacking = [c for c in [j["on"]] + list(j["columns"]) if c not in right.column_names]
-            if lacking:
-                raise ValueError(f"{where}: {path} has no column(s) {lacking} (it has {right.column_names})")
-            right = right.select([j["on"]] + list(j["columns"]))
-            table = table.join(right, keys=j["on"], join_type="left outer")
-        ts = d.get("timestamp")
-        if ts and ts not in table.column_names:
-            raise ValueError(f"spec: data.timestamp: column {ts!r} is not in the data (it has {_names(table)})")
-        table = table.sort_by(([(ts, "ascending")] if ts else []) + [(_ROW, "ascending")]).drop_columns([_ROW])
-        if max_rows is not None:
-            table = table.slice(0, max_rows)
+        table = read_table(data, spec, max_rows)
         need = [f["column"] for f in spec["sparse"]] + list(spec["dense"]) + [spec["label"]["column"]]
         missing = [c for c in need if c not in table.column_names]
         if missing:
             raise ValueError(f"spec names columns {missing} that the data lacks (it has {_names(table)})")
         self.rows = table.num_rows
         self.batch_size = spec["batch_size"]
-        self.cols = {f["column"]: _ids(table[f["column"]], f, f"spec: sparse[{i}]")
+        self.cols = {f["column"]: column_ids(table[f["column"]], f, f"spec: sparse[{i}]")
                      for i, f in enumerate(spec["sparse"])}
         for c in spec["dense"]:
             self.cols[c] = pc.fill_null(table[c].cast(pa.float32()), 0.0).to_numpy(zero_copy_only=False)
-        lab = table[spec["label"]["column"]].to_numpy(zero_copy_only=False).astype(np.float64)
-        thr = spec["label"].get("threshold")
-        self.labels = ((lab >= thr) if thr is not None else (lab > 0)).astype(np.float32)
+        self.labels = label_values(table[spec["label"]["column"]].to_numpy(zero_copy_only=False).astype(np.float64),
+                                   spec)
 
     def batches(self, start=0):
         """(position after the batch, (columns, labels)) from row `start` to the end."""

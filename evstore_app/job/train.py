@@ -6,7 +6,10 @@ trains batch by batch with progressive evaluation, saves deltas and fulls on
 a schedule, and commits a final delta when the data ends or on Ctrl-C /
 SIGTERM. With `export`, the serving export is written first (or kept if it
 is this model's), so `evstore serve --export EXPORT --checkpoints ROOT` can
-follow the run from its first commit.
+follow the run from its first commit (the closing summary prints that
+command line, with `--model_name` the spec file's name). `max_rows=0` with
+`export` writes the export and commits nothing: what `evstore serve
+--allow-empty` serves until the first commit.
 """
 import os
 import sys
@@ -16,18 +19,23 @@ import tensorflow as tf
 
 from evstore_app.job.guard import Guard, GuardTripped
 from evstore.gate import Gate
-from evstore_app.job.report import Summary
+from evstore_app.job.kafka_source import KafkaStream
+from evstore_app.job.report import Summary, format_offsets
 from evstore_app.job.source import FileStream
 from evstore_app.job.spec import load_spec
 from evstore_app.job.trainer import Trainer
 
-__all__ = ["run"]
+__all__ = ["run", "KafkaStream"]
 
 
 def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
         progress=True, stop_event=None, export=None, guard=None, guard_restore=False, serving_view=None,
         guard_min_examples=None, from_seq=None, export_tables="stock"):
     """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
+    `data`: a data file or directory (FileStream), or a KafkaStream: an
+    unbounded run from Kafka topics, each commit recording every partition's
+    offset, resumed from them (evstore_app/job/kafka_source.py); it ends at the
+    stream's max_events / until, or on `stop_event`.
     Every commit carries the progressive quality of the examples trained
     since the previous one (evstore.quality).
     `export`: a local directory for the model's serving export
@@ -55,8 +63,9 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
         raise ValueError(f"export_tables must be 'stock' or 'evstore', got {export_tables!r}")
     if from_seq is not None and (isinstance(from_seq, bool) or not isinstance(from_seq, int) or from_seq < 0):
         raise ValueError(f"from_seq must be a commit's sequence number (an integer >= 0), got {from_seq!r}")
-    spec = load_spec(spec)
-    stream = FileStream(data, spec, max_rows=max_rows)
+    spec_arg, spec = spec, load_spec(spec)
+    kafka = isinstance(data, KafkaStream)
+    stream = data.bind(spec) if kafka else FileStream(data, spec, max_rows=max_rows)
     trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view)
     if stop_event is not None:
         trainer.stop_event = stop_event
@@ -64,32 +73,53 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     quality = guard.quality if guard is not None else trainer.quality
     start = trainer.resume(seq=from_seq)
     if trainer.resumed_at is not None:
+        where = (f"offsets {format_offsets(start)}" if kafka else f"row {start:,} of {stream.rows:,}")
         at = "" if from_seq is None else f" (commit {from_seq})"
-        print(f"evstore train: resuming at row {start:,} of {stream.rows:,} from {trainer.manager.root}{at}",
-              file=sys.stderr, flush=True)
+        print(f"evstore train: resuming at {where} from {trainer.manager.root}{at}", file=sys.stderr, flush=True)
     out = out or default_out(checkpoints)
     extra = {}
     if export is not None:
         import serving_loader
         _, written = serving_loader.ensure_serving_export(trainer.model, export, tables=export_tables)
         extra["export"] = {"dir": os.path.abspath(export), "written": written, "tables": export_tables,
-                           "serve": serve_command(export, checkpoints)}
+                           "serve": serve_command(export, checkpoints, model_name(spec_arg))}
     os.makedirs(out, exist_ok=True)
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
     summary = Summary(out, trainer)
-    if start >= stream.rows:         # a finished root: nothing to train, nothing to commit
-        first = trainer.manager.last_committed.seq
-        return summary.finish(seq=first, first_full=first, final=first, train_seconds=0.0, steps=0, spec=spec,
+    if not kafka and start >= stream.rows:   # a finished root (or no rows asked for): nothing to train or commit
+        last = trainer.manager.last_committed
+        first = None if last is None else last.seq
+        return summary.finish(seq=first, first_full=first, final=first, train_seconds=0.0, steps=0,
+                              spec=spec if first is not None else None,
                               extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
+    if kafka and trainer.resumed_at is None:
+        trainer.position = stream.position()      # no offsets yet: the group's, else auto.offset.reset
     if trainer.manager.last_committed is None:
         trainer.manager.save_full(metadata=trainer.metadata(), quality=trainer.quality)   # the initial state
     first = trainer.manager.last_committed.seq
     trainer.manager.start(delta_every=delta_every, full_every=full_every, metadata=trainer.metadata,
                           quality=quality)
-    bar = _bar(progress, stream.rows, start)
+    if kafka:
+        progress_line = KafkaProgress(stream, trainer) if progress else None
+        bar = None
+
+        def idle():
+            stream.committed(trainer.manager.last_committed)
+            if progress_line is not None:
+                progress_line.maybe_print()
+
+        try:
+            opened = stream.open(trainer.position, trainer.stop_event)
+        except BaseException:
+            trainer.manager.stop(final_delta=False)
+            raise
+        batches = stream.batches(spec["batch_size"], trainer.stop_event, on_idle=idle) if opened else iter(())
+    else:
+        bar, idle = _bar(progress, stream.rows, start), None
+        batches = stream.batches(start)
     t0, steps, last = time.time(), 0, 0.0
     try:
-        for position, (cols, y) in stream.batches(start):
+        for position, (cols, y) in batches:
             if trainer.stop_event.is_set():
                 break
             x = trainer.inputs(cols)
@@ -99,6 +129,8 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
             steps += 1
             if bar is not None:
                 bar.update(len(y))
+            if idle is not None:
+                idle()
             if time.time() - last > 2.0:
                 last = time.time()
                 trainer.snapshot_stats()
@@ -109,6 +141,12 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
             final = trainer.manager.stop(final_delta=not tripped)
         except GuardTripped:    # the final delta is the one the guard refuses
             tripped, final = True, None
+        finally:
+            if kafka:
+                try:
+                    stream.committed(trainer.manager.last_committed, wait=True)
+                finally:
+                    stream.close()
         if bar is not None:
             bar.close()
     train_seconds = time.time() - t0
@@ -116,22 +154,57 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
         final = guard.tripped["last_good"]
         if guard_restore:   # the model, position and example count of the last good commit
             meta = trainer.manager.restore(seq=final)
-            trainer.position, trainer.examples = int(meta.get("position", 0)), int(meta.get("examples", 0))
+            trainer.position, trainer.examples = meta.get("position", 0), int(meta.get("examples", 0))
         print(guard.message(guard_restore), file=sys.stderr, flush=True)
         extra["guard"] = dict(guard.tripped, restored=bool(guard_restore))
     trainer.snapshot_stats()
     trainer.write_summaries(writer, trainer.examples, summary.running())
+    extra.update({"kafka": stream.report()} if kafka else {"rows_in_data": stream.rows})
     # Without a restore a tripped trainer holds examples the chain does not: nothing to compare.
     return summary.finish(seq=final, first_full=first, final=final, train_seconds=train_seconds, steps=steps,
                           spec=spec if not tripped or guard_restore else None,
-                          extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
+                          extra={"position": trainer.position, **extra})
 
 
-def serve_command(export, checkpoints):
-    """The `evstore serve` command line that serves `export` kept fresh from `checkpoints`."""
+class KafkaProgress:
+    """The progress line of a Kafka run, every 5 s on stderr: messages,
+    events/s since the last line, lag per partition, event time -> commit of
+    the last commit, bad messages."""
+
+    def __init__(self, stream, trainer, every=5.0):
+        self.stream, self.trainer, self.every = stream, trainer, every
+        self.t, self.n = time.time(), trainer.examples
+
+    def maybe_print(self):
+        now = time.time()
+        if now - self.t < self.every:
+            return
+        rate = (self.trainer.examples - self.n) / (now - self.t)
+        self.t, self.n = now, self.trainer.examples
+        lag = self.stream.lag()
+        lag_text = " ".join(f"{k} {v:,}" if v is not None else f"{k} ?" for k, v in lag.items()) or "-"
+        f = self.stream.freshness[-1] if self.stream.freshness else None
+        fresh = f"event->commit p50 {f[2]:.2f} s p99 {f[3]:.2f} s (commit {f[0]})" if f else "no commit with events yet"
+        print(f"evstore train: {self.stream.messages:,} messages, {rate:,.0f} events/s, lag {lag_text}, {fresh}, "
+              f"bad {self.stream.bad:,}", file=sys.stderr, flush=True)
+
+
+def model_name(spec):
+    """The name `evstore train` suggests serving the model as: the spec file's
+    name without its extension (examples/movielens.json -> movielens), or
+    "default" (the server's default name) for a spec given as a dict."""
+    if isinstance(spec, (str, os.PathLike)):
+        return os.path.splitext(os.path.basename(os.fspath(spec)))[0] or "default"
+    return "default"
+
+
+def serve_command(export, checkpoints, name="default"):
+    """The `evstore serve` command line that serves `export` kept fresh from
+    `checkpoints` as model `name` (what the REST paths /v1/models/<name> ask for)."""
     import shlex
     root = checkpoints if "://" in str(checkpoints) else os.path.abspath(checkpoints)
-    return f"evstore serve --export {shlex.quote(os.path.abspath(export))} --checkpoints {shlex.quote(str(root))}"
+    return (f"evstore serve --export {shlex.quote(os.path.abspath(export))} --checkpoints {shlex.quote(str(root))} "
+            f"--model_name {shlex.quote(name)}")
 
 
 def default_out(checkpoints):

@@ -79,7 +79,8 @@ class Trainer:
             return 0
         else:
             meta = self.manager.restore()
-        self.position = int(meta.get("position", 0))
+        pos = meta.get("position", 0)
+        self.position = pos if isinstance(pos, dict) else int(pos)   # a dict: a Kafka stream's offsets
         self.examples = self.examples_at_start = int(meta.get("examples", 0))
         self.resumed_at = self.position
         return self.position

@@ -1,4 +1,4 @@
-"""bench/bench_cluster.py runs the evstore side end to end on a loopback cluster and reports its fields.
+"""bench/cluster/bench_cluster.py (python -m bench.cluster.bench_cluster) runs the evstore side end to end on a loopback cluster and reports its fields.
 
 One quick run (2 PS, 1 worker, batch 256, 8 timed steps), a real cluster of
 processes; no timing thresholds: only that the result has the measured fields.
@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_quick_run_reports_examples_bytes_and_rpcs_per_step(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "bench_cluster.py"), "--quick", "--systems", "evstore",
+    cmd = [sys.executable, "-m", "bench.cluster.bench_cluster", "--quick", "--systems", "evstore",
            "--worker-counts", "1", "--ps-counts", "", "--steps", "4", "--out-dir", str(tmp_path)]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)

@@ -58,7 +58,7 @@ def test_a_runtime_error_is_one_line_on_stderr_with_no_tensorflow_log_and_exit_1
 
 
 def test_serve_runtime_errors_exit_1_like_the_other_commands(tmp_path):
-    p = _run("serve", "--export", str(tmp_path / "no-export"), "--port", "0")
+    p = _run("serve", "--export", str(tmp_path / "no-export"), "--port", "0", "--rest_api_port", "0")
     assert p.returncode == 1, p.stderr
     assert p.stderr.splitlines()[-1].startswith("evstore serve: ") and "Traceback" not in p.stderr
 

@@ -44,7 +44,42 @@ def test_train_export_writes_the_serving_export_next_to_the_checkpoints(trained)
     assert summary["export"]["written"] is True
     assert os.path.exists(tmp / "export" / "saved_model.pb")
     assert os.path.exists(tmp / "export" / "assets.extra" / "evstore_serving.json")
-    assert f"evstore serve --export {tmp / 'export'} --checkpoints {tmp / 'ckpt'}" in stdout
+    assert f"evstore serve --export {tmp / 'export'} --checkpoints {tmp / 'ckpt'} --model_name movielens" in stdout
+
+
+def test_the_first_runs_summary_calls_its_full_the_initial_untrained_model(trained):
+    _, summary, stdout = trained
+    c = summary["checkpoints"]
+    assert (c["fulls"], c["untrained_fulls"]) == (1, 1) and c["deltas"] >= 1
+    (line,) = [x for x in stdout.splitlines() if x.startswith("checkpoints: ")]
+    assert line.startswith("checkpoints: 1 full (the initial, untrained model: "), line
+    assert "1 fulls" not in line and "1 deltas" not in line
+
+
+@pytest.fixture(scope="module")
+def export_alone(tmp_path_factory):
+    """`evstore train --max-rows 0 --export`: (its directory, the CompletedProcess)."""
+    tmp = tmp_path_factory.mktemp("export-alone")
+    return tmp, _train(tmp, 0, "o")
+
+
+def test_train_max_rows_0_with_export_writes_the_export_alone(export_alone):
+    tmp, p = export_alone
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert os.path.exists(tmp / "export" / "assets.extra" / "evstore_serving.json")
+    assert not os.path.exists(tmp / "ckpt") or not any(n.startswith(("full-", "delta-"))
+                                                       for n in os.listdir(tmp / "ckpt"))
+    assert "nothing to train: no rows (--max-rows 0 or empty data); no checkpoint committed" in p.stdout
+    assert "--model_name movielens" in p.stdout
+
+
+def test_serve_of_a_directory_without_an_export_names_the_command_that_writes_one(tmp_path):
+    p = evstore("serve", "--export", str(tmp_path), "--allow-empty", "--port", "0", "--rest_api_port", "0")
+    assert p.returncode == 1 and not p.stdout
+    line = last_line(p.stderr)
+    assert line.startswith(f"evstore serve: {tmp_path} is not an evstore serving export"), line
+    assert line.endswith(f"from the command line: evstore train --data DATA --spec SPEC --checkpoints ROOT "
+                         f"--export {tmp_path} --max-rows 0 writes the export alone"), line
 
 
 def test_train_export_then_serve_answers_with_the_trainers_predictions(trained):
@@ -88,7 +123,7 @@ def test_an_export_directory_of_other_files_is_refused_and_left_as_it_was(tmp_pa
 
 def test_serve_on_a_missing_root_exits_non_zero_with_a_one_line_reason(trained, tmp_path):
     tmp, _, _ = trained
-    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path / "nope"), "--port", "0")
+    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path / "nope"), "--port", "0", "--rest_api_port", "0")
     assert p.returncode != 0 and not p.stdout
     assert last_line(p.stderr) == (f"evstore serve: checkpoint root {tmp_path / 'nope'} does not exist "
                                    "(--allow-empty serves the export as it is)")
@@ -96,7 +131,7 @@ def test_serve_on_a_missing_root_exits_non_zero_with_a_one_line_reason(trained, 
 
 def test_serve_on_an_empty_root_exits_non_zero_with_a_one_line_reason(trained, tmp_path):
     tmp, _, _ = trained
-    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path), "--port", "0")
+    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path), "--port", "0", "--rest_api_port", "0")
     assert p.returncode != 0 and not p.stdout
     assert last_line(p.stderr).startswith(f"evstore serve: checkpoint root {tmp_path} holds no committed checkpoint")
 
@@ -112,19 +147,23 @@ def test_serve_on_a_root_of_another_model_exits_non_zero_with_a_one_line_reason(
     other = keras.Model(ids, keras.layers.Flatten()(ev.keras.Embedding(4, name="clicks")(ids)))
     other(np.array([[1]]))
     checkpoint.CheckpointManager(str(tmp_path / "other"), other).save_full()
-    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path / "other"), "--port", "0")
+    p = evstore("serve", "--export", str(tmp / "export"), "--checkpoints", str(tmp_path / "other"), "--port", "0", "--rest_api_port", "0")
     assert p.returncode != 0 and not p.stdout
     line = last_line(p.stderr)
     assert line.startswith(f"evstore serve: checkpoint root {tmp_path / 'other'} holds none of the export's "
                            "tables ['genre', 'movie', 'user']"), line
 
 
-def test_serve_with_allow_empty_serves_the_export_and_applies_the_first_commit(trained, tmp_path):
+def test_serve_with_allow_empty_serves_the_export_and_applies_the_first_commit(trained, export_alone, tmp_path):
+    """The newcomer's order: `train --max-rows 0 --export` writes the export, `serve --allow-empty`
+    serves it, and the first commit of the root is applied when it appears."""
     import shutil
 
     tmp, _, _ = trained
+    alone, p = export_alone
+    assert p.returncode == 0, p.stderr[-3000:]
     root = tmp_path / "later"
-    server = Server(str(tmp_path), str(tmp / "export"), str(root), name="m", extra=["--allow-empty"])
+    server = Server(str(tmp_path), str(alone / "export"), str(root), name="m", extra=["--allow-empty"])
     try:
         assert server.version() == 0            # the export as written
         shutil.copytree(tmp / "ckpt", tmp_path / "staging")

@@ -1,5 +1,6 @@
 """The fleet tests' single-process trainer, run on a host of its own:
-`python fleet_trainer.py --root s3://B/fleet --export-url s3://B/export`.
+`python fleet_trainer.py --root s3://B/fleet --export-url s3://B/export`
+(`--user-shards N --tables evstore`: the sharded-serving tests' model).
 
 Trains the checkpoint tests' CTR model (tests/checkpoint/ckpt_model.py,
 deterministic batches), writes the serving export to its private /tmp and
@@ -30,10 +31,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", required=True)
     p.add_argument("--export-url", required=True)
+    p.add_argument("--user-shards", type=int, default=None, help="train the user EV as this many shards")
+    p.add_argument("--tables", default="stock", help="the export's tables: stock or evstore")
     a = p.parse_args(argv)
-    model = make_model()
+    model = make_model(user_shards=a.user_shards)
     train(model, 0, 3)
-    serving_loader.export_serving_model(model, "/tmp/export")
+    serving_loader.export_serving_model(model, "/tmp/export", tables=a.tables)
     fs, path = fsspec.core.url_to_fs(a.export_url)
     fs.put("/tmp/export/", path.rstrip("/") + "/", recursive=True)
     mgr = checkpoint.CheckpointManager(a.root, model)

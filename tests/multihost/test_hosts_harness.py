@@ -1,5 +1,5 @@
 """The many-hosts harness (tests/hosts.py) does what the multi-host tests
-rely on: each host has its own address on one bridge and its own loopback,
+rely on: each host has its own address on one bridge, its own loopback and hostname,
 its own /tmp and home, everything else read-only; checkpoint files left on a
 host fail the check; processes die by SIGKILL per process and per host; a
 killed test run's namespaces and processes are removed by the next run; the
@@ -56,6 +56,12 @@ def test_each_host_has_its_own_address_and_reaches_the_others_over_the_bridge(pa
         assert code == 0 and lines == ["b'hello'"], lines
     finally:
         server.kill()
+
+
+def test_each_host_has_its_own_hostname(pair):
+    for h in pair:
+        code, lines = run(h, "import socket; print(socket.gethostname())")
+        assert code == 0 and lines == [h.name], lines
 
 
 def test_hosts_share_no_loopback(pair):

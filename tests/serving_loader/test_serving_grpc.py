@@ -64,7 +64,7 @@ def test_predict_of_an_unknown_model_is_not_found(job):
     with pytest.raises(grpc.RpcError) as e:
         stub.Predict(_request(name="other"), timeout=60)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
-    assert e.value.details() == "Servable not found for request: Latest(other)"
+    assert e.value.details() == "Servable not found for request: Latest(other) (serving 'ctr')"
 
 
 def test_predict_of_a_version_not_served_is_not_found(job):

@@ -94,6 +94,28 @@ def test_each_delta_is_applied_in_order_and_deleted_keys_read_the_default(job):
     np.testing.assert_array_equal(_predict(sm)[0], _want(model))
 
 
+def test_each_applied_commit_logs_its_seq_apply_time_and_rows(job, caplog):
+    import re
+
+    model, export, mgr = job
+    full = mgr.save_full()
+    with caplog.at_level("INFO", logger="evstore.serving"):
+        sm = serving_loader.ServingModel(export, mgr.root)
+        train(model, 3, 4)
+        ev = model.get_layer("user").ev
+        ev.remove(tf.constant([1, 2], tf.int64))
+        seq = mgr.save_delta()
+        assert sm.poll() == seq
+    lines = [r.getMessage() for r in caplog.records if r.name == "evstore.serving"]
+    assert any(re.fullmatch(rf"serving {full}: loaded the chain of full {full} \(1 checkpoint\) in \d+\.\d{{3}} s: "
+                            r"[\d,]+ rows served", x) for x in lines), lines
+    (line,) = [x for x in lines if x.startswith(f"applied delta {seq} ")]
+    m = re.fullmatch(rf"applied delta {seq} \(chain of full {full}\) in \d+\.\d{{3}} s: ([\d,]+) rows upserted, "
+                     r"([\d,]+) deleted; served \d+\.\d s after its commit", line)
+    assert m is not None, line
+    assert int(m[1].replace(",", "")) > 0 and int(m[2]) == 2
+
+
 def test_corrupt_delta_keeps_the_last_good_state_and_a_new_full_recovers(job):
     model, export, mgr = job
     mgr.save_full()

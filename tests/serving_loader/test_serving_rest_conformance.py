@@ -89,9 +89,11 @@ def test_non_string_signature_name_is_400(ctr):
 
 
 # ---- paths, methods and status codes ---------------------------------------------------------
-def test_get_v1_models_without_a_name_is_400(ctr):
+def test_get_v1_models_without_a_name_is_400_naming_the_served_model(ctr):
+    """TF Serving answers 400 (its REST API lists no models); the message names the path to ask."""
     _, _, server = ctr
-    assert server.call("GET", "/v1/models") == (400, {"error": "Missing model name in request."})
+    assert server.call("GET", "/v1/models") == (
+        400, {"error": "Missing model name in request. This server serves 'ctr': GET /v1/models/ctr"})
 
 
 def test_non_numeric_version_is_400_malformed_request(ctr):
@@ -130,12 +132,12 @@ def test_v1_paths_are_case_insensitive(ctr):
     np.testing.assert_allclose(np.array(body["outputs"]), _want(model), rtol=1e-6, atol=1e-7)
 
 
-def test_unknown_model_is_404_servable_not_found(ctr):
+def test_unknown_model_is_404_servable_not_found_naming_the_served_model(ctr):
     _, _, server = ctr
     status, body = server.predict({"inputs": _columns()}, name="other")
-    assert (status, body) == (404, {"error": "Servable not found for request: Latest(other)"})
+    assert (status, body) == (404, {"error": "Servable not found for request: Latest(other) (serving 'ctr')"})
     status, body = server.call("GET", "/v1/models/other")
-    assert (status, body) == (404, {"error": "Could not find any versions of model other"})
+    assert (status, body) == (404, {"error": "Could not find any versions of model other (serving 'ctr')"})
 
 
 # ---- errors below the API: every one a JSON body --------------------------------------------------

@@ -233,7 +233,8 @@ def test_storage_for_a_stock_export_is_refused(job):
 
 def test_evstore_serve_refuses_tiered_storage_for_a_stock_export(job):
     _, stock, _, _, tier = job
-    r = evstore_cli("serve", "--export", stock, "--tiered-dram-bytes", "4096", "--tier-path", tier)
+    r = evstore_cli("serve", "--export", stock, "--tiered-dram-bytes", "4096", "--tier-path", tier,
+                    "--port", "0", "--rest_api_port", "0")
     assert r.returncode == 1
     assert last_line(r.stderr).startswith("evstore serve: ") and 'tables="evstore"' in last_line(r.stderr)
 

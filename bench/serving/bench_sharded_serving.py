@@ -1,0 +1,222 @@
+"""Sharded serving: predict latency at batch 1 and 64 of one tiered replica, and of a front over 2 and 4
+shards, in the same run, while a delta lands every second; and the bytes each shard reads per delta.
+
+    nice -n 5 .venv/bin/python -m bench.serving.bench_sharded_serving         # ~4 minutes
+
+The model: ids [batch, 8] int64 -> one EV "emb" (--dim) -> mean -> Dense(1), exported with
+tables="evstore". Per configuration a chain is written by a writer whose EV has as many shards as the
+fleet (1 for the replica; the trainer's route matches, so each shard reads its own part): a full of
+--keys rows, then --deltas deltas of --delta-rows rows (Zipf ids) and 1% as many deletions.
+
+  1 host    ServingModel (tiered: --dram-fraction of the rows' bytes in DRAM) in this process;
+  N shards  N `evstore serve --shard i/N` processes (each tiered with --dram-fraction of its
+            partition's bytes) and a FrontModel in this process.
+
+For each batch size, --window-s seconds of open-loop predicts (--hz) through `run` (as `evstore serve`
+calls the model), while the root gets the next delta every --every seconds and the model polls every
+0.2 s (every delta published on all shards). Reported per configuration and batch: p50 / p99 (ms,
+from each request's due time), deltas published, failures; per configuration the mean bytes read
+from the root per delta by the replica / by each shard. The last line is JSON.
+"""
+import argparse
+import gc
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
+from bench.harness.timing import open_loop
+from bench.harness.workload import make_keys
+from bench.tiered.bench_tiered_serving import IDS, Feed, freqs
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def pct(xs, q):
+    return round(float(np.percentile(np.asarray(xs), q)) * 1e3, 3) if len(xs) else None
+
+
+def write_chain(workdir, shards, keys, dim, deltas, delta_rows, zipf, seed):
+    """(export, source root) of a writer whose EV "emb" has `shards` shards."""
+    import tensorflow as tf
+
+    import checkpoint
+    import evstore
+    from serving_loader import export_serving_model
+
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            if shards > 1:
+                self.emb = evstore.ShardedEmbeddingVariable("emb", dim, shards=shards,
+                                                            initializer=tf.zeros_initializer())
+            else:
+                self.emb = evstore.EmbeddingVariable("emb", dim, initializer=tf.zeros_initializer())
+            self.kernel = tf.Variable(tf.keras.initializers.GlorotUniform(seed=1)([dim, 1]), name="out_kernel")
+            self.bias = tf.Variable(tf.zeros([1]), name="out_bias")
+
+        def __call__(self, ids):
+            x = tf.reduce_mean(evstore.embedding_lookup(self.emb, ids), axis=1)
+            return tf.sigmoid(tf.matmul(x, self.kernel) + self.bias)
+
+    model = Model()
+    export = os.path.join(workdir, "export")
+    export_serving_model(model, export, input_signature=[tf.TensorSpec([None, IDS], tf.int64, name="ids")],
+                         tables="evstore")
+    rng = np.random.default_rng(seed)
+    idx = np.arange(keys)
+    model.emb.load(make_keys(idx), rng.standard_normal((keys, dim), dtype=np.float32) * 0.1, freqs=freqs(idx, zipf))
+    mgr = checkpoint.CheckpointManager(os.path.join(workdir, "source"), model)
+    mgr.save_full()
+    for _ in range(deltas):
+        touched = np.unique((rng.zipf(zipf, size=20 * delta_rows) - 1) % keys)
+        idx = rng.choice(touched, size=min(delta_rows, len(touched)), replace=False)
+        gone = np.setdiff1d(rng.choice(keys, size=max(1, delta_rows // 100), replace=False), idx)
+        model.emb.load(make_keys(idx), rng.standard_normal((len(idx), dim), dtype=np.float32) * 0.1,
+                       freqs=freqs(idx, zipf))
+        model.emb.remove(make_keys(gone))
+        mgr.save_delta()
+    return export, mgr.root
+
+
+class ShardProcess:
+    def __init__(self, export, root, i, n, dram_bytes, tier, log_path):
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(module_cmd("evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
+                                                "--shard", f"{i}/{n}", "--port", 0, "--tiered-dram-bytes", dram_bytes,
+                                                "--tier-path", tier),
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
+        while True:
+            line = lines.get(timeout=300)
+            if line.startswith("shard "):
+                self.address = f"127.0.0.1:{int(line.rsplit(':', 1)[1])}"
+                return
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+        self.log.close()
+
+
+def measure(sm, feed, batches, window_s, hz, keys, zipf, every, rng):
+    out = {}
+    stop = threading.Event()
+
+    def feeder():
+        while not stop.wait(every) and feed.next():
+            pass
+
+    t = threading.Thread(target=feeder)
+    t.start()
+    sm.start(every_s=0.2)
+    try:
+        for b in batches:
+            first = sm.version
+            lat, _ = open_loop(window_s, hz[b], lambda b=b: {"ids": make_keys((rng.zipf(zipf, size=(b, IDS)) - 1) % keys)},
+                               lambda feed_: sm.run(sm.signature, feed_))
+            out[b] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "n": len(lat),
+                      "versions": (first, sm.version)}
+    finally:
+        stop.set()
+        t.join()
+        sm.stop()
+    return out
+
+
+def run_config(n, workdir, args):
+    import evstore
+    from serving_loader import ServingModel
+    from serving_loader.front import FrontModel
+
+    d = os.path.join(workdir, f"n{n}")
+    os.makedirs(d)
+    export, source = write_chain(d, n, args.keys, args.dim, args.deltas, args.delta_rows, args.zipf, args.seed)
+    feed = Feed(source, os.path.join(d, "root"))
+    feed.next()   # the full
+    row_bytes = args.dim * 4
+    shards = []
+    if n == 1:
+        sm = ServingModel(export, feed.dest, storage=evstore.TieredStorage(
+            int(args.keys * row_bytes * args.dram_fraction), path=os.path.join(d, "tier")))
+    else:
+        for i in range(n):
+            shards.append(ShardProcess(export, feed.dest, i, n, int(args.keys * row_bytes * args.dram_fraction / n),
+                                       d, os.path.join(d, f"shard{i}.log")))
+        sm = FrontModel(export, feed.dest, [s.address for s in shards])
+    try:
+        rng = np.random.default_rng(args.seed + 1)
+        open_loop(2.0, 100, lambda: {"ids": make_keys((rng.zipf(args.zipf, size=(1, IDS)) - 1) % args.keys)},
+                  lambda f: sm.run(sm.signature, f))   # warm-up
+        gc.collect()
+
+        def read_bytes():
+            if n == 1:
+                return [(sm.fetched_bytes_total, sm.applied)]
+            return [(st["fetched_bytes_total"], st["applied"]) for st, _ in sm.fleet.status()]
+
+        before = read_bytes()
+        lat = measure(sm, feed, args.batches, args.window_s, {1: args.hz, 64: args.hz_64}, args.keys, args.zipf,
+                      args.every, rng)
+        after = read_bytes()
+        per_delta = [(b1 - b0) / max(1, a1 - a0) for (b0, a0), (b1, a1) in zip(before, after)]
+        res = {"latency": lat, "bytes_per_delta": [int(x) for x in per_delta], "failures": sm.failures,
+               "last_error": sm.last_error, "applied": after[0][1] - before[0][1]}
+        log(f"{n} {'host' if n == 1 else 'shards'}: " + "; ".join(
+            f"batch {b}: p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms ({r['n']} predicts, versions {r['versions']})"
+            for b, r in lat.items()) + f"; bytes/delta {res['bytes_per_delta']}; failures {sm.failures}")
+        return res
+    finally:
+        sm.close()
+        for s in shards:
+            s.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys", type=int, default=200_000)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--deltas", type=int, default=40)
+    ap.add_argument("--delta-rows", type=int, default=5_000)
+    ap.add_argument("--every", type=float, default=1.0)
+    ap.add_argument("--window-s", type=float, default=15.0)
+    ap.add_argument("--hz", type=float, default=20.0, help="predicts per second at batch 1")
+    ap.add_argument("--hz-64", type=float, default=10.0, help="predicts per second at batch 64")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="1: the single tiered replica")
+    ap.add_argument("--dram-fraction", type=float, default=0.1)
+    ap.add_argument("--zipf", type=float, default=1.1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    import logging
+
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    workdir = tempfile.mkdtemp(prefix="shard-bench-")
+    t0 = time.time()
+    try:
+        out = {"keys": args.keys, "dim": args.dim, "delta_rows": args.delta_rows, "every_s": args.every,
+               "window_s": args.window_s, "hz": args.hz, "hz_64": args.hz_64, "load": os.getloadavg()[0]}
+        for n in args.shards:
+            out[f"n{n}"] = run_config(n, workdir, args)
+        log(f"({time.time() - t0:.0f} s)")
+        print(json.dumps(out))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+// Tiered storage benchmark, core only (no TensorFlow): one table
+// workload on three row stores, one per process run:
+//   dram     Table<int64_t> (RowArena): every row in DRAM, the reference;
+//   rowfile  TieredStore<FrequencyClock, RowFile>: the shipped disk engine;
+//   rocksdb  TieredStore<FrequencyClock, RocksEngine>: the same DRAM cache over
+//            RocksDB (row id -> row bytes), the peer the engine was chosen against.
+// Built by bench/tiered/bench_tiered.py:
+//   g++ -std=c++17 -O3 -pthread -I evstore/native/core -I <tf include> bench/tiered/tiered_engine_bench.cc \
+//       $(pkg-config --cflags --libs rocksdb)
+// or, where librocksdb-dev is not installed, with -DEVSTORE_BENCH_NO_ROCKSDB
+// (no peer: the dram and rowfile stores only).
+// Usage: tiered_engine_bench <store> <keys> <dram_fraction> <dir>
+// Workload: <keys> int64 keys at dim 64 with Adam's two slots (768 bytes a row),
+// the cache budget <dram_fraction> of the rows' bytes; fill every key, then
+// training steps of 4,096 Zipf(1.1) ids (lookup + Adam apply, two threads),
+// read-only lookups at batch 1 and 1,024, a full export to a null sink.
+// Prints one line of `name value` pairs.
+#ifndef EVSTORE_BENCH_NO_ROCKSDB
+#include <rocksdb/cache.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+#endif
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "export.h"
+#include "table.h"
+#include "tiered_store.h"
+#include "unique_sum.h"
+
+using namespace evstore;
+using Clock = std::chrono::steady_clock;
+
+#ifndef EVSTORE_BENCH_NO_ROCKSDB
+// RocksDB as a TieredStore engine: record r = value of the 4-byte big-endian
+// key r. No WAL (the tier is a cache, never durable), no compression (float
+// rows do not compress), an 8 MiB block cache (the DRAM budget is the row
+// cache's; RocksDB's own cache is kept small, as the row cache is in front).
+class RocksEngine {
+ public:
+  RocksEngine(const std::string& parent, size_t record_bytes) : record_bytes_(record_bytes) {
+    dir_ = parent + "/rocks-" + std::to_string(::getpid());
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    o.compression = rocksdb::kNoCompression;
+    o.write_buffer_size = 64 << 20;
+    o.max_background_jobs = 2;
+    rocksdb::BlockBasedTableOptions t;
+    t.block_cache = rocksdb::NewLRUCache(8 << 20);
+    o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+    rocksdb::Status st = rocksdb::DB::Open(o, dir_, &db_);
+    if (!st.ok()) throw std::runtime_error("rocksdb open: " + st.ToString());
+    wo_.disableWAL = true;
+  }
+  ~RocksEngine() {
+    delete db_;
+    rocksdb::DestroyDB(dir_, rocksdb::Options());
+  }
+  const std::string& dir() const { return dir_; }
+  int last_error() const { return EIO; }
+  bool Write(uint32_t r, const void* src, int* err = nullptr) {
+    char k[4];
+    Key(r, k);
+    if (err) *err = EIO;
+    return db_->Put(wo_, rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(src), record_bytes_)).ok();
+  }
+  void Read(uint32_t r, void* dst) const {
+    char k[4];
+    Key(r, k);
+    rocksdb::PinnableSlice v;
+    rocksdb::Status st = db_->Get(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), rocksdb::Slice(k, 4), &v);
+    if (!st.ok() || v.size() != record_bytes_) throw std::runtime_error("rocksdb get: " + st.ToString());
+    std::memcpy(dst, v.data(), record_bytes_);
+  }
+  int64_t disk_bytes() const {
+    uint64_t sst = 0, mem = 0;
+    db_->GetIntProperty("rocksdb.total-sst-files-size", &sst);
+    db_->GetIntProperty("rocksdb.cur-size-all-mem-tables", &mem);
+    return static_cast<int64_t>(sst + mem);
+  }
+  template <typename Present>
+  bool Widen(size_t new_record_bytes, uint32_t nrecords, const Present&, const std::vector<char>&) {
+    if (nrecords != 0) return false;  // the benchmark adds its slots before the first row
+    record_bytes_ = new_record_bytes;
+    return true;
+  }
+
+ private:
+  static void Key(uint32_t r, char* k) {
+    k[0] = static_cast<char>(r >> 24);
+    k[1] = static_cast<char>(r >> 16);
+    k[2] = static_cast<char>(r >> 8);
+    k[3] = static_cast<char>(r);
+  }
+  size_t record_bytes_;
+  std::string dir_;
+  rocksdb::DB* db_ = nullptr;
+  rocksdb::WriteOptions wo_;
+};
+#endif  // EVSTORE_BENCH_NO_ROCKSDB
+
+static void TwoThreads(int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& w) {
+  int64_t mid = total / 2;
+  std::thread t([&] { if (mid > 0) w(0, mid); });
+  w(mid, total);
+  t.join();
+}
+struct NullSink : ExportSink<int64_t> {
+  int64_t sum = 0;
+  void Rows(const int64_t* k, const float* r, int, const int64_t*, const int64_t*, int64_t n) override {
+    sum += n + (n ? k[0] + static_cast<int64_t>(r[0]) : 0);
+  }
+  void Filtered(const int64_t*, const int64_t*, const int64_t*, int64_t n) override { sum += n; }
+  void Deleted(const int64_t*, int64_t n) override { sum += n; }
+  void BloomBlocks(const int64_t*, const uint8_t*, int64_t n) override { sum += n; }
+};
+// CPU seconds of the whole process (both threads): the fair measure on a
+// shared machine, where wall time includes waiting for a core.
+static double CpuSecs() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static double Secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+static double Pct(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+static int64_t RssBytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+
+struct Zipf {  // ranks 1..n with P(k) ~ k^-s, by inverse CDF over a table
+  std::vector<double> cdf;
+  std::mt19937_64 rng;
+  Zipf(int64_t n, double s, uint64_t seed) : rng(seed) {
+    cdf.resize(n);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) cdf[i] = sum += std::pow(static_cast<double>(i + 1), -s);
+    for (double& c : cdf) c /= sum;
+  }
+  int64_t Next() {
+    double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    return std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
+  }
+};
+
+template <typename V>
+static int64_t Cap(const V& v) {
+  return static_cast<int64_t>(v.capacity() * sizeof(typename V::value_type));
+}
+
+template <typename T>
+static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
+  const int dim = t.dim();
+  ParallelFor pf = TwoThreads;
+  auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
+  auto key_of = [](int64_t rank) { return (rank * 0x9E3779B97F4A7C15LL) & ((1LL << 62) - 1); };
+  // Fill: every key once (a restore-sized load), batches of 65,536.
+  const int64_t FB = 65536;
+  std::vector<int64_t> keys(FB);
+  std::vector<float> out(FB * dim);
+  auto t0 = Clock::now();
+  for (int64_t s = 0; s < nkeys; s += FB) {
+    int64_t n = std::min(FB, nkeys - s);
+    for (int64_t i = 0; i < n; ++i) keys[i] = key_of(s + i);
+    t.FindOrInsert(keys.data(), n, out.data(), pf);
+  }
+  const double fill_s = Secs(t0);
+  // Training: Zipf(1.1) batches of 4,096, lookup + Adam.
+  Zipf z(nkeys, 1.1, 42);
+  const int B = 4096, steps = 200;
+  std::vector<int64_t> batch(B);
+  std::vector<float> g(static_cast<size_t>(B) * dim);
+  std::vector<int64_t> uk;
+  std::vector<float> ug;
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.001f * static_cast<float>(i % 13);
+  auto one_step = [&](int64_t step) {
+    for (auto& k : batch) k = key_of(z.Next());
+    t.FindOrInsert(batch.data(), B, out.data(), pf);
+    int64_t un = UniqueSum(batch.data(), g.data(), B, dim, &uk, &ug);
+    t.Apply(uk.data(), ug.data(), un, step, AdamUpdate{0.001f, 0.9f, 0.999f, 1e-7f, dim, off[0], off[1]}, pf);
+  };
+  for (int s = 0; s < 50; ++s) one_step(s);  // warm the cache
+  TierStats ts0 = t.tier_stats();
+  t0 = Clock::now();
+  const double cpu0 = CpuSecs();
+  for (int s = 50; s < 50 + steps; ++s) one_step(s);
+  const double train_s = Secs(t0);
+  const double train_cpu_ns = (CpuSecs() - cpu0) / (static_cast<double>(steps) * B) * 1e9;
+  TierStats ts1 = t.tier_stats();
+  const double accesses = static_cast<double>((ts1.hits - ts0.hits) + (ts1.misses - ts0.misses));
+  const double hit = accesses > 0 ? (ts1.hits - ts0.hits) / accesses : 1.0;
+  // Read-only lookups: batch 1 and batch 1,024 (Zipf ids).
+  std::vector<double> lat1, lat1k;
+  std::vector<float> o1(dim);
+  for (int i = 0; i < 5000; ++i) {
+    int64_t k = key_of(z.Next());
+    auto a = Clock::now();
+    t.Find(&k, 1, o1.data(), SerialFor);
+    lat1.push_back(Secs(a));
+  }
+  double sum1k = 0;
+  for (int i = 0; i < 200; ++i) {
+    for (int j = 0; j < 1024; ++j) batch[j] = key_of(z.Next());
+    auto a = Clock::now();
+    t.Find(batch.data(), 1024, out.data(), pf);
+    double d = Secs(a);
+    lat1k.push_back(d);
+    sum1k += d;
+  }
+  // Full export to a null sink.
+  NullSink sink;
+  t0 = Clock::now();
+  const double cpu1 = CpuSecs();
+  ExportFull(t, 2, 65536, &sink);
+  const double export_s = Secs(t0);
+  const double export_cpu_s = CpuSecs() - cpu1;
+  TableStats st = t.Stats();
+  // RSS the table does not report: the process minus its RSS before the
+  // table existed, the benchmark's own buffers and the table's index, meta
+  // and row bytes (what is left is allocator and thread overhead).
+  const int64_t rss = RssBytes();
+  const int64_t buffers = Cap(keys) + Cap(out) + Cap(batch) + Cap(g) + Cap(uk) + Cap(ug) + Cap(z.cdf) + Cap(lat1) +
+                          Cap(lat1k) + Cap(o1);
+  const double other_mb = (rss - rss_base - buffers - st.index_bytes - st.meta_bytes - st.row_bytes) / 1048576.0;
+  std::printf(
+      "store %s keys %lld fill_s %.3f train_keys_per_s %.0f train_cpu_ns_per_key %.1f hit_rate %.4f find1_keys_per_s %.0f find1_p99_us %.1f "
+      "find1k_keys_per_s %.0f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f rss_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
+      "cache_rows %lld disk_mb %.1f rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
+      store, static_cast<long long>(nkeys), fill_s, steps * B / train_s, train_cpu_ns, hit, lat1.size() / [&] {
+        double s = 0;
+        for (double x : lat1) s += x;
+        return s;
+      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, rss / 1048576.0,
+      st.index_bytes / 1048576.0, st.meta_bytes / 1048576.0, st.row_bytes / 1048576.0,
+      static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0, rss_base / 1048576.0, buffers / 1048576.0,
+      other_mb);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s dram|rowfile|rocksdb <keys> <dram_fraction> <dir>\n", argv[0]);
+    return 2;
+  }
+  const std::string store = argv[1];
+  const int64_t nkeys = std::atoll(argv[2]);
+  const double frac = std::atof(argv[3]);
+  const int dim = 64;
+  const int64_t rss_base = RssBytes();
+  TableConfig c;
+  c.dim = dim;
+  for (int i = 0; i < 64 * dim; ++i) c.bank.push_back(0.01f * (i % 97));
+  c.tier.path = argv[4];
+  c.tier.dram_bytes = static_cast<int64_t>(frac * nkeys * dim * 3 * 4);
+  if (store == "dram") {
+    Table<int64_t> t(c);
+    Run(t, nkeys, "dram", rss_base);
+  } else if (store == "rowfile") {
+    Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RowFile>> t(c);
+    Run(t, nkeys, "rowfile", rss_base);
+#ifndef EVSTORE_BENCH_NO_ROCKSDB
+  } else if (store == "rocksdb") {
+    Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RocksEngine>> t(c);
+    Run(t, nkeys, "rocksdb", rss_base);
+#endif
+  } else {
+    std::fprintf(stderr, "unknown store %s\n", store.c_str());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,309 @@
+"""A serving shard: partition i of N of the large EVs, two versions readable while the fleet switches.
+
+A model larger than one serving host is served by N shards and a front
+(serving_loader/front.py, docs/guides/sharded-serving.md). Shard i holds, of
+every EV it serves, the keys that `evstore.sharded.shard_index(key, N)` routes
+to i (the route of a ShardedEmbeddingVariable, "mix64-v1"), in evstore tables
+(tiered with `storage`, as a tiered replica's). It never polls: the front
+drives it, in two phases per commit:
+
+  * stage(target, fleet): read, outside any lock, this shard's rows of every
+    commit from the served one up to `target` and hold them beside the served
+    tables (`_Pending`). Each shard reads only its partition: the part
+    `<ev>/part_i` of a checkpoint written with N shards of the same route
+    (its byte ranges only, checkpoint/fetch.py); otherwise every part, keeping
+    the keys routed here. Deltas become an overlay {key: row, or None for
+    erased}; a new chain (a full, or a commit not after the served one: a
+    rollback) is loaded into replacement tables. While staged, both versions
+    are readable: `lookup(served)` and `lookup(target)`.
+  * publish(target): under the write lock, the pending state becomes the
+    served one (replacements adopted, the overlay's deltas applied); the
+    previous version is no longer readable.
+
+`fleet` in a stage call is the version the front serves: a pending target at
+or below it is published first (its publish call was lost), and a stage of
+the fleet's own version is published at once: a restarted shard (serving
+nothing) rejoins at the fleet's version.
+
+Invariants: the served tables hold exactly `version`'s partition; the pending
+state, when there is one, reads exactly `pending.target`'s; a lookup names the
+version it wants and is refused (VersionNotHeld) for any other, so an answer
+never mixes versions.
+"""
+import threading
+
+import numpy as np
+import tensorflow as tf
+
+from checkpoint.chain import resolve_chain, scan
+from checkpoint.errors import CheckpointError
+from checkpoint.fetch import fetch
+from checkpoint.shards import logical_entries
+from checkpoint.storage import Storage
+from evstore import ops
+from evstore.schema import SHARD_ROUTE
+from evstore.sharded import shard_index
+from serving_loader import served_tensors
+from serving_loader.model import ServingModel
+from serving_loader.polling import _children
+from serving_loader.staging import _Staged
+from serving_loader.streamed_reload import staged_into_replacements
+
+__all__ = ["ShardModel", "VersionNotHeld", "parse_shard"]
+
+
+class VersionNotHeld(LookupError):
+    """A lookup named a version this shard does not hold readable."""
+
+
+def parse_shard(text):
+    """"i/N" -> (i, N) with 0 <= i < N. ValueError otherwise."""
+    try:
+        i, n = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise ValueError(f"a shard is named i/N (e.g. 0/4), got {text!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"shard {text!r}: i must be in [0, N), N >= 1")
+    return i, n
+
+
+def _key_list(keys):
+    return keys.tolist()
+
+
+class _Pending:
+    """What one stage call read: `target`'s partition, readable before it is published."""
+
+    def __init__(self, target, staged, fresh=None):
+        self.target = target
+        self.staged = staged   # [_Staged] in chain order (their evs emptied when `fresh` holds them)
+        self.fresh = fresh     # {EV: replacement table} of a new chain, or None (deltas over the served tables)
+        self.overlay = {}      # {EV: {key: row or None (erased)}}: the staged deltas over the served tables
+        if fresh is None:
+            for s in staged:
+                for name, (erase, keys, values, _, _) in s.evs.items():
+                    o = self.overlay.setdefault(name, {})
+                    for k in _key_list(erase):
+                        o[k] = None
+                    for k, row in zip(_key_list(keys), values):
+                        o[k] = row
+
+    def close(self):
+        for t in (self.fresh or {}).values():
+            t.close()
+        self.fresh = None
+
+
+class ShardModel(ServingModel):
+    """Shard `index` of `count` of a serving export of evstore tables.
+
+    Args:
+      export_dir: the export (written with `tables="evstore"`).
+      checkpoint_root, storage_options: the trainer's root (as ServingModel's).
+      index, count: this shard's partition (0 <= index < count).
+      evs: names of the EVs sharded (None: every EV of the export); the
+        front serves the others.
+      storage: an evstore.TieredStorage (rows in a DRAM cache over disk) or
+        None (all rows in DRAM).
+    Attributes: `version` (published), `pending_target` (staged, or None),
+      `bytes_read_last` (bytes of the root read by the last stage call).
+    Raises ValueError for an export of stock tables or an unknown EV.
+    """
+
+    def __init__(self, export_dir, checkpoint_root, index, count, evs=None, storage_options=None, storage=None):
+        super().__init__(export_dir, None, storage=storage)
+        if self.table_kind != "evstore":
+            raise ValueError(f"{export_dir} serves its EVs from stock tables; a serving shard needs an export "
+                             "written with export_serving_model(..., tables=\"evstore\")")
+        evs = sorted(self._tables) if evs is None else sorted(evs)
+        unknown = sorted(set(evs) - set(self._tables))
+        if unknown or not evs:
+            raise ValueError(f"the export serves EVs {sorted(self._tables)}; cannot shard {unknown or evs}")
+        for name in set(self._tables) - set(evs):   # the front serves these
+            self._tables.pop(name).close()
+        self._dense = {}
+        self._reserved = {}
+        self.index, self.count = int(index), int(count)
+        self.storage = Storage(checkpoint_root, storage_options)
+        self.pending = None
+        self.bytes_read_last = 0
+        self._stage_lock = threading.Lock()
+
+    @property
+    def pending_target(self):
+        return self.pending.target if self.pending is not None else None
+
+    # -- what this shard reads of a commit
+    def _own_parts(self, m, name):
+        """(entries to read, filter by route?) of EV `name` in commit `m`."""
+        parts = logical_entries(m).get(name)
+        if not parts:
+            raise CheckpointError(f"{m.dir} holds no EV {name!r} that this shard serves")
+        shards = [m.evs[p].get("shard") or {} for p in parts]
+        if len(parts) == self.count and all(s.get("count") == self.count and s.get("route") == SHARD_ROUTE
+                                            for s in shards):
+            return [p for p, s in zip(parts, shards) if s.get("index") == self.index], False
+        return parts, True
+
+    def _stage(self, m):
+        """This shard's rows of commit `m` (keys routed here), checked as any staging."""
+        chosen, filtered = {}, {}
+        for name in self._tables:
+            chosen[name], filtered[name] = self._own_parts(m, name)
+        plan = served_tensors.plan(m, chosen, [], False, freqs=list(self._tables))
+        with fetch(self.storage, m, plan.tensors) as t:
+            evs = {}
+            for name in self._tables:
+                try:
+                    keys, values, erase = plan.ev_arrays(t, name, self.mapping["evs"][name]["dim"])
+                except ValueError as e:
+                    raise CheckpointError(f"{m.dir}: EV {name!r}: {e}") from None
+                freqs = plan.ev_freqs(t, name)
+                if len(freqs) != len(keys):
+                    raise CheckpointError(f"{m.dir}: EV {name!r} has {len(freqs)} frequencies for {len(keys)} keys")
+                if filtered[name]:
+                    mine = self._mine(keys, name)
+                    keys, values, freqs = keys[mine], values[mine], freqs[mine]
+                    erase = erase[self._mine(erase, name)]
+                evs[name] = self._checked(m, name, erase, keys, values) + (freqs,)
+            bytes_read = t.bytes_read
+        return _Staged(m, evs, {}, bytes_read=bytes_read)
+
+    def _mine(self, keys, name):
+        if not len(keys):
+            return np.zeros([0], bool)
+        kd = tf.as_dtype(self.mapping["evs"][name]["key_dtype"])
+        return shard_index(tf.constant(keys, kd), self.count).numpy() == self.index
+
+    # -- the two phases
+    def stage(self, target, fleet=None):
+        """Makes commit `target` readable beside the served version (see the
+        module docstring); `fleet`: the version the front serves. Returns
+        status(). Raises CheckpointError / OSError / tf.errors.OpError when
+        the commit cannot be staged (the served version stays)."""
+        with self._stage_lock:
+            if self.pending is not None and fleet is not None and self.pending.target <= fleet:
+                self._publish_pending()
+            if self.version == target:
+                return self.status()
+            if self.pending is not None:
+                if self.pending.target == target:
+                    return self.status()
+                self._drop_pending()
+            sc = scan(self.storage)
+            m = sc.manifests.get(target)
+            if m is None:
+                raise CheckpointError(f"commit {target} is not committed in {self.storage.url}")
+            pending = self._stage_follow(sc, target)
+            if pending is None:
+                pending = self._stage_chain(resolve_chain(sc, upto=target, where=self.storage.url))
+            self.bytes_read_last = sum(s.bytes_read for s in pending.staged)
+            self.pending = pending
+            if fleet == target:   # the fleet serves it already (rejoining, or its publish call was lost)
+                self._publish_pending()
+            return self.status()
+
+    def _stage_follow(self, sc, target):
+        """The deltas after the served commit up to `target` as an overlay, or
+        None when `target` does not follow the served commit."""
+        if self.version is None or target <= self.version or not self._served_is_committed(sc):
+            return None
+        run, seq, checksum, children = [], self.version, self._served_checksum, _children(sc)
+        while seq != target:
+            nxt = [m for m in children.get((self.base, seq), ())
+                   if m.seq <= target and (m.parent_checksum is None or m.parent_checksum == checksum)]
+            if not nxt:
+                return None
+            m = min(nxt, key=lambda x: x.seq)
+            run.append(m)
+            seq, checksum = m.seq, m.checksum
+        return _Pending(target, [self._stage(m) for m in run])
+
+    def _stage_chain(self, chain):
+        """A new chain (full + deltas) in replacement tables."""
+        staged = [self._stage(m) for m in chain]
+        fresh = staged_into_replacements(self._tables, staged)
+        return _Pending(chain[-1].seq, staged, fresh)
+
+    def publish(self, target):
+        """Makes the staged `target` the served version (a no-op when it is
+        served already). Returns status(). Raises VersionNotHeld when
+        `target` is neither served nor staged."""
+        with self._stage_lock:
+            if self.version == target:
+                return self.status()
+            if self.pending is None or self.pending.target != target:
+                raise VersionNotHeld(f"shard {self.index}/{self.count} has not staged version {target} "
+                                     f"(serving {self.version}, staged {self.pending_target})")
+            self._publish_pending()
+            return self.status()
+
+    def _publish_pending(self):
+        p, self.pending = self.pending, None
+        self._lock.acquire_write()
+        try:
+            if p.fresh is not None:
+                for name, table in self._tables.items():
+                    table.adopt(p.fresh.pop(name))
+            for s in p.staged:
+                self._publish(s)
+        finally:
+            self._lock.release_write()
+        self.applied += len(p.staged)
+        self.applied_seqs.append(p.target)
+
+    def _drop_pending(self):
+        p, self.pending = self.pending, None
+        self._lock.acquire_write()   # no lookup reads its tables any more
+        self._lock.release_write()
+        p.close()
+
+    # -- reads
+    def lookup(self, version, keys):
+        """{EV: float32 rows [n, dim]} of `keys` ({EV: 1-D array of keys routed
+        here}) at `version`; a key without a row reads the EV's default.
+        Raises VersionNotHeld for a version not readable here, KeyError for
+        an EV not served."""
+        self._lock.acquire_read()
+        try:
+            pending = self.pending
+            if version is not None and version == self.version:
+                return {n: self._find(self._tables[n]._h, n, k) for n, k in keys.items()}
+            if pending is not None and version == pending.target:
+                out = {}
+                for n, k in keys.items():
+                    base = pending.fresh[n].resource_handle if pending.fresh is not None else self._tables[n]._h
+                    rows = self._find(base, n, k)
+                    over = pending.overlay.get(n)
+                    if over:
+                        rows = np.array(rows)
+                        default = self._tables[n].default
+                        for j, key in enumerate(_key_list(k)):
+                            if key in over:
+                                row = over[key]
+                                rows[j] = default if row is None else row
+                    out[n] = rows
+                return out
+            raise VersionNotHeld(f"shard {self.index}/{self.count} holds version {self.version}"
+                                 f"{'' if pending is None else f' and staged {pending.target}'}, not {version}")
+        finally:
+            self._lock.release_read()
+
+    def _find(self, handle, name, keys):
+        if name not in self._tables:
+            raise KeyError(name)
+        t = self._tables[name]
+        return ops.ev_find(handle, tf.constant(keys, t.key_dtype), dim=t.dim).numpy()
+
+    def status(self):
+        """{"index", "count", "evs": {EV: {"dim", "key_dtype"}}, "version", "staged", "rows"}."""
+        return {"index": self.index, "count": self.count, "version": self.version, "staged": self.pending_target,
+                "evs": {n: {"dim": t.dim, "key_dtype": t.key_dtype.name} for n, t in self._tables.items()},
+                "rows": self.rows(), "bytes_read_last": self.bytes_read_last, "last_error": self.last_error,
+                "applied": self.applied, "fetched_bytes_total": self.fetched_bytes_total}
+
+    def close(self):
+        with self._stage_lock:
+            if self.pending is not None:
+                self._drop_pending()
+        super().close()

@@ -1,0 +1,250 @@
+"""Sharded serving (docs/guides/sharded-serving.md): shards holding partitions of the
+large EVs (serving_loader/shard_model.py, on grpcio: shard_service.py) and a
+front (serving_loader/front.py) that answers TF Serving's APIs, fans each
+request's lookups out to the shards and publishes every commit on all of
+them at once. Specified against a single tiered replica of the same export.
+(The fleet with each shard and the front on a host of its own, a shard killed
+mid-publish: tests/multihost/test_sharded_hosts.py.)"""
+import os
+import socket
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+import checkpoint
+import evstore
+import serving_loader
+from serving_loader.front import FrontModel
+from serving_loader.shard_model import ShardModel
+from serving_loader.shard_service import SERVICE, ShardServer
+
+from ckpt_model import ev, make_model, train   # tests/checkpoint, registered by tests/conftest.py
+
+DRAM_BYTES = 512   # the shards' tier: a few rows in DRAM, the rest on disk
+
+
+def _probe():
+    """Every key the job trains on and some it never saw."""
+    users = np.arange(0, 600, dtype=np.int64).reshape(-1, 2)
+    items = (np.arange(len(users), dtype=np.int32) % 60).reshape(-1, 1)
+    return {"users": users, "items": items}
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A model whose "user" EV is trained as 2 shards (the route the serving shards use), its export of
+    evstore tables, a full checkpoint and the single tiered replica the fleet is compared with."""
+    model = make_model(user_shards=2)
+    train(model, 0, 3)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export, tables="evstore")
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    single = serving_loader.ServingModel(export, mgr.root, storage=evstore.TieredStorage(DRAM_BYTES,
+                                                                                         path=str(tmp_path / "t1")))
+    yield model, export, mgr, single
+    single.close()
+
+
+class Fleet:
+    """N in-process shards on 127.0.0.1 and their front."""
+
+    def __init__(self, tmp_path, export, root, n, evs=("user",)):
+        self.shards = [ShardModel(export, root, i, n, evs=list(evs),
+                                  storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / f"s{i}")))
+                       for i in range(n)]
+        self.servers = [ShardServer(s) for s in self.shards]
+        self.front = FrontModel(export, root, [f"127.0.0.1:{s.port}" for s in self.servers], wait_s=10)
+
+    def close(self):
+        self.front.close()
+        for srv, s in zip(self.servers, self.shards):
+            srv.stop(0)
+            s.close()
+
+
+def _same(front, single, inputs=None):
+    got, gv = front.predict(inputs or _probe())
+    want, wv = single.predict(inputs or _probe())
+    assert gv == wv
+    np.testing.assert_array_equal(got["outputs"], want["outputs"])
+
+
+@pytest.mark.parametrize("trained_shards", [2, None], ids=["trainer-route-matches", "unsharded-in-checkpoint"])
+def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version_each_shard_reading_its_part(tmp_path, trained_shards):
+    model = make_model(user_shards=trained_shards)
+    train(model, 0, 3)
+    export = str(tmp_path / "export")
+    serving_loader.export_serving_model(model, export, tables="evstore")
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
+    mgr.save_full()
+    single = serving_loader.ServingModel(export, mgr.root, storage=evstore.TieredStorage(DRAM_BYTES,
+                                                                                         path=str(tmp_path / "t1")))
+    fleet = Fleet(tmp_path, export, mgr.root, 2)
+    try:
+        _same(fleet.front, single)
+        rows = [s.rows()["user"] for s in fleet.shards]
+        assert min(rows) > 0 and sum(rows) == single.rows()["user"]
+        for step in (3, 5):
+            train(model, step, step + 2)
+            ev(model, "user").remove(np.arange(step, 40, 3, dtype=np.int64))   # deleted keys in the delta
+            seq = mgr.save_delta()
+            assert fleet.front.poll() == single.poll() == seq
+            assert [s.version for s in fleet.shards] == [seq, seq]
+            _same(fleet.front, single)
+            if trained_shards == 2:   # each shard read its own part of the delta, not the other's
+                assert all(s.bytes_read_last < single.last_fetched_bytes for s in fleet.shards)
+                assert sum(s.bytes_read_last for s in fleet.shards) < 1.5 * single.last_fetched_bytes
+        assert sum(s.rows()["user"] for s in fleet.shards) == single.rows()["user"]
+    finally:
+        fleet.close()
+        single.close()
+
+
+def test_a_predict_storm_while_deltas_land_never_mixes_versions(tmp_path, job):
+    model, export, mgr, single = job
+    fleet = Fleet(tmp_path, export, mgr.root, 2)
+    expected = {single.version: single.predict(_probe())[0]["outputs"]}
+    answers, stop = [], threading.Event()
+
+    def storm():
+        while not stop.is_set():
+            answers.append(fleet.front.predict(_probe()))
+
+    threads = [threading.Thread(target=storm) for _ in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for step in range(3, 11, 2):
+            train(model, step, step + 2)
+            ev(model, "user").remove(np.arange(step, 60, 4, dtype=np.int64))
+            seq = mgr.save_delta()
+            assert fleet.front.poll() == single.poll() == seq
+            expected[seq] = single.predict(_probe())[0]["outputs"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        fleet.close()
+    seen = {v for _, v in answers}
+    assert len(seen) >= 3, seen
+    for out, version in answers:   # every answer is exactly the single replica's at the version it names
+        np.testing.assert_array_equal(out["outputs"], expected[version])
+
+
+def test_a_shard_that_cannot_stage_holds_the_fleet_and_gate_pin_rollback_act_on_the_fleet(tmp_path, job):
+    model, export, mgr, single = job
+    fleet = Fleet(tmp_path, export, mgr.root, 2)
+    try:
+        v1 = fleet.front.version
+        at_v1 = single.predict(_probe())[0]["outputs"]
+        train(model, 3, 5)
+        seq = mgr.save_delta()
+        victim = _data_file_of(mgr, seq, "user/part_1")   # shard 1 cannot read the commit: its part is damaged
+        good = open(victim, "rb").read()
+        bad = bytearray(good)
+        bad[len(bad) // 2] ^= 0xFF
+        open(victim, "wb").write(bytes(bad))
+        assert fleet.front.poll() == v1
+        assert "shard 1/2" in fleet.front.last_error and "corrupt" in fleet.front.last_error
+        assert fleet.front.failures == 1
+        assert [s.version for s in fleet.shards] == [v1, v1] and fleet.shards[0].pending_target == seq
+        out, version = fleet.front.predict(_probe())
+        assert version == v1
+        np.testing.assert_array_equal(out["outputs"], at_v1)
+        open(victim, "wb").write(good)   # repaired: the fleet moves on at its next poll (a shard's failure is retried)
+        assert fleet.front.poll() == seq == single.poll()
+        _same(fleet.front, single)
+        # pin, rollback, resume: the whole fleet
+        fleet.front.pin()
+        train(model, 5, 7)
+        newest = mgr.save_delta()
+        assert fleet.front.poll() == seq
+        assert fleet.front.rollback(v1) == v1
+        assert [s.version for s in fleet.shards] == [v1, v1]
+        _same_at(fleet.front, single, v1)
+        assert fleet.front.resume() == newest == single.poll()
+        assert [s.version for s in fleet.shards] == [newest, newest]
+        _same(fleet.front, single)
+    finally:
+        fleet.close()
+
+
+def m_dir(mgr, seq):
+    return checkpoint.chain.scan(checkpoint.storage.Storage(mgr.root)).manifests[seq].dir
+
+
+def _data_file_of(mgr, seq, ev_part):
+    """The data file of the commit holding `ev_part`'s values."""
+    from checkpoint.index import data_file, parse_index
+
+    d = os.path.join(mgr.root, m_dir(mgr, seq))
+    num, entries = parse_index(open(os.path.join(d, "ckpt.index"), "rb").read(), "index")
+    e = entries[f"{ev_part}-values"]
+    return os.path.join(d, data_file("ckpt", e.shard_id, num))
+
+
+def _same_at(front, single, version):
+    """front's answer equals the single replica's after it rolls back to `version`."""
+    single.rollback(version, then="pin")
+    _same(front, single)
+    single.resume()
+
+
+def test_the_shard_port_answers_hostile_bytes_with_clean_errors_and_keeps_serving(tmp_path, job):
+    _, export, mgr, _ = job
+    fleet = Fleet(tmp_path, export, mgr.root, 1)
+    port = fleet.servers[0].port
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            lookup = ch.unary_unary(f"/{SERVICE}/Lookup")
+            stage = ch.unary_unary(f"/{SERVICE}/Stage")
+            for method, body, code in ((lookup, b"\xff\x00garbage", grpc.StatusCode.INVALID_ARGUMENT),
+                                       (lookup, b"", grpc.StatusCode.INVALID_ARGUMENT),      # no version
+                                       (stage, b"{not json", grpc.StatusCode.INVALID_ARGUMENT),
+                                       (stage, b'{"target": -3}', grpc.StatusCode.INVALID_ARGUMENT),
+                                       (stage, b'{"target": 99}', grpc.StatusCode.FAILED_PRECONDITION),
+                                       (stage, b"x" * 10000, grpc.StatusCode.INVALID_ARGUMENT)):
+                with pytest.raises(grpc.RpcError) as e:
+                    method(body, timeout=30)
+                assert e.value.code() == code, (body[:20], e.value)
+            from tensorflow_serving.apis import predict_pb2
+
+            req = predict_pb2.PredictRequest()
+            req.model_spec.version.value = fleet.front.version
+            req.inputs["user"].dtype = 1                 # float keys for an int64 EV
+            req.inputs["user"].tensor_shape.dim.add().size = 10 ** 12   # and a huge claimed size
+            with pytest.raises(grpc.RpcError) as e:
+                lookup(req.SerializeToString(), timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            req.model_spec.version.value = 12345
+            del req.inputs["user"]
+            req.inputs["nope"].dtype = 9
+            with pytest.raises(grpc.RpcError) as e:
+                lookup(req.SerializeToString(), timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nope" in e.value.details()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:   # not HTTP/2 at all
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(4096))
+            s.recv(4096)
+        slow = socket.create_connection(("127.0.0.1", port), timeout=30)   # a client that never sends
+        out, version = fleet.front.predict(_probe())   # still serving
+        assert version == mgr.latest_seq() if hasattr(mgr, "latest_seq") else version is not None
+        slow.close()
+    finally:
+        fleet.close()
+
+
+def test_the_fronts_row_cache_is_emptied_at_a_poll_once_over_its_bound_and_answers_stay_exact(tmp_path, job):
+    _, export, mgr, single = job
+    fleet = Fleet(tmp_path, export, mgr.root, 2)
+    try:
+        fleet.front.max_cached_rows = 10
+        _same(fleet.front, single)
+        assert fleet.front.remote["user"].size() > 10
+        fleet.front.poll()
+        assert fleet.front.remote["user"].size() == 0
+        _same(fleet.front, single)
+    finally:
+        fleet.close()
