@@ -28,6 +28,7 @@ class Storage:
         if not isinstance(root, (str, os.PathLike)) or not str(root):
             raise ValueError(f"checkpoint root must be a path or an fsspec URL, got {root!r}")
         self.url = str(root)
+        self.options = dict(storage_options or {})   # what a task's checkpoint service opens the root with
         try:
             self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         except ImportError as e:   # e.g. s3:// without s3fs: fsspec names the package to install

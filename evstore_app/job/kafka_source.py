@@ -48,8 +48,10 @@ log = logging.getLogger("evstore.kafka")
 
 _DEFAULTS = {"enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
              "enable.partition.eof": False, "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 2000,
-             # group-managed: a rebalance waits for every member's next heartbeat (librdkafka's default 3 s)
-             "heartbeat.interval.ms": 1000}
+             # Group-managed runs: a rebalance waits for every member's next heartbeat, and a broker may
+             # wait for members up to their session timeout (Tansu: about half of it); Kafka's default
+             # before 3.0, 10 s, instead of librdkafka's 45 s.
+             "heartbeat.interval.ms": 1000, "session.timeout.ms": 10000}
 _FORBIDDEN = {"enable.auto.commit": "true would commit offsets the checkpoint has not recorded (the job commits "
                                     "them to the group itself, after each checkpoint commit)"}
 _INT64 = (-2**63, 2**63 - 1)
