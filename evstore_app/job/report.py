@@ -174,10 +174,18 @@ def write_report_png(res, path):
     ax[2].set_yscale("log")
     ax[2].set_title("checkpoint sizes (MiB, log scale)")
     fresh = (res.get("serving") or {}).get("freshness") or []
+    by_commit = (res.get("kafka") or {}).get("event_to_commit_by_commit") or []
+    at = {c["seq"]: c["t"] for c in commits}
     if fresh:
         ax[3].plot([f[0] for f in fresh], [f[1] for f in fresh], "o-", ms=3)
         ax[3].set_ylabel("seconds")
         ax[3].set_title("freshness: commit -> served (seen by a client)")
+    elif by_commit:
+        pts = [(at[c["seq"]], c["p50_s"], c["p99_s"]) for c in by_commit if c["seq"] in at]
+        ax[3].plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label="p50")
+        ax[3].plot([p[0] for p in pts], [p[2] for p in pts], "o--", ms=3, label="p99")
+        ax[3].set_ylabel("seconds")
+        ax[3].set_title("freshness: event time (producer) -> commit, per commit")
     else:
         ax[3].set_title("freshness")
         ax[3].text(0.5, 0.5, "no server in this run", ha="center", va="center", transform=ax[3].transAxes)
@@ -202,6 +210,12 @@ def write_report_png(res, path):
     if a.get("live") is not None:
         lines.append(f"AUC live {a['live']:.4f}" + (f", frozen {a['frozen']:.4f}" if a.get("frozen") is not None
                                                      else ""))
+    k = res.get("kafka")
+    if k:
+        lines.append(f"kafka: {k['messages']:,} messages, {k['bad']:,} bad")
+        f = k.get("event_to_commit")
+        if f:
+            lines.append(f"event -> commit p50 {f['p50_s']} s, p99 {f['p99_s']} s")
     ax[5].axis("off")
     ax[5].text(0.02, 0.95, "\n".join(lines), va="top", family="monospace", transform=ax[5].transAxes)
     for i in range(5):
