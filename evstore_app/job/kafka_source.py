@@ -522,6 +522,8 @@ class KafkaStream:
         return {"source": self.describe(), "messages": self.messages, "bad": self.bad,
                 "bad_reasons": dict(self.bad_reasons), "ended": self.ended, "lag": self.lag() if self.consumer else getattr(self, "_final_lag", {}),
                 "offsets": self.position()["kafka"], "event_to_commit": self.freshness_summary(),
+                "event_to_commit_by_commit": [{"seq": q, "events": n, "p50_s": round(a, 3), "p99_s": round(b, 3)}
+                                              for q, n, a, b, _ in self.freshness],
                 "broker_waits_s": [round(b - a, 2) for a, b in self.waits],
                 "dead_letter_topic": self.dead_letter_topic}
 
