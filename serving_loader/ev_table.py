@@ -194,6 +194,11 @@ class EvTable:
         (a sharded front's row cache)."""
         _insert(self._h, self.key_dtype, self.dim, keys, values, freqs, forget)
 
+    def held(self, keys):
+        """Whether each of `keys` (1-D) owns a row here (bool ndarray)."""
+        _, _, admitted = ops.ev_key_info(self._h, tf.constant(keys, self.key_dtype))
+        return admitted.numpy()
+
     def warm(self, keys):
         """Reads the rows of `keys` (a tiered table faults them into its DRAM
         cache), outside the write lock, so that upserting them under it reads

@@ -172,7 +172,9 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
                                  "export_serving_model(..., tables=\"evstore\")")
         self.storage_tier = storage
         # The quality gate (serving_loader/gate.py): parsed first, so a malformed one is refused at once.
-        self.gate = GateState(gate if isinstance(gate, Gate) else Gate.parse(gate)) if gate is not None else None
+        if gate is not None and not isinstance(gate, GateState):
+            gate = GateState(gate if isinstance(gate, Gate) else Gate.parse(gate))
+        self.gate = gate
         self.served_quality = None     # quality record of the served commit (None: not recorded)
         self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
         if self.storage is not None and not allow_empty:

@@ -29,6 +29,10 @@ def _children(sc):
     return out
 
 
+def _judged_alone(gate, quality):
+    return quality if quality is not None and gate.judged(quality) else None
+
+
 def _log_applied(staged, apply_s, lag_s):
     """One INFO line per commit applied on top of the served one: its seq and
     kind, the apply time (stage + publish of its run), the rows it upserted and
@@ -93,12 +97,11 @@ class Polling:
                 if self.gate is not None:
                     self.gate.clear()   # nothing newer in the served chain: nothing held back
                 return
-            run = pending
+            run, judged = pending, None
             if self.gate is not None:
-                run, failed = self.gate.gate.admit(pending, self.gate.reference)
-                self.gate.note(self.version, pending, failed)   # held until the commit that passed is published
+                run, judged = self.gate.select(self.version, pending)   # held until the run that passed is published
                 if not run:
-                    return   # held: the gate's status says why
+                    return   # held or waiting: the gate's status says why
             t0 = time.time()
             staged = []
             for m in run:
@@ -127,7 +130,7 @@ class Polling:
             for st in staged:
                 _log_applied(st, self.last_apply_s, self.last_lag_s)
             if self.gate is not None:
-                self.gate.clear(serving=run[-1].seq)
+                self.gate.passed(judged, serving=run[-1].seq)
 
     def _after_served(self, children, limit=None):
         """The served chain's commits after the served one, in order (at most
@@ -138,7 +141,7 @@ class Polling:
                    if m.parent_checksum is None or m.parent_checksum == checksum]
             if not nxt:
                 break
-            m = min(nxt, key=lambda x: x.seq)
+            m = max(nxt, key=lambda x: x.seq)   # a later branch from the same commit (train --from-seq) wins
             if (m.seq, m.checksum) in self._bad:
                 break
             out.append(m)
@@ -157,8 +160,10 @@ class Polling:
             return  # the served checkpoint is in the newest chain: _follow_chain applies the rest
         if (chain[-1].seq, chain[-1].checksum) in self._bad:
             return  # this chain was refused already: wait for a newer one
+        judged = None
         if self.gate is not None:
-            chain = chain[:self._gated_end(sc, chain)]
+            end, judged = self._gated_end(sc, chain)
+            chain = chain[:end]
             if not chain:
                 return   # held on the served version: the gate's status says why
         if self.version is not None:
@@ -172,6 +177,8 @@ class Polling:
             self._still_committed(chain, e)
             self._refuse(chain[-1], f"cannot reload from {chain[0].dir}: {e}", retry=isinstance(e, OSError))
             return
+        if self.gate is not None:
+            self.gate.passed(judged, serving=chain[-1].seq, clear=False)
         for m in chain:   # every checkpoint this reload newly serves counts as applied
             if before is None or m.seq > before or m.seq == chain[-1].seq:
                 self._record(m, t0)
@@ -180,27 +187,26 @@ class Polling:
                  f"{sum(self.rows().values()):,}")
 
     def _gated_end(self, sc, chain):
-        """How much of the newest `chain` a gated reload serves: up to the last
-        commit the gate admits. The full always loads when the served chain
-        cannot go on (nothing served yet; the served commit withdrawn; a
-        commit after it refused or missing): a full is never held back from
-        repairing a broken chain. 0: hold the served version."""
-        gate = self.gate.gate
+        """How much of the newest `chain` a gated reload serves, and the record
+        that passed last: up to the last commit the gate admits. The full
+        always loads when the served chain cannot go on (nothing served yet;
+        the served commit withdrawn; a commit after it refused or missing): a
+        full is never held back from repairing a broken chain. 0: hold the
+        served version."""
         start, ref, holding = 0, self.gate.reference, self.gate.held is not None
         if self.version is None or not self._served_chain_intact(sc):
-            start, ref, holding = 1, gate.reference_after(None, chain[0].quality), False
-        end = start
+            start, ref, holding = 1, _judged_alone(self.gate.gate, chain[0].quality), False
+        end, judged = start, None
         while end < len(chain):
-            run, failed = gate.admit(chain[end:], ref, holding=holding and end == 0)
-            self.gate.note(chain[end - 1].seq if end else self.version, chain[end:], failed,
-                           extend=holding and end == 0)
+            run, passed = self.gate.select(chain[end - 1].seq if end else self.version, chain[end:], reference=ref,
+                                           holding=holding and end == 0, extend=holding and end == 0)
             if not run:
                 break
-            self.gate.clear(serving=run[-1].seq)
+            self.gate.clear(serving=run[-1].seq)   # what holds after `end` is the next select's
             end += len(run)
-            for m in run:
-                ref = gate.reference_after(ref, m.quality)
-        return end
+            judged = passed
+            ref = passed or ref
+        return end, judged
 
     def _served_chain_intact(self, sc):
         """The served commit is still committed (or its whole chain was removed
@@ -209,7 +215,14 @@ class Polling:
         if not self._served_is_committed(sc):
             fulls = [q for q, m in sc.manifests.items() if m.kind == "full"]
             return bool(fulls) and self.base < min(fulls)
-        reachable = {m.seq for m in self._after_served(_children(sc))}
+        children, reachable, todo = _children(sc), set(), [(self.version, self._served_checksum)]
+        while todo:   # every commit that follows from the served one, on any branch
+            seq, checksum = todo.pop()
+            for m in children.get((self.base, seq), ()):
+                if ((m.parent_checksum is None or m.parent_checksum == checksum) and m.seq not in reachable
+                        and (m.seq, m.checksum) not in self._bad):   # a refused commit waits for a new full
+                    reachable.add(m.seq)
+                    todo.append((m.seq, m.checksum))
         return all(q in reachable for q, m in sc.manifests.items() if m.base == self.base and q > self.version)
 
     def _refuse(self, m, msg, key=None, retry=False):

@@ -21,11 +21,12 @@ def _ev_state(model, names):
     return out
 
 
-def state_matches(spec, root, model):
-    """Restores the newest chain of `root` into a fresh model; True if every EV
-    (rows, versions, freqs, counted keys) and every weight equals `model`'s."""
+def state_matches(spec, root, model, seq=None):
+    """Restores the newest chain of `root` (or the one ending at `seq`) into a
+    fresh model; True if every EV (rows, versions, freqs, counted keys) and
+    every weight equals `model`'s."""
     fresh = build_model(spec)
-    checkpoint.CheckpointManager(root, fresh).restore()
+    checkpoint.CheckpointManager(root, fresh).restore(seq=seq)
     names = [f["name"] for f in spec["sparse"]]
     a, b = _ev_state(model, names), _ev_state(fresh, names)
     for n in names:
@@ -85,7 +86,7 @@ class Summary:
             out.append((round(self.times[hi - 1], 2), live, frozen))
         return out
 
-    def finish(self, first_full, final, train_seconds, steps, server_seen=None, spec=None, extra=None):
+    def finish(self, first_full, final, train_seconds, steps, server_seen=None, spec=None, extra=None, seq=None):
         from evstore_app.job.trainer import auc
         t = self.trainer
         history = list(t.manager.history)                 # every commit of this run, deleted ones too
@@ -135,7 +136,7 @@ class Summary:
                 "freshness": fresh,
             }
         if spec is not None:
-            res["restore_matches_trainer"] = state_matches(spec, t.manager.root, t.model)
+            res["restore_matches_trainer"] = state_matches(spec, t.manager.root, t.model, seq=seq)
         res.update(extra or {})
         res["report_png"] = write_report_png(res, os.path.join(self.out, "report.png"))
         with open(os.path.join(self.out, "summary.json"), "w") as f:
