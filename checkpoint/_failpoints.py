@@ -2,11 +2,14 @@
 that point, after creating $EVSTORE_FAILPOINT_FILE, until it is killed; with
 EVSTORE_FAILPOINT=<point>:raise it raises OSError there (a failed save);
 <point>@N stops at the Nth hit of the point in the process, not the first. Unset,
-a hit is one dictionary lookup. Points: before-bundle, before-manifest,
-after-manifest (manifest durable, EV snapshots not yet committed); the native
-writer has bundle-mid-data; the Kafka source (evstore_app/job/kafka_source.py)
-has kafka-batch-consumed (a batch taken from the broker, not trained) and
-before-group-commit (a checkpoint committed, its offsets not yet sent to the group).
+a hit is one dictionary lookup. Points: before-bundle, before-upload (parts
+written on every task, none uploaded), before-manifest, after-manifest
+(manifest durable, EV snapshots not yet committed); in a task's checkpoint
+service (checkpoint/task_service.py), task-before-upload (its part written,
+about to upload); the native writer has bundle-mid-data; the Kafka source
+(evstore_app/job/kafka_source.py) has kafka-batch-consumed (a batch taken from
+the broker, not trained) and before-group-commit (a checkpoint committed, its
+offsets not yet sent to the group).
 """
 import os
 import time

@@ -21,9 +21,11 @@ import time
 import tensorflow as tf
 
 from checkpoint import _failpoints
-from checkpoint.bundle import GLOBAL_STEP, write_bundles
+from checkpoint.bundle import GLOBAL_STEP, write_bundle, write_bundles
 from checkpoint.errors import CheckpointError
+from checkpoint.index import parse_index
 from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
+from checkpoint.remote_parts import discard_parts, publish_parts, write_parts
 from checkpoint.shards import device_groups
 from evstore import quality as _quality
 from evstore import schema
@@ -35,7 +37,7 @@ _EV_TENSORS = schema.EV_TENSORS
 
 
 def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, base=None, chunk_rows=65536,
-                      lock=None, shard_info=None, parent_checksum=None, serving_view=None):
+                      lock=None, shard_info=None, parent_checksum=None, serving_view=None, stats=None):
     """Writes and commits checkpoint `seq` of `kind` ("full" / "delta"); returns its Manifest.
 
     Args:
@@ -48,17 +50,25 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
       lock: held for step 1 (a training loop holding it gets exact snapshots).
       shard_info: {name: shard entry} for the shards of sharded EVs (manifest
         "shard"; see checkpoint/shards.py). EVs on other tasks write their
-        own bundle parts there, so the root must be local to every task.
+        own bundle parts: into the directory itself on a local root (which
+        every task must see), or on their own hosts, each uploading its
+        own data files, on any other root (checkpoint/remote_parts.py).
       serving_view: None, or the dtype of a serving view written into the
         same commit (checkpoint/serving_view.py): the rows are encoded as
         they stream, in the same pass as the bundle.
+      stats: None, or a dict that receives "bytes_sent_here": the bytes
+        this process sent to the root (the rest were sent by their tasks).
     """
     shard_info = shard_info or {}
-    if not storage.local and set(device_groups(evs)) - {""}:
-        raise CheckpointError(f"EVs held by other tasks write their own parts of a checkpoint; {storage.url} is "
-                              "not a local path. Use a checkpoint root on a filesystem every task mounts")
+    groups = device_groups(evs)
+    # EVs on other tasks with a root that is not one local filesystem: each
+    # task uploads its own part (checkpoint/remote_parts.py).
+    distributed = not storage.local and bool(set(groups) - {""})
+    if distributed and serving_view is not None:
+        raise CheckpointError(f"a serving view is not written for EVs held by other tasks on {storage.url} (an "
+                              "object-store root); save without serving_view, or to a root every task mounts")
     dirname = dir_name(kind, seq)
-    sids, staging, manifest_sent = {}, None, False
+    sids, staging, manifest_sent, parts = {}, None, False, []
     try:
         with lock if lock is not None else contextlib.nullcontext():
             step, meta, quality = prepare()
@@ -71,10 +81,24 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             dense[GLOBAL_STEP] = tf.constant(int(step), tf.int64)
             staging = storage.staging_dir(dirname)
             _failpoints.hit("before-bundle")
-            files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"), chunk_rows=chunk_rows,
-                                          view=serving_view)
-        _check_written(staging, files, list(evs), list(dense))
-        storage.upload(staging, dirname, list(files))
+            if distributed:
+                def write(directory, names, prefix, device, with_dense):
+                    return write_bundle(directory, {n: evs[n] for n in names}, sids, dense if with_dense else {},
+                                        full=(kind == "full"), chunk_rows=chunk_rows, prefix=prefix, device=device)
+                parts = write_parts(staging, groups, write)
+            else:
+                files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"),
+                                              chunk_rows=chunk_rows, view=serving_view)
+        if distributed:
+            _failpoints.hit("before-upload")
+            files, counts, sent = publish_parts(storage, dirname, staging, parts)
+            _check_listed(staging, list(evs), list(dense))
+        else:
+            _check_written(staging, files, list(evs), list(dense))
+            storage.upload(staging, dirname, list(files))
+            sent = 0 if storage.local else sum(f["size"] for f in files.values())
+        if stats is not None:
+            stats["bytes_sent_here"] = sent
         manifest = Manifest(
             seq=seq, kind=kind, parent=None if kind == "full" else parent, base=seq if kind == "full" else base,
             global_step=int(step), wall_time=time.time(), files=files,
@@ -113,6 +137,7 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             storage.remove_dir(dirname)
         raise
     finally:
+        discard_parts(parts)
         if staging:
             storage.discard_staging(staging)
     for name, sid in sids.items():
@@ -146,7 +171,14 @@ def _check_written(staging, files, ev_names, dense_names):
         size = os.path.getsize(os.path.join(staging, name))
         if size != f["size"]:
             raise CheckpointError(f"{os.path.join(staging, name)}: wrote {f['size']} bytes, found {size}")
-    listed = tf.train.load_checkpoint(os.path.join(staging, BUNDLE_PREFIX)).get_variable_to_dtype_map()
+    _check_listed(staging, ev_names, dense_names)
+
+
+def _check_listed(staging, ev_names, dense_names):
+    """The bundle index in `staging` lists every tensor of the EVs and dense variables."""
+    path = os.path.join(staging, BUNDLE_PREFIX + ".index")
+    with open(path, "rb") as f:
+        _, listed = parse_index(f.read(), path)   # the index alone: other tasks' data files are not here
     missing = [w for w in [n + s for n in ev_names for s in _EV_TENSORS] + list(dense_names) if w not in listed]
     if missing:
         raise CheckpointError(f"checkpoint bundle in {staging} lacks tensors {missing}")

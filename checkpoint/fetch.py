@@ -83,7 +83,7 @@ class Fetched:
         self.close()
 
 
-def fetch(storage, manifest, tensors=None, verify=True):
+def fetch(storage, manifest, tensors=None, verify=True, files=None):
     """These tensors of commit `manifest` from `storage`, verified.
 
     Args:
@@ -92,6 +92,8 @@ def fetch(storage, manifest, tensors=None, verify=True):
         private local directory (`Fetched.dir`).
       verify: check checksums (whole fetches only; named tensors are always
         checked).
+      files: whole fetches only: stage just these files of the main bundle
+        (default: all of them), e.g. those of the tensors this process loads.
     Returns: a Fetched (close it).
     Raises:
       CorruptCheckpointError: a file or tensor is missing, truncated or does
@@ -99,7 +101,7 @@ def fetch(storage, manifest, tensors=None, verify=True):
       OSError: an I/O error of the filesystem.
     """
     if tensors is None:
-        return _fetch_whole(storage, manifest, verify)
+        return _fetch_whole(storage, manifest, verify, files)
     if not isinstance(tensors, dict):
         tensors = {BUNDLE_PREFIX: list(tensors)}
     arrays, total = {}, 0
@@ -110,8 +112,8 @@ def fetch(storage, manifest, tensors=None, verify=True):
     return Fetched(manifest, arrays=arrays, bytes_read=total)
 
 
-def _fetch_whole(storage, manifest, verify):
-    names = bundle_files(manifest)
+def _fetch_whole(storage, manifest, verify, files=None):
+    names = bundle_files(manifest) if files is None else sorted(files)
     d = storage.stage(manifest.dir, names)
     try:
         if verify:

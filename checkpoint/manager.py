@@ -40,9 +40,10 @@ from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointErro
 from checkpoint.fetch import fetch
 from checkpoint.lease import LeaseHeldError, process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.remote_parts import bundle_subset, entry_tensors, read_index, release_on_tasks, stage_on_tasks
 from checkpoint.serving_view import codec
-from checkpoint.shards import load_plan, logical_name
-from checkpoint.storage import Storage
+from checkpoint.shards import device_groups, load_plan, logical_name
+from checkpoint.storage import Storage, sweep_dead
 from evstore import quality as _quality
 from evstore import schema
 
@@ -93,6 +94,8 @@ class CheckpointManager:
             codec(serving_view)   # ValueError naming the choices
         self.serving_view = serving_view
         self.storage = Storage(root, storage_options)
+        if not self.storage.local:
+            sweep_dead("stage")   # bundles staged by writers killed mid-save on this host
         if isinstance(lease_timeout, bool) or not isinstance(lease_timeout, (int, float)) or lease_timeout <= 0:
             raise ValueError(f"lease_timeout must be a positive number of seconds, got {lease_timeout!r}")
         self._lease_args = (lease_timeout, take_over) if lease else None
@@ -115,6 +118,7 @@ class CheckpointManager:
         self._quality_fn = None
         self.failures = 0
         self.last_error = None
+        self.last_save_stats = {}            # {"bytes_sent_here": bytes this process sent to the root} of the last save
 
     # ---- queries -------------------------------------------------------------
     @property
@@ -204,16 +208,19 @@ class CheckpointManager:
                         ev.evict(step)
                 return step, meta, q
 
+            stats = {}
             try:
                 manifest = commit_checkpoint(
                     self.storage, kind, seq, col.evs, dense_fn=lambda: dict(col.dense), prepare=prepare,
                     parent=self._last.seq if self._last else None, base=self._last.base if self._last else None,
                     chunk_rows=self.chunk_rows, lock=self.lock, shard_info=col.shard_info,
-                    parent_checksum=self._last.checksum if self._last else None, serving_view=self.serving_view)
+                    parent_checksum=self._last.checksum if self._last else None, serving_view=self.serving_view,
+                    stats=stats)
             except BaseException:
                 self._burned = max(self._burned, seq)
                 raise
             self._last = manifest
+            self.last_save_stats = stats
             self.history.append(manifest)
             if kind == "full":
                 self._apply_retention()
@@ -312,11 +319,25 @@ class CheckpointManager:
                 col = collect(self.model)
                 self._check_compatible(chain, col)
                 self._slot_filter = self._slots_to_load(chain, col, drop_unused_slots)
-                fetched, broken = [], None
+                groups = device_groups(col.evs)
+                # Shards on other tasks of a root that is not one local filesystem:
+                # each task stages the files it loads (checkpoint/remote_parts.py).
+                remote = {} if self.storage.local else {t: names for t, names in groups.items() if t}
+                fetched, broken, on_tasks = [], None, {}
                 try:
                     try:   # the main bundle of each, staged privately and checked (checkpoint/fetch.py)
-                        for m in chain:
-                            fetched.append(fetch(self.storage, m, verify=verify))
+                        indexes = ([read_index(self.storage, m) for m in chain] if not self.storage.local
+                                   else [None] * len(chain))
+                        for m, idx in zip(chain, indexes):
+                            files = None
+                            if idx is not None:   # only what this process loads
+                                here = self._plan_entries(m, col, groups.get("", []))
+                                files = bundle_subset(m, idx, entry_tensors(m, idx, here)
+                                                      + list(col.dense) + [GLOBAL_STEP])
+                            fetched.append(fetch(self.storage, m, verify=verify, files=files))
+                        if remote:
+                            on_tasks = stage_on_tasks(self.storage, chain, indexes, {
+                                t: [self._plan_entries(m, col, names) for m in chain] for t, names in remote.items()})
                     except CorruptCheckpointError as e:
                         broken = e
                     gone = withdrawn(self.storage, chain)
@@ -331,8 +352,10 @@ class CheckpointManager:
                     staged = [f.dir for f in fetched]
                     values = self._check_staged(chain, staged, col)
                     # Publish: everything was checked; only local private files are read from here on.
+                    task_of = {n: t for t, names in remote.items() for n in names}
                     for name, ev in col.evs.items():
-                        self._restore_ev(chain, staged, name, ev, col.shard_info.get(name))
+                        dirs = on_tasks[task_of[name]] if name in task_of else staged
+                        self._restore_ev(chain, dirs, name, ev, col.shard_info.get(name))
                     for name, v in col.dense.items():
                         v.assign(values[name])
                     if self._global_step is not None:
@@ -340,11 +363,17 @@ class CheckpointManager:
                 finally:
                     for f in fetched:
                         f.close()
+                    release_on_tasks(on_tasks)
                 last = chain[-1]
                 self._last = last
                 self.storage.close()
                 log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
                 return dict(last.metadata)
+
+    @staticmethod
+    def _plan_entries(m, col, names):
+        """The entries of checkpoint `m` that EVs `names` load (shards.load_plan)."""
+        return sorted({src for n in names for src, _, _ in load_plan(m, n, col.shard_info.get(n))})
 
     def _check_staged(self, chain, staged, col):
         """The check step of restore after the files' (fetch): tensors, shapes. Returns the dense values to assign."""

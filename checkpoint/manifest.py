@@ -20,7 +20,7 @@ Optional: `"deleted_complete": true` when each EV's deleted keys list every
 key erased since the parent, also those re-inserted since (evstore/native/core/
 table.h, "Dirty / deleted tracking"). A serving replica then erases only the
 deleted keys and never reads the counted-not-admitted keys; without it (commits
-of writers before it, or of the synchronous job's merged bundles) it reads them
+of writers before it, synchronous jobs' merged bundles included) it reads them
 too, since a key evicted and seen again within one delta is only among those.
 
 `parent` is the checkpoint this one follows (None for a full), `base` the full

@@ -13,8 +13,10 @@ global step go to a bundle written here, and TensorFlow's MergeV2Checkpoints
 joins them into one `ckpt` bundle (it merges the small index files and
 renames the data files; the data is not copied). The checkpoint is then one
 ordinary TensorFlow bundle: `tf.train.load_checkpoint` reads every tensor.
-Every task must see the checkpoint directory at the same path (a local root
-on one machine, or a shared filesystem).
+That is on a local root, which every task must see at the same path (one
+machine, or a shared filesystem). On any other root (an object store) each
+task writes its part on its own host and uploads it, and the chief merges the
+part indexes instead (checkpoint/remote_parts.py).
 
 Restoring. Saved entries are matched to the model by logical name (the EV,
 not the part). Shard j of an M-shard EV restores

@@ -8,8 +8,10 @@ stores). Reads of remote checkpoints download a directory to a local cache
 directory first, because the native reader reads local files.
 """
 import copy
+import glob
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 
@@ -19,7 +21,28 @@ from fsspec.implementations.local import LocalFileSystem
 from checkpoint.fileio import fsync
 from checkpoint.manifest import MANIFEST, Manifest, parse_dir_name
 
-__all__ = ["Storage"]
+__all__ = ["Storage", "private_tempdir", "sweep_dead"]
+
+
+def private_tempdir(kind, suffix=""):
+    """A new directory `<tmp>/evstore-<kind>-<pid>-<suffix>...` for this process's checkpoint bytes
+    in flight (staged parts and bundles); its owner removes it when the save ends."""
+    return tempfile.mkdtemp(prefix=f"evstore-{kind}-{os.getpid()}-{suffix}")
+
+
+def sweep_dead(kind):
+    """Removes the `private_tempdir(kind)` directories of processes that no longer run (killed
+    mid-save): no checkpoint byte stays outside the root. Those of live processes are kept."""
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), f"evstore-{kind}-*")):
+        m = re.match(rf"evstore-{re.escape(kind)}-(\d+)-", os.path.basename(d))
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
 
 
 class Storage:
@@ -29,6 +52,7 @@ class Storage:
         if not isinstance(root, (str, os.PathLike)) or not str(root):
             raise ValueError(f"checkpoint root must be a path or an fsspec URL, got {root!r}")
         self.url = str(root)
+        self.options = dict(storage_options or {})   # what a task's checkpoint service opens the root with
         try:
             self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         except ImportError as e:   # e.g. s3:// without s3fs: fsspec names the package to install
@@ -169,7 +193,7 @@ class Storage:
             os.makedirs(path, exist_ok=True)
             fsync(self.path, best_effort=True)
             return path
-        return tempfile.mkdtemp(prefix=f"evstore-stage-{dirname}-")
+        return private_tempdir("stage", f"{dirname}-")
 
     def upload(self, staging, dirname, names):
         """Copies staged files to the root (no-op for local roots)."""

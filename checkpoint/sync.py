@@ -27,8 +27,17 @@ the same step), in order:
      go into the next save).
 A worker that dies fails the collectives of the others (the save raises, its
 directory stays without a manifest and the next save removes it); a kill
-after the manifest leaves a committed checkpoint. The root must be a path
-every worker sees (a local disk for local workers, a shared filesystem).
+after the manifest leaves a committed checkpoint.
+
+The root: a local path every worker sees (local workers, a shared
+filesystem): the parts go into the checkpoint directory and are merged there.
+Any other root (an object store, the only storage the workers share): each
+worker writes its part into a private temp directory, the all-gather of step 3
+also tells every worker how many data files each part has, and each worker
+uploads its data files under their names in the merged bundle
+(checkpoint/remote_parts.py), its part index and its report; after an
+all-gather of the uploads the chief merges the part indexes, checks every
+object in the root and writes the manifest.
 
 Restores need no coordination: each worker reads the chain and keeps the keys
 its shard owns (checkpoint/shards.py), so a chain saved by W workers restores
@@ -37,6 +46,7 @@ into any number of workers, into a ShardedEmbeddingVariable or into one EV.
 import json
 import logging
 import os
+import shutil
 import time
 
 import tensorflow as tf
@@ -45,11 +55,14 @@ from checkpoint import _failpoints
 from checkpoint.bundle import GLOBAL_STEP, merge_parts, write_bundle
 from checkpoint.chain import scan
 from checkpoint.collect import collect
-from checkpoint.commit import _check_written, abort_snapshots
+from checkpoint.commit import _check_listed, abort_snapshots
+from checkpoint.index import data_file, parse_index
 from checkpoint.errors import CheckpointError
 from checkpoint.lease import LeaseHeldError, LeaseLostError
 from checkpoint.manager import CheckpointManager
 from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
+from checkpoint.remote_parts import check_uploaded, crc32c_bytes, merge_indexes
+from checkpoint.storage import private_tempdir, sweep_dead
 from evstore import quality as _quality
 from evstore.collective import all_gather_ints
 
@@ -76,7 +89,7 @@ class SyncCheckpointManager(CheckpointManager):
     worker passes one, or none does.
 
     Raises:
-      ValueError: a root that is not a local path; rank / num_workers that
+      ValueError: rank / num_workers that
         disagree with the model's tables; (saves) a quality record instead of
         `Scored` (one worker's record would cover only its slice).
       RuntimeError (start): scheduled saves, which cannot be collective.
@@ -87,8 +100,7 @@ class SyncCheckpointManager(CheckpointManager):
         super().__init__(root, model, global_step, keep_chains, storage_options, chunk_rows, lease=lease,
                          lease_timeout=lease_timeout, take_over=take_over)
         if not self.storage.local:
-            raise ValueError(f"every worker writes its part of a synchronous checkpoint: {self.storage.url} must "
-                             "be a path every worker sees (a local disk or a shared filesystem)")
+            sweep_dead("sync-part")   # parts of workers killed mid-save on this host
         tables = list(collect(model).sharded.values())
         known = {(t.rank, t.num_workers) for t in tables if hasattr(t, "rank")}
         if len(known) > 1:
@@ -145,7 +157,9 @@ class SyncCheckpointManager(CheckpointManager):
 
     def _commit(self, kind, seq, col, metadata, quality=None):
         dirname = dir_name(kind, seq)
-        directory = self.storage.join(dirname)
+        # A local root: every part straight into the checkpoint directory. Any
+        # other: into a private directory of this worker's host, uploaded.
+        directory = self.storage.join(dirname) if self.storage.local else private_tempdir("sync-part")
         evs = col.evs
         sids, wrote, committed = {}, False, False
         try:
@@ -168,7 +182,8 @@ class SyncCheckpointManager(CheckpointManager):
                         if GLOBAL_STEP in dense:
                             raise ValueError(f"a dense tensor may not be named {GLOBAL_STEP!r}")
                         dense[GLOBAL_STEP] = tf.constant(int(step), tf.int64)
-                    self.storage.makedirs(directory)
+                    if self.storage.local:
+                        self.storage.makedirs(directory)
                     _failpoints.hit("before-bundle")
                     files, counts = write_bundle(directory, evs, sids, dense, full=(kind == "full"),
                                                  chunk_rows=self.chunk_rows, prefix=_part(self.rank))
@@ -181,14 +196,18 @@ class SyncCheckpointManager(CheckpointManager):
                 _write_json(os.path.join(directory, f"part{self.rank}.json"), report)
                 wrote = True
             finally:
-                everyone = self._gather([int(wrote)])   # also when this worker failed: the others must not hang
-            if not everyone.all():
+                # also when this worker failed: the others must not hang
+                everyone = self._gather([int(wrote), len(_data_files(files)) if wrote else 0])
+            if not everyone[:, 0].all():
                 raise CheckpointError(f"checkpoint {dirname}: workers {[i for i, ok in enumerate(everyone[:, 0]) if not ok]} "
                                       "failed to write their parts; nothing is committed")
+            if not self.storage.local:
+                self._upload_part(dirname, directory, files, [int(n) for n in everyone[:, 1]])
             manifest = None
             try:
                 if self.rank == 0:
-                    manifest = self._join(kind, seq, dirname, directory)
+                    manifest = (self._join(kind, seq, dirname, directory) if self.storage.local
+                                else self._join_remote(kind, seq, dirname, directory))
                 committed = True
             finally:
                 decided = self._gather([int(committed)])
@@ -202,9 +221,63 @@ class SyncCheckpointManager(CheckpointManager):
                 self.storage.remove_manifest(dirname)
                 self.storage.remove_dir(dirname)
             raise
+        finally:
+            if not self.storage.local:
+                shutil.rmtree(directory, ignore_errors=True)
         for name, sid in sids.items():
             evs[name].commit_export(sid)
         return manifest
+
+    def _upload_part(self, dirname, directory, files, data_counts):
+        """Object-store root: this worker uploads its data files under the names
+        the merged bundle gives them (remote_parts.merge_indexes: worker r's
+        file s is `ckpt.data-<files of workers before r + s>-of-<all files>`),
+        and its part index and report for the chief to merge; then an
+        all-gather of every worker's outcome."""
+        ok = False
+        try:
+            offset, total = sum(data_counts[:self.rank]), sum(data_counts)
+            mine = _data_files(files)
+            names = {f: data_file(BUNDLE_PREFIX, offset + s, total) for s, f in enumerate(mine)}
+            names[_part(self.rank) + ".index"] = _part(self.rank) + ".index"
+            names[f"part{self.rank}.json"] = f"part{self.rank}.json"
+            self.storage.makedirs(self.storage.join(dirname))
+            _failpoints.hit("before-upload")
+            self.storage.fs.put([os.path.join(directory, f) for f in names],
+                                [self.storage.join(dirname, n) for n in names.values()])
+            ok = True
+        finally:
+            everyone = self._gather([int(ok)])
+        if not everyone.all():
+            raise CheckpointError(f"checkpoint {dirname}: workers {[i for i, v in enumerate(everyone[:, 0]) if not v]} "
+                                  "failed to upload their parts; nothing is committed")
+
+    def _join_remote(self, kind, seq, dirname, directory):
+        """Chief, object-store root: merges the part indexes into the commit's
+        `ckpt.index` (the data files are already in place under their merged
+        names), checks every object's size, and writes the manifest."""
+        reports, indexes = [], []
+        for r in range(self.num_workers):
+            index, report = (self.storage.fs.cat_file(self.storage.join(dirname, n))
+                             for n in (_part(r) + ".index", f"part{r}.json"))
+            reports.append(json.loads(report))
+            indexes.append(index)
+        index, renames = merge_indexes(indexes, [_part(r) for r in range(self.num_workers)],
+                                       self.storage.display(dirname))
+        files, counts = {}, {}
+        for rep, names in zip(reports, renames):
+            counts.update(rep["counts"])
+            files.update({merged: rep["files"][local] for local, merged in names.items()})
+        with open(os.path.join(directory, BUNDLE_PREFIX + ".index"), "wb") as f:
+            f.write(index)
+        self.storage.fs.put_file(os.path.join(directory, BUNDLE_PREFIX + ".index"),
+                                 self.storage.join(dirname, BUNDLE_PREFIX + ".index"))
+        files[BUNDLE_PREFIX + ".index"] = {"size": len(index), "crc32c": crc32c_bytes(index)}
+        for r in range(self.num_workers):
+            for n in (_part(r) + ".index", f"part{r}.json"):
+                self.storage.fs.rm_file(self.storage.join(dirname, n))
+        check_uploaded(self.storage, dirname, files)
+        return self._manifest(kind, seq, dirname, directory, files, counts, reports)
 
     def _join(self, kind, seq, dirname, directory):
         """Chief: the parts into one bundle, checked, and the manifest (the commit point)."""
@@ -216,16 +289,24 @@ class SyncCheckpointManager(CheckpointManager):
                                     [(rep["files"], rep["counts"]) for rep in reports])
         for r in range(self.num_workers):
             os.remove(os.path.join(directory, f"part{r}.json"))
+        for name, f in files.items():
+            size = os.path.getsize(os.path.join(directory, name))
+            if size != f["size"]:
+                raise CheckpointError(f"{os.path.join(directory, name)}: wrote {f['size']} bytes, found {size}")
+        return self._manifest(kind, seq, dirname, directory, files, counts, reports)
+
+    def _manifest(self, kind, seq, dirname, directory, files, counts, reports):
+        """Chief: checks the merged index (in `directory`) and writes the manifest (the commit point)."""
         evs = {}
         for rep in reports:
             for n, info in rep["evs"].items():
                 evs[n] = {"dim": info["dim"], "key_dtype": info["key_dtype"], **counts[n],
                           **({"shard": info["shard"]} if "shard" in info else {})}
         names = list(collect(self.model).dense) + [GLOBAL_STEP]
-        _check_written(directory, files, list(evs), names)
-        reader = tf.train.load_checkpoint(os.path.join(directory, BUNDLE_PREFIX))
-        dtypes, shapes = reader.get_variable_to_dtype_map(), reader.get_variable_to_shape_map()
-        dense = {n: {"dtype": tf.as_dtype(dtypes[n]).name, "shape": list(shapes[n])} for n in names}
+        _check_listed(directory, list(evs), names)
+        with open(os.path.join(directory, BUNDLE_PREFIX + ".index"), "rb") as f:
+            _, listed = parse_index(f.read(), self.storage.display(dirname, BUNDLE_PREFIX + ".index"))
+        dense = {n: {"dtype": tf.as_dtype(listed[n].dtype).name, "shape": list(listed[n].shape)} for n in names}
         chief = reports[0]
         parts = [rep["scored"] for rep in reports]
         if any(p is None for p in parts) and not all(p is None for p in parts):
@@ -236,7 +317,8 @@ class SyncCheckpointManager(CheckpointManager):
         manifest = Manifest(
             seq=seq, kind=kind, parent=None if kind == "full" else self._last.seq,
             base=seq if kind == "full" else self._last.base, global_step=chief["step"], wall_time=time.time(),
-            files=files, evs=evs, dense=dense, metadata=dict(chief["meta"]), quality=quality)
+            files=files, evs=evs, dense=dense, metadata=dict(chief["meta"]), quality=quality,
+            deleted_complete=True)   # each shard is a native table: re-inserted keys stay in its deleted set
         manifest.to_json()
         _failpoints.hit("before-manifest")
         self.storage.write_manifest(dirname, manifest)
@@ -246,6 +328,11 @@ class SyncCheckpointManager(CheckpointManager):
 
 def _part(rank):
     return f"ckpt_part{rank}"
+
+
+def _data_files(files):
+    """The data files of a part's `files`, in shard order."""
+    return sorted(f for f in files if ".data-" in f)
 
 
 def _write_json(path, obj):

@@ -68,7 +68,7 @@ def check(version=None):
     major = version.split(".", 1)[0]
     if major != str(KERAS_MAJOR):
         raise KerasLayoutError(f"evstore needs Keras {KERAS_MAJOR}, found Keras {version}: install the Keras "
-                               f"that tensorflow's pinned release brings (pip install -e . in the evstore checkout)")
+                               "that evstore's pinned TensorFlow brings (make install in the evstore checkout)")
     missing = []
     for name in PATCHES + CALLED:
         try:

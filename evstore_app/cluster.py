@@ -121,6 +121,8 @@ def start_server(job, task, cluster=None):
     import tensorflow as tf
 
     import evstore  # noqa: F401  (loads the op library: the server must know evstore's kernels)
+    from checkpoint import task_service
+    task_service.install()   # uploads / downloads this task's checkpoint parts when the chief asks
 
     return tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=task, protocol="grpc",
                                 start=True)
@@ -172,6 +174,8 @@ class LocalCluster:
       env: extra environment variables for the task processes.
       python: the interpreter that runs the tasks.
       timeout: seconds to wait for the servers to come up.
+      task_env: {(job, task): {variable: value}}: extra environment of one
+        task (e.g. its own TMPDIR), over `env`.
 
     Raises:
       ValueError: `num_ps` or `num_workers` below 1.
@@ -179,7 +183,8 @@ class LocalCluster:
         message holds the tail of its log).
     """
 
-    def __init__(self, num_ps=2, num_workers=2, directory=None, env=None, python=sys.executable, timeout=120.0):
+    def __init__(self, num_ps=2, num_workers=2, directory=None, env=None, python=sys.executable, timeout=120.0,
+                 task_env=None):
         for name, n in (("num_ps", num_ps), ("num_workers", num_workers)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {n!r}")
@@ -195,6 +200,7 @@ class LocalCluster:
         with open(self.cluster_file, "w") as f:
             json.dump(self.spec, f, indent=1)
         self._python = python
+        self._task_env = dict(task_env or {})
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self._env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, **(env or {})}
         self._env["PYTHONPATH"] = os.pathsep.join(p for p in (root, self._env.get("PYTHONPATH")) if p)
@@ -237,7 +243,8 @@ class LocalCluster:
             self._procs[(job, task)] = subprocess.Popen(
                 [self._python, "-m", "evstore_app", "server", "--job", job, "--task", str(task),
                  "--cluster", self.cluster_file, "--exit-with-parent"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._env,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**self._env, **self._task_env.get((job, task), {})},
                 start_new_session=True)
 
     def _wait_ready(self, tasks, timeout):

@@ -133,14 +133,16 @@ def _erase(handle, key_dtype, keys):
     _forget_changes(handle, key_dtype)
 
 
-def _insert(handle, key_dtype, dim, keys, values, freqs):
+def _insert(handle, key_dtype, dim, keys, values, freqs, forget=True):
     n = len(keys)
     freqs = np.ones([n], np.int64) if freqs is None else np.asarray(freqs, np.int64)
-    _completed(lambda: ops.ev_import(handle, tf.constant(keys, key_dtype), tf.constant(values, tf.float32),
-                                     tf.zeros([n, 0, dim], tf.float32), tf.constant([], tf.string),
-                                     tf.fill([n], tf.constant(-1, tf.int64)), tf.constant(freqs, tf.int64),
-                                     tf.constant([], key_dtype), tf.constant([], tf.int64), clear=False))
-    _forget_changes(handle, key_dtype)
+    # numpy arguments, converted without running an op each
+    _completed(lambda: ops.ev_import(handle, tf.constant(keys, key_dtype), np.asarray(values, np.float32),
+                                     np.zeros([n, 0, dim], np.float32), tf.constant([], tf.string),
+                                     np.full([n], -1, np.int64), freqs,
+                                     tf.constant([], key_dtype), np.zeros([0], np.int64), clear=False))
+    if forget:
+        _forget_changes(handle, key_dtype)
 
 
 class EvTable(ReplaceableTable):
@@ -186,10 +188,17 @@ class EvTable(ReplaceableTable):
     def erase(self, keys):
         _erase(self._h, self.key_dtype, keys)
 
-    def insert(self, keys, values, freqs=None):
+    def insert(self, keys, values, freqs=None, forget=True):
         """Upserts rows (`freqs`: the keys' training frequencies, which the tier's
-        cache policy weighs; None: 1)."""
-        _insert(self._h, self.key_dtype, self.dim, keys, values, freqs)
+        cache policy weighs; None: 1). `forget=False` keeps the table's dirty
+        set (one op instead of three), for a table that is dropped whole soon
+        (a sharded front's row cache)."""
+        _insert(self._h, self.key_dtype, self.dim, keys, values, freqs, forget)
+
+    def held(self, keys):
+        """Whether each of `keys` (1-D) owns a row here (bool ndarray)."""
+        _, _, admitted = ops.ev_key_info(self._h, tf.constant(keys, self.key_dtype))
+        return admitted.numpy()
 
     def warm(self, keys):
         """Reads the rows of `keys` (a tiered table faults them into its DRAM

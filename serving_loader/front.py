@@ -10,9 +10,12 @@ shards (serving_loader/shard_model.py) per request:
     ids each EV lookup of the request will read; the front deduplicates them,
     routes them and asks each shard holding any of them once
     (serving_loader/shard_client.py) for its rows at `version`;
+  * keys whose rows an earlier request of `version` brought are not asked
+    again (a request whose rows are all here makes no call);
   * the rows go into the EV's table here (a per-version cache: every row in
-    it is `version`'s), then the signature runs as on a single replica, so
-    the answer equals a single replica's at `version` bit for bit;
+    it is `version`'s, a key the shard has no row for with the EV's default),
+    then the signature runs as on a single replica, so the answer equals a
+    single replica's at `version` bit for bit;
   * a shard that does not answer fails the request with UNAVAILABLE (REST
     503) naming the shard; requests whose keys live elsewhere are served.
 
@@ -30,6 +33,8 @@ version (a restarted one) stage and publish the fleet's: a killed shard
 rejoins at the fleet's version.
 """
 import threading
+
+import numpy as np
 
 from serving_loader.flat_call import FlatCall
 from serving_loader.model import ServingModel
@@ -125,7 +130,15 @@ class FrontModel(ServingModel):
         keys = flat(inputs) if flat is not None else None
         if keys is None:
             keys = fn(*[inputs[n] for n in self._positional(signature, inputs)])
-        want = {n: keys[n].numpy() for n in self.remote}
+        want = {}
+        for n, table in self.remote.items():
+            k = np.unique(keys[n].numpy())
+            if len(k):
+                k = k[~table.held(k)]   # rows this request's version already brought here
+            if len(k):
+                want[n] = k
+        if not want:
+            return
         try:
             got = self.fleet.lookup(self.version, want)
         except ShardUnavailable as e:
@@ -133,7 +146,7 @@ class FrontModel(ServingModel):
         with self._cache_lock:
             for n, (k, rows) in got.items():
                 if len(k):
-                    self.remote[n].insert(k, rows)
+                    self.remote[n].insert(k, rows, forget=False)   # the cache is dropped whole at a publish
 
     def _positional(self, signature, inputs):
         """The input names of `signature`, in its lookup_keys function's parameter order."""

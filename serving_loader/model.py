@@ -184,8 +184,9 @@ class ServingModel:
                                  "export_serving_model(..., tables=\"evstore\")")
         self.storage_tier = storage
         # The quality gate (serving_loader/gate.py): parsed first, so a malformed one is refused at once.
-        self.policy = ServingPolicy(GateState(gate if isinstance(gate, Gate) else Gate.parse(gate))
-                                    if gate is not None else None)
+        if gate is not None and not isinstance(gate, GateState):
+            gate = GateState(gate if isinstance(gate, Gate) else Gate.parse(gate))
+        self.policy = ServingPolicy(gate)
         self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
         self.source = CommitSource(self.storage) if self.storage is not None else None
         if self.source is not None and not allow_empty:   # before the (slow) SavedModel load

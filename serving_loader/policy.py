@@ -13,6 +13,10 @@ Three rules, each with its state here:
 __all__ = ["ServingPolicy"]
 
 
+def _judged_alone(gate, quality):
+    return quality if quality is not None and gate.judged(quality) else None
+
+
 class ServingPolicy:
     """`gate`: a GateState or None."""
 
@@ -46,23 +50,28 @@ class ServingPolicy:
         return None if self.gate else 1
 
     def admit(self, version, pending):
-        """Of the commits `pending` after the served `version`, those to apply
-        now (all of them without a gate; [] holds the served version)."""
+        """Of the commits `pending` after the served `version`: (those to apply
+        now, the quality record that passed or None). All of them without a
+        gate; [] holds the served version (or waits: the gate's status says why)."""
         if self.gate is None:
-            return pending
-        run, failed = self.gate.gate.admit(pending, self.gate.reference)
-        self.gate.note(version, pending, failed)   # held until the commit that passed is published
-        return run
+            return pending, None
+        return self.gate.select(version, pending)   # held until the run that passed is published
 
     def caught_up(self):
         """Nothing newer in the served chain: nothing is held back."""
         if self.gate is not None:
             self.gate.clear()
 
-    def serving(self, seq):
-        """Commit `seq` was published after a stretch the gate admitted."""
+    def serving(self, seq, judged):
+        """Commit `seq` was published after a stretch the gate admitted with
+        record `judged` (the reference from now on, when not None)."""
         if self.gate is not None:
-            self.gate.clear(serving=seq)
+            self.gate.passed(judged, serving=seq)
+
+    def reloaded(self, seq, judged):
+        """A reload up to commit `seq` was published (`judged`: reload_end's record)."""
+        if self.gate is not None:
+            self.gate.passed(judged, serving=seq, clear=False)
 
     def published(self, quality):
         """A commit with quality record `quality` became the served one."""
@@ -70,30 +79,28 @@ class ServingPolicy:
             self.gate.served(quality)
 
     def reload_end(self, version, chain, intact):
-        """How much of the newest `chain` a reload serves: up to the last commit
-        the gate admits (all of it without a gate). The full always loads when
-        the served chain cannot go on (nothing served yet, or `intact()` False:
-        the served commit withdrawn, a commit after it refused or missing): a full
-        is never held back from repairing a broken chain. 0: hold the served
-        version."""
+        """How much of the newest `chain` a reload serves, and the record that
+        passed last: up to the last commit the gate admits (all of it, None,
+        without a gate). The full always loads when the served chain cannot go
+        on (nothing served yet, or `intact()` False: the served commit
+        withdrawn, a commit after it refused or missing): a full is never held
+        back from repairing a broken chain. 0: hold the served version."""
         if self.gate is None:
-            return len(chain)
-        gate = self.gate.gate
+            return len(chain), None
         start, ref, holding = 0, self.gate.reference, self.gate.held is not None
         if version is None or not intact():
-            start, ref, holding = 1, gate.reference_after(None, chain[0].quality), False
-        end = start
+            start, ref, holding = 1, _judged_alone(self.gate.gate, chain[0].quality), False
+        end, judged = start, None
         while end < len(chain):
-            run, failed = gate.admit(chain[end:], ref, holding=holding and end == 0)
-            self.gate.note(chain[end - 1].seq if end else version, chain[end:], failed,
-                           extend=holding and end == 0)
+            run, passed = self.gate.select(chain[end - 1].seq if end else version, chain[end:], reference=ref,
+                                           holding=holding and end == 0, extend=holding and end == 0)
             if not run:
                 break
-            self.gate.clear(serving=run[-1].seq)
+            self.gate.clear(serving=run[-1].seq)   # what holds after `end` is the next select's
             end += len(run)
-            for m in run:
-                ref = gate.reference_after(ref, m.quality)
-        return end
+            judged = passed
+            ref = passed or ref
+        return end, judged
 
     # ---- the operator
     def rolled_back(self, then):

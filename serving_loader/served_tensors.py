@@ -10,8 +10,8 @@ table, whose tier's cache policy weighs them), not the dense optimizer state,
 and not the counted-not-admitted keys (they read the default value, as absent
 keys do): a full replaces the served rows whole, and a delta whose manifest
 says `deleted_complete` lists every key that lost its row among its deleted
-keys. Only a delta without it (an older writer's, or the synchronous job's)
-has its filtered keys read and erased, since a key evicted and counted again
+keys. Only a delta without it (an older writer's, also a synchronous job's of
+before) has its filtered keys read and erased, since a key evicted and counted again
 within it is only there.
 """
 import dataclasses

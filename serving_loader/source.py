@@ -58,12 +58,27 @@ class CommitSource:
                    if m.parent_checksum is None or m.parent_checksum == checksum]
             if not nxt:
                 break
-            m = min(nxt, key=lambda x: x.seq)
+            m = max(nxt, key=lambda x: x.seq)   # a later branch from the same commit (train --from-seq) wins
             if (m.seq, m.checksum) in refused:
                 break
             out.append(m)
             seq, checksum = m.seq, m.checksum
         return out
+
+    @staticmethod
+    def reachable(children, served, refused):
+        """Sequence numbers of every commit that follows from `served` (a
+        ServedVersion), on any branch, short of one in `refused` (a refused
+        commit waits for a new full)."""
+        reachable, todo = set(), [(served.seq, served.checksum)]
+        while todo:
+            seq, checksum = todo.pop()
+            for m in children.get((served.base, seq), ()):
+                if ((m.parent_checksum is None or m.parent_checksum == checksum) and m.seq not in reachable
+                        and (m.seq, m.checksum) not in refused):
+                    reachable.add(m.seq)
+                    todo.append((m.seq, m.checksum))
+        return reachable
 
     @staticmethod
     def is_committed(sc, served):

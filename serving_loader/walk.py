@@ -94,9 +94,9 @@ class CommitWalk:
             if not pending:
                 self.policy.caught_up()
                 return
-            run = self.policy.admit(served.seq, pending)
+            run, judged = self.policy.admit(served.seq, pending)
             if not run:
-                return   # held: the gate's status says why
+                return   # held or waiting: the gate's status says why
             t0 = time.time()
             staged = []
             for m in run:
@@ -119,7 +119,7 @@ class CommitWalk:
                 self.metrics.record(m, t0)
             for s in staged:
                 _log_applied(s, self.metrics.last_apply_s, self.metrics.last_lag_s)
-            self.policy.serving(run[-1].seq)
+            self.policy.serving(run[-1].seq, judged)
 
     def _maybe_reload(self, sc):
         try:
@@ -134,7 +134,8 @@ class CommitWalk:
             return  # the served checkpoint is in the newest chain: _follow_chain applies the rest
         if self.policy.is_refused(chain[-1]):
             return  # this chain was refused already: wait for a newer one
-        chain = chain[:self.policy.reload_end(served.seq, chain, lambda: self._served_chain_intact(sc))]
+        end, judged = self.policy.reload_end(served.seq, chain, lambda: self._served_chain_intact(sc))
+        chain = chain[:end]
         if not chain:
             return   # held on the served version: the gate's status says why
         if served.seq is not None:
@@ -148,6 +149,7 @@ class CommitWalk:
             self.source.still_committed(chain, e)
             self.refuse(chain[-1], f"cannot reload from {chain[0].dir}: {e}", retry=isinstance(e, OSError))
             return
+        self.policy.reloaded(chain[-1].seq, judged)
         for m in chain:   # every checkpoint this reload newly serves counts as applied
             if before is None or m.seq > before or m.seq == chain[-1].seq:
                 self.metrics.record(m, t0)
@@ -198,7 +200,7 @@ class CommitWalk:
         if not self.source.is_committed(sc, served):
             fulls = [q for q, m in sc.manifests.items() if m.kind == "full"]
             return bool(fulls) and served.base < min(fulls)
-        reachable = {m.seq for m in self.source.after(self.source.children(sc), served, self.policy.refused)}
+        reachable = self.source.reachable(self.source.children(sc), served, self.policy.refused)
         return all(q in reachable for q, m in sc.manifests.items() if m.base == served.base and q > served.seq)
 
     def refuse(self, m, msg, key=None, retry=False):

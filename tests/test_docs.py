@@ -2,20 +2,17 @@
 
 - every ```python block of a page runs: a page's blocks, joined in order, in a fresh interpreter
   (cwd the repository root, or a new temporary directory when the page says
-  `<!-- docs-test: cwd=tmp -->`). ```text blocks are shown, not run; so are ```bash and ```sh
-  blocks, except those marked `<!-- docs-test: run -->` on the line before the fence: those run
-  as a newcomer pastes them (README.md's train / serve / query block among them) in a shell with
-  the project's environment activated, on a host of their own (tests/hosts.py: the documented
-  ports 8500-8502 are free and /tmp is private, so the documented /tmp paths are new), after the
-  page's python blocks where they serve what those wrote (RUN_WITH_PYTHON), and what they print
-  is checked against RUN_EXPECTS;
+  `<!-- docs-test: cwd=tmp -->`), except on pages whose shell blocks serve what their python
+  blocks wrote (docs_pages.RUN_WITH_PYTHON: tests/test_docs_shell.py runs both). ```text, ```bash
+  and ```sh blocks are shown, not run, except shell blocks marked `<!-- docs-test: run -->`, which
+  tests/test_docs_shell.py runs as pasted;
+- a python block that opens with imports binds every name it uses, so it runs pasted on its own;
 - every relative link resolves to a file of the repository, and every #anchor to a heading of
   its page (GitHub's anchors, which mkdocs.yml's `toc` slugify also produces);
 - no link and no text a user reads points outside the repository (`../shared`);
 - the command-line reference is what `evstore_app.cli_reference` renders from the parser;
 - `mkdocs build --strict` succeeds (skipped only when MkDocs is not installed: `make test` installs it).
 """
-import glob
 import os
 import re
 import subprocess
@@ -24,21 +21,9 @@ import urllib.parse
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# bench/LOG.md, the dated benchmark log, is not on the site (mkdocs.yml) but is checked as a page.
-PAGES = sorted(["README.md", "BENCHMARKS.md", "bench/LOG.md"]
-               + [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)])
-FENCE = re.compile(r"^(```+|~~~+)([^\n]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
+from docs_pages import FENCE, PAGES, ROOT, RUN_WITH_PYTHON, python_blocks, read
+
 LINK = re.compile(r"(?<!\!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-
-
-def _read(page):
-    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
-        return f.read()
-
-
-def _python_blocks(text):
-    return [m.group(3) for m in FENCE.finditer(text) if m.group(2).strip() == "python"]
 
 
 def _prose(text):
@@ -58,7 +43,7 @@ def anchor(heading):
 
 def _anchors(page):
     seen, out = {}, set()
-    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", _read(page)), re.M):
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", read(page)), re.M):
         a = anchor(heading)
         n = seen.get(a, 0)
         seen[a] = n + 1
@@ -67,100 +52,50 @@ def _anchors(page):
 
 
 def _links(page):
-    return LINK.findall(_prose(_read(page)))
+    return LINK.findall(_prose(read(page)))
 
 
-def _run_blocks(text):
-    """The shell blocks marked to run (RUN_MARK on the line before the fence)."""
-    return [m.group(3) for m in FENCE.finditer(text)
-            if m.group(2).strip() in ("bash", "sh") and text[:m.start()].rstrip().endswith(RUN_MARK)]
-
-
-RUN_MARK = "<!-- docs-test: run -->"
-# What each page's marked shell blocks must print (regexes over stdout + stderr), and what the test
-# does after them before it stops their background servers (README: wait until the server serves
-# the newest commit of the resumed run, so the log shows it applied).
-RUN_EXPECTS = {
-    "README.md": [
-        r"serve it with: evstore serve --export /tmp/ml/export --checkpoints /tmp/ml/ckpt --model_name movielens",
-        r'\{"predictions":\[\[0\.\d+\]\]\}',
-        r"evstore train: resuming at row 20,000 of 30,000",
-        r"applied delta \d+ \(chain of full \d+\) in \d+\.\d+ s: [\d,]+ rows upserted, [\d,]+ deleted",
-    ],
-    "docs/guides/serving.md": [
-        r'\{"model_version_status":\[\{"version":"2","state":"AVAILABLE"',
-        r'\{"predictions":\[\[0\.\d+\],\[0\.\d+\]\]\}',
-        r'\{"outputs":\[\[0\.\d+\],\[0\.\d+\]\]\}',
-        r'\{"results":\[\[\["",0\.\d+\]\]\]\}',
-        r'"method_name":"tensorflow/serving/classify"',
-        r"evstore_serving_applied_sequence 2\.0\n",
-    ],
-}
-# Pages whose marked shell blocks serve what the page's python blocks wrote: the python blocks run
-# first, in the same shell (and not in test_python_blocks_of_the_page_run_as_written).
-RUN_WITH_PYTHON = {"docs/guides/serving.md"}
-RUN_AFTER = {
-    "README.md": r"""
-newest=$(ls /tmp/ml/ckpt | sed -n 's/^\(full\|delta\)-0*\([0-9][0-9]*\)$/\2/p' | sort -n | tail -1)
-for i in $(seq 240); do
-  curl -s localhost:8501/v1/models/movielens | grep -q "\"version\":\"$newest\",\"state\":\"AVAILABLE\"" && break
-  sleep 0.5
-done
-""",
-}
-# The shell a newcomer pastes into, on a host of its own (tests/hosts.py): the environment as a
-# user's shell has it, the page's python blocks, its marked shell blocks, RUN_AFTER, then the
-# background servers the blocks started are stopped.
-SHELL = """
-unset TF_CPP_MIN_LOG_LEVEL PYTHONPATH PYTHONDONTWRITEBYTECODE
-export PATH="$DOCS_VENV/bin:$PATH" VIRTUAL_ENV="$DOCS_VENV"
-cd "$DOCS_ROOT"
-if [ -n "$DOCS_PY" ]; then python -c "$DOCS_PY" || exit 98; fi
-eval "$DOCS_SH"
-eval "$DOCS_AFTER"
-servers=$(jobs -p)
-[ -n "$servers" ] && kill $servers
-wait
-exit 0
-"""
-
-
-@pytest.mark.parametrize("page", [p for p in PAGES if _run_blocks(_read(p))])
-def test_shell_blocks_marked_run_work_as_pasted(page, tmp_path):
-    import hosts
-
-    assert page in RUN_EXPECTS, f"{page} has blocks marked to run: say in RUN_EXPECTS what they print"
-    text = _read(page)
-    env = dict(DOCS_VENV=os.path.dirname(os.path.dirname(sys.executable)), DOCS_ROOT=ROOT,
-               DOCS_PY="\n".join(_python_blocks(text)) if page in RUN_WITH_PYTHON else "",
-               DOCS_SH="\n".join(_run_blocks(text)),
-               DOCS_AFTER=RUN_AFTER.get(page, ""))
-    with hosts.network_or_skip(tmp_path / "hosts") as net:
-        p = net.host("newcomer").popen(["bash", "-c", SHELL], env=env, stderr=subprocess.PIPE)
-        try:
-            stdout, stderr = p.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            stdout, stderr = p.communicate()
-            raise AssertionError(f"{page}: still running after 900 s\n{stdout[-3000:]}\n{stderr[-5000:]}")
-    out = stdout + stderr
-    assert p.returncode == 0, f"{page}: exit {p.returncode}\n{stdout[-3000:]}\n{stderr[-5000:]}"
-    assert "Traceback" not in out, f"{page}\n{stderr[-5000:]}"
-    missing = [x for x in RUN_EXPECTS[page] if not re.search(x, out)]
-    assert missing == [], f"{page}: not printed: {missing}\n{stdout[-3000:]}\n{stderr[-5000:]}"
-
-
-@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(_read(p)) and p not in RUN_WITH_PYTHON])
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(read(p)) and p not in RUN_WITH_PYTHON])
 def test_python_blocks_of_the_page_run_as_written(page, tmp_path):
-    text = _read(page)
+    text = read(page)
     script = tmp_path / "page_blocks.py"
-    script.write_text("\n".join(_python_blocks(text)))
+    script.write_text("\n".join(python_blocks(text)))
     cwd = tmp_path / "cwd" if "<!-- docs-test: cwd=tmp -->" in text else ROOT
     os.makedirs(cwd, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     r = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, f"{page}: its python blocks failed\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+
+
+def _opens_with_imports(code):
+    first = next((ln for ln in code.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+    return first.startswith(("import ", "from "))
+
+
+def _unbound_names(code):
+    """Names `code` reads that it neither assigns nor imports and that are not builtins (symtable:
+    module-level reads, and the globals its functions and comprehensions read)."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, "<block>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    read_, todo = set(), [top]
+    while todo:
+        t = todo.pop()
+        read_ |= {s.get_name() for s in t.get_symbols()
+                  if s.is_referenced() and (not (s.is_assigned() or s.is_imported()) if t is top else s.is_global())}
+        todo += t.get_children()
+    return sorted(n for n in read_ - bound if not hasattr(builtins, n))
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(read(p))])
+def test_a_python_block_that_opens_with_imports_runs_on_its_own(page):
+    """A block that opens with imports is one a reader pastes alone: every name it uses is bound in it
+    (the page's blocks also run joined, where an earlier block's imports would hide a missing one)."""
+    missing = {i: _unbound_names(b) for i, b in enumerate(python_blocks(read(page))) if _opens_with_imports(b)}
+    assert {i: m for i, m in missing.items() if m} == {}, f"{page}: python block(s) use names they never bind"
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -183,7 +118,7 @@ def test_every_relative_link_and_anchor_of_the_page_resolves(page):
 
 @pytest.mark.parametrize("page", PAGES)
 def test_the_page_points_nowhere_outside_the_repository(page):
-    text = _read(page)
+    text = read(page)
     assert "../shared" not in text, f"{page} names ../shared, which a clone does not have"
     machine = re.findall(r"(?<![\w.<>-])/(?:work|root|home)/[\w./-]+", text)
     assert machine == [], f"{page} names paths of one machine: {machine[:5]}"
@@ -200,25 +135,25 @@ def test_readme_links_into_the_docs_site():
 def test_benchmarks_md_holds_no_relative_links():
     """The site includes BENCHMARKS.md into docs/performance.md, where a relative link or image would
     resolve against docs/ instead of the root: BENCHMARKS.md names paths in code spans instead."""
-    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)", _prose(_read("BENCHMARKS.md")))
+    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)", _prose(read("BENCHMARKS.md")))
     relative = [t for t in _links("BENCHMARKS.md") + images if not re.match(r"^([a-z][a-z0-9+.-]*:|#)", t, re.I)]
     assert relative == []
 
 
 def test_checkpoint_tensor_names_are_tabled_once():
     """The per-EV tensor names have one table, docs/reference/checkpoint-format.md; other pages link to it."""
-    tables = [p for p in PAGES if re.search(r"^\| *`<name>-keys_filtered`", _read(p), re.M)]
+    tables = [p for p in PAGES if re.search(r"^\| *`<name>-keys_filtered`", read(p), re.M)]
     assert tables == ["docs/reference/checkpoint-format.md"]
 
 
 def test_cli_reference_page_is_rendered_from_the_parser():
     from evstore_app.cli_reference import render
-    assert _read("docs/reference/cli.md") == render(), \
+    assert read("docs/reference/cli.md") == render(), \
         "docs/reference/cli.md is stale: run `make cli-docs` (python -m evstore_app.cli_reference)"
 
 
 def test_every_docs_page_is_in_the_site_nav():
-    lines = [line for line in _read("mkdocs.yml").splitlines() if not line.lstrip().startswith("#")]
+    lines = [line for line in read("mkdocs.yml").splitlines() if not line.lstrip().startswith("#")]
     nav = set(re.findall(r":\s*([\w./-]+\.md)\s*$", "\n".join(lines), re.M))
     pages = {os.path.relpath(p, "docs") for p in PAGES if p.startswith("docs/")}
     assert sorted(pages - nav) == [] and sorted(nav - pages) == []

@@ -127,7 +127,8 @@ def measure(sm, feed, batches, window_s, hz, keys, zipf, every, rng):
     try:
         for b in batches:
             first = sm.version
-            lat, _ = open_loop(window_s, hz[b], lambda b=b: {"ids": make_keys((rng.zipf(zipf, size=(b, IDS)) - 1) % keys)},
+            lat, _ = open_loop(window_s, hz[b],
+                               lambda b=b: {"ids": make_keys((rng.zipf(zipf, size=(b, IDS)) - 1) % keys)},
                                lambda feed_: sm.run(sm.signature, feed_))
             out[b] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "n": len(lat),
                       "versions": (first, sm.version)}

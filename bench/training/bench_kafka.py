@@ -104,9 +104,10 @@ def freshness(work, broker, spec_path, seconds, rate):
     from evstore_app.job.kafka_produce import ensure_topic, produce_rows
     ensure_topic(broker.bootstrap, "fresh", 1)
     root, export = os.path.join(work, "fresh-root"), os.path.join(work, "fresh-export")
+    rows = make_events(int(seconds * rate), seed=5)
     trainer = evstore("train", "--kafka", broker.bootstrap, "--topic", "fresh", "--spec", spec_path,
                       "--checkpoints", root, "--export", export, "--delta-every", "5", "--no-progress",
-                      "--until", f"{seconds + 25}s", wait=False)
+                      "--max-events", str(len(rows)), wait=False)
     while not (os.path.exists(os.path.join(export, "saved_model.pb")) and os.path.isdir(root) and manifests(root)):
         if trainer.poll() is not None:
             raise RuntimeError("the Kafka trainer ended early")
@@ -131,7 +132,6 @@ def freshness(work, broker, spec_path, seconds, rate):
     poller.start()
     while not seen:
         time.sleep(0.1)
-    rows = make_events(int(seconds * rate), seed=5)
     produced = np.zeros(len(rows))
     t0 = time.time()
     for i in range(0, len(rows), max(1, rate // 20)):      # 20 sends a second, each at its due time
@@ -141,8 +141,8 @@ def freshness(work, broker, spec_path, seconds, rate):
             time.sleep(due - time.time())
         produced[i:i + len(chunk)] = time.time()
         produce_rows(broker.bootstrap, "fresh", chunk)
-    trainer.wait(timeout=seconds + 120)
-    time.sleep(1.0)
+    trainer.wait(timeout=seconds + 300)     # ends after the last event, with a final delta
+    time.sleep(2.0)                         # the replica's poll and apply of that delta
     stop.set()
     poller.join()
     server.terminate()

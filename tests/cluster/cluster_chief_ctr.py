@@ -58,6 +58,7 @@ def main():
         if a.dump_dir:
             save_npz(os.path.join(a.dump_dir, f"commit-{seq}.npz"), job.model.state())
         print(f"COMMITTED {seq} {position}", flush=True)
+        print(f"SENT {seq} {job.manager.last_save_stats.get('bytes_sent_here', -1)}", flush=True)
         if a.pause_after_commits is not None and len(job.commits) >= a.pause_after_commits:
             print("PAUSED", flush=True)
             while True:

@@ -1,0 +1,220 @@
+"""Checkpoints on an object store (S3: moto's server, a separate process on
+127.0.0.1) against a local root, same run: a 2-PS sharded table, and a
+synchronous 2-worker job.
+
+    .venv/bin/python -m bench.checkpoints.bench_object_store                  # 1M keys x 64, Adam slots
+    .venv/bin/python -m bench.checkpoints.bench_object_store --keys 100000    # a smoke run
+
+Parameter-server part (this process is the chief of a LocalCluster of 2 PS
+and 1 worker, every task with its own TMPDIR): one EmbeddingVariable of
+--keys keys x --dim in 2 shards (one per PS), with Adam slots m and v, filled
+by `load`. For each root (a local directory on this disk; s3://bucket/ps):
+  full save       CheckpointManager.save_full(): each PS streams its part on
+                  its host (and, on S3, uploads it), the chief merges and commits;
+  delta save      after --dirty of the keys were rewritten (load, untimed);
+  restore         CheckpointManager.restore() of the chain (full + delta) into
+                  the same table (cleared first), each PS staging its own files.
+  chief bytes     bytes the chief sent to the root per save
+                  (manager.last_save_stats["bytes_sent_here"]), against the
+                  commit's total bytes.
+  through chief   the alternative for S3: the same parts written on the PS
+                  hosts, then every byte pulled to the chief (tf.io.read_file
+                  placed on the PS) and uploaded from there (no manifest: a lower
+                  bound of that design's full save).
+Synchronous part: 2 worker processes (MultiWorkerMirroredStrategy), a
+CollectiveEmbeddingVariable of --sync-keys keys x --dim with Adam slots
+(each worker fills its own shard), SyncCheckpointManager full and delta
+commits (--dirty rewritten between) to each root, timed on worker 0.
+
+Prints one JSON line (the last line of stdout); progress goes to stderr.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from bench.harness.paths import ROOT
+from bench.harness.peers import module_cmd
+from bench.harness.workload import fill_chunks, make_keys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def s3_server():
+    """tests/checkpoint/s3_server.py (moto's server as a process, a fresh bucket), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(
+        "s3_server", os.path.join(ROOT, "tests", "checkpoint", "s3_server.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def log(msg):
+    print(f"[object-store] {msg}", file=sys.stderr, flush=True)
+
+
+def rows(rng, n, dim):
+    return {"values": rng.standard_normal((n, dim), dtype=np.float32) * 0.01,
+            "m": rng.standard_normal((n, dim), dtype=np.float32) * 0.001,
+            "v": np.abs(rng.standard_normal((n, dim), dtype=np.float32)) * 1e-4}
+
+
+def load_rows(ev, keys, rng, dim, tf):
+    r = rows(rng, len(keys), dim)
+    ev.load(tf.constant(keys), r["values"], versions=np.zeros(len(keys), np.int64),
+            freqs=np.ones(len(keys), np.int64), slots={"m": r["m"], "v": r["v"]})
+
+
+def through_chief(storage, ev, tf):
+    """Seconds to write the table's parts on the PS hosts and upload every byte from the chief."""
+    from checkpoint.bundle import write_bundle
+    from checkpoint.remote_parts import discard_parts, write_parts
+    from checkpoint.shards import device_groups
+    evs = {s.name: s for s in ev.shards}
+    t0 = time.perf_counter()
+    sids = {n: int(e.begin_export(return_keys=False)[0]) for n, e in evs.items()}
+    staging = tempfile.mkdtemp(prefix="bench-through-chief-")
+    parts = []
+    sent = 0
+    try:
+        def write(directory, names, prefix, device, with_dense):
+            return write_bundle(directory, {n: evs[n] for n in names}, sids, {}, full=True, prefix=prefix,
+                                device=device)
+        parts = write_parts(staging, device_groups(evs), write)
+        dirname = "through-chief"
+        storage.makedirs(storage.join(dirname))
+        for p in parts:
+            for name in p.files:
+                with tf.device(None if p.task is None else p.task + "/device:CPU:0"):
+                    data = tf.io.read_file(os.path.join(p.dir, name)).numpy()
+                storage.fs.pipe_file(storage.join(dirname, name), data)
+                sent += len(data)
+        dt = time.perf_counter() - t0
+    finally:
+        for n, e in evs.items():
+            e.abort_export(sids[n])
+        discard_parts(parts)
+        storage.remove_dir("through-chief")
+    return dt, sent
+
+
+def ps_part(args, bucket, work):
+    import tensorflow as tf
+
+    import checkpoint
+    import evstore
+    from evstore_app.cluster import LocalCluster
+
+    env = {}
+    for job, n in (("ps", 2), ("worker", 1)):
+        for t in range(n):
+            d = os.path.join(work, f"tmp-{job}-{t}")
+            os.makedirs(d, exist_ok=True)
+            env[(job, t)] = {"TMPDIR": d}
+    out = {}
+    with LocalCluster(num_ps=2, num_workers=1, directory=os.path.join(work, "cluster"), task_env=env) as lc:
+        strategy = tf.distribute.experimental.ParameterServerStrategy(lc.resolver())
+        with strategy.scope():
+            ev = evstore.EmbeddingVariable("big", dim=args.dim, shards=2)
+        step = tf.Variable(0, dtype=tf.int64)
+        rng = np.random.default_rng(0)
+        t0 = time.perf_counter()
+        for s, e, k in fill_chunks(args.keys, args.fill_chunk):
+            load_rows(ev, k, rng, args.dim, tf)
+        log(f"filled {args.keys} keys in {time.perf_counter() - t0:.1f}s: shards {[int(s.size()) for s in ev.shards]}")
+        roots = {"local": os.path.join(work, "ckpt-local"), "s3": f"s3://{bucket}/ps"}
+        mgrs = {k: checkpoint.CheckpointManager(r, [ev], global_step=step, keep_chains=None)
+                for k, r in roots.items()}
+        dirty = make_keys(rng.choice(args.keys, max(1, int(args.dirty * args.keys)), replace=False))
+        for kind in ("full", "delta"):
+            for name, mgr in mgrs.items():
+                if kind == "delta":
+                    load_rows(ev, dirty, rng, args.dim, tf)   # the same keys dirty for each root's delta
+                step.assign_add(1)
+                t0 = time.perf_counter()
+                seq = mgr.save_full() if kind == "full" else mgr.save_delta()
+                dt = time.perf_counter() - t0
+                m = mgr.last_committed
+                out[f"{name}_{kind}_save_s"] = round(dt, 2)
+                out[f"{name}_{kind}_bytes"] = m.total_bytes
+                out[f"{name}_{kind}_chief_sent_bytes"] = mgr.last_save_stats.get("bytes_sent_here")
+                log(f"{name} {kind} seq {seq}: {dt:.2f}s, {m.total_bytes / 2**20:.1f} MiB, chief sent "
+                    f"{mgr.last_save_stats.get('bytes_sent_here')} bytes")
+        for name, mgr in mgrs.items():
+            t0 = time.perf_counter()
+            mgr.restore()
+            dt = time.perf_counter() - t0
+            out[f"{name}_restore_s"] = round(dt, 2)
+            log(f"{name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys")
+        dt, sent = through_chief(mgrs["s3"].storage, ev, tf)
+        out["s3_full_through_chief_s"] = round(dt, 2)
+        out["s3_full_through_chief_sent_bytes"] = sent
+        log(f"s3 full, every part through the chief (no commit): {dt:.2f}s, {sent / 2**20:.1f} MiB via the chief")
+        for mgr in mgrs.values():
+            mgr.close()
+    return out
+
+
+
+
+def sync_part(args, bucket, work):
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(str(s.getsockname()[1]))
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    procs = []
+    for r in range(2):
+        tmp = os.path.join(work, f"tmp-sync-{r}")
+        os.makedirs(tmp, exist_ok=True)
+        with open(os.path.join(work, f"sync-{r}.log"), "w") as err:
+            procs.append(subprocess.Popen(
+                module_cmd("bench.checkpoints.object_store_sync_worker", r, ",".join(ports), args.sync_keys,
+                           args.dim, args.dirty, bucket, os.path.join(work, "sync-local")),
+                cwd=ROOT, env=dict(env, TMPDIR=tmp), stdout=subprocess.PIPE, stderr=err, text=True))
+    outs = [p.communicate(timeout=3600)[0] for p in procs]
+    res = [json.loads(ln[len("RESULT "):]) for o in outs for ln in o.splitlines() if ln.startswith("RESULT ")]
+    if len(res) != 2:
+        raise RuntimeError(f"a sync worker failed: see {work}/sync-*.log")
+    log(f"sync (worker 0): {res[0]}")
+    return {f"sync_{k}": v for k, v in res[0].items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--sync-keys", type=int, default=None, help="default: --keys")
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--dirty", type=float, default=0.1, help="fraction of the keys rewritten before each delta")
+    ap.add_argument("--fill-chunk", type=int, default=200_000)
+    ap.add_argument("--skip-sync", action="store_true")
+    args = ap.parse_args()
+    args.sync_keys = args.sync_keys or args.keys
+    import checkpoint
+    moto_bucket = s3_server().moto_bucket
+    results = os.path.join(ROOT, "bench", "results")
+    os.makedirs(results, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="object-store-", dir=results)
+    result = {"keys": args.keys, "sync_keys": args.sync_keys, "dim": args.dim, "slots": ["m", "v"],
+              "dirty": args.dirty, "load_avg": os.getloadavg()[0], "cpus": os.cpu_count()}
+    with moto_bucket(os.path.join(work, "moto.log"), before_stop=checkpoint.lease._release_all) as bucket:
+        result.update(ps_part(args, bucket, work))
+        if not args.skip_sync:
+            result.update(sync_part(args, bucket, work))
+    result["load_avg_end"] = os.getloadavg()[0]
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

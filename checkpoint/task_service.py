@@ -1,0 +1,184 @@
+"""Checkpoint work a task does on its own host, asked for by the chief.
+
+Why: on a cluster whose tasks share no filesystem, a parameter server's rows
+must go from its memory to the object store without passing through the
+chief. The native writer already runs on the PS (an op placed on its
+device); what it writes is a file on the PS's own disk. This module is the
+other half: Python code in the task's process (`evstore server`) that
+uploads those files to the root with fsspec, and, for a restore, downloads
+and verifies the files a shard loads.
+
+Channel: TensorFlow's own runtime. Every evstore task process registers
+`_handle` in its py_func registry under TOKEN (`install()`, done by
+`evstore_app.cluster.start_server` and by importing this module); the chief
+runs an `EagerPyFunc` op with that token placed on the task's device, which
+calls `_handle` in the task's process with one JSON request and returns one
+JSON answer. No extra port, no polling; a dead task fails the call like any
+op on it (UnavailableError). A task without the service (not started by
+`evstore server`) answers "callback not found", reported as such.
+
+Requests ({"op": ...}); every directory is one this process created:
+  mkdtemp                      -> {"dir"}: a private local directory (a part is written there)
+  put  dir, files{local: [remote, size]}, url, options, dirname
+                               -> uploads each file into checkpoint directory `dirname` of the root
+                                  (its size checked first), then removes `dir`; {"bytes"}
+  read dir, name               -> {"data": base64} of a small local file (a part's index)
+  get  url, options, dirname, files{name: {size, crc32c}}
+                               -> {"dir"}: the files downloaded and verified (size, crc32c)
+  rm   dir                     -> removes one of its directories (nothing if it is gone)
+Directories are `<tmp>/evstore-task-<pid>-*`: those of a task killed mid-save
+are removed when the next task process on the host starts (`install`).
+Errors come back as {"error", "corrupt"} and are raised by `call` as
+CheckpointError (CorruptCheckpointError for a file that does not match the
+manifest).
+"""
+import base64
+import json
+import os
+import posixpath
+import shutil
+import threading
+
+import tensorflow as tf
+
+from checkpoint import _failpoints
+from checkpoint.errors import CheckpointError, CorruptCheckpointError
+from checkpoint.storage import private_tempdir, sweep_dead
+
+__all__ = ["install", "call", "TOKEN"]
+
+TOKEN = "evstore.checkpoint.task_service.v1"
+_OWNED = set()           # directories this process created for the chief
+_OWNED_LOCK = threading.Lock()
+
+
+def install():
+    """Registers the service in this process's py_func registry (idempotent), and removes the part
+    directories that tasks killed mid-save left in this host's temp directory."""
+    from tensorflow.python.ops import script_ops   # the registry EagerPyFunc kernels look tokens up in
+    script_ops._py_funcs._funcs[TOKEN] = _handle   # a WeakValueDictionary: _handle is module-global
+    sweep_dead("task")
+
+
+def _storage(req):
+    from checkpoint.storage import Storage
+    return Storage(req["url"], req.get("options") or None)
+
+
+def _owned(path):
+    with _OWNED_LOCK:
+        if path not in _OWNED:
+            raise CheckpointError(f"{path} is not a directory this task's checkpoint service created")
+    return path
+
+
+def _mkdtemp():
+    d = private_tempdir("task")
+    with _OWNED_LOCK:
+        _OWNED.add(d)
+    return d
+
+
+def _op_put(req):
+    d, storage = _owned(req["dir"]), _storage(req)
+    local, remote = [], []
+    for name, (target, size) in req["files"].items():
+        path = os.path.join(d, os.path.basename(name))
+        have = os.path.getsize(path)
+        if have != size:
+            raise CheckpointError(f"{path}: {have} bytes on the task, its writer reported {size}")
+        local.append(path)
+        remote.append(posixpath.join(storage.join(req["dirname"]), target))
+    storage.makedirs(storage.join(req["dirname"]))
+    _failpoints.hit("task-before-upload")
+    if local:
+        storage.fs.put(local, remote)
+    sent = sum(os.path.getsize(p) for p in local)
+    _op_rm({"dir": d})   # uploaded (the chief read the part's index before): nothing stays here
+    return {"bytes": sent}
+
+
+def _op_get(req):
+    from evstore import ops
+    storage = _storage(req)
+    d = _mkdtemp()
+    try:
+        for name, want in req["files"].items():
+            target = os.path.join(d, os.path.basename(name))
+            where = storage.display(req["dirname"], name)
+            try:
+                storage.fs.get_file(storage.join(req["dirname"], name), target)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{where}: missing") from None
+            crc, size = (int(x) for x in ops.ev_file_crc32c(target))
+            if size != want["size"]:
+                raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest says {want['size']} (truncated)")
+            if crc != want["crc32c"]:
+                raise CorruptCheckpointError(f"{where}: crc32c does not match the manifest (corrupt)")
+    except BaseException:
+        _op_rm({"dir": d})
+        raise
+    return {"dir": d}
+
+
+def _op_rm(req):
+    with _OWNED_LOCK:
+        if req["dir"] not in _OWNED:   # removed already (after its upload), or never this task's: nothing to do
+            return {}
+    d = req["dir"]
+    shutil.rmtree(d, ignore_errors=True)
+    with _OWNED_LOCK:
+        _OWNED.discard(d)
+    return {}
+
+
+def _op_read(req):
+    with open(os.path.join(_owned(req["dir"]), os.path.basename(req["name"])), "rb") as f:
+        return {"data": base64.b64encode(f.read()).decode()}
+
+
+_OPS = {"mkdtemp": lambda req: {"dir": _mkdtemp()}, "put": _op_put, "get": _op_get, "rm": _op_rm,
+        "read": _op_read}
+
+
+def _handle(request):
+    """The py_func: one JSON request tensor in, one JSON answer tensor out; never raises."""
+    try:
+        req = json.loads(request.numpy().decode())
+        out = _OPS[req["op"]](req)
+    except CorruptCheckpointError as e:
+        out = {"error": str(e), "corrupt": True}
+    except Exception as e:  # noqa: BLE001 - every failure goes back to the chief as an answer
+        out = {"error": f"{type(e).__name__}: {e}"}
+    return tf.constant(json.dumps(out))
+
+
+def call(task, request):
+    """Runs `request` (a dict) on `task` ("/job:ps/replica:0/task:1"); returns the answer dict.
+
+    Raises:
+      CheckpointError: the task failed it, or runs no checkpoint service.
+      CorruptCheckpointError: a file read on the task does not match the manifest.
+      tf.errors.OpError: the task is unreachable.
+    """
+    try:
+        with tf.device(task + "/device:CPU:0"):
+            (out,) = tf.raw_ops.EagerPyFunc(input=[tf.constant(json.dumps(request))], token=TOKEN, Tout=[tf.string])
+        answer = json.loads(out.numpy().decode())
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as e:
+        if "Could not find callback" in str(e):
+            raise CheckpointError(f"task {task} runs no evstore checkpoint service: start every parameter-server "
+                                  "task with `evstore server` (or evstore_app.cluster.start_server)") from None
+        raise
+    if "error" in answer:
+        cls = CorruptCheckpointError if answer.get("corrupt") else CheckpointError
+        raise cls(f"task {task}: {request['op']}: {answer['error']}")
+    return answer
+
+
+def read_bytes(task, directory, name):
+    """The bytes of small file `name` in `directory` on `task`."""
+    return base64.b64decode(call(task, {"op": "read", "dir": directory, "name": name})["data"])
+
+
+install()
