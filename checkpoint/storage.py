@@ -8,8 +8,10 @@ stores). Reads of remote checkpoints download a directory to a local cache
 directory first, because the native reader reads local files.
 """
 import copy
+import glob
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 
@@ -18,7 +20,28 @@ from fsspec.implementations.local import LocalFileSystem
 
 from checkpoint.manifest import MANIFEST, Manifest, parse_dir_name
 
-__all__ = ["Storage"]
+__all__ = ["Storage", "private_tempdir", "sweep_dead"]
+
+
+def private_tempdir(kind, suffix=""):
+    """A new directory `<tmp>/evstore-<kind>-<pid>-<suffix>...` for this process's checkpoint bytes
+    in flight (staged parts and bundles); its owner removes it when the save ends."""
+    return tempfile.mkdtemp(prefix=f"evstore-{kind}-{os.getpid()}-{suffix}")
+
+
+def sweep_dead(kind):
+    """Removes the `private_tempdir(kind)` directories of processes that no longer run (killed
+    mid-save): no checkpoint byte stays outside the root. Those of live processes are kept."""
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), f"evstore-{kind}-*")):
+        m = re.match(rf"evstore-{re.escape(kind)}-(\d+)-", os.path.basename(d))
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
 
 
 class Storage:
@@ -169,7 +192,7 @@ class Storage:
             os.makedirs(path, exist_ok=True)
             _fsync_dir(self.path)
             return path
-        return tempfile.mkdtemp(prefix=f"evstore-stage-{dirname}-")
+        return private_tempdir("stage", f"{dirname}-")
 
     def upload(self, staging, dirname, names):
         """Copies staged files to the root (no-op for local roots)."""

@@ -222,7 +222,8 @@ def build_parser():
                                            "tables sharded over the workers (all-to-all), dense weights all-reduced")
     ts.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     ts.add_argument("--checkpoints", required=True,
-                    help="checkpoint root every worker sees; the job resumes from its newest chain")
+                    help="checkpoint root: a path every worker sees, or an object store (s3://...); the job "
+                         "resumes from its newest chain")
     _ctr_job_flags(ts, batch_help="global batch, split over the workers (default 256)")
     ts.add_argument("--max-restarts", type=int, default=3,
                     help="whole-job restarts from the last commit after a worker dies (default 3)")
