@@ -4,14 +4,16 @@
     manager.save_full(); manager.save_delta(metadata={"offset": 1234})
     manager.restore()              # newest chain, bit for bit
     manager.start(delta_every=60, full_every=3600); ...; manager.stop()
+    model.fit(ds, callbacks=[checkpoint.CheckpointCallback("/data/ckpt", delta_every=100)])
 """
 from checkpoint.chain import resolve_chain, scan, verify_files
+from checkpoint.fit import CheckpointCallback, QualityMetric
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError, NoCheckpointError
 from checkpoint.lease import LeaseHeldError, LeaseLostError
 from checkpoint.manager import CheckpointManager
 from checkpoint.manifest import Manifest
 from checkpoint.storage import Storage
 
-__all__ = ["CheckpointManager", "Manifest", "Storage", "scan", "resolve_chain", "verify_files",
+__all__ = ["CheckpointManager", "CheckpointCallback", "QualityMetric", "Manifest", "Storage", "scan", "resolve_chain", "verify_files",
            "CheckpointError", "CorruptCheckpointError", "ChainError", "NoCheckpointError", "LeaseHeldError",
            "LeaseLostError"]

@@ -8,17 +8,41 @@ stores). Reads of remote checkpoints download a directory to a local cache
 directory first, because the native reader reads local files.
 """
 import copy
+import glob
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from checkpoint.fileio import fsync
 from checkpoint.manifest import MANIFEST, Manifest, parse_dir_name
 
-__all__ = ["Storage"]
+__all__ = ["Storage", "private_tempdir", "sweep_dead"]
+
+
+def private_tempdir(kind, suffix=""):
+    """A new directory `<tmp>/evstore-<kind>-<pid>-<suffix>...` for this process's checkpoint bytes
+    in flight (staged parts and bundles); its owner removes it when the save ends."""
+    return tempfile.mkdtemp(prefix=f"evstore-{kind}-{os.getpid()}-{suffix}")
+
+
+def sweep_dead(kind):
+    """Removes the `private_tempdir(kind)` directories of processes that no longer run (killed
+    mid-save): no checkpoint byte stays outside the root. Those of live processes are kept."""
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), f"evstore-{kind}-*")):
+        m = re.match(rf"evstore-{re.escape(kind)}-(\d+)-", os.path.basename(d))
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
 
 
 class Storage:
@@ -103,7 +127,7 @@ class Storage:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            _fsync_dir(os.path.dirname(path))
+            fsync(os.path.dirname(path), best_effort=True)
         else:
             self.fs.pipe_file(path, data)
         # What was just written, whole, is what a read would return: the next
@@ -117,7 +141,7 @@ class Storage:
         except FileNotFoundError:
             pass
         if self.local:
-            _fsync_dir(self.join(dirname))
+            fsync(self.join(dirname), best_effort=True)
 
     def remove_dir(self, dirname):
         self._manifests.pop(dirname, None)
@@ -167,9 +191,9 @@ class Storage:
         if self.local:
             path = self.join(dirname)
             os.makedirs(path, exist_ok=True)
-            _fsync_dir(self.path)
+            fsync(self.path, best_effort=True)
             return path
-        return tempfile.mkdtemp(prefix=f"evstore-stage-{dirname}-")
+        return private_tempdir("stage", f"{dirname}-")
 
     def upload(self, staging, dirname, names):
         """Copies staged files to the root (no-op for local roots)."""
@@ -258,15 +282,3 @@ class Storage:
     def display(self, dirname, name=None):
         return self._display(self.join(dirname, name) if name else self.join(dirname))
 
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

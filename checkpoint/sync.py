@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 
 import tensorflow as tf
@@ -63,6 +62,7 @@ from checkpoint.lease import LeaseHeldError, LeaseLostError
 from checkpoint.manager import CheckpointManager
 from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
 from checkpoint.remote_parts import check_uploaded, crc32c_bytes, merge_indexes
+from checkpoint.storage import private_tempdir, sweep_dead
 from evstore import quality as _quality
 from evstore.collective import all_gather_ints
 
@@ -99,6 +99,8 @@ class SyncCheckpointManager(CheckpointManager):
                  rank=None, num_workers=None, lease=True, lease_timeout=60.0, take_over=False):
         super().__init__(root, model, global_step, keep_chains, storage_options, chunk_rows, lease=lease,
                          lease_timeout=lease_timeout, take_over=take_over)
+        if not self.storage.local:
+            sweep_dead("sync-part")   # parts of workers killed mid-save on this host
         tables = list(collect(model).sharded.values())
         known = {(t.rank, t.num_workers) for t in tables if hasattr(t, "rank")}
         if len(known) > 1:
@@ -157,7 +159,7 @@ class SyncCheckpointManager(CheckpointManager):
         dirname = dir_name(kind, seq)
         # A local root: every part straight into the checkpoint directory. Any
         # other: into a private directory of this worker's host, uploaded.
-        directory = self.storage.join(dirname) if self.storage.local else tempfile.mkdtemp(prefix="evstore-sync-part-")
+        directory = self.storage.join(dirname) if self.storage.local else private_tempdir("sync-part")
         evs = col.evs
         sids, wrote, committed = {}, False, False
         try:

@@ -19,13 +19,15 @@ op on it (UnavailableError). A task without the service (not started by
 
 Requests ({"op": ...}); every directory is one this process created:
   mkdtemp                      -> {"dir"}: a private local directory (a part is written there)
-  put  dir, files{local: remote}, url, options, dirname
+  put  dir, files{local: [remote, size]}, url, options, dirname
                                -> uploads each file into checkpoint directory `dirname` of the root
-                                  (sizes checked against `sizes` first); {"bytes"}
+                                  (its size checked first), then removes `dir`; {"bytes"}
   read dir, name               -> {"data": base64} of a small local file (a part's index)
   get  url, options, dirname, files{name: {size, crc32c}}
                                -> {"dir"}: the files downloaded and verified (size, crc32c)
-  rm   dir                     -> removes one of its directories
+  rm   dir                     -> removes one of its directories (nothing if it is gone)
+Directories are `<tmp>/evstore-task-<pid>-*`: those of a task killed mid-save
+are removed when the next task process on the host starts (`install`).
 Errors come back as {"error", "corrupt"} and are raised by `call` as
 CheckpointError (CorruptCheckpointError for a file that does not match the
 manifest).
@@ -35,13 +37,13 @@ import json
 import os
 import posixpath
 import shutil
-import tempfile
 import threading
 
 import tensorflow as tf
 
 from checkpoint import _failpoints
 from checkpoint.errors import CheckpointError, CorruptCheckpointError
+from checkpoint.storage import private_tempdir, sweep_dead
 
 __all__ = ["install", "call", "TOKEN"]
 
@@ -51,9 +53,11 @@ _OWNED_LOCK = threading.Lock()
 
 
 def install():
-    """Registers the service in this process's py_func registry (idempotent)."""
+    """Registers the service in this process's py_func registry (idempotent), and removes the part
+    directories that tasks killed mid-save left in this host's temp directory."""
     from tensorflow.python.ops import script_ops   # the registry EagerPyFunc kernels look tokens up in
     script_ops._py_funcs._funcs[TOKEN] = _handle   # a WeakValueDictionary: _handle is module-global
+    sweep_dead("task")
 
 
 def _storage(req):
@@ -69,7 +73,7 @@ def _owned(path):
 
 
 def _mkdtemp():
-    d = tempfile.mkdtemp(prefix="evstore-task-")
+    d = private_tempdir("task")
     with _OWNED_LOCK:
         _OWNED.add(d)
     return d
@@ -89,7 +93,9 @@ def _op_put(req):
     _failpoints.hit("task-before-upload")
     if local:
         storage.fs.put(local, remote)
-    return {"bytes": sum(os.path.getsize(p) for p in local)}
+    sent = sum(os.path.getsize(p) for p in local)
+    _op_rm({"dir": d})   # uploaded (the chief read the part's index before): nothing stays here
+    return {"bytes": sent}
 
 
 def _op_get(req):
@@ -116,7 +122,10 @@ def _op_get(req):
 
 
 def _op_rm(req):
-    d = _owned(req["dir"])
+    with _OWNED_LOCK:
+        if req["dir"] not in _OWNED:   # removed already (after its upload), or never this task's: nothing to do
+            return {}
+    d = req["dir"]
     shutil.rmtree(d, ignore_errors=True)
     with _OWNED_LOCK:
         _OWNED.discard(d)

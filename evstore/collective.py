@@ -50,6 +50,7 @@ import zlib
 
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.saved_model import save_context
 
 from evstore import distribute as _distribute
 from evstore._ops import gen
@@ -125,9 +126,11 @@ class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module, collective_imple
 
     Look it up with `evstore.collective.embedding_lookup_group` (or
     `evstore.embedding_lookup` / `evstore.embedding_lookup_group`, which
-    dispatch here); train it with an evstore optimizer, taking gradients with
-    respect to `cev.trainable_variables` (the local shard). Every worker must
-    create the same tables in the same order and run the same lookups.
+    dispatch here); train it with an evstore optimizer like any variable:
+    `tape.gradient(loss, [cev, w])` is the gradient of the local shard
+    (`cev.handle` is `cev.local.handle`), and `apply_gradients` takes `cev`
+    itself as `cev.local`. Every worker must create the same tables in the
+    same order and run the same lookups.
 
     Raises:
       TypeError: a strategy other than MultiWorkerMirroredStrategy.
@@ -151,6 +154,21 @@ class CollectiveEmbeddingVariable(EmbeddingVariable, tf.Module, collective_imple
         self._local._collective_parent = weakref.ref(self)
         if self._num_workers > 1:
             _counter()
+
+    # Lets tf.GradientTape take the table itself as a source, as it takes an
+    # UnshardedEmbeddingVariable: its handle is the local shard's proxy, where
+    # the all-to-all's backward pass delivers this worker's row gradients. Not
+    # while a SavedModel is written (it is a module there).
+    @property
+    def _should_act_as_resource_variable(self):
+        if save_context.in_save_context():
+            raise AttributeError("_should_act_as_resource_variable")
+        return True
+
+    @property
+    def handle(self):
+        """The local shard's proxy handle: where tapes deliver this worker's gradients."""
+        return self._local.handle
 
     @property
     def name(self):

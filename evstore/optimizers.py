@@ -96,6 +96,14 @@ def _check_betas(beta_1, beta_2):
         training.check_hyper(n, b, 0.0, True, 1.0)
 
 
+def _proxy_of(v):
+    """The variable an optimizer updates for `v`: an EV's proxy (a
+    CollectiveEmbeddingVariable's: its local shard's), else `v`."""
+    if isinstance(v, _collective.CollectiveEmbeddingVariable):
+        return v.local._proxy
+    return v._proxy if isinstance(v, EmbeddingVariable) else v
+
+
 def _owned_shard(variable):
     ev = ev_for_variable(variable)
     return ev is not None and _collective.owner_of(ev) is not None
@@ -131,8 +139,7 @@ class _EVMixin:
 
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is not None:
-            trainable_variables = [v._proxy if isinstance(v, EmbeddingVariable) else v
-                                   for v in trainable_variables]
+            trainable_variables = [_proxy_of(v) for v in trainable_variables]
             grads = generic.refuse_non_finite(list(grads), trainable_variables)
             evs = [ev_for_variable(v) for v in trainable_variables]
             owned = [i for i, ev in enumerate(evs) if ev is not None and _collective.owner_of(ev) is not None]

@@ -60,7 +60,8 @@ class TieredStorage:
 
     `EmbeddingVariable(..., storage=evstore.TieredStorage(dram_bytes=..., path=...))`
     keeps the EV's index and per-key metadata (key, frequency, dirty bit,
-    version, disk location, cache bookkeeping: 48-56 bytes per int64 key) in DRAM and its
+    version, disk location, cache bookkeeping; docs/guides/tiered-storage.md, "What stays in
+    DRAM: the cost per key") in DRAM and its
     rows (embedding + optimizer slots) in a cache of about `dram_bytes`;
     the other rows live in one record file on disk, read back when a lookup,
     apply or import touches them. Which rows stay in DRAM follows the keys'

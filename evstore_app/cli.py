@@ -70,12 +70,19 @@ def build_parser():
     train.add_argument("--export", default=None, metavar="DIR",
                        help="write the serving export to DIR before training (kept if DIR already holds this "
                             "model's export), for `evstore serve --export DIR --checkpoints ROOT`")
+    train.add_argument("--export-tables", choices=("stock", "evstore"), default="stock",
+                       help="the --export's tables: stock DenseHashTables (default) or evstore tables, which "
+                            "`evstore serve --tiered-dram-bytes` needs for tiered serving (docs/guides/tiered-storage.md)")
+    train.add_argument("--from-seq", type=int, default=None, metavar="N",
+                       help="restore the chain ending at commit N (not the newest) and continue that branch, "
+                            "resuming the input at N's recorded position: retrain from the last good commit")
     train.add_argument("--guard", default=None, metavar="EXPR",
                        help="stop committing when a commit's progressive quality fails EXPR, the syntax of "
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
-    train.add_argument("--guard-min-examples", type=int, default=1000, metavar="N",
-                       help="commits of fewer than N examples are not judged by the guard (default 1000)")
+    train.add_argument("--guard-min-examples", type=int, default=None, metavar="N",
+                       help="the guard judges the commits since the last judged one once they cover N examples "
+                            "(default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -141,9 +148,17 @@ def build_parser():
                           "served; the server holds the last good version until a later commit passes (e.g. "
                           "\"auc >= served - 0.01, logloss <= served * 1.05\", the default when EXPR is omitted; "
                           "docs/guides/quality-gate.md)")
-    srv.add_argument("--gate-min-examples", type=int, default=1000, metavar="N",
-                     help="commits whose quality covers fewer than N examples are not judged by the gate, nor "
-                          "become its reference (default 1000)")
+    srv.add_argument("--gate-min-examples", type=int, default=None, metavar="N",
+                     help="the gate judges runs of commits covering at least N examples: a smaller commit waits "
+                          "and is judged with the next ones (default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
+    srv.add_argument("--gate-max-hold-commits", type=int, default=None, metavar="N",
+                     help="bound on a gated hold: N commits after the served one left unserved (held back or "
+                          "waiting); past it the status, metrics and log say the hold is overdue (default: none)")
+    srv.add_argument("--gate-max-hold-seconds", type=float, default=None, metavar="SECONDS",
+                     help="bound on a gated hold in seconds since the server first left a commit unserved "
+                          "(default: none)")
+    srv.add_argument("--gate-past-max-hold", choices=("hold", "serve"), default="hold",
+                     help="past the bound: hold on (default) or serve the newest commit unjudged")
     srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
                      help="port of the admin listener (pin, resume, rollback, metrics; "
                           "serving_loader.admin_listener); default: 8502 with the default REST port 8501, else any "
@@ -207,7 +222,8 @@ def build_parser():
                                            "tables sharded over the workers (all-to-all), dense weights all-reduced")
     ts.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     ts.add_argument("--checkpoints", required=True,
-                    help="checkpoint root every worker sees; the job resumes from its newest chain")
+                    help="checkpoint root: a path every worker sees, or an object store (s3://...); the job "
+                         "resumes from its newest chain")
     _ctr_job_flags(ts, batch_help="global batch, split over the workers (default 256)")
     ts.add_argument("--max-restarts", type=int, default=3,
                     help="whole-job restarts from the last commit after a worker dies (default 3)")
@@ -516,7 +532,8 @@ def _job(args):
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
-                            serving_view=args.serving_view, guard_min_examples=args.guard_min_examples)
+                            serving_view=args.serving_view, guard_min_examples=args.guard_min_examples,
+                            from_seq=args.from_seq, export_tables=args.export_tables)
     except (SpecError, ValueError, OSError, KafkaUnavailableError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -24,6 +24,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 
 from checkpoint.bundle import load_ev
 from evstore import ops, schema
+from serving_loader.served_table import ReplaceableTable
 
 __all__ = ["ExportedTable", "EvTable", "STOCK", "EVSTORE", "TABLE_KINDS"]
 
@@ -144,7 +145,7 @@ def _insert(handle, key_dtype, dim, keys, values, freqs, forget=True):
         _forget_changes(handle, key_dtype)
 
 
-class EvTable:
+class EvTable(ReplaceableTable):
     """ServingModel's adapter for a loaded `ExportedTable`.
 
     Args:
@@ -193,6 +194,11 @@ class EvTable:
         set (one op instead of three), for a table that is dropped whole soon
         (a sharded front's row cache)."""
         _insert(self._h, self.key_dtype, self.dim, keys, values, freqs, forget)
+
+    def held(self, keys):
+        """Whether each of `keys` (1-D) owns a row here (bool ndarray)."""
+        _, _, admitted = ops.ev_key_info(self._h, tf.constant(keys, self.key_dtype))
+        return admitted.numpy()
 
     def warm(self, keys):
         """Reads the rows of `keys` (a tiered table faults them into its DRAM

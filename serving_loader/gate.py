@@ -1,208 +1,110 @@
 """The quality gate of a served model: which commits a server applies (docs/guides/quality-gate.md).
 
-A gate is a list of clauses, all of which a commit must pass to be served:
-
-    auc >= served - 0.01, logloss <= served * 1.05
-
-Each clause is `<metric> <op> <expression>`: the metric is a field of the
-commit's quality record (evstore.quality: auc, logloss, examples,
-label_rate), the op one of >=, <=, >, <, and the expression arithmetic
-(+ - * /, parentheses, numbers) over `served` (the served commit's value
-of the same metric) and `served.<metric>` (any metric of the served commit).
-
-Rules (what `Gate.decide` does):
-  * a commit without a quality record (written before quality existed, or by
-    a trainer that gives none) passes: it is not judged; nor is one whose
-    record covers fewer than `min_examples` examples (default 1000: figures
-    of fewer are noise), which also never becomes the reference: `served`
-    is the newest served commit that was judged (`GateState.reference`);
-  * a clause whose metric the commit lacks (None: an AUC of one class) is not
-    judged, nor one that refers to a served value that is missing (the
-    served commit has no record); every clause judged must hold.
-
-`Gate.admit` walks the commits after the served one in chain order and
-returns those to apply now: up to and including the first that passes (the
-chain is applied up to it), or none (the server holds). A commit that is not
-judged passes unless one before it failed: it cannot end a hold. `GateState` keeps
-what a server reports: the held version, why, the commits held back.
+The gate's language and its judgement of a run of commits are evstore/gate.py
+(`Gate.parse`, `Gate.admit`); this module is the serving side: `GateState`
+keeps what a server reports (the reference, the held version, why, the
+commits held back or waiting) and bounds how long a server holds
+(`max_hold_commits`, `max_hold_s`): past the bound the hold is *overdue*,
+said in the status, the metrics and the log, and `past_max_hold` decides
+whether the server holds on ("hold") or serves the newest commit ("serve").
 """
-import ast
 import logging
-import operator
+import time
 
-from evstore.quality import FIELDS
+from evstore.gate import DEFAULT_GATE, DEFAULT_MIN_EXAMPLES, Gate, GateError
+from evstore.quality import merge
 
-__all__ = ["Gate", "GateError", "GateState", "DEFAULT_GATE", "register_metrics"]
+__all__ = ["Gate", "GateError", "GateState", "DEFAULT_GATE", "DEFAULT_MIN_EXAMPLES", "PAST_MAX_HOLD",
+           "register_metrics"]
 
 log = logging.getLogger("evstore.serving")
 
-DEFAULT_GATE = "auc >= served - 0.01, logloss <= served * 1.05"
-DEFAULT_MIN_EXAMPLES = 1000
-
-_OPS = {ast.GtE: (">=", operator.ge), ast.LtE: ("<=", operator.le), ast.Gt: (">", operator.gt),
-        ast.Lt: ("<", operator.lt)}
-_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+PAST_MAX_HOLD = ("hold", "serve")
 
 
-class GateError(ValueError):
-    """A malformed gate expression; the message is one line naming the clause."""
-
-
-class _Missing(Exception):
-    """A value the clause needs is not recorded: the clause is not judged."""
-
-
-class _Clause:
-    def __init__(self, text, metric, op, expr):
-        self.text, self.metric, self.op, self.expr = text, metric, op, expr
-
-    def _eval(self, node, served):
-        if isinstance(node, ast.Constant):
-            return float(node.value)
-        if isinstance(node, ast.UnaryOp):
-            v = self._eval(node.operand, served)
-            return -v if isinstance(node.op, ast.USub) else v
-        if isinstance(node, ast.BinOp):
-            a, b = self._eval(node.left, served), self._eval(node.right, served)
-            if isinstance(node.op, ast.Div) and b == 0:
-                raise _Missing()
-            return _ARITH[type(node.op)](a, b)
-        field = self.metric if isinstance(node, ast.Name) else node.attr   # `served` / `served.<metric>`
-        v = (served or {}).get(field)
-        if v is None:
-            raise _Missing()
-        return float(v)
-
-    def check(self, quality, served):
-        """None when the clause holds or is not judged, else why it fails."""
-        value = quality.get(self.metric)
-        if value is None:
-            return None
-        try:
-            bound = self._eval(self.expr, served)
-        except _Missing:
-            return None
-        sym, fn = _OPS[type(self.op)]
-        if fn(float(value), bound):
-            return None
-        return f"{self.metric} {value:.4g} is not {sym} {bound:.4g} ({self.text})"
-
-
-class Gate:
-    """A parsed gate expression (module docstring). `Gate.parse(text)`
-    raises GateError (a ValueError) with a one-line message for anything
-    malformed."""
-
-    def __init__(self, text, clauses, min_examples=DEFAULT_MIN_EXAMPLES):
-        self.text = text
-        self.clauses = clauses
-        self.min_examples = min_examples
-
-    def __repr__(self):
-        return f"Gate({self.text!r})"
-
-    @classmethod
-    def parse(cls, text=DEFAULT_GATE, min_examples=DEFAULT_MIN_EXAMPLES):
-        """The Gate of `text` ("default": DEFAULT_GATE); commits of fewer than
-        `min_examples` examples are not judged (an integer >= 0)."""
-        if isinstance(min_examples, bool) or not isinstance(min_examples, int) or min_examples < 0:
-            raise GateError(f"the gate's min_examples must be an integer >= 0, got {min_examples!r}")
-        if text == "default":
-            text = DEFAULT_GATE
-        if not isinstance(text, str) or not text.strip():
-            raise GateError(f"a gate is one or more clauses like {DEFAULT_GATE!r}, got {text!r}")
-        clauses = []
-        for i, part in enumerate(text.split(","), 1):
-            part = " ".join(part.split())
-            clauses.append(_parse_clause(part, i))
-        return cls(text, clauses, min_examples)
-
-    def judged(self, quality):
-        """Whether a commit with this quality record is judged (and can be a reference)."""
-        return quality is not None and quality.get("examples", 0) >= self.min_examples
-
-    def reference_after(self, reference, quality):
-        """The reference once a commit with record `quality` is served."""
-        return quality if self.judged(quality) else reference
-
-    def decide(self, quality, served):
-        """None if a commit with quality record `quality` may be served after
-        one with `served` (either may be None: not recorded), else the reason
-        it may not (one line)."""
-        if not self.judged(quality):
-            return None
-        fails = [r for r in (c.check(quality, served) for c in self.clauses) if r is not None]
-        return "; ".join(fails) if fails else None
-
-    def admit(self, pending, served, holding=False):
-        """`pending`: the commits after the served one, in chain order (objects
-        with .seq and .quality); `holding`: commits before them are held
-        already. Returns (the commits to apply now: up to and including the
-        first that passes, or [] to hold; [(seq, reason)] of the commits held
-        back before it)."""
-        failed = []
-        for i, m in enumerate(pending):
-            if (failed or holding) and not self.judged(m.quality):   # no evidence that the damage is over
-                n = "no quality" if m.quality is None else f"{m.quality.get('examples', 0)} examples"
-                failed.append((m.seq, f"not judged ({n}; min_examples {self.min_examples}): it cannot end a hold"))
-                continue
-            why = self.decide(m.quality, served)
-            if why is None:
-                return list(pending[:i + 1]), failed
-            failed.append((m.seq, why))
-        return [], failed
-
-
-def _parse_clause(part, i):
-    where = f"gate clause {i} {part!r}"
-    if not part:
-        raise GateError(f"gate clause {i} is empty (clauses are separated by commas)")
-    try:
-        tree = ast.parse(part, mode="eval").body
-    except SyntaxError as e:
-        raise GateError(f"{where}: not an expression ({e.msg})") from None
-    if not isinstance(tree, ast.Compare) or len(tree.ops) != 1:
-        raise GateError(f"{where}: a clause is <metric> <op> <expression>, op one of >=, <=, >, <")
-    if type(tree.ops[0]) not in _OPS:
-        raise GateError(f"{where}: the comparison must be one of >=, <=, >, <")
-    left, right = tree.left, tree.comparators[0]
-    if not isinstance(left, ast.Name) or left.id not in FIELDS:
-        raise GateError(f"{where}: the left side must be one of the metrics {', '.join(FIELDS)}")
-    _check_expr(right, where)
-    return _Clause(part, left.id, tree.ops[0], right)
-
-
-def _check_expr(node, where):
-    if isinstance(node, ast.Constant):
-        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
-            raise GateError(f"{where}: {node.value!r} is not a number")
-    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        _check_expr(node.operand, where)
-    elif isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
-        _check_expr(node.left, where)
-        _check_expr(node.right, where)
-    elif isinstance(node, ast.Name):
-        if node.id != "served":
-            raise GateError(f"{where}: unknown name {node.id!r} (the right side may use numbers, served and "
-                            f"served.<metric>: {', '.join(FIELDS)})")
-    elif isinstance(node, ast.Attribute):
-        if not (isinstance(node.value, ast.Name) and node.value.id == "served" and node.attr in FIELDS):
-            raise GateError(f"{where}: {ast.unparse(node)!r} is not served.<metric> ({', '.join(FIELDS)})")
-    else:
-        raise GateError(f"{where}: {ast.unparse(node)!r} is not allowed (numbers, + - * /, parentheses, served, "
-                        "served.<metric>)")
+def _trailing(records, min_examples):
+    """The merged record of the newest `records` that together cover
+    `min_examples` examples (a record without `hist` only alone), or None."""
+    run = []
+    for q in reversed(records):
+        if q is None:
+            continue
+        if q.get("hist") is None:
+            return q if not run and q["examples"] >= min_examples else None
+        run.append(q)
+        m = merge(run)
+        if m["examples"] >= min_examples:
+            return m
+    return None
 
 
 class GateState:
-    """What a gated server reports: whether it holds, at which version, why,
-    and how many commits the gate has held back in all."""
+    """What a gated server reports and how long it may hold: the reference,
+    whether it holds, at which version, why, the commits held back or
+    waiting, and whether the hold is past its bound (module docstring).
 
-    def __init__(self, gate):
+    `max_hold_commits` / `max_hold_s`: the bound (None: none) on the commits
+    a server leaves unserved after the served one (held or waiting) and on
+    the seconds since it first left one unserved; `past_max_hold`: "hold" or
+    "serve". ValueError for anything else."""
+
+    def __init__(self, gate, max_hold_commits=None, max_hold_s=None, past_max_hold="hold", clock=time.monotonic):
+        if max_hold_commits is not None and (isinstance(max_hold_commits, bool) or
+                                             not isinstance(max_hold_commits, int) or max_hold_commits < 1):
+            raise ValueError(f"the gate's max_hold_commits must be an integer >= 1 or None, got {max_hold_commits!r}")
+        if max_hold_s is not None and (isinstance(max_hold_s, bool) or not isinstance(max_hold_s, (int, float))
+                                       or not max_hold_s >= 0):
+            raise ValueError(f"the gate's max_hold_s must be a number of seconds >= 0 or None, got {max_hold_s!r}")
+        if past_max_hold not in PAST_MAX_HOLD:
+            raise ValueError(f"the gate's past_max_hold must be one of {PAST_MAX_HOLD}, got {past_max_hold!r}")
         self.gate = gate
-        self.held = None             # {"version", "since", "reason", "commits"} while holding, else None
+        self.max_hold_commits, self.max_hold_s, self.past_max_hold = max_hold_commits, max_hold_s, past_max_hold
+        self._clock = clock
+        self.held = None             # {"version", "reason", "commits"} while commits failed, else None
+        self.waiting = []            # commits after the last judged one: too few examples to judge yet
+        self.waiting_examples = 0
+        self.behind = 0              # commits after the served one not served (held or waiting)
+        self._behind_since = None    # clock() when the server first left a commit unserved
+        self.overdue = False         # the hold is past max_hold_commits / max_hold_s
+        self.overdue_total = 0       # holds that went past the bound
+        self.served_past_hold_total = 0   # commits served unjudged because past_max_hold is "serve"
         self.held_back_total = 0     # distinct commits that failed the gate
-        self.reference = None        # quality record `served` means: the newest served commit judged
+        self.reference = None        # quality record `served` means: the run that passed last
+        self._tail = []              # records of the commits served since the reference was set
         self._failed = set()         # (seq, checksum) counted in held_back_total
+        self.served_versions = []    # the versions the gate let be served (newest 1000), in order
+
+    def select(self, version, pending, reference=None, holding=False, extend=False):
+        """The commits of `pending` (after served `version`, in chain order) to
+        apply now, and the record that passed (None: none judged). Judges them
+        against `reference` (default: the state's), records what failed and
+        what waits; past the hold bound, says so and with past_max_hold
+        "serve" returns them all. [] holds."""
+        adm = self.gate.admit(pending, self.reference if reference is None else reference, holding=holding)
+        self.note(version, pending, adm.failed, extend=extend)
+        if adm.run:
+            return adm.run, adm.judged
+        self.waiting = adm.waiting
+        by_seq = {m.seq: m for m in pending}
+        self.waiting_examples = sum((by_seq[s].quality or {}).get("examples", 0) for s in adm.waiting)
+        held = set(self.held["commits"]) if self.held else set()
+        self.behind = len(held | {m.seq for m in pending})
+        now = self._clock()
+        if self._behind_since is None:
+            self._behind_since = now
+        over = ((self.max_hold_commits is not None and self.behind >= self.max_hold_commits) or
+                (self.max_hold_s is not None and now - self._behind_since >= self.max_hold_s))
+        if over and not self.overdue:
+            self.overdue = True
+            self.overdue_total += 1
+            log.error("the quality gate has held version %s for %d commits and %.0f s, past its bound "
+                      "(max_hold_commits %s, max_hold_s %s): %s", version, self.behind, now - self._behind_since,
+                      self.max_hold_commits, self.max_hold_s,
+                      "serving the newest commit unjudged" if self.past_max_hold == "serve" else "holding on")
+        if over and self.past_max_hold == "serve":
+            self.served_past_hold_total += len(pending)
+            return list(pending), None
+        return [], None
 
     def note(self, version, pending, failed, extend=False):
         """Records the commits of `pending` (after served `version`) that
@@ -224,23 +126,49 @@ class GateState:
                          "commits": [seq for seq, _ in failed]}
 
     def served(self, quality):
-        """A commit with record `quality` was published."""
-        self.reference = self.gate.reference_after(self.reference, quality)
+        """A commit with record `quality` was published: the reference becomes
+        the newest served commits that cover min_examples, when they do."""
+        self._tail.append(quality)
+        ref = _trailing(self._tail, self.gate.min_examples)
+        if ref is not None:
+            self.reference, self._tail = ref, []
+
+    def passed(self, judged, serving, clear=True):
+        """The run that `select` returned was published, up to `serving`:
+        `judged` (its record that passed, None when served past the bound)
+        becomes the reference; `clear`: nothing is held any more (False: a
+        reload, whose last `select` said what holds after it)."""
+        if judged is not None:
+            self.reference, self._tail = judged, []
+        self.served_versions = (self.served_versions + [serving])[-1000:]
+        if clear:
+            self.clear(serving=serving)
 
     def clear(self, serving=None):
-        """Nothing is held back (any more); `serving`: the commit now served."""
-        if self.held is not None and serving is not None:
-            log.info("commit %d passes the quality gate: serving again (held at %s)", serving, self.held["version"])
-        self.held = None
+        """Nothing is held back or waiting (any more); `serving`: the commit now served."""
+        if (self.held is not None or self.overdue) and serving is not None:
+            log.info("commit %d passes the quality gate: serving again (held at %s)", serving,
+                     self.held["version"] if self.held else "the previous version")
+        self.held, self.waiting, self.waiting_examples, self.behind = None, [], 0, 0
+        self._behind_since, self.overdue = None, False
 
     def status(self):
         """The gate's part of the admin status."""
-        return {"gate": self.gate.text, "gate_min_examples": self.gate.min_examples, "reference": self.reference,
+        return {"gate": self.gate.text, "gate_min_examples": self.gate.min_examples,
+                "reference": None if self.reference is None else
+                {k: v for k, v in self.reference.items() if k != "hist"},
                 "held": self.held is not None,
                 "held_version": None if self.held is None else self.held["version"],
                 "held_reason": None if self.held is None else self.held["reason"],
                 "held_commits": [] if self.held is None else list(self.held["commits"]),
-                "held_back_total": self.held_back_total}
+                "held_back_total": self.held_back_total,
+                "waiting_commits": list(self.waiting), "waiting_examples": self.waiting_examples,
+                "behind_commits": self.behind,
+                "behind_s": 0.0 if self._behind_since is None else round(self._clock() - self._behind_since, 3),
+                "max_hold_commits": self.max_hold_commits, "max_hold_s": self.max_hold_s,
+                "past_max_hold": self.past_max_hold, "overdue": self.overdue,
+                "overdue_total": self.overdue_total, "served_past_hold_total": self.served_past_hold_total,
+                "served_versions": list(self.served_versions)}
 
 
 class _Collector:
@@ -261,6 +189,19 @@ class _Collector:
                                 "gate holds back now", value=len(st["held_commits"]))
         yield CounterMetricFamily("evstore_serving_gate_held_back", "Commits that failed the quality gate "
                                   "(each counted once)", value=st["held_back_total"])
+        yield GaugeMetricFamily("evstore_serving_gate_waiting_commits", "Commits after the last judged one, "
+                                "waiting for enough examples to be judged", value=len(st["waiting_commits"]))
+        yield GaugeMetricFamily("evstore_serving_gate_behind_commits", "Commits after the served one that the "
+                                "server does not serve (held back or waiting)", value=st["behind_commits"])
+        yield GaugeMetricFamily("evstore_serving_gate_behind_seconds", "Seconds since the server first left a "
+                                "commit unserved (0: serving the newest)", value=st["behind_s"])
+        yield GaugeMetricFamily("evstore_serving_gate_overdue", "1 while the server holds past the gate's bound "
+                                "(--gate-max-hold-commits / --gate-max-hold-seconds), else 0",
+                                value=1 if st["overdue"] else 0)
+        yield CounterMetricFamily("evstore_serving_gate_overdue_holds", "Holds that went past the gate's bound",
+                                  value=st["overdue_total"])
+        yield CounterMetricFamily("evstore_serving_gate_served_past_hold", "Commits served unjudged past the "
+                                  "gate's bound (--gate-past-max-hold serve)", value=st["served_past_hold_total"])
         info = GaugeMetricFamily("evstore_serving_gate_info", "The gate expression and, while holding, why "
                                  "(value 1)", labels=["gate", "reason"])
         info.add_metric([st["gate"], st["held_reason"] or ""], 1)

@@ -46,7 +46,7 @@ import uvloop
 
 from serving_loader import admin, admin_listener, fleet_metrics
 from serving_loader.batching import Batcher, BatchingOptions, cancelled_by_client, deadline_exceeded
-from serving_loader.gate import Gate
+from serving_loader.gate import Gate, GateState
 from serving_loader.gate import register_metrics as gate_metrics
 from serving_loader.httpserver import (DEFAULT_IDLE_TIMEOUT_S, HttpServer, Response, Router, error_response,
                                       json_response)
@@ -430,7 +430,8 @@ def _shown(host):
 def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_api_port=8501, model_name="default",
           poll_every=1.0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, batching=BatchingOptions(),
           storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0,
-          grpc_idle_timeout_s=None, gate=None, gate_min_examples=1000, admin_port=None, admin_host="127.0.0.1",
+          grpc_idle_timeout_s=None, gate=None, gate_min_examples=None, gate_max_hold_commits=None,
+          gate_max_hold_s=None, gate_past_max_hold="hold", admin_port=None, admin_host="127.0.0.1",
           admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, tier=None, use_serving_view=True, shards=None):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
@@ -459,8 +460,11 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     a gRPC connection that sends nothing for this long with no call in
     progress is closed (None: grpc_service.DEFAULT_IDLE_TIMEOUT_S; 0: never).
     `gate`: a quality gate expression (serving_loader/gate.py; "default": its
-    DEFAULT_GATE), refused with GateError (a ValueError) before anything loads; commits of fewer
-    than `gate_min_examples` examples are not judged. `tier`: an
+    DEFAULT_GATE), refused with GateError (a ValueError) before anything loads; commits are
+    judged on runs of at least `gate_min_examples` examples (None: evstore.gate.DEFAULT_MIN_EXAMPLES);
+    a hold past `gate_max_hold_commits` commits or `gate_max_hold_s` seconds (None: no bound) is
+    reported as overdue and, with `gate_past_max_hold="serve"`, ends by serving the newest commit
+    (GateState's arguments). `tier`: an
     evstore.TieredStorage for an export of evstore tables (ServingModel's
     `storage`): each table's rows in a DRAM cache over a private directory,
     removed when serve returns. `use_serving_view`: serve a commit's serving
@@ -482,7 +486,8 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes <= 0:
         raise ValueError(f"max_request_bytes must be a positive integer, got {max_request_bytes!r}")
     if gate is not None:
-        gate = Gate.parse(gate, min_examples=gate_min_examples)
+        gate = GateState(Gate.parse(gate, min_examples=gate_min_examples), max_hold_commits=gate_max_hold_commits,
+                         max_hold_s=gate_max_hold_s, past_max_hold=gate_past_max_hold)
     port = _grpc_port_served(port, rest_api_port)
     if admin_port is None:
         admin_port = admin_listener.default_port(rest_api_port)
@@ -517,8 +522,8 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
                          admin_token=admin_token)
         # The loaded model leaves a large heap of long-lived Python objects (TF,
         # Keras, the restored graph); a full garbage collection walks all of them
-        # and stalls every request for hundreds of milliseconds. Frozen, they are
-        # skipped by every later collection.
+        # and stalls every request meanwhile. Frozen, they are skipped by every
+        # later collection.
         app.warm_up()
         gc.collect()
         gc.freeze()
@@ -526,7 +531,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
             if sock is not None:
                 sock.listen(1024)
         # uvloop: libuv's event loop and transports behind asyncio's API, which cost the REST
-        # server less CPU per request than asyncio's own (docs/history/benchmarks-log.md).
+        # server less CPU per request than asyncio's own (bench/LOG.md).
         return uvloop.run(_serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every,
                                        out, grpc_idle_timeout_s))
     finally:

@@ -115,10 +115,10 @@ class _Handlers:
         try:
             return self._answer(self.model.stage(body["target"], body.get("fleet")))
         except (CheckpointError, ValueError, tf.errors.OpError) as e:
-            self.model.last_error = f"cannot stage {body['target']}: {e}"
+            self.model.apply_metrics.last_error = f"cannot stage {body['target']}: {e}"
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, self.model.last_error)
         except OSError as e:
-            self.model.last_error = f"cannot stage {body['target']}: {e}"
+            self.model.apply_metrics.last_error = f"cannot stage {body['target']}: {e}"
             _abort(context, grpc.StatusCode.UNAVAILABLE, self.model.last_error)
 
     def publish(self, request, context):
@@ -148,7 +148,8 @@ class ShardServer:
             maximum_concurrent_rpcs=max_concurrent,
             options=[("grpc.max_receive_message_length", max_request_bytes),
                      ("grpc.max_send_message_length", -1),
-                     ("grpc.max_concurrent_streams", max_concurrent),
+                     # above max_concurrent, so calls past it get RESOURCE_EXHAUSTED, not a refused stream
+                     ("grpc.max_concurrent_streams", max(256, 4 * max_concurrent)),
                      ("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000)),
                      ("grpc.so_reuseport", 0)])
         shown = f"[{host}]" if ":" in host else host

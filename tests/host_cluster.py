@@ -7,7 +7,7 @@ where the chief runs (a test's chief script, `evstore train-cluster`). The
 cluster file is in each host's private /tmp (`/tmp/cluster.json` there). It
 has LocalCluster's methods for tests and cluster_harness.run_chief: `spec`,
 `cluster_file`, `directory`, `log_path`, `kill`, `restart`, `alive`,
-`process`, `close`, plus `start_chief` (run_chief's way to start the chief
+`process`, `close`, plus `restart_all` (every task at once), `start_chief` (run_chief's way to start the chief
 on the chief's host) and `host(job, task)`.
 
     with hosts.network_or_skip(tmp_path) as net:
@@ -121,6 +121,19 @@ class HostCluster:
         self.kill(job, task)
         self._spawn(job, task)
         self._wait_ready(job, task, timeout)
+
+    def restart_all(self, timeout=STARTUP_S):
+        """Kills every task's server (those alive) and starts them all again at once; returns once all serve
+        (what an orchestrator does when a job has to start again whole)."""
+        if self._closed:
+            raise RuntimeError("the cluster is closed")
+        tasks = [(job, task) for job in SERVER_JOBS for task in range(len(self.spec[job]))]
+        for job, task in tasks:
+            self.kill(job, task)
+        for job, task in tasks:
+            self._spawn(job, task)
+        for job, task in tasks:
+            self._wait_ready(job, task, timeout)
 
     def alive(self):
         """The (job, task) pairs whose server runs."""

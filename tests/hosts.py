@@ -7,8 +7,9 @@ namespace in which `/tmp`, the home directory and `/dev/shm` are that host's
 private directories and every other file (the checkout and its venv
 included) is read-only, and a UTS namespace whose hostname is the host's
 name (so a checkpoint lease names the host its writer runs on). Process ids
-are the machine's: a test signals any process directly. What two hosts share is what real hosts share: the
-network between them, and an object store if the test starts one
+are the machine's: a test signals any process directly. What two hosts share
+is what real hosts share: the network between them, and an object store if
+the test starts one
 (`Network.object_store()`: moto's S3 server on a host of its own). Nothing of
 this is visible in, or routed to from, the machine's own (root) network
 namespace: the bridge lives in a namespace of its own too, and no address is
@@ -101,7 +102,8 @@ API
     .objects(prefix="") -> [(key, size)]
 
 Where processes see what (inside a host): the checkout at its own path,
-read-only (so tests/ scripts and `python -m evstore_app` work as usual);
+read-only (so tests/ scripts and `python -m evstore_app` work as usual; a
+checkout under /tmp or /dev/shm, which each host replaces, is a ValueError);
 `/tmp`, `$HOME`, `/dev/shm` private and writable; everything else read-only
 (a write fails with EROFS), except the kernel's /proc, /sys and /dev. So a
 checkpoint byte written outside the object store can only be in a host's
@@ -118,7 +120,6 @@ import atexit
 import contextlib
 import ctypes
 import os
-import queue
 import re
 import shutil
 import signal
@@ -274,9 +275,11 @@ def _setns(fd):
 
 def _home_shares(home):
     """The home directory's top-level entries that hold this interpreter (the real files behind a venv's
-    python, its base prefix): a private home shows them read-only, or no Python would start."""
+    python, its base prefix) or the checkout: a private home shows them read-only, or no Python would
+    start."""
     shares = set()
-    for p in (os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)):
+    for p in (os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+              os.path.realpath(_CHECKOUT)):
         rel = os.path.relpath(p, home)
         if not rel.startswith(".."):
             first = rel.split(os.sep)[0]
@@ -551,6 +554,11 @@ class Network:
                                  f"{what} hides it")
         if not os.path.isdir(self.home_path):
             raise ValueError(f"the home directory {self.home_path} is not a directory")
+        checkout = os.path.realpath(_CHECKOUT)
+        for private in ("/tmp", "/dev/shm"):
+            if (checkout + "/").startswith(private + "/"):
+                raise ValueError(f"the checkout {checkout} lies under {private}, which each host replaces by its "
+                                 f"own: put the checkout elsewhere to run many-hosts tests")
         os.makedirs(self.workdir, exist_ok=True)
         self.home_shares = _home_shares(self.home_path)
         remove_stale()

@@ -6,6 +6,7 @@
   blocks wrote (docs_pages.RUN_WITH_PYTHON: tests/test_docs_shell.py runs both). ```text, ```bash
   and ```sh blocks are shown, not run, except shell blocks marked `<!-- docs-test: run -->`, which
   tests/test_docs_shell.py runs as pasted;
+- a python block that opens with imports binds every name it uses, so it runs pasted on its own;
 - every relative link resolves to a file of the repository, and every #anchor to a heading of
   its page (GitHub's anchors, which mkdocs.yml's `toc` slugify also produces);
 - no link and no text a user reads points outside the repository (`../shared`);
@@ -22,8 +23,6 @@ import pytest
 
 from docs_pages import FENCE, PAGES, ROOT, RUN_WITH_PYTHON, python_blocks, read
 
-# The dated benchmark log is kept as it was written (it names the machine's shared paths of the time).
-HISTORY = "docs/history/"
 LINK = re.compile(r"(?<!\!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -69,6 +68,36 @@ def test_python_blocks_of_the_page_run_as_written(page, tmp_path):
     assert r.returncode == 0, f"{page}: its python blocks failed\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
 
 
+def _opens_with_imports(code):
+    first = next((ln for ln in code.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+    return first.startswith(("import ", "from "))
+
+
+def _unbound_names(code):
+    """Names `code` reads that it neither assigns nor imports and that are not builtins (symtable:
+    module-level reads, and the globals its functions and comprehensions read)."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, "<block>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    read_, todo = set(), [top]
+    while todo:
+        t = todo.pop()
+        read_ |= {s.get_name() for s in t.get_symbols()
+                  if s.is_referenced() and (not (s.is_assigned() or s.is_imported()) if t is top else s.is_global())}
+        todo += t.get_children()
+    return sorted(n for n in read_ - bound if not hasattr(builtins, n))
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(read(p))])
+def test_a_python_block_that_opens_with_imports_runs_on_its_own(page):
+    """A block that opens with imports is one a reader pastes alone: every name it uses is bound in it
+    (the page's blocks also run joined, where an earlier block's imports would hide a missing one)."""
+    missing = {i: _unbound_names(b) for i, b in enumerate(python_blocks(read(page))) if _opens_with_imports(b)}
+    assert {i: m for i, m in missing.items() if m} == {}, f"{page}: python block(s) use names they never bind"
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_relative_link_and_anchor_of_the_page_resolves(page):
     broken = []
@@ -87,10 +116,12 @@ def test_every_relative_link_and_anchor_of_the_page_resolves(page):
     assert broken == [], f"{page}: " + "; ".join(broken)
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if not p.startswith(HISTORY)])
+@pytest.mark.parametrize("page", PAGES)
 def test_the_page_points_nowhere_outside_the_repository(page):
     text = read(page)
     assert "../shared" not in text, f"{page} names ../shared, which a clone does not have"
+    machine = re.findall(r"(?<![\w.<>-])/(?:work|root|home)/[\w./-]+", text)
+    assert machine == [], f"{page} names paths of one machine: {machine[:5]}"
     assert "DESIGN.md" not in text and "DESIGN section" not in text, f"{page} cites a design file not shipped"
 
 

@@ -75,7 +75,8 @@ def serve_tf(port):
 
 def start(mode, port, args):
     p = subprocess.Popen(module_cmd("bench.serving.bench_shard_runtime", "--serve", mode, "--port", port,
-                                    "--rows", args.rows, "--dim", args.dim), stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                    "--rows", args.rows, "--dim", args.dim),
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert p.stdout.readline().strip() == "ready"
     return p
 

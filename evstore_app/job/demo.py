@@ -44,7 +44,7 @@ class _Server:
     """A real `evstore serve` process and a client for it. It polls the root
     every `poll_every` seconds: commit -> served is at most that plus one
     apply (a scan of a local root is a directory listing and a stat per
-    checkpoint, under a millisecond for the demo's root)."""
+    checkpoint)."""
 
     def __init__(self, export, root, name="demo", poll_every=0.05, log_path=None, gate=None):
         self.name = name
@@ -138,6 +138,28 @@ class _Server:
         self.log.close()
 
 
+def _unserved(status):
+    """The commits a gated server's admin `status` holds back or leaves waiting."""
+    return status.get("held_commits", []) + status.get("waiting_commits", [])
+
+
+def _poisoned(history, first_full, examples):
+    """The commits after `first_full` that trained on examples of the
+    stretch (`examples`: (after, up to], as the trainer counts them)."""
+    if examples is None:
+        return []
+    by_seq = {m.seq: m for m in history}
+    out = []
+    for m in history:
+        parent = by_seq.get(m.parent)
+        if m.seq <= first_full or parent is None:
+            continue
+        lo, hi = parent.metadata.get("examples", 0), m.metadata.get("examples", 0)
+        if lo < examples[1] and hi > examples[0]:
+            out.append(m.seq)
+    return out
+
+
 def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_every=60.0, warmup_batches=60,
         progress=True, stop_event=None, keep_chains=3, poison=None, gate=None, serving_view=None):
     """Runs the demo; returns the summary dict (also OUT/summary.json).
@@ -152,7 +174,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     `serving_view`: the trainer also writes the served rows in that precision
     (CheckpointManager's argument), which the server then serves."""
     if gate is not None:
-        from serving_loader.gate import Gate
+        from evstore.gate import Gate
         Gate.parse(gate)   # refused here, not in the serving process
     import serving_loader
     out = out or tempfile.mkdtemp(prefix="evstore-demo-")
@@ -183,6 +205,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         deadline = time.time() + 60 * minutes
         bar = _progress(progress, minutes)
         t_train, last_stats, step = time.time(), 0.0, 0
+        poison_examples = None
         if poison:   # in seconds since the trainer started
             poison = (t_train - trainer.started + poison[0], poison[1])
         while time.time() < deadline and not trainer.stop_event.is_set():
@@ -192,7 +215,11 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
             frozen_out, _ = frozen.predict(x)
             summary.score(y, live, frozen_out["outputs"].reshape(-1))
             t = time.time() - trainer.started
-            y_train = shuffle.permutation(y) if poison and poison[0] <= t < poison[0] + poison[1] else y
+            poisoned = poison and poison[0] <= t < poison[0] + poison[1]
+            y_train = shuffle.permutation(y) if poisoned else y
+            if poisoned:   # the examples of the stretch, as the trainer counts them: (after, up to]
+                poison_examples = [trainer.examples if poison_examples is None else poison_examples[0],
+                                   trainer.examples + len(y)]
             trainer.train(x, y_train, b + 1, trainer.predict(x))   # scored before training: the commit's quality
             step += 1
             if time.time() - last_stats > 2.0:
@@ -203,8 +230,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
                     bar.update(last_stats, trainer, summary, server)
         train_seconds = time.time() - t_train
         final = trainer.manager.stop()                     # the final delta: nothing trained is lost
-        # An upper bound: a loaded machine is slow. A gated server may hold the final commit instead.
-        held_final = lambda: gate is not None and final in server.admin().get("held_commits", [])  # noqa: E731
+        # An upper bound: a loaded machine is slow. A gated server may hold the final commit instead, or
+        # leave it waiting (too few examples since the last judged commit to judge it).
+        held_final = lambda: gate is not None and final in _unserved(server.admin())  # noqa: E731
         _wait_for(lambda: server.observe() >= final or held_final(), 120)
         # Counted from the manager's history: retention may have deleted some by now.
         committed = sum(1 for m in trainer.manager.history if m.seq > first_full)
@@ -239,9 +267,11 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
                                  and sv["apply_failures"] == 0 and sv["served_final"])
     if gate is not None:
         sv["gate"] = {k: gate_status.get(k) for k in ("gate", "held", "held_version", "held_reason",
-                                                      "held_back_total")}
+                                                      "held_back_total", "served_versions", "overdue_total")}
     if poison:
-        result["poison"] = {"start_s": round(poison[0], 2), "end_s": round(poison[0] + poison[1], 2)}
+        result["poison"] = {"start_s": round(poison[0], 2), "end_s": round(poison[0] + poison[1], 2),
+                            "examples": poison_examples,
+                            "commits": _poisoned(trainer.manager.history, first_full, poison_examples)}
     if poison or gate is not None:
         result["report_png"] = write_report_png(result, result["report_png"])   # with the stretch and the gate
     with open(os.path.join(out, "summary.json"), "w") as f:

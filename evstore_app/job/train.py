@@ -18,8 +18,8 @@ import time
 import tensorflow as tf
 
 from evstore_app.job.guard import Guard, GuardTripped
+from evstore.gate import Gate
 from evstore_app.job.kafka_source import KafkaStream
-from serving_loader.gate import Gate
 from evstore_app.job.report import Summary, format_offsets
 from evstore_app.job.source import FileStream
 from evstore_app.job.spec import load_spec
@@ -30,7 +30,7 @@ __all__ = ["run", "KafkaStream"]
 
 def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
         progress=True, stop_event=None, export=None, guard=None, guard_restore=False, serving_view=None,
-        guard_min_examples=1000):
+        guard_min_examples=None, from_seq=None, export_tables="stock"):
     """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
     `data`: a data file or directory (FileStream), or a KafkaStream: an
     unbounded run from Kafka topics, each commit recording every partition's
@@ -48,12 +48,21 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     the last good commit. Commits of fewer than `guard_min_examples`
     examples are not judged. GateError (a ValueError) for a malformed one.
     `serving_view`: a lower-precision serving view in every commit
-    (CheckpointManager's argument).
+    (CheckpointManager's argument). `from_seq`: restore the chain ending at
+    that commit instead of the newest and continue that branch (the next
+    delta's parent is it; servers follow the newest branch), resuming the
+    input at its recorded position; ValueError when the root holds no
+    commit `from_seq`. `export_tables`: the export's tables, "stock" or
+    "evstore" (export_serving_model's `tables`: "evstore" for tiered serving).
     Returns the summary dict (also written to OUT/summary.json, with
     OUT/report.png; OUT defaults to default_out(checkpoints)). A root that
     already holds every row of `data` trains and commits nothing."""
     if guard is not None:
         Gate.parse(guard, min_examples=guard_min_examples)   # refused before anything is read or built
+    if export_tables not in ("stock", "evstore"):
+        raise ValueError(f"export_tables must be 'stock' or 'evstore', got {export_tables!r}")
+    if from_seq is not None and (isinstance(from_seq, bool) or not isinstance(from_seq, int) or from_seq < 0):
+        raise ValueError(f"from_seq must be a commit's sequence number (an integer >= 0), got {from_seq!r}")
     spec_arg, spec = spec, load_spec(spec)
     kafka = isinstance(data, KafkaStream)
     stream = data.bind(spec) if kafka else FileStream(data, spec, max_rows=max_rows)
@@ -62,16 +71,17 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
         trainer.stop_event = stop_event
     guard = Guard(guard, trainer, guard_min_examples) if guard is not None else None
     quality = guard.quality if guard is not None else trainer.quality
-    start = trainer.resume()
+    start = trainer.resume(seq=from_seq)
     if trainer.resumed_at is not None:
         where = (f"offsets {format_offsets(start)}" if kafka else f"row {start:,} of {stream.rows:,}")
-        print(f"evstore train: resuming at {where} from {trainer.manager.root}", file=sys.stderr, flush=True)
+        at = "" if from_seq is None else f" (commit {from_seq})"
+        print(f"evstore train: resuming at {where} from {trainer.manager.root}{at}", file=sys.stderr, flush=True)
     out = out or default_out(checkpoints)
     extra = {}
     if export is not None:
         import serving_loader
-        _, written = serving_loader.ensure_serving_export(trainer.model, export)
-        extra["export"] = {"dir": os.path.abspath(export), "written": written,
+        _, written = serving_loader.ensure_serving_export(trainer.model, export, tables=export_tables)
+        extra["export"] = {"dir": os.path.abspath(export), "written": written, "tables": export_tables,
                            "serve": serve_command(export, checkpoints, model_name(spec_arg))}
     os.makedirs(out, exist_ok=True)
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
@@ -79,7 +89,7 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     if not kafka and start >= stream.rows:   # a finished root (or no rows asked for): nothing to train or commit
         last = trainer.manager.last_committed
         first = None if last is None else last.seq
-        return summary.finish(first_full=first, final=first, train_seconds=0.0, steps=0,
+        return summary.finish(seq=first, first_full=first, final=first, train_seconds=0.0, steps=0,
                               spec=spec if first is not None else None,
                               extra={"position": trainer.position, "rows_in_data": stream.rows, **extra})
     if kafka and trainer.resumed_at is None:
@@ -141,7 +151,7 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
             bar.close()
     train_seconds = time.time() - t0
     if tripped:
-        final = trainer.manager.last_committed.seq
+        final = guard.tripped["last_good"]
         if guard_restore:   # the model, position and example count of the last good commit
             meta = trainer.manager.restore(seq=final)
             trainer.position, trainer.examples = meta.get("position", 0), int(meta.get("examples", 0))
@@ -151,7 +161,7 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     trainer.write_summaries(writer, trainer.examples, summary.running())
     extra.update({"kafka": stream.report()} if kafka else {"rows_in_data": stream.rows})
     # Without a restore a tripped trainer holds examples the chain does not: nothing to compare.
-    return summary.finish(first_full=first, final=final, train_seconds=train_seconds, steps=steps,
+    return summary.finish(seq=final, first_full=first, final=final, train_seconds=train_seconds, steps=steps,
                           spec=spec if not tripped or guard_restore else None,
                           extra={"position": trainer.position, **extra})
 

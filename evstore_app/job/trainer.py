@@ -62,11 +62,23 @@ class Trainer:
         last = self.manager.last_committed
         return self.progressive.since(None if last is None else int(last.metadata.get("examples", 0)))
 
-    def resume(self):
-        """Restores the newest chain if the root has one; returns the position to resume from."""
-        if self.manager.latest() is None:
+    def resume(self, seq=None):
+        """Restores the newest chain if the root has one (or the chain ending
+        at commit `seq`: ValueError when the root has no such commit); returns
+        the position to resume from."""
+        if seq is not None:
+            try:
+                have = {m.seq for m in self.manager.chain(seq)}
+            except checkpoint.CheckpointError:
+                have = set()
+            if seq not in have:
+                raise ValueError(f"{self.manager.root} holds no committed checkpoint {seq} to resume from "
+                                 "(`evstore ckpt inspect ROOT` lists them)")
+            meta = self.manager.restore(seq=seq)
+        elif self.manager.latest() is None:
             return 0
-        meta = self.manager.restore()
+        else:
+            meta = self.manager.restore()
         pos = meta.get("position", 0)
         self.position = pos if isinstance(pos, dict) else int(pos)   # a dict: a Kafka stream's offsets
         self.examples = self.examples_at_start = int(meta.get("examples", 0))

@@ -12,7 +12,7 @@ import checkpoint
 from checkpoint.errors import CorruptCheckpointError
 from checkpoint.manifest import Manifest
 from ckpt_model import assert_same_state, make_model, state, train
-from evstore.quality import ProgressiveQuality, auc, logloss, measure
+from evstore.quality import ProgressiveQuality, auc, hist_auc, logloss, measure, merge, normalize
 
 Q = {"auc": 0.75, "logloss": 0.5, "examples": 4096, "label_rate": 0.25}
 
@@ -80,7 +80,9 @@ def test_measure_is_auc_logloss_examples_and_label_rate():
     assert r["logloss"] == pytest.approx(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
     assert r["examples"] == 6 and r["label_rate"] == 0.5
     assert measure([1, 1], [0.5, 0.6])["auc"] is None and np.isnan(auc([1, 1], [0.5, 0.6]))
-    assert measure([], []) == {"auc": None, "logloss": None, "examples": 0, "label_rate": None}
+    empty = measure([], [])
+    assert {k: v for k, v in empty.items() if k != "hist"} == {"auc": None, "logloss": None, "examples": 0,
+                                                               "label_rate": None}
     assert np.isnan(logloss([], []))
 
 
@@ -91,3 +93,29 @@ def test_progressive_quality_answers_the_batches_after_a_position():
     assert pq.since(None)["examples"] == 4
     assert pq.since(2) == measure([1, 0], [0.3, 0.6])
     assert pq.since(4)["examples"] == 0
+
+
+def test_records_of_adjacent_stretches_merge_into_the_record_of_all_of_them():
+    rng = np.random.default_rng(0)
+    parts = []
+    for n in (44, 256, 768, 3000):
+        y = (rng.random(n) < 0.2).astype(float)
+        parts.append((y, 1 / (1 + np.exp(-(1.5 * y + rng.normal(0, 1, n) - 2)))))
+    whole = measure(np.concatenate([y for y, _ in parts]), np.concatenate([p for _, p in parts]))
+    m = merge(measure(y, p) for y, p in parts)
+    assert m["examples"] == whole["examples"] and m["hist"]["pos"] == whole["hist"]["pos"]
+    assert m["label_rate"] == pytest.approx(whole["label_rate"]) and m["logloss"] == pytest.approx(whole["logloss"])
+    assert abs(m["auc"] - whole["auc"]) < 0.005 and abs(hist_auc(whole) - whole["auc"]) < 0.005
+    assert normalize(m) == m                     # a merged record is a valid record
+
+
+def test_a_record_without_a_histogram_does_not_merge():
+    assert merge([Q, measure([0, 1], [0.2, 0.8])]) is None and merge([]) is None
+
+
+@pytest.mark.parametrize("hist", [{"pos": [1], "neg": [0], "loss": 0.1}, {"pos": [0] * 160, "neg": [0] * 160},
+                                  {"pos": [-1] + [0] * 159, "neg": [0] * 160, "loss": 0.0},
+                                  {"pos": [0] * 160, "neg": [0] * 160, "loss": 0.0}])
+def test_a_malformed_histogram_is_refused(hist):
+    with pytest.raises(ValueError):
+        normalize(dict(Q, hist=hist))      # the last: counts 0 examples, the record 4096

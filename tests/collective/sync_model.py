@@ -65,7 +65,8 @@ class Model:
         make = collective.CollectiveEmbeddingVariable if collective_tables else evstore.EmbeddingVariable
         self.ta = make("table_a", DIM_A, **kw_a)
         self.tb = make("table_b", DIM_B, **kw_b)
-        self.evs = [self.ta.local, self.tb.local] if collective_tables else [self.ta, self.tb]
+        self.evs = [self.ta.local, self.tb.local] if collective_tables else [self.ta, self.tb]   # this worker's
+        self.tables = [self.ta, self.tb]   # trained in the ordinary idiom: a collective table like any variable
         self.w = tf.Variable(tf.constant([[0.3], [-0.2], [0.1], [0.05]]), name="w")
         self.v = tf.Variable(tf.constant([[0.2], [0.1], [-0.3]]), name="v")
         self.bias = tf.Variable(tf.constant([0.01]), name="bias")
@@ -91,7 +92,7 @@ class Model:
         with tf.GradientTape() as tape:
             pred = self.predict(ids_a, b_vals, b_splits)
             loss = tf.reduce_sum(tf.square(pred - y)) / GLOBAL_BATCH
-        variables = [*self.evs, self.w, self.v, self.bias]
+        variables = [*self.tables, self.w, self.v, self.bias]
         grads = tape.gradient(loss, variables)
         self.opt.apply_gradients(zip(grads, variables))
         return loss

@@ -45,3 +45,30 @@ def test_checkpoint_collection_saves_it_as_this_workers_part_wherever_it_is_foun
         c = collect(found)
         assert list(c.evs) == ["cev_ckpt/part_0"] and c.evs["cev_ckpt/part_0"] is cev.local
         assert c.shard_info["cev_ckpt/part_0"]["count"] == 1
+
+
+def test_the_table_itself_takes_gradients_and_updates_as_its_local_shard_does():
+    ids, y = tf.constant([1, 2, 1, 3], tf.int64), tf.constant([1.0, 0.0, 1.0, 0.0])
+
+    def trained(name, as_variable):
+        cev = evstore.CollectiveEmbeddingVariable(name, 2, initializer=tf.constant_initializer(0.1))
+        w = tf.Variable([[0.5], [-0.5]], name=f"{name}_w")
+        opt = evstore.optimizers.Adam(0.1)
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                pred = tf.squeeze(tf.matmul(evstore.embedding_lookup(cev, ids, training=True), w), 1)
+                loss = tf.reduce_mean(tf.square(pred - y))
+            variables = [cev if as_variable else cev.local, w]
+            grads = tape.gradient(loss, variables)
+            assert isinstance(grads[0], tf.IndexedSlices)
+            opt.apply_gradients(zip(grads, variables))
+        e = cev.local.export()
+        order = np.argsort(e["keys"].numpy())
+        return e["keys"].numpy()[order], e["values"].numpy()[order], e["slots"], w.numpy()
+
+    k1, v1, s1, w1 = trained("cev_idiom", True)
+    k2, v2, s2, w2 = trained("cev_local", False)
+    np.testing.assert_array_equal(k1, k2)
+    np.testing.assert_array_equal(v1, v2)
+    assert sorted(s1) == sorted(s2) and len(s1) == 2     # Adam's slots, in the table
+    np.testing.assert_array_equal(w1, w2)

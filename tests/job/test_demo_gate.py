@@ -20,12 +20,15 @@ def test_a_poisoned_gated_demo_reports_the_stretch_and_the_gate_and_commits_carr
     p0 = s["poison"]   # in seconds since the trainer started; the stretch starts 10 s after serving does
     assert p0["start_s"] >= 10.0 and abs(p0["end_s"] - p0["start_s"] - 10.0) < 0.02
     g = s["serving"]["gate"]
-    assert g["gate"] == "auc >= served - 0.01, logloss <= served * 1.05" and g["held_back_total"] >= 0
+    assert g["gate"] == "auc >= served - 0.01, logloss <= served * 1.05" and g["held_back_total"] >= 1
+    assert p0["commits"] and not set(p0["commits"]) & set(g["served_versions"])   # no poisoned commit served
     assert s["restore_matches_trainer"] is True
     roots = out / "checkpoints"
-    qs = [json.loads((roots / d / "MANIFEST.json").read_text()).get("quality") for d in os.listdir(roots)
-          if d.startswith("delta-")]
-    assert qs and all(q is not None and q["examples"] >= 0 for q in qs)
+    ms = {m["seq"]: m for m in (json.loads((roots / d / "MANIFEST.json").read_text()) for d in os.listdir(roots)
+                                if d.startswith(("full-", "delta-")))}
+    deltas = [m for m in ms.values() if m["kind"] == "delta"]
+    assert deltas and all(m["quality"]["examples"] == m["metadata"]["examples"] - ms[m["parent"]]["metadata"]
+                          ["examples"] for m in deltas if m["parent"] in ms)   # the examples since its parent
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -171,3 +171,27 @@ def test_serve_with_allow_empty_serves_the_export_and_applies_the_first_commit(t
         wait_until(lambda: server.version() > 0, "the first commit to be served")
     finally:
         assert server.stop() == 0
+
+
+def test_train_export_tables_evstore_writes_the_export_that_tiered_serving_takes(trained, tmp_path):
+    import checkpoint
+    from evstore_app.job.model import build_model
+
+    tmp, summary, _ = trained
+    p = evstore("train", "--data", DATA, "--spec", SPEC, "--checkpoints", str(tmp_path / "ckpt"), "--export",
+                str(tmp_path / "export"), "--export-tables", "evstore", "--max-rows", "0", "--no-progress",
+                "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((tmp_path / "export" / "assets.extra" / "evstore_serving.json").read_text())["tables"] == \
+        "evstore"
+    spec, x = _queries()
+    model = build_model(spec)
+    checkpoint.CheckpointManager(str(tmp / "ckpt"), model).restore()
+    server = Server(str(tmp_path), str(tmp_path / "export"), str(tmp / "ckpt"), name="movielens",
+                    extra=["--tiered-dram-bytes", "65536"])     # rows on disk behind a small DRAM cache
+    try:
+        assert server.version() == summary["checkpoints"]["final"]
+        np.testing.assert_allclose(np.asarray(predict_columns(server, x)), model.predict(x, verbose=0), rtol=1e-5,
+                                   atol=1e-6)
+    finally:
+        assert server.stop() == 0

@@ -1,4 +1,4 @@
-"""The fleet tests' single-process trainer, run on a host of its own:
+"""A single-process trainer for the tests on hosts (tests/hosts.py), run on a host of its own:
 `python fleet_trainer.py --root s3://B/fleet --export-url s3://B/export`
 (`--user-shards N --tables evstore`: the sharded-serving tests' model).
 

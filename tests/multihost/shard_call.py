@@ -2,8 +2,9 @@
 threads of their own, so they cannot borrow the test thread's namespace):
 
     python shard_call.py stage TARGET FLEET ADDR...   # Stage on each shard; prints each answer's JSON
-    python shard_call.py predict ADDR                  # a Predict of ckpt_model.probe_inputs() at the
-                                                       # front; prints {"code", "details", "version", "outputs"}
+    python shard_call.py predict ADDR [OFFSET]         # a Predict of ckpt_model.probe_inputs() (users + OFFSET)
+                                                       # at the front; prints {"code", "details", "version",
+                                                       # "outputs"}
 """
 import json
 import os
@@ -23,7 +24,7 @@ def stage(target, fleet, addresses):
             print(ch.unary_unary("/evstore.ServingShard/Stage")(body, timeout=120).decode(), flush=True)
 
 
-def predict(address):
+def predict(address, offset=0):
     import numpy as np
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
@@ -31,6 +32,7 @@ def predict(address):
     from serving_loader.tensor_proto import array_to_tensor
 
     users, items = probe_inputs()
+    users = users + offset
     req = predict_pb2.PredictRequest()
     req.model_spec.name = "ctr"
     array_to_tensor(users, req.inputs["users"])
@@ -49,4 +51,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "stage":
         stage(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
-        predict(sys.argv[2])
+        predict(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)

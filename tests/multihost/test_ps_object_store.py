@@ -1,11 +1,19 @@
 """A parameter-server job whose tasks each run on a host of their own
 (tests/hosts.py, tests/host_cluster.py) with an S3 root as the only storage
-they share: every PS uploads its own part, the chief commits; after the
-whole job is killed it resumes on the same hosts exactly, and a process on
+they share: every PS uploads its own part, the chief commits. The chief is
+SIGKILLed in its third save, after every part is in the bucket and before the
+manifest, then the rest of the job: that commit is never visible, the job
+resumes on the same hosts from the last commit exactly, and a process on
 another host restores the chain into unsharded tables exactly. No host keeps a
-checkpoint byte outside the object store."""
+checkpoint byte outside the object store once the job runs again (the dead
+chief's staged part is removed by the next chief on its host)."""
 import os
+import re
 import sys
+import threading
+import time
+
+import pytest
 
 import hosts
 from host_cluster import HostCluster
@@ -18,28 +26,52 @@ from test_cluster_training import BATCH, CHIEF, assert_same_state, load, referen
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_ps_job_on_hosts_commits_to_s3_resumes_after_a_whole_job_kill_and_restores_into_one_process(tmp_path):
+def committed_dirs(store, prefix):
+    """({checkpoint directory: has a manifest}) of the bucket's objects under `prefix`."""
+    out = {}
+    for k in store.keys(prefix):
+        m = re.search(r"/((full|delta)-\d{10})/(.+)$", k)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), False) or m.group(3) == "MANIFEST.json"
+    return out
+
+
+def test_ps_job_on_hosts_survives_a_chief_killed_mid_commit_and_restores_into_one_process(tmp_path):
     with hosts.network_or_skip(tmp_path / "net") as net:
         store = net.object_store()
         root = store.root("ps-job")
-        with HostCluster(net, num_ps=2, num_workers=2) as hc:
+        # The chief stops in its 3rd save before the manifest (only the chief runs the commit point).
+        with HostCluster(net, num_ps=2, num_workers=2, env={"EVSTORE_FAILPOINT": "before-manifest@3",
+                                                            "EVSTORE_FAILPOINT_FILE": "/tmp/at-manifest"}) as hc:
+            mark = os.path.join(hc.chief.tmp, "at-manifest")
+
+            def kill_chief_at_mark():
+                deadline = time.time() + hosts.STARTUP_S
+                while not os.path.exists(mark) and time.time() < deadline:
+                    time.sleep(0.1)
+                hc.chief.kill_all()
+
+            killer = threading.Thread(target=kill_chief_at_mark)
+            killer.start()
             lines = []
-            run_chief(hc, CHIEF, ["--cluster", hc.cluster_file, "--steps", 40, "--sync", "--batch-size", BATCH,
-                                  "--checkpoints", root, "--delta-every", 10, "--dump-dir", "/tmp",
-                                  "--pause-after-commits", 2, "--state-out", "/tmp/never.npz"],
-                      stop_on="PAUSED", lines_out=lines)
+            with pytest.raises(AssertionError):
+                run_chief(hc, CHIEF, ["--cluster", hc.cluster_file, "--steps", 40, "--sync", "--batch-size", BATCH,
+                                      "--checkpoints", root, "--delta-every", 10, "--dump-dir", "/tmp",
+                                      "--state-out", "/tmp/never.npz"], lines_out=lines)
+            killer.join()
+            assert os.path.exists(mark)
             commits = [tuple(int(x) for x in ln.split()[1:]) for ln in lines if ln.startswith("COMMITTED ")]
             sent = [int(ln.split()[2]) for ln in lines if ln.startswith("SENT ")]
             assert [p for _, p in commits] == [10, 20]
-            keys = store.keys("ps-job/")
-            for seq, _ in commits:
-                assert any(k.endswith(f"-{seq:010d}/MANIFEST.json") for k in keys), keys
-            # The chief sent its own part and the indexes: far less than one PS's rows (256 rows x 8 x 4 B).
+            # The chief sent its own part and the indexes: less than one PS's rows of a full.
             assert all(0 < s < 20000 for s in sent), sent
-            for job, n in (("ps", 2), ("worker", 2)):   # the whole job is gone (the chief was SIGKILLed)
+            dirs = committed_dirs(store, "ps-job/")
+            assert sorted(dirs.items()) == [("delta-0000000002", True), ("delta-0000000003", False),
+                                            ("full-0000000001", True)]   # the parts of 3, no manifest
+            for job, n in (("ps", 2), ("worker", 2)):   # the rest of the job dies too
                 for t in range(n):
                     hc.kill(job, t)
-            net.assert_no_checkpoint_files()
+            hc.env.pop("EVSTORE_FAILPOINT")
             for job, n in (("ps", 2), ("worker", 2)):
                 for t in range(n):
                     hc.restart(job, t)
@@ -53,6 +85,7 @@ def test_ps_job_on_hosts_commits_to_s3_resumes_after_a_whole_job_kill_and_restor
         assert r["global_step"] == 40
         final = load(os.path.join(chief_tmp, "state.npz"))
         assert_same_state(final, reference(40))
+        assert all(committed_dirs(store, "ps-job/").values())   # the dead save's parts were removed
         solo = net.host("solo")
         p = solo.start([sys.executable, os.path.join(HERE, "restore_one.py"), root, "/tmp/one.npz"], name="restore")
         assert p.wait(timeout=hosts.STARTUP_S) == 0, open(p.log_path).read()[-3000:]

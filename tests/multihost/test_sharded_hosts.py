@@ -94,12 +94,13 @@ class ShardedFleet:
         assert p.wait(timeout=120) == 0, open(p.log_path).read()[-3000:]
         return [json.loads(ln) for ln in p.lines]
 
-    def predict_rest(self):
+    def predict_rest(self, offset=0):
+        """The probe's predict over REST (its users + `offset`)."""
         from ckpt_model import probe_inputs
 
         users, items = probe_inputs()
         return self.rest("POST", "/v1/models/ctr:predict",
-                         {"inputs": {"users": users.tolist(), "items": items.tolist()}})
+                         {"inputs": {"users": (users + offset).tolist(), "items": items.tolist()}})
 
 
 def test_a_sharded_fleet_on_hosts_of_its_own_serves_each_commit_whole_and_survives_a_shard_killed_mid_publish(
@@ -125,10 +126,15 @@ def test_a_sharded_fleet_on_hosts_of_its_own_serves_each_commit_whole_and_surviv
         assert [s["staged"] for s in staged] == [seq, seq] and [s["version"] for s in staged] == [v, v]
         f.shards[1].kill()
         assert f.rest("POST", "/v1/models/ctr/admin/resume", admin=True)[0] in (200, 409)
-        status, body = f.predict_rest()
+        # requests needing rows the front does not hold for v yet fail, naming the shard; the probe's rows
+        # were brought for v before the kill: the probe is still answered, at v
+        status, body = f.predict_rest(offset=1000)
         assert status == 503 and "shard 1/2" in body["error"], body
-        (got,) = f.call("predict", front)
+        (got,) = f.call("predict", front, 2000)
         assert got["code"] == "UNAVAILABLE" and "shard 1/2" in got["details"], got
+        status, out = f.predict_rest()
+        assert status == 200, out
+        np.testing.assert_allclose(np.ravel(out["outputs"]), f.probes[v], rtol=1e-5, atol=1e-6)
         assert f.version() == v   # the front polls every 0.2 s: the fleet holds v while shard 1 is down
         # back on its host: it rejoins at the fleet's version, then the fleet publishes the new commit
         f.shards[1] = f.start_shard(1)

@@ -1,11 +1,12 @@
 """A synchronous job (`python -m evstore_app.job.sync_train`, 2 workers) with
 each worker on a host of its own (tests/hosts.py) and an S3 root as the only
 storage they share: every worker uploads its own part, the chief merges and
-commits. Worker 1 is SIGKILLed at batch 7: worker 0 stops by itself; both are
-started again (the orchestrator's part) and resume from the object store; the
-job ends equal to the one-process job, and a process on a third host restores
-the 2-worker chain into one process bit for bit. No host keeps a checkpoint
-byte outside the object store."""
+commits. Worker 0, the chief, is SIGKILLed at batch 7: worker 1 stops by
+itself; both are started again (the orchestrator's part) and resume from the
+object store; the job ends equal to the one-process job, every merged commit
+says deleted_complete, and a process on a third host restores the 2-worker
+chain into one process bit for bit. No host keeps a checkpoint byte outside
+the object store."""
 import json
 import os
 import sys
@@ -22,25 +23,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PORT = 2222
 
 
-def start_workers(net, ws, root, env1=None):
+def start_workers(net, ws, root, env0=None):
     addrs = ",".join(f"{h.address}:{PORT}" for h in ws)
     return [h.start([sys.executable, "-m", "evstore_app.job.sync_train", "--rank", str(r), "--workers", addrs,
                      "--checkpoints", root, "--steps", str(sj.STEPS), "--batch-size", str(sj.BATCH),
                      "--delta-every", str(sj.DELTA), "--result", "/tmp/result.json", "--state-out", "/tmp/state.npz"],
-                    name=f"sync-{r}", env=env1 if r == 1 else None)
+                    name=f"sync-{r}", env=env0 if r == 0 else None)
             for r, h in enumerate(ws)]
 
 
-def test_sync_job_on_hosts_commits_to_s3_and_resumes_after_a_worker_kill_exactly(tmp_path):
+def test_sync_job_on_hosts_commits_to_s3_and_resumes_after_the_chief_is_killed_exactly(tmp_path):
     from evstore_app.job.sync_train import merge_states
 
     with hosts.network_or_skip(tmp_path / "net") as net:
         store = net.object_store()
         root = store.root("sync-job")
         ws = [net.host(f"w{r}") for r in range(2)]
-        first = start_workers(net, ws, root, env1={"EVSTORE_SYNC_KILL_AT": "1:7"})
-        assert first[1].wait(timeout=hosts.STARTUP_S) == -9
-        assert first[0].wait(timeout=hosts.STARTUP_S) == 75   # its next collective failed: it stopped by itself
+        first = start_workers(net, ws, root, env0={"EVSTORE_SYNC_KILL_AT": "0:7"})
+        assert first[0].wait(timeout=hosts.STARTUP_S) == -9
+        assert first[1].wait(timeout=hosts.STARTUP_S) == 75   # its next collective failed: it stopped by itself
         keys = store.keys("sync-job/")
         assert sum(k.endswith("MANIFEST.json") for k in keys) == 1, keys   # the commit at batch 4
         net.assert_no_checkpoint_files()
@@ -61,6 +62,8 @@ def test_sync_job_on_hosts_commits_to_s3_and_resumes_after_a_worker_kill_exactly
         solo = net.host("solo")
         p = solo.start([sys.executable, os.path.join(HERE, "restore_one.py"), root, "/tmp/one.npz"], name="restore")
         assert p.wait(timeout=hosts.STARTUP_S) == 0, open(p.log_path).read()[-3000:]
+        info = json.loads(p.lines[-1])
+        assert info["position"] == sj.STEPS and info["deleted_complete"] == [True] * 3   # full 4, deltas 8, 12
         one = dict(np.load(os.path.join(solo.tmp, "one.npz")))
         for k in got:
             np.testing.assert_array_equal(one[k], got[k], err_msg=k)

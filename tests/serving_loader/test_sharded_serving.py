@@ -73,7 +73,8 @@ def _same(front, single, inputs=None):
 
 
 @pytest.mark.parametrize("trained_shards", [2, None], ids=["trainer-route-matches", "unsharded-in-checkpoint"])
-def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version_each_shard_reading_its_part(tmp_path, trained_shards):
+def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version_each_shard_reading_its_part(
+        tmp_path, trained_shards):
     model = make_model(user_shards=trained_shards)
     train(model, 0, 3)
     export = str(tmp_path / "export")
@@ -228,6 +229,7 @@ def test_the_shard_port_answers_hostile_bytes_with_clean_errors_and_keeps_servin
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:   # not HTTP/2 at all
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(4096))
             s.recv(4096)
+        _oversized_and_flooded(fleet.shards[0], fleet.front.version)
         slow = socket.create_connection(("127.0.0.1", port), timeout=30)   # a client that never sends
         out, version = fleet.front.predict(_probe())   # still serving
         assert version == mgr.latest_seq() if hasattr(mgr, "latest_seq") else version is not None
@@ -248,3 +250,39 @@ def test_the_fronts_row_cache_is_emptied_at_a_poll_once_over_its_bound_and_answe
         _same(fleet.front, single)
     finally:
         fleet.close()
+
+
+def _oversized_and_flooded(shard, version):
+    """A second port on `shard` with small caps: a request over the size cap gets RESOURCE_EXHAUSTED, a
+    flood of concurrent lookups gets answers or RESOURCE_EXHAUSTED, and the port answers afterwards."""
+    from tensorflow_serving.apis import predict_pb2
+
+    from serving_loader.tensor_proto import array_to_tensor
+
+    server = ShardServer(shard, max_request_bytes=4096, max_concurrent=4, workers=2)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            lookup = ch.unary_unary(f"/{SERVICE}/Lookup")
+            req = predict_pb2.PredictRequest()
+            req.model_spec.version.value = version
+            array_to_tensor(np.arange(10_000, dtype=np.int64), req.inputs["user"])
+            with pytest.raises(grpc.RpcError) as e:
+                lookup(req.SerializeToString(), timeout=30)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            small = predict_pb2.PredictRequest()
+            small.model_spec.version.value = version
+            array_to_tensor(np.arange(100, dtype=np.int64), small.inputs["user"])
+            body = small.SerializeToString()
+            calls = [lookup.future(body, timeout=60) for _ in range(200)]
+            codes = set()
+            for c in calls:
+                try:
+                    c.result()
+                    codes.add(grpc.StatusCode.OK)
+                except grpc.RpcError as err:
+                    codes.add(err.code())
+            assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED} and grpc.StatusCode.OK in codes
+            resp = predict_pb2.PredictResponse.FromString(lookup(body, timeout=30))
+            assert resp.outputs["user"].tensor_shape.dim[0].size == 100
+    finally:
+        server.stop(0)

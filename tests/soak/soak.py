@@ -22,6 +22,13 @@ object store is all they share.
 Every --kill-min..--kill-max seconds (uniform), once the last kill has
 converged, the trainer or one replica (even odds; the replica at random)
 is SIGKILLed and started again at once.
+With --hosts --trainer ps the trainer is a parameter-server job instead
+(soak_ps_chief.py: the chief, 2 PS and 2 workers, each on a host of its
+own; every PS uploads its own part of each commit): the trainer's kill is of
+the chief, a PS or a worker (at random). A killed worker is started again
+and the job goes on (TF reconnects to it); a killed PS or chief takes the
+job with it, which is started again whole (every task, then the chief),
+resuming from its last commit in the store.
 
 Checked all along (each failure is a violation in the report; exit 1):
   * every answer comes from one committed version: its outputs equal the
@@ -63,6 +70,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "checkpoint"))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import hosts  # noqa: E402  (tests/hosts.py: every process on a host of its own, for --hosts)
+from host_cluster import HostCluster  # noqa: E402  (tests/host_cluster.py: --trainer ps)
 import s3_server  # noqa: E402  (tests/checkpoint: moto's server, shared with the S3 tests)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -161,21 +169,29 @@ class Soak:
     def __init__(self, a):
         self.a = a
         self.workdir = a.workdir
-        self.net = self.moto = None
+        self.net = self.moto = self.cluster = None
         if a.hosts:   # every process on a host of its own, moto too: the object store is all they share
             self.net = hosts.Network(os.path.join(self.workdir, "hosts"))
             self.store = self.net.object_store()
             self.root, self.export_url = self.store.root("soak"), self.store.root("export")
-            self.trainer_host = self.net.host("trainer")
+            if a.trainer == "ps":   # hosts chief, ps0, ps1, worker0, worker1
+                self.cluster = HostCluster(self.net, num_ps=2, num_workers=2)
+                self.trainer_host = self.cluster.chief
+            else:
+                self.trainer_host = self.net.host("trainer")
             self.replica_hosts = [self.net.host(f"replica{i}") for i in range(a.replicas)]
             self.client_host = self.net.host("client")
             self.export = "/tmp/export"   # the trainer's; each replica downloads it from export_url
             self.journal_path = os.path.join(self.trainer_host.tmp, "journal.jsonl")
+            self.inputs_path = os.path.join(self.trainer_host.tmp, "inputs.json")
         else:
+            if a.trainer != "single":
+                raise ValueError(f"--trainer {a.trainer} runs only with --hosts")
             self.moto = Moto(self.workdir)
             self.root = f"s3://{self.moto.bucket}/soak"
             self.export = os.path.join(self.workdir, "export")
             self.journal_path = os.path.join(self.workdir, "journal.jsonl")
+            self.inputs_path = os.path.join(self.workdir, "inputs.json")
         self.rng = random.Random(a.seed)
         self.lock = threading.Lock()
         self.violations = []
@@ -198,12 +214,20 @@ class Soak:
     # ---- processes -----------------------------------------------------------------------
     def start_trainer(self):
         self.instances += 1
-        journal = "/tmp/journal.jsonl" if self.net else self.journal_path
-        cmd = [sys.executable, os.path.join(HERE, "soak_trainer.py"), "--root", self.root,
-               "--export", self.export, "--journal", journal, "--delta-every", str(self.a.delta_every),
-               "--full-every", str(self.a.full_every), "--keep-chains", str(self.a.keep_chains)]
-        if self.net:
-            cmd += ["--export-url", self.export_url]
+        journal, inputs = ("/tmp/journal.jsonl", "/tmp/inputs.json") if self.net else (self.journal_path,
+                                                                                       self.inputs_path)
+        if self.a.trainer == "ps":
+            cmd = [sys.executable, os.path.join(HERE, "soak_ps_chief.py"), "--cluster", self.cluster.cluster_file,
+                   "--root", self.root, "--export-url", self.export_url, "--journal", journal, "--inputs-out", inputs,
+                   "--pause", str(self.a.delta_every), "--full-every", str(self.a.full_every),
+                   "--keep-chains", str(self.a.keep_chains)]
+        else:
+            cmd = [sys.executable, os.path.join(HERE, "soak_trainer.py"), "--root", self.root,
+                   "--export", self.export, "--journal", journal, "--inputs-out", inputs,
+                   "--delta-every", str(self.a.delta_every), "--full-every", str(self.a.full_every),
+                   "--keep-chains", str(self.a.keep_chains)]
+            if self.net:
+                cmd += ["--export-url", self.export_url]
         self.trainer = Proc("trainer", cmd, self.workdir, self.instances, host=self.net and self.trainer_host)
 
     def start_replica(self, i):
@@ -300,14 +324,16 @@ class Soak:
             return cur
 
         soak_client.predict_loop(target, self.stopping, lambda t, v, o: self.answered(i, t, v, o),
-                                 lambda t, code: self.failed(i, t, code, state.get("p")), self.a.query_every)
+                                 lambda t, code: self.failed(i, t, code, state.get("p")), self.a.query_every,
+                                 soak_client.decode_inputs(self.inputs))
 
     def host_clients(self):
         """--hosts: the clients as one process on the client's host; its lines are checked here."""
         addresses = [f"{h.address}:8500" for h in self.replica_hosts]
         self.instances += 1
         self.client_proc = Proc("client", [sys.executable, os.path.join(HERE, "soak_client.py"),
-                                           "--query-every", str(self.a.query_every), *addresses],
+                                           "--query-every", str(self.a.query_every), "--inputs", self.inputs,
+                                           *addresses],
                                 self.workdir, self.instances, host=self.client_host)
         seen = 0
         while not self.stopping.is_set():
@@ -381,6 +407,8 @@ class Soak:
         a = self.a
         self.start_trainer()
         self.wait_ready(self.trainer, "trainer")
+        with open(self.inputs_path) as f:
+            self.inputs = f.read()   # the probe inputs, as soak_client.py's --inputs
         for i in range(a.replicas):
             self.start_replica(i)
         for i in range(a.replicas):
@@ -407,11 +435,19 @@ class Soak:
                 break
             if time.monotonic() < next_kill or end - time.monotonic() < a.kill_max:
                 continue
-            victim = "trainer" if self.rng.random() < 0.5 else f"replica{self.rng.randrange(a.replicas)}"
+            trainer_side = ["chief", "ps0", "ps1", "worker0", "worker1"] if a.trainer == "ps" else ["trainer"]
+            victim = self.rng.choice(trainer_side) if self.rng.random() < 0.5 else \
+                f"replica{self.rng.randrange(a.replicas)}"
             t0 = time.monotonic()
-            if victim == "trainer":
+            if victim.startswith("worker"):   # the job goes on: TF reconnects to the restarted worker
+                self.cluster.restart("worker", int(victim[len("worker"):]))
+            elif victim in ("trainer", "chief") or victim.startswith("ps"):
+                if victim.startswith("ps"):
+                    self.cluster.kill("ps", int(victim[len("ps"):]))
                 self.trainer.kill()
                 self.retired.append(self.trainer)
+                if a.trainer == "ps":   # a PS's tables or the chief are gone: the orchestrator restarts the job
+                    self.cluster.restart_all()
                 self.start_trainer()
                 self.wait_ready(self.trainer, "trainer")
                 self.read_journal()
@@ -490,8 +526,9 @@ class Soak:
             "commits_journaled": len(commits), "last_commit": commits[-1] if commits else None,
             "answers": self.answers, "answers_total": sum(self.answers), "errors_while_up": self.errors_up,
             "kills": self.kills,
-            "kills_trainer": sum(k["victim"] == "trainer" for k in self.kills),
-            "kills_replica": sum(k["victim"] != "trainer" for k in self.kills),
+            "trainer": a.trainer,
+            "kills_trainer": sum(not k["victim"].startswith("replica") for k in self.kills),
+            "kills_replica": sum(k["victim"].startswith("replica") for k in self.kills),
             "converge_s_max": max(converge) if converge else None,
             "converge_s_median": float(np.median(converge)) if converge else None,
             "disk_bytes_max": max((d[1] for d in self.disk), default=0),
@@ -517,6 +554,10 @@ def main(argv=None):
     p.add_argument("--warmup-s", type=float, default=30.0,
                    help="seconds after a process is ready before its samples count for growth (30)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
+    p.add_argument("--trainer", choices=["single", "ps"], default="single",
+                   help="single: one trainer process (soak_trainer.py); ps (with --hosts): a parameter-server job, "
+                        "its chief (soak_ps_chief.py), 2 PS and 2 workers each on a host of its own, whose kills "
+                        "are of the chief, a PS or a worker (default single)")
     p.add_argument("--hosts", action="store_true",
                    help="every process on a host of its own (network and mount namespaces, tests/hosts.py; root "
                         "only): moto, the trainer, each replica and the client; at the end no host may hold a "

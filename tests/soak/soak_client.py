@@ -1,10 +1,10 @@
-"""The soak's clients: gRPC Predict of the probe inputs, back to back, to each
+"""The soak's clients: gRPC Predict of the trainer's probe inputs, back to back, to each
 replica, each answer reported with the version it names.
 
 tests/soak/soak.py runs `predict_loop` in a thread per replica of its own process
 (every process on this machine), or, with --hosts, runs this file as a
 process on the client's host (`python soak_client.py --query-every S
-ADDRESS...`), which prints one JSON line per answer or failed call:
+--inputs JSON ADDRESS...`), which prints one JSON line per answer or failed call:
   {"i": replica index, "t": time.monotonic(), "v": version, "o": [outputs]}
   {"i": replica index, "t": time.monotonic(), "e": "<grpc status code>"}
 (CLOCK_MONOTONIC is the machine's: the soak compares these times with its own.)
@@ -16,9 +16,8 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "tests", "checkpoint"))   # ckpt_model: the probe inputs
+import numpy as np
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # A restarted replica listens again within seconds: reconnect at least once a second.
@@ -26,20 +25,18 @@ CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconn
                    ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
-def predict_loop(target, stopping, on_answer, on_error, query_every, model="soak"):
-    """Calls Predict on `target()` ("host:port", or None while the replica is down) until `stopping` is set:
-    `on_answer(t, version, outputs)` per answer, `on_error(t, code)` per failed call (then a new channel)."""
+def predict_loop(target, stopping, on_answer, on_error, query_every, inputs, model="soak"):
+    """Calls Predict of `inputs` ({name: ndarray}) on `target()` ("host:port", or None while the replica is
+    down) until `stopping` is set: `on_answer(t, version, outputs)` per answer, `on_error(t, code)` per
+    failed call (then a new channel)."""
     import grpc
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    from ckpt_model import probe_inputs
-
-    users, items = probe_inputs()
     req = predict_pb2.PredictRequest()
     req.model_spec.name = model
-    req.inputs["users"].CopyFrom(tf.make_tensor_proto(users))
-    req.inputs["items"].CopyFrom(tf.make_tensor_proto(items))
+    for name, value in inputs.items():
+        req.inputs[name].CopyFrom(tf.make_tensor_proto(value))
     channel = address = stub = None
     while not stopping.is_set():
         cur = target()
@@ -66,12 +63,23 @@ def predict_loop(target, stopping, on_answer, on_error, query_every, model="soak
         channel.close()
 
 
+def encode_inputs(inputs):
+    """{name: ndarray} as soak_client.py's --inputs JSON."""
+    return json.dumps({k: [str(np.asarray(v).dtype), np.asarray(v).tolist()] for k, v in inputs.items()})
+
+
+def decode_inputs(text):
+    return {k: np.asarray(v, dtype=dtype) for k, (dtype, v) in json.loads(text).items()}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--query-every", type=float, default=0.05)
     p.add_argument("--model", default="soak")
+    p.add_argument("--inputs", required=True, help='the request\'s inputs: JSON {name: [dtype, nested list]}')
     p.add_argument("addresses", nargs="+", help="host:port of each replica's gRPC listener")
     a = p.parse_args(argv)
+    inputs = decode_inputs(a.inputs)
     lock = threading.Lock()
 
     def emit(**record):
@@ -83,7 +91,8 @@ def main(argv=None):
     threads = [threading.Thread(target=predict_loop, daemon=True, args=(
         lambda addr=addr: addr, stopping,
         lambda t, v, o, i=i: emit(i=i, t=t, v=v, o=[float(x) for x in o]),
-        lambda t, code, i=i: emit(i=i, t=t, e=code), a.query_every, a.model)) for i, addr in enumerate(a.addresses)]
+        lambda t, code, i=i: emit(i=i, t=t, e=code), a.query_every, inputs, a.model))
+        for i, addr in enumerate(a.addresses)]
     for t in threads:
         t.start()
     print("ready", file=sys.stderr, flush=True)

@@ -11,7 +11,9 @@ a line written is a line kept across a SIGKILL):
   {"event": "restored", "seq": s, "probe": [...]}
       at a restart, after restoring the newest chain (this also covers a
       commit whose process was killed before it could journal it).
-The first run (an empty root) exports the serving model to `--export` first.
+The first run (an empty root) exports the serving model to `--export` first
+(and uploads it to `--export-url` when given). Every run writes the probe
+inputs to `--inputs-out` (soak_client.py's --inputs JSON).
 """
 import argparse
 import json
@@ -29,6 +31,7 @@ import fsspec  # noqa: E402
 import checkpoint  # noqa: E402
 import serving_loader  # noqa: E402
 from ckpt_model import make_model, probe_inputs, train  # noqa: E402
+from soak_client import encode_inputs  # noqa: E402
 
 
 def _journal(f, **record):
@@ -50,9 +53,13 @@ def main(argv=None):
     p.add_argument("--full-every", type=int, default=10, help="every Nth commit is a full (default 10)")
     p.add_argument("--keep-chains", type=int, default=2, help="retention: chains kept (default 2)")
     p.add_argument("--steps", type=int, default=4, help="most training steps between commits (default 4)")
+    p.add_argument("--inputs-out", required=True, help="the probe inputs go here (soak_client.py's --inputs)")
     p.add_argument("--export-url", default=None,
                    help="also upload the export here (an fsspec URL: replicas on other hosts download it)")
     a = p.parse_args(argv)
+    users, items = probe_inputs()
+    with open(a.inputs_out, "w") as f:
+        f.write(encode_inputs({"users": users, "items": items}))
     model = make_model()
     mgr = checkpoint.CheckpointManager(a.root, model, keep_chains=a.keep_chains, lease_timeout=30.0)
     with open(a.journal, "a") as journal:
