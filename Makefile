@@ -82,16 +82,12 @@ $(DOCSDEPS): pyproject.toml | $(DEPS)
 
 install: $(NATIVE)
 
-<<<<<<< HEAD
-test: install test-native $(TESTDEPS) $(DOCSDEPS)
-	$(BIN)/python -m pytest -q tests
-=======
 # The suite on TEST_WORKERS processes (pytest-xdist), each test file on one of them: a file's
-# module-scoped fixtures are built once. TEST_WORKERS=0 runs it in this one process.
+# module-scoped fixtures are built once. TEST_WORKERS=0 runs it in this one process. The core's
+# C++ tests (test-native) run first.
 TEST_WORKERS ?= 2
-test: install $(TESTDEPS) $(DOCSDEPS)
+test: install test-native $(TESTDEPS) $(DOCSDEPS)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
->>>>>>> main
 
 # The core's C++ tests (tests/native/CMakeLists.txt: -O3 -Wall -Wextra -Werror,
 # ASan+UBSan, TSan for the tests with threads, the portable group probe),
