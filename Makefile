@@ -20,7 +20,9 @@ SHELL := /bin/bash
 BUILD_SYSTEM = $(BIN)/python -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
 	build = toml.load(open("pyproject.toml", "rb"))["build-system"]; exec(sys.argv[1])'
 
-.PHONY: all install test demo docs cli-docs bench bench-peers soak clean system-packages
+NATIVE_TESTS := build/native-tests
+
+.PHONY: all install test test-native demo docs cli-docs bench bench-peers soak clean system-packages
 
 all: install
 
@@ -80,8 +82,20 @@ $(DOCSDEPS): pyproject.toml | $(DEPS)
 
 install: $(NATIVE)
 
-test: install $(TESTDEPS) $(DOCSDEPS)
-	$(BIN)/python -m pytest -q tests
+# The suite on TEST_WORKERS processes (pytest-xdist), each test file on one of them: a file's
+# module-scoped fixtures are built once. TEST_WORKERS=0 runs it in this one process. The core's
+# C++ tests (test-native) run first.
+TEST_WORKERS ?= 2
+test: install test-native $(TESTDEPS) $(DOCSDEPS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
+
+# The core's C++ tests (tests/native/CMakeLists.txt: -O3 -Wall -Wextra -Werror,
+# ASan+UBSan, TSan for the tests with threads, the portable group probe),
+# built by CMake and run by CTest. No compiler or no CMake: this fails.
+test-native: $(DEPS)
+	PATH=$(abspath $(BIN)):$$PATH cmake -S tests/native -B $(NATIVE_TESTS) -DPython_EXECUTABLE=$(abspath $(BIN)/python) >/dev/null
+	PATH=$(abspath $(BIN)):$$PATH cmake --build $(NATIVE_TESTS) --parallel 2
+	PATH=$(abspath $(BIN)):$$PATH ctest --test-dir $(NATIVE_TESTS) --parallel 2 --output-on-failure
 
 demo: install
 	$(BIN)/evstore demo

@@ -11,6 +11,7 @@ import os
 
 import tensorflow as tf
 
+from checkpoint.fileio import fsync as _fsync
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.serving_view import VIEW_PREFIX, write_view
 from evstore import schema
@@ -147,10 +148,3 @@ def merge_parts(directory, prefixes, results):
     files[BUNDLE_PREFIX + ".index"] = {"size": int(size), "crc32c": int(crc)}
     return files, counts
 
-
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -9,9 +9,8 @@ clear ChainError rather than a silently older state.
 import dataclasses
 import os
 
-import tensorflow as tf
-
 from checkpoint.errors import ChainError, CorruptCheckpointError, NoCheckpointError
+from checkpoint.fileio import crc32c
 
 __all__ = ["Scan", "scan", "resolve_chain", "withdrawn", "WITHDRAWN_RESCANS", "verify_files", "verify_staged",
            "crc32c_stream"]
@@ -99,13 +98,12 @@ def resolve_chain(sc, upto=None, where="checkpoint root"):
 
 def crc32c_stream(f):
     """crc32c (unmasked) and size of a binary file object, read in chunks."""
-    from evstore import ops
     crc, size = 0, 0
     while True:
         b = f.read(_CHUNK)
         if not b:
             return crc, size
-        crc = int(ops.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(b)))
+        crc = crc32c(b, crc)
         size += len(b)
 
 

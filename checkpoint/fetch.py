@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from checkpoint.chain import verify_staged
 from checkpoint.errors import CorruptCheckpointError
+from checkpoint.fileio import crc32c as _crc
 from checkpoint.index import data_file, parse_index
 from checkpoint.manifest import BUNDLE_PREFIX
 
@@ -124,11 +125,6 @@ def _fetch_whole(storage, manifest, verify, files=None):
         raise
     size = sum(manifest.files[n]["size"] for n in names)
     return Fetched(manifest, directory=d, bytes_read=size, release=lambda: storage.unstage(d))
-
-
-def _crc(data, crc=0):
-    from evstore import ops
-    return int(ops.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(bytes(data))))
 
 
 def _listed(storage, manifest, name):

@@ -33,6 +33,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from checkpoint.fileio import crc32c as _crc32c
+from checkpoint.fileio import fsync as _fsync
 from checkpoint.index import build_index, data_file, parse_index
 from evstore import schema
 
@@ -112,17 +114,6 @@ def view_tensors(dtype, ev):
     return [schema.tensor(ev, s) for s in codec(dtype).suffixes()]
 
 
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _crc32c(data, crc=0):
-    from evstore import ops
-    return int(ops.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(data)))
 
 
 def _read_values(directory, main_prefix, ev_names):

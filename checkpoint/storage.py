@@ -18,6 +18,7 @@ import tempfile
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from checkpoint.fileio import fsync
 from checkpoint.manifest import MANIFEST, Manifest, parse_dir_name
 
 __all__ = ["Storage", "private_tempdir", "sweep_dead"]
@@ -126,7 +127,7 @@ class Storage:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            _fsync_dir(os.path.dirname(path))
+            fsync(os.path.dirname(path), best_effort=True)
         else:
             self.fs.pipe_file(path, data)
         # What was just written, whole, is what a read would return: the next
@@ -140,7 +141,7 @@ class Storage:
         except FileNotFoundError:
             pass
         if self.local:
-            _fsync_dir(self.join(dirname))
+            fsync(self.join(dirname), best_effort=True)
 
     def remove_dir(self, dirname):
         self._manifests.pop(dirname, None)
@@ -190,7 +191,7 @@ class Storage:
         if self.local:
             path = self.join(dirname)
             os.makedirs(path, exist_ok=True)
-            _fsync_dir(self.path)
+            fsync(self.path, best_effort=True)
             return path
         return private_tempdir("stage", f"{dirname}-")
 
@@ -281,15 +282,3 @@ class Storage:
     def display(self, dirname, name=None):
         return self._display(self.join(dirname, name) if name else self.join(dirname))
 
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -5,9 +5,32 @@ DRAM cache over a disk tier (`TieredStorage`). See docs/guides/tiered-storage.md
 import atexit
 import os
 import tempfile
+import warnings
 import weakref
 
-__all__ = ["TieredStorage"]
+__all__ = ["TieredStorage", "RamTierWarning"]
+
+_RAM_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+class RamTierWarning(UserWarning):
+    """A tier path on a file system that lives in RAM (tmpfs, ramfs)."""
+
+
+def _filesystem_of(path):
+    """The type of the file system `path` is (or would be created) on, from /proc/self/mounts; None unknown."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+    except OSError:
+        return None
+    path = os.path.realpath(path)
+    best, fs = "", None
+    for mount, kind in mounts:
+        mount = mount.replace("\\040", " ")
+        if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+            best, fs = mount, kind
+    return fs
 
 # Tiered tables still alive, dropped at interpreter exit: a table object that
 # a reference cycle or a distribution strategy keeps alive to the end is never
@@ -37,7 +60,8 @@ class TieredStorage:
 
     `EmbeddingVariable(..., storage=evstore.TieredStorage(dram_bytes=..., path=...))`
     keeps the EV's index and per-key metadata (key, frequency, dirty bit,
-    version, cache bookkeeping: 36-41 bytes per int64 key) in DRAM and its
+    version, disk location, cache bookkeeping; docs/guides/tiered-storage.md, "What stays in
+    DRAM: the cost per key") in DRAM and its
     rows (embedding + optimizer slots) in a cache of about `dram_bytes`;
     the other rows live in one record file on disk, read back when a lookup,
     apply or import touches them. Which rows stay in DRAM follows the keys'
@@ -79,6 +103,11 @@ class TieredStorage:
             raise ValueError(f"path must be a non-empty directory path, got {path!r}")
         self.dram_bytes = dram_bytes
         self.path = os.path.abspath(os.fspath(path))
+        fs = _filesystem_of(self.path)
+        if fs in _RAM_FILESYSTEMS:
+            warnings.warn(f"evstore: the tier path {self.path} is on a {fs} (RAM): rows moved to the tier still take "
+                          "memory; pass TieredStorage(path=...) a directory on a local disk", RamTierWarning,
+                          stacklevel=2)
 
     def _native_attrs(self):
         return {"tier_dram_bytes": self.dram_bytes, "tier_path": self.path}

@@ -1,15 +1,34 @@
 """A ServingModel's counters of applied checkpoints (freshness, apply latency,
-bytes fetched) and their snapshot for monitoring."""
+bytes fetched, failures, rollbacks) and their snapshot for monitoring."""
+import logging
 import time
 
 __all__ = ["ApplyMetrics"]
 
+log = logging.getLogger("evstore.serving")
+
 
 class ApplyMetrics:
-    """ServingModel's apply counters and metrics snapshot (a mixin: the state it
-    reads and writes is ServingModel's, set up by its __init__)."""
+    """Counters only: every part of a ServingModel reports here, none reads it back."""
 
-    def _record(self, m, t0):
+    def __init__(self):
+        self.applied = 0
+        self.applied_seqs = []       # sequence numbers published, in order (a reload publishes its last)
+        self.failures = 0
+        self.last_error = None
+        self.freshness_s = []        # commit -> served, per applied checkpoint (bounded)
+        self.apply_latency_s = []    # stage + publish, per applied checkpoint (bounded)
+        self.fetched_bytes_total = 0   # bytes read from the root for published checkpoints
+        self.last_fetched_bytes = None # ... for the last one
+        self.last_lag_s = None         # commit (its manifest's wall time) -> served, last checkpoint
+        self.last_apply_s = None       # stage + publish, last checkpoint
+        self.last_applied_wall = None
+        self.rollbacks = 0
+        self.rollback_failures = 0
+        self.last_rollback = None      # {"from", "to", "then", "seconds", "wall_time"} of the last one done
+
+    def record(self, m, t0):
+        """Commit `m`, whose apply started at `t0` (wall time), is served."""
         now = time.time()
         self.applied += 1
         self.applied_seqs = (self.applied_seqs + [m.seq])[-10000:]
@@ -18,26 +37,31 @@ class ApplyMetrics:
         self.last_lag_s, self.last_apply_s = self.freshness_s[-1], self.apply_latency_s[-1]
         self.last_applied_wall = now
 
-    def apply_samples(self, wait=True):
-        """(applied, freshness samples, apply-latency samples) as of one moment
-        (taken under the poll lock). With wait=False returns None instead of
-        waiting while a checkpoint is being applied."""
-        if not self._poll_lock.acquire(blocking=wait):
-            return None
-        try:
-            return self.applied, list(self.freshness_s), list(self.apply_latency_s)
-        finally:
-            self._poll_lock.release()
+    def fetched(self, nbytes):
+        """A published commit read `nbytes` from the root."""
+        self.fetched_bytes_total += nbytes
+        self.last_fetched_bytes = nbytes
 
-    def metrics(self):
-        """A snapshot for monitoring: version, applied, failures, rows per table,
-        freshness and apply latency samples (seconds)."""
-        return {"version": self.version, "base": self.base, "applied": self.applied,
-                "applied_seqs": list(self.applied_seqs), "failures": self.failures,
-                "last_error": self.last_error, "rows": self.rows(), "freshness_s": list(self.freshness_s),
-                "apply_latency_s": list(self.apply_latency_s), "pinned": self.pinned,
-                "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
+    def fail(self, msg, version):
+        """A failure (counted), while `version` stays served."""
+        self.failures += 1
+        self.last_error = msg
+        log.warning("%s (still serving %s)", msg, version)
+
+    def rolled_back(self, before, seq, then, t0):
+        self.rollbacks += 1
+        self.last_rollback = {"from": before, "to": seq, "then": then, "seconds": round(time.time() - t0, 6),
+                              "wall_time": time.time()}
+
+    def samples(self):
+        """(applied, freshness samples, apply-latency samples)."""
+        return self.applied, list(self.freshness_s), list(self.apply_latency_s)
+
+    def snapshot(self):
+        """The counters for monitoring."""
+        return {"applied": self.applied, "applied_seqs": list(self.applied_seqs), "failures": self.failures,
+                "last_error": self.last_error, "freshness_s": list(self.freshness_s),
+                "apply_latency_s": list(self.apply_latency_s), "rollbacks": self.rollbacks,
                 "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
-                "serving_view": self.serving_view, "fetched_bytes_total": self.fetched_bytes_total,
-                "last_fetched_bytes": self.last_fetched_bytes, "last_lag_s": self.last_lag_s,
-                "last_apply_s": self.last_apply_s}
+                "fetched_bytes_total": self.fetched_bytes_total, "last_fetched_bytes": self.last_fetched_bytes,
+                "last_lag_s": self.last_lag_s, "last_apply_s": self.last_apply_s}

@@ -24,6 +24,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 
 from checkpoint.bundle import load_ev
 from evstore import ops, schema
+from serving_loader.served_table import ReplaceableTable
 
 __all__ = ["ExportedTable", "EvTable", "STOCK", "EVSTORE", "TABLE_KINDS"]
 
@@ -144,7 +145,7 @@ def _insert(handle, key_dtype, dim, keys, values, freqs, forget=True):
         _forget_changes(handle, key_dtype)
 
 
-class EvTable:
+class EvTable(ReplaceableTable):
     """ServingModel's adapter for a loaded `ExportedTable`.
 
     Args:

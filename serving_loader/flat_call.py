@@ -21,7 +21,7 @@ def zero_example(inputs):
 class FlatCall:
     """A signature called on its flat inputs, without ConcreteFunction.__call__'s
     per-call argument binding, a large share of a one-row call's cost
-    (docs/history/benchmarks-log.md).
+    (bench/LOG.md).
 
     Built once per signature: its parameter order, specs and captured inputs
     (the variables and tables) do not change while a model is served, since

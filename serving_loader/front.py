@@ -21,7 +21,7 @@ shards (serving_loader/shard_model.py) per request:
 
 Publishing a commit is two-phase across the fleet: the front stages its own
 part (dense weights, small EVs), has every shard stage its partition
-(`_fleet_stage`: Stage to all; one that cannot holds the whole fleet at its
+(the walk's fleet, serving_loader/walk.py: Stage to all; one that cannot holds the whole fleet at its
 version: the failure is counted and retried at the next poll), then under
 its write lock publishes its part, empties the sharded EVs' caches and moves
 `version`; after it, Publish tells the shards to drop the previous version.
@@ -36,13 +36,11 @@ import threading
 
 import numpy as np
 
-from checkpoint.chain import scan
-from checkpoint.storage import Storage
 from serving_loader.flat_call import FlatCall
-from serving_loader.model import NothingToServeError, ServingModel
+from serving_loader.model import ServingModel
 from serving_loader.shard_client import Fleet, ShardUnavailable
-from serving_loader.streamed_reload import staged_into_replacements
 from serving_loader.tfs import ServingError
+from serving_loader.walk import REPLACEMENTS
 
 __all__ = ["FrontModel"]
 
@@ -83,78 +81,43 @@ class FrontModel(ServingModel):
         self.fleet = Fleet(shards, timeout_s=timeout_s)
         evs = self.fleet.describe(wait_s)
         self.remote = {}   # sharded EV -> its table here (rows of `version` fetched for requests)
+        tables = self.publisher.tables
         for name, info in evs.items():
-            t = self._tables.get(name)
+            t = tables.get(name)
             if t is None or t.dim != info["dim"] or t.key_dtype.name != info["key_dtype"]:
                 raise ValueError(f"the shards serve EV {name!r} {info}, which this export does not serve so")
-            self.remote[name] = self._tables.pop(name)
+            self.remote[name] = tables.pop(name)
         self._cache_lock = threading.Lock()
         self.max_cached_rows = int(max_cached_rows)
+        # A reload or rollback reads the chain's own part (small EVs, dense) into memory, never the
+        # sharded EVs' rows; the shards stage theirs before each publish and publish after it.
+        self.walk.reload = REPLACEMENTS
+        self.walk.fleet = self.fleet
+        self.publisher.after_publish.append(self._drop_cached_rows)
         if checkpoint_root is not None:
-            self.storage = Storage(checkpoint_root, storage_options)
-            if not allow_empty:
-                why = self._nothing_to_serve(scan(self.storage))
-                if why:
-                    raise NothingToServeError(why)
-            self.poll()
-            if self.version is None and not allow_empty:
-                raise NothingToServeError(" ".join(f"checkpoint root {self.storage.url}: "
-                                                   f"{self.last_error or 'nothing to apply'}".split()))
+            self._attach_root(checkpoint_root, storage_options, allow_empty=allow_empty)
 
-    # -- the fleet's publish (ServingModel's hooks)
+    # -- the fleet's publish
     def poll(self):
         if self.storage is not None and self.version is not None:
-            with self._poll_lock:   # shards serving another version (restarted) stage and publish the fleet's
+            with self.walk.lock:   # shards serving another version (restarted) stage and publish the fleet's
                 for i, problem in self.fleet.rejoin(self.version):
-                    self._refuse(None, f"{problem}: requests that need it fail until it is back",
-                                 key=("rejoin", i), retry=True)
+                    self.walk.refuse(None, f"{problem}: requests that need it fail until it is back",
+                                     key=("rejoin", i), retry=True)
         self._trim_caches()
         return super().poll()
 
     def _trim_caches(self):
-        self._lock.acquire_read()
-        try:
+        with self.publisher.reading():
             big = [t for t in self.remote.values() if t.size() > self.max_cached_rows]
-        finally:
-            self._lock.release_read()
         if big:
-            self._lock.acquire_write()
-            try:
+            with self.publisher.writing():
                 for t in big:
                     t.adopt(t.replacement())
-            finally:
-                self._lock.release_write()
 
-    def _fleet_stage(self, m):
-        self.fleet.stage(m.seq, self.version)
-
-    def _fleet_published(self, seq):
-        self.fleet.publish(seq)
-
-    def _load_chain(self, chain):
-        """A reload or rollback: the chain's own part (small EVs, dense) read
-        into memory, never the sharded EVs' rows; the shards stage theirs;
-        then one publish."""
-        staged = [self._stage(m) for m in chain]
-        fresh = staged_into_replacements(self._tables, staged)
-        try:
-            self._fleet_stage(chain[-1])
-            self._lock.acquire_write()
-            try:
-                for name, table in self._tables.items():
-                    table.adopt(fresh.pop(name))
-                for s in staged:
-                    self._publish(s)
-            finally:
-                self._lock.release_write()
-        finally:
-            for t in fresh.values():
-                t.close()
-        self._fleet_published(chain[-1].seq)
-
-    def _publish(self, s):
-        super()._publish(s)
-        for t in self.remote.values():   # the rows cached here were the previous version's
+    def _drop_cached_rows(self):
+        """Under the write lock, after a publish: the rows cached here were the previous version's."""
+        for t in self.remote.values():
             t.adopt(t.replacement())
 
     # -- requests

@@ -8,7 +8,7 @@ HTTP/2 (nghttp2) and gRPC's message framing in a C++ thread and hands whole
 request messages to one Python dispatch thread in batches; answers go back
 from whichever thread finishes them. grpcio's own server spends more CPU per
 call before any model work than a whole REST request
-(docs/history/benchmarks-log.md).
+(bench/LOG.md).
 Requests reach the model as REST ones do (ServingApp.call_model: the default
 signature through the batcher); errors are TF Serving's canonical codes
 (ServingError.code) with its messages. ModelService.HandleReloadConfigRequest

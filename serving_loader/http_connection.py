@@ -13,7 +13,14 @@ with a JSON body {"error": ...} and then the connection closed:
   parsing progress are counted as they arrive;
 - a body over `max_body` bytes: 413, from Content-Length before the body is
   read, or while a chunked body streams in;
-- an HTTP version other than 1.1 / 1.0: 505; any other framing error: 400.
+- an HTTP version other than 1.1 / 1.0: 505; any other framing error: 400;
+- a request line other than `method SP request-target SP HTTP-version` with
+  one space each (llhttp accepts runs of spaces): 400, so each request line
+  is fed to the parser, and checked, whole (a Content-Length body goes in one
+  piece, the head and a chunked body line by line);
+- a transfer coding other than chunked (`Transfer-Encoding: gzip, chunked`):
+  501, as RFC 9112 section 6.1 asks of a coding the server does not
+  implement; chunked applied twice: 400.
 
 Requests are answered in order, one at a time: complete requests wait in a
 queue, handed to the router by a loop (never by recursion, so a thousand
@@ -29,19 +36,25 @@ is closed (a request half received is first answered 408).
 import asyncio
 import collections
 import functools
+import http
 
 import httptools
 
 from serving_loader.http_routing import Request, Response, error_response, exception_response
 
-__all__ = ["HttpConnection", "HttpLimits"]
+__all__ = ["HttpConnection", "HttpLimits", "MAX_HEADER_BYTES", "DEFAULT_IDLE_TIMEOUT_S", "reason_phrase"]
 
-REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-           404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict",
-           411: "Length Required", 413: "Payload Too Large", 429: "Too Many Requests",
-           431: "Request Header Fields Too Large", 499: "Client Closed Request", 500: "Internal Server Error",
-           501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout",
-           505: "HTTP Version Not Supported"}
+MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+
+
+def reason_phrase(status):
+    """The reason phrase of an HTTP status code (http.HTTPStatus's; 499, a client that went away before
+    its answer, is nginx's "Client Closed Request")."""
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Client Closed Request" if status == 499 else "Status"
 
 
 class HttpLimits:
@@ -58,7 +71,8 @@ class HttpLimits:
 
     __slots__ = ("max_body", "max_header_bytes", "idle_timeout_s", "max_pipelined", "linger_s")
 
-    def __init__(self, max_body, max_header_bytes=64 * 1024, idle_timeout_s=60.0, max_pipelined=64, linger_s=5.0):
+    def __init__(self, max_body, max_header_bytes=MAX_HEADER_BYTES, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S,
+                 max_pipelined=64, linger_s=5.0):
         self.max_body = max_body
         self.max_header_bytes = max_header_bytes
         self.idle_timeout_s = idle_timeout_s
@@ -86,6 +100,14 @@ def _parse_error(e):
     return _Refused(400, f"Malformed HTTP request: {reason}")
 
 
+def _check_request_line(line):
+    """Raises _Refused(400) unless `line` is `method SP request-target SP HTTP-version CRLF`."""
+    parts = line.rstrip(b"\r\n").split(b" ")
+    if len(parts) != 3 or not all(parts):
+        raise _Refused(400, f"Malformed HTTP request line: {line[:200]!r} (method, request target and version "
+                            "are separated by one space each)")
+
+
 class HttpConnection(asyncio.Protocol):
     """One client connection of `server` (an HttpServer: router, limits,
     on_response, stopping, connections); see the module docstring."""
@@ -110,6 +132,8 @@ class HttpConnection(asyncio.Protocol):
         self._reset_message()
 
     def _reset_message(self):
+        self.line = b""                    # the next request line, until its LF (None: past it)
+        self.body_left = None              # bytes of a Content-Length body still to feed (None: none)
         self.in_message = False
         self.headers_done = False
         self.expecting = False             # Expect: 100-continue not answered yet
@@ -150,7 +174,9 @@ class HttpConnection(asyncio.Protocol):
         self.last_active = self.loop.time()
         self.progress = False
         try:
-            self.parser.feed_data(data)
+            self._feed(data)
+        except _Refused as refusal:
+            self._refuse(refusal)
         except httptools.HttpParserCallbackError as e:
             refusal = e.__context__
             if not isinstance(refusal, _Refused):
@@ -176,6 +202,30 @@ class HttpConnection(asyncio.Protocol):
                                  if not self.headers_done else
                                  _Refused(400, f"a chunk line or trailer exceeds {self.limits.max_header_bytes} bytes"))
         self._pump()
+
+    def _feed(self, data):
+        """Feeds `data` to the parser: a request line whole (then checked), a
+        Content-Length body in one piece, anything else (headers, a chunked
+        body) line by line, so the next pipelined request line starts a piece."""
+        pos, n = 0, len(data)
+        while pos < n and not self.stopped:
+            if self.body_left:
+                stop = min(n, pos + self.body_left)
+                self.body_left -= stop - pos
+            else:
+                end = data.find(b"\n", pos)
+                stop = n if end < 0 else end + 1
+            piece = data[pos:stop]
+            if self.line is not None:
+                self.line += piece
+            self.parser.feed_data(piece)
+            pos = stop
+            if self.line is not None and self.line.endswith(b"\n"):
+                line, self.line = self.line, None
+                if line.strip():           # empty lines before a request line are ignored (RFC 9112 2.2)
+                    _check_request_line(line)
+                else:
+                    self.line = b""
 
     # -- parser callbacks (httptools)
     def on_message_begin(self):
@@ -222,7 +272,17 @@ class HttpConnection(asyncio.Protocol):
         except UnicodeDecodeError:
             raise _Refused(400, f"Malformed HTTP request target: {target[:200]!r}") from None
         headers = self.headers
+        te = headers.get("transfer-encoding")
+        if te is not None:
+            codings = [c.strip().lower() for c in te.split(",")]
+            unknown = [c for c in codings if c != "chunked"]
+            if unknown:
+                raise _Refused(501, f"transfer coding {unknown[0]!r} is not implemented (only chunked is)")
+            if len(codings) > 1:
+                raise _Refused(400, f"chunked applied more than once: Transfer-Encoding {te!r}")
         cl = headers.get("content-length")
+        if cl is not None and te is None:
+            self.body_left = int(cl)
         if cl is not None and int(cl) > self.limits.max_body:    # llhttp checked it is digits
             raise _Refused(413, f"request body of {int(cl)} bytes exceeds the limit of {self.limits.max_body} "
                                 f"bytes (--max_request_bytes)")
@@ -299,7 +359,7 @@ class HttpConnection(asyncio.Protocol):
         if self.closed:
             return
         close = not keep_alive or self.server.stopping
-        head = (f"HTTP/1.1 {resp.status} {REASONS.get(resp.status, 'Status')}\r\n"
+        head = (f"HTTP/1.1 {resp.status} {reason_phrase(resp.status)}\r\n"
                 f"Content-Type: {resp.content_type}\r\nContent-Length: {len(resp.body)}\r\n")
         for k, v in resp.headers:
             head += f"{k}: {v}\r\n"

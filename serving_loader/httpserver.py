@@ -2,22 +2,19 @@
 
 Why not a framework: every error, down to a malformed request line or
 Content-Length, must be answered with a JSON body ({"error": ...}), and the
-per-request cost must stay far below the model's (a predict is a few hundred
-microseconds of model time). Framing is llhttp's (through httptools); the
+per-request cost must stay small beside the model's own (BENCHMARKS.md,
+"Serving": the REST layer against the signature call). Framing is llhttp's (through httptools); the
 connection (serving_loader.http_connection) adds limits, in-order answers to
 pipelined requests, bounded output, `Expect: 100-continue` and an idle
 timeout, and hands each request to a `Router` (serving_loader.http_routing).
 """
 import asyncio
 
-from serving_loader.http_connection import HttpConnection, HttpLimits
+from serving_loader.http_connection import DEFAULT_IDLE_TIMEOUT_S, MAX_HEADER_BYTES, HttpConnection, HttpLimits
 from serving_loader.http_routing import Request, Response, Router, error_response, json_response
 
 __all__ = ["Request", "Response", "Router", "HttpServer", "HttpLimits", "json_response", "error_response",
            "MAX_HEADER_BYTES", "DEFAULT_IDLE_TIMEOUT_S"]
-
-MAX_HEADER_BYTES = 64 * 1024
-DEFAULT_IDLE_TIMEOUT_S = 60.0
 
 
 class HttpServer:

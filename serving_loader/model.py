@@ -37,40 +37,43 @@ Hold and roll back (an operator's controls):
     tables until it is published; nothing is kept between operations (the
     history is the root's retained commits).
 
-Where each job lives (ServingModel is assembled from them; this module keeps
-the loading, predictions and the public names):
-  * serving_loader/staging.py: staging and publishing a checkpoint;
-  * serving_loader/polling.py: following the root, reloads, failures, the
-    background poll;
-  * serving_loader/rollback.py: pin, resume, rollback, admin status;
-  * serving_loader/apply_metrics.py: apply counters and `metrics()`;
-  * serving_loader/flat_call.py: the fast signature call and `zero_example`;
-  * serving_loader/rwlock.py, serving_loader/table.py: the reader-writer lock
-    and the serving table adapter.
+The parts (TF Serving's Source, Loader, Manager and AspiredVersionPolicy; each
+owns its state and is reached only through its methods), in the order a
+commit walks through them (serving_loader/walk.py):
+  * source.py, CommitSource: which commits of the root exist;
+  * stager.py, Stager (streamed_reload.py for evstore tables): reads and
+    checks one commit, no lock;
+  * policy.py, ServingPolicy: what to serve (pin, quality gate, refusals);
+  * publisher.py, Publisher: the served tables, dense weights and
+    ServedVersion, and the reader-writer lock predictions read under;
+  * apply_metrics.py, ApplyMetrics: counters for monitoring;
+  * rollback.py: a walk to an operator's chosen commit.
+This module loads the export, assembles the parts and answers predictions;
+the served table kinds share served_table.py's interface (table.py,
+ev_table.py); flat_call.py holds the fast signature call and `zero_example`.
 """
 import atexit
 import json
 import os
-import threading
 import weakref
 
 import tensorflow as tf
 
-from checkpoint.chain import scan
-from checkpoint.shards import logical_entries
 from checkpoint.storage import Storage
 from evstore.storage import TieredStorage
+from serving_loader import rollback as _rollback
 from serving_loader.apply_metrics import ApplyMetrics
 from serving_loader.ev_table import EVSTORE, STOCK, EvTable
 from serving_loader.export import FORMAT, MAP_FILE
 from serving_loader.flat_call import FlatCall, zero_example
 from serving_loader.gate import Gate, GateState
-from serving_loader.polling import Polling
-from serving_loader.rollback import Rollback, RollbackError
-from serving_loader.rwlock import RWLock
-from serving_loader.staging import Staging
-from serving_loader.streamed_reload import StreamedReload
+from serving_loader.policy import ServingPolicy
+from serving_loader.publisher import Publisher
+from serving_loader.rollback import RollbackError
+from serving_loader.source import CommitSource
+from serving_loader.stager import Stager
 from serving_loader.table import Table
+from serving_loader.walk import REPLACE, STREAM, CommitWalk
 
 __all__ = ["ServingModel", "NothingToServeError", "NotAnExportError", "RollbackError", "zero_example"]
 
@@ -107,7 +110,16 @@ class NotAnExportError(ValueError):
 TIER_STATS = ("cache_hits", "cache_misses", "cache_rows", "disk_bytes")
 
 
-class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
+def _part(part, name, doc):
+    """A read-only attribute of the model that is `name` of its part `part`."""
+    return property(lambda self: getattr(getattr(self, part), name), doc=doc)
+
+
+def _served(field, doc):
+    return property(lambda self: getattr(self.publisher.served, field), doc=doc)
+
+
+class ServingModel:
     """A serving export (export_serving_model) plus the checkpoint chain applied to it.
 
     Args:
@@ -174,82 +186,162 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
         # The quality gate (serving_loader/gate.py): parsed first, so a malformed one is refused at once.
         if gate is not None and not isinstance(gate, GateState):
             gate = GateState(gate if isinstance(gate, Gate) else Gate.parse(gate))
-        self.gate = gate
-        self.served_quality = None     # quality record of the served commit (None: not recorded)
+        self.policy = ServingPolicy(gate)
         self.storage = Storage(checkpoint_root, storage_options) if checkpoint_root is not None else None
-        if self.storage is not None and not allow_empty:
-            why = self._nothing_to_serve(scan(self.storage))   # before the (slow) SavedModel load
-            if why:
-                raise NothingToServeError(why)
+        self.source = CommitSource(self.storage) if self.storage is not None else None
+        if self.source is not None and not allow_empty:   # before the (slow) SavedModel load
+            self._check_root()
         self._loaded = tf.saved_model.load(export_dir)
         self.signature = self.mapping["signature"]
         self._fn = self._loaded.signatures[self.signature]
         self._flat = {}   # signature key -> FlatCall or None (built on first use)
         self.signature_defs = _read_signature_defs(export_dir)
+        evs = self.mapping["evs"]
         if self.table_kind == EVSTORE:
-            self._tables = {n: EvTable(self._loaded.tables[e["index"]], e["key_dtype"], e["dim"],
-                                       self._loaded.ev_defaults[e["default"]].numpy(), storage=storage)
-                            for n, e in self.mapping["evs"].items()}
+            tables = {n: EvTable(self._loaded.tables[e["index"]], e["key_dtype"], e["dim"],
+                                 self._loaded.ev_defaults[e["default"]].numpy(), storage=storage)
+                      for n, e in evs.items()}
         else:
-            self._tables = {n: Table(self._loaded.tables[e["index"]], e["key_dtype"])
-                            for n, e in self.mapping["evs"].items()}
-        self._dense = {n: self._loaded.dense[i] for n, i in self.mapping["dense"].items()}
+            tables = {n: Table(self._loaded.tables[e["index"]], e["key_dtype"]) for n, e in evs.items()}
+        dense = {n: self._loaded.dense[i] for n, i in self.mapping["dense"].items()}
         # The two sentinel keys' rows (export.py); absent in exports older than them.
-        self._reserved = {n: (self._loaded.reserved_rows[e["reserved"]], self._loaded.reserved_present[e["reserved"]])
-                          for n, e in self.mapping["evs"].items() if "reserved" in e}
+        reserved = {n: (self._loaded.reserved_rows[e["reserved"]], self._loaded.reserved_present[e["reserved"]])
+                    for n, e in evs.items() if "reserved" in e}
+        self.publisher = Publisher(tables, dense, reserved, {n: e["key_dtype"] for n, e in evs.items()})
         self.inputs = {i["name"]: i for i in self.mapping["inputs"]}
-        self._lock = RWLock()
-        self._poll_lock = threading.Lock()
-        self.version = None
-        self.base = None
-        self._served_checksum = None   # content identity of the served checkpoint
-        self._bad = {}                 # (seq, checksum) -> error of a checkpoint refused for good
-        self._counted = set()          # checkpoints whose failure `failures` counted
-        self.applied = 0
-        self.applied_seqs = []     # sequence numbers published, in order (a reload publishes its last)
-        self.failures = 0
-        self.last_error = None
-        self.freshness_s = []      # commit -> served, per applied checkpoint (bounded)
-        self.apply_latency_s = []  # stage + publish, per applied checkpoint (bounded)
         self.use_serving_view = bool(use_serving_view) and self.table_kind == STOCK
-        self.serving_view = None       # precision of the served rows: "float32" or a view dtype (None: none yet)
-        self.fetched_bytes_total = 0   # bytes read from the root for published checkpoints
-        self.last_fetched_bytes = None # ... for the last one
-        self.last_lag_s = None         # commit (its manifest's wall time) -> served, last checkpoint
-        self.last_apply_s = None       # stage + publish, last checkpoint
-        self.pinned = False
-        self.newest_committed = None   # the newest committed sequence seen by the last poll
-        self.rollbacks = 0
-        self.rollback_failures = 0
-        self.last_rollback = None      # {"from", "to", "then", "seconds", "wall_time"} of the last one done
-        self._sched = None
+        self.stager = Stager(self.storage, self.mapping, self.publisher, self.use_serving_view)
+        self.apply_metrics = ApplyMetrics()
+        self.walk = CommitWalk(self.source, self.stager, self.policy, self.publisher, self.apply_metrics,
+                               reload=STREAM if self.table_kind == EVSTORE else REPLACE)
         if self.table_kind == EVSTORE:   # a tiered table's directory goes with the process
             atexit.register(_close_at_exit, weakref.ref(self))
         if self.storage is not None:
-            self.poll()
-            if self.version is None and not allow_empty:
-                raise NothingToServeError(" ".join(f"checkpoint root {self.storage.url}: {self.last_error or 'nothing to apply'}"
-                                                   .split()))
+            self._first_poll(allow_empty)
 
-    def _nothing_to_serve(self, sc):
-        """Why the root (scanned as `sc`) has nothing for this export, or None."""
-        where = f"checkpoint root {self.storage.url}"
+    def _check_root(self):
+        """NothingToServeError unless the root holds something for this export."""
+        why = self.source.nothing_to_serve(self.source.scan(), self.mapping["evs"])
+        if why:
+            raise NothingToServeError(why)
+
+    def _first_poll(self, allow_empty):
+        self.poll()
+        if self.version is None and not allow_empty:
+            raise NothingToServeError(" ".join(f"checkpoint root {self.storage.url}: {self.last_error or 'nothing to apply'}"
+                                               .split()))
+
+    def _attach_root(self, checkpoint_root, storage_options=None, allow_empty=False, poll=True):
+        """For a model made without a root (a sharded fleet's front and shards, which set
+        up their tables first): follows `checkpoint_root` from now on, as the constructor
+        would have (NothingToServeError unless `allow_empty`), polling it once if `poll`."""
+        self.storage = Storage(checkpoint_root, storage_options)
+        self.source = self.walk.source = CommitSource(self.storage)
+        self.stager.storage = self.storage
+        if not allow_empty:
+            self._check_root()
+        if poll:
+            self._first_poll(allow_empty)
+
+    def _fill_rows(self, signature, inputs):
+        """Under the read lock, before signature `signature` runs on `inputs`: a sharded
+        front fetches the rows it looks up from its shards (serving_loader/front.py).
+        Nothing to do for one replica."""
+
+    # What is served (the publisher's), how it got there (the metrics'), what is decided (the policy's).
+    version = _served("seq", "Sequence number of the served commit (None before the first).")
+    base = _served("base", "The served commit's full.")
+    serving_view = _served("view", 'Precision of the served rows: "float32" or a view dtype (None: none yet).')
+    served_quality = _served("quality", "Quality record of the served commit (None: not recorded).")
+    pinned = _part("policy", "pinned", "True while the operator holds the served version.")
+    gate = _part("policy", "gate", "The quality gate's state (serving_loader.gate.GateState), or None.")
+    newest_committed = property(lambda self: self.source.newest_committed if self.source else None,
+                                doc="The newest committed sequence number the last scan saw.")
+    applied = _part("apply_metrics", "applied", "Commits published (a reload counts each it newly serves).")
+    applied_seqs = _part("apply_metrics", "applied_seqs", "Sequence numbers published, in order (bounded).")
+    failures = _part("apply_metrics", "failures", "Failures counted (each refused commit once).")
+    last_error = _part("apply_metrics", "last_error", "The last failure's message.")
+    freshness_s = _part("apply_metrics", "freshness_s", "Commit -> served seconds per applied commit (bounded).")
+    apply_latency_s = _part("apply_metrics", "apply_latency_s", "Stage + publish seconds per applied commit (bounded).")
+    fetched_bytes_total = _part("apply_metrics", "fetched_bytes_total", "Bytes read from the root for published commits.")
+    last_fetched_bytes = _part("apply_metrics", "last_fetched_bytes", "Bytes read for the last published commit.")
+    last_lag_s = _part("apply_metrics", "last_lag_s", "Commit -> served seconds, last commit.")
+    last_apply_s = _part("apply_metrics", "last_apply_s", "Stage + publish seconds, last commit.")
+    rollbacks = _part("apply_metrics", "rollbacks", "Rollbacks done.")
+    rollback_failures = _part("apply_metrics", "rollback_failures", "Rollbacks that failed.")
+    last_rollback = _part("apply_metrics", "last_rollback",
+                          'The last rollback: {"from", "to", "then", "seconds", "wall_time"}.')
+
+    def poll(self):
+        """Applies every checkpoint committed since the served one; returns `version`."""
+        return self.walk.poll()
+
+    def start(self, every_s=1.0):
+        """Polls the checkpoint root every `every_s` seconds (apscheduler).
+        Raises ValueError (no root, a bad period) or RuntimeError (already polling)."""
+        self.walk.start(every_s)
+
+    def stop(self):
+        """Stops the background polling (waits for a poll in progress)."""
+        self.walk.stop()
+
+    def pin(self):
+        """Stops applying new commits (waits for an apply in progress); returns `version`.
+        Polls still scan the root, so `newest_committed` shows how far behind the served version is."""
+        with self.walk.lock:
+            self.policy.pinned = True
+            return self.version
+
+    def resume(self):
+        """Applies new commits again, starting now (catches up before
+        returning; a failure is reported as by any poll). Returns `version`."""
+        with self.walk.lock:
+            self.policy.pinned = False
+        return self.poll()
+
+    def retained(self):
+        """Sequence numbers of the root's committed checkpoints, ascending (the
+        commits `rollback` can serve, if their chain is intact)."""
+        return self.source.retained() if self.source is not None else []
+
+    def rollback(self, seq, then="pin"):
+        """Serves the retained commit `seq`, whole or not at all, then stays
+        pinned (then="pin", the default) or resumes applying new commits
+        (then="resume": catches up before returning). Returns `version`.
+
+        Raises:
+          RollbackError: a bad argument (status 400), `seq` not a retained
+            commit (404), no checkpoint root or the commit's chain cannot be
+            staged (409; counted in `rollback_failures`, `last_error` says
+            why). The served state and the pin are then unchanged.
+        """
+        return _rollback.rollback(self.walk, seq, then)
+
+    def admin_status(self):
+        """The operator's view: served version and base, pin, newest commit
+        seen, rollbacks and their failures, the last rollback, the last error."""
+        return {"version": self.version, "base": self.base, "pinned": self.pinned,
+                "newest_committed": self.newest_committed, "rollbacks": self.rollbacks,
+                "rollback_failures": self.rollback_failures, "last_rollback": self.last_rollback,
+                "failures": self.failures, "last_error": self.last_error, "serving_view": self.serving_view,
+                **(self.gate.status() if self.gate is not None else {})}
+
+    def apply_samples(self, wait=True):
+        """(applied, freshness samples, apply-latency samples) as of one moment
+        (taken under the walk's lock). With wait=False returns None instead of
+        waiting while a checkpoint is being applied."""
+        if not self.walk.lock.acquire(blocking=wait):
+            return None
         try:
-            exists = self.storage.fs.isdir(self.storage.path)
-        except OSError:
-            exists = False
-        if not exists and not sc.manifests:
-            return f"{where} does not exist"
-        if not sc.manifests:
-            return f"{where} holds no committed checkpoint"
-        want = set(self.mapping["evs"])
-        held = set()
-        for m in sc.manifests.values():
-            held |= set(logical_entries(m))
-        if want and not want & held:
-            return (f"{where} holds none of the export's tables {sorted(want)} (its checkpoints hold "
-                    f"{sorted(held)}): a checkpoint root of another model?")
-        return None
+            return self.apply_metrics.samples()
+        finally:
+            self.walk.lock.release()
+
+    def metrics(self):
+        """A snapshot for monitoring: version, applied, failures, rows per table,
+        freshness and apply latency samples (seconds)."""
+        return {"version": self.version, "base": self.base, **self.apply_metrics.snapshot(), "rows": self.rows(),
+                "pinned": self.pinned, "newest_committed": self.newest_committed, "serving_view": self.serving_view}
 
     def predict(self, inputs):
         """Runs the serving signature. `inputs`: {input name: array-like}.
@@ -263,16 +355,13 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
             raise ValueError(f"unknown inputs {unknown}, missing inputs {missing}; the model takes "
                              f"{sorted(self.inputs)}")
         tensors = {n: tf.convert_to_tensor(v, dtype=self.inputs[n]["dtype"]) for n, v in inputs.items()}
-        self._lock.acquire_read()
         try:
-            self._fill_rows(self.signature, tensors)
-            out = self._fn(**tensors)
-            version = self.version
+            with self.publisher.reading() as served:
+                self._fill_rows(self.signature, tensors)
+                out = self._fn(**tensors)
         except tf.errors.InvalidArgumentError as e:
             raise ValueError(f"the serving signature refused the inputs: {e.message}") from None
-        finally:
-            self._lock.release_read()
-        return {k: v.numpy() for k, v in out.items()}, version
+        return {k: v.numpy() for k, v in out.items()}, served.seq
 
     def run(self, signature, inputs):
         """Runs signature `signature` of the export on `inputs` ({input name:
@@ -281,8 +370,7 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
         np.ndarray}, version). Raises KeyError for an unknown signature and
         TensorFlow's errors for inputs the signature refuses."""
         fn = self._fn if signature == self.signature else self._loaded.signatures[signature]
-        self._lock.acquire_read()
-        try:
+        with self.publisher.reading() as served:
             self._fill_rows(signature, inputs)
             flat = self._flat.get(signature, False)
             if flat is False:   # its probe compares two calls: no publish between them
@@ -290,39 +378,22 @@ class ServingModel(Polling, Rollback, StreamedReload, Staging, ApplyMetrics):
             out = flat(inputs) if flat is not None else None
             if out is None:
                 out = fn(**inputs)
-            version = self.version
-        finally:
-            self._lock.release_read()
-        return {k: v.numpy() for k, v in out.items()}, version
+        return {k: v.numpy() for k, v in out.items()}, served.seq
 
     def rows(self):
         """{EV name: rows in its serving table}."""
-        self._lock.acquire_read()   # a reload swaps evstore tables under the write lock
-        try:
-            return {n: int(t.size()) for n, t in self._tables.items()}
-        finally:
-            self._lock.release_read()
+        return self.publisher.rows()
 
     def tier_stats(self):
         """{EV name: {"cache_hits", "cache_misses", "cache_rows", "disk_bytes"}} of
         tiered serving tables ({} for DRAM ones)."""
         if self.storage_tier is None:
             return {}
-        self._lock.acquire_read()
-        try:
-            return {n: {k: v for k, v in t.stats().items() if k in TIER_STATS} for n, t in self._tables.items()}
-        finally:
-            self._lock.release_read()
+        return self.publisher.table_stats(TIER_STATS)
 
     def close(self):
         """Stops polling and drops evstore serving tables now (a tiered table's
         directory is removed); the model serves no more. Idempotent; also run
         at interpreter exit. Stock tables are freed with the model."""
         self.stop()
-        self._lock.acquire_write()
-        try:
-            tables, self._tables = self._tables, {}
-            for t in tables.values():
-                t.close()
-        finally:
-            self._lock.release_write()
+        self.publisher.close()

@@ -522,8 +522,8 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
                          admin_token=admin_token)
         # The loaded model leaves a large heap of long-lived Python objects (TF,
         # Keras, the restored graph); a full garbage collection walks all of them
-        # and stalls every request for hundreds of milliseconds. Frozen, they are
-        # skipped by every later collection.
+        # and stalls every request meanwhile. Frozen, they are skipped by every
+        # later collection.
         app.warm_up()
         gc.collect()
         gc.freeze()
@@ -531,7 +531,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
             if sock is not None:
                 sock.listen(1024)
         # uvloop: libuv's event loop and transports behind asyncio's API, which cost the REST
-        # server less CPU per request than asyncio's own (docs/history/benchmarks-log.md).
+        # server less CPU per request than asyncio's own (bench/LOG.md).
         return uvloop.run(_serve_async(app, model, rest_sock, admin_sock, host, port, checkpoint_root, poll_every,
                                        out, grpc_idle_timeout_s))
     finally:

@@ -39,14 +39,13 @@ from checkpoint.chain import resolve_chain, scan
 from checkpoint.errors import CheckpointError
 from checkpoint.fetch import fetch
 from checkpoint.shards import logical_entries
-from checkpoint.storage import Storage
 from evstore import ops
 from evstore.schema import SHARD_ROUTE
 from evstore.sharded import shard_index
 from serving_loader import served_tensors
 from serving_loader.model import ServingModel
-from serving_loader.polling import _children
-from serving_loader.staging import _Staged
+from serving_loader.source import CommitSource
+from serving_loader.stager import Staged
 from serving_loader.streamed_reload import staged_into_replacements
 
 __all__ = ["ShardModel", "VersionNotHeld", "parse_shard"]
@@ -115,16 +114,17 @@ class ShardModel(ServingModel):
         if self.table_kind != "evstore":
             raise ValueError(f"{export_dir} serves its EVs from stock tables; a serving shard needs an export "
                              "written with export_serving_model(..., tables=\"evstore\")")
+        self._tables = self.publisher.tables   # this shard's served tables (the publisher's; it never polls)
         evs = sorted(self._tables) if evs is None else sorted(evs)
         unknown = sorted(set(evs) - set(self._tables))
         if unknown or not evs:
             raise ValueError(f"the export serves EVs {sorted(self._tables)}; cannot shard {unknown or evs}")
         for name in set(self._tables) - set(evs):   # the front serves these
             self._tables.pop(name).close()
-        self._dense = {}
-        self._reserved = {}
+        self.publisher.dense.clear()      # the front serves the dense weights
+        self.publisher.reserved.clear()
         self.index, self.count = int(index), int(count)
-        self.storage = Storage(checkpoint_root, storage_options)
+        self._attach_root(checkpoint_root, storage_options, allow_empty=True, poll=False)
         self.pending = None
         self.bytes_read_last = 0
         self._stage_lock = threading.Lock()
@@ -165,9 +165,9 @@ class ShardModel(ServingModel):
                     mine = self._mine(keys, name)
                     keys, values, freqs = keys[mine], values[mine], freqs[mine]
                     erase = erase[self._mine(erase, name)]
-                evs[name] = self._checked(m, name, erase, keys, values) + (freqs,)
+                evs[name] = self.stager.checked(m, name, erase, keys, values) + (freqs,)
             bytes_read = t.bytes_read
-        return _Staged(m, evs, {}, bytes_read=bytes_read)
+        return Staged(m, evs, {}, bytes_read=bytes_read)
 
     def _mine(self, keys, name):
         if not len(keys):
@@ -206,9 +206,10 @@ class ShardModel(ServingModel):
     def _stage_follow(self, sc, target):
         """The deltas after the served commit up to `target` as an overlay, or
         None when `target` does not follow the served commit."""
-        if self.version is None or target <= self.version or not self._served_is_committed(sc):
+        served = self.publisher.served
+        if self.version is None or target <= self.version or not CommitSource.is_committed(sc, served):
             return None
-        run, seq, checksum, children = [], self.version, self._served_checksum, _children(sc)
+        run, seq, checksum, children = [], served.seq, served.checksum, CommitSource.children(sc)
         while seq != target:
             nxt = [m for m in children.get((self.base, seq), ())
                    if m.seq <= target and (m.parent_checksum is None or m.parent_checksum == checksum)]
@@ -240,22 +241,19 @@ class ShardModel(ServingModel):
 
     def _publish_pending(self):
         p, self.pending = self.pending, None
-        self._lock.acquire_write()
-        try:
-            if p.fresh is not None:
-                for name, table in self._tables.items():
-                    table.adopt(p.fresh.pop(name))
-            for s in p.staged:
-                self._publish(s)
-        finally:
-            self._lock.release_write()
-        self.applied += len(p.staged)
-        self.applied_seqs.append(p.target)
+        if p.fresh is not None:
+            self.publisher.adopt(p.fresh, p.staged)
+        else:
+            self.publisher.publish(p.staged)
+        for s in p.staged:
+            self.apply_metrics.fetched(s.bytes_read)
+        self.apply_metrics.applied += len(p.staged)
+        self.apply_metrics.applied_seqs.append(p.target)
 
     def _drop_pending(self):
         p, self.pending = self.pending, None
-        self._lock.acquire_write()   # no lookup reads its tables any more
-        self._lock.release_write()
+        with self.publisher.writing():   # no lookup reads its tables any more
+            pass
         p.close()
 
     # -- reads
@@ -264,8 +262,7 @@ class ShardModel(ServingModel):
         here}) at `version`; a key without a row reads the EV's default.
         Raises VersionNotHeld for a version not readable here, KeyError for
         an EV not served."""
-        self._lock.acquire_read()
-        try:
+        with self.publisher.reading():
             pending = self.pending
             if version is not None and version == self.version:
                 return {n: self._find(self._tables[n]._h, n, k) for n, k in keys.items()}
@@ -286,8 +283,6 @@ class ShardModel(ServingModel):
                 return out
             raise VersionNotHeld(f"shard {self.index}/{self.count} holds version {self.version}"
                                  f"{'' if pending is None else f' and staged {pending.target}'}, not {version}")
-        finally:
-            self._lock.release_read()
 
     def _find(self, handle, name, keys):
         if name not in self._tables:

@@ -115,10 +115,10 @@ class _Handlers:
         try:
             return self._answer(self.model.stage(body["target"], body.get("fleet")))
         except (CheckpointError, ValueError, tf.errors.OpError) as e:
-            self.model.last_error = f"cannot stage {body['target']}: {e}"
+            self.model.apply_metrics.last_error = f"cannot stage {body['target']}: {e}"
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, self.model.last_error)
         except OSError as e:
-            self.model.last_error = f"cannot stage {body['target']}: {e}"
+            self.model.apply_metrics.last_error = f"cannot stage {body['target']}: {e}"
             _abort(context, grpc.StatusCode.UNAVAILABLE, self.model.last_error)
 
     def publish(self, request, context):

@@ -1,7 +1,7 @@
 """Reloading a chain into evstore serving tables (serving_loader/ev_table.py) in bounded memory.
 
 A stock table's reload stages every checkpoint of the chain in memory, then
-publishes (staging.py). A full of a table larger than memory cannot be staged
+publishes (stager.py, publisher.py). A full of a table larger than memory cannot be staged
 so; here it is staged on disk and streamed into a second table instead:
 
   * stage (no lock): the chain's deltas as any delta (in memory, validated);
@@ -20,13 +20,14 @@ its index and its DRAM cache).
 from checkpoint.errors import CheckpointError
 from checkpoint.fetch import fetch
 from checkpoint.shards import logical_entries
+from serving_loader.stager import Staged
 
-__all__ = ["StreamedReload", "staged_into_replacements"]
+__all__ = ["load_streamed", "staged_into_replacements"]
 
 
 def staged_into_replacements(tables, staged):
     """{EV: replacement table} of `tables` ({EV: EvTable}) holding the chain
-    `staged` ([_Staged], full first; each in memory) applied in order; their
+    `staged` ([Staged], full first; each in memory) applied in order; their
     `evs` are emptied (publishing them sets the rest). The replacements are
     closed if this fails. A sharded fleet reloads so (its front and shards
     read only their own rows, which fit in memory)."""
@@ -48,47 +49,38 @@ def staged_into_replacements(tables, staged):
     return fresh
 
 
-class StreamedReload:
-    """ServingModel's reload of a chain into evstore tables (a mixin: the state it
-    reads and writes is ServingModel's; staging and publishing are Staging's)."""
-
-    def _load_chain_streamed(self, chain):
-        from serving_loader.staging import _Staged
-
-        full, deltas = chain[0], chain[1:]
-        parts = logical_entries(full)
-        missing = sorted(set(self._tables) - set(parts))
-        if missing:
-            raise CheckpointError(f"{full.dir} holds no EV {missing} that the export serves")
-        staged = [self._stage(m) for m in deltas]
-        fresh = {}
-        try:
-            for name, table in self._tables.items():
-                fresh[name] = table.replacement()
-            with fetch(self.storage, full) as f:   # the whole bundle, verified, in a local directory
-                for name, table in fresh.items():
-                    for i, entry in enumerate(parts[name]):   # a sharded EV's parts into its one table
-                        table.load_bundle(f.dir, entry, clear=i == 0)
-                dense = {n: f[n] for n in self._dense}
-                head = _Staged(full, {}, dense, bytes_read=f.bytes_read)
-            self._check_dense(full, dense)
-            for s in staged:   # the deltas go into the replacements; publishing them sets the rest
-                for name, (erase, keys, values, _, freqs) in s.evs.items():
-                    if erase.size:
-                        fresh[name].erase(erase)
-                    if keys.size:
-                        fresh[name].insert(keys, values, freqs)
-                s.evs = {}
-            self._fleet_stage(chain[-1])
-            self._lock.acquire_write()
-            try:
-                for name, table in self._tables.items():
-                    table.adopt(fresh.pop(name))
-                for s in [head] + staged:
-                    self._publish(s)
-            finally:
-                self._lock.release_write()
-            self._fleet_published(chain[-1].seq)
-        finally:
-            for table in fresh.values():
-                table.close()
+def load_streamed(stager, publisher, chain, before_publish=lambda: None):
+    """Stages `chain` (full first) into replacements of `publisher`'s evstore
+    tables and publishes it (`before_publish()` runs just before: it may raise
+    to stop); returns the published Staged list. Raises (the stager's errors)
+    before any change to the served state."""
+    full, deltas = chain[0], chain[1:]
+    parts = logical_entries(full)
+    missing = sorted(set(publisher.tables) - set(parts))
+    if missing:
+        raise CheckpointError(f"{full.dir} holds no EV {missing} that the export serves")
+    staged = [stager.stage(m) for m in deltas]
+    fresh = {}
+    try:
+        for name, table in publisher.tables.items():
+            fresh[name] = table.replacement()
+        with fetch(stager.storage, full) as f:   # the whole bundle, verified, in a local directory
+            for name, table in fresh.items():
+                for i, entry in enumerate(parts[name]):   # a sharded EV's parts into its one table
+                    table.load_bundle(f.dir, entry, clear=i == 0)
+            dense = {n: f[n] for n in publisher.dense}
+            head = Staged(full, {}, dense, bytes_read=f.bytes_read)
+        stager.check_dense(full, dense)
+        for s in staged:   # the deltas go into the replacements; publishing them sets the rest
+            for name, (erase, keys, values, _, freqs) in s.evs.items():
+                if erase.size:
+                    fresh[name].erase(erase)
+                if keys.size:
+                    fresh[name].insert(keys, values, freqs)
+            s.evs = {}
+        before_publish()
+        publisher.adopt(fresh, [head] + staged)
+        return [head] + staged
+    finally:
+        for table in fresh.values():
+            table.close()

@@ -1,10 +1,12 @@
 """The serving table adapter: a restored DenseHashTable driven through TensorFlow's table ops."""
 import tensorflow as tf
 
+from serving_loader.served_table import ServedTable
+
 __all__ = ["Table"]
 
 
-class Table:
+class Table(ServedTable):
     """A loaded DenseHashTable (a restored resource) driven through TF's table ops.
     (The other adapter, for evstore tables: serving_loader/ev_table.py.)"""
 

@@ -1,5 +1,5 @@
-"""Shared pytest setup: quiet TensorFlow's C++ logging before it is imported, and
-make the shared test helpers importable by name from every test directory.
+"""Shared pytest setup: quiet TensorFlow's C++ logging before it is imported, make the shared
+test helpers importable by name from every test directory, and run the `long` tests first.
 
 `ckpt_model` (tests/checkpoint/ckpt_model.py: the small deterministic training
 job of the checkpoint and serving tests, also run as a subprocess script) and
@@ -13,6 +13,8 @@ ckpt_model import make_model` works in any test module without editing sys.path.
 import importlib.util
 import os
 import sys
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -36,3 +38,11 @@ def _register_lazily(name, path):
 for _name, _path in SHARED.items():
     if _name not in sys.modules:
         _register_lazily(_name, _path)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Tests marked `long` (minutes by design) run first: under `make test`'s
+    workers (pytest-xdist, one file per worker at a time) the rest of the suite
+    runs beside them instead of after them."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)

@@ -5,7 +5,8 @@ import os
 import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = sorted(["README.md", "BENCHMARKS.md"]
+# bench/LOG.md, the dated benchmark log, is not on the site (mkdocs.yml) but is checked as a page.
+PAGES = sorted(["README.md", "BENCHMARKS.md", "bench/LOG.md"]
                + [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)])
 FENCE = re.compile(r"^(```+|~~~+)([^\n]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
 # A ```bash / ```sh block with this line before its fence runs as pasted (tests/test_docs_shell.py).

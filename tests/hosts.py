@@ -103,7 +103,8 @@ API
 
 Where processes see what (inside a host): the checkout at its own path,
 read-only (so tests/ scripts and `python -m evstore_app` work as usual; a
-checkout under /tmp or /dev/shm, which each host replaces, is a ValueError);
+checkout or interpreter under /tmp or $HOME is shown there read-only; one
+under /dev/shm is a ValueError);
 `/tmp`, `$HOME`, `/dev/shm` private and writable; everything else read-only
 (a write fails with EROFS), except the kernel's /proc, /sys and /dev. So a
 checkpoint byte written outside the object store can only be in a host's
@@ -146,17 +147,20 @@ STARTUP_S = 300                       # a TensorFlow process on a loaded 2-core 
 # Inside a host: a private mount namespace whose /tmp, home and /dev/shm are the host's directories
 # (bound before /tmp, whose overlay hides the test's own /tmp), then "/" read-only: a bind remount
 # changes this namespace's mount only, never the machine's. $EVH_HOME_RO: the home directory's
-# entries the interpreter lives in (e.g. .pyenv), shown read-only in the private home.
+# entries the interpreter or the checkout lives in (e.g. .pyenv), shown read-only in the private home;
+# $EVH_TMP_RO: the same for /tmp (a checkout or venv cloned under /tmp), shown read-only in the private /tmp.
 _SETUP = r"""
 set -e
 hostname "$EVH_HOSTNAME"
 for d in $EVH_HOME_RO; do mount --bind "$4/$d" "$2/$d"; done
+for d in $EVH_TMP_RO; do mkdir -p "$1/$d"; mount --bind "/tmp/$d" "$1/$d"; done
 mount --rbind "$2" "$4"
 mount --bind "$3" /dev/shm
-mount --bind "$1" /tmp
+mount --rbind "$1" /tmp
 mount -o remount,bind,ro /
 for d in $EVH_HOME_RO; do mount -o remount,bind,ro "$4/$d"; done
-unset EVH_HOME_RO EVH_HOSTNAME
+for d in $EVH_TMP_RO; do mount -o remount,bind,ro "/tmp/$d"; done
+unset EVH_HOME_RO EVH_TMP_RO EVH_HOSTNAME
 shift 4
 exec setpriv --pdeathsig KILL -- "$@"
 """
@@ -274,9 +278,9 @@ def _setns(fd):
 
 
 def _home_shares(home):
-    """The home directory's top-level entries that hold this interpreter (the real files behind a venv's
-    python, its base prefix) or the checkout: a private home shows them read-only, or no Python would
-    start."""
+    """The top-level entries of `home` (the home directory, or /tmp) that hold this interpreter (the real
+    files behind a venv's python, its base prefix) or the checkout: a host's private home or /tmp shows
+    them read-only, or no Python would start."""
     shares = set()
     for p in (os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
               os.path.realpath(_CHECKOUT)):
@@ -412,6 +416,7 @@ class Host:
             raise RuntimeError("the network is closed")
         full_env = self.net.process_env(env)
         full_env["EVH_HOME_RO"] = " ".join(self.net.home_shares)
+        full_env["EVH_TMP_RO"] = " ".join(self.net.tmp_shares)
         full_env["EVH_HOSTNAME"] = self.name
         cmd = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private", "--",
                "/bin/sh", "-c", _SETUP, "hosts-setup", self.tmp, self.home, self.shm, self.net.home_path,
@@ -555,12 +560,12 @@ class Network:
         if not os.path.isdir(self.home_path):
             raise ValueError(f"the home directory {self.home_path} is not a directory")
         checkout = os.path.realpath(_CHECKOUT)
-        for private in ("/tmp", "/dev/shm"):
-            if (checkout + "/").startswith(private + "/"):
-                raise ValueError(f"the checkout {checkout} lies under {private}, which each host replaces by its "
-                                 f"own: put the checkout elsewhere to run many-hosts tests")
+        if (checkout + "/").startswith("/dev/shm/"):
+            raise ValueError(f"the checkout {checkout} lies under /dev/shm, which each host replaces by its "
+                             f"own: put the checkout elsewhere to run many-hosts tests")
         os.makedirs(self.workdir, exist_ok=True)
         self.home_shares = _home_shares(self.home_path)
+        self.tmp_shares = _home_shares("/tmp")
         remove_stale()
         Network._runs += 1
         self.run_prefix = f"{_PREFIX}{os.getpid()}-{_start_time(os.getpid())}-{Network._runs}-"

@@ -138,14 +138,14 @@ def bench_apply(args, dim, workdir, measure_memory):
     load_s = time.perf_counter() - t0
     assert sm.version == mgr.last_committed.seq and sm.rows()["emb"] == args.keys, (sm.version, sm.rows())
     publish = []
-    orig = sm._publish
+    orig = sm.publisher._publish_one
 
     def timed_publish(staged):
         t = time.perf_counter()
         orig(staged)
         publish.append(time.perf_counter() - t)
 
-    sm._publish = timed_publish  # an instance attribute: times the publish step of this model only
+    sm.publisher._publish_one = timed_publish  # an instance attribute: times the publish step of this model only
     rng = np.random.default_rng(args.seed + dim)
     rounds = []
     mem = None
@@ -170,7 +170,7 @@ def bench_apply(args, dim, workdir, measure_memory):
             f"{publish[-1] * 1e3:.0f}) = {args.delta_rows / lat / 1e6:.2f} M rows/s")
     # the served table equals the trainer's: same keys, same rows
     want = ev.export()
-    got_k, got_v = sm._tables["emb"].export()
+    got_k, got_v = sm.publisher.tables["emb"].export()
     got_k, got_v = got_k.numpy().reshape(-1), got_v.numpy().reshape(-1, dim)
     live = got_k > np.iinfo(np.int64).min + 1
     order_g, order_w = np.argsort(got_k[live]), np.argsort(want["keys"].numpy())
@@ -244,14 +244,14 @@ def bench_live(args, workdir):
         root, export = line[1], line[2]
         threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
         sm = ServingModel(export, root)
-        orig = sm._publish
+        orig = sm.publisher._publish_one
 
         def timed_publish(staged):
             t = time.perf_counter()
             orig(staged)
             publish.append(time.perf_counter() - t)
 
-        sm._publish = timed_publish
+        sm.publisher._publish_one = timed_publish
         rng = np.random.default_rng(args.seed + 2)
         predict_loop(sm, 2.0, args.predict_hz, args.predict_batch, args.keys, rng)   # warm-up
         if not args.no_gc_freeze:   # as `evstore serve` does after loading: full collections skip the model

@@ -12,9 +12,11 @@ fleet (1 for the replica; the trainer's route matches, so each shard reads its o
   N shards  N `evstore serve --shard i/N` processes (each tiered with --dram-fraction of its
             partition's bytes) and a FrontModel in this process.
 
-For each batch size, --window-s seconds of open-loop predicts (--hz) through `run` (as `evstore serve`
-calls the model), while the root gets the next delta every --every seconds and the model polls every
-0.2 s (every delta published on all shards). Reported per configuration and batch: p50 / p99 (ms,
+All configurations are up at once and measured in turns: --rounds rounds, each a window of
+--window-s seconds per batch size and configuration (the order rotated each round), of open-loop
+predicts (--hz) through `run` (as `evstore serve` calls the model), while that configuration's root
+gets the next delta every --every seconds and its model polls every 0.2 s (every delta published on
+all shards). Reported per configuration and batch: p50 / p99 (ms,
 from each request's due time), deltas published, failures; per configuration the mean bytes read
 from the root per delta by the replica / by each shard. The last line is JSON.
 """
@@ -113,8 +115,9 @@ class ShardProcess:
         self.log.close()
 
 
-def measure(sm, feed, batches, window_s, hz, keys, zipf, every, rng):
-    out = {}
+def window(sm, feed, b, seconds, hz, keys, zipf, every, rng):
+    """Open-loop predicts of batch `b` for `seconds` while `feed` commits a delta every `every` s and
+    `sm` polls every 0.2 s: the latencies (s)."""
     stop = threading.Event()
 
     def feeder():
@@ -125,76 +128,105 @@ def measure(sm, feed, batches, window_s, hz, keys, zipf, every, rng):
     t.start()
     sm.start(every_s=0.2)
     try:
-        for b in batches:
-            first = sm.version
-            lat, _ = open_loop(window_s, hz[b],
-                               lambda b=b: {"ids": make_keys((rng.zipf(zipf, size=(b, IDS)) - 1) % keys)},
-                               lambda feed_: sm.run(sm.signature, feed_))
-            out[b] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "n": len(lat),
-                      "versions": (first, sm.version)}
+        lat, _ = open_loop(seconds, hz, lambda: {"ids": make_keys((rng.zipf(zipf, size=(b, IDS)) - 1) % keys)},
+                           lambda feed_: sm.run(sm.signature, feed_))
     finally:
         stop.set()
         t.join()
         sm.stop()
-    return out
+    return lat
 
 
-def run_config(n, workdir, args):
-    import evstore
-    from serving_loader import ServingModel
-    from serving_loader.front import FrontModel
+class Config:
+    """One configuration: its chain, root, shard processes and model."""
 
-    d = os.path.join(workdir, f"n{n}")
-    os.makedirs(d)
-    export, source = write_chain(d, n, args.keys, args.dim, args.deltas, args.delta_rows, args.zipf, args.seed)
-    feed = Feed(source, os.path.join(d, "root"))
-    feed.next()   # the full
-    row_bytes = args.dim * 4
-    shards = []
-    if n == 1:
-        sm = ServingModel(export, feed.dest, storage=evstore.TieredStorage(
-            int(args.keys * row_bytes * args.dram_fraction), path=os.path.join(d, "tier")))
-    else:
-        for i in range(n):
-            shards.append(ShardProcess(export, feed.dest, i, n, int(args.keys * row_bytes * args.dram_fraction / n),
-                                       d, os.path.join(d, f"shard{i}.log")))
-        sm = FrontModel(export, feed.dest, [s.address for s in shards])
-    try:
-        rng = np.random.default_rng(args.seed + 1)
-        open_loop(2.0, 100, lambda: {"ids": make_keys((rng.zipf(args.zipf, size=(1, IDS)) - 1) % args.keys)},
-                  lambda f: sm.run(sm.signature, f))   # warm-up
-        gc.collect()
+    def __init__(self, n, workdir, args):
+        import evstore
+        from serving_loader import ServingModel
+        from serving_loader.front import FrontModel
 
-        def read_bytes():
-            if n == 1:
-                return [(sm.fetched_bytes_total, sm.applied)]
-            return [(st["fetched_bytes_total"], st["applied"]) for st, _ in sm.fleet.status()]
+        self.n = n
+        d = os.path.join(workdir, f"n{n}")
+        os.makedirs(d)
+        export, source = write_chain(d, n, args.keys, args.dim, args.deltas, args.delta_rows, args.zipf, args.seed)
+        self.feed = Feed(source, os.path.join(d, "root"))
+        self.feed.next()   # the full
+        row_bytes = args.dim * 4
+        self.shards = []
+        if n == 1:
+            self.sm = ServingModel(export, self.feed.dest, storage=evstore.TieredStorage(
+                int(args.keys * row_bytes * args.dram_fraction), path=os.path.join(d, "tier")))
+        else:
+            for i in range(n):
+                self.shards.append(ShardProcess(export, self.feed.dest, i, n,
+                                                int(args.keys * row_bytes * args.dram_fraction / n), d,
+                                                os.path.join(d, f"shard{i}.log")))
+            self.sm = FrontModel(export, self.feed.dest, [s.address for s in self.shards])
+        self.lat = {}
+        self.versions = {}
 
-        before = read_bytes()
-        lat = measure(sm, feed, args.batches, args.window_s, {1: args.hz, 64: args.hz_64}, args.keys, args.zipf,
-                      args.every, rng)
-        after = read_bytes()
-        per_delta = [(b1 - b0) / max(1, a1 - a0) for (b0, a0), (b1, a1) in zip(before, after)]
-        res = {"latency": lat, "bytes_per_delta": [int(x) for x in per_delta], "failures": sm.failures,
-               "last_error": sm.last_error, "applied": after[0][1] - before[0][1]}
-        log(f"{n} {'host' if n == 1 else 'shards'}: " + "; ".join(
-            f"batch {b}: p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms ({r['n']} predicts, versions {r['versions']})"
-            for b, r in lat.items()) + f"; bytes/delta {res['bytes_per_delta']}; failures {sm.failures}")
-        return res
-    finally:
-        sm.close()
-        for s in shards:
+    def read_bytes(self):
+        if self.n == 1:
+            return [(self.sm.fetched_bytes_total, self.sm.applied)]
+        return [(st["fetched_bytes_total"], st["applied"]) for st, _ in self.sm.fleet.status()]
+
+    def close(self):
+        self.sm.close()
+        for s in self.shards:
             s.stop()
+
+
+def run(args):
+    """Every configuration up at once; windows interleaved round-robin (the order rotated each round),
+    so all of them share the machine's load alike."""
+    workdir = tempfile.mkdtemp(prefix="shard-bench-")
+    configs = []
+    try:
+        for n in args.shards:
+            configs.append(Config(n, workdir, args))
+        rng = np.random.default_rng(args.seed + 1)
+        for c in configs:   # warm-up
+            open_loop(2.0, 50, lambda: {"ids": make_keys((rng.zipf(args.zipf, size=(1, IDS)) - 1) % args.keys)},
+                      lambda f, c=c: c.sm.run(c.sm.signature, f))
+        gc.collect()
+        before = {c.n: c.read_bytes() for c in configs}
+        hz = {1: args.hz, 64: args.hz_64}
+        for r in range(args.rounds):
+            for b in args.batches:
+                for c in configs[r % len(configs):] + configs[:r % len(configs)]:
+                    first = c.sm.version
+                    c.lat.setdefault(b, []).extend(window(c.sm, c.feed, b, args.window_s, hz[b], args.keys,
+                                                          args.zipf, args.every, rng))
+                    c.versions.setdefault(b, [first, None])[1] = c.sm.version
+        out = {}
+        for c in configs:
+            after = c.read_bytes()
+            per_delta = [(b1 - b0) / max(1, a1 - a0) for (b0, a0), (b1, a1) in zip(before[c.n], after)]
+            lat = {b: {"p50_ms": pct(v, 50), "p99_ms": pct(v, 99), "n": len(v), "versions": c.versions[b]}
+                   for b, v in c.lat.items()}
+            out[f"n{c.n}"] = {"latency": lat, "bytes_per_delta": [int(x) for x in per_delta],
+                              "failures": c.sm.failures, "last_error": c.sm.last_error,
+                              "applied": after[0][1] - before[c.n][0][1]}
+            log(f"{c.n} {'host' if c.n == 1 else 'shards'}: " + "; ".join(
+                f"batch {b}: p50 {r_['p50_ms']} ms p99 {r_['p99_ms']} ms ({r_['n']} predicts)"
+                for b, r_ in lat.items()) + f"; bytes/delta {out[f'n{c.n}']['bytes_per_delta']}; "
+                f"failures {c.sm.failures}")
+        return out
+    finally:
+        for c in configs:
+            c.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=200_000)
     ap.add_argument("--dim", type=int, default=32)
-    ap.add_argument("--deltas", type=int, default=40)
+    ap.add_argument("--deltas", type=int, default=40, help="deltas written per configuration (>= its windows' s)")
     ap.add_argument("--delta-rows", type=int, default=5_000)
     ap.add_argument("--every", type=float, default=1.0)
-    ap.add_argument("--window-s", type=float, default=15.0)
+    ap.add_argument("--window-s", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=3, help="windows per configuration and batch size")
     ap.add_argument("--hz", type=float, default=20.0, help="predicts per second at batch 1")
     ap.add_argument("--hz-64", type=float, default=10.0, help="predicts per second at batch 64")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
@@ -206,17 +238,14 @@ def main():
     import logging
 
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
-    workdir = tempfile.mkdtemp(prefix="shard-bench-")
     t0 = time.time()
-    try:
-        out = {"keys": args.keys, "dim": args.dim, "delta_rows": args.delta_rows, "every_s": args.every,
-               "window_s": args.window_s, "hz": args.hz, "hz_64": args.hz_64, "load": os.getloadavg()[0]}
-        for n in args.shards:
-            out[f"n{n}"] = run_config(n, workdir, args)
-        log(f"({time.time() - t0:.0f} s)")
-        print(json.dumps(out))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    out = {"keys": args.keys, "dim": args.dim, "delta_rows": args.delta_rows, "every_s": args.every,
+           "window_s": args.window_s, "rounds": args.rounds, "hz": args.hz, "hz_64": args.hz_64,
+           "load": os.getloadavg()[0]}
+    out.update(run(args))
+    out["load_after"] = os.getloadavg()[0]
+    log(f"({time.time() - t0:.0f} s)")
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

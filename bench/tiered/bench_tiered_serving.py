@@ -191,14 +191,14 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
             models[name] = {"sm": sm, "feed": feed, "load_s": load_s, "rss_mib": rss_mib() - rss0,
                             "idle": [], "busy": [], "publish": []}
 
-            def timed_publish(staged, orig=sm._publish, out=models[name]["publish"]):   # under the write lock
+            def timed_publish(staged, orig=sm.publisher._publish_one, out=models[name]["publish"]):   # under the write lock
                 t = time.perf_counter()
                 orig(staged)
                 out.append(time.perf_counter() - t)
 
-            sm._publish = timed_publish
+            sm.publisher._publish_one = timed_publish
             if not warm:   # the comparison: a delta's rows read from disk under the write lock
-                sm._warm = lambda staged: None
+                sm.publisher.warm = lambda staged: None
             rss0 = rss_mib()
             log(f"  {name}: loaded the full in {load_s:.1f} s, +{models[name]['rss_mib']:.0f} MiB RSS")
         gc.collect()

@@ -13,16 +13,22 @@
 // Workload: <keys> int64 keys at dim 64 with Adam's two slots (768 bytes a row),
 // the cache budget <dram_fraction> of the rows' bytes; fill every key, then
 // training steps of 4,096 Zipf(1.1) ids (lookup + Adam apply, two threads),
-// read-only lookups at batch 1 and 1,024, a full export to a null sink.
+// read-only lookups at batch 1 and 1,024, a full export to a null sink (and
+// again with the tier's file dropped from the page cache: cold_export_s),
+// and the disk's sequential write and cold read of the rows' bytes
+// (seq_write_s, seq_read_s) for the save target.
 // Prints one line of `name value` pairs.
 #ifndef EVSTORE_BENCH_NO_ROCKSDB
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
 #endif
 
+#include <fcntl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -44,8 +50,8 @@ using namespace evstore;
 using Clock = std::chrono::steady_clock;
 
 #ifndef EVSTORE_BENCH_NO_ROCKSDB
-// RocksDB as a TieredStore engine: record r = value of the 4-byte big-endian
-// key r. No WAL (the tier is a cache, never durable), no compression (float
+// RocksDB as a TieredStore engine: record `loc` = value of the 4-byte
+// big-endian key loc (the store's log-structured locations, log_space.h). No WAL (the tier is a cache, never durable), no compression (float
 // rows do not compress), an 8 MiB block cache (the DRAM budget is the row
 // cache's; RocksDB's own cache is kept small, as the row cache is in front).
 class RocksEngine {
@@ -70,28 +76,36 @@ class RocksEngine {
   }
   const std::string& dir() const { return dir_; }
   int last_error() const { return EIO; }
-  bool Write(uint32_t r, const void* src, int* err = nullptr) {
-    char k[4];
-    Key(r, k);
+  bool Write(uint32_t loc, const void* src, size_t n = 1, int* err = nullptr) {
+    rocksdb::WriteBatch b;
+    for (size_t i = 0; i < n; ++i) {
+      char k[4];
+      Key(loc + static_cast<uint32_t>(i), k);
+      b.Put(rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(src) + i * record_bytes_, record_bytes_));
+    }
     if (err) *err = EIO;
-    return db_->Put(wo_, rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(src), record_bytes_)).ok();
+    return db_->Write(wo_, &b).ok();
   }
-  void Read(uint32_t r, void* dst) const {
+  void Read(uint32_t loc, void* dst) const {
     char k[4];
-    Key(r, k);
+    Key(loc, k);
     rocksdb::PinnableSlice v;
     rocksdb::Status st = db_->Get(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), rocksdb::Slice(k, 4), &v);
     if (!st.ok() || v.size() != record_bytes_) throw std::runtime_error("rocksdb get: " + st.ToString());
     std::memcpy(dst, v.data(), record_bytes_);
   }
+  void ReadMany(const uint32_t* locs, void* const* dsts, size_t n) const {
+    for (size_t i = 0; i < n; ++i) Read(locs[i], dsts[i]);
+  }
+  void WillNeed(const uint32_t*, size_t) const {}
   int64_t disk_bytes() const {
     uint64_t sst = 0, mem = 0;
     db_->GetIntProperty("rocksdb.total-sst-files-size", &sst);
     db_->GetIntProperty("rocksdb.cur-size-all-mem-tables", &mem);
     return static_cast<int64_t>(sst + mem);
   }
-  template <typename Present>
-  bool Widen(size_t new_record_bytes, uint32_t nrecords, const Present&, const std::vector<char>&) {
+  template <typename OldLoc>
+  bool Widen(size_t new_record_bytes, uint32_t nrecords, const OldLoc&, const std::vector<char>&) {
     if (nrecords != 0) return false;  // the benchmark adds its slots before the first row
     record_bytes_ = new_record_bytes;
     return true;
@@ -166,8 +180,44 @@ static int64_t Cap(const V& v) {
   return static_cast<int64_t>(v.capacity() * sizeof(typename V::value_type));
 }
 
+// Drops a file's pages from the page cache (written back first): its next
+// reads come from the disk.
+static void DropCache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+// The disk's sequential rate for `bytes` in `dir`: seconds to write them (8 MiB
+// writes, then fsync) and to read them back cold (8 MiB reads).
+static void SequentialRate(const std::string& dir, int64_t bytes, double* write_s, double* read_s) {
+  const std::string path = dir + "/sequential-probe";
+  std::vector<char> buf(8 << 20, 1);
+  int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
+  if (fd < 0) return;
+  auto t0 = Clock::now();
+  for (int64_t done = 0; done < bytes;) {
+    ssize_t n = ::write(fd, buf.data(), static_cast<size_t>(std::min<int64_t>(buf.size(), bytes - done)));
+    if (n <= 0) break;
+    done += n;
+  }
+  ::fsync(fd);
+  *write_s = Secs(t0);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  t0 = Clock::now();
+  for (off_t at = 0;;) {
+    ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
+    if (n <= 0) break;
+    at += n;
+  }
+  *read_s = Secs(t0);
+  ::close(fd);
+  ::unlink(path.c_str());
+}
+
 template <typename T>
-static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
+static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const std::string& dir) {
   const int dim = t.dim();
   ParallelFor pf = TwoThreads;
   auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
@@ -232,6 +282,17 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
   ExportFull(t, 2, 65536, &sink);
   const double export_s = Secs(t0);
   const double export_cpu_s = CpuSecs() - cpu1;
+  // The same export with the tier's file out of the page cache (as in a
+  // table larger than memory), and the disk's sequential rate for the rows'
+  // bytes, measured now.
+  double cold_export_s = export_s, seq_write_s = 0, seq_read_s = 0;
+  if constexpr (!std::decay_t<decltype(t.store())>::kAllResident) {
+    DropCache(t.store().dir() + "/rows");
+    t0 = Clock::now();
+    ExportFull(t, 2, 65536, &sink);
+    cold_export_s = Secs(t0);
+  }
+  SequentialRate(dir, nkeys * static_cast<int64_t>(t.stride()) * 4, &seq_write_s, &seq_read_s);
   TableStats st = t.Stats();
   // RSS the table does not report: the process minus its RSS before the
   // table existed, the benchmark's own buffers and the table's index, meta
@@ -242,15 +303,20 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base) {
   const double other_mb = (rss - rss_base - buffers - st.index_bytes - st.meta_bytes - st.row_bytes) / 1048576.0;
   std::printf(
       "store %s keys %lld fill_s %.3f train_keys_per_s %.0f train_cpu_ns_per_key %.1f hit_rate %.4f find1_keys_per_s %.0f find1_p99_us %.1f "
-      "find1k_keys_per_s %.0f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f rss_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
-      "cache_rows %lld disk_mb %.1f rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
+      "find1k_keys_per_s %.0f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f cold_export_s %.3f seq_write_s %.3f "
+      "seq_read_s %.3f rss_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
+      "cache_rows %lld disk_mb %.1f writebacks %lld write_batches %lld compacted %lld misses %lld read_calls %lld "
+      "disk_records %lld live_records %lld rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
       store, static_cast<long long>(nkeys), fill_s, steps * B / train_s, train_cpu_ns, hit, lat1.size() / [&] {
         double s = 0;
         for (double x : lat1) s += x;
         return s;
-      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, rss / 1048576.0,
+      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, cold_export_s, seq_write_s, seq_read_s, rss / 1048576.0,
       st.index_bytes / 1048576.0, st.meta_bytes / 1048576.0, st.row_bytes / 1048576.0,
-      static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0, rss_base / 1048576.0, buffers / 1048576.0,
+      static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0, static_cast<long long>(ts1.writebacks - ts0.writebacks),
+      static_cast<long long>(ts1.write_batches - ts0.write_batches), static_cast<long long>(ts1.compacted - ts0.compacted),
+      static_cast<long long>(ts1.misses - ts0.misses), static_cast<long long>(ts1.read_calls - ts0.read_calls),
+      static_cast<long long>(ts1.disk_records), static_cast<long long>(ts1.live_records), rss_base / 1048576.0, buffers / 1048576.0,
       other_mb);
 }
 
@@ -271,14 +337,14 @@ int main(int argc, char** argv) {
   c.tier.dram_bytes = static_cast<int64_t>(frac * nkeys * dim * 3 * 4);
   if (store == "dram") {
     Table<int64_t> t(c);
-    Run(t, nkeys, "dram", rss_base);
+    Run(t, nkeys, "dram", rss_base, argv[4]);
   } else if (store == "rowfile") {
     Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RowFile>> t(c);
-    Run(t, nkeys, "rowfile", rss_base);
+    Run(t, nkeys, "rowfile", rss_base, argv[4]);
 #ifndef EVSTORE_BENCH_NO_ROCKSDB
   } else if (store == "rocksdb") {
     Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RocksEngine>> t(c);
-    Run(t, nkeys, "rocksdb", rss_base);
+    Run(t, nkeys, "rocksdb", rss_base, argv[4]);
 #endif
   } else {
     std::fprintf(stderr, "unknown store %s\n", store.c_str());

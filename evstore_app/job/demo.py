@@ -44,7 +44,7 @@ class _Server:
     """A real `evstore serve` process and a client for it. It polls the root
     every `poll_every` seconds: commit -> served is at most that plus one
     apply (a scan of a local root is a directory listing and a stat per
-    checkpoint, under a millisecond for the demo's root)."""
+    checkpoint)."""
 
     def __init__(self, export, root, name="demo", poll_every=0.05, log_path=None, gate=None):
         self.name = name

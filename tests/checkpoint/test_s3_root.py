@@ -67,18 +67,30 @@ def test_lease_checks_on_s3_while_the_holder_renews_it(s3_bucket):
 
     lease = Lease(Storage(f"s3://{s3_bucket}/lease-race"), timeout=600.0)
     lease.acquire()
-    stop = threading.Event()
+    stop, first = threading.Event(), threading.Event()
+    renewed, errors = [], []
 
     def renew():
-        while not stop.is_set():
-            lease.renew()
+        try:
+            while not stop.is_set():
+                renewed.append(lease.renew())   # False: it read a record that is not its own (a torn read)
+                first.set()
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            errors.append(e)
+            first.set()
 
     t = threading.Thread(target=renew)
     t.start()
     try:
+        assert first.wait(120)
+        during = len(renewed)
         for _ in range(300):
-            lease.check()
+            lease.check()   # raises LeaseLostError on a read that did not see this writer's record
+        during = len(renewed) - during
     finally:
         stop.set()
         t.join()
         lease.release()
+    assert errors == [], errors
+    assert during > 0, "no renewal ran while the checks read the lease"
+    assert all(renewed), f"{renewed.count(False)} of {len(renewed)} renewals did not read this writer's record"

@@ -5,7 +5,13 @@ the strategy's DATA auto-sharding gives it) or by one process on the global
 batches. test_collective_fit.py runs both and compares.
 
 Usage: python fit_model.py OUT.npz single
-       python fit_model.py OUT.npz worker --rank R --ports P0,P1 [--default-collective]
+       python fit_model.py OUT.npz worker --rank R --ports P0,P1 [--default-collective] [--ckpt ROOT]
+       python fit_model.py OUT.npz restore --ckpt ROOT
+
+--ckpt ROOT (workers): after the fit (and the eviction) every worker commits a
+full to ROOT with a SyncCheckpointManager and records its shard as `ck_*`;
+`restore` builds the model in one process (no
+strategy), restores ROOT into it and writes the table and the Dense layer.
 
 --default-collective builds the layer without `collective=` (a strategy's
 scope makes it collective, as it makes TF variables mirrored) and records
@@ -59,7 +65,8 @@ def build(collective):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("mode", choices=["single", "worker"])
+    ap.add_argument("mode", choices=["single", "worker", "restore"])
+    ap.add_argument("--ckpt", default=None)
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--ports", default="")
     ap.add_argument("--default-collective", action="store_true")
@@ -70,6 +77,18 @@ def main():
                                               "task": {"type": "worker", "index": a.rank}})
     import numpy as np
     import tensorflow as tf
+    if a.mode == "restore":
+        import checkpoint
+        model, emb = build(collective=False)
+        checkpoint.CheckpointManager(a.ckpt, model).restore()
+        e = emb.ev.export()
+        arrays = {k: e[k].numpy() for k in ("keys", "values", "versions", "freqs", "filtered_keys",
+                                            "filtered_freqs")}
+        arrays.update({f"slot_{s}": v.numpy() for s, v in e["slots"].items()})
+        arrays.update(kernel=model.layers[-1].kernel.numpy(), bias=model.layers[-1].bias.numpy())
+        np.savez(a.out, **arrays)
+        print("done", flush=True)
+        return
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if ports else tf.distribute.get_strategy()
     kinds = {}
     with strategy.scope():
@@ -94,6 +113,15 @@ def main():
     dense = model.layers[-1]
     arrays.update(kernel=dense.kernel.numpy(), bias=dense.bias.numpy(),
                   iterations=int(model.optimizer.iterations.numpy()))
+    if a.ckpt:   # every worker: its shard's part (the chief's with the dense variables), one commit
+        import checkpoint.sync
+        mgr = checkpoint.sync.SyncCheckpointManager(a.ckpt, model)
+        mgr.save_full()   # its eviction at the same global step finds nothing more to evict
+        mgr.close()
+        e = ev.export()
+        arrays.update({f"ck_{k}": e[k].numpy() for k in ("keys", "values", "versions", "freqs", "filtered_keys",
+                                                         "filtered_freqs")})
+        arrays.update({f"ck_slot_{s}": v.numpy() for s, v in e["slots"].items()})
     if a.default_collective and ports:
         try:
             model.save(os.path.join(os.path.dirname(os.path.abspath(a.out)), f"w{a.rank}.keras"))

@@ -3,6 +3,7 @@
 every global batch by the strategy, end equal to one process running
 `model.fit` on the global batches (fit_model.py)."""
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -11,17 +12,53 @@ import sync_harness as h
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def s3_root(tmp_path_factory):
+    """A root on moto's S3 server (a process on 127.0.0.1): the workers' only shared storage."""
+    sys.path.insert(0, os.path.join(os.path.dirname(h.HERE), "checkpoint"))
+    import checkpoint
+    from s3_server import moto_bucket
+    with moto_bucket(tmp_path_factory.mktemp("moto") / "moto.log",
+                     before_stop=checkpoint.lease._release_all) as bucket:
+        yield f"s3://{bucket}/fit"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, s3_root):
     d = tmp_path_factory.mktemp("fit")
     ports = h.ports(2)
     logs = [str(d / f"{n}.log") for n in ("single", "w0", "w1")]
     script = os.path.join(h.HERE, "fit_model.py")
     procs = [h.start([script, d / "single.npz", "single"], logs[0])]
-    procs += [h.start([script, d / f"w{r}.npz", "worker", "--rank", r, "--ports", ports], logs[1 + r])
-              for r in range(2)]
+    procs += [h.start([script, d / f"w{r}.npz", "worker", "--rank", r, "--ports", ports, "--ckpt", s3_root],
+                      logs[1 + r]) for r in range(2)]
     codes = h.wait_all(procs, logs)
     assert codes == [0, 0, 0], "\n".join(f"--- {lg}\n{h.tail(lg)}" for lg in logs)
     return np.load(d / "single.npz"), [np.load(d / f"w{r}.npz") for r in range(2)]
+
+
+def test_the_workers_fit_committed_to_s3_restores_into_one_process_exactly(runs, s3_root, tmp_path):
+    """After model.fit (and the eviction) both workers commit a full to the S3 root (each uploads
+    its own part); one process restores it: the whole table (values, slots, versions, frequencies,
+    filtered counts) and the Dense layer exactly as the workers held them at the commit."""
+    _, workers = runs
+    log = str(tmp_path / "restore.log")
+    p = h.start([os.path.join(h.HERE, "fit_model.py"), tmp_path / "one.npz", "restore", "--ckpt", s3_root], log)
+    assert h.wait_all([p], [log]) == [0], h.tail(log)
+    one = np.load(tmp_path / "one.npz")
+    order = np.argsort(one["keys"], kind="stable")
+    ck = [{k[3:]: w[k] for k in w.files if k.startswith("ck_")} for w in workers]
+    assert len(one["keys"]) == sum(len(c["keys"]) for c in ck) > 0
+    for field in ("values", "versions", "freqs", "slot_m", "slot_v"):
+        keys, want = _table(ck, field)
+        np.testing.assert_array_equal(one["keys"][order], keys)
+        np.testing.assert_array_equal(one[field][order], want, err_msg=field)
+    fk = np.concatenate([c["filtered_keys"] for c in ck])
+    ff = np.concatenate([c["filtered_freqs"] for c in ck])
+    o1, o2 = np.argsort(one["filtered_keys"]), np.argsort(fk)
+    np.testing.assert_array_equal(one["filtered_keys"][o1], fk[o2])
+    np.testing.assert_array_equal(one["filtered_freqs"][o1], ff[o2])
+    np.testing.assert_array_equal(one["kernel"], workers[0]["kernel"])
+    np.testing.assert_array_equal(one["bias"], workers[0]["bias"])
 
 
 def _table(npzs, field):

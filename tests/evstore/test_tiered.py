@@ -361,6 +361,29 @@ def test_storage_arguments_are_checked():
         evstore.EmbeddingVariable("x", 4, storage="disk")
 
 
+def test_a_tier_path_on_a_ram_file_system_warns_in_one_line():
+    if not os.path.isdir("/dev/shm"):
+        pytest.fail("this test needs /dev/shm (a tmpfs on Linux)")
+    with pytest.warns(evstore.storage.RamTierWarning) as caught:
+        evstore.TieredStorage(dram_bytes=1 << 20, path="/dev/shm/evstore-tier-test")
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "\n" not in message and "tmpfs" in message and "/dev/shm/evstore-tier-test" in message
+
+
+def test_a_tier_path_on_a_disk_does_not_warn(recwarn):
+    # The checkout is on a disk (tmp_path may be a tmpfs on some hosts); the
+    # storage object creates nothing until a table uses it.
+    evstore.TieredStorage(dram_bytes=1 << 20, path=os.path.join(REPO, "tier-path-probe"))
+    assert not [w for w in recwarn if issubclass(w.category, evstore.storage.RamTierWarning)]
+
+
+def test_a_tiered_ev_with_one_index_segment_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="num_segments >= 2"):
+        evstore.EmbeddingVariable("one_segment", DIM, num_segments=1,
+                                  storage=evstore.TieredStorage(dram_bytes=BUDGET, path=str(tmp_path / "tier")))
+
+
 def test_private_directory_goes_away_with_the_ev(tmp_path):
     ev = make(tmp_path, True)
     train_step(ev, evstore.optimizers.SGD(0.1), 0)

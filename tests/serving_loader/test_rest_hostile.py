@@ -235,6 +235,39 @@ def test_lenient_framing_is_refused_400(server, wire):
     _json_error(answers[0], 400)
 
 
+@pytest.mark.parametrize("line", [b"GET  /v1/models/strings HTTP/1.1", b"GET /v1/models/strings  HTTP/1.1",
+                                  b"GET /v1/models/strings HTTP/1.1 ", b" GET /v1/models/strings HTTP/1.1"],
+                         ids=["two-spaces-after-method", "two-spaces-before-version", "trailing-space",
+                              "leading-space"])
+def test_a_request_line_with_other_than_one_space_between_its_parts_is_400(server, line):
+    answers = _exchange(server, line + b"\r\nHost: x\r\n\r\n")
+    assert len(answers) == 1
+    assert "Malformed HTTP request" in _json_error(answers[0], 400)
+
+
+def test_a_malformed_request_line_pipelined_behind_a_good_request_is_400_after_its_answer(server):
+    good = b"GET /v1/models/strings HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = _exchange(server, _post("/v1/models/strings:predict", _predict_body(STRINGS), close=False)
+                        + good + b"GET  /v1/models/strings HTTP/1.1\r\nHost: x\r\n\r\n" + good)
+    assert [a[0] for a in answers] == [200, 200, 400]   # the request after the refused one is not read
+    assert "request line" in _json_error(answers[2], 400)
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"deflate,chunked", b"compress , chunked"])
+def test_a_transfer_coding_the_server_does_not_implement_is_501(server, coding):
+    answers = _exchange(server, b"POST /v1/models/strings:predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %s\r\n"
+                                b"\r\n2\r\n{}\r\n0\r\n\r\n" % coding)
+    assert len(answers) == 1
+    assert "not implemented" in _json_error(answers[0], 501)
+
+
+def test_chunked_applied_twice_is_400(server):
+    answers = _exchange(server, b"POST /v1/models/strings:predict HTTP/1.1\r\nHost: x\r\n"
+                                b"Transfer-Encoding: chunked, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+    assert len(answers) == 1
+    _json_error(answers[0], 400)
+
+
 def test_a_request_smuggled_behind_a_refused_one_is_not_answered(server):
     smuggled = b"GET /v1/models/strings HTTP/1.1\r\nHost: x\r\n\r\n"
     wire = (b"POST /v1/models/strings:predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"

@@ -66,6 +66,14 @@ def job(tmp_path):
     return Job(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def committed_job(tmp_path_factory):
+    """One job with one commit, shared by tests that only read it (a refused gate changes nothing)."""
+    job = Job(tmp_path_factory.mktemp("gate"))
+    job.commit(q(0.8))
+    return job
+
+
 def test_gate_holds_a_failing_commit_and_serves_from_the_next_passing_one(job):
     first = job.commit(q(0.80))
     sm = serving_loader.ServingModel(job.export, job.mgr.root, gate=GATE)
@@ -242,10 +250,9 @@ def test_without_a_gate_every_commit_is_served(job):
 @pytest.mark.parametrize("text", ["", "auc >=", "auc >= 0.5,", "accuracy >= 0.5", "auc >= best", "auc == served",
                                   "auc >= served.precision", "auc >= __import__('os')", "auc >= 'x'",
                                   "0.5 <= auc", "auc >= 0.5 >= 0.1"])
-def test_a_malformed_gate_is_refused_with_a_one_line_error(job, text):
-    job.commit(q(0.8))
+def test_a_malformed_gate_is_refused_with_a_one_line_error(committed_job, text):
     with pytest.raises(GateError) as e:
-        serving_loader.ServingModel(job.export, job.mgr.root, gate=text)
+        serving_loader.ServingModel(committed_job.export, committed_job.mgr.root, gate=text)
     assert "\n" not in str(e.value) and str(e.value)
 
 

@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 MINUTES = 3
 
 
+@pytest.mark.long
 def test_soak_of_a_ps_job_on_many_hosts_loses_nothing_and_every_replica_converges(tmp_path):
     why = hosts.available()
     if why is not None:

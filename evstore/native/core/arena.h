@@ -66,6 +66,10 @@ class RowArena {
   static constexpr bool kAllResident = true;
   const float* ReadRow(uint32_t r) const { return Row(r); }
   const float* PeekRow(uint32_t r, float*) const { return Row(r); }
+  void FaultMany(const uint32_t*, size_t) const {}
+  void PeekMany(const uint32_t* rows, size_t n, float* out) const {
+    for (size_t i = 0; i < n; ++i) std::memcpy(out + i * stride_, Row(rows[i]), stride_ * sizeof(float));
+  }
   // All rows are resident: no owner, hint or lock is needed (no-ops).
   void Bind(uint32_t, int) {}
   void Hint(uint32_t, uint32_t) const {}

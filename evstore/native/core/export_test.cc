@@ -1,6 +1,6 @@
 // TF-free tests of core/export.h (streaming checkpoint readout) and of the
 // table's restore entry points (ImportRows slot-major, ImportFiltered demote,
-// untracked Erase). Driven by tests/native/test_core.py.
+// untracked Erase). Driven by tests/native/CMakeLists.txt (make test-native).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>

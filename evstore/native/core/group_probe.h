@@ -14,7 +14,7 @@
 //   SSE2      one 16-byte load, _mm_cmpeq_epi8 + _mm_movemask_epi8 (x86-64).
 //   portable  a byte loop the compiler may vectorise (aarch64, or any build
 //             with EVSTORE_PORTABLE_PROBE defined: the C++ test binary is
-//             built and run in both modes, tests/native/test_core.py).
+//             built and run in both modes, tests/native/CMakeLists.txt (make test-native)).
 // Control arrays are 16-byte aligned (segment.h allocates them so).
 #pragma once
 #include <cstdint>

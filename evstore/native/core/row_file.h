@@ -1,15 +1,12 @@
 // RowFile: the disk engine of the tiered row store (tiered_store.h). No TensorFlow.
 //
-// Layout: one flat file of fixed-size records, record r (a row id) at byte
-// offset r * record_bytes. Row ids are dense (the store recycles freed ids
-// before it grows), so the file needs no index: the row id IS the address,
-// and the DRAM cost of the disk tier is nothing beyond the store's per-row
-// metadata. Records never written are holes (a sparse file).
-//
-// Why not a key-value store: measured against RocksDB on the same Zipf
-// workload (bench/tiered_engine_bench.cc, BENCHMARKS.md "Tiered storage"),
-// positional reads and writes of fixed records beat an LSM tree that must
-// index, compact and merge what is, here, an array.
+// Layout: one flat file of fixed-size records, record `loc` at byte offset
+// loc * record_bytes. The store decides where each row goes (log_space.h: a
+// log-structured layout, where a batch of evicted rows is one contiguous run
+// of records written by one pwrite); this class only moves records: runs of
+// adjacent records in one call each way, and a sorted set of records read
+// with one preadv per run of adjacent ones. Records never written are holes
+// (a sparse file).
 //
 // The file belongs to the process: it lives in a private directory
 //   <parent>/evstore-tier-<pid>-<n>/rows
@@ -30,8 +27,10 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -84,28 +83,54 @@ class RowFile {
   size_t record_bytes() const { return record_bytes_; }
   int last_error() const { return last_error_.load(std::memory_order_relaxed); }
 
-  // Writes record r. False (errno in last_error(), and in *err if given)
-  // when the disk refuses: the record's previous contents on disk are then
-  // unspecified. Reads and writes of different records may run concurrently
-  // (pread/pwrite on one descriptor); Widen may not run beside them.
-  bool Write(uint32_t r, const void* src, int* err = nullptr) {
+  // Writes `n` adjacent records from `loc` (one pwrite). False (errno in
+  // last_error(), and in *err if given) when the disk refuses: those records'
+  // contents on disk are then unspecified. Reads and writes of different
+  // records may run concurrently (pread/pwrite on one descriptor); Widen may
+  // not run beside them.
+  bool Write(uint32_t loc, const void* src, size_t n = 1, int* err = nullptr) {
     int e = 0;
-    const bool ok = WriteAt(fd_, r, record_bytes_, src, &e);
+    const bool ok = WriteAt(fd_, loc, record_bytes_, n, src, &e);
     if (!ok && err) *err = e;
     return ok;
   }
 
-  // Reads record r (previously written). Throws std::runtime_error on failure.
-  void Read(uint32_t r, void* dst) const {
-    size_t done = 0;
-    const off_t base = static_cast<off_t>(r) * static_cast<off_t>(record_bytes_);
-    while (done < record_bytes_) {
-      ssize_t got = ::pread(fd_, static_cast<char*>(dst) + done, record_bytes_ - done, base + done);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0)
-        throw std::runtime_error("tiered storage: reading row " + std::to_string(r) + " from " + DataPath(0) +
-                                 " failed: " + (got < 0 ? std::strerror(errno) : "short file"));
-      done += static_cast<size_t>(got);
+  // Reads record `loc` (previously written). Throws std::runtime_error on failure.
+  void Read(uint32_t loc, void* dst) const {
+    iovec v{dst, record_bytes_};
+    ReadRun(loc, &v, 1);
+  }
+  // Reads records locs[0..n) (ascending, distinct) into dsts[i]: one preadv
+  // per run of adjacent records (so rows written by one eviction batch come
+  // back in one call). Throws std::runtime_error on failure.
+  void ReadMany(const uint32_t* locs, void* const* dsts, size_t n) const {
+    static constexpr size_t kMaxIov = 1024;  // IOV_MAX on Linux
+    iovec iov[64];
+    std::vector<iovec> big;
+    for (size_t i = 0; i < n;) {
+      size_t j = i + 1;
+      while (j < n && j - i < kMaxIov && locs[j] == locs[j - 1] + 1) ++j;
+      iovec* v = iov;
+      if (j - i > 64) {
+        big.resize(j - i);
+        v = big.data();
+      }
+      for (size_t k = i; k < j; ++k) v[k - i] = iovec{dsts[k], record_bytes_};
+      ReadRun(locs[i], v, j - i);
+      i = j;
+    }
+  }
+
+  // Tells the kernel records locs[0..n) (ascending) will be read soon, one
+  // hint per run of adjacent records: it starts reading them from disk
+  // without waiting, so the reads that follow find them in the page cache.
+  void WillNeed(const uint32_t* locs, size_t n) const {
+    for (size_t i = 0; i < n;) {
+      size_t j = i + 1;
+      while (j < n && locs[j] == locs[j - 1] + 1) ++j;
+      ::posix_fadvise(fd_, static_cast<off_t>(locs[i]) * static_cast<off_t>(record_bytes_),
+                      static_cast<off_t>((j - i) * record_bytes_), POSIX_FADV_WILLNEED);
+      i = j;
     }
   }
 
@@ -116,28 +141,39 @@ class RowFile {
     return static_cast<int64_t>(st.st_blocks) * 512;
   }
 
-  // Re-lays every record out at `new_record_bytes` (optimizer slots added):
-  // record r of the old file (only those `present(r)` says exist) is copied
-  // to the head of record r of a new file, the rest filled from `tail`.
-  // The new file replaces the old one only when complete; on failure the old
-  // one stays and false is returned (last_error()).
-  template <typename Present>
-  bool Widen(size_t new_record_bytes, uint32_t nrecords, const Present& present, const std::vector<char>& tail) {
+  // Re-lays the records out at `new_record_bytes` (optimizer slots added):
+  // new record i (i < nrecords) is old record old_loc(i) followed by `tail`,
+  // written in runs of adjacent records. The new file replaces the old one
+  // only when complete; on failure the old one stays and false is returned
+  // (last_error()).
+  template <typename OldLoc>
+  bool Widen(size_t new_record_bytes, uint32_t nrecords, const OldLoc& old_loc, const std::vector<char>& tail) {
     int nfd = ::open(DataPath(1).c_str(), O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
     if (nfd < 0) {
       last_error_.store(errno, std::memory_order_relaxed);
       return false;
     }
-    std::vector<char> buf(new_record_bytes);
-    for (uint32_t r = 0; r < nrecords; ++r) {
-      if (!present(r)) continue;
-      Read(r, buf.data());
-      std::memcpy(buf.data() + record_bytes_, tail.data(), new_record_bytes - record_bytes_);
-      if (!WriteAt(nfd, r, new_record_bytes, buf.data(), nullptr)) {
-        ::close(nfd);
-        ::unlink(DataPath(1).c_str());
-        return false;
+    constexpr uint32_t kRun = 256;
+    std::vector<char> buf(kRun * new_record_bytes);
+    try {
+      for (uint32_t lo = 0; lo < nrecords; lo += kRun) {
+        const uint32_t n = std::min(kRun, nrecords - lo);
+        for (uint32_t i = 0; i < n; ++i) {
+          char* rec = buf.data() + i * new_record_bytes;
+          Read(old_loc(lo + i), rec);
+          std::memcpy(rec + record_bytes_, tail.data(), new_record_bytes - record_bytes_);
+        }
+        if (!WriteAt(nfd, lo, new_record_bytes, n, buf.data(), nullptr)) {
+          ::close(nfd);
+          ::unlink(DataPath(1).c_str());
+          return false;
+        }
       }
+    } catch (const std::runtime_error&) {
+      last_error_.store(EIO, std::memory_order_relaxed);
+      ::close(nfd);
+      ::unlink(DataPath(1).c_str());
+      return false;
     }
     if (::rename(DataPath(1).c_str(), DataPath(0).c_str()) != 0) {
       last_error_.store(errno, std::memory_order_relaxed);
@@ -181,9 +217,10 @@ class RowFile {
  private:
   std::string DataPath(int which) const { return dir_ + (which == 0 ? "/rows" : "/rows.widening"); }
 
-  bool WriteAt(int fd, uint32_t r, size_t bytes, const void* src, int* err) {
+  bool WriteAt(int fd, uint32_t loc, size_t record_bytes, size_t n, const void* src, int* err) {
+    const size_t bytes = record_bytes * n;
     size_t done = 0;
-    const off_t base = static_cast<off_t>(r) * static_cast<off_t>(bytes);
+    const off_t base = static_cast<off_t>(loc) * static_cast<off_t>(record_bytes);
     while (done < bytes) {
       ssize_t put = ::pwrite(fd, static_cast<const char*>(src) + done, bytes - done, base + done);
       if (put < 0 && errno == EINTR) continue;
@@ -196,6 +233,26 @@ class RowFile {
       done += static_cast<size_t>(put);
     }
     return true;
+  }
+
+  // Reads the adjacent records from `loc` into the buffers of v[0..n).
+  void ReadRun(uint32_t loc, iovec* v, size_t n) const {
+    off_t at = static_cast<off_t>(loc) * static_cast<off_t>(record_bytes_);
+    size_t first = 0;
+    while (first < n) {
+      ssize_t got = ::preadv(fd_, v + first, static_cast<int>(n - first), at);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        throw std::runtime_error("tiered storage: reading record " + std::to_string(loc) + " from " + DataPath(0) +
+                                 " failed: " + (got < 0 ? std::strerror(errno) : "short file"));
+      at += got;
+      size_t left = static_cast<size_t>(got);
+      while (first < n && left >= v[first].iov_len) left -= v[first++].iov_len;
+      if (left) {  // a short read inside one buffer: continue after what arrived
+        v[first].iov_base = static_cast<char*>(v[first].iov_base) + left;
+        v[first].iov_len -= left;
+      }
+    }
   }
 
   static void RemoveDir(const std::string& dir) {

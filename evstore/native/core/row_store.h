@@ -18,6 +18,13 @@
 //   float* Row(uint32_t r) const;              the row, resident and writable
 //   const float* ReadRow(uint32_t r) const;    the same, for reading only (a
 //                                              tier need not write it back)
+//   void FaultMany(const uint32_t* rows, size_t n) const;  makes rows of one
+//                                              segment resident together (a
+//                                              tier reads its misses at once;
+//                                              a no-op when all are resident)
+//   void PeekMany(const uint32_t* rows, size_t n, float* out) const;  rows of
+//                                              one segment copied out (stride
+//                                              floats each), not cached
 //   const float* PeekRow(uint32_t r, float* scratch) const;  the row to read
 //                                              now, maybe copied to scratch
 //                                              (stride floats) and not cached
@@ -80,10 +87,15 @@ struct TierConfig {
 struct TierStats {
   int64_t hits = 0, misses = 0;  // row accesses served from DRAM / faulted in
   int64_t writebacks = 0;        // rows written to disk on eviction
+  int64_t write_batches = 0;     // eviction batches written (each runs of adjacent records)
+  int64_t compacted = 0;         // cold records moved by compaction
+  int64_t read_calls = 0;        // reads of misses (one per run of adjacent records)
   int64_t write_failures = 0;    // write-backs the disk refused (row kept in DRAM)
   int64_t resident = 0;          // rows in DRAM now
   int64_t budget_rows = 0;       // rows the DRAM budget holds
   int64_t disk_bytes = 0;        // bytes the tier's file occupies on disk
+  int64_t disk_records = 0;      // records the file spans (live + dead + unused)
+  int64_t live_records = 0;      // records holding a row's current copy
 };
 // Segment s's lock, for a store that evicts rows of other segments.
 using SegmentLocks = std::function<std::shared_mutex&(int)>;
@@ -105,6 +117,11 @@ constexpr bool IsRowStore() {
   using W = typename S::Widened;
   return std::is_same<decltype(std::declval<const S&>().Row(uint32_t{})), float*>::value &&
          std::is_same<decltype(std::declval<const S&>().ReadRow(uint32_t{})), const float*>::value &&
+         std::is_same<decltype(std::declval<const S&>().FaultMany(std::declval<const uint32_t*>(), size_t{})),
+                      void>::value &&
+         std::is_same<decltype(std::declval<const S&>().PeekMany(std::declval<const uint32_t*>(), size_t{},
+                                                                 std::declval<float*>())),
+                      void>::value &&
          std::is_same<decltype(std::declval<const S&>().PeekRow(uint32_t{}, std::declval<float*>())),
                       const float*>::value &&
          std::is_same<decltype(S::kAllResident), const bool>::value &&

@@ -254,13 +254,31 @@ class Table {
                                                                                                  int64_t hi) {
       thread_local std::vector<const float*> src;  // row per position, prefetched
       src.resize(hi - lo);
-      for (int64_t j = lo; j < hi; ++j) {
-        Idx::PrefetchAhead(seg, g, keys, j, hi);
-        uint32_t i = g.order[j];
-        const E* en = seg.Find(keys[i], g.hash[i]);
-        const float* p = (en && RowIsReal(en->row)) ? rows_.ReadRow(en->row) : default_.data();
-        rows_.PrefetchRow(p, dim_);
-        src[j - lo] = p;
+      if constexpr (Store::kAllResident) {
+        for (int64_t j = lo; j < hi; ++j) {
+          Idx::PrefetchAhead(seg, g, keys, j, hi);
+          uint32_t i = g.order[j];
+          const E* en = seg.Find(keys[i], g.hash[i]);
+          const float* p = (en && RowIsReal(en->row)) ? rows_.ReadRow(en->row) : default_.data();
+          rows_.PrefetchRow(p, dim_);
+          src[j - lo] = p;
+        }
+      } else {
+        // A tier: note the rows, fault the cold ones in together, then read.
+        thread_local std::vector<uint32_t> rows;  // row per position (kNoRow: default value)
+        thread_local std::vector<uint32_t> want;
+        rows.resize(hi - lo);
+        want.clear();
+        for (int64_t j = lo; j < hi; ++j) {
+          Idx::PrefetchAhead(seg, g, keys, j, hi);
+          uint32_t i = g.order[j];
+          const E* en = seg.Find(keys[i], g.hash[i]);
+          rows[j - lo] = (en && RowIsReal(en->row)) ? en->row : kNoRow;
+          if (rows[j - lo] != kNoRow) want.push_back(en->row);
+        }
+        rows_.FaultMany(want.data(), want.size());
+        for (int64_t j = lo; j < hi; ++j)
+          src[j - lo] = rows[j - lo] != kNoRow ? rows_.ReadRow(rows[j - lo]) : default_.data();
       }
       CopyRowsOut(g, lo, hi, src, out);
     });
@@ -293,6 +311,10 @@ class Table {
       thread_local std::vector<uint32_t> rows;
       src.resize(hi - lo);
       pending.clear();
+      if constexpr (!Store::kAllResident) {
+        TierRows().clear();
+        TierPositions().clear();
+      }
       bool bloom_pending = false;
       // Pass 1: count every occurrence (inserting unseen keys, or counting
       // them in the Bloom filter), note rows.
@@ -314,11 +336,21 @@ class Table {
         seg.MarkDirty(en);
         if (RowIsReal(en->row)) {
           rows_.Hint(en->row, en->freq());
-          src[j - lo] = rows_.Row(en->row);
-          rows_.PrefetchRow(src[j - lo], dim_);
+          if constexpr (Store::kAllResident) {
+            src[j - lo] = rows_.ReadRow(en->row);
+            rows_.PrefetchRow(src[j - lo], dim_);
+          } else {
+            TierRows().push_back(en->row);
+            TierPositions().push_back(j);
+          }
         } else {
           pending.push_back({j, en, seg.rehashes()});
         }
+      }
+      if constexpr (!Store::kAllResident) {
+        const std::vector<uint32_t>& want = TierRows();
+        rows_.FaultMany(want.data(), want.size());
+        for (size_t k = 0; k < want.size(); ++k) src[TierPositions()[k] - lo] = rows_.ReadRow(want[k]);
       }
       // Pass 2a (Bloom): a key without an entry is admitted (entry + row)
       // once the filter's batch-complete estimate reaches min_freq.
@@ -401,18 +433,25 @@ class Table {
       thread_local std::vector<E*> hit;  // entry per position (nullptr: absent or filtered)
       hit.resize(hi - lo);
       // Pass 1: resolve entries and prefetch their rows and versions (no
-      // inserts, so entry pointers stay valid for pass 2).
+      // inserts, so entry pointers stay valid for pass 2); a tier faults the
+      // cold rows in together instead.
+      if constexpr (!Store::kAllResident) TierRows().clear();
       for (int64_t j = lo; j < hi; ++j) {
         Idx::PrefetchAhead(seg, g, keys, j, hi);
         uint32_t i = g.order[j];
         E* en = seg.Find(keys[i], g.hash[i]);
         if (en && !RowIsReal(en->row)) en = nullptr;
         if (en) {
-          rows_.PrefetchRow(rows_.Row(en->row), stride);
+          if constexpr (Store::kAllResident) {
+            rows_.PrefetchRow(rows_.Row(en->row), stride);
+          } else {
+            TierRows().push_back(en->row);
+          }
           __builtin_prefetch(&rows_.Version(en->row));
         }
         hit[j - lo] = en;
       }
+      if constexpr (!Store::kAllResident) rows_.FaultMany(TierRows().data(), TierRows().size());
       // Pass 2: fused update, version stamp, dirty mark.
       int64_t local = 0, zero_delta = 0;
       for (int64_t j = lo; j < hi; ++j) {
@@ -518,17 +557,50 @@ class Table {
 
   // Visits every key of segment s under its shared lock:
   // fn(const ExportedKey<K>&, const float* row_or_null). Rows are full stride.
+  // A tiered store reads the segment's cold rows in groups, each sorted by
+  // disk location (PeekMany), into a bounded buffer; they are not cached.
   template <typename Fn>
   void ForEachInSegment(int s, const Fn& fn) const {
     const Seg& seg = index_.segment(s);
-    Scratch scratch(this);  // a cold row is read into it, not cached (bounded memory)
-    std::shared_lock<std::shared_mutex> lock(seg.mu);
-    seg.ForEach([&](const E& en) {
-      bool adm = RowIsReal(en.row);
-      ExportedKey<K> x{Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1, static_cast<int64_t>(en.freq()),
-                       adm ? -1 : FilteredReference(en.row)};
-      fn(x, adm ? rows_.PeekRow(en.row, scratch.data()) : nullptr);
-    });
+    if constexpr (Store::kAllResident) {
+      std::shared_lock<std::shared_mutex> lock(seg.mu);
+      seg.ForEach([&](const E& en) {
+        bool adm = RowIsReal(en.row);
+        ExportedKey<K> x{Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1,
+                         static_cast<int64_t>(en.freq()), adm ? -1 : FilteredReference(en.row)};
+        fn(x, adm ? rows_.Row(en.row) : nullptr);
+      });
+    } else {
+      constexpr size_t kGroup = 4096;
+      const int stride = this->stride();
+      std::vector<ExportedKey<K>> xs;
+      std::vector<uint32_t> rows;
+      std::vector<float> buf(kGroup * static_cast<size_t>(stride));
+      std::shared_lock<std::shared_mutex> lock(seg.mu);
+      xs.reserve(seg.size());
+      rows.reserve(seg.size());
+      seg.ForEach([&](const E& en) {
+        bool adm = RowIsReal(en.row);
+        xs.push_back({Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1, static_cast<int64_t>(en.freq()),
+                      adm ? -1 : FilteredReference(en.row)});
+        rows.push_back(adm ? en.row : kNoRow);
+      });
+      std::vector<uint32_t> group;
+      std::vector<size_t> at;
+      for (size_t lo = 0; lo < xs.size(); lo += kGroup) {
+        const size_t hi = std::min(xs.size(), lo + kGroup);
+        group.clear();
+        at.assign(hi - lo, 0);
+        for (size_t i = lo; i < hi; ++i)
+          if (rows[i] != kNoRow) {
+            at[i - lo] = group.size();
+            group.push_back(rows[i]);
+          }
+        rows_.PeekMany(group.data(), group.size(), buf.data());
+        for (size_t i = lo; i < hi; ++i)
+          fn(xs[i], rows[i] != kNoRow ? buf.data() + at[i - lo] * stride : nullptr);
+      }
+    }
   }
   int num_segments() const { return nseg_; }
 
@@ -782,6 +854,18 @@ class Table {
   // Marks an entry chosen for admission while rows are allocated in bulk.
   static constexpr uint32_t kAdmitting = kNoRowId - 1;
   static_assert(kAdmitting == kNoRowMark - 1, "the admitting mark is the one evict_policy.h leaves free");
+
+  // A tiered store's rows of one segment's part of a batch, faulted in
+  // together (FaultMany), and their positions in the batch; per thread, used
+  // only when rows may be off DRAM.
+  static std::vector<uint32_t>& TierRows() {
+    thread_local std::vector<uint32_t> v;
+    return v;
+  }
+  static std::vector<int64_t>& TierPositions() {
+    thread_local std::vector<int64_t> v;
+    return v;
+  }
 
   // Copies the rows noted for positions [lo, hi) to their output slots.
   void CopyRowsOut(const Grouping& g, int64_t lo, int64_t hi, const std::vector<const float*>& src,

@@ -2,7 +2,7 @@
 // Build (from the repo root):
 //   g++ -std=c++17 -O2 -g -pthread -fsanitize=address,undefined
 //       -I evstore/native/core evstore/native/core/table_test.cc -o table_test
-// Driven by tests/native/test_core.py. Exits non-zero on the first failure.
+// Driven by tests/native/CMakeLists.txt (make test-native). Exits non-zero on the first failure.
 #include <algorithm>
 #include <cmath>
 #include <atomic>

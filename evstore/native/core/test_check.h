@@ -1,5 +1,5 @@
 // The one check harness of the TF-free core test binaries (*_test.cc, built
-// and run by tests/native/test_core.py). A failed check prints file:line and
+// and run by tests/native/CMakeLists.txt (make test-native)). A failed check prints file:line and
 // the expression (with both values for CHECK_EQ) and exits 1 at once; a binary
 // that reaches its end prints "all tests passed", which the driver requires.
 #pragma once
@@ -31,7 +31,24 @@
     if (!thrown_) TestFail(__FILE__, __LINE__, #expr " throws " #Exc);     \
   } while (0)
 
-// Runs one test function and reports it ("ok <name>").
-#define RUN(fn) (fn(), std::printf("ok %s\n", #fn), std::fflush(stdout))
+// Whether test `name` runs: every test, or with EVSTORE_TEST_FILTER set
+// (comma-separated substrings) those whose name contains one of them (the
+// ThreadSanitizer build runs only the tests where threads race).
+inline bool TestSelected(const char* name) {
+  const char* f = std::getenv("EVSTORE_TEST_FILTER");
+  if (!f || !*f) return true;
+  std::string filter(f), n(name);
+  for (size_t b = 0; b <= filter.size();) {
+    size_t e = filter.find(',', b);
+    if (e == std::string::npos) e = filter.size();
+    if (e > b && n.find(filter.substr(b, e - b)) != std::string::npos) return true;
+    b = e + 1;
+  }
+  return false;
+}
+// Runs one test function and reports it ("ok <name>", or "skip <name>"
+// when the filter leaves it out).
+#define RUN(fn) \
+  (TestSelected(#fn) ? (fn(), std::printf("ok %s\n", #fn)) : std::printf("skip %s\n", #fn), std::fflush(stdout))
 // Runs a key-templated test for both key types.
 #define RUN_K(fn) (RUN(fn<int64_t>), RUN(fn<int32_t>))

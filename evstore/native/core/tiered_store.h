@@ -1,11 +1,13 @@
 // TieredStore: a row store (row_store.h) whose rows live in a DRAM cache of
-// bounded size over a record file on local disk (row_file.h). No TensorFlow.
+// bounded size over a log-structured record file on local disk (row_file.h,
+// log_space.h). No TensorFlow.
 //
 // Layout
-//   meta_     per row id, always in DRAM (RowMeta, 16 bytes, static_assert
+//   meta_     per row id, always in DRAM (RowMeta, 24 bytes, static_assert
 //             below): the version, the DRAM slot holding the row (kNoSlot
-//             when it is on disk only), the owning segment, flags (a disk copy
-//             exists; the embedding was zero when written) and the row's heat
+//             when it is on disk only), the disk location of its copy (when
+//             flagged kOnDisk), the owning segment, flags (a disk copy exists;
+//             the embedding was zero when written) and the row's heat
 //             (cache_policy.h, from the table's frequency hint). Two-level
 //             directory of 65,536-row chunks, never reallocated.
 //   slots     the DRAM cache: `stride` floats per slot, in chunks of 4,096
@@ -13,53 +15,69 @@
 //             slot its row, weight (the policy's) and dirty byte (written
 //             through Row() since loaded: a clean row with a disk copy is
 //             dropped without a write).
-//   file_     record r of RowFile = row r (row ids are dense: no disk index).
+//   log_      the file's layout (log_space.h): extents of 256 records, a
+//             live count per extent and the row id per record (4 bytes per
+//             disk record, counted in meta bytes with meta_).
 //   The budget: `dram_bytes` / (stride * 4 + slot bookkeeping) slots.
 //
 // Pinning (the contract's central invariant). Row(r) is called under the
 // segment lock of the key owning r, and the row must stay resident until that
 // lock is released. The store learns each row's owner from Bind(r, segment)
-// (the table calls it when it admits a key). A slot's row may be evicted only
-// by a thread holding the owner's segment lock exclusively: the faulting
-// thread try-locks the candidate's owner (never blocking, so no lock-order
-// cycle with threads waiting for the store's mutex) and skips candidates
-// owned by the segment it holds itself (a table thread holds at most one
-// segment lock when it touches rows; Relayout, under all of them, is the
-// store's own). A candidate whose owner is locked by anyone is therefore
-// pinned and skipped. When no candidate can be evicted (every other segment
-// busy, or one batch touching more rows of one segment than the budget), the
-// store takes a slot beyond the budget and gives it back at later faults:
-// the budget is a target that one batch may overshoot, never a correctness
-// limit.
+// (the table calls it when it admits a key). A slot's row may be evicted, and
+// a row's disk location may change, only by a thread holding the owner's
+// segment lock exclusively: an evicting thread try-locks the candidate's
+// owner (never blocking, so no lock-order cycle with threads waiting for the
+// store's mutex) and skips candidates owned by the segment it holds itself
+// (a table thread holds at most one segment lock when it touches rows;
+// Relayout, under all of them, is the store's own). A candidate whose owner
+// is locked by anyone else is therefore pinned and skipped. When too few
+// candidates can be evicted (every other segment busy, or one batch touching
+// more rows of one segment than the budget), the store takes slots beyond the
+// budget and gives them back at later faults: the budget is a target that one
+// batch may overshoot, never a correctness limit.
+//
+// Write-back in batches. When a fault needs slots beyond the budget, the
+// faulting thread evicts a batch (up to batch_ = budget/8, at most one
+// extent) chosen by a bounded sweep of the CLOCK hand under mu_, holding
+// each victim's owner lock. The victims that need a write (dirty, or never
+// written) and, when the log has more dead records than live ones, the live
+// cold records of one sparse extent (compaction) are copied into one buffer
+// and written as one run of adjacent records, outside mu_. Then, under mu_,
+// each written row gets its new location (its old record dies), the victims'
+// slots are unpublished and freed, and the owner locks are released.
+//
+// Misses of one batch are read together: the table hands every row of a
+// segment's part of a batch to FaultMany, which takes all their slots at
+// once, and reads the cold ones sorted by disk location, one preadv per run
+// of adjacent records (rows evicted together come back together).
 //
 // Lock-free hits: meta_[r].slot changes only while r's owner segment lock is
 // held exclusively (eviction) or under the store mutex with the owner lock
 // held (a fault by a reader holding it shared). A caller holding the owner
-// lock therefore reads a stable slot, published with release/acquire.
+// lock therefore reads a stable slot, published with release/acquire; and a
+// stable disk location (PeekRow reads it without mu_).
 //
-// I/O outside the store mutex (mu_). A miss takes its slot under mu_ and
-// reads the row into it without mu_, publishing meta_[r].slot only when the
-// row is there; a victim chosen under mu_ is written back without mu_ while
-// this thread keeps its owner segment try-locked (the row pinned, no other
-// evictor can pick it: their try-lock fails), then unpublished under mu_.
-// So hits never wait on a miss, and misses of different threads overlap
-// their I/O. Two readers of one segment (both holding its lock shared)
-// missing the same row: the first marks it kLoading, the second waits on
-// loaded_ (a condition variable on mu_). A thread waiting for mu_ may hold a
-// victim's segment lock; no thread holding mu_ ever waits for a segment lock
-// (it only try-locks), so this adds no lock cycle.
-//
-// Cost: every miss is one pread and every dirty eviction one pwrite of a
-// row: a syscall each, whose fixed per-call cost dominates a row's bytes
-// (measured by bench/tiered_engine_bench.cc; docs/guides/tiered-storage.md
-// "Speed").
+// I/O outside the store mutex (mu_). A fault takes its slots under mu_ and
+// reads rows into them without mu_, publishing meta_[r].slot only when the
+// row is there; a write-back runs without mu_ while this thread keeps the
+// victims' owner segments try-locked (the rows pinned, no other evictor can
+// pick them: their try-lock fails). So hits never wait on a miss, and misses
+// of different threads overlap their I/O. Two readers of one segment (both
+// holding its lock shared) missing the same row: the first marks it
+// kLoading, the second waits on loaded_ (a condition variable on mu_). A
+// thread waiting for mu_ may hold a victim's segment lock; no thread holding
+// mu_ ever waits for a segment lock (it only try-locks), so this adds no lock
+// cycle. An extent is reused only when none of its records is live, and a
+// live record's row cannot move while a reader holds its owner lock, so no
+// read ever sees its record overwritten.
 //
 // Errors: a write-back the disk refuses (full disk, RLIMIT_FSIZE) keeps the
-// victim in DRAM, counts a write failure and remembers the message; the
-// store overshoots instead of losing the row. Callers (the TF kernels) turn
+// victims in DRAM, counts a write failure and remembers the message; the
+// store overshoots instead of losing rows. Callers (the TF kernels) turn
 // a new failure into an op error. A failed read throws (row_file.h).
 #pragma once
 #include <atomic>
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -73,6 +91,7 @@
 #include <vector>
 
 #include "cache_policy.h"
+#include "log_space.h"
 #include "row_file.h"
 #include "row_store.h"
 #include "zero_rows.h"
@@ -80,8 +99,7 @@
 namespace evstore {
 
 // Policy: which rows stay in DRAM (cache_policy.h). Engine: the disk tier,
-// RowFile (row_file.h) or any class with its interface (the benchmark plugs
-// RocksDB in here to compare: bench/tiered_engine_bench.cc).
+// RowFile (row_file.h) or any class with its interface.
 template <typename Policy = FrequencyClock, typename Engine = RowFile>
 class TieredStore {
  public:
@@ -95,7 +113,7 @@ class TieredStore {
       : stride_(stride), dim_(stride), file_(cfg.path, static_cast<size_t>(stride) * sizeof(float)) {
     if (cfg.dram_bytes <= 0) throw std::invalid_argument("tiered storage needs dram_bytes > 0");
     dram_bytes_ = cfg.dram_bytes;
-    budget_ = BudgetSlots();
+    SetBudget();
     row_dir_.reset(new std::unique_ptr<RowMeta[]>[kRowChunks]);
     slot_dir_.reset(new SlotChunk[kSlotChunks]);
   }
@@ -116,6 +134,19 @@ class TieredStore {
   // ---- row access (caller holds r's owner segment lock) ----------------------
   float* Row(uint32_t r) const { return Access(r, true); }
   const float* ReadRow(uint32_t r) const { return Access(r, false); }
+  // Makes rows[0..n) resident at once (all owned by the one segment whose
+  // lock the caller holds): the cold ones are read together, sorted by disk
+  // location. Row/ReadRow on them then hit. Duplicates are allowed.
+  void FaultMany(const uint32_t* rows, size_t n) const {
+    thread_local std::vector<uint32_t> miss;
+    miss.clear();
+    for (size_t i = 0; i < n; ++i)
+      if (Meta(rows[i]).slot.load(std::memory_order_acquire) == kNoSlot) miss.push_back(rows[i]);
+    if (miss.empty()) return;
+    std::sort(miss.begin(), miss.end());
+    miss.erase(std::unique(miss.begin(), miss.end()), miss.end());
+    const_cast<TieredStore*>(this)->Load(miss);
+  }
   // A row for reading once (a full export, Table::Read, an L2 eviction pass):
   // a resident row in place, a cold one copied into `scratch` from disk
   // without taking a slot, so streaming every row keeps DRAM at the budget.
@@ -124,15 +155,48 @@ class TieredStore {
     const RowMeta& m = Meta(r);
     uint32_t s = m.slot.load(std::memory_order_acquire);
     if (s != kNoSlot) return SlotData(s);
-    // No store mutex needed: only a write-back (owner lock exclusive, which
-    // our caller's lock excludes) changes record r or its flags. A reader of
-    // the same segment faulting it in meanwhile copies the same record.
+    // No store mutex needed: the location and the record change only under
+    // the owner lock held exclusively, which our caller's lock excludes. A
+    // reader of the same segment faulting it in meanwhile copies the same record.
     if (m.flags.load(std::memory_order_relaxed) & kOnDisk) {
-      file_.Read(r, scratch);
+      file_.Read(m.loc, scratch);
       return scratch;
     }
     std::memset(scratch, 0, stride_ * sizeof(float));  // never written: unspecified, zeros
     return scratch;
+  }
+  // Rows rows[0..n) (one segment, whose lock the caller holds) copied to
+  // out[i * stride]: resident ones from DRAM, cold ones read sorted by disk
+  // location (the kernel is told of them all first, so it reads ahead while
+  // the copies run), none cached. A full export's read of a segment.
+  void PeekMany(const uint32_t* rows, size_t n, float* out) const {
+    const size_t rb = static_cast<size_t>(stride_) * sizeof(float);
+    thread_local std::vector<std::pair<uint32_t, size_t>> cold;
+    cold.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const RowMeta& m = Meta(rows[i]);
+      const uint32_t s = m.slot.load(std::memory_order_acquire);
+      float* dst = out + i * stride_;
+      if (s != kNoSlot) {
+        std::memcpy(dst, SlotData(s), rb);
+      } else if (m.flags.load(std::memory_order_relaxed) & kOnDisk) {
+        cold.emplace_back(m.loc, i);
+      } else {
+        std::memset(dst, 0, rb);  // never written: unspecified, zeros
+      }
+    }
+    if (cold.empty()) return;
+    std::sort(cold.begin(), cold.end());
+    thread_local std::vector<uint32_t> locs;
+    thread_local std::vector<void*> dsts;
+    locs.resize(cold.size());
+    dsts.resize(cold.size());
+    for (size_t j = 0; j < cold.size(); ++j) {
+      locs[j] = cold[j].first;
+      dsts[j] = out + cold[j].second * stride_;
+    }
+    file_.WillNeed(locs.data(), locs.size());
+    file_.ReadMany(locs.data(), dsts.data(), locs.size());
   }
   int64_t& Version(uint32_t r) const { return Meta(r).version; }
   void Hint(uint32_t r, uint32_t freq) const { Meta(r).heat = Policy::HeatOf(freq); }
@@ -177,6 +241,7 @@ class TieredStore {
     RowMeta& m = Meta(r);
     uint32_t s = m.slot.load(std::memory_order_relaxed);
     if (s != kNoSlot) ReleaseSlot(s);
+    if (m.flags.load(std::memory_order_relaxed) & kOnDisk) log_.Kill(m.loc);
     m.slot.store(kNoSlot, std::memory_order_release);
     m.flags.store(0, std::memory_order_relaxed);
     m.heat = 0;
@@ -189,14 +254,16 @@ class TieredStore {
     std::lock_guard<std::mutex> l(mu_);
     return static_cast<int64_t>(free_ids_.size());
   }
-  // DRAM held: cache slots (rows + bookkeeping), per-row metadata, free lists.
+  // DRAM held: cache slots (rows + bookkeeping), per-row metadata, the log's
+  // per-record bookkeeping, free lists.
   int64_t bytes() const {
     std::lock_guard<std::mutex> l(mu_);
     return static_cast<int64_t>(nslot_chunks_) * kSlotChunk * (stride_ * 4 + sizeof(SlotInfo)) + MetaBytesLocked() +
            static_cast<int64_t>(free_ids_.capacity() + free_slots_.capacity()) * 4;
   }
-  // Per-row metadata bytes (version, slot, owner, flags, heat): the DRAM cost
-  // per key that the tier does not move to disk.
+  // The DRAM cost per key that the tier does not move to disk: per-row
+  // metadata (version, slot, disk location, owner, flags, heat) and the log's
+  // row id per disk record.
   int64_t version_bytes() const {
     std::lock_guard<std::mutex> l(mu_);
     return MetaBytesLocked();
@@ -207,10 +274,15 @@ class TieredStore {
     for (const Counter& c : hits_) t.hits += c.n.load(std::memory_order_relaxed);
     t.misses = misses_.load(std::memory_order_relaxed);
     t.writebacks = writebacks_;
+    t.write_batches = write_batches_;
+    t.compacted = compacted_;
+    t.read_calls = read_calls_;
     t.write_failures = write_failures_.load(std::memory_order_relaxed);
     t.resident = resident_;
     t.budget_rows = budget_;
     t.disk_bytes = file_.disk_bytes();
+    t.disk_records = log_.records();
+    t.live_records = log_.live();
     return t;
   }
   // Write-backs the disk refused so far (cheap: no lock).
@@ -224,15 +296,15 @@ class TieredStore {
   // ---- widening (every segment lock held by the caller) ---------------------
   struct Widened {};
   std::unique_ptr<Widened> PrepareWiden(int) const { return std::make_unique<Widened>(); }
-  // Widening empties the cache: every resident row is written to the file
-  // at the old width, the file is re-laid out at the new one, and the slots
-  // are released (kept, they would hold budget-at-the-old-width rows at the
-  // new width: three times the budget when Adam's two slots arrive). Rows
-  // fault back in as they are used. Any failed write throws before the
-  // stride changes: the table is then unchanged (rows written so far are
-  // merely clean).
+  // Widening empties the cache: every resident row that needs it is written
+  // at the old width, the file is rewritten at the new one (compacted: the
+  // live records in disk order, at locations 0..n), and the slots are
+  // released (kept, they would hold budget-at-the-old-width rows at the new
+  // width: three times the budget when Adam's two slots arrive). Rows fault
+  // back in as they are used. Any failed write throws before the stride
+  // changes: the table is then unchanged (rows written so far are merely clean).
   void Relayout(int new_stride, const std::vector<float>& tail_init, Widened*) {
-    std::lock_guard<std::mutex> l(mu_);
+    std::unique_lock<std::mutex> l(mu_);
     const size_t tail_bytes = (new_stride - stride_) * sizeof(float);
     std::vector<char> tail(tail_bytes);
     std::memcpy(tail.data(), tail_init.data(), tail_bytes);
@@ -241,21 +313,23 @@ class TieredStore {
                                std::string(std::strerror(file_.last_error())));
     };
     const uint32_t nslots = nslot_chunks_ * kSlotChunk;
+    std::vector<uint32_t> pending;  // slots whose row needs a write
     for (uint32_t s = 0; s < nslots; ++s) {
       SlotInfo& in = Info(s);
       if (in.row == kNoRowId) continue;
-      RowMeta& m = Meta(in.row);
-      const float* data = SlotData(s);
-      if (in.dirty.load(std::memory_order_relaxed) || !(m.flags.load(std::memory_order_relaxed) & kOnDisk)) {
-        if (!file_.Write(in.row, data)) fail();
-        ++writebacks_;
-      }
-      m.flags.store(DiskFlags(data), std::memory_order_relaxed);
-      in.dirty.store(0, std::memory_order_relaxed);
+      if (in.dirty.load(std::memory_order_relaxed) || !(Meta(in.row).flags.load(std::memory_order_relaxed) & kOnDisk))
+        pending.push_back(s);
     }
-    if (!file_.Widen(static_cast<size_t>(new_stride) * sizeof(float), next_,
-                     [&](uint32_t r) { return (Meta(r).flags.load(std::memory_order_relaxed) & kOnDisk) != 0; }, tail))
+    if (!WriteSlots(pending, nullptr)) fail();
+    std::vector<std::pair<uint32_t, uint32_t>> recs;  // (location, row) of every disk copy
+    for (uint32_t r = 0; r < next_; ++r)
+      if (Meta(r).flags.load(std::memory_order_relaxed) & kOnDisk) recs.emplace_back(Meta(r).loc, r);
+    std::sort(recs.begin(), recs.end());
+    if (!file_.Widen(static_cast<size_t>(new_stride) * sizeof(float), static_cast<uint32_t>(recs.size()),
+                     [&](uint32_t i) { return recs[i].first; }, tail))
       fail();
+    for (uint32_t i = 0; i < recs.size(); ++i) Meta(recs[i].second).loc = i;
+    log_.Rebuild(static_cast<uint32_t>(recs.size()), [&](uint32_t i) { return recs[i].second; });
     for (uint32_t s = 0; s < nslots; ++s) {
       SlotInfo& in = Info(s);
       if (in.row != kNoRowId) Meta(in.row).slot.store(kNoSlot, std::memory_order_release);
@@ -270,7 +344,7 @@ class TieredStore {
     resident_ = 0;
     hand_ = 0;
     stride_ = new_stride;
-    budget_ = BudgetSlots();
+    SetBudget();
   }
 
  private:
@@ -280,11 +354,12 @@ class TieredStore {
   struct RowMeta {
     int64_t version = 0;
     std::atomic<uint32_t> slot{kNoSlot};
+    uint32_t loc = 0;  // the disk copy's record (log_space.h), when kOnDisk
     uint16_t owner = kNoOwner;
     std::atomic<uint8_t> flags{0};  // changed under mu_; read under the owner lock
     mutable uint8_t heat = 0;
   };
-  static_assert(sizeof(RowMeta) == 16, "per-row DRAM cost of the tier: 16 bytes (docs/guides/tiered-storage.md)");
+  static_assert(sizeof(RowMeta) == 24, "per-row DRAM cost of the tier: 24 bytes (docs/guides/tiered-storage.md)");
   static_assert(std::atomic<uint32_t>::is_always_lock_free, "slot ids are read without the store mutex");
   struct SlotInfo {
     uint32_t row = kNoRowId;
@@ -292,6 +367,7 @@ class TieredStore {
     std::atomic<uint8_t> dirty{0};
     uint8_t second_chance = 0;
   };
+  static_assert(sizeof(SlotInfo) == 8, "cache bookkeeping per slot: 8 bytes (docs/guides/tiered-storage.md)");
   struct SlotChunk {
     float* data = nullptr;
     std::unique_ptr<SlotInfo[]> info;
@@ -303,6 +379,13 @@ class TieredStore {
   static constexpr uint32_t kSlotChunk = 1u << kSlotChunkShift;
   static constexpr uint32_t kSlotChunks = 1u << 16;  // 2^28 resident rows at most
   static_assert(static_cast<uint64_t>(kRowChunks) * kRowChunk == kMaxRowIds, "the directory covers every row id");
+  // Slots the CLOCK hand may visit per victim wanted, under mu_: the bound on
+  // one batch's victim search (a hand that finds too few lets the cache
+  // overshoot, and the next fault goes on from where it stopped).
+  static constexpr uint32_t kSweepPerVictim = 64;
+  // Victims one batch takes at most (a cache far over its budget shrinks
+  // back over several faults).
+  static constexpr int64_t kMaxBatch = 4 * LogSpace::kExtent;
 
   RowMeta& Meta(uint32_t r) const { return row_dir_[r >> kRowChunkShift][r & (kRowChunk - 1)]; }
   float* SlotData(uint32_t s) const {
@@ -310,123 +393,315 @@ class TieredStore {
   }
   SlotInfo& Info(uint32_t s) const { return slot_dir_[s >> kSlotChunkShift].info[s & (kSlotChunk - 1)]; }
   int64_t MetaBytesLocked() const {
-    return static_cast<int64_t>((next_ + kRowChunk - 1) >> kRowChunkShift) * kRowChunk * sizeof(RowMeta);
+    return static_cast<int64_t>((next_ + kRowChunk - 1) >> kRowChunkShift) * kRowChunk * sizeof(RowMeta) +
+           log_.bytes();
   }
-  int64_t BudgetSlots() const {
+  void SetBudget() {
     int64_t per = static_cast<int64_t>(stride_) * 4 + sizeof(SlotInfo);
-    int64_t n = dram_bytes_ / per;
-    return n < 1 ? 1 : n;
+    budget_ = std::max<int64_t>(1, dram_bytes_ / per);
+    batch_ = static_cast<uint32_t>(std::clamp<int64_t>(budget_ / 8, 1, LogSpace::kExtent));
   }
 
   float* Access(uint32_t r, bool write) const {
     RowMeta& m = Meta(r);
     uint32_t s = m.slot.load(std::memory_order_acquire);
     if (s == kNoSlot) {
-      s = const_cast<TieredStore*>(this)->Fault(r);
-    } else {
-      CountHit(m.owner);
+      thread_local std::vector<uint32_t> one;
+      one.assign(1, r);
+      const_cast<TieredStore*>(this)->Load(one);
+      s = m.slot.load(std::memory_order_acquire);
     }
+    CountHit(m.owner);
     SlotInfo& in = Info(s);
     Policy::OnAccess(in.weight, m.heat);
     if (write && !in.dirty.load(std::memory_order_relaxed)) in.dirty.store(1, std::memory_order_relaxed);
     return SlotData(s);
   }
 
-  // Brings row r into a slot (caller holds r's owner lock, shared or not).
-  // The disk I/O (the victim's write-back, r's read) runs outside mu_, so
-  // hits, other misses and other segments never wait for it: the slot being
-  // filled is not yet published in meta_[r].slot, and the victim stays
-  // pinned by its owner's segment lock, which this thread holds until the
-  // victim is written and unpublished.
-  uint32_t Fault(uint32_t r) {
-    RowMeta& m = Meta(r);
+  // Brings rows (sorted, distinct, one owner segment whose lock the caller
+  // holds, shared or not) into slots. The disk I/O (the batch's write-back,
+  // the reads) runs outside mu_, so hits, other misses and other segments
+  // never wait for it: the slots being filled are not yet published in
+  // meta_[r].slot. A row counts as one miss; the access that follows counts
+  // a hit, so the miss takes its hit back here.
+  void Load(const std::vector<uint32_t>& rows) {
     std::unique_lock<std::mutex> l(mu_);
-    for (;;) {
-      uint32_t s = m.slot.load(std::memory_order_acquire);
-      if (s != kNoSlot) {  // another reader of the same segment brought it in
-        CountHit(m.owner);
-        return s;
+    thread_local std::vector<uint32_t> mine, others, slots;
+    mine.clear();
+    others.clear();
+    for (uint32_t r : rows) {
+      RowMeta& m = Meta(r);
+      if (m.slot.load(std::memory_order_acquire) != kNoSlot) continue;
+      if (m.flags.load(std::memory_order_relaxed) & kLoading) {
+        others.push_back(r);  // another reader of this segment is reading it now
+        continue;
       }
-      if (!(m.flags.load(std::memory_order_relaxed) & kLoading)) break;
-      ++waiters_;
-      loaded_.wait(l);  // that reader is reading it now (both hold r's owner lock shared)
-      --waiters_;
+      m.flags.fetch_or(kLoading, std::memory_order_relaxed);
+      mine.push_back(r);
     }
-    misses_.fetch_add(1, std::memory_order_relaxed);
-    m.flags.fetch_or(kLoading, std::memory_order_relaxed);
-    uint32_t s;
-    try {
-      s = TakeSlot(m.owner, l);
-    } catch (...) {
-      m.flags.fetch_and(static_cast<uint8_t>(~kLoading), std::memory_order_relaxed);
-      if (waiters_) loaded_.notify_all();
-      throw;
-    }
-    SlotInfo& in = Info(s);
-    in.row = r;  // pinned: r's owner lock is ours, so no evictor takes it
-    in.dirty.store(0, std::memory_order_relaxed);
-    in.weight.store(0, std::memory_order_relaxed);
-    in.second_chance = 0;
-    if (m.flags.load(std::memory_order_relaxed) & kOnDisk) {
-      l.unlock();
-      try {
-        file_.Read(r, SlotData(s));
-      } catch (...) {
-        l.lock();
-        ReleaseSlot(s);
-        m.flags.fetch_and(static_cast<uint8_t>(~kLoading), std::memory_order_relaxed);
+    if (!mine.empty()) {
+      const uint16_t self = Meta(mine[0]).owner;
+      misses_.fetch_add(mine.size(), std::memory_order_relaxed);
+      hits_[self % kHitStripes].n.fetch_sub(mine.size(), std::memory_order_relaxed);
+      auto undo = [&](size_t taken) {
+        for (size_t i = 0; i < taken; ++i) ReleaseSlot(slots[i]);
+        for (uint32_t r : mine) Meta(r).flags.fetch_and(static_cast<uint8_t>(~kLoading), std::memory_order_relaxed);
         if (waiters_) loaded_.notify_all();
+      };
+      slots.resize(mine.size());
+      try {
+        TakeSlots(mine.size(), self, l, slots.data());
+      } catch (...) {
+        undo(0);
         throw;
       }
-      l.lock();
+      thread_local std::vector<std::pair<uint32_t, uint32_t>> cold;  // (location, index in mine)
+      cold.clear();
+      for (size_t i = 0; i < mine.size(); ++i) {
+        SlotInfo& in = Info(slots[i]);
+        in.row = mine[i];  // pinned: the owner lock is ours, so no evictor takes it
+        in.dirty.store(0, std::memory_order_relaxed);
+        in.weight.store(0, std::memory_order_relaxed);
+        in.second_chance = 0;
+        const RowMeta& m = Meta(mine[i]);
+        if (m.flags.load(std::memory_order_relaxed) & kOnDisk) cold.emplace_back(m.loc, static_cast<uint32_t>(i));
+      }
+      if (!cold.empty()) {
+        std::sort(cold.begin(), cold.end());
+        thread_local std::vector<uint32_t> locs;
+        thread_local std::vector<void*> dsts;
+        locs.resize(cold.size());
+        dsts.resize(cold.size());
+        for (size_t j = 0; j < cold.size(); ++j) {
+          locs[j] = cold[j].first;
+          dsts[j] = SlotData(slots[cold[j].second]);
+        }
+        l.unlock();
+        try {
+          file_.ReadMany(locs.data(), dsts.data(), locs.size());
+        } catch (...) {
+          l.lock();
+          undo(mine.size());
+          throw;
+        }
+        l.lock();
+        int64_t runs = 1;
+        for (size_t j = 1; j < locs.size(); ++j) runs += locs[j] != locs[j - 1] + 1;
+        read_calls_ += runs;
+      }
+      for (size_t i = 0; i < mine.size(); ++i) {
+        RowMeta& m = Meta(mine[i]);
+        m.slot.store(slots[i], std::memory_order_release);
+        m.flags.fetch_and(static_cast<uint8_t>(~kLoading), std::memory_order_relaxed);
+      }
+      if (waiters_) loaded_.notify_all();
     }
-    m.slot.store(s, std::memory_order_release);
-    m.flags.fetch_and(static_cast<uint8_t>(~kLoading), std::memory_order_relaxed);
-    if (waiters_) loaded_.notify_all();
-    return s;
+    // Rows another reader was loading: wait for them; one whose load failed
+    // (still cold, no longer loading) is loaded again by this thread.
+    std::vector<uint32_t> retry;
+    for (uint32_t r : others) {
+      RowMeta& m = Meta(r);
+      while (m.slot.load(std::memory_order_acquire) == kNoSlot && (m.flags.load(std::memory_order_relaxed) & kLoading)) {
+        ++waiters_;
+        loaded_.wait(l);
+        --waiters_;
+      }
+      if (m.slot.load(std::memory_order_acquire) == kNoSlot) retry.push_back(r);
+    }
+    l.unlock();
+    if (!retry.empty()) Load(retry);
   }
 
-  // A slot for a row being faulted in: a victim's slot (its row written to
-  // disk first if changed, outside mu_), or a free slot within the budget,
-  // or one beyond the budget when nothing can be evicted now (every
-  // candidate pinned, or the disk refused the write: the victim stays).
-  // mu_ held on entry and on return (`l`).
-  uint32_t TakeSlot(uint16_t self, std::unique_lock<std::mutex>& l) {
-    while (resident_ >= budget_) {
-      std::unique_lock<std::shared_mutex> owner;
-      const uint32_t v = PickVictim(self, &owner);
-      if (v == kNoSlot) break;
-      SlotInfo& in = Info(v);
-      RowMeta& vm = Meta(in.row);
-      const float* data = SlotData(v);
-      if (in.dirty.load(std::memory_order_relaxed) || !(vm.flags.load(std::memory_order_relaxed) & kOnDisk)) {
-        const uint32_t row = in.row;
-        l.unlock();
-        int err = 0;
-        const bool ok = file_.Write(row, data, &err);
-        l.lock();
-        if (!ok) {
-          write_failures_.fetch_add(1, std::memory_order_relaxed);
-          last_failure_ = "tiered storage: writing a row to " + file_.dir() + " failed (" + std::strerror(err) +
-                          "); the row stays in memory";
-          break;
-        }
-        ++writebacks_;
-      }
-      vm.flags.store(DiskFlags(data), std::memory_order_relaxed);
-      vm.slot.store(kNoSlot, std::memory_order_release);
-      in.row = kNoRowId;  // the slot passes to the caller: resident_ unchanged
-      return v;
+  // `k` slots for rows being faulted in, into out[0..k): free slots within
+  // the budget, after evicting a batch when the budget is reached (EvictBatch;
+  // it may drop and retake mu_), or slots beyond the budget when too few rows
+  // can be evicted now (every candidate pinned, or the disk refused the
+  // write: the victims stay). mu_ held on entry and on return (`l`).
+  void TakeSlots(size_t k, uint16_t self, std::unique_lock<std::mutex>& l, uint32_t* out) {
+    const int64_t over = resident_ - evicting_ + static_cast<int64_t>(k) - budget_;
+    if (over > 0) EvictBatch(static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch)), self, l);
+    for (size_t i = 0; i < k; ++i) {
+      if (free_slots_.empty()) GrowSlots();
+      out[i] = free_slots_.back();
+      free_slots_.pop_back();
+      ++resident_;
     }
-    if (free_slots_.empty()) GrowSlots();
-    uint32_t s = free_slots_.back();
-    free_slots_.pop_back();
-    ++resident_;
-    return s;
   }
-  uint8_t DiskFlags(const float* data) const {
-    return static_cast<uint8_t>(kOnDisk | (IsZeroRow(data, dim_) ? kZero : 0));
+
+  // The owner segment locks one batch holds (a segment's lock taken once even
+  // when several victims share it).
+  struct HeldLocks {
+    std::vector<uint16_t> owners;
+    std::vector<std::unique_lock<std::shared_mutex>> locks;
+    bool Has(uint16_t o) const { return std::find(owners.begin(), owners.end(), o) != owners.end(); }
+    // True when `o`'s lock is (now) held by this batch.
+    bool Take(uint16_t o, const SegmentLocks& seg) {
+      if (Has(o)) return true;
+      std::shared_mutex& mu = seg(o);
+      if (!mu.try_lock()) return false;  // pinned by whoever holds it
+      owners.push_back(o);
+      locks.emplace_back(mu, std::adopt_lock);
+      return true;
+    }
+  };
+
+  // Evicts up to `want` rows (at least one batch when it can): victims from
+  // a bounded sweep of the hand, their owner locks held; the ones that need
+  // it written, with the live cold records of one sparse extent when the log
+  // wants compacting, as runs of adjacent records outside mu_; then the
+  // victims' slots freed. mu_ held on entry and on return.
+  void EvictBatch(uint32_t want, uint16_t self, std::unique_lock<std::mutex>& l) {
+    if (!locks_) return;
+    HeldLocks held;
+    std::vector<uint32_t> victims;  // slots
+    PickVictims(self, want, &held, &victims);
+    if (victims.empty()) return;
+    std::vector<uint32_t> moves;  // rows whose live cold record moves (compaction)
+    const uint32_t sparse = log_.PickSparse();
+    if (sparse != LogSpace::kNone) {
+      const uint32_t first = LogSpace::FirstOf(sparse);
+      for (uint32_t loc = first; loc < first + log_.used(sparse); ++loc) {
+        const uint32_t r = log_.row_of(loc);
+        if (r >= next_) continue;
+        RowMeta& m = Meta(r);
+        if (!(m.flags.load(std::memory_order_relaxed) & kOnDisk) || m.loc != loc) continue;  // dead
+        if (m.owner == self || m.owner == kNoOwner || !held.Take(m.owner, locks_)) continue;
+        if (m.slot.load(std::memory_order_relaxed) != kNoSlot) {
+          // Resident: drop the disk copy; the row is written when evicted.
+          log_.Kill(loc);
+          m.flags.fetch_and(static_cast<uint8_t>(~kOnDisk), std::memory_order_relaxed);
+          Info(m.slot.load(std::memory_order_relaxed)).dirty.store(1, std::memory_order_relaxed);
+          continue;
+        }
+        moves.push_back(r);
+      }
+    }
+    std::vector<uint32_t> writes;  // victims (slots) whose row needs a write
+    for (uint32_t s : victims) {
+      SlotInfo& in = Info(s);
+      if (in.dirty.load(std::memory_order_relaxed) || !(Meta(in.row).flags.load(std::memory_order_relaxed) & kOnDisk))
+        writes.push_back(s);
+    }
+    evicting_ += victims.size();
+    WriteSlots(writes, &moves, &l);
+    evicting_ -= victims.size();
+    for (uint32_t s : victims) {
+      SlotInfo& in = Info(s);
+      RowMeta& vm = Meta(in.row);
+      if (in.dirty.load(std::memory_order_relaxed) || !(vm.flags.load(std::memory_order_relaxed) & kOnDisk)) {
+        continue;  // its write failed: it stays
+      }
+      vm.slot.store(kNoSlot, std::memory_order_release);
+      ReleaseSlot(s);
+    }
   }
+
+  // Writes the rows of `slots` and, when given, moves the cold records of
+  // rows `moves` (compaction), in runs of adjacent records. Every row written
+  // gets its new location and flags (its old record dies) and its slot is
+  // marked clean. With `l`, the I/O runs without mu_ (the caller pins the rows:
+  // their owner locks are held); without, under it (Relayout). False when the
+  // disk refused a write (counted, the message kept; those rows unchanged).
+  bool WriteSlots(const std::vector<uint32_t>& slots, std::vector<uint32_t>* moves,
+                  std::unique_lock<std::mutex>* l = nullptr) {
+    const size_t nw = slots.size(), nm = moves ? moves->size() : 0, n = nw + nm;
+    if (n == 0) return true;
+    std::vector<uint32_t> rows(n), locs(n);
+    for (size_t i = 0; i < nw; ++i) rows[i] = Info(slots[i]).row;
+    for (size_t i = 0; i < nm; ++i) rows[nw + i] = (*moves)[i];
+    for (size_t i = 0; i < n;) {  // runs of adjacent records
+      uint32_t first;
+      const uint32_t got = log_.AllocRun(rows.data() + i, static_cast<uint32_t>(std::min<size_t>(n - i, LogSpace::kExtent)), &first);
+      for (uint32_t j = 0; j < got; ++j) locs[i + j] = first + j;
+      i += got;
+    }
+    const size_t rb = static_cast<size_t>(stride_) * sizeof(float);
+    if (l) l->unlock();
+    buf_mu_.lock();  // one batch buffer, reused
+    buf_.resize(n * rb);
+    char* buf = buf_.data();
+    for (size_t i = 0; i < nw; ++i) std::memcpy(buf + i * rb, SlotData(slots[i]), rb);
+    bool ok = true;
+    int err = 0;
+    try {
+      if (nm) {
+        std::vector<uint32_t> from(nm);
+        std::vector<void*> dst(nm);
+        for (size_t i = 0; i < nm; ++i) {
+          from[i] = Meta((*moves)[i]).loc;
+          dst[i] = buf + (nw + i) * rb;
+        }
+        file_.ReadMany(from.data(), dst.data(), nm);  // one extent, ascending
+      }
+    } catch (const std::runtime_error&) {
+      ok = false;
+      err = EIO;
+    }
+    size_t written = 0;  // rows [0, written) are on disk at locs
+    while (ok && written < n) {
+      size_t j = written + 1;
+      while (j < n && locs[j] == locs[j - 1] + 1) ++j;
+      if (!file_.Write(locs[written], buf + written * rb, j - written, &err)) {
+        ok = false;
+        break;
+      }
+      written = j;
+    }
+    std::vector<uint8_t> zero(written);
+    for (size_t i = 0; i < written; ++i) zero[i] = IsZeroRow(reinterpret_cast<const float*>(buf + i * rb), dim_);
+    buf_mu_.unlock();
+    if (l) l->lock();
+    for (size_t i = 0; i < n; ++i) {
+      if (i >= written) {
+        log_.Kill(locs[i]);
+        continue;
+      }
+      RowMeta& m = Meta(rows[i]);
+      if (m.flags.load(std::memory_order_relaxed) & kOnDisk) log_.Kill(m.loc);
+      m.loc = locs[i];
+      m.flags.store(static_cast<uint8_t>(kOnDisk | (zero[i] ? kZero : 0)), std::memory_order_relaxed);
+      if (i < nw) Info(slots[i]).dirty.store(0, std::memory_order_relaxed);
+    }
+    writebacks_ += static_cast<int64_t>(std::min(written, nw));
+    compacted_ += static_cast<int64_t>(written > nw ? written - nw : 0);
+    ++write_batches_;
+    if (!ok) {
+      write_failures_.fetch_add(1, std::memory_order_relaxed);
+      last_failure_ = "tiered storage: writing rows to " + file_.dir() + " failed (" + std::strerror(err) +
+                      "); every row stays in memory";
+    }
+    return ok;
+  }
+
+  // Up to `want` victims into `out` (slots): the hand sweeps slots; a slot at
+  // zero weight whose owner segment is not `self` and is held or can be
+  // locked now is chosen (its lock kept in `held` until the victims are
+  // written and unpublished). At most kSweepPerVictim slots visited per
+  // victim wanted. mu_ held.
+  void PickVictims(uint16_t self, uint32_t want, HeldLocks* held, std::vector<uint32_t>* out) {
+    const uint64_t nslots = static_cast<uint64_t>(nslot_chunks_) * kSlotChunk;
+    if (nslots == 0) return;
+    const uint64_t limit = std::min<uint64_t>(static_cast<uint64_t>(want) * kSweepPerVictim, nslots);
+    for (uint64_t step = 0; step < limit && out->size() < want; ++step) {
+      uint32_t s = hand_;
+      hand_ = (hand_ + 1 == nslots) ? 0 : hand_ + 1;
+      SlotInfo& in = Info(s);
+      if (in.row == kNoRowId) continue;
+      if (!Policy::Pass(in.weight)) continue;
+      // A slot being filled (its row not yet published) is owned by a
+      // segment its loader holds: the try-lock below fails (or it is `self`).
+      RowMeta& m = Meta(in.row);
+      if (m.owner == self || m.owner == kNoOwner) continue;
+      if (!held->Take(m.owner, locks_)) continue;
+      if (m.version > newest_) newest_ = m.version;
+      if (!in.second_chance && Policy::Recent(m.version, newest_)) {
+        in.second_chance = 1;
+        continue;
+      }
+      out->push_back(s);
+    }
+  }
+
   // One chunk of slots, cache-line aligned. Not AllocLarge: its 2 MiB
   // rounding of a chunk (3 MiB at dim 64 with Adam) would add a third to
   // the DRAM the budget allows.
@@ -445,53 +720,25 @@ class TieredStore {
     if (nslot_chunks_ >= kSlotChunks) throw std::length_error("tiered storage: too many resident rows");
     SlotChunk& ch = slot_dir_[nslot_chunks_];
     ch.data = AllocSlots(stride_);
-    if (!ch.data) throw std::bad_alloc();
     ch.info.reset(new SlotInfo[kSlotChunk]);
     uint32_t base = nslot_chunks_ * kSlotChunk;
     for (uint32_t i = kSlotChunk; i-- > 0;) free_slots_.push_back(base + i);
     ++nslot_chunks_;
   }
 
-  // The next victim: the hand sweeps slots; a slot at zero weight whose
-  // owner segment is not `self` and can be locked now is chosen, and its
-  // owner lock handed to the caller in `owner` (held until the victim is
-  // written and unpublished). kNoSlot when none was found within a bounded
-  // sweep. mu_ held.
-  uint32_t PickVictim(uint16_t self, std::unique_lock<std::shared_mutex>* owner) {
-    if (!locks_) return kNoSlot;
-    const uint64_t nslots = static_cast<uint64_t>(nslot_chunks_) * kSlotChunk;
-    const uint64_t limit = nslots * (Policy::kMaxWeight + 2);
-    for (uint64_t step = 0; step < limit; ++step) {
-      uint32_t s = hand_;
-      hand_ = (hand_ + 1 == nslots) ? 0 : hand_ + 1;
-      SlotInfo& in = Info(s);
-      if (in.row == kNoRowId) continue;
-      if (!Policy::Pass(in.weight)) continue;
-      RowMeta& m = Meta(in.row);
-      if (m.owner == self || m.owner == kNoOwner) continue;
-      std::shared_mutex& mu = locks_(m.owner);
-      if (!mu.try_lock()) continue;  // pinned by whoever holds it
-      std::unique_lock<std::shared_mutex> held(mu, std::adopt_lock);
-      if (m.version > newest_) newest_ = m.version;
-      if (!in.second_chance && Policy::Recent(m.version, newest_)) {
-        in.second_chance = 1;
-        continue;
-      }
-      *owner = std::move(held);
-      return s;
-    }
-    return kNoSlot;
-  }
-
   int stride_;
   const int dim_;  // the embedding width: the first stride at construction
   int64_t dram_bytes_ = 0;
   int64_t budget_ = 1;
+  uint32_t batch_ = 1;  // rows one eviction batch aims at
   mutable Engine file_;
+  LogSpace log_;
   SegmentLocks locks_;
   mutable std::mutex mu_;
   std::condition_variable loaded_;  // a row's kLoading cleared
   int waiters_ = 0;                 // threads waiting on loaded_ (mu_)
+  std::mutex buf_mu_;               // buf_: one write batch at a time
+  std::vector<char> buf_;
   uint32_t next_ = 0;
   std::vector<uint32_t> free_ids_;
   std::unique_ptr<std::unique_ptr<RowMeta[]>[]> row_dir_;
@@ -499,9 +746,10 @@ class TieredStore {
   uint32_t nslot_chunks_ = 0;
   std::vector<uint32_t> free_slots_;
   int64_t resident_ = 0;
+  int64_t evicting_ = 0;  // victims of batches being written now (mu_ released)
   uint32_t hand_ = 0;
   int64_t newest_ = -1;
-  int64_t writebacks_ = 0;
+  int64_t writebacks_ = 0, write_batches_ = 0, compacted_ = 0, read_calls_ = 0;
   // Hits are counted per owner segment stripe, one cache line each: a single
   // counter bumped by every thread on every row access cost more than the
   // access (the line ping-pongs between cores).
