@@ -44,6 +44,7 @@ from checkpoint.remote_parts import bundle_subset, entry_tensors, read_index, re
 from checkpoint.serving_view import codec
 from checkpoint.shards import device_groups, load_plan, logical_name
 from checkpoint.storage import Storage, sweep_dead
+from evstore import generic
 from evstore import quality as _quality
 from evstore import schema
 
@@ -300,6 +301,10 @@ class CheckpointManager:
         `drop_unused_slots=True`, which loads only the slots the model's
         optimizers use. Slots the checkpoint lacks start from their initial
         values at the first update. Without an optimizer every slot is loaded.
+        The initial values of the loaded slots (which the checkpoint does not
+        hold) are declared to each table from the model's optimizers
+        (`ev_slot_initial_values()`; a generic-path Keras optimizer's once
+        built), so keys admitted before the first update start from them.
 
         Returns the caller metadata saved with the restored checkpoint (e.g.
         the input position).
@@ -355,7 +360,12 @@ class CheckpointManager:
                     task_of = {n: t for t, names in remote.items() for n in names}
                     for name, ev in col.evs.items():
                         dirs = on_tasks[task_of[name]] if name in task_of else staged
-                        self._restore_ev(chain, dirs, name, ev, col.shard_info.get(name))
+                        loaded = self._restore_ev(chain, dirs, name, ev, col.shard_info.get(name))
+                        # The table knows a restored slot's name, not its initial value: the model's
+                        # optimizer states it now, before a training lookup admits keys (as before the save).
+                        inits = _slot_initial_values(col, ev)
+                        if loaded & set(inits):
+                            ev.set_slot_initial_values({s: inits[s] for s in loaded if s in inits})
                     for name, v in col.dense.items():
                         v.assign(values[name])
                     if self._global_step is not None:
@@ -396,15 +406,18 @@ class CheckpointManager:
 
     def _restore_ev(self, chain, dirs, name, ev, shard):
         """Loads the chain into EV `name` (a shard when `shard` is its info):
-        from the same part, or from every part keeping its keys (shards.load_plan)."""
-        first = True
+        from the same part, or from every part keeping its keys (shards.load_plan).
+        Returns the names of the slots loaded."""
+        first, loaded = True, set()
         for m, d in zip(chain, dirs):
             for src, j, n in load_plan(m, name, shard):
                 slots = [s for s in m.evs[src]["slots"] if self._slot_filter is None or s in self._slot_filter]
                 load_ev(d, ev, src, slots, clear=first, chunk_rows=self.chunk_rows, shard_index=j, num_shards=n)
                 first = False
+                loaded.update(slots)
         if first:  # nothing saved for it in this chain (e.g. a new shard count with no rows)
             ev.load(tf.zeros([0], ev.key_dtype), tf.zeros([0, ev.dim]), clear=True)
+        return loaded
 
     def _slots_to_load(self, chain, col, drop_unused):
         """None (every slot) or the set of slot names the model's optimizers use."""
@@ -504,6 +517,19 @@ class CheckpointManager:
         if final_delta:
             return self._save("delta" if self._last is not None else "full", self._metadata_fn, self._quality_fn)
         return None
+
+
+def _slot_initial_values(col, ev):
+    """{slot name: initial value} the model's optimizers declare for `ev`'s
+    slots: a fused optimizer's for every EV, a built generic-path (any Keras)
+    optimizer's for the EVs it trains."""
+    out = {}
+    for o in col.optimizers:
+        if hasattr(o, "ev_slot_initial_values"):
+            out.update(o.ev_slot_initial_values())
+        else:
+            out.update(generic.slot_initial_values(o).get(id(ev), {}))
+    return out
 
 
 def _check_ev_tensors(where, m, src, ev, shapes, dtypes):

@@ -43,7 +43,7 @@ from evstore import finite, keras_compat
 from evstore._ops import gen
 from evstore.variable import EmbeddingVariable, _colocated_with, ev_for_variable
 
-__all__ = ["REFUSED", "HOOKS", "sparse_apply_keras"]
+__all__ = ["REFUSED", "HOOKS", "sparse_apply_keras", "slot_initial_values"]
 
 # Optimizers whose update of a row depends on other rows: no lazy row path.
 REFUSED = {
@@ -175,6 +175,13 @@ def _rows_for(opt, proxy, ev):
         r = st.rows[uid] = _Rows(ev, f"{_prefix(opt)}_{ev.name}")
         st.index[id(r.w)] = opt._get_variable_index(proxy)
     return r
+
+
+def slot_initial_values(opt):
+    """{id(ev): {table slot name: initial value}} of the EVs `opt` trains
+    through this path (known once `opt` is built)."""
+    st = _STATE.get(opt)
+    return {} if st is None else {id(r.ev): {n: i for n, _, i in r.slots} for r in st.rows.values()}
 
 
 def _constant_of(initializer, what):

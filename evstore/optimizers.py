@@ -186,6 +186,13 @@ class _EVMixin:
                 cache[name] = fn()
         return cache[name]
 
+    def ev_slot_initial_values(self):
+        """{slot name: initial value} of the slots this optimizer keeps in EV
+        rows, as its kernels declare them: `initial_accumulator_value` for an
+        "accumulator" (Adagrad, Ftrl, GroupAdagrad), 0 for every other slot."""
+        acc = float(getattr(self, "initial_accumulator_value", 0.0))
+        return {n: acc if n == "accumulator" else 0.0 for n in self.ev_slot_names}
+
     def _adam_step(self):
         return self._ev_scalar("adam_step", lambda: self.iterations + 1)
 

@@ -551,6 +551,20 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         """
         return gen.ev_zero_row_keys(self.resource_handle, key_dtype=self._key_dtype)
 
+    def set_slot_initial_values(self, inits):
+        """Declares the initial values of optimizer slots ({slot name: float}):
+        keys admitted from now on start those slots there. A slot the table
+        lacks is added to every row at that value. Fused optimizers declare
+        their slots at every update; a restore declares them too (from the
+        model's optimizers), because the first training lookup after it may
+        admit keys before the first update does."""
+        names = sorted(inits)
+        with tf.device(self.device or None):
+            gen.ev_read_rows(self.resource_handle, tf.constant([], self._key_dtype),
+                             tf.constant(names, tf.string, shape=[len(names)]),
+                             tf.constant([float(inits[n]) for n in names], tf.float32, shape=[len(names)]),
+                             dim=self.dim)
+
     def remove(self, keys):
         """Erases keys (rows return to the free list; keys join the deleted set).
         Returns how many were present."""

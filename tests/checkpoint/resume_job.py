@@ -28,7 +28,8 @@ import checkpoint  # noqa: E402
 BATCH = 48
 
 
-def make_model(kind):
+def make_model(kind, optimizer=None):
+    """The job's model; `optimizer` (default Adam(0.05)) an evstore optimizer."""
     flt = evstore.BloomFilter(3, capacity=20000) if kind == "bloom" else evstore.CounterFilter(3)
     key_dtype = "string" if kind == "string" else "int64"
     users = keras.Input(shape=(3,), dtype=key_dtype, name="users")
@@ -39,7 +40,7 @@ def make_model(kind):
     out = keras.layers.Dense(1, activation="sigmoid", name="out",
                              kernel_initializer=keras.initializers.GlorotUniform(seed=1))(x)
     model = keras.Model(users, out)
-    model.compile(optimizer=evstore.optimizers.Adam(0.05), loss="binary_crossentropy")
+    model.compile(optimizer=optimizer or evstore.optimizers.Adam(0.05), loss="binary_crossentropy")
     return model, emb.ev
 
 
