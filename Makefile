@@ -82,10 +82,11 @@ $(DOCSDEPS): pyproject.toml | $(DEPS)
 
 install: $(NATIVE)
 
-# The suite on TEST_WORKERS processes (pytest-xdist), each test file on one of them: a file's
-# module-scoped fixtures are built once. TEST_WORKERS=0 runs it in this one process. The core's
-# C++ tests (test-native) run first.
-TEST_WORKERS ?= 2
+# The suite in this one process (TEST_WORKERS=0), or on TEST_WORKERS processes (pytest-xdist), each
+# test file on one of them (a file's module-scoped fixtures are built once): on the shared 2-core
+# machine two workers were slower than one process (docs/ARCHITECTURE.md, the suite's time budget).
+# The core's C++ tests (test-native) run first.
+TEST_WORKERS ?= 0
 test: install test-native $(TESTDEPS) $(DOCSDEPS)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
 
