@@ -86,7 +86,7 @@ install: $(NATIVE)
 # test file on one of them (a file's module-scoped fixtures are built once): on the shared 2-core
 # machine two workers were slower than one process (docs/ARCHITECTURE.md, the suite's time budget).
 # The core's C++ tests (test-native) run first.
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 2
 test: install test-native $(TESTDEPS) $(DOCSDEPS)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
 
