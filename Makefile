@@ -82,9 +82,9 @@ $(DOCSDEPS): pyproject.toml | $(DEPS)
 
 install: $(NATIVE)
 
-# The suite in this one process (TEST_WORKERS=0), or on TEST_WORKERS processes (pytest-xdist), each
-# test file on one of them (a file's module-scoped fixtures are built once): on the shared 2-core
-# machine two workers were slower than one process (docs/ARCHITECTURE.md, the suite's time budget).
+# The suite on TEST_WORKERS processes (pytest-xdist), each test file on one of them (a file's
+# module-scoped fixtures are built once), or in this one process with TEST_WORKERS=0. Two workers
+# overlap the many tests that wait on other processes (docs/ARCHITECTURE.md, the suite's time budget).
 # The core's C++ tests (test-native) run first.
 TEST_WORKERS ?= 2
 test: install test-native $(TESTDEPS) $(DOCSDEPS)

@@ -98,8 +98,8 @@ def test_killed_at_any_moment_the_job_trains_every_event_once_into_the_uninterru
     produce(broker.bootstrap, "clicks1", rows)
     root, n = tmp_path / "root", "1600"
     flags = ("--group", "g1", "--max-events", n, "--delta-every", "0.2", "--batch-linger", "60")
-    for point, group_says in (("kafka-batch-consumed@5", 1600), ("before-manifest@2", 0),
-                              ("before-group-commit@2", None)):
+    for point, group_says in (("kafka-batch-consumed@5", 1600), ("before-manifest@1", 0),
+                              ("before-group-commit@1", None)):
         marker = tmp_path / f"{point}.hit"
         p = train(root, broker.bootstrap, "clicks1", *flags, wait=False,
                   env={"EVSTORE_FAILPOINT": point, "EVSTORE_FAILPOINT_FILE": str(marker)})
