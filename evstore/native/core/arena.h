@@ -11,6 +11,10 @@
 // Block 0 holds 256 rows, block b in 1..8 holds 256<<(b-1) rows (doubling, so
 // small tables stay small), every later block holds 65,536 rows. Block pointers
 // sit in a two-level directory whose entries, once written, never change.
+// Once the arena holds kReserveAfter big blocks, the next one or two big
+// blocks are kept allocated and faulted in ahead of need by a background
+// thread (block_reserve.h): new rows then land in mapped memory, and a batch
+// of new keys does not wait for the kernel to fault, zero or compact pages.
 //
 // Invariants:
 //  * A row id handed out by Allocate() stays valid until Free(); its block
@@ -23,6 +27,8 @@
 //  * The arena never reads or writes row contents on its own except in
 //    Relayout(); all other row access is done by callers holding the segment
 //    lock of the key that owns the row.
+//  * bytes() and version_bytes() count the reserve's blocks: memory held for
+//    rows is reported whether or not rows live in it yet.
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -32,6 +38,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "block_reserve.h"
 #include "memory.h"
 #include "row_store.h"
 #include "zero_rows.h"
@@ -128,13 +135,14 @@ class RowArena {
     int64_t total = static_cast<int64_t>(free_.capacity()) * 4;
     for (uint32_t b = 0; b < nblocks_; ++b)
       total += static_cast<int64_t>(BlockRows(b)) * (stride_ * 4 + 8);
-    return total;
+    const auto reserved = reserve_.bytes();
+    return total + reserved.first + reserved.second;
   }
   // Row bytes only (embedding + slots) vs metadata bytes (versions), for the
   // memory report: metadata counts towards "bytes per key".
   int64_t version_bytes() const {
     std::lock_guard<std::mutex> l(mu_);
-    int64_t total = 0;
+    int64_t total = reserve_.bytes().second;
     for (uint32_t b = 0; b < nblocks_; ++b) total += static_cast<int64_t>(BlockRows(b)) * 8;
     return total;
   }
@@ -165,9 +173,9 @@ class RowArena {
     w->stride = new_stride;
     for (uint32_t b = 0; b < nblocks; ++b) {
       size_t bytes = BlockRows(b) * new_stride * sizeof(float);
-      char* p = reinterpret_cast<char*>(AllocRows(BlockRows(b), new_stride));
-      for (size_t off = 0; off < bytes; off += 4096) p[off] = 0;  // fault in now
-      w->data.push_back(reinterpret_cast<float*>(p));
+      float* p = AllocRows(BlockRows(b), new_stride);
+      FaultIn(p, bytes);
+      w->data.push_back(p);
     }
     return w;
   }
@@ -196,6 +204,7 @@ class RowArena {
       blk->data = nd;
     }
     stride_ = new_stride;
+    if (nblocks_ > kFirstBig) RefillReserve();  // frees blocks of the old stride
   }
 
  private:
@@ -209,6 +218,8 @@ class RowArena {
   static constexpr uint32_t kFirstBig = 9;
   static constexpr uint32_t kDirFanout = 1024;
   static constexpr uint32_t kDirTop = 70;           // 70 * 1024 blocks > 2^32 rows
+  static constexpr uint32_t kReserveAfter = 8;      // big blocks per reserved block
+  static_assert(kReserveAfter >= 8, "the reserve holds at most an eighth of the arena's big blocks' bytes");
 
   static void Locate(uint32_t r, uint32_t* b, uint32_t* off) {
     if (r < kSmall) {
@@ -234,11 +245,25 @@ class RowArena {
     if (!dir_[b / kDirFanout]) dir_[b / kDirFanout].reset(new BlockRec[kDirFanout]);
     BlockRec* blk = Block(b);
     size_t n = BlockRows(b);
-    blk->data = AllocRows(n, stride_);
-    blk->versions = static_cast<int64_t*>(AllocLarge(n * sizeof(int64_t)));
-    if (!blk->data || !blk->versions) throw std::bad_alloc();
+    ReservedBlock r;
+    if (b >= kFirstBig && reserve_.Take(BigDataBytes(), BigVersionBytes(), &r)) {
+      blk->data = static_cast<float*>(r.data);
+      blk->versions = static_cast<int64_t*>(r.versions);
+    } else {
+      blk->data = AllocRows(n, stride_);
+      blk->versions = static_cast<int64_t*>(AllocLarge(n * sizeof(int64_t)));
+    }
     nblocks_ = b + 1;
+    if (b >= kFirstBig) RefillReserve();
   }
+  // Big blocks to keep ready: none while the arena has fewer than
+  // kReserveAfter big blocks, then one per kReserveAfter, at most
+  // kMaxReserveBlocks.
+  void RefillReserve() {  // mu_ held
+    reserve_.Want(static_cast<int>((nblocks_ - kFirstBig) / kReserveAfter), BigDataBytes(), BigVersionBytes());
+  }
+  size_t BigDataBytes() const { return (size_t{1} << kBigShift) * stride_ * sizeof(float); }
+  static size_t BigVersionBytes() { return (size_t{1} << kBigShift) * sizeof(int64_t); }
   // Cache-line aligned (a 16-float row is exactly one line); huge-page
   // backed for large blocks (memory.h).
   static float* AllocRows(size_t n, int stride) {
@@ -257,6 +282,7 @@ class RowArena {
   uint32_t nblocks_ = 0;
   std::vector<uint32_t> free_;
   std::unique_ptr<BlockRec[]> dir_[kDirTop];
+  BlockReserve reserve_;
 };
 
 static_assert(IsRowStore<RowArena>(), "RowArena implements the row store contract (row_store.h)");

@@ -3,7 +3,9 @@
 // pages (Linux, where THP is in "madvise" mode): random row and index access
 // over gigabytes then misses the TLB far less, and first touch faults once per
 // 2 MiB instead of once per 4 KiB. Smaller blocks are cache-line aligned.
-// Everything is released with std::free.
+// Everything is released with std::free. FaultIn maps a block's pages now
+// (one madvise where the kernel has MADV_POPULATE_WRITE, else a write per
+// page), so that later writers find them mapped.
 #pragma once
 #include <sys/mman.h>
 
@@ -23,6 +25,14 @@ inline void* AllocLarge(size_t bytes) {
   if (align == kHuge) madvise(p, rounded, MADV_HUGEPAGE);
 #endif
   return p;
+}
+
+inline void FaultIn(void* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  volatile char* c = static_cast<char*>(p);
+  for (size_t off = 0; off < bytes; off += 4096) c[off] = 0;
 }
 
 }  // namespace evstore
