@@ -27,11 +27,14 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 namespace errors = tensorflow::errors;
 
-// Runs the core's batch work on TensorFlow's intra-op thread pool.
+// Runs the core's batch work on TensorFlow's intra-op thread pool, the
+// calling thread included (core/parallel.h: SharedFor never waits for a pool
+// thread that has not started).
 inline ParallelFor IntraOp(OpKernelContext* ctx) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    pool->ParallelFor(total, cost, fn);
+    SharedFor(total, cost, pool->NumThreads() - 1, [pool](std::function<void()> task) { pool->Schedule(std::move(task)); },
+              fn);
   };
 }
 
