@@ -4,6 +4,7 @@
 //       -I evstore/native/core evstore/native/core/table_test.cc -o table_test
 // Driven by tests/native/CMakeLists.txt (make test-native). Exits non-zero on the first failure.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <atomic>
 #include <cstdint>
@@ -298,6 +299,96 @@ static void test_growth_million_keys_values_intact() {
               "keys dirty\n", n, steady, double(st.index_bytes) / n, double(st.meta_bytes) / n, with_dirty);
   CHECK(steady <= 40.0);
   CHECK(with_dirty <= 48.0);
+}
+
+// Rows carved from blocks the background prefaulter reserved (block_reserve.h)
+// hold what is written to them, are counted in bytes(), and a widening of the
+// rows drops reserved blocks of the old stride.
+static void test_reserved_blocks_hold_rows_and_follow_relayout() {
+  RowArena a(2);
+  const uint32_t big = 65536, first = 11 * big;  // past the 8 big blocks before the reserve starts
+  std::vector<uint32_t> ids(first);
+  a.AllocateMany(first, ids.data());
+  // The prefaulter runs on its own thread: wait (a minute at most) until the
+  // reserve holds its one block, data and versions.
+  auto reserved_total = [&](int rows_in_blocks, int stride) {
+    const int64_t want = (int64_t(rows_in_blocks) + big) * (stride * 4 + 8);
+    for (int i = 0; i < 6000 && a.bytes() != want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return want;
+  };
+  int64_t want = reserved_total(first, 2);
+  CHECK_EQ(a.bytes(), want);
+  std::vector<uint32_t> more(2 * big);
+  a.AllocateMany(more.size(), more.data());  // takes the reserved block, then allocates
+  ids.insert(ids.end(), more.begin(), more.end());
+  for (uint32_t r : ids) {
+    a.Row(r)[0] = static_cast<float>(r);
+    a.Row(r)[1] = -static_cast<float>(r);
+    a.Version(r) = r;
+  }
+  a.Relayout(3, {7.f}, nullptr);
+  want = reserved_total(13 * big, 3);
+  CHECK_EQ(a.bytes(), want);
+  std::vector<uint32_t> wide(big);
+  a.AllocateMany(wide.size(), wide.data());
+  for (uint32_t r : wide) a.Row(r)[2] = 1.f;  // rows of the new stride, in reserved or fresh blocks
+  for (uint32_t r : ids) {
+    CHECK_EQ(a.Row(r)[0], static_cast<float>(r));
+    CHECK_EQ(a.Row(r)[1], -static_cast<float>(r));
+    CHECK_EQ(a.Row(r)[2], 7.f);
+    CHECK_EQ(a.Version(r), static_cast<int64_t>(r));
+  }
+}
+
+// Two threads inserting new keys into one table while the prefaulter fills
+// its reserve (ThreadSanitizer runs this).
+static void test_concurrent_inserts_with_block_reserve() {
+  const int dim = 2, batch = 8192, n = 12 * 65536;
+  Table<int64_t> t(Cfg(dim));
+  std::vector<float> out0(batch * dim), out1(batch * dim);
+  std::vector<int64_t> k0(batch), k1(batch);
+  for (int b = 0; b < n / (2 * batch); ++b) {
+    for (int i = 0; i < batch; ++i) {
+      k0[i] = 2 * (int64_t(b) * batch + i);
+      k1[i] = k0[i] + 1;
+    }
+    std::thread th([&] { t.FindOrInsert(k1.data(), batch, out1.data(), kSerial); });
+    t.FindOrInsert(k0.data(), batch, out0.data(), kThreads);
+    th.join();
+    for (int i = 0; i < batch; ++i) CHECK_EQ(out1[i * dim], BankRow(k1[i], dim)[0]);
+  }
+  CHECK_STATS(t, n, n, 0);
+}
+
+// SharedFor (parallel.h) covers [0, total) exactly once whether its helpers
+// run at once, late (after the caller finished everything) or never, and
+// hands the caller the first exception thrown by any chunk.
+static void test_concurrent_shared_for_covers_every_unit_once() {
+  std::vector<std::thread> late;
+  std::vector<std::function<void()>> never;
+  const std::function<void(std::function<void()>)> now = [](std::function<void()> f) { std::thread(f).detach(); };
+  const std::function<void(std::function<void()>)> after = [&](std::function<void()> f) { late.push_back(std::thread(f)); };
+  const std::function<void(std::function<void()>)> none = [&](std::function<void()> f) { never.push_back(f); };
+  for (const auto* sched : {&now, &after, &none}) {
+    for (int64_t total : {1, 7, 64, 1000}) {
+      std::vector<std::atomic<int>> hits(total);
+      SharedFor(total, kMinChunkNs / 3, 3, *sched, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      });
+      for (auto& h : hits) CHECK_EQ(h.load(), 1);
+    }
+  }
+  bool threw = false;
+  try {
+    SharedFor(100, kMinChunkNs, 2, now, [](int64_t b, int64_t) {
+      if (b == 50) throw std::runtime_error("chunk 50");
+    });
+  } catch (const std::runtime_error&) {
+    threw = true;
+  }
+  CHECK(threw);
+  for (auto& t : late) t.join();  // late helpers find nothing left to claim
+  for (auto& f : never) f();
 }
 
 static void test_ensure_slots_relayout() {
@@ -1053,6 +1144,9 @@ int main() {
   RUN_K(test_unique_sum_sums_duplicates);
   RUN(test_growth_million_keys_values_intact);
   RUN(test_ensure_slots_relayout);
+  RUN(test_reserved_blocks_hold_rows_and_follow_relayout);
+  RUN(test_concurrent_inserts_with_block_reserve);
+  RUN(test_concurrent_shared_for_covers_every_unit_once);
   RUN_K(test_erase_recycles_row_and_tracks_deleted);
   RUN_K(test_two_phase_export);
   RUN_K(test_concurrent_train_and_export);
