@@ -9,11 +9,11 @@ drives it, in two phases per commit:
 
   * stage(target, fleet): read, outside any lock, this shard's rows of every
     commit from the served one up to `target` and hold them beside the served
-    tables (`_Pending`). Each shard reads only its partition: the part
-    `<ev>/part_i` of a checkpoint written with N shards of the same route
-    (its byte ranges only, checkpoint/fetch.py); otherwise every part, keeping
-    the keys routed here. Deltas become an overlay {key: row, or None for
-    erased}; a new chain (a full, or a commit not after the served one: a
+    tables (`_Pending`). The model's Stager reads only this shard's partition
+    (serving_loader/partition.py): the part `<ev>/part_i` of a checkpoint
+    written with N shards of the same route (its byte ranges only,
+    checkpoint/fetch.py); otherwise every part, keeping the keys routed here.
+    Deltas become an overlay {key: row, or None for erased}; a new chain (a full, or a commit not after the served one: a
     rollback) is loaded into replacement tables. While staged, both versions
     are readable: `lookup(served)` and `lookup(target)`.
   * publish(target): under the write lock, the pending state becomes the
@@ -37,15 +37,10 @@ import tensorflow as tf
 
 from checkpoint.chain import resolve_chain, scan
 from checkpoint.errors import CheckpointError
-from checkpoint.fetch import fetch
-from checkpoint.shards import logical_entries
 from evstore import ops
-from evstore.schema import SHARD_ROUTE
-from evstore.sharded import shard_index
-from serving_loader import served_tensors
 from serving_loader.model import ServingModel
+from serving_loader.partition import Partition
 from serving_loader.source import CommitSource
-from serving_loader.stager import Staged
 from serving_loader.streamed_reload import staged_into_replacements
 
 __all__ = ["ShardModel", "VersionNotHeld", "parse_shard"]
@@ -124,6 +119,7 @@ class ShardModel(ServingModel):
         self.publisher.dense.clear()      # the front serves the dense weights
         self.publisher.reserved.clear()
         self.index, self.count = int(index), int(count)
+        self.stager.partition = Partition(self.index, self.count)
         self._attach_root(checkpoint_root, storage_options, allow_empty=True, poll=False)
         self.pending = None
         self.bytes_read_last = 0
@@ -132,48 +128,6 @@ class ShardModel(ServingModel):
     @property
     def pending_target(self):
         return self.pending.target if self.pending is not None else None
-
-    # -- what this shard reads of a commit
-    def _own_parts(self, m, name):
-        """(entries to read, filter by route?) of EV `name` in commit `m`."""
-        parts = logical_entries(m).get(name)
-        if not parts:
-            raise CheckpointError(f"{m.dir} holds no EV {name!r} that this shard serves")
-        shards = [m.evs[p].get("shard") or {} for p in parts]
-        if len(parts) == self.count and all(s.get("count") == self.count and s.get("route") == SHARD_ROUTE
-                                            for s in shards):
-            return [p for p, s in zip(parts, shards) if s.get("index") == self.index], False
-        return parts, True
-
-    def _stage(self, m):
-        """This shard's rows of commit `m` (keys routed here), checked as any staging."""
-        chosen, filtered = {}, {}
-        for name in self._tables:
-            chosen[name], filtered[name] = self._own_parts(m, name)
-        plan = served_tensors.plan(m, chosen, [], False, freqs=list(self._tables))
-        with fetch(self.storage, m, plan.tensors) as t:
-            evs = {}
-            for name in self._tables:
-                try:
-                    keys, values, erase = plan.ev_arrays(t, name, self.mapping["evs"][name]["dim"])
-                except ValueError as e:
-                    raise CheckpointError(f"{m.dir}: EV {name!r}: {e}") from None
-                freqs = plan.ev_freqs(t, name)
-                if len(freqs) != len(keys):
-                    raise CheckpointError(f"{m.dir}: EV {name!r} has {len(freqs)} frequencies for {len(keys)} keys")
-                if filtered[name]:
-                    mine = self._mine(keys, name)
-                    keys, values, freqs = keys[mine], values[mine], freqs[mine]
-                    erase = erase[self._mine(erase, name)]
-                evs[name] = self.stager.checked(m, name, erase, keys, values) + (freqs,)
-            bytes_read = t.bytes_read
-        return Staged(m, evs, {}, bytes_read=bytes_read)
-
-    def _mine(self, keys, name):
-        if not len(keys):
-            return np.zeros([0], bool)
-        kd = tf.as_dtype(self.mapping["evs"][name]["key_dtype"])
-        return shard_index(tf.constant(keys, kd), self.count).numpy() == self.index
 
     # -- the two phases
     def stage(self, target, fleet=None):
@@ -218,11 +172,11 @@ class ShardModel(ServingModel):
             m = min(nxt, key=lambda x: x.seq)
             run.append(m)
             seq, checksum = m.seq, m.checksum
-        return _Pending(target, [self._stage(m) for m in run])
+        return _Pending(target, [self.stager.stage(m) for m in run])
 
     def _stage_chain(self, chain):
         """A new chain (full + deltas) in replacement tables."""
-        staged = [self._stage(m) for m in chain]
+        staged = [self.stager.stage(m) for m in chain]
         fresh = staged_into_replacements(self._tables, staged)
         return _Pending(chain[-1].seq, staged, fresh)
 
