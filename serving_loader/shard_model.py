@@ -41,7 +41,7 @@ from evstore import ops
 from serving_loader.model import ServingModel
 from serving_loader.partition import Partition
 from serving_loader.source import CommitSource
-from serving_loader.streamed_reload import staged_into_replacements
+from serving_loader.streamed_reload import stream_chain
 
 __all__ = ["ShardModel", "VersionNotHeld", "parse_shard"]
 
@@ -175,9 +175,10 @@ class ShardModel(ServingModel):
         return _Pending(target, [self.stager.stage(m) for m in run])
 
     def _stage_chain(self, chain):
-        """A new chain (full + deltas) in replacement tables."""
-        staged = [self.stager.stage(m) for m in chain]
-        fresh = staged_into_replacements(self._tables, staged)
+        """A new chain (full + deltas) streamed into replacement tables: the
+        full's part files staged on local disk, then read in chunks (DRAM
+        stays at the tables' cache budget, whatever the partition's size)."""
+        fresh, staged = stream_chain(self.stager, self._tables, chain)
         return _Pending(chain[-1].seq, staged, fresh)
 
     def publish(self, target):
