@@ -38,6 +38,7 @@ import tensorflow as tf
 from checkpoint.chain import resolve_chain, scan
 from checkpoint.errors import CheckpointError
 from evstore import ops
+from serving_loader.disk_budget import DiskBudget
 from serving_loader.model import ServingModel
 from serving_loader.partition import Partition
 from serving_loader.source import CommitSource
@@ -99,12 +100,16 @@ class ShardModel(ServingModel):
         front serves the others.
       storage: an evstore.TieredStorage (rows in a DRAM cache over disk) or
         None (all rows in DRAM).
+      disk_bytes: the shard's disk budget (disk_budget.py): a commit whose
+        rows would take the shard past it is refused (CheckpointError) and the
+        fleet holds its version. None: no bound.
     Attributes: `version` (published), `pending_target` (staged, or None),
       `bytes_read_last` (bytes of the root read by the last stage call).
     Raises ValueError for an export of stock tables or an unknown EV.
     """
 
-    def __init__(self, export_dir, checkpoint_root, index, count, evs=None, storage_options=None, storage=None):
+    def __init__(self, export_dir, checkpoint_root, index, count, evs=None, storage_options=None, storage=None,
+                 disk_bytes=None):
         super().__init__(export_dir, None, storage=storage)
         if self.table_kind != "evstore":
             raise ValueError(f"{export_dir} serves its EVs from stock tables; a serving shard needs an export "
@@ -120,6 +125,8 @@ class ShardModel(ServingModel):
         self.publisher.reserved.clear()
         self.index, self.count = int(index), int(count)
         self.stager.partition = Partition(self.index, self.count)
+        self.budget = DiskBudget(disk_bytes, {n: t.dim for n, t in self._tables.items()},
+                                 f"shard {self.index}/{self.count}")
         self._attach_root(checkpoint_root, storage_options, allow_empty=True, poll=False)
         self.pending = None
         self.bytes_read_last = 0
@@ -172,13 +179,31 @@ class ShardModel(ServingModel):
             m = min(nxt, key=lambda x: x.seq)
             run.append(m)
             seq, checksum = m.seq, m.checksum
-        return _Pending(target, [self.stager.stage(m) for m in run])
+        pending = _Pending(target, [self.stager.stage(m) for m in run])
+        self._check_growth(run[-1], pending)
+        return pending
+
+    def _check_growth(self, m, pending):
+        """The disk budget against the rows the served partition holds once
+        `pending`'s deltas are applied."""
+        if self.budget.disk_bytes is None:
+            return
+        held, added = self.rows(), {}
+        for name, over in pending.overlay.items():
+            keys = np.array(list(over), dtype=self._tables[name].key_dtype.as_numpy_dtype)
+            have = self._tables[name].held(keys) if len(keys) else np.zeros([0], bool)
+            fresh = np.array([over[k] is not None for k in keys.tolist()], bool)
+            added[name] = int((fresh & ~have).sum()) - int((~fresh & have).sum())
+        self.budget.check(m, held, added, "the served partition and the rows its deltas add")
 
     def _stage_chain(self, chain):
         """A new chain (full + deltas) streamed into replacement tables: the
         full's part files staged on local disk, then read in chunks (DRAM
         stays at the tables' cache budget, whatever the partition's size)."""
-        fresh, staged = stream_chain(self.stager, self._tables, chain)
+        held = self.rows() if self.version is not None else {}   # until the swap, both versions' rows
+        fresh, staged = stream_chain(self.stager, self._tables, chain, check=lambda rows: self.budget.check(
+            chain[0], held, rows, "the served partition and the new full's, until the swap" if held
+            else "the full's partition"))
         return _Pending(chain[-1].seq, staged, fresh)
 
     def publish(self, target):
@@ -246,11 +271,14 @@ class ShardModel(ServingModel):
         return ops.ev_find(handle, tf.constant(keys, t.key_dtype), dim=t.dim).numpy()
 
     def status(self):
-        """{"index", "count", "evs": {EV: {"dim", "key_dtype"}}, "version", "staged", "rows"}."""
+        """{"index", "count", "evs": {EV: {"dim", "key_dtype"}}, "version", "staged", "rows", "disk_budget",
+        "row_bytes" (of the served rows), "tables": {EV: the DRAM and disk stats of its table}, ...}."""
         return {"index": self.index, "count": self.count, "version": self.version, "staged": self.pending_target,
                 "evs": {n: {"dim": t.dim, "key_dtype": t.key_dtype.name} for n, t in self._tables.items()},
                 "rows": self.rows(), "bytes_read_last": self.bytes_read_last, "last_error": self.last_error,
-                "applied": self.applied, "fetched_bytes_total": self.fetched_bytes_total}
+                "applied": self.applied, "fetched_bytes_total": self.fetched_bytes_total,
+                "disk_budget": self.budget.disk_bytes, "row_bytes": self.budget.row_bytes(self.rows()),
+                "tables": self.publisher.table_stats(("index_bytes", "meta_bytes", "cache_rows", "disk_bytes"))}
 
     def close(self):
         with self._stage_lock:
