@@ -192,6 +192,10 @@ def build_parser():
                           "joined by |, the front failing over between them): dense weights and small "
                           "EVs here, the sharded EVs' rows read from the shards per request, every commit published "
                           "on all of them at once (docs/guides/sharded-serving.md)")
+    srv.add_argument("--shard-token-file", "--shard_token_file", default=None, metavar="FILE",
+                     help="with --shard or --shards: file holding the fleet's token (the same file on the shards and "
+                          "the front); a shard then answers only calls carrying it (others get UNAUTHENTICATED). It "
+                          "travels in clear text: keep the shard port on a private network")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")

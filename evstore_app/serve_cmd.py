@@ -31,6 +31,11 @@ def run(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll otherwise
     try:
+        shard_token = None
+        if args.shard_token_file is not None:
+            if args.shard is None and args.shards is None:
+                raise ValueError("--shard-token-file needs --shard or --shards")
+            shard_token = admin_listener.read_token(args.shard_token_file, what="shard")
         if args.shard is not None:
             if args.shards is not None:
                 raise ValueError("--shard (a shard) and --shards (a front) exclude each other")
@@ -38,7 +43,8 @@ def run(args):
 
             return serve_shard(args.export, args.checkpoints, args.shard, host=args.host, port=args.port,
                                evs=args.shard_evs.split(",") if args.shard_evs else None, tier=_tier(args),
-                               max_request_bytes=args.max_request_bytes, disk_bytes=args.tier_disk_bytes)
+                               max_request_bytes=args.max_request_bytes, disk_bytes=args.tier_disk_bytes,
+                               token=shard_token)
         for flag, value in (("--shard-evs", args.shard_evs), ("--tier-disk-bytes", args.tier_disk_bytes)):
             if value is not None:
                 raise ValueError(f"{flag} needs --shard")
@@ -61,7 +67,7 @@ def run(args):
                      admin_port=args.admin_port, admin_host=args.admin_host,
                      admin_token=admin_listener.read_token(args.admin_token_file) if args.admin_token_file else None,
                      idle_timeout_s=args.rest_idle_timeout_s or None, tier=_tier(args),
-                     use_serving_view=args.serving_view, shards=args.shards)
+                     use_serving_view=args.serving_view, shards=args.shards, shard_token=shard_token)
     except (ValueError, TypeError, OSError) as e:
         from serving_loader.model import NotAnExportError, NothingToServeError
 

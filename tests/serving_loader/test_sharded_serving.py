@@ -429,3 +429,31 @@ def test_a_replica_killed_under_a_predict_storm_is_failed_over_and_rejoins_at_th
         for inputs, out, version in answers:
             if version == v:
                 np.testing.assert_array_equal(out["outputs"], single.predict(inputs)[0]["outputs"])
+
+
+def test_a_shard_with_a_token_answers_only_callers_that_send_it(tmp_path, job):
+    _, export, mgr, single = job
+    token = "s3cret-fleet-token-0123456789"
+    shard = ShardModel(export, mgr.root, 0, 1, evs=["user"],
+                       storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / "s0")))
+    server = ShardServer(shard, token=token)
+    address = f"127.0.0.1:{server.port}"
+    try:
+        with grpc.insecure_channel(address) as ch:
+            for method, body in (("Status", b"{}"), ("Stage", b'{"target": 1}'), ("Lookup", b"")):
+                for md in (None, (("authorization", "Bearer wrong-token-0123456789"),)):
+                    with pytest.raises(grpc.RpcError) as e:
+                        ch.unary_unary(f"/{SERVICE}/{method}")(body, timeout=10, metadata=md)
+                    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                    assert "--shard-token-file" in e.value.details()
+        assert shard.version is None   # nothing staged by the refused calls
+        with pytest.raises(ConnectionError, match="UNAUTHENTICATED"):
+            FrontModel(export, mgr.root, [address], wait_s=0)
+        front = FrontModel(export, mgr.root, [address], wait_s=10, token=token)
+        try:
+            _same(front, single)
+        finally:
+            front.close()
+    finally:
+        server.stop(0)
+        shard.close()
