@@ -83,9 +83,10 @@ class Fleet:
 
     `timeout_s`: a Lookup's deadline; `stage_timeout_s`: a Stage's (it reads
     a commit; a full takes longer); `token`: the fleet's bearer token, sent
-    with every call (shard_service.py)."""
+    with every call; `tls_ca`: PEM of the certificates that sign the shards'
+    (TLS to every shard; shard_service.py)."""
 
-    def __init__(self, addresses, timeout_s=5.0, stage_timeout_s=600.0, token=None):
+    def __init__(self, addresses, timeout_s=5.0, stage_timeout_s=600.0, token=None, tls_ca=None):
         self.addresses = [[a] if isinstance(a, str) else list(a) for a in addresses]
         self.count = len(self.addresses)
         self.timeout_s = timeout_s
@@ -95,8 +96,13 @@ class Fleet:
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                    ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                    ("grpc.max_reconnect_backoff_ms", 2000)]
-        self._channels = {(i, r): grpc.insecure_channel(self.addresses[i][r], options=options)
-                          for i, r in self._replicas}
+        if tls_ca is None:
+            self._channels = {(i, r): grpc.insecure_channel(self.addresses[i][r], options=options)
+                              for i, r in self._replicas}
+        else:
+            creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+            self._channels = {(i, r): grpc.secure_channel(self.addresses[i][r], creds, options=options)
+                              for i, r in self._replicas}
         md = None if token is None else ((AUTH_HEADER, f"Bearer {token}"),)
         self._calls = {k: {m: _WithMetadata(ch.unary_unary(f"/{SERVICE}/{m}"), md)
                            for m in ("Lookup", "Stage", "Publish", "Status")}
