@@ -19,8 +19,8 @@ on the chief's host) and `host(job, task)`.
 import json
 import signal
 import subprocess
-import sys
 
+from evstore_app.cluster import server_argv
 from hosts import STARTUP_S
 
 __all__ = ["HostCluster", "PORT"]
@@ -94,9 +94,8 @@ class HostCluster:
         return p.log_path if p is not None else self.host(job, task).log_path(f"{job}{task}")
 
     def _spawn(self, job, task):
-        self._procs[(job, task)] = self.host(job, task).start(
-            [sys.executable, "-m", "evstore_app", "server", "--job", job, "--task", str(task),
-             "--cluster", self.cluster_file, "--exit-with-parent"], name=f"{job}{task}", env=self.env)
+        self._procs[(job, task)] = self.host(job, task).start(server_argv(job, task, self.cluster_file),
+                                                              name=f"{job}{task}", env=self.env)
 
     def _wait_ready(self, job, task, timeout):
         p = self._procs[(job, task)]

@@ -144,6 +144,8 @@ import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
 
+from evstore_app.cluster import kill_group, server_env, spawn   # how every evstore process is started
+
 __all__ = ["Network", "Host", "Proc", "ObjectStore", "Unavailable", "available", "network_or_skip",
            "SUBNET"]
 
@@ -373,13 +375,8 @@ class Proc:
 
     def kill(self, sig=signal.SIGKILL):
         """Sends `sig` to the process group; for SIGKILL waits until the process is gone."""
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
+        kill_group(self.popen, sig)
         if sig == signal.SIGKILL:
-            self.popen.wait()
             self._close_log()
 
     def stop(self, timeout=60):
@@ -440,8 +437,7 @@ class Host:
         cmd = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private", "--",
                "/bin/sh", "-c", _SETUP, "hosts-setup", self.tmp, self.home, self.shm, self.net.home_path,
                *[str(a) for a in argv]]
-        popen = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=full_env, text=text,
-                                 cwd=cwd or _CHECKOUT, start_new_session=True)
+        popen = spawn(cmd, full_env, stdin=stdin, stdout=stdout, stderr=stderr, text=text, cwd=cwd or _CHECKOUT)
         self._popens.append(popen)
         return popen
 
@@ -512,12 +508,7 @@ class Host:
 
     def _reap(self):
         for p in self._popens:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.wait()
+            kill_group(p)
         for p in self.procs:
             p.kill()
 
@@ -774,13 +765,9 @@ class Network:
     def process_env(self, extra=None):
         """The environment of a process started on a host: this one's, minus proxies and TF_CONFIG, plus
         `Network.env` and `extra`."""
-        env = {k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARS and k != "TF_CONFIG"}
-        env.update({"HOME": self.home_path, "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
-                    "NO_PROXY": "*", "no_proxy": "*", "TF_CPP_MIN_LOG_LEVEL": "2"})
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_CHECKOUT, env.get("PYTHONPATH")) if p)
-        env.update(self.env)
-        env.update(extra or {})
-        return env
+        return server_env({"HOME": self.home_path, "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
+                           "NO_PROXY": "*", "no_proxy": "*", "TF_CPP_MIN_LOG_LEVEL": "2", **self.env, **(extra or {})},
+                          base={k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARS})
 
     def object_store(self, name="s3", port=5000, timeout=STARTUP_S):
         """moto's S3 server on a new host `name` with a fresh bucket; every process started later gets its
@@ -832,11 +819,7 @@ class Network:
         self.closed = True
         for h in self.hosts.values():
             for p in h._popens:
-                if p.poll() is None:
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                kill_group(p, wait=False)
         for name in [n for n in _netns_names() if n.startswith(self.run_prefix)]:
             _remove_netns(name)
         for h in self.hosts.values():
