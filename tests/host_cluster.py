@@ -37,22 +37,24 @@ class HostCluster:
       num_ps, num_workers: task counts (>= 1).
       env: extra variables for every task (and the chief).
       timeout: seconds for the servers to come up.
+      prefix: before every host's name (a second cluster on the same Network: "b-" gives "b-chief",
+        "b-ps0", ...).
     Raises:
       ValueError: a count below 1.
       RuntimeError: a task exited or did not serve within `timeout` (with its log tail).
     """
 
-    def __init__(self, net, num_ps=2, num_workers=2, env=None, timeout=STARTUP_S):
+    def __init__(self, net, num_ps=2, num_workers=2, env=None, timeout=STARTUP_S, prefix=""):
         for name, n in (("num_ps", num_ps), ("num_workers", num_workers)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {n!r}")
         self.net = net
         self.env = dict(env or {})
         self.directory = net.workdir
-        self._hosts = {("chief", 0): net.host("chief")}
+        self._hosts = {("chief", 0): net.host(f"{prefix}chief")}
         for job, n in (("ps", num_ps), ("worker", num_workers)):
             for task in range(n):
-                self._hosts[(job, task)] = net.host(f"{job}{task}")
+                self._hosts[(job, task)] = net.host(f"{prefix}{job}{task}")
         self.spec = {job: [f"{h.address}:{PORT}" for (j, _), h in sorted(self._hosts.items()) if j == job]
                      for job in ("chief", "ps", "worker")}
         text = json.dumps(self.spec, indent=1)
