@@ -191,8 +191,9 @@ def build_parser():
     srv.add_argument("--shard-evs", "--shard_evs", default=None, metavar="EV,...",
                      help="with --shard: the EVs sharded (default: every EV of the export); the front serves the "
                           "others")
-    srv.add_argument("--shards", default=None, metavar="HOST:PORT,...",
-                     help="run as the front of these shards (shard i at the i-th address): dense weights and small "
+    srv.add_argument("--shards", default=None, metavar="HOST:PORT[|HOST:PORT...],...",
+                     help="run as the front of these shards (shard i at the i-th address; replicas of a shard "
+                          "joined by |, the front failing over between them): dense weights and small "
                           "EVs here, the sharded EVs' rows read from the shards per request, every commit published "
                           "on all of them at once (docs/guides/sharded-serving.md)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
