@@ -146,8 +146,8 @@ def build_parser():
     srv.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
                      help="quality gate: a commit whose manifest quality fails EXPR stays committed but is not "
                           "served; the server holds the last good version until a later commit passes (e.g. "
-                          "\"auc >= served - 0.01, logloss <= served * 1.05\", the default when EXPR is omitted; "
-                          "docs/guides/quality-gate.md)")
+                          "\"auc >= reference - 0.01\": not worse than the model it replaces, on the same "
+                          "examples); EXPR omitted: evstore.gate.DEFAULT_GATE (docs/guides/quality-gate.md)")
     srv.add_argument("--gate-min-examples", type=int, default=None, metavar="N",
                      help="the gate judges runs of commits covering at least N examples: a smaller commit waits "
                           "and is judged with the next ones (default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
