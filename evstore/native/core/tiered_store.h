@@ -171,8 +171,7 @@ class TieredStore {
   // the copies run), none cached. A full export's read of a segment.
   void PeekMany(const uint32_t* rows, size_t n, float* out) const {
     const size_t rb = static_cast<size_t>(stride_) * sizeof(float);
-    thread_local std::vector<std::pair<uint32_t, size_t>> cold;
-    cold.clear();
+    ColdReads& cold = Cold();
     for (size_t i = 0; i < n; ++i) {
       const RowMeta& m = Meta(rows[i]);
       const uint32_t s = m.slot.load(std::memory_order_acquire);
@@ -180,23 +179,15 @@ class TieredStore {
       if (s != kNoSlot) {
         std::memcpy(dst, SlotData(s), rb);
       } else if (m.flags.load(std::memory_order_relaxed) & kOnDisk) {
-        cold.emplace_back(m.loc, i);
+        cold.Add(m.loc, dst);
       } else {
         std::memset(dst, 0, rb);  // never written: unspecified, zeros
       }
     }
     if (cold.empty()) return;
-    std::sort(cold.begin(), cold.end());
-    thread_local std::vector<uint32_t> locs;
-    thread_local std::vector<void*> dsts;
-    locs.resize(cold.size());
-    dsts.resize(cold.size());
-    for (size_t j = 0; j < cold.size(); ++j) {
-      locs[j] = cold[j].first;
-      dsts[j] = out + cold[j].second * stride_;
-    }
-    file_.WillNeed(locs.data(), locs.size());
-    file_.ReadMany(locs.data(), dsts.data(), locs.size());
+    cold.Sort();
+    file_.WillNeed(cold.locs.data(), cold.size());
+    file_.ReadMany(cold.locs.data(), cold.dsts.data(), cold.size());
   }
   int64_t& Version(uint32_t r) const { return Meta(r).version; }
   void Hint(uint32_t r, uint32_t freq) const { Meta(r).heat = Policy::HeatOf(freq); }
@@ -418,6 +409,37 @@ class TieredStore {
     return SlotData(s);
   }
 
+  // The cold rows of one batch (one segment's part: FaultMany's, PeekMany's):
+  // each disk record and the buffer it is read into, put in disk order by
+  // Sort so that rows written together come back in one preadv per run.
+  struct ColdReads {
+    std::vector<uint32_t> locs;
+    std::vector<void*> dsts;
+    std::vector<std::pair<uint32_t, void*>> pairs;
+    void Add(uint32_t loc, void* dst) { pairs.emplace_back(loc, dst); }
+    bool empty() const { return pairs.empty(); }
+    size_t size() const { return pairs.size(); }
+    // Fills locs/dsts in ascending location; returns the runs of adjacent records.
+    int64_t Sort() {
+      std::sort(pairs.begin(), pairs.end());
+      locs.resize(pairs.size());
+      dsts.resize(pairs.size());
+      int64_t runs = 0;
+      for (size_t j = 0; j < pairs.size(); ++j) {
+        locs[j] = pairs[j].first;
+        dsts[j] = pairs[j].second;
+        runs += j == 0 || locs[j] != locs[j - 1] + 1;
+      }
+      return runs;
+    }
+  };
+  // This thread's (emptied) batch of cold reads.
+  static ColdReads& Cold() {
+    thread_local ColdReads c;
+    c.pairs.clear();
+    return c;
+  }
+
   // Brings rows (sorted, distinct, one owner segment whose lock the caller
   // holds, shared or not) into slots. The disk I/O (the batch's write-back,
   // the reads) runs outside mu_, so hits, other misses and other segments
@@ -455,8 +477,7 @@ class TieredStore {
         undo(0);
         throw;
       }
-      thread_local std::vector<std::pair<uint32_t, uint32_t>> cold;  // (location, index in mine)
-      cold.clear();
+      ColdReads& cold = Cold();
       for (size_t i = 0; i < mine.size(); ++i) {
         SlotInfo& in = Info(slots[i]);
         in.row = mine[i];  // pinned: the owner lock is ours, so no evictor takes it
@@ -464,30 +485,19 @@ class TieredStore {
         in.weight.store(0, std::memory_order_relaxed);
         in.second_chance = 0;
         const RowMeta& m = Meta(mine[i]);
-        if (m.flags.load(std::memory_order_relaxed) & kOnDisk) cold.emplace_back(m.loc, static_cast<uint32_t>(i));
+        if (m.flags.load(std::memory_order_relaxed) & kOnDisk) cold.Add(m.loc, SlotData(slots[i]));
       }
       if (!cold.empty()) {
-        std::sort(cold.begin(), cold.end());
-        thread_local std::vector<uint32_t> locs;
-        thread_local std::vector<void*> dsts;
-        locs.resize(cold.size());
-        dsts.resize(cold.size());
-        for (size_t j = 0; j < cold.size(); ++j) {
-          locs[j] = cold[j].first;
-          dsts[j] = SlotData(slots[cold[j].second]);
-        }
+        read_calls_ += cold.Sort();
         l.unlock();
         try {
-          file_.ReadMany(locs.data(), dsts.data(), locs.size());
+          file_.ReadMany(cold.locs.data(), cold.dsts.data(), cold.size());
         } catch (...) {
           l.lock();
           undo(mine.size());
           throw;
         }
         l.lock();
-        int64_t runs = 1;
-        for (size_t j = 1; j < locs.size(); ++j) runs += locs[j] != locs[j - 1] + 1;
-        read_calls_ += runs;
       }
       for (size_t i = 0; i < mine.size(); ++i) {
         RowMeta& m = Meta(mine[i]);
