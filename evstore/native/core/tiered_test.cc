@@ -226,7 +226,7 @@ static void test_full_walk_streams_cold_rows_without_caching_them() {
   CHECK(Dump(t) == Dump(dram));  // every row, through ForEachInSegment
   const TierStats after = t.tier_stats();
   CHECK_EQ(after.misses, before.misses);
-  CHECK_EQ(after.resident, before.resident);
+  CHECK(after.resident <= before.resident);  // no slot taken (the cleaner may free some meanwhile)
 }
 
 static void test_eviction_by_step_reads_no_cold_row() {
