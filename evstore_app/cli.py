@@ -84,9 +84,7 @@ def build_parser():
                        help="stop committing when a commit's progressive quality fails EXPR, the syntax of "
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
-    train.add_argument("--guard-min-examples", type=int, default=None, metavar="N",
-                       help="the guard judges the commits since the last judged one once they cover N examples "
-                            "(default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
+    _min_examples_flag(train, "--guard-min-examples", "guard")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -147,22 +145,7 @@ def build_parser():
     srv.add_argument("--allow-empty", action="store_true",
                      help="serve the export as it is when the checkpoint root does not exist or holds nothing "
                           "for it yet (default: exit 1 with the reason)")
-    srv.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
-                     help="quality gate: a commit whose manifest quality fails EXPR stays committed but is not "
-                          "served; the server holds the last good version until a later commit passes (e.g. "
-                          "\"auc >= served - 0.01, logloss <= served * 1.05\", the default when EXPR is omitted; "
-                          "docs/guides/quality-gate.md)")
-    srv.add_argument("--gate-min-examples", type=int, default=None, metavar="N",
-                     help="the gate judges runs of commits covering at least N examples: a smaller commit waits "
-                          "and is judged with the next ones (default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
-    srv.add_argument("--gate-max-hold-commits", type=int, default=None, metavar="N",
-                     help="bound on a gated hold: N commits after the served one left unserved (held back or "
-                          "waiting); past it the status, metrics and log say the hold is overdue (default: none)")
-    srv.add_argument("--gate-max-hold-seconds", type=float, default=None, metavar="SECONDS",
-                     help="bound on a gated hold in seconds since the server first left a commit unserved "
-                          "(default: none)")
-    srv.add_argument("--gate-past-max-hold", choices=("hold", "serve"), default="hold",
-                     help="past the bound: hold on (default) or serve the newest commit unjudged")
+    _gate_flags(srv)
     srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
                      help="port of the admin listener (pin, resume, rollback, metrics; "
                           "serving_loader.admin_listener); default: 8502 with the default REST port 8501, else any "
@@ -309,6 +292,33 @@ def _kafka_properties(args):
         k, v = kv.split("=", 1)
         props[k.strip()] = v
     return props
+
+
+def _min_examples_flag(parser, flag, judge):
+    """The examples a run of commits needs to be judged, for the server's gate and the trainer's guard."""
+    parser.add_argument(flag, type=int, default=None, metavar="N",
+                        help=f"the {judge} judges runs of commits covering at least N examples: a smaller commit "
+                             "waits and is judged with the next ones (default: evstore.gate.DEFAULT_MIN_EXAMPLES, "
+                             "1000)")
+
+
+def _gate_flags(parser):
+    """`evstore serve`'s quality gate: the expression, the examples of a judged run and the hold bound
+    (docs/guides/quality-gate.md)."""
+    parser.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
+                        help="quality gate: a commit whose manifest quality fails EXPR stays committed but is not "
+                             "served; the server holds the last good version until a later commit passes (e.g. "
+                             "\"auc >= reference - 0.01\": not worse than the model it replaces, on the same "
+                             "examples); EXPR omitted: evstore.gate.DEFAULT_GATE (docs/guides/quality-gate.md)")
+    _min_examples_flag(parser, "--gate-min-examples", "gate")
+    bound = "past the bound the status, metrics and log say the hold is overdue (default: none)"
+    parser.add_argument("--gate-max-hold-commits", type=int, default=None, metavar="N",
+                        help=f"bound on a gated hold: N commits after the served one left unserved (held back or "
+                             f"waiting); {bound}")
+    parser.add_argument("--gate-max-hold-seconds", type=float, default=None, metavar="SECONDS",
+                        help=f"bound on a gated hold: seconds since the server first left a commit unserved; {bound}")
+    parser.add_argument("--gate-past-max-hold", choices=("hold", "serve"), default="hold",
+                        help="past the bound: hold on (default) or serve the newest commit unjudged")
 
 
 def _schedule_flags(parser, delta_every, full_every):
