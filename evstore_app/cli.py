@@ -85,6 +85,10 @@ def build_parser():
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
     _min_examples_flag(train, "--guard-min-examples", "guard")
+    train.add_argument("--no-reference", dest="reference", action="store_false",
+                       help="do not score batches with the reference model (the model a commit replaces): commits "
+                            "carry no quality['reference'] and train faster; a gate's clauses on `reference` are "
+                            "then not judged (docs/guides/quality-gate.md)")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -607,7 +611,7 @@ def _job(args):
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
                             serving_view=args.serving_view, guard_min_examples=args.guard_min_examples,
-                            from_seq=args.from_seq, export_tables=args.export_tables)
+                            from_seq=args.from_seq, export_tables=args.export_tables, reference=args.reference)
     except (SpecError, ValueError, OSError, KafkaUnavailableError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR
