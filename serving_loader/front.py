@@ -47,7 +47,7 @@ __all__ = ["FrontModel"]
 
 class FrontModel(ServingModel):
     """The front of the shards at `shards` (["host:port"], shard i at
-    shards[i]) for serving export `export_dir` (written with
+    shards[i]; or [["host:port", ...]], the replicas of each shard) for serving export `export_dir` (written with
     tables="evstore") and the trainer's `checkpoint_root`.
 
     `gate`, `allow_empty`, `storage_options`: as ServingModel's. `wait_s`:
@@ -56,7 +56,9 @@ class FrontModel(ServingModel):
     cache here (rows fetched for requests at the served version) is emptied
     at the next poll once it holds more rows (it is emptied at every
     publish anyway), so a fleet that publishes nothing for a long while
-    does not pull its whole model into the front.
+    does not pull its whole model into the front. `token`: the fleet's
+    bearer token (--shard-token-file), sent with every call to the shards;
+    `tls_ca`: PEM of the CA certificates of the shards' TLS (--shard-tls-ca).
 
     Raises ValueError (an export of stock tables or one without lookup_keys
     functions: re-export it; shards that are not 0..N-1 of one fleet),
@@ -65,7 +67,7 @@ class FrontModel(ServingModel):
     """
 
     def __init__(self, export_dir, checkpoint_root, shards, storage_options=None, allow_empty=False, gate=None,
-                 wait_s=60.0, timeout_s=5.0, max_cached_rows=1_000_000):
+                 wait_s=60.0, timeout_s=5.0, max_cached_rows=1_000_000, token=None, tls_ca=None):
         super().__init__(export_dir, None, gate=gate)
         if self.table_kind != "evstore":
             raise ValueError(f"{export_dir} serves its EVs from stock tables; a sharded fleet needs an export "
@@ -78,7 +80,7 @@ class FrontModel(ServingModel):
         if self.signature not in self._keys_fns:
             raise ValueError(f"{export_dir} has no lookup_keys functions (written before sharded serving): "
                              "export it again with export_serving_model(..., tables=\"evstore\")")
-        self.fleet = Fleet(shards, timeout_s=timeout_s)
+        self.fleet = Fleet(shards, timeout_s=timeout_s, token=token, tls_ca=tls_ca)
         evs = self.fleet.describe(wait_s)
         self.remote = {}   # sharded EV -> its table here (rows of `version` fetched for requests)
         tables = self.publisher.tables
@@ -101,9 +103,9 @@ class FrontModel(ServingModel):
     def poll(self):
         if self.storage is not None and self.version is not None:
             with self.walk.lock:   # shards serving another version (restarted) stage and publish the fleet's
-                for i, problem in self.fleet.rejoin(self.version):
-                    self.walk.refuse(None, f"{problem}: requests that need it fail until it is back",
-                                     key=("rejoin", i), retry=True)
+                for k, problem in self.fleet.rejoin(self.version):
+                    self.walk.refuse(None, f"{problem}: not used until it is back (requests that need a shard "
+                                     "none of whose replicas is up fail)", key=("rejoin", k), retry=True)
         self._trim_caches()
         return super().poll()
 
