@@ -42,11 +42,13 @@ void MaybePauseMidData() {
 // Streams one EV's export into writer columns: the per-EV tensors of
 // docs/reference/checkpoint-format.md (names from core/schema.h): admitted keys with
 // their rows, versions, frequencies and slot rows; counted-not-admitted keys with their
-// counts and last sightings; the clock (evict_policy.h); a BloomFilter's counters
+// counts and last sightings; each slot's initial value; the clock (evict_policy.h); a BloomFilter's counters
 // (filter_policy.h); in deltas the deleted keys.
-// Checkpoints written before -seen_filtered / -clock / -bloom_* existed still
-// load: their filtered keys' last-seen step is unknown, their clock is the
-// newest version, and Bloom counters start from zero.
+// Checkpoints written before -seen_filtered / -clock / -bloom_* /
+// <slot>-initial_value existed still load: their filtered keys' last-seen step
+// is unknown, their clock is the newest version, Bloom counters start from
+// zero, and a slot's initial value is the table's (0 for a new slot) until an
+// optimizer states it.
 // With a serving view writer (`view`, core/view_codec.h) each chunk of rows is
 // also encoded into the view bundle as it streams: `<name>-values` in the
 // view's dtype and, for int8, `<name>-values_scale`, row-aligned with the keys.
@@ -77,8 +79,12 @@ class BundleSink : public ExportSink<CoreKey<T>> {
     values_ = w->BeginColumn(TensorName(name, schema::kValues), tensorflow::DT_FLOAT, {dim});
     versions_ = w->BeginColumn(TensorName(name, schema::kVersions), tensorflow::DT_INT64, {});
     freqs_ = w->BeginColumn(TensorName(name, schema::kFreqs), tensorflow::DT_INT64, {});
-    for (const auto& s : slots)
+    for (const auto& s : slots) {
       slot_cols_.push_back(w->BeginColumn(schema::SlotTensor(name, s.first), tensorflow::DT_FLOAT, {dim}));
+      tensorflow::Tensor init(tensorflow::DT_FLOAT, tensorflow::TensorShape({1}));
+      init.flat<float>()(0) = s.second;  // where the slot starts in rows admitted later
+      w->AddTensor(schema::SlotInitialValueTensor(name, s.first), init);
+    }
     fkeys_ = BeginKeys(TensorName(name, schema::kKeysFiltered));
     ffreqs_ = w->BeginColumn(TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, {});
     fseen_ = w->BeginColumn(TensorName(name, schema::kSeenFiltered), tensorflow::DT_INT64, {});
@@ -370,6 +376,14 @@ class EvLoadBundleOp : public EvTableOp<K> {
         float init = 0.f;
         for (const auto& h : have)
           if (h.first == s) init = h.second;
+        const std::string init_name = schema::SlotInitialValueTensor(name, s);
+        if (r.Has(init_name)) {  // the saved table's initial value (older checkpoints lack it)
+          Col saved(r, init_name, tensorflow::DT_FLOAT, 1);
+          if (saved.rows() != 1)
+            throw std::runtime_error("checkpoint " + prefix + ": '" + init_name + "' must hold one value");
+          saved.Read(&init, 1);
+          saved.Finish();
+        }
         want.emplace_back(s, init);
       }
       std::unique_ptr<KeyReader<K>> deleted;

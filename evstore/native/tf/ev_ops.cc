@@ -96,6 +96,19 @@ REGISTER_OP("EvSize")
     .Output("size: int64")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
+REGISTER_OP("EvSlots")
+    .Input("handle: resource")
+    .Attr("key_dtype: {int32, int64, string}")
+    .Output("slot_names: string")
+    .Output("slot_initial_values: float")
+    .SetShapeFn([](InferenceContext* c) {
+      auto s = c->UnknownDim();
+      c->set_output(0, c->Vector(s));
+      c->set_output(1, c->Vector(s));
+      return absl::OkStatus();
+    })
+    .Doc("The table's optimizer slots and the value each starts at in rows admitted later.");
+
 REGISTER_OP("EvStats")
     .Input("handle: resource")
     .Attr("key_dtype: {int32, int64, string}")

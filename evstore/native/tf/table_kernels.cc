@@ -92,6 +92,23 @@ class EvSizeOp : public EvTableOp<K> {
 };
 
 template <typename K>
+class EvSlotsOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  EV_TABLE_KERNEL(ctx, t) {
+    const SlotSpecs slots = t.slots();
+    const int64_t ns = static_cast<int64_t>(slots.size());
+    Tensor *names, *inits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({ns}), &names));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({ns}), &inits));
+    for (int64_t i = 0; i < ns; ++i) {
+      names->flat<tensorflow::tstring>()(i) = slots[i].first;
+      inits->flat<float>()(i) = slots[i].second;
+    }
+  }
+};
+
+template <typename K>
 class EvStatsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
@@ -318,6 +335,7 @@ using EvHandleKernel = tensorflow::ResourceHandleOp<EvResource<K>>;
 EV_REGISTER_KEYED("EvHandleOp", EvHandleKernel);
 EV_REGISTER_KEYED("EvCreate", EvCreateOp);
 EV_REGISTER_KEYED("EvSize", EvSizeOp);
+EV_REGISTER_KEYED("EvSlots", EvSlotsOp);
 EV_REGISTER_KEYED("EvStats", EvStatsOp);
 EV_REGISTER_KEYED("EvKeyInfo", EvKeyInfoOp);
 EV_REGISTER_KEYED("EvRemove", EvRemoveOp);
