@@ -1,5 +1,6 @@
 """EmbeddingVariable: a native hash-table embedding as a TensorFlow resource."""
 import contextlib
+import copy
 import functools
 import weakref
 
@@ -698,6 +699,16 @@ class _SlotInitialValues(_trackable_base.Trackable):
 
     def __init__(self, ev):
         self._ev = weakref.ref(ev)   # the EV owns this child: no cycle
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        # A SavedModel saves the copy of each object that it maps here: this one
+        # reads the EV's copy in the SavedModel's graph (made by the EV's own
+        # export, which may come after this one).
+        ev = self._ev()
+        exported = copy.copy(self)
+        exported._ev = lambda: object_map.get(ev, ev)
+        object_map[self] = exported
+        return []
 
     def _serialize_to_tensors(self):
         ev = self._ev()
