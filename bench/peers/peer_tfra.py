@@ -139,15 +139,17 @@ def standalone(peer, args, workloads):
     print(json.dumps(out), flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def main(doc=__doc__, peer_class=TfraPeer, workloads=WORKLOADS):
+    """A peer's command line (`doc`: its module docstring): the size flags, then
+    `peer_class(args)` serves (--serve, the protocol above) or runs `workloads` alone."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     add_size_args(ap, "keys per insert while filling")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+    ap.add_argument("--workloads", default=",".join(workloads),
                     help="standalone mode: comma-separated workloads, run in this order (default: all)")
-    ap.add_argument("--serve", action="store_true", help="serve batches over stdin/stdout (see above)")
+    ap.add_argument("--serve", action="store_true", help="serve batches over stdin/stdout (peer_tfra.py protocol)")
     args = ap.parse_args()
-    peer = TfraPeer(args)
+    peer = peer_class(args)
     if args.serve:
         serve(peer)
     else:

@@ -16,9 +16,8 @@ except the learning rate). Each optimizer keeps its own slot tables.
 import sys
 import time
 
-
-from bench.peers.peer_tfra import TfraPeer, serve, standalone
-from bench.harness.args import add_size_args
+from bench.peers import peer_tfra
+from bench.peers.peer_tfra import TfraPeer
 
 OPTIMIZERS = {"adam": "Adam", "ftrl": "Ftrl", "adagrad": "Adagrad", "sgd": "SGD", "adamw": "AdamW",
               "rmsprop": "RMSprop", "nadam": "Nadam"}
@@ -53,19 +52,7 @@ class TfraOptimizerPeer(TfraPeer):
 
 
 def main():
-    import argparse
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    add_size_args(ap, "keys per insert while filling")
-    ap.add_argument("--workloads", default=",".join("apply_" + o for o in OPTIMIZERS),
-                    help="standalone mode: comma-separated workloads")
-    ap.add_argument("--serve", action="store_true", help="serve batches over stdin/stdout (peer_tfra.py protocol)")
-    args = ap.parse_args()
-    peer = TfraOptimizerPeer(args)
-    if args.serve:
-        serve(peer)
-    else:
-        standalone(peer, args, [w for w in args.workloads.split(",") if w])
+    peer_tfra.main(__doc__, TfraOptimizerPeer, ["apply_" + o for o in OPTIMIZERS])
 
 
 if __name__ == "__main__":
