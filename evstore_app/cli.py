@@ -180,6 +180,10 @@ def build_parser():
                      help="run as serving shard I of N: hold partition I of the sharded EVs (tiered with "
                           "--tiered-dram-bytes) and answer a front's lookups on --port (gRPC, no REST); the front "
                           "decides the version (docs/guides/sharded-serving.md)")
+    srv.add_argument("--tier-disk-bytes", "--tier_disk_bytes", type=int, default=None, metavar="BYTES",
+                     help="with --shard: the shard's disk budget, the bytes of rows its tables may hold at once "
+                          "(both versions while a new full reloads); a commit past it is refused with an error "
+                          "naming it and the fleet holds its version (default: no bound)")
     srv.add_argument("--shard-evs", "--shard_evs", default=None, metavar="EV,...",
                      help="with --shard: the EVs sharded (default: every EV of the export); the front serves the "
                           "others")

@@ -91,11 +91,12 @@ class _Replacement:
             _destroy(self.resource_handle)
             raise
 
-    def load_bundle(self, directory, entry, clear):
+    def load_bundle(self, directory, entry, clear, shard_index=0, num_shards=1):
         """Streams EV `entry` of the bundle in `directory` into the table (rows,
-        frequencies and filtered keys; no slots); `clear` empties it first.
+        frequencies and filtered keys; no slots), in chunks; with num_shards > 1
+        only the keys routed to shard_index. `clear` empties it first.
         Each tensor's crc32c is checked (tf.errors.DataLossError)."""
-        load_ev(directory, self, entry, [], clear=clear)
+        load_ev(directory, self, entry, [], clear=clear, shard_index=shard_index, num_shards=num_shards)
 
     def erase(self, keys):
         _erase(self.resource_handle, self.key_dtype, keys)

@@ -17,6 +17,7 @@ import checkpoint
 import evstore
 import serving_loader
 from serving_loader.front import FrontModel
+from serving_loader.model import NothingToServeError
 from serving_loader.shard_model import ShardModel
 from serving_loader.shard_service import SERVICE, ShardServer
 
@@ -51,9 +52,10 @@ def job(tmp_path):
 class Fleet:
     """N in-process shards on 127.0.0.1 and their front."""
 
-    def __init__(self, tmp_path, export, root, n, evs=("user",)):
+    def __init__(self, tmp_path, export, root, n, evs=("user",), disk_bytes=(None, None)):
         self.shards = [ShardModel(export, root, i, n, evs=list(evs),
-                                  storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / f"s{i}")))
+                                  storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / f"s{i}")),
+                                  disk_bytes=disk_bytes[i])
                        for i in range(n)]
         self.servers = [ShardServer(s) for s in self.shards]
         self.front = FrontModel(export, root, [f"127.0.0.1:{s.port}" for s in self.servers], wait_s=10)
@@ -88,6 +90,8 @@ def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version_e
         _same(fleet.front, single)
         rows = [s.rows()["user"] for s in fleet.shards]
         assert min(rows) > 0 and sum(rows) == single.rows()["user"]
+        if trained_shards == 2:   # each shard streamed the full from its own part's files only
+            assert all(s.bytes_read_last < single.last_fetched_bytes for s in fleet.shards)
         for step in (3, 5):
             train(model, step, step + 2)
             ev(model, "user").remove(np.arange(step, 40, 3, dtype=np.int64))   # deleted keys in the delta
@@ -171,6 +175,41 @@ def test_a_shard_that_cannot_stage_holds_the_fleet_and_gate_pin_rollback_act_on_
         _same(fleet.front, single)
     finally:
         fleet.close()
+
+
+def _part_row_bytes(model):
+    """Bytes of the rows of each part of the trainer's "user" EV (dim 8, float32): a shard's partition."""
+    return [int(p.size()) * 4 * 8 for p in ev(model, "user").shards]
+
+
+def test_a_shard_past_its_disk_budget_refuses_the_commit_by_name_and_the_fleet_holds_its_version(tmp_path, job):
+    model, export, mgr, single = job
+    room = 2 * 4 * 8   # two more rows than the full's partition
+    fleet = Fleet(tmp_path, export, mgr.root, 2, disk_bytes=[b + room for b in _part_row_bytes(model)])
+    try:
+        v1 = fleet.front.version
+        at_v1 = single.predict(_probe())[0]["outputs"]
+        before = [ev(model, "user").shards[i].size() for i in range(2)]
+        train(model, 3, 9)   # new users on both shards, more than two each
+        assert all(ev(model, "user").shards[i].size() > before[i] + 2 for i in range(2))
+        seq = mgr.save_delta()
+        assert fleet.front.poll() == v1
+        err = fleet.front.last_error
+        assert f"commit {seq} needs" in err and "disk budget" in err and "--tier-disk-bytes" in err
+        assert "shard 0/2" in err and "shard 1/2" in err
+        assert [s.version for s in fleet.shards] == [v1, v1]
+        out, version = fleet.front.predict(_probe())
+        assert version == v1
+        np.testing.assert_array_equal(out["outputs"], at_v1)
+    finally:
+        fleet.close()
+
+
+def test_a_fleet_whose_partition_of_the_full_exceeds_a_shards_disk_budget_does_not_start(tmp_path, job):
+    model, export, mgr, _ = job
+    small = [b - 4 * 8 for b in _part_row_bytes(model)]   # one row short of each partition
+    with pytest.raises(NothingToServeError, match=r"shard 0/2: commit 1 needs .* disk budget"):
+        Fleet(tmp_path, export, mgr.root, 2, disk_bytes=small)
 
 
 def m_dir(mgr, seq):
