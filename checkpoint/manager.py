@@ -43,8 +43,8 @@ from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.remote_parts import bundle_subset, entry_tensors, read_index, release_on_tasks, stage_on_tasks
 from checkpoint.serving_view import codec
 from checkpoint.shards import device_groups, load_plan, logical_name
+from checkpoint.slots import slot_initial_values, slots_to_load
 from checkpoint.storage import Storage, sweep_dead
-from evstore import generic
 from evstore import quality as _quality
 from evstore import schema
 
@@ -324,7 +324,7 @@ class CheckpointManager:
                 chain = resolve_chain(sc, seq, where=self.root)
                 col = collect(self.model)
                 self._check_compatible(chain, col)
-                self._slot_filter = self._slots_to_load(chain, col, drop_unused_slots)
+                self._slot_filter = slots_to_load(chain, col.optimizers, drop_unused_slots, self.root)
                 groups = device_groups(col.evs)
                 # Shards on other tasks of a root that is not one local filesystem:
                 # each task stages the files it loads (checkpoint/remote_parts.py).
@@ -365,7 +365,7 @@ class CheckpointManager:
                         # A slot's initial value is in the checkpoint beside it. One written before that
                         # lacks it: the model's optimizer states it now, before a training lookup admits keys.
                         unknown = loaded - initial_values_held.get(name, set())
-                        inits = _slot_initial_values(col, ev) if unknown else {}
+                        inits = slot_initial_values(col.optimizers, ev) if unknown else {}
                         if unknown & set(inits):
                             ev.set_slot_initial_values({s: inits[s] for s in unknown if s in inits})
                     for name, v in col.dense.items():
@@ -423,26 +423,6 @@ class CheckpointManager:
         if first:  # nothing saved for it in this chain (e.g. a new shard count with no rows)
             ev.load(tf.zeros([0], ev.key_dtype), tf.zeros([0, ev.dim]), clear=True)
         return loaded
-
-    def _slots_to_load(self, chain, col, drop_unused):
-        """None (every slot) or the set of slot names the model's optimizers use."""
-        opts = [o for o in col.optimizers if hasattr(o, "ev_slot_names")]
-        if not opts or len(opts) != len(col.optimizers):
-            return None
-        used = {s for o in opts for s in o.ev_slot_names}
-        extra = {}
-        for m in chain:
-            for name, e in m.evs.items():
-                unused = sorted(set(e["slots"]) - used)
-                if unused:
-                    extra.setdefault(name, unused)
-        if extra and not drop_unused:
-            kinds = ", ".join(sorted({type(o).__name__ for o in opts}))
-            raise ValueError(f"checkpoint {chain[-1].dir} of {self.root} holds optimizer slots {extra} that the "
-                             f"model's optimizer ({kinds}) does not use: it was trained with another optimizer. "
-                             "Restore into a model with that optimizer, or pass drop_unused_slots=True to load "
-                             "rows without those slots")
-        return used
 
     def _check_compatible(self, chain, col):
         full, last = chain[0], chain[-1]
@@ -522,19 +502,6 @@ class CheckpointManager:
         if final_delta:
             return self._save("delta" if self._last is not None else "full", self._metadata_fn, self._quality_fn)
         return None
-
-
-def _slot_initial_values(col, ev):
-    """{slot name: initial value} the model's optimizers declare for `ev`'s
-    slots: a fused optimizer's for every EV, a built generic-path (any Keras)
-    optimizer's for the EVs it trains."""
-    out = {}
-    for o in col.optimizers:
-        if hasattr(o, "ev_slot_initial_values"):
-            out.update(o.ev_slot_initial_values())
-        else:
-            out.update(generic.slot_initial_values(o).get(id(ev), {}))
-    return out
 
 
 def _check_ev_tensors(where, m, src, ev, shapes, dtypes):
