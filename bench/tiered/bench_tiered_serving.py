@@ -57,8 +57,11 @@ def pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) * 1e3 if len(xs) else None
 
 
-def build(dim, storage=None):
-    """(model, ev): a tf.Module; `storage` makes the writer's EV tiered."""
+def build(dim, storage=None, shards=1, bias=0.0):
+    """(model, ev): the model the serving benchmarks serve, a tf.Module: the
+    mean of the rows of an example's IDS ids, one dense unit, a sigmoid.
+    `storage` makes the writer's EV "emb" tiered, `shards` > 1 a
+    ShardedEmbeddingVariable; `bias` is the unit's initial bias."""
     import tensorflow as tf
 
     import evstore
@@ -66,9 +69,11 @@ def build(dim, storage=None):
     class Model(tf.Module):
         def __init__(self):
             super().__init__()
-            self.emb = evstore.EmbeddingVariable("emb", dim, initializer=tf.zeros_initializer(), storage=storage)
+            init = tf.zeros_initializer()
+            self.emb = (evstore.ShardedEmbeddingVariable("emb", dim, shards=shards, initializer=init) if shards > 1
+                        else evstore.EmbeddingVariable("emb", dim, initializer=init, storage=storage))
             self.kernel = tf.Variable(tf.keras.initializers.GlorotUniform(seed=1)([dim, 1]), name="out_kernel")
-            self.bias = tf.Variable(tf.zeros([1]), name="out_bias")
+            self.bias = tf.Variable(tf.constant([float(bias)]), name="out_bias")
 
         def __call__(self, ids):
             x = tf.reduce_mean(evstore.embedding_lookup(self.emb, ids), axis=1)
@@ -78,7 +83,8 @@ def build(dim, storage=None):
     return model, model.emb
 
 
-def _signature():
+def signature():
+    """The served signature: int64 ids [batch, IDS] named "ids"."""
     import tensorflow as tf
 
     return [tf.TensorSpec([None, IDS], tf.int64, name="ids")]
@@ -101,8 +107,8 @@ def write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_
         storage = evstore.TieredStorage(dram_bytes=writer_dram_bytes, path=os.path.join(workdir, "writer-tier"))
     model, ev = build(dim, storage)
     stock, tables = os.path.join(workdir, "export-stock"), os.path.join(workdir, "export-evstore")
-    export_serving_model(model, stock, input_signature=_signature())
-    export_serving_model(model, tables, input_signature=_signature(), tables="evstore")
+    export_serving_model(model, stock, input_signature=signature())
+    export_serving_model(model, tables, input_signature=signature(), tables="evstore")
     rng = np.random.default_rng(seed)
     for s in range(0, keys, CHUNK):
         e = min(keys, s + CHUNK)
