@@ -123,6 +123,9 @@ def start_server(job, task, cluster=None):
     import evstore  # noqa: F401  (loads the op library: the server must know evstore's kernels)
     from checkpoint import task_service
     task_service.install()   # uploads / downloads this task's checkpoint parts when the chief asks
+    if job == "worker":
+        from evstore_app.job import kafka_worker
+        kafka_worker.install(task)   # the batches of its own Kafka partitions, when a step asks
 
     return tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=task, protocol="grpc",
                                 start=True)
@@ -279,10 +282,13 @@ class LocalCluster:
             if sig == signal.SIGKILL:
                 proc.wait(timeout=30)
 
-    def restart(self, job, task, timeout=120.0):
-        """Kills one task (if alive) and starts it again on the same address; returns once it serves."""
+    def restart(self, job, task, timeout=120.0, env=None):
+        """Kills one task (if alive) and starts it again on the same address; returns once it serves.
+        `env`: the task's extra environment from now on (replaces its `task_env`; None: keeps it)."""
         if self._closed:
             raise RuntimeError("the cluster is closed")
+        if env is not None:
+            self._task_env[(job, task)] = dict(env)
         self.kill(job, task)
         self._spawn(job, task)
         self._wait_ready([(job, task)], timeout)

@@ -357,25 +357,49 @@ class KafkaStream:
             msgs = self._fill(batch_size, stop_event, on_idle)
             if not msgs:
                 continue
-            records, ts = [], []
-            _failpoints.hit("kafka-batch-consumed")
-            for m in msgs:
-                rec = self._decode(m)
-                self.offsets[(m.topic(), m.partition())] = m.offset() + 1
-                self.messages += 1
-                if rec is not None:
-                    records.append(rec)
-                    ts.append(m.timestamp()[1])
-            self._flush_dlq(stop_event)
-            if ts:
-                self.event_time_ms = max(ts) if self.event_time_ms is None else max(self.event_time_ms, max(ts))
-                self._pending_ts.append((self.messages, np.asarray(ts, np.int64)))
+            records = self._take(msgs, stop_event)
             if not records:
                 continue
             yield self.position(), self._columns(records)
 
-    def _fill(self, batch_size, stop_event, on_idle):
-        """Up to batch_size messages (fewer at max_events), waiting at most `linger` once one arrived."""
+    def next_batch(self, batch_size, wait):
+        """One batch for a caller that cannot block (a parameter-server
+        worker's step): waits at most `wait` s for a first message, then up
+        to `linger` for the rest. Returns (ranges, (columns, labels) or None
+        when every message was bad or none came): ranges {(topic, partition):
+        (first offset, next offset)} of the messages taken, the first being
+        where the previous batch of that partition ended."""
+        before = dict(self.offsets)
+        msgs = self._fill(batch_size, None, None, idle_until=time.time() + wait)
+        ranges = {}
+        for m in msgs:
+            tp = (m.topic(), m.partition())
+            if tp not in ranges:
+                ranges[tp] = [before.get(tp, m.offset()), m.offset() + 1]
+            ranges[tp][1] = m.offset() + 1
+        records = self._take(msgs, None)
+        return {tp: tuple(r) for tp, r in ranges.items()}, (self._columns(records) if records else None)
+
+    def _take(self, msgs, stop_event):
+        """Decodes consumed messages, advancing the offsets; returns the good records."""
+        records, ts = [], []
+        _failpoints.hit("kafka-batch-consumed")
+        for m in msgs:
+            rec = self._decode(m)
+            self.offsets[(m.topic(), m.partition())] = m.offset() + 1
+            self.messages += 1
+            if rec is not None:
+                records.append(rec)
+                ts.append(m.timestamp()[1])
+        self._flush_dlq(stop_event)
+        if ts:
+            self.event_time_ms = max(ts) if self.event_time_ms is None else max(self.event_time_ms, max(ts))
+            self._pending_ts.append((self.messages, np.asarray(ts, np.int64)))
+        return records
+
+    def _fill(self, batch_size, stop_event, on_idle, idle_until=None):
+        """Up to batch_size messages (fewer at max_events), waiting at most `linger` once one arrived
+        (and, with `idle_until`, none after that time when none came)."""
         want = batch_size if self.max_events is None else min(batch_size, self.max_events - self.messages)
         out, first = [], None
         while len(out) < want:
@@ -384,6 +408,8 @@ class KafkaStream:
             if self.until is not None and time.time() >= self.until:
                 break
             wait = self.linger if first is None else first + self.linger - time.time()
+            if first is None and idle_until is not None:
+                wait = idle_until - time.time()
             if wait <= 0:
                 break
             got = self.consumer.consume(want - len(out), timeout=min(wait, 0.25))

@@ -8,6 +8,7 @@ mid-publish: tests/multihost/test_sharded_hosts.py.)"""
 import os
 import socket
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -325,3 +326,106 @@ def _oversized_and_flooded(shard, version):
             assert resp.outputs["user"].tensor_shape.dim[0].size == 100
     finally:
         server.stop(0)
+
+
+class _ShardProcess:
+    """`evstore serve --shard i/n` in a process of its own on 127.0.0.1:`port` (SIGKILL-able)."""
+
+    def __init__(self, export, root, i, n, port, tier):
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
+             "--shard", f"{i}/{n}", "--shard-evs", "user", "--port", str(port), "--tiered-dram-bytes",
+             str(DRAM_BYTES), "--tier-path", tier], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for line in self.proc.stdout:
+            if line.startswith("shard "):
+                return
+        raise AssertionError(f"shard {i}/{n} exited with {self.proc.wait()}")
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_replica_killed_under_a_predict_storm_is_failed_over_and_rejoins_at_the_fleets_version(tmp_path, job):
+    model, export, mgr, single = job
+    (tmp_path / "victim").mkdir()
+    port = _free_port()
+    victim = _ShardProcess(export, mgr.root, 1, 2, port, str(tmp_path / "victim"))   # shard 1, replica 0
+    others = [ShardModel(export, mgr.root, i, 2, evs=["user"],
+                         storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / f"r{i}")))
+              for i in (0, 0, 1)]
+    servers = [ShardServer(s) for s in others]
+    a = [f"127.0.0.1:{s.port}" for s in servers]
+    front = FrontModel(export, mgr.root, [[a[0], a[1]], [f"127.0.0.1:{port}", a[2]]], wait_s=60)
+    rng = np.random.default_rng(3)
+    answers, errors, stop = [], [], threading.Event()
+
+    def storm():   # users never cached at the version: every request asks both shards
+        while not stop.is_set():
+            inputs = {"users": rng.integers(0, 1 << 40, size=(4, 2)), "items": np.zeros([4, 1], np.int32)}
+            try:
+                answers.append((inputs, *front.predict(inputs)))
+            except Exception as e:  # noqa: BLE001 - any failed answer fails the test
+                errors.append(e)
+
+    threads = [threading.Thread(target=storm) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        v1 = front.version
+        while len(answers) < 20:
+            stop.wait(0.05)
+        victim.kill()
+        seqs = []
+        for step in (3, 5):   # the fleet moves on with shard 1's other replica
+            train(model, step, step + 2)
+            seqs.append(mgr.save_delta())
+            assert front.poll() == seqs[-1]
+        n = len(answers)
+        while len(answers) < n + 20:
+            stop.wait(0.05)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors, errors[:3]
+        victim = _ShardProcess(export, mgr.root, 1, 2, port, str(tmp_path / "victim"))   # restarted, serving nothing
+        deadline = time.monotonic() + 60
+        while not all(front.fleet.usable.values()):   # at a poll once its channel reconnects: rejoins, used again
+            assert time.monotonic() < deadline, front.last_error
+            front.poll()
+            stop.wait(0.2)
+        assert [st["version"] for st, _ in front.fleet.status()] == [seqs[-1]] * 4
+        assert all(front.fleet.usable.values())
+        train(model, 7, 9)
+        newest = mgr.save_delta()
+        assert front.poll() == newest
+        assert [st["version"] for st, _ in front.fleet.status()] == [newest] * 4
+        got, version = front.predict(_probe())
+        assert version == newest == single.poll()
+        np.testing.assert_array_equal(got["outputs"], single.predict(_probe())[0]["outputs"])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        front.close()
+        victim.kill()
+        for srv, s in zip(servers, others):
+            srv.stop(0)
+            s.close()
+    versions = sorted({v for _, _, v in answers})
+    assert versions[0] == v1 and versions[-1] == seqs[-1], versions
+    for v in versions:   # every answer equals the single replica's at the version it names
+        single.rollback(v, then="pin")
+        for inputs, out, version in answers:
+            if version == v:
+                np.testing.assert_array_equal(out["outputs"], single.predict(inputs)[0]["outputs"])
