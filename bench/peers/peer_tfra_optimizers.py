@@ -14,7 +14,6 @@ adagrad, sgd, adamw, rmsprop, nadam (tf_keras' classes with their default hyper-
 except the learning rate). Each optimizer keeps its own slot tables.
 """
 import sys
-import time
 
 from bench.peers import peer_tfra
 from bench.peers.peer_tfra import TfraPeer
@@ -34,20 +33,11 @@ class TfraOptimizerPeer(TfraPeer):
         name = workload[len("apply_"):]
         if name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {name!r}; one of {sorted(OPTIMIZERS)}")
-        tf = self.tf
         if name not in self.opts:
             opt = getattr(self.tfk.optimizers, OPTIMIZERS[name])(learning_rate=1e-3)
             self.opts[name] = self.de.DynamicEmbeddingOptimizer(opt)
             self.meta[f"optimizer_{name}"] = type(opt).__module__ + "." + type(opt).__name__
-        ids = self.ex[i % self.bt.count]
-        t0 = time.perf_counter()
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(self.layer(ids))
-        tv = self.layer.trainable_variables
-        grads = tape.gradient(loss, tv)
-        t1 = time.perf_counter()
-        self.opts[name].apply_gradients(zip(grads, tv))
-        t2 = time.perf_counter()
+        t0, t1, t2 = self.timed_step(self.opts[name], self.ex[i % self.bt.count])
         return [t2 - t1, t2 - t0]
 
 
