@@ -85,6 +85,10 @@ def build_parser():
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
     _min_examples_flag(train, "--guard-min-examples", "guard")
+    train.add_argument("--no-reference", dest="reference", action="store_false",
+                       help="do not score batches with the reference model (the model a commit replaces): commits "
+                            "carry no quality['reference'] and train faster; a gate's clauses on `reference` are "
+                            "then not judged (docs/guides/quality-gate.md)")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -256,6 +260,10 @@ def _kafka_flags(train, cluster=False):
                    help="stop once N messages were consumed in all (across restarts; bad ones count)")
     k.add_argument("--until", default=None, metavar="TIME",
                    help="stop at this wall-clock time: ISO 8601 (2026-11-27T08:00:00Z) or a duration (90s, 30m, 2h)")
+    if not cluster:
+        k.add_argument("--until-event-time", default=None, metavar="TIME",
+                       help="an event-time bound, ISO 8601: each partition stops before its first message "
+                            "timestamped at or past TIME (left for the next run); the run ends when all have")
     k.add_argument("--batch-linger", type=float, default=0.2 if cluster else 0.5, metavar="SECONDS",
                    help="a batch waits this long to fill once its first message arrived (default %(default)s)")
     if cluster:
@@ -273,6 +281,7 @@ def _kafka_stream(args):
     props = _kafka_properties(args)
     return KafkaStream(args.kafka, args.topic, group_id=args.group, properties=props, max_events=args.max_events,
                        until=None if args.until is None else parse_until(args.until), linger=args.batch_linger,
+                       until_event_time=None if args.until_event_time is None else parse_until(args.until_event_time),
                        dead_letter_topic=args.dead_letter_topic, group_managed=args.group_managed)
 
 
@@ -580,15 +589,17 @@ def _job(args):
                            serving_view=args.serving_view, kafka=args.kafka)
         else:
             from evstore_app.job import train
-            if args.kafka is None and (args.topic or args.max_events or args.until or args.dead_letter_topic):
-                raise ValueError("--topic, --max-events, --until and --dead-letter-topic go with --kafka")
+            if args.kafka is None and (args.topic or args.max_events or args.until or args.dead_letter_topic
+                                       or args.until_event_time):
+                raise ValueError("--topic, --max-events, --until, --until-event-time and --dead-letter-topic go "
+                                 "with --kafka")
             data = _kafka_stream(args) if args.kafka is not None else args.data
             res = train.run(data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
                             serving_view=args.serving_view, guard_min_examples=args.guard_min_examples,
-                            from_seq=args.from_seq, export_tables=args.export_tables)
+                            from_seq=args.from_seq, export_tables=args.export_tables, reference=args.reference)
     except (SpecError, ValueError, OSError, KafkaUnavailableError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR
