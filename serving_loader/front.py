@@ -47,7 +47,7 @@ __all__ = ["FrontModel"]
 
 class FrontModel(ServingModel):
     """The front of the shards at `shards` (["host:port"], shard i at
-    shards[i]) for serving export `export_dir` (written with
+    shards[i]; or [["host:port", ...]], the replicas of each shard) for serving export `export_dir` (written with
     tables="evstore") and the trainer's `checkpoint_root`.
 
     `gate`, `allow_empty`, `storage_options`: as ServingModel's. `wait_s`:
@@ -101,9 +101,9 @@ class FrontModel(ServingModel):
     def poll(self):
         if self.storage is not None and self.version is not None:
             with self.walk.lock:   # shards serving another version (restarted) stage and publish the fleet's
-                for i, problem in self.fleet.rejoin(self.version):
-                    self.walk.refuse(None, f"{problem}: requests that need it fail until it is back",
-                                     key=("rejoin", i), retry=True)
+                for k, problem in self.fleet.rejoin(self.version):
+                    self.walk.refuse(None, f"{problem}: not used until it is back (requests that need a shard "
+                                     "none of whose replicas is up fail)", key=("rejoin", k), retry=True)
         self._trim_caches()
         return super().poll()
 

@@ -9,11 +9,11 @@ drives it, in two phases per commit:
 
   * stage(target, fleet): read, outside any lock, this shard's rows of every
     commit from the served one up to `target` and hold them beside the served
-    tables (`_Pending`). Each shard reads only its partition: the part
-    `<ev>/part_i` of a checkpoint written with N shards of the same route
-    (its byte ranges only, checkpoint/fetch.py); otherwise every part, keeping
-    the keys routed here. Deltas become an overlay {key: row, or None for
-    erased}; a new chain (a full, or a commit not after the served one: a
+    tables (`_Pending`). The model's Stager reads only this shard's partition
+    (serving_loader/partition.py): the part `<ev>/part_i` of a checkpoint
+    written with N shards of the same route (its byte ranges only,
+    checkpoint/fetch.py); otherwise every part, keeping the keys routed here.
+    Deltas become an overlay {key: row, or None for erased}; a new chain (a full, or a commit not after the served one: a
     rollback) is loaded into replacement tables. While staged, both versions
     are readable: `lookup(served)` and `lookup(target)`.
   * publish(target): under the write lock, the pending state becomes the
@@ -37,16 +37,12 @@ import tensorflow as tf
 
 from checkpoint.chain import resolve_chain, scan
 from checkpoint.errors import CheckpointError
-from checkpoint.fetch import fetch
-from checkpoint.shards import logical_entries
 from evstore import ops
-from evstore.schema import SHARD_ROUTE
-from evstore.sharded import shard_index
-from serving_loader import served_tensors
+from serving_loader.disk_budget import DiskBudget
 from serving_loader.model import ServingModel
+from serving_loader.partition import Partition
 from serving_loader.source import CommitSource
-from serving_loader.stager import Staged
-from serving_loader.streamed_reload import staged_into_replacements
+from serving_loader.streamed_reload import stream_chain
 
 __all__ = ["ShardModel", "VersionNotHeld", "parse_shard"]
 
@@ -104,12 +100,16 @@ class ShardModel(ServingModel):
         front serves the others.
       storage: an evstore.TieredStorage (rows in a DRAM cache over disk) or
         None (all rows in DRAM).
+      disk_bytes: the shard's disk budget (disk_budget.py): a commit whose
+        rows would take the shard past it is refused (CheckpointError) and the
+        fleet holds its version. None: no bound.
     Attributes: `version` (published), `pending_target` (staged, or None),
       `bytes_read_last` (bytes of the root read by the last stage call).
     Raises ValueError for an export of stock tables or an unknown EV.
     """
 
-    def __init__(self, export_dir, checkpoint_root, index, count, evs=None, storage_options=None, storage=None):
+    def __init__(self, export_dir, checkpoint_root, index, count, evs=None, storage_options=None, storage=None,
+                 disk_bytes=None):
         super().__init__(export_dir, None, storage=storage)
         if self.table_kind != "evstore":
             raise ValueError(f"{export_dir} serves its EVs from stock tables; a serving shard needs an export "
@@ -124,6 +124,9 @@ class ShardModel(ServingModel):
         self.publisher.dense.clear()      # the front serves the dense weights
         self.publisher.reserved.clear()
         self.index, self.count = int(index), int(count)
+        self.stager.partition = Partition(self.index, self.count)
+        self.budget = DiskBudget(disk_bytes, {n: t.dim for n, t in self._tables.items()},
+                                 f"shard {self.index}/{self.count}")
         self._attach_root(checkpoint_root, storage_options, allow_empty=True, poll=False)
         self.pending = None
         self.bytes_read_last = 0
@@ -132,48 +135,6 @@ class ShardModel(ServingModel):
     @property
     def pending_target(self):
         return self.pending.target if self.pending is not None else None
-
-    # -- what this shard reads of a commit
-    def _own_parts(self, m, name):
-        """(entries to read, filter by route?) of EV `name` in commit `m`."""
-        parts = logical_entries(m).get(name)
-        if not parts:
-            raise CheckpointError(f"{m.dir} holds no EV {name!r} that this shard serves")
-        shards = [m.evs[p].get("shard") or {} for p in parts]
-        if len(parts) == self.count and all(s.get("count") == self.count and s.get("route") == SHARD_ROUTE
-                                            for s in shards):
-            return [p for p, s in zip(parts, shards) if s.get("index") == self.index], False
-        return parts, True
-
-    def _stage(self, m):
-        """This shard's rows of commit `m` (keys routed here), checked as any staging."""
-        chosen, filtered = {}, {}
-        for name in self._tables:
-            chosen[name], filtered[name] = self._own_parts(m, name)
-        plan = served_tensors.plan(m, chosen, [], False, freqs=list(self._tables))
-        with fetch(self.storage, m, plan.tensors) as t:
-            evs = {}
-            for name in self._tables:
-                try:
-                    keys, values, erase = plan.ev_arrays(t, name, self.mapping["evs"][name]["dim"])
-                except ValueError as e:
-                    raise CheckpointError(f"{m.dir}: EV {name!r}: {e}") from None
-                freqs = plan.ev_freqs(t, name)
-                if len(freqs) != len(keys):
-                    raise CheckpointError(f"{m.dir}: EV {name!r} has {len(freqs)} frequencies for {len(keys)} keys")
-                if filtered[name]:
-                    mine = self._mine(keys, name)
-                    keys, values, freqs = keys[mine], values[mine], freqs[mine]
-                    erase = erase[self._mine(erase, name)]
-                evs[name] = self.stager.checked(m, name, erase, keys, values) + (freqs,)
-            bytes_read = t.bytes_read
-        return Staged(m, evs, {}, bytes_read=bytes_read)
-
-    def _mine(self, keys, name):
-        if not len(keys):
-            return np.zeros([0], bool)
-        kd = tf.as_dtype(self.mapping["evs"][name]["key_dtype"])
-        return shard_index(tf.constant(keys, kd), self.count).numpy() == self.index
 
     # -- the two phases
     def stage(self, target, fleet=None):
@@ -218,12 +179,31 @@ class ShardModel(ServingModel):
             m = min(nxt, key=lambda x: x.seq)
             run.append(m)
             seq, checksum = m.seq, m.checksum
-        return _Pending(target, [self._stage(m) for m in run])
+        pending = _Pending(target, [self.stager.stage(m) for m in run])
+        self._check_growth(run[-1], pending)
+        return pending
+
+    def _check_growth(self, m, pending):
+        """The disk budget against the rows the served partition holds once
+        `pending`'s deltas are applied."""
+        if self.budget.disk_bytes is None:
+            return
+        held, added = self.rows(), {}
+        for name, over in pending.overlay.items():
+            keys = np.array(list(over), dtype=self._tables[name].key_dtype.as_numpy_dtype)
+            have = self._tables[name].held(keys) if len(keys) else np.zeros([0], bool)
+            fresh = np.array([over[k] is not None for k in keys.tolist()], bool)
+            added[name] = int((fresh & ~have).sum()) - int((~fresh & have).sum())
+        self.budget.check(m, held, added, "the served partition and the rows its deltas add")
 
     def _stage_chain(self, chain):
-        """A new chain (full + deltas) in replacement tables."""
-        staged = [self._stage(m) for m in chain]
-        fresh = staged_into_replacements(self._tables, staged)
+        """A new chain (full + deltas) streamed into replacement tables: the
+        full's part files staged on local disk, then read in chunks (DRAM
+        stays at the tables' cache budget, whatever the partition's size)."""
+        held = self.rows() if self.version is not None else {}   # until the swap, both versions' rows
+        fresh, staged = stream_chain(self.stager, self._tables, chain, check=lambda rows: self.budget.check(
+            chain[0], held, rows, "the served partition and the new full's, until the swap" if held
+            else "the full's partition"))
         return _Pending(chain[-1].seq, staged, fresh)
 
     def publish(self, target):
@@ -291,11 +271,14 @@ class ShardModel(ServingModel):
         return ops.ev_find(handle, tf.constant(keys, t.key_dtype), dim=t.dim).numpy()
 
     def status(self):
-        """{"index", "count", "evs": {EV: {"dim", "key_dtype"}}, "version", "staged", "rows"}."""
+        """{"index", "count", "evs": {EV: {"dim", "key_dtype"}}, "version", "staged", "rows", "disk_budget",
+        "row_bytes" (of the served rows), "tables": {EV: the DRAM and disk stats of its table}, ...}."""
         return {"index": self.index, "count": self.count, "version": self.version, "staged": self.pending_target,
                 "evs": {n: {"dim": t.dim, "key_dtype": t.key_dtype.name} for n, t in self._tables.items()},
                 "rows": self.rows(), "bytes_read_last": self.bytes_read_last, "last_error": self.last_error,
-                "applied": self.applied, "fetched_bytes_total": self.fetched_bytes_total}
+                "applied": self.applied, "fetched_bytes_total": self.fetched_bytes_total,
+                "disk_budget": self.budget.disk_bytes, "row_bytes": self.budget.row_bytes(self.rows()),
+                "tables": self.publisher.table_stats(("index_bytes", "meta_bytes", "cache_rows", "disk_bytes"))}
 
     def close(self):
         with self._stage_lock:

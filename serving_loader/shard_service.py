@@ -166,11 +166,12 @@ class ShardServer:
 
 
 def serve_shard(export_dir, checkpoint_root, shard, host="127.0.0.1", port=0, evs=None, tier=None,
-                max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, storage_options=None, out=None):
+                max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, storage_options=None, out=None, disk_bytes=None):
     """`evstore serve --shard I/N`: serves shard `shard` ("I/N") of the
     export's EVs `evs` (None: all) on host:port until SIGTERM (returns 0) or
     SIGINT (130). Prints `shard I/N of <export> on <host>:<port>` once it
-    listens. Raises ValueError for a bad shard, export or EV list."""
+    listens; `disk_bytes`: its disk budget (ShardModel). Raises ValueError
+    for a bad shard, export, EV list or budget."""
     import signal
     import sys
     import threading
@@ -180,7 +181,8 @@ def serve_shard(export_dir, checkpoint_root, shard, host="127.0.0.1", port=0, ev
     if checkpoint_root is None:
         raise ValueError("a serving shard needs --checkpoints (the root its front serves)")
     i, n = parse_shard(shard)
-    model = ShardModel(export_dir, checkpoint_root, i, n, evs=evs, storage_options=storage_options, storage=tier)
+    model = ShardModel(export_dir, checkpoint_root, i, n, evs=evs, storage_options=storage_options, storage=tier,
+                       disk_bytes=disk_bytes)
     server = ShardServer(model, host, port, max_request_bytes=max_request_bytes)
     stop, received = threading.Event(), []
     for s in (signal.SIGINT, signal.SIGTERM):

@@ -10,9 +10,9 @@ import tensorflow as tf
 
 from checkpoint.errors import CheckpointError
 from checkpoint.fetch import fetch
-from checkpoint.shards import logical_entries
 from serving_loader import served_tensors
 from serving_loader.export import sentinels
+from serving_loader.partition import WHOLE
 
 __all__ = ["Stager", "Staged"]
 
@@ -32,20 +32,26 @@ class Stager:
     """Stages commits of `storage` for the served tables of `publisher` (their
     names, kinds and dense shapes: it reads no served rows and changes
     nothing), as the serving map `mapping` describes them; reads a commit's
-    serving view when `use_serving_view`."""
+    serving view when `use_serving_view`. `partition` (partition.py) says
+    which keys this process holds: WHOLE, or a serving shard's Partition
+    (only its part's tensors are read when the trainer's shards match, else
+    every part's, keeping the keys routed to it)."""
 
-    def __init__(self, storage, mapping, publisher, use_serving_view):
+    def __init__(self, storage, mapping, publisher, use_serving_view, partition=WHOLE):
         self.storage = storage
         self.mapping = mapping
         self._tables = publisher.tables
         self._dense = publisher.dense
         self._reserved = publisher.reserved
         self.use_serving_view = use_serving_view
+        self.partition = partition
 
     def precision(self):
-        """The precision the served tables keep rows in: "float32", or an
-        evstore table's view dtype (serving_loader/ev_table.py)."""
-        return {getattr(t, "precision", "float32") for t in self._tables.values()}.pop() if self._tables else "float32"
+        """The precision the served tables keep rows in: "float32", or the
+        view dtype of evstore tables loaded from a full with a view (every
+        table of a chain has its full's: serving_loader/ev_table.py)."""
+        return next((t.precision for t in self._tables.values() if getattr(t, "precision", "float32") != "float32"),
+                    "float32")
 
     def stage(self, m, precision=None):
         """Reads and checks what checkpoint `m` changes in the served state,
@@ -58,14 +64,12 @@ class Stager:
         undecoded when the commit's view is that precision, else the float32
         rows (which it encodes as the view would); a float32 table gets the
         view's rows decoded when `use_serving_view`."""
-        parts = logical_entries(m)   # a sharded EV's parts apply to its one table
-        missing = sorted(set(self._tables) - set(parts))
-        if missing:
-            raise CheckpointError(f"{m.dir} holds no EV {missing} that the export serves")
+        plans = self.plans(m)
         precision = precision or self.precision()
         view = (m.serving_view or {}).get("dtype")
         use_view = view == precision if precision != "float32" else self.use_serving_view
-        plan = served_tensors.plan(m, {n: parts[n] for n in self._tables}, list(self._dense), use_view,
+        plan = served_tensors.plan(m, {n: [e for e, _, _ in p] for n, p in plans.items()}, list(self._dense),
+                                   use_view,
                                    freqs=[n for n, t in self._tables.items() if t.weighs_freqs])
         with fetch(self.storage, m, plan.tensors) as t:
             evs = {}
@@ -81,11 +85,33 @@ class Stager:
                     if len(freqs) != len(keys):
                         raise CheckpointError(f"{m.dir}: EV {name!r} has {len(freqs)} frequencies for "
                                               f"{len(keys)} keys")
+                if any(n > 1 for _, _, n in plans[name]):   # parts of another layout: keep this partition's keys
+                    kd = self.mapping["evs"][name]["key_dtype"]
+                    mine = self.partition.keep(keys, kd)
+                    keys, values = keys[mine], values[mine]
+                    freqs = None if freqs is None else freqs[mine]
+                    erase = erase[self.partition.keep(erase, kd)]
                 evs[name] = self.checked(m, name, erase, keys, values) + (freqs,)
             dense = {n: t[n] for n in self._dense}
             bytes_read = t.bytes_read
         self.check_dense(m, dense)
         return Staged(m, evs, dense, view=plan.view if precision == "float32" else precision, bytes_read=bytes_read)
+
+    @property
+    def dense_names(self):
+        """The dense weights served here."""
+        return list(self._dense)
+
+    def plans(self, m):
+        """{served EV: [(entry, shard_index, num_shards)]} of commit `m`: the
+        entries this process reads (a sharded EV's parts apply to its one
+        table; num_shards > 1: keep only the keys routed to shard_index).
+        Raises CheckpointError when an EV served here is missing."""
+        plans = {n: self.partition.plan(m, n) for n in self._tables}
+        missing = sorted(n for n, p in plans.items() if not p)
+        if missing:
+            raise CheckpointError(f"{m.dir} holds no EV {missing} that the export serves")
+        return plans
 
     def check_dense(self, m, dense):
         for n, v in dense.items():

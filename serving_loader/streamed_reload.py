@@ -5,10 +5,13 @@ publishes (stager.py, publisher.py). A full of a table larger than memory cannot
 so; here it is staged on disk and streamed into a second table instead:
 
   * stage (no lock): the chain's deltas as any delta (in memory, validated);
-    the full's whole main bundle in a private local directory, every file
+    the data files of the full's EV entries this process reads (every part,
+    or a serving shard's own part: the stager's partition, partition.py) and
+    of the served dense weights in a private local directory, every file
     checked against the manifest (checkpoint.fetch), then streamed into a new
     table per EV (`EvTable.replacement()`, tiered like the served one, in
-    chunks: DRAM stays at the cache budget) and the deltas applied to it;
+    chunks, a shard's keeping only keys routed to it when it reads other
+    parts: DRAM stays at the cache budget) and the deltas applied to it;
   * publish (write lock): each served table adopts its replacement (one swap
     of tables), the dense weights and the version as for any commit.
 
@@ -21,15 +24,20 @@ its tier) and gets the whole budget when adopted. So DRAM during a reload
 stays within the budget + an eighth of it + both tables' per-key bytes + the
 loader's chunk buffers (docs/guides/tiered-storage.md, "Memory during a
 reload").
+
+Precision: a chain is served in its full's serving view dtype when it has
+one and views are used (full_precision), else float32; the replacements keep
+rows in it and the deltas are read in it (stager.py).
 """
-from checkpoint.errors import CheckpointError
 from checkpoint.fetch import bundle_files, fetch
+from checkpoint.index import parse_index
+from checkpoint.remote_parts import bundle_subset, read_index
 from checkpoint.serving_view import VIEW_PREFIX
-from checkpoint.shards import logical_entries
+from evstore import schema
 from serving_loader.ev_table import FLOAT32
 from serving_loader.stager import Staged
 
-__all__ = ["load_streamed", "staged_into_replacements", "full_precision"]
+__all__ = ["load_streamed", "stream_chain", "staged_into_replacements", "full_precision"]
 
 
 def full_precision(full, use_serving_view):
@@ -45,61 +53,106 @@ def staged_into_replacements(tables, staged):
     """{EV: replacement table} of `tables` ({EV: EvTable}) holding the chain
     `staged` ([Staged], full first; each in memory) applied in order; their
     `evs` are emptied (publishing them sets the rest). The replacements are
-    closed if this fails. A sharded fleet reloads so (its front and shards
-    read only their own rows, which fit in memory)."""
+    closed if this fails. A sharded front reloads its own small EVs so."""
     fresh = {}
     try:
         for name, table in tables.items():
             fresh[name] = table.replacement()
-        for s in staged:
-            for name, (erase, keys, values, _, freqs) in s.evs.items():
-                if erase.size:
-                    fresh[name].erase(erase)
-                if keys.size:
-                    fresh[name].insert(keys, values, freqs)
-            s.evs = {}
+        _apply(fresh, staged)
     except BaseException:
-        for t in fresh.values():
-            t.close()
+        _close(fresh)
         raise
     return fresh
 
 
+def _apply(fresh, staged):
+    for s in staged:   # publishing them sets the rest
+        for name, (erase, keys, values, _, freqs) in s.evs.items():
+            if erase.size:
+                fresh[name].erase(erase)
+            if keys.size:
+                fresh[name].insert(keys, values, freqs)
+        s.evs = {}
+
+
+def _close(fresh):
+    for t in fresh.values():
+        t.close()
+
+
+def _own_tensors(held, entries):
+    """The main bundle's tensors of EV entries `entries` (their keys, rows,
+    frequencies, versions, filtered keys; never optimizer slots)."""
+    heads = tuple(e + "-" for e in entries)
+    return [t for t in held if t.startswith(heads)]
+
+
+def _rows_of(held, plan):
+    """Rows EV entries `plan` ([(entry, shard_index, num_shards)]) bring, by
+    the index's shapes: exact for a whole entry, the routed share of a
+    filtered one (the route spreads keys evenly)."""
+    total = 0
+    for entry, _, count in plan:
+        e = held.get(schema.tensor(entry, schema.KEYS))
+        total += (e.shape[0] if e is not None and e.shape else 0) // count
+    return total
+
+
+def stream_chain(stager, tables, chain, check=lambda rows: None):
+    """Stages `chain` (full first) into replacements of `tables` ({EV:
+    EvTable}) without publishing: the deltas in memory (validated), the
+    full's files of the entries this process reads (the stager's partition:
+    a serving shard's own part, or every part with a key filter) staged in a
+    private local directory, each checked against the manifest, then
+    streamed into the replacements in chunks (DRAM stays at the tables'
+    cache budget and a chunk's rows) and the deltas applied. `check({EV:
+    rows})`, with the rows the full brings here by its index, runs before
+    any row is read (it may raise to stop: a budget).
+    Returns ({EV: replacement}, [Staged] of the chain); the caller adopts or
+    closes the replacements. Raises (the stager's errors, CheckpointError,
+    OSError, tf.errors.OpError) with nothing left behind."""
+    full, deltas = chain[0], chain[1:]
+    plans = stager.plans(full)
+    precision = full_precision(full, stager.use_serving_view)
+    view = precision if precision != FLOAT32 else None
+    staged = [stager.stage(m, precision) for m in deltas]
+    entries = sorted({e for p in plans.values() for e, _, _ in p})
+    fresh = {}
+    try:
+        index = read_index(stager.storage, full)
+        _, held = parse_index(index, full.dir)
+        check({n: _rows_of(held, p) for n, p in plans.items()})
+        own = _own_tensors(held, entries)
+        if view:   # rows from the view's bundle (one data file for every EV, and its index), not `-values`
+            own = [t for t in own if not any(t == schema.tensor(e, schema.VALUES) for e in entries)]
+        files = bundle_subset(full, index, own + list(stager.dense_names))
+        if view:
+            files = sorted(set(files) | set(bundle_files(full, VIEW_PREFIX)))
+        for name, table in tables.items():
+            fresh[name] = table.replacement(precision)
+        with fetch(stager.storage, full, files=files) as f:   # these files, verified, in a local directory
+            for name, table in fresh.items():
+                for i, (entry, shard, count) in enumerate(plans[name]):   # a sharded EV's parts into its one table
+                    table.load_bundle(f.dir, entry, clear=i == 0, shard_index=shard, num_shards=count, view=view)
+            dense = {n: f[n] for n in stager.dense_names}
+            head = Staged(full, {}, dense, view=precision, bytes_read=f.bytes_read + len(index))
+        stager.check_dense(full, dense)
+        _apply(fresh, staged)
+    except BaseException:
+        _close(fresh)
+        raise
+    return fresh, [head] + staged
+
+
 def load_streamed(stager, publisher, chain, before_publish=lambda: None):
     """Stages `chain` (full first) into replacements of `publisher`'s evstore
-    tables and publishes it (`before_publish()` runs just before: it may raise
-    to stop); returns the published Staged list. Raises (the stager's errors)
-    before any change to the served state."""
-    full, deltas = chain[0], chain[1:]
-    parts = logical_entries(full)
-    missing = sorted(set(publisher.tables) - set(parts))
-    if missing:
-        raise CheckpointError(f"{full.dir} holds no EV {missing} that the export serves")
-    precision = full_precision(full, stager.use_serving_view)
-    staged = [stager.stage(m, precision) for m in deltas]
-    fresh = {}
-    view = precision if precision != FLOAT32 else None
-    files = bundle_files(full) + (bundle_files(full, VIEW_PREFIX) if view else [])
+    tables (stream_chain) and publishes it (`before_publish()` runs just
+    before: it may raise to stop); returns the published Staged list. Raises
+    (the stager's errors) before any change to the served state."""
+    fresh, staged = stream_chain(stager, publisher.tables, chain)
     try:
-        for name, table in publisher.tables.items():
-            fresh[name] = table.replacement(precision)
-        with fetch(stager.storage, full, files=files) as f:   # the bundle (and view), verified, in a local directory
-            for name, table in fresh.items():
-                for i, entry in enumerate(parts[name]):   # a sharded EV's parts into its one table
-                    table.load_bundle(f.dir, entry, clear=i == 0, view=view)
-            dense = {n: f[n] for n in publisher.dense}
-            head = Staged(full, {}, dense, view=precision, bytes_read=f.bytes_read)
-        stager.check_dense(full, dense)
-        for s in staged:   # the deltas go into the replacements; publishing them sets the rest
-            for name, (erase, keys, values, _, freqs) in s.evs.items():
-                if erase.size:
-                    fresh[name].erase(erase)
-                if keys.size:
-                    fresh[name].insert(keys, values, freqs)
-            s.evs = {}
         before_publish()
-        publisher.adopt(fresh, [head] + staged)
-        return [head] + staged
+        publisher.adopt(fresh, staged)
+        return staged
     finally:
-        for table in fresh.values():
-            table.close()
+        _close(fresh)

@@ -95,11 +95,11 @@ def write_chain(workdir, shards, keys, dim, deltas, delta_rows, zipf, seed):
 
 
 class ShardProcess:
-    def __init__(self, export, root, i, n, dram_bytes, tier, log_path):
+    def __init__(self, export, root, i, n, dram_bytes, tier, log_path, extra=()):
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(module_cmd("evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
                                                 "--shard", f"{i}/{n}", "--port", 0, "--tiered-dram-bytes", dram_bytes,
-                                                "--tier-path", tier),
+                                                "--tier-path", tier, *extra),
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)
         lines = queue.Queue()
         threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stdout], daemon=True).start()

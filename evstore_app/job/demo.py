@@ -161,7 +161,7 @@ def _poisoned(history, first_full, examples):
 
 
 def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_every=60.0, warmup_batches=60,
-        progress=True, stop_event=None, keep_chains=3, poison=None, gate=None, serving_view=None):
+        progress=True, stop_event=None, keep_chains=3, poison=None, gate=None, serving_view=None, kafka=None):
     """Runs the demo; returns the summary dict (also OUT/summary.json).
 
     `poison`: (start, seconds): the training labels are shuffled within each
@@ -172,7 +172,10 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     other series.
     `gate`: the serving process's quality gate (`evstore serve --gate`).
     `serving_view`: the trainer also writes the served rows in that precision
-    (CheckpointManager's argument), which the server then serves."""
+    (CheckpointManager's argument), which the server then serves.
+    `kafka`: the stream goes through a Kafka broker (evstore_app/job/demo_kafka.py): True
+    starts the bundled one, a "host:port" names one; each commit then records
+    the topic's offsets and the summary's "kafka" reports the stream."""
     if gate is not None:
         from evstore.gate import Gate
         Gate.parse(gate)   # refused here, not in the serving process
@@ -182,17 +185,30 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     root, export = os.path.join(out, "checkpoints"), os.path.join(out, "export")
     spec = dict(SPEC, batch_size=batch_size)
     stream = ClickStream(seed=seed, batch_size=batch_size)
-    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains, serving_view=serving_view)
+    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains, serving_view=serving_view, reference_gate=gate)
     if stop_event is not None:
         trainer.stop_event = stop_event
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
     summary = Summary(out, trainer)
     serving_loader.ensure_serving_export(trainer.model, export)   # next to the checkpoints, as `train --export`
-    batches = stream.batches()
-    for _ in range(warmup_batches):                       # a first model worth freezing
-        b, (cols, y) = next(batches)
-        trainer.train(trainer.inputs(cols), y, b + 1)
+    feed = None
+    if kafka:
+        from evstore_app.job.demo_kafka import KafkaFeed
+        feed = KafkaFeed(stream, spec, bootstrap=None if kafka is True else kafka, out=out)
+        print(f"evstore demo: the stream goes through {feed.describe()}", file=sys.stderr, flush=True)
+        batches = feed.batches(trainer.stop_event)
+    else:
+        batches = ((b + 1, batch) for b, batch in stream.batches())   # (position after the batch, batch)
+    try:
+        for _ in range(warmup_batches):                       # a first model worth freezing
+            position, (cols, y) = next(batches)
+            trainer.train(trainer.inputs(cols), y, position)
+    except BaseException:
+        if feed is not None:
+            feed.close()
+        raise
     first_full = trainer.manager.save_full(metadata=trainer.metadata())
+    trainer.reference.restart(trainer.model)              # the model the first delta replaces
     frozen = serving_loader.ServingModel(export, root)     # never polled again: frozen at the first full
     server = _Server(export, root, log_path=os.path.join(out, "server.log"), gate=gate)
     shuffle = np.random.default_rng(seed + 1)
@@ -209,7 +225,10 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         if poison:   # in seconds since the trainer started
             poison = (t_train - trainer.started + poison[0], poison[1])
         while time.time() < deadline and not trainer.stop_event.is_set():
-            b, (cols, y) = next(batches)
+            got = next(batches, None)
+            if got is None:    # the Kafka stream stopped (stop_event)
+                break
+            position, (cols, y) = got
             x = trainer.inputs(cols)
             live = server.predict(x)
             frozen_out, _ = frozen.predict(x)
@@ -220,7 +239,9 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
             if poisoned:   # the examples of the stretch, as the trainer counts them: (after, up to]
                 poison_examples = [trainer.examples if poison_examples is None else poison_examples[0],
                                    trainer.examples + len(y)]
-            trainer.train(x, y_train, b + 1, trainer.predict(x))   # scored before training: the commit's quality
+            trainer.train(x, y_train, position, *trainer.score(x))   # scored before training: the commit's quality
+            if feed is not None:
+                feed.source.committed(trainer.manager.last_committed)   # offsets to the group, event -> commit
             step += 1
             if time.time() - last_stats > 2.0:
                 trainer.snapshot_stats()
@@ -250,12 +271,21 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         server.stop()
         if bar is not None:
             bar.close()
+        if feed is not None:
+            try:
+                feed.source.committed(trainer.manager.last_committed, wait=True)
+            finally:
+                feed.close()
     trainer.snapshot_stats()
     trainer.write_summaries(writer, trainer.examples, summary.running())
     result = summary.finish(first_full=first_full, final=final, train_seconds=train_seconds, steps=step,
                             server_seen=server.seen, spec=spec,
                             extra={"export": {"dir": os.path.abspath(export), "written": True,
                                               "serve": serve_command(export, root, server.name)}})
+    if feed is not None:
+        feed.source.ended = feed.source.ended or "demo time"
+        result["kafka"] = dict(feed.source.report(), topic=feed.topic, bootstrap=feed.bootstrap,
+                               bundled_broker=feed.broker is not None)
     sv = result["serving"]
     sv["applied_by_server"] = int(server_metrics.get("evstore_serving_checkpoints_applied_total", -1))
     sv["apply_failures"] = int(server_metrics.get("evstore_serving_apply_failures_total", -1))

@@ -66,7 +66,8 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     spec_arg, spec = spec, load_spec(spec)
     kafka = isinstance(data, KafkaStream)
     stream = data.bind(spec) if kafka else FileStream(data, spec, max_rows=max_rows)
-    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view)
+    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view, reference_gate=guard,
+                      reference_min_examples=guard_min_examples)
     if stop_event is not None:
         trainer.stop_event = stop_event
     guard = Guard(guard, trainer, guard_min_examples) if guard is not None else None
@@ -123,9 +124,9 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
             if trainer.stop_event.is_set():
                 break
             x = trainer.inputs(cols)
-            scores = trainer.predict(x)
+            scores, reference = trainer.score(x)
             summary.score(y, scores)
-            trainer.train(x, y, position, scores)
+            trainer.train(x, y, position, scores, reference)
             steps += 1
             if bar is not None:
                 bar.update(len(y))

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import keras
 import numpy as np
@@ -378,10 +379,22 @@ def test_a_tier_path_on_a_disk_does_not_warn(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, evstore.storage.RamTierWarning)]
 
 
-def test_a_tiered_ev_with_one_index_segment_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="num_segments >= 2"):
-        evstore.EmbeddingVariable("one_segment", DIM, num_segments=1,
-                                  storage=evstore.TieredStorage(dram_bytes=BUDGET, path=str(tmp_path / "tier")))
+def test_a_tiered_ev_with_one_index_segment_trains_exactly_and_settles_within_its_budget(tmp_path):
+    # With one segment a batch cannot evict rows of the segment it holds; the
+    # store's cleaner thread evicts them once the op has let the lock go.
+    tiered = make(tmp_path, True, "one_tiered", num_segments=1)
+    dram = make(tmp_path, False, "one_dram", num_segments=1)
+    budget_rows = BUDGET // (DIM * 3 * 4 + 8)
+    for ev in (tiered, dram):
+        opt = evstore.optimizers.Adam(0.01)
+        for step in range(12):
+            train_step(ev, opt, step)
+    assert_same(state(tiered), state(dram))
+    deadline = time.monotonic() + 60  # a liveness bound for the cleaner, not a speed claim
+    while tiered.stats()["cache_rows"] > budget_rows and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tiered.stats()["cache_rows"] <= budget_rows, tiered.stats()
+    assert_went_to_disk(tiered)
 
 
 def test_private_directory_goes_away_with_the_ev(tmp_path):

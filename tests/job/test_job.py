@@ -32,11 +32,19 @@ def _evstore(*args, timeout=600):
 def test_demo_serves_every_commit_restores_exactly_and_live_beats_frozen(tmp_path):
     # --keep-chains 1 with a full every 10 s: retention deletes whole chains during the run, and the
     # summary still counts every commit (from the run's history, not from what the root keeps).
+    # --kafka: the stream goes through the bundled broker (the demo without one: test_demo_gate.py).
     out = tmp_path / "demo"
-    p = _evstore("demo", "--minutes", "0.6", "--out", str(out), "--delta-every", "2", "--full-every", "10",
+    p = _evstore("demo", "--kafka", "--minutes", "0.6", "--out", str(out), "--delta-every", "2", "--full-every", "10",
                  "--keep-chains", "1", "--warmup-batches", "30", "--no-progress")
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
+    k = s["kafka"]   # every message consumed was trained once, and the last commit holds the topic's offsets
+    assert "the stream goes through Kafka topic evstore-demo-" in p.stderr and k["bundled_broker"]
+    assert k["bad"] == 0 and k["messages"] == s["examples"] == sum(k["offsets"][k["topic"]].values())
+    newest = max((d for d in os.listdir(out / "checkpoints") if d.startswith(("full-", "delta-"))),
+                 key=lambda d: int(d.split("-")[1]))
+    last = json.loads((out / "checkpoints" / newest / "MANIFEST.json").read_text())
+    assert last["metadata"]["position"]["kafka"] == k["offsets"]
     sv, c = s["serving"], s["checkpoints"]
     assert sv["served_every_commit"] and sv["served_final"] and sv["apply_failures"] == 0, \
         {k: v for k, v in sv.items() if k != "freshness"}

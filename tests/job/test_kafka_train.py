@@ -7,6 +7,7 @@ A key's frequency counts the training events that carried it, so "sum of
 frequencies per key = events per key" is the exactly-once check; with one
 partition the batch order is the file's, so the killed-and-resumed job must
 also end in the state of the same events trained from a Parquet file."""
+import datetime
 import json
 import os
 import signal
@@ -164,3 +165,24 @@ def test_a_rebalance_of_a_group_managed_run_neither_skips_nor_repeats_events(bro
     rows = first + second
     assert key_freqs(model, "user") == counts(rows, "user") and key_freqs(model, "item") == counts(rows, "item")
     assert meta["position"]["kafka"] == {"clicks2": {"0": 400, "1": 400}}
+
+
+def test_an_event_time_bound_stops_each_partition_before_its_first_later_event(broker, tmp_path):
+    """--until-event-time: 300 events timestamped T0 + i ms over two partitions, the bound T0 + 200 ms:
+    the first 200 are trained, each partition's commit offset points at its first event at the bound,
+    and the run ends by itself."""
+    from confluent_kafka import Producer
+    rows = events(300, seed=11)
+    create_topic(broker.bootstrap, "clicks-et", 2)
+    t0 = 1_790_000_000_000
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i, r in enumerate(rows):
+        p.produce("clicks-et", json.dumps(r).encode(), partition=i % 2, timestamp=t0 + i)
+    assert p.flush(30) == 0
+    bound = datetime.datetime.fromtimestamp((t0 + 200) / 1000, datetime.timezone.utc).isoformat()
+    out, err = train(tmp_path / "root", broker.bootstrap, "clicks-et", "--group", "get", "--until-event-time", bound)
+    model, meta = restored(tmp_path / "root")
+    assert key_freqs(model, "user") == counts(rows[:200], "user")
+    assert meta["position"]["kafka"] == {"clicks-et": {"0": 100, "1": 100}} and meta["examples"] == 200
+    assert "clicks-et[0] reached the event-time bound at offset 100" in err
+    assert json.loads((tmp_path / "root.train" / "summary.json").read_text())["kafka"]["ended"] == "until_event_time"

@@ -8,6 +8,7 @@ mid-publish: tests/multihost/test_sharded_hosts.py.)"""
 import os
 import socket
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -17,6 +18,7 @@ import checkpoint
 import evstore
 import serving_loader
 from serving_loader.front import FrontModel
+from serving_loader.model import NothingToServeError
 from serving_loader.shard_model import ShardModel
 from serving_loader.shard_service import SERVICE, ShardServer
 
@@ -51,9 +53,10 @@ def job(tmp_path):
 class Fleet:
     """N in-process shards on 127.0.0.1 and their front."""
 
-    def __init__(self, tmp_path, export, root, n, evs=("user",)):
+    def __init__(self, tmp_path, export, root, n, evs=("user",), disk_bytes=(None, None)):
         self.shards = [ShardModel(export, root, i, n, evs=list(evs),
-                                  storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / f"s{i}")))
+                                  storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / f"s{i}")),
+                                  disk_bytes=disk_bytes[i])
                        for i in range(n)]
         self.servers = [ShardServer(s) for s in self.shards]
         self.front = FrontModel(export, root, [f"127.0.0.1:{s.port}" for s in self.servers], wait_s=10)
@@ -88,6 +91,8 @@ def test_a_fleet_answers_what_a_single_tiered_replica_answers_at_every_version_e
         _same(fleet.front, single)
         rows = [s.rows()["user"] for s in fleet.shards]
         assert min(rows) > 0 and sum(rows) == single.rows()["user"]
+        if trained_shards == 2:   # each shard streamed the full from its own part's files only
+            assert all(s.bytes_read_last < single.last_fetched_bytes for s in fleet.shards)
         for step in (3, 5):
             train(model, step, step + 2)
             ev(model, "user").remove(np.arange(step, 40, 3, dtype=np.int64))   # deleted keys in the delta
@@ -171,6 +176,41 @@ def test_a_shard_that_cannot_stage_holds_the_fleet_and_gate_pin_rollback_act_on_
         _same(fleet.front, single)
     finally:
         fleet.close()
+
+
+def _part_row_bytes(model):
+    """Bytes of the rows of each part of the trainer's "user" EV (dim 8, float32): a shard's partition."""
+    return [int(p.size()) * 4 * 8 for p in ev(model, "user").shards]
+
+
+def test_a_shard_past_its_disk_budget_refuses_the_commit_by_name_and_the_fleet_holds_its_version(tmp_path, job):
+    model, export, mgr, single = job
+    room = 2 * 4 * 8   # two more rows than the full's partition
+    fleet = Fleet(tmp_path, export, mgr.root, 2, disk_bytes=[b + room for b in _part_row_bytes(model)])
+    try:
+        v1 = fleet.front.version
+        at_v1 = single.predict(_probe())[0]["outputs"]
+        before = [ev(model, "user").shards[i].size() for i in range(2)]
+        train(model, 3, 9)   # new users on both shards, more than two each
+        assert all(ev(model, "user").shards[i].size() > before[i] + 2 for i in range(2))
+        seq = mgr.save_delta()
+        assert fleet.front.poll() == v1
+        err = fleet.front.last_error
+        assert f"commit {seq} needs" in err and "disk budget" in err and "--tier-disk-bytes" in err
+        assert "shard 0/2" in err and "shard 1/2" in err
+        assert [s.version for s in fleet.shards] == [v1, v1]
+        out, version = fleet.front.predict(_probe())
+        assert version == v1
+        np.testing.assert_array_equal(out["outputs"], at_v1)
+    finally:
+        fleet.close()
+
+
+def test_a_fleet_whose_partition_of_the_full_exceeds_a_shards_disk_budget_does_not_start(tmp_path, job):
+    model, export, mgr, _ = job
+    small = [b - 4 * 8 for b in _part_row_bytes(model)]   # one row short of each partition
+    with pytest.raises(NothingToServeError, match=r"shard 0/2: commit 1 needs .* disk budget"):
+        Fleet(tmp_path, export, mgr.root, 2, disk_bytes=small)
 
 
 def m_dir(mgr, seq):
@@ -286,3 +326,106 @@ def _oversized_and_flooded(shard, version):
             assert resp.outputs["user"].tensor_shape.dim[0].size == 100
     finally:
         server.stop(0)
+
+
+class _ShardProcess:
+    """`evstore serve --shard i/n` in a process of its own on 127.0.0.1:`port` (SIGKILL-able)."""
+
+    def __init__(self, export, root, i, n, port, tier):
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "evstore_app.cli", "serve", "--export", export, "--checkpoints", root,
+             "--shard", f"{i}/{n}", "--shard-evs", "user", "--port", str(port), "--tiered-dram-bytes",
+             str(DRAM_BYTES), "--tier-path", tier], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for line in self.proc.stdout:
+            if line.startswith("shard "):
+                return
+        raise AssertionError(f"shard {i}/{n} exited with {self.proc.wait()}")
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_replica_killed_under_a_predict_storm_is_failed_over_and_rejoins_at_the_fleets_version(tmp_path, job):
+    model, export, mgr, single = job
+    (tmp_path / "victim").mkdir()
+    port = _free_port()
+    victim = _ShardProcess(export, mgr.root, 1, 2, port, str(tmp_path / "victim"))   # shard 1, replica 0
+    others = [ShardModel(export, mgr.root, i, 2, evs=["user"],
+                         storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / f"r{i}")))
+              for i in (0, 0, 1)]
+    servers = [ShardServer(s) for s in others]
+    a = [f"127.0.0.1:{s.port}" for s in servers]
+    front = FrontModel(export, mgr.root, [[a[0], a[1]], [f"127.0.0.1:{port}", a[2]]], wait_s=60)
+    rng = np.random.default_rng(3)
+    answers, errors, stop = [], [], threading.Event()
+
+    def storm():   # users never cached at the version: every request asks both shards
+        while not stop.is_set():
+            inputs = {"users": rng.integers(0, 1 << 40, size=(4, 2)), "items": np.zeros([4, 1], np.int32)}
+            try:
+                answers.append((inputs, *front.predict(inputs)))
+            except Exception as e:  # noqa: BLE001 - any failed answer fails the test
+                errors.append(e)
+
+    threads = [threading.Thread(target=storm) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        v1 = front.version
+        while len(answers) < 20:
+            stop.wait(0.05)
+        victim.kill()
+        seqs = []
+        for step in (3, 5):   # the fleet moves on with shard 1's other replica
+            train(model, step, step + 2)
+            seqs.append(mgr.save_delta())
+            assert front.poll() == seqs[-1]
+        n = len(answers)
+        while len(answers) < n + 20:
+            stop.wait(0.05)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors, errors[:3]
+        victim = _ShardProcess(export, mgr.root, 1, 2, port, str(tmp_path / "victim"))   # restarted, serving nothing
+        deadline = time.monotonic() + 60
+        while not all(front.fleet.usable.values()):   # at a poll once its channel reconnects: rejoins, used again
+            assert time.monotonic() < deadline, front.last_error
+            front.poll()
+            stop.wait(0.2)
+        assert [st["version"] for st, _ in front.fleet.status()] == [seqs[-1]] * 4
+        assert all(front.fleet.usable.values())
+        train(model, 7, 9)
+        newest = mgr.save_delta()
+        assert front.poll() == newest
+        assert [st["version"] for st, _ in front.fleet.status()] == [newest] * 4
+        got, version = front.predict(_probe())
+        assert version == newest == single.poll()
+        np.testing.assert_array_equal(got["outputs"], single.predict(_probe())[0]["outputs"])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        front.close()
+        victim.kill()
+        for srv, s in zip(servers, others):
+            srv.stop(0)
+            s.close()
+    versions = sorted({v for _, _, v in answers})
+    assert versions[0] == v1 and versions[-1] == seqs[-1], versions
+    for v in versions:   # every answer equals the single replica's at the version it names
+        single.rollback(v, then="pin")
+        for inputs, out, version in answers:
+            if version == v:
+                np.testing.assert_array_equal(out["outputs"], single.predict(inputs)[0]["outputs"])

@@ -124,6 +124,21 @@ void test_delta_export_holds_dirty_and_deleted_keys_only() {
   CHECK(next->deleted == std::vector<int32_t>{6});
 }
 
+// A restore (Clear, then import) after the saving process died mid-export:
+// the dead writer's snapshot goes, the next export starts a new one.
+void test_clear_drops_an_export_in_flight() {
+  Table<int32_t> t(Cfg(2, 1));
+  Insert<int32_t>(t, {1, 2, 3});
+  auto dead = t.BeginExport();                    // its writer never commits nor aborts
+  CHECK(t.export_in_flight());
+  t.Clear();
+  CHECK(!t.export_in_flight());
+  Insert<int32_t>(t, {7});
+  auto next = t.BeginExport();
+  CHECK(next->id != dead->id);
+  t.Commit(next->id);
+}
+
 void test_export_during_concurrent_training_sees_whole_rows() {
   Table<int64_t> t(Cfg(8, 1));
   t.EnsureSlots({{"acc", 0.f}});
@@ -277,6 +292,7 @@ void test_filter_state_last_seen_steps_and_bloom_blocks_are_exported() {
 int main() {
   RUN(test_full_export_streams_every_key_in_chunks);
   RUN(test_delta_export_holds_dirty_and_deleted_keys_only);
+  RUN(test_clear_drops_an_export_in_flight);
   RUN(test_export_during_concurrent_training_sees_whole_rows);
   RUN(test_import_rows_reads_slot_major_chunks);
   RUN(test_import_filtered_demote_frees_the_row_and_untracked_erase_leaves_no_deletion);

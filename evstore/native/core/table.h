@@ -572,8 +572,15 @@ class Table {
     return erased;
   }
 
-  // Drops every key, row, dirty and deleted mark (before a restore).
+  // Drops every key, row, dirty and deleted mark (before a restore), and an
+  // export in flight: its writer died (a restore never runs beside a save of
+  // the same process), e.g. a chief killed mid-save whose parameter servers
+  // live on; a writer still streaming it keeps its own reference.
   void Clear() {
+    {
+      std::lock_guard<std::mutex> l(export_mu_);
+      open_.reset();
+    }
     for (int s = 0; s < nseg_; ++s) {
       Seg& seg = index_.segment(s);
       std::unique_lock<std::shared_mutex> lock(seg.mu);

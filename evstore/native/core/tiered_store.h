@@ -33,13 +33,20 @@
 // is locked by anyone else is therefore pinned and skipped. When too few
 // candidates can be evicted (every other segment busy, or one batch touching
 // more rows of one segment than the budget), the store takes slots beyond the
-// budget and gives them back at later faults: the budget is a target that one
-// batch may overshoot, never a correctness limit.
+// budget and gives them back later: the budget is a target that one batch may
+// overshoot, never a correctness limit.
 //
-// Write-back in batches. When a fault needs slots beyond the budget, the
-// faulting thread evicts a batch (up to batch_ = budget/8, at most one
-// extent) chosen by a bounded sweep of the CLOCK hand under mu_, holding
-// each victim's owner lock. The victims that need a write (dirty, or never
+// The cleaner. One thread per store (started by AttachLocks) keeps a batch
+// of slots free below the budget, so most misses take a free slot and evict
+// nothing. It holds no segment lock of its own, so it may evict rows of any
+// segment not locked right now: with one index segment, where a faulting
+// thread can evict nothing, it brings the cache back within budget between
+// batches (Settle waits for that).
+//
+// Write-back in batches. When a fault still needs slots beyond the budget,
+// the faulting thread evicts a batch itself (up to batch_ = budget/8, at most
+// one extent); the cleaner evicts the same way. Victims are chosen by a
+// bounded sweep of the CLOCK hand under mu_, holding each victim's owner lock. The victims that need a write (dirty, or never
 // written) and, when the log has more dead records than live ones, the live
 // cold records of one sparse extent (compaction) are copied into one buffer
 // and written as one run of adjacent records, outside mu_. Then, under mu_,
@@ -88,6 +95,7 @@
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache_policy.h"
@@ -118,6 +126,7 @@ class TieredStore {
     slot_dir_.reset(new SlotChunk[kSlotChunks]);
   }
   ~TieredStore() {
+    StopCleaner();
     for (uint32_t c = 0; c < nslot_chunks_; ++c) std::free(slot_dir_[c].data);
   }
   TieredStore(const TieredStore&) = delete;
@@ -171,8 +180,7 @@ class TieredStore {
   // the copies run), none cached. A full export's read of a segment.
   void PeekMany(const uint32_t* rows, size_t n, float* out) const {
     const size_t rb = static_cast<size_t>(stride_) * sizeof(float);
-    thread_local std::vector<std::pair<uint32_t, size_t>> cold;
-    cold.clear();
+    ColdReads& cold = Cold();
     for (size_t i = 0; i < n; ++i) {
       const RowMeta& m = Meta(rows[i]);
       const uint32_t s = m.slot.load(std::memory_order_acquire);
@@ -180,23 +188,15 @@ class TieredStore {
       if (s != kNoSlot) {
         std::memcpy(dst, SlotData(s), rb);
       } else if (m.flags.load(std::memory_order_relaxed) & kOnDisk) {
-        cold.emplace_back(m.loc, i);
+        cold.Add(m.loc, dst);
       } else {
         std::memset(dst, 0, rb);  // never written: unspecified, zeros
       }
     }
     if (cold.empty()) return;
-    std::sort(cold.begin(), cold.end());
-    thread_local std::vector<uint32_t> locs;
-    thread_local std::vector<void*> dsts;
-    locs.resize(cold.size());
-    dsts.resize(cold.size());
-    for (size_t j = 0; j < cold.size(); ++j) {
-      locs[j] = cold[j].first;
-      dsts[j] = out + cold[j].second * stride_;
-    }
-    file_.WillNeed(locs.data(), locs.size());
-    file_.ReadMany(locs.data(), dsts.data(), locs.size());
+    cold.Sort();
+    file_.WillNeed(cold.locs.data(), cold.size());
+    file_.ReadMany(cold.locs.data(), cold.dsts.data(), cold.size());
   }
   int64_t& Version(uint32_t r) const { return Meta(r).version; }
   // Readers of a serving table hint under a shared segment lock (Table::FindEach): the heat is atomic.
@@ -212,7 +212,27 @@ class TieredStore {
     if (f & kOnDisk) return (f & kZero) != 0;
     return false;  // never written: contents unspecified (the table initialises rows before use)
   }
-  void AttachLocks(SegmentLocks locks) { locks_ = std::move(locks); }
+  // The table's segment locks: from now on rows can be evicted, and the
+  // cleaner thread runs.
+  void AttachLocks(SegmentLocks locks) {
+    std::lock_guard<std::mutex> l(mu_);
+    locks_ = std::move(locks);
+    if (locks_ && !cleaner_.joinable()) cleaner_ = std::thread([this] { CleanerLoop(); });
+  }
+  // Waits until the cache is within its budget (the cleaner has evicted what
+  // batches took beyond it). Call with no segment lock held: the cleaner
+  // needs them. False when it cannot get there (the disk refused a write;
+  // every row stays in DRAM) or there is no cleaner (no segment locks).
+  bool Settle() const {
+    std::unique_lock<std::mutex> l(mu_);
+    const int64_t failures = write_failures_.load(std::memory_order_relaxed);
+    while (resident_ > budget_) {
+      if (!cleaner_.joinable() || write_failures_.load(std::memory_order_relaxed) != failures) return false;
+      clean_cv_.notify_one();
+      settled_.wait_for(l, std::chrono::milliseconds(5));
+    }
+    return true;
+  }
 
   // ---- ids -----------------------------------------------------------------
   uint32_t Allocate() {
@@ -443,6 +463,37 @@ class TieredStore {
     return SlotData(s);
   }
 
+  // The cold rows of one batch (one segment's part: FaultMany's, PeekMany's):
+  // each disk record and the buffer it is read into, put in disk order by
+  // Sort so that rows written together come back in one preadv per run.
+  struct ColdReads {
+    std::vector<uint32_t> locs;
+    std::vector<void*> dsts;
+    std::vector<std::pair<uint32_t, void*>> pairs;
+    void Add(uint32_t loc, void* dst) { pairs.emplace_back(loc, dst); }
+    bool empty() const { return pairs.empty(); }
+    size_t size() const { return pairs.size(); }
+    // Fills locs/dsts in ascending location; returns the runs of adjacent records.
+    int64_t Sort() {
+      std::sort(pairs.begin(), pairs.end());
+      locs.resize(pairs.size());
+      dsts.resize(pairs.size());
+      int64_t runs = 0;
+      for (size_t j = 0; j < pairs.size(); ++j) {
+        locs[j] = pairs[j].first;
+        dsts[j] = pairs[j].second;
+        runs += j == 0 || locs[j] != locs[j - 1] + 1;
+      }
+      return runs;
+    }
+  };
+  // This thread's (emptied) batch of cold reads.
+  static ColdReads& Cold() {
+    thread_local ColdReads c;
+    c.pairs.clear();
+    return c;
+  }
+
   // Brings rows (sorted, distinct, one owner segment whose lock the caller
   // holds, shared or not) into slots. The disk I/O (the batch's write-back,
   // the reads) runs outside mu_, so hits, other misses and other segments
@@ -480,8 +531,7 @@ class TieredStore {
         undo(0);
         throw;
       }
-      thread_local std::vector<std::pair<uint32_t, uint32_t>> cold;  // (location, index in mine)
-      cold.clear();
+      ColdReads& cold = Cold();
       for (size_t i = 0; i < mine.size(); ++i) {
         SlotInfo& in = Info(slots[i]);
         in.row = mine[i];  // pinned: the owner lock is ours, so no evictor takes it
@@ -489,30 +539,19 @@ class TieredStore {
         in.weight.store(0, std::memory_order_relaxed);
         in.second_chance = 0;
         const RowMeta& m = Meta(mine[i]);
-        if (m.flags.load(std::memory_order_relaxed) & kOnDisk) cold.emplace_back(m.loc, static_cast<uint32_t>(i));
+        if (m.flags.load(std::memory_order_relaxed) & kOnDisk) cold.Add(m.loc, SlotData(slots[i]));
       }
       if (!cold.empty()) {
-        std::sort(cold.begin(), cold.end());
-        thread_local std::vector<uint32_t> locs;
-        thread_local std::vector<void*> dsts;
-        locs.resize(cold.size());
-        dsts.resize(cold.size());
-        for (size_t j = 0; j < cold.size(); ++j) {
-          locs[j] = cold[j].first;
-          dsts[j] = SlotData(slots[cold[j].second]);
-        }
+        read_calls_ += cold.Sort();
         l.unlock();
         try {
-          file_.ReadMany(locs.data(), dsts.data(), locs.size());
+          file_.ReadMany(cold.locs.data(), cold.dsts.data(), cold.size());
         } catch (...) {
           l.lock();
           undo(mine.size());
           throw;
         }
         l.lock();
-        int64_t runs = 1;
-        for (size_t j = 1; j < locs.size(); ++j) runs += locs[j] != locs[j - 1] + 1;
-        read_calls_ += runs;
       }
       for (size_t i = 0; i < mine.size(); ++i) {
         RowMeta& m = Meta(mine[i]);
@@ -545,6 +584,9 @@ class TieredStore {
   void TakeSlots(size_t k, uint16_t self, std::unique_lock<std::mutex>& l, uint32_t* out) {
     const int64_t over = resident_ - evicting_ + static_cast<int64_t>(k) - budget_;
     if (over > 0) EvictBatch(static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch)), self, l);
+    // Below the cleaner's mark (a batch short of the budget): wake it, so the
+    // next faults find free slots instead of evicting.
+    if (cleaner_idle_ && resident_ - evicting_ + static_cast<int64_t>(k) > budget_ - batch_) clean_cv_.notify_one();
     for (size_t i = 0; i < k; ++i) {
       if (free_slots_.empty()) GrowSlots();
       out[i] = free_slots_.back();
@@ -575,12 +617,13 @@ class TieredStore {
   // it written, with the live cold records of one sparse extent when the log
   // wants compacting, as runs of adjacent records outside mu_; then the
   // victims' slots freed. mu_ held on entry and on return.
-  void EvictBatch(uint32_t want, uint16_t self, std::unique_lock<std::mutex>& l) {
-    if (!locks_) return;
+  // Returns the rows evicted.
+  size_t EvictBatch(uint32_t want, uint16_t self, std::unique_lock<std::mutex>& l) {
+    if (!locks_) return 0;
     HeldLocks held;
     std::vector<uint32_t> victims;  // slots
     PickVictims(self, want, &held, &victims);
-    if (victims.empty()) return;
+    if (victims.empty()) return 0;
     std::vector<uint32_t> moves;  // rows whose live cold record moves (compaction)
     const uint32_t sparse = log_.PickSparse();
     if (sparse != LogSpace::kNone) {
@@ -601,6 +644,7 @@ class TieredStore {
         moves.push_back(r);
       }
     }
+    size_t evicted = 0;
     std::vector<uint32_t> writes;  // victims (slots) whose row needs a write
     for (uint32_t s : victims) {
       SlotInfo& in = Info(s);
@@ -618,7 +662,57 @@ class TieredStore {
       }
       vm.slot.store(kNoSlot, std::memory_order_release);
       ReleaseSlot(s);
+      ++evicted;
     }
+    return evicted;
+  }
+
+  // The cleaner: one thread per store that keeps a batch of slots free below
+  // the budget (resident <= budget - batch_), so a miss usually takes a free
+  // slot instead of writing back victims first. It owns no segment lock, so
+  // every row is a candidate (a faulting thread cannot evict rows of the
+  // segment it holds: with one segment only the cleaner evicts, between
+  // batches). A round that evicts nothing (every candidate's segment busy,
+  // or the disk refused the write) retries after a pause that doubles up to
+  // 50 ms; faults wake it early.
+  void CleanerLoop() {
+    std::unique_lock<std::mutex> l(mu_);
+    auto pause = std::chrono::microseconds(200);
+    while (!stop_) {
+      const int64_t excess = resident_ - evicting_ - (budget_ - batch_);
+      if (excess <= 0) {
+        settled_.notify_all();
+        cleaner_idle_ = true;
+        clean_cv_.wait(l);
+        cleaner_idle_ = false;
+        continue;
+      }
+      const uint32_t want = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(excess, batch_), kMaxBatch));
+      size_t evicted = 0;
+      try {
+        evicted = EvictBatch(want, kNoOwner, l);
+      } catch (const std::exception& e) {  // no slot changed; the next fault reports it
+        write_failures_.fetch_add(1, std::memory_order_relaxed);
+        last_failure_ = std::string("tiered storage: evicting rows failed: ") + e.what();
+      }
+      if (evicted > 0) {
+        pause = std::chrono::microseconds(200);
+        settled_.notify_all();
+        continue;
+      }
+      cleaner_idle_ = true;
+      clean_cv_.wait_for(l, pause);
+      cleaner_idle_ = false;
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(50));
+    }
+  }
+  void StopCleaner() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+      clean_cv_.notify_all();
+    }
+    if (cleaner_.joinable()) cleaner_.join();
   }
 
   // Writes the rows of `slots` and, when given, moves the cold records of
@@ -772,6 +866,11 @@ class TieredStore {
   std::vector<uint32_t> free_slots_;
   int64_t resident_ = 0;
   int64_t evicting_ = 0;  // victims of batches being written now (mu_ released)
+  std::thread cleaner_;              // CleanerLoop, from AttachLocks to the destructor
+  mutable std::condition_variable clean_cv_;  // wakes the cleaner (mu_)
+  mutable std::condition_variable settled_;   // the cleaner finished a round (mu_)
+  bool cleaner_idle_ = false;         // the cleaner waits on clean_cv_ (mu_)
+  bool stop_ = false;                 // the destructor asks the cleaner to end (mu_)
   uint32_t hand_ = 0;
   int64_t newest_ = -1;
   int64_t writebacks_ = 0, write_batches_ = 0, compacted_ = 0, read_calls_ = 0;
