@@ -314,6 +314,7 @@ class TieredStore {
     std::lock_guard<std::mutex> l(mu_);
     dram_bytes_ = bytes;
     SetBudget();
+    clean_cv_.notify_one();  // the cleaner keeps the new budget
   }
   // Evicts rows (their write-back included) until `n` more fit in the
   // budget, or nothing more can be evicted now, so that the faults and
