@@ -4,9 +4,11 @@ CheckpointManager saves and by `tools.write_full` (compact).
   1. under `lock`: `prepare()` (the caller's eviction, step and metadata),
      seal each EV's dirty and deleted sets into a snapshot, read the dense
      tensors, stream the bundle (and the serving view, encoded from the same
-     chunks) into the checkpoint directory (local roots) or a staging
-     directory (remote roots), fsyncing every file;
-  2. check the files' sizes and that the index lists every tensor; upload;
+     chunks) into the checkpoint directory (local roots, fsyncing every
+     file) or into the root through an object sink (remote roots: no local
+     staging, checkpoint/object_sink.py);
+  2. check the files' sizes and that the index lists every tensor; put the
+     files in place (remote roots: renamed from their temporary keys);
   3. the commit point: MANIFEST.json written atomically, last;
   4. only then each EV commits its snapshot.
 Any failure in 1-3 aborts the snapshots (the next save carries every change)
@@ -25,7 +27,9 @@ from checkpoint.bundle import GLOBAL_STEP, write_bundle, write_bundles
 from checkpoint.errors import CheckpointError
 from checkpoint.index import parse_index
 from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
+from checkpoint.object_sink import is_sink, read, sink_of
 from checkpoint.remote_parts import discard_parts, publish_parts, write_parts
+from checkpoint.serving_view import VIEW_PREFIX
 from checkpoint.shards import device_groups
 from evstore import quality as _quality
 from evstore import schema
@@ -55,7 +59,9 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
         own data files, on any other root (checkpoint/remote_parts.py).
       serving_view: None, or the dtype of a serving view written into the
         same commit (checkpoint/serving_view.py): the rows are encoded as
-        they stream, in the same pass as the bundle.
+        they stream, in the same pass as the bundle (on an object-store root
+        with EVs on other tasks, each task's part with its own view, merged
+        into one `serving` bundle as the parts are).
       stats: None, or a dict that receives "bytes_sent_here": the bytes
         this process sent to the root (the rest were sent by their tasks).
     """
@@ -64,9 +70,6 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
     # EVs on other tasks with a root that is not one local filesystem: each
     # task uploads its own part (checkpoint/remote_parts.py).
     distributed = not storage.local and bool(set(groups) - {""})
-    if distributed and serving_view is not None:
-        raise CheckpointError(f"a serving view is not written for EVs held by other tasks on {storage.url} (an "
-                              "object-store root); save without serving_view, or to a root every task mounts")
     dirname = dir_name(kind, seq)
     sids, staging, manifest_sent, parts = {}, None, False, []
     try:
@@ -83,16 +86,19 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             _failpoints.hit("before-bundle")
             if distributed:
                 def write(directory, names, prefix, device, with_dense):
+                    # Each part's serving view streams with its rows, beside it (merged by publish_parts).
                     return write_bundle(directory, {n: evs[n] for n in names}, sids, dense if with_dense else {},
-                                        full=(kind == "full"), chunk_rows=chunk_rows, prefix=prefix, device=device)
-                parts = write_parts(staging, groups, write)
+                                        full=(kind == "full"), chunk_rows=chunk_rows, prefix=prefix, device=device,
+                                        view=serving_view if names else None,
+                                        view_prefix=VIEW_PREFIX + prefix[len(BUNDLE_PREFIX):])
+                parts = write_parts(storage, dirname, staging, groups, write)
             else:
                 files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"),
                                               chunk_rows=chunk_rows, view=serving_view)
         if distributed:
             _failpoints.hit("before-upload")
-            files, counts, sent = publish_parts(storage, dirname, staging, parts)
-            _check_listed(staging, list(evs), list(dense))
+            files, counts, sent, index = publish_parts(storage, dirname, staging, parts)
+            _check_listed(index, storage.display(dirname), list(evs), list(dense))
         else:
             _check_written(staging, files, list(evs), list(dense))
             storage.upload(staging, dirname, list(files))
@@ -166,19 +172,18 @@ def _landed(storage, dirname, manifest):
 
 
 def _check_written(staging, files, ev_names, dense_names):
-    """Step 2: sizes on disk match what was written; the index lists every tensor."""
+    """Step 2: sizes on disk (in the sink) match what was written; the index lists every tensor."""
+    sink = sink_of(staging) if is_sink(staging) else None
     for name, f in files.items():
-        size = os.path.getsize(os.path.join(staging, name))
+        size = sink.sizes.get(name) if sink else os.path.getsize(os.path.join(staging, name))
         if size != f["size"]:
             raise CheckpointError(f"{os.path.join(staging, name)}: wrote {f['size']} bytes, found {size}")
-    _check_listed(staging, ev_names, dense_names)
+    _check_listed(read(staging, BUNDLE_PREFIX + ".index"), staging, ev_names, dense_names)
 
 
-def _check_listed(staging, ev_names, dense_names):
-    """The bundle index in `staging` lists every tensor of the EVs and dense variables."""
-    path = os.path.join(staging, BUNDLE_PREFIX + ".index")
-    with open(path, "rb") as f:
-        _, listed = parse_index(f.read(), path)   # the index alone: other tasks' data files are not here
+def _check_listed(index, where, ev_names, dense_names):
+    """Bundle index `index` (bytes, of the bundle in `where`) lists every tensor of the EVs and dense variables."""
+    _, listed = parse_index(index, os.path.join(where, BUNDLE_PREFIX + ".index"))
     missing = [w for w in [n + s for n in ev_names for s in _EV_TENSORS] + list(dense_names) if w not in listed]
     if missing:
-        raise CheckpointError(f"checkpoint bundle in {staging} lacks tensors {missing}")
+        raise CheckpointError(f"checkpoint bundle in {where} lacks tensors {missing}")

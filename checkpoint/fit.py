@@ -26,15 +26,25 @@ histograms' difference), which the quality gate and the trainer's guard
 judge (docs/guides/quality-gate.md). Without the metric commits carry no
 quality.
 
-Tested without a distribution strategy (tests/checkpoint/test_fit_callback.py);
-under a strategy the callback's commits are those of the CheckpointManager it
-holds (a SyncCheckpointManager for MultiWorkerMirroredStrategy is not wired
-here).
+Under the strategies of docs/guides/keras.md: without one, under
+OneDeviceStrategy, a MirroredStrategy of one device, CentralStorageStrategy
+and ParameterServerStrategy (the coordinator runs fit and the callbacks; its
+CheckpointManager saves the tables where they live; not tested with the
+callback) a root becomes a CheckpointManager. Under MultiWorkerMirroredStrategy, where the model's tables
+are collective (each worker holds a shard), a root becomes a
+SyncCheckpointManager: every worker runs fit and the callback, and each commit
+is collective, at the same step on every worker (steps are counted alike on
+all of them). Its commits carry no quality (a SyncCheckpointManager measures
+the workers' scored examples, which a Keras metric does not keep; the
+QualityMetric's histograms are not read there). Tested without a strategy
+(tests/checkpoint/test_fit_callback.py) and with two workers under
+MultiWorkerMirroredStrategy (tests/collective/test_collective_fit.py).
 """
 import keras
 import numpy as np
 import tensorflow as tf
 
+from checkpoint.collect import collect
 from checkpoint.manager import CheckpointManager
 from evstore import quality as _quality
 
@@ -83,6 +93,18 @@ def _positive_int(name, v):
         raise ValueError(f"CheckpointCallback: {name} must be a number of steps >= 1 or None, got {v!r}")
 
 
+def _manager(root, model, keep_chains, serving_view, storage_options):
+    """A SyncCheckpointManager when the model's tables are split over several workers, else a CheckpointManager."""
+    workers = {getattr(t, "num_workers", 1) for t in collect(model).sharded.values()}
+    if max(workers, default=1) > 1:
+        from checkpoint.sync import SyncCheckpointManager
+        if serving_view is not None:
+            raise ValueError("CheckpointCallback: serving_view is not written by synchronous (collective) commits")
+        return SyncCheckpointManager(root, model, keep_chains=keep_chains, storage_options=storage_options)
+    return CheckpointManager(root, model, keep_chains=keep_chains, serving_view=serving_view,
+                             storage_options=storage_options)
+
+
 class CheckpointCallback(keras.callbacks.Callback):
     """Commits fulls and deltas between the training steps of `model.fit` and
     resumes a restarted fit where the newest commit left it (module docstring).
@@ -90,7 +112,9 @@ class CheckpointCallback(keras.callbacks.Callback):
     Args:
       root: a checkpoint root (path or fsspec URL), or a CheckpointManager of
         the fitted model (then `keep_chains`, `serving_view`,
-        `storage_options` are its own).
+        `storage_options` are its own). A root becomes a SyncCheckpointManager
+        when the model's tables are collective (MultiWorkerMirroredStrategy),
+        else a CheckpointManager.
       delta_every: training steps between deltas (None: only at the end of
         each epoch and of training).
       full_every: training steps between fulls (None: only the first commit
@@ -117,6 +141,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.resumed = None
         self._epoch, self._step, self._steps_since_full = 0, 0, 0
         self._seen = None      # the quality metric's counts at the last commit (or the epoch's start)
+        self._sync = False     # the manager is a SyncCheckpointManager: collective commits
 
     # ---- quality ---------------------------------------------------------------
     def _metric(self):
@@ -127,9 +152,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         return None
 
     def _quality(self):
-        """The record of the steps since the last commit (None: no QualityMetric)."""
+        """The record of the steps since the last commit (None: no QualityMetric, or collective commits)."""
         m = self._metric()
-        if m is None:
+        if m is None or self._sync:
             return None
         pos, neg, loss = m.counts()
         if self._seen is not None:
@@ -149,7 +174,9 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self.manager is None:
-            self.manager = CheckpointManager(self._root, self.model, **self._manager_kw)
+            self.manager = _manager(self._root, self.model, **self._manager_kw)
+        from checkpoint.sync import SyncCheckpointManager
+        self._sync = isinstance(self.manager, SyncCheckpointManager)
         if self.restore and self.manager.latest() is not None:
             meta = self.manager.restore()
             self._epoch, self._step = int(meta.get("epoch", 0)), int(meta.get("step", 0))

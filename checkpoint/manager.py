@@ -43,7 +43,7 @@ from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.remote_parts import bundle_subset, entry_tensors, read_index, release_on_tasks, stage_on_tasks
 from checkpoint.serving_view import codec
 from checkpoint.shards import device_groups, load_plan, logical_name
-from checkpoint.storage import Storage, sweep_dead
+from checkpoint.storage import Storage
 from evstore import generic
 from evstore import quality as _quality
 from evstore import schema
@@ -95,8 +95,6 @@ class CheckpointManager:
             codec(serving_view)   # ValueError naming the choices
         self.serving_view = serving_view
         self.storage = Storage(root, storage_options)
-        if not self.storage.local:
-            sweep_dead("stage")   # bundles staged by writers killed mid-save on this host
         if isinstance(lease_timeout, bool) or not isinstance(lease_timeout, (int, float)) or lease_timeout <= 0:
             raise ValueError(f"lease_timeout must be a positive number of seconds, got {lease_timeout!r}")
         self._lease_args = (lease_timeout, take_over) if lease else None

@@ -4,17 +4,20 @@ object store (an fsspec root no two tasks share as a filesystem).
 Saving (the parameter-server save, checkpoint/commit.py, and the synchronous
 save, checkpoint/sync.py):
   1. each task streams its part bundle `ckpt_part<k>` with the native writer
-     into a private directory on its own host (a PS: asked by the chief
-     through checkpoint/task_service.py; the chief's part holds the dense
-     tensors and the global step);
+     into the root through an object sink of its own process
+     (checkpoint/object_sink.py: each data file under a temporary key, the
+     part index in memory; nothing on the task's disk; a PS's sink is opened
+     by the chief through checkpoint/task_service.py; the chief's part holds
+     the dense tensors and the global step);
   2. the part indexes (a few KB: one entry per tensor) are merged here into
      the commit's one `ckpt.index` (`merge_indexes`: every entry keeps its
      offset, size and crc32c; part k's data file s becomes
      `ckpt.data-<offset_k + s>-of-<total>`, exactly what
      MergeV2Checkpoints would name it);
-  3. every task uploads its own data files under those names (each shard's
-     rows cross the network once: from its host to the object store); the
-     chief uploads its data files and then the merged index;
+  3. every task renames its own data files to those names (a server-side
+     copy: each shard's rows crossed the network once, from its host to the
+     object store, while they were written); the chief uploads the merged
+     index;
   4. the chief checks every listed object's size in the root, then writes
      MANIFEST.json (the commit point, checkpoint/commit.py).
 The result is one ordinary TensorFlow bundle, as on a local root:
@@ -22,6 +25,10 @@ The result is one ordinary TensorFlow bundle, as on a local root:
 
 Bytes through the chief per save: its own part (the dense tensors, global
 step), the part indexes and the merged index; no embedding row.
+
+Restores still stage: the native loader reads local files, so each task
+downloads the files it loads into a private temp directory of its host and
+removes it once loaded (below).
 
 Restoring (CheckpointManager.restore with shards on other tasks): the chief
 reads each commit's index (checked against the manifest) and stages the
@@ -41,6 +48,8 @@ import tensorflow as tf
 from checkpoint.errors import CheckpointError
 from checkpoint.index import build_index, data_file, parse_index
 from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.object_sink import read, sink_of
+from checkpoint.serving_view import VIEW_PREFIX
 from checkpoint.task_service import call, read_bytes
 
 __all__ = ["Part", "write_parts", "publish_parts", "discard_parts", "merge_indexes", "crc32c_bytes", "data_files_of", "read_index",
@@ -50,11 +59,19 @@ __all__ = ["Part", "write_parts", "publish_parts", "discard_parts", "merge_index
 @dataclasses.dataclass
 class Part:
     task: str | None        # None: this process
-    dir: str                # its directory on that task's host
+    dir: str                # its object sink's directory on that task
     prefix: str             # ckpt_part<k>
     names: list             # EV names it holds
     files: dict = None      # {file: {"size", "crc32c"}} as its writer reported
     counts: dict = None     # per-EV counts (bundle.write_bundle)
+
+    @property
+    def view_prefix(self):
+        """Its serving view's bundle (serving_part<k>), written beside its part when the commit has one."""
+        return VIEW_PREFIX + self.prefix[len(BUNDLE_PREFIX):]
+
+    def has_view(self):
+        return bool(self.files) and self.view_prefix + ".index" in self.files
 
 
 def crc32c_bytes(data):
@@ -63,16 +80,17 @@ def crc32c_bytes(data):
     return int(ops.ev_crc32c_extend(tf.constant(0, tf.int64), tf.constant(data)))
 
 
-def merge_indexes(indexes, prefixes, where="checkpoint"):
+def merge_indexes(indexes, prefixes, where="checkpoint", into=BUNDLE_PREFIX):
     """(merged index bytes, [{part data file: merged data file}]) of part
-    indexes `indexes` (bytes, in part order) of bundles `prefixes`.
+    indexes `indexes` (bytes, in part order) of bundles `prefixes`, merged
+    into bundle `into` (the main bundle, or the serving view's).
 
     Raises CheckpointError when two parts hold a tensor of the same name."""
     parsed = [parse_index(b, f"{where}/{p}.index") for b, p in zip(indexes, prefixes)]
     total = sum(n for n, _ in parsed)
     entries, renames, seen, offset = [], [], set(), 0
     for (n, held), prefix in zip(parsed, prefixes):
-        renames.append({data_file(prefix, s, n): data_file(BUNDLE_PREFIX, offset + s, total) for s in range(n)})
+        renames.append({data_file(prefix, s, n): data_file(into, offset + s, total) for s in range(n)})
         for e in held.values():
             if e.name in seen:
                 raise CheckpointError(f"{where}: tensor {e.name!r} is in two parts")
@@ -85,17 +103,20 @@ def merge_indexes(indexes, prefixes, where="checkpoint"):
     return build_index(entries, total, crc32c_bytes), renames
 
 
-def write_parts(staging, groups, write):
-    """Step 1 for a parameter-server save. `groups`: {task ("" = here): [EV names]};
-    `write(directory, names, prefix, device, with_dense)` streams one part and
-    returns write_bundle's (files, counts). Returns [Part], this process's last
-    (it holds the dense tensors). A failure discards every part written."""
+def write_parts(storage, dirname, staging, groups, write):
+    """Step 1 for a parameter-server save into checkpoint `dirname` of `storage`.
+    `groups`: {task ("" = here): [EV names]}; `staging`: this process's object
+    sink directory; `write(directory, names, prefix, device, with_dense)`
+    streams one part and returns write_bundle's (files, counts). Returns
+    [Part], this process's last (it holds the dense tensors). A failure
+    discards every part written."""
     groups = dict(groups)
     local = groups.pop("", [])
     parts = []
     try:
         for k, (task, names) in enumerate(sorted(groups.items())):
-            parts.append(Part(task, call(task, {"op": "mkdtemp"})["dir"], f"{BUNDLE_PREFIX}_part{k}", names))
+            sink = call(task, {"op": "sink", "url": storage.url, "options": storage.options, "dirname": dirname})
+            parts.append(Part(task, sink["dir"], f"{BUNDLE_PREFIX}_part{k}", names))
         parts.append(Part(None, staging, f"{BUNDLE_PREFIX}_part{len(parts)}", local))
 
         def run(p):
@@ -112,40 +133,50 @@ def write_parts(staging, groups, write):
 
 
 def publish_parts(storage, dirname, staging, parts):
-    """Steps 2-3: merges the part indexes, has every task upload its data files
-    under their merged names, uploads this process's files and the merged
+    """Steps 2-3: merges the part indexes, has every task rename its data files
+    to their merged names, renames this process's and uploads the merged
     index into `dirname` of `storage`, and checks every object's size there.
-    Returns (files {name: {"size", "crc32c"}}, counts, bytes this process sent)."""
-    indexes = [read_bytes(p.task, p.dir, p.prefix + ".index") if p.task else _read(p.dir, p.prefix + ".index")
-               for p in parts]
+    Returns (files {name: {"size", "crc32c"}}, counts, bytes this process sent,
+    the merged index)."""
+    def index_of(p, prefix):
+        return read_bytes(p.task, p.dir, prefix + ".index") if p.task else read(p.dir, prefix + ".index")
+
+    indexes = [index_of(p, p.prefix) for p in parts]
     index, renames = merge_indexes(indexes, [p.prefix for p in parts], storage.display(dirname))
+    sent = sum(len(b) for p, b in zip(parts, indexes) if p.task)   # the remote part indexes came here
+    merged_indexes = {BUNDLE_PREFIX + ".index": index}
+    viewed = [k for k, p in enumerate(parts) if p.has_view()]
+    if viewed:   # the parts' serving views merge into one `serving` bundle the same way
+        vindexes = [index_of(parts[k], parts[k].view_prefix) for k in viewed]
+        sent += sum(len(b) for k, b in zip(viewed, vindexes) if parts[k].task)
+        vindex, vrenames = merge_indexes(vindexes, [parts[k].view_prefix for k in viewed],
+                                         storage.display(dirname), into=VIEW_PREFIX)
+        merged_indexes[VIEW_PREFIX + ".index"] = vindex
+        for k, names in zip(viewed, vrenames):
+            renames[k] = {**renames[k], **names}
     files, counts = {}, {}
     for p, names in zip(parts, renames):
         counts.update(p.counts)
         for local, merged in names.items():
             files[merged] = p.files[local]
     storage.makedirs(storage.join(dirname))
-    sent = sum(len(b) for p, b in zip(parts, indexes) if p.task)   # the remote part indexes came here
 
     def upload(p, names):
         if p.task is None:
-            for local, merged in names.items():
-                storage.fs.put_file(os.path.join(p.dir, local), storage.join(dirname, merged))
+            sink_of(p.dir).publish(names)
             return
-        call(p.task, {"op": "put", "dir": p.dir, "url": storage.url, "options": storage.options,
-                      "dirname": dirname, "files": {lo: [m, p.files[lo]["size"]] for lo, m in names.items()}})
+        call(p.task, {"op": "put", "dir": p.dir, "files": {lo: [m, p.files[lo]["size"]] for lo, m in names.items()}})
 
     with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
         for f in [pool.submit(upload, p, names) for p, names in zip(parts, renames)]:
             f.result()
     sent += sum(parts[-1].files[lo]["size"] for lo in renames[-1])
-    with open(os.path.join(staging, BUNDLE_PREFIX + ".index"), "wb") as f:
-        f.write(index)
-    storage.fs.put_file(os.path.join(staging, BUNDLE_PREFIX + ".index"), storage.join(dirname, BUNDLE_PREFIX + ".index"))
-    files[BUNDLE_PREFIX + ".index"] = {"size": len(index), "crc32c": crc32c_bytes(index)}
-    sent += len(index)
+    for name, data in merged_indexes.items():
+        storage.fs.pipe_file(storage.join(dirname, name), data)
+        files[name] = {"size": len(data), "crc32c": crc32c_bytes(data)}
+        sent += len(data)
     check_uploaded(storage, dirname, files)
-    return files, counts, sent
+    return files, counts, sent, index
 
 
 def check_uploaded(storage, dirname, files):
@@ -163,7 +194,7 @@ def check_uploaded(storage, dirname, files):
 
 
 def discard_parts(parts):
-    """Removes every task's part directory (this process's staging is its caller's)."""
+    """Closes every task's part sink, deleting what it still holds (this process's is its caller's)."""
     for p in parts:
         if p.task is not None:
             try:
@@ -177,11 +208,6 @@ def data_files_of(index_bytes, tensor_names, where):
     num_shards, entries = parse_index(index_bytes, where)
     return sorted({data_file(BUNDLE_PREFIX, entries[n].shard_id, num_shards)
                    for n in tensor_names if n in entries and entries[n].size})
-
-
-def _read(directory, name):
-    with open(os.path.join(directory, name), "rb") as f:
-        return f.read()
 
 
 # ---- restoring: each task stages the files its shards load -------------------

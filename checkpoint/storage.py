@@ -2,10 +2,13 @@
 
 Local roots are written in place (bundle files straight into the checkpoint
 directory, fsynced). Other filesystems (s3://, gs://, memory://, ...) are
-staged: the bundle is written to a local temporary directory, uploaded file by
-file, and the manifest is uploaded last (a single object put, atomic on object
-stores). Reads of remote checkpoints download a directory to a local cache
-directory first, because the native reader reads local files.
+written with no local staging: the native writer streams each file into the
+root through an object sink (checkpoint/object_sink.py: a temporary key per
+data file, renamed into place by `upload`), and the manifest is uploaded last
+(a single object put, atomic on object stores). Whole-checkpoint reads of
+remote roots (a restore, `local_dir`) download the files a process loads into
+a private local directory first, because the native loader reads local
+files; a serving replica reads byte ranges into memory (`read_ranges`).
 """
 import copy
 import glob
@@ -187,26 +190,39 @@ class Storage:
 
     # ---- writing: where the native writer puts the bundle -------------------
     def staging_dir(self, dirname):
-        """Local directory to write the bundle of `dirname` into."""
+        """Where the native writer writes the bundle of `dirname`: the checkpoint
+        directory itself (local roots), or an object sink's directory (others:
+        streamed into the root, checkpoint/object_sink.py)."""
         if self.local:
             path = self.join(dirname)
             os.makedirs(path, exist_ok=True)
             fsync(self.path, best_effort=True)
             return path
-        return private_tempdir("stage", f"{dirname}-")
+        from checkpoint.object_sink import ObjectSink
+        return ObjectSink(self, dirname).directory
 
     def upload(self, staging, dirname, names):
-        """Copies staged files to the root (no-op for local roots)."""
+        """Puts the written files `names` in place in the root: a remote root's
+        data files are renamed from their temporary keys, its indexes (kept in
+        memory) uploaded (no-op for local roots)."""
         if self.local:
             return
-        remote = self.join(dirname)
-        self.makedirs(remote)
-        for name in names:
-            self.fs.put_file(os.path.join(staging, name), posixpath.join(remote, name))
+        from checkpoint.object_sink import sink_of
+        sink = sink_of(staging)
+        held = [n for n in names if n in sink.memory]
+        sink.publish({n: n for n in names if n not in sink.memory})
+        for n in held:   # the index last: every file it points to is in place
+            self.fs.pipe_file(self.join(dirname, n), sink.memory[n])
 
     def discard_staging(self, staging):
         if not self.local:
-            shutil.rmtree(staging, ignore_errors=True)
+            from checkpoint.object_sink import sink_of
+            try:
+                sink = sink_of(staging)
+            except KeyError:
+                return
+            sink.discard()
+            sink.close()
 
     # ---- reading: a local directory holding a checkpoint's files ------------
     def local_dir(self, dirname, names):

@@ -32,12 +32,13 @@ after the manifest leaves a committed checkpoint.
 The root: a local path every worker sees (local workers, a shared
 filesystem): the parts go into the checkpoint directory and are merged there.
 Any other root (an object store, the only storage the workers share): each
-worker writes its part into a private temp directory, the all-gather of step 3
-also tells every worker how many data files each part has, and each worker
-uploads its data files under their names in the merged bundle
-(checkpoint/remote_parts.py), its part index and its report; after an
-all-gather of the uploads the chief merges the part indexes, checks every
-object in the root and writes the manifest.
+worker streams its part into the root through an object sink
+(checkpoint/object_sink.py: no byte on the worker's disk), the all-gather of
+step 3 also tells every worker how many data files each part has, and each
+worker renames its data files to their names in the merged bundle
+(checkpoint/remote_parts.py) and uploads its part index and its report from
+memory; after an all-gather of the uploads the chief merges the part
+indexes, checks every object in the root and writes the manifest.
 
 Restores need no coordination: each worker reads the chain and keeps the keys
 its shard owns (checkpoint/shards.py), so a chain saved by W workers restores
@@ -46,7 +47,6 @@ into any number of workers, into a ShardedEmbeddingVariable or into one EV.
 import json
 import logging
 import os
-import shutil
 import time
 
 import tensorflow as tf
@@ -62,7 +62,7 @@ from checkpoint.lease import LeaseHeldError, LeaseLostError
 from checkpoint.manager import CheckpointManager
 from checkpoint.manifest import BUNDLE_PREFIX, Manifest, dir_name
 from checkpoint.remote_parts import check_uploaded, crc32c_bytes, merge_indexes
-from checkpoint.storage import private_tempdir, sweep_dead
+from checkpoint.object_sink import read, sink_of
 from evstore import quality as _quality
 from evstore.collective import all_gather_ints
 
@@ -99,8 +99,6 @@ class SyncCheckpointManager(CheckpointManager):
                  rank=None, num_workers=None, lease=True, lease_timeout=60.0, take_over=False):
         super().__init__(root, model, global_step, keep_chains, storage_options, chunk_rows, lease=lease,
                          lease_timeout=lease_timeout, take_over=take_over)
-        if not self.storage.local:
-            sweep_dead("sync-part")   # parts of workers killed mid-save on this host
         tables = list(collect(model).sharded.values())
         known = {(t.rank, t.num_workers) for t in tables if hasattr(t, "rank")}
         if len(known) > 1:
@@ -158,8 +156,8 @@ class SyncCheckpointManager(CheckpointManager):
     def _commit(self, kind, seq, col, metadata, quality=None):
         dirname = dir_name(kind, seq)
         # A local root: every part straight into the checkpoint directory. Any
-        # other: into a private directory of this worker's host, uploaded.
-        directory = self.storage.join(dirname) if self.storage.local else private_tempdir("sync-part")
+        # other: streamed into the root through an object sink.
+        directory = self.storage.join(dirname) if self.storage.local else self.storage.staging_dir(dirname)
         evs = col.evs
         sids, wrote, committed = {}, False, False
         try:
@@ -193,7 +191,10 @@ class SyncCheckpointManager(CheckpointManager):
                           "evs": {n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name,
                                       **({"shard": col.shard_info[n]} if n in col.shard_info else {})}
                                   for n, ev in evs.items()}}
-                _write_json(os.path.join(directory, f"part{self.rank}.json"), report)
+                if self.storage.local:
+                    _write_json(os.path.join(directory, f"part{self.rank}.json"), report)
+                else:
+                    sink_of(directory).memory[f"part{self.rank}.json"] = json.dumps(report).encode()
                 wrote = True
             finally:
                 # also when this worker failed: the others must not hang
@@ -223,7 +224,7 @@ class SyncCheckpointManager(CheckpointManager):
             raise
         finally:
             if not self.storage.local:
-                shutil.rmtree(directory, ignore_errors=True)
+                self.storage.discard_staging(directory)
         for name, sid in sids.items():
             evs[name].commit_export(sid)
         return manifest
@@ -238,13 +239,12 @@ class SyncCheckpointManager(CheckpointManager):
         try:
             offset, total = sum(data_counts[:self.rank]), sum(data_counts)
             mine = _data_files(files)
-            names = {f: data_file(BUNDLE_PREFIX, offset + s, total) for s, f in enumerate(mine)}
-            names[_part(self.rank) + ".index"] = _part(self.rank) + ".index"
-            names[f"part{self.rank}.json"] = f"part{self.rank}.json"
+            sink = sink_of(directory)
             self.storage.makedirs(self.storage.join(dirname))
             _failpoints.hit("before-upload")
-            self.storage.fs.put([os.path.join(directory, f) for f in names],
-                                [self.storage.join(dirname, n) for n in names.values()])
+            sink.publish({f: data_file(BUNDLE_PREFIX, offset + s, total) for s, f in enumerate(mine)})
+            for n in (_part(self.rank) + ".index", f"part{self.rank}.json"):
+                self.storage.fs.pipe_file(self.storage.join(dirname, n), sink.memory[n])
             ok = True
         finally:
             everyone = self._gather([int(ok)])
@@ -268,16 +268,13 @@ class SyncCheckpointManager(CheckpointManager):
         for rep, names in zip(reports, renames):
             counts.update(rep["counts"])
             files.update({merged: rep["files"][local] for local, merged in names.items()})
-        with open(os.path.join(directory, BUNDLE_PREFIX + ".index"), "wb") as f:
-            f.write(index)
-        self.storage.fs.put_file(os.path.join(directory, BUNDLE_PREFIX + ".index"),
-                                 self.storage.join(dirname, BUNDLE_PREFIX + ".index"))
+        self.storage.fs.pipe_file(self.storage.join(dirname, BUNDLE_PREFIX + ".index"), index)
         files[BUNDLE_PREFIX + ".index"] = {"size": len(index), "crc32c": crc32c_bytes(index)}
         for r in range(self.num_workers):
             for n in (_part(r) + ".index", f"part{r}.json"):
                 self.storage.fs.rm_file(self.storage.join(dirname, n))
         check_uploaded(self.storage, dirname, files)
-        return self._manifest(kind, seq, dirname, directory, files, counts, reports)
+        return self._manifest(kind, seq, dirname, index, files, counts, reports)
 
     def _join(self, kind, seq, dirname, directory):
         """Chief: the parts into one bundle, checked, and the manifest (the commit point)."""
@@ -293,19 +290,18 @@ class SyncCheckpointManager(CheckpointManager):
             size = os.path.getsize(os.path.join(directory, name))
             if size != f["size"]:
                 raise CheckpointError(f"{os.path.join(directory, name)}: wrote {f['size']} bytes, found {size}")
-        return self._manifest(kind, seq, dirname, directory, files, counts, reports)
+        return self._manifest(kind, seq, dirname, read(directory, BUNDLE_PREFIX + ".index"), files, counts, reports)
 
-    def _manifest(self, kind, seq, dirname, directory, files, counts, reports):
-        """Chief: checks the merged index (in `directory`) and writes the manifest (the commit point)."""
+    def _manifest(self, kind, seq, dirname, index, files, counts, reports):
+        """Chief: checks the merged index (bytes) and writes the manifest (the commit point)."""
         evs = {}
         for rep in reports:
             for n, info in rep["evs"].items():
                 evs[n] = {"dim": info["dim"], "key_dtype": info["key_dtype"], **counts[n],
                           **({"shard": info["shard"]} if "shard" in info else {})}
         names = list(collect(self.model).dense) + [GLOBAL_STEP]
-        _check_listed(directory, list(evs), names)
-        with open(os.path.join(directory, BUNDLE_PREFIX + ".index"), "rb") as f:
-            _, listed = parse_index(f.read(), self.storage.display(dirname, BUNDLE_PREFIX + ".index"))
+        _check_listed(index, self.storage.display(dirname), list(evs), names)
+        _, listed = parse_index(index, self.storage.display(dirname, BUNDLE_PREFIX + ".index"))
         dense = {n: {"dtype": tf.as_dtype(listed[n].dtype).name, "shape": list(listed[n].shape)} for n in names}
         chief = reports[0]
         parts = [rep["scored"] for rep in reports]

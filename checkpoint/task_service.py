@@ -2,11 +2,12 @@
 
 Why: on a cluster whose tasks share no filesystem, a parameter server's rows
 must go from its memory to the object store without passing through the
-chief. The native writer already runs on the PS (an op placed on its
-device); what it writes is a file on the PS's own disk. This module is the
-other half: Python code in the task's process (`evstore server`) that
-uploads those files to the root with fsspec, and, for a restore, downloads
-and verifies the files a shard loads.
+chief, and without touching the PS's own disk. The native writer already
+runs on the PS (an op placed on its device); this module is the other half:
+Python code in the task's process (`evstore server`) that opens an object
+sink there (checkpoint/object_sink.py: the writer streams each data file
+into the root with fsspec), gives the written files their names in the
+commit, and, for a restore, downloads and verifies the files a shard loads.
 
 Channel: TensorFlow's own runtime. Every evstore task process registers
 `_handle` in its py_func registry under TOKEN (`install()`, done by
@@ -18,16 +19,20 @@ op on it (UnavailableError). A task without the service (not started by
 `evstore server`) answers "callback not found", reported as such.
 
 Requests ({"op": ...}); every directory is one this process created:
-  mkdtemp                      -> {"dir"}: a private local directory (a part is written there)
-  put  dir, files{local: [remote, size]}, url, options, dirname
-                               -> uploads each file into checkpoint directory `dirname` of the root
-                                  (its size checked first), then removes `dir`; {"bytes"}
-  read dir, name               -> {"data": base64} of a small local file (a part's index)
+  sink url, options, dirname   -> {"dir"}: an object sink's directory for checkpoint directory
+                                  `dirname` of the root (a part is streamed there)
+  put  dir, files{name: [final, size]}
+                               -> gives each written file (its size checked first) its name in the
+                                  checkpoint directory, then closes the sink; {"bytes"}
+  read dir, name               -> {"data": base64} of a small file of a sink (a part's index, in memory)
   get  url, options, dirname, files{name: {size, crc32c}}
-                               -> {"dir"}: the files downloaded and verified (size, crc32c)
-  rm   dir                     -> removes one of its directories (nothing if it is gone)
-Directories are `<tmp>/evstore-task-<pid>-*`: those of a task killed mid-save
-are removed when the next task process on the host starts (`install`).
+                               -> {"dir"}: the files downloaded and verified (size, crc32c), into a
+                                  private local directory (the native loader reads local files)
+  rm   dir                     -> closes one of its sinks, deleting what it still holds, or removes one
+                                  of its directories (nothing if it is gone)
+Restore directories are `<tmp>/evstore-task-<pid>-*`: those of a task killed
+mid-restore are removed when the next task process on the host starts
+(`install`).
 Errors come back as {"error", "corrupt"} and are raised by `call` as
 CheckpointError (CorruptCheckpointError for a file that does not match the
 manifest).
@@ -35,7 +40,6 @@ manifest).
 import base64
 import json
 import os
-import posixpath
 import shutil
 import threading
 
@@ -43,6 +47,7 @@ import tensorflow as tf
 
 from checkpoint import _failpoints
 from checkpoint.errors import CheckpointError, CorruptCheckpointError
+from checkpoint.object_sink import ObjectSink, is_sink, read, sink_of
 from checkpoint.storage import private_tempdir, sweep_dead
 
 __all__ = ["install", "call", "TOKEN"]
@@ -53,10 +58,13 @@ _OWNED_LOCK = threading.Lock()
 
 
 def install():
-    """Registers the service in this process's py_func registry (idempotent), and removes the part
-    directories that tasks killed mid-save left in this host's temp directory."""
+    """Registers the service in this process's py_func registry and the object sink's callbacks with its
+    native writer (idempotent), and removes the restore directories that tasks killed mid-restore left in
+    this host's temp directory."""
     from tensorflow.python.ops import script_ops   # the registry EagerPyFunc kernels look tokens up in
     script_ops._py_funcs._funcs[TOKEN] = _handle   # a WeakValueDictionary: _handle is module-global
+    from checkpoint import object_sink
+    object_sink.install()
     sweep_dead("task")
 
 
@@ -79,22 +87,23 @@ def _mkdtemp():
     return d
 
 
+def _op_sink(req):
+    sink = ObjectSink(_storage(req), req["dirname"])
+    with _OWNED_LOCK:
+        _OWNED.add(sink.directory)
+    return {"dir": sink.directory}
+
+
 def _op_put(req):
-    d, storage = _owned(req["dir"]), _storage(req)
-    local, remote = [], []
-    for name, (target, size) in req["files"].items():
-        path = os.path.join(d, os.path.basename(name))
-        have = os.path.getsize(path)
+    sink = sink_of(_owned(req["dir"]))
+    for name, (_, size) in req["files"].items():
+        have = sink.sizes.get(name)
         if have != size:
-            raise CheckpointError(f"{path}: {have} bytes on the task, its writer reported {size}")
-        local.append(path)
-        remote.append(posixpath.join(storage.join(req["dirname"]), target))
-    storage.makedirs(storage.join(req["dirname"]))
+            raise CheckpointError(f"{sink.storage.display(sink.dirname, name)}: {have} bytes streamed by the task, "
+                                  f"its writer reported {size}{'; ' + sink.error() if sink.error() else ''}")
     _failpoints.hit("task-before-upload")
-    if local:
-        storage.fs.put(local, remote)
-    sent = sum(os.path.getsize(p) for p in local)
-    _op_rm({"dir": d})   # uploaded (the chief read the part's index before): nothing stays here
+    sent = sink.publish({name: target for name, (target, _) in req["files"].items()})
+    _op_rm({"dir": sink.directory})   # in place (the chief read the part's index before): nothing stays held
     return {"bytes": sent}
 
 
@@ -126,19 +135,26 @@ def _op_rm(req):
         if req["dir"] not in _OWNED:   # removed already (after its upload), or never this task's: nothing to do
             return {}
     d = req["dir"]
-    shutil.rmtree(d, ignore_errors=True)
+    if is_sink(d):
+        try:
+            sink = sink_of(d)
+        except KeyError:
+            sink = None
+        if sink is not None:
+            sink.discard()
+            sink.close()
+    else:
+        shutil.rmtree(d, ignore_errors=True)
     with _OWNED_LOCK:
         _OWNED.discard(d)
     return {}
 
 
 def _op_read(req):
-    with open(os.path.join(_owned(req["dir"]), os.path.basename(req["name"])), "rb") as f:
-        return {"data": base64.b64encode(f.read()).decode()}
+    return {"data": base64.b64encode(read(_owned(req["dir"]), os.path.basename(req["name"]))).decode()}
 
 
-_OPS = {"mkdtemp": lambda req: {"dir": _mkdtemp()}, "put": _op_put, "get": _op_get, "rm": _op_rm,
-        "read": _op_read}
+_OPS = {"sink": _op_sink, "put": _op_put, "get": _op_get, "rm": _op_rm, "read": _op_read}
 
 
 def _handle(request):

@@ -3,13 +3,30 @@ used by `evstore serve --gate` (serving_loader/gate.py) and the trainer's `--gua
 
 A gate is a list of clauses, all of which a commit must pass to be served:
 
-    auc >= served - 0.01, logloss <= served * 1.05
+    auc >= reference - 0.01, reference.auc >= 0.5 + (served - 0.5) / 2
 
 Each clause is `<metric> <op> <expression>`: the metric is a field of the
-quality record (evstore.quality: auc, logloss, examples, label_rate), the
-op one of >=, <=, >, <, and the expression arithmetic (+ - * /,
-parentheses, numbers) over `served` (the reference's value of the same
-metric) and `served.<metric>` (any metric of the reference).
+quality record (evstore.quality: auc, logloss, examples, label_rate), or
+`reference.<metric>` (the reference model's, below), the op one of >=, <=,
+>, <, and the expression arithmetic (+ - * /, parentheses, numbers) over
+
+  served               the served commits' value of the same metric (their
+                       record, measured on the examples they trained on)
+  served.<metric>      any metric of it
+  reference            the same metric of the commit's own examples scored
+                       by the reference model, the model the commit replaces
+                       (the record's `reference`, evstore.quality): like with
+                       like, whatever the window's difficulty
+  reference.<metric>   any metric of that
+
+`served` and `reference` answer different questions and a gate wants both
+(docs/guides/quality-gate.md): `auc >= reference - 0.01` holds a model that
+is worse than the one it replaces on the same examples, but passes a model
+that learned poisoned labels (on poisoned examples the reference scores
+worse still); `reference.auc >= 0.5 + (served - 0.5) / 2` holds a window on
+which the trusted model lost more than half its lift over chance (poisoned
+labels), and not a window that is merely harder. DEFAULT_GATE is measured
+to do both; its last clause judges records without a reference.
 
 Rules (what `Gate.decide` and `Gate.admit` do):
   * a record covering fewer than `min_examples` examples
@@ -22,8 +39,8 @@ Rules (what `Gate.decide` and `Gate.admit` do):
     a trainer that gives none) is not judged: it passes when nothing waits or
     failed before it, else it waits with them;
   * a clause whose metric the record lacks (None: an AUC of one class) is not
-    judged, nor one that refers to a served value that is missing (no
-    reference); every clause judged must hold.
+    judged, nor one that refers to a value that is missing (no served
+    commit yet, a record without `reference`); every clause judged must hold.
 """
 import ast
 import operator
@@ -33,7 +50,13 @@ from evstore.quality import FIELDS, merge
 
 __all__ = ["Gate", "GateError", "Admission", "DEFAULT_GATE", "DEFAULT_MIN_EXAMPLES"]
 
-DEFAULT_GATE = "auc >= served - 0.01, logloss <= served * 1.05"
+# Not worse than the model it replaces on the same examples, on a window where that model keeps at least half
+# its lift over chance; records without a reference: the model itself keeps half the served lift. Measured
+# to hold poisoned stretches and to serve good models on windows of different difficulty
+# (docs/guides/quality-gate.md, "Choosing a gate"). `evstore serve --gate` without EXPR.
+DEFAULT_GATE = ("auc >= reference - 0.01, reference.auc >= 0.5 + (served - 0.5) / 2, "
+                "auc >= 0.5 + (served - 0.5) / 2")
+_REFS = ("served", "reference")
 DEFAULT_MIN_EXAMPLES = 1000   # the examples a record needs to be judged (serve --gate and train --guard)
 
 _OPS = {ast.GtE: (">=", operator.ge), ast.LtE: ("<=", operator.le), ast.Gt: (">", operator.gt),
@@ -50,39 +73,44 @@ class _Missing(Exception):
 
 
 class _Clause:
-    def __init__(self, text, metric, op, expr):
+    def __init__(self, text, metric, op, expr, of_reference=False):
         self.text, self.metric, self.op, self.expr = text, metric, op, expr
+        self.of_reference = of_reference   # the left side is reference.<metric>
 
-    def _eval(self, node, served):
+    def _eval(self, node, records):
         if isinstance(node, ast.Constant):
             return float(node.value)
         if isinstance(node, ast.UnaryOp):
-            v = self._eval(node.operand, served)
+            v = self._eval(node.operand, records)
             return -v if isinstance(node.op, ast.USub) else v
         if isinstance(node, ast.BinOp):
-            a, b = self._eval(node.left, served), self._eval(node.right, served)
+            a, b = self._eval(node.left, records), self._eval(node.right, records)
             if isinstance(node.op, ast.Div) and b == 0:
                 raise _Missing()
             return _ARITH[type(node.op)](a, b)
-        field = self.metric if isinstance(node, ast.Name) else node.attr   # `served` / `served.<metric>`
-        v = (served or {}).get(field)
+        if isinstance(node, ast.Name):   # `served` / `reference`: the same metric
+            name, field = node.id, self.metric
+        else:                            # `served.<metric>` / `reference.<metric>`
+            name, field = node.value.id, node.attr
+        v = (records[name] or {}).get(field)
         if v is None:
             raise _Missing()
         return float(v)
 
     def check(self, quality, served):
         """None when the clause holds or is not judged, else why it fails."""
-        value = quality.get(self.metric)
+        value = ((quality.get("reference") or {}) if self.of_reference else quality).get(self.metric)
         if value is None:
             return None
         try:
-            bound = self._eval(self.expr, served)
+            bound = self._eval(self.expr, {"served": served, "reference": quality.get("reference")})
         except _Missing:
             return None
         sym, fn = _OPS[type(self.op)]
         if fn(float(value), bound):
             return None
-        return f"{self.metric} {value:.4g} is not {sym} {bound:.4g} ({self.text})"
+        name = f"reference.{self.metric}" if self.of_reference else self.metric
+        return f"{name} {value:.4g} is not {sym} {bound:.4g} ({self.text})"
 
 
 class Gate:
@@ -185,10 +213,13 @@ def _parse_clause(part, i):
     if type(tree.ops[0]) not in _OPS:
         raise GateError(f"{where}: the comparison must be one of >=, <=, >, <")
     left, right = tree.left, tree.comparators[0]
-    if not isinstance(left, ast.Name) or left.id not in FIELDS:
-        raise GateError(f"{where}: the left side must be one of the metrics {', '.join(FIELDS)}")
+    of_reference = (isinstance(left, ast.Attribute) and isinstance(left.value, ast.Name) and
+                    left.value.id == "reference" and left.attr in FIELDS)
+    if not of_reference and (not isinstance(left, ast.Name) or left.id not in FIELDS):
+        raise GateError(f"{where}: the left side must be one of the metrics {', '.join(FIELDS)} or "
+                        "reference.<metric>")
     _check_expr(right, where)
-    return _Clause(part, left.id, tree.ops[0], right)
+    return _Clause(part, left.attr if of_reference else left.id, tree.ops[0], right, of_reference)
 
 
 def _check_expr(node, where):
@@ -201,12 +232,13 @@ def _check_expr(node, where):
         _check_expr(node.left, where)
         _check_expr(node.right, where)
     elif isinstance(node, ast.Name):
-        if node.id != "served":
-            raise GateError(f"{where}: unknown name {node.id!r} (the right side may use numbers, served and "
-                            f"served.<metric>: {', '.join(FIELDS)})")
+        if node.id not in _REFS:
+            raise GateError(f"{where}: unknown name {node.id!r} (the right side may use numbers, served, "
+                            f"reference, served.<metric> and reference.<metric>: {', '.join(FIELDS)})")
     elif isinstance(node, ast.Attribute):
-        if not (isinstance(node.value, ast.Name) and node.value.id == "served" and node.attr in FIELDS):
-            raise GateError(f"{where}: {ast.unparse(node)!r} is not served.<metric> ({', '.join(FIELDS)})")
+        if not (isinstance(node.value, ast.Name) and node.value.id in _REFS and node.attr in FIELDS):
+            raise GateError(f"{where}: {ast.unparse(node)!r} is not served.<metric> or reference.<metric> "
+                            f"({', '.join(FIELDS)})")
     else:
         raise GateError(f"{where}: {ast.unparse(node)!r} is not allowed (numbers, + - * /, parentheses, served, "
-                        "served.<metric>)")
+                        "reference, served.<metric>, reference.<metric>)")

@@ -15,6 +15,13 @@ previous checkpoint commit (docs/ARCHITECTURE.md, "Checkpoints"):
   examples    number of examples scored (an integer >= 0)
   label_rate  fraction of positive labels; null without examples
 
+  reference   optional: the record (these fields and `hist`) of the same
+              examples scored by the reference model, the model the commit
+              replaces (evstore_app.job.reference: the trainer's model as of
+              the last commit that ended a judged run), so a gate compares like
+              with like (evstore/gate.py: `reference`, `reference.<metric>`).
+              It merges with the record (`merge`) when every record has one.
+
   hist        optional: the mergeable form of the record. `pos` / `neg`
               count the positive / negative examples per score bin (HIST_BINS
               bins, equal in logit over [-HIST_LOGIT, HIST_LOGIT], the ends
@@ -57,7 +64,7 @@ HIST_LOGIT = 10.0     # logits beyond +-10 (scores within 4.5e-5 of 0 or 1) shar
 _UNIT = {"oneOf": [{"type": "null"}, {"type": "number", "minimum": 0, "maximum": 1}]}
 _COUNTS = {"type": "array", "minItems": HIST_BINS, "maxItems": HIST_BINS,
            "items": {"type": "integer", "minimum": 0}}
-SCHEMA = {
+_RECORD = {
     "type": "object",
     "required": list(FIELDS),
     "additionalProperties": False,
@@ -70,6 +77,7 @@ SCHEMA = {
                  "properties": {"pos": _COUNTS, "neg": _COUNTS, "loss": {"type": "number", "minimum": 0}}},
     },
 }
+SCHEMA = dict(_RECORD, properties=dict(_RECORD["properties"], reference=_RECORD))
 
 _EPS = 1e-7
 
@@ -102,14 +110,19 @@ def logloss(labels, scores):
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def measure(labels, scores):
-    """The quality record of `labels` (0 / 1) and `scores` (probabilities)."""
+def measure(labels, scores, reference=None):
+    """The quality record of `labels` (0 / 1) and `scores` (probabilities);
+    `reference`: the reference model's scores of the same examples, measured
+    into the record's `reference`."""
     y = np.asarray(labels, np.float64).reshape(-1)
     p = np.asarray(scores, np.float64).reshape(-1)
     if y.shape != p.shape:
         raise ValueError(f"labels and scores differ in length: {y.size} and {p.size}")
-    return normalize({"auc": auc(y, p), "logloss": logloss(y, p), "examples": int(y.size),
-                      "label_rate": float(np.mean(y > 0.5)) if y.size else None, "hist": _hist(y, p)})
+    out = {"auc": auc(y, p), "logloss": logloss(y, p), "examples": int(y.size),
+           "label_rate": float(np.mean(y > 0.5)) if y.size else None, "hist": _hist(y, p)}
+    if reference is not None:
+        out["reference"] = measure(y, reference)
+    return normalize(out)
 
 
 def _hist(y, p):
@@ -149,7 +162,8 @@ def merge(records):
     """The record of the adjacent stretches of `records` together (in any
     order), from their histograms: exact examples, label rate and log loss,
     the AUC of the bins (module docstring). None when `records` is empty or
-    one of them is None or has no `hist`."""
+    one of them is None or has no `hist`. The merged record has a
+    `reference` when every record of some examples has one (with its `hist`)."""
     records = list(records)
     if not records or any(r is None or r.get("hist") is None for r in records):
         return None
@@ -157,7 +171,11 @@ def merge(records):
         return records[0]
     pos = np.sum([np.asarray(r["hist"]["pos"], np.int64) for r in records], axis=0)
     neg = np.sum([np.asarray(r["hist"]["neg"], np.int64) for r in records], axis=0)
-    return from_hist(pos, neg, sum(float(r["hist"]["loss"]) for r in records))
+    out = from_hist(pos, neg, sum(float(r["hist"]["loss"]) for r in records))
+    ref = merge([r.get("reference") for r in records if r["examples"]])   # an empty record has none to give
+    if ref is not None:
+        out["reference"] = ref
+    return out
 
 
 def normalize(quality):
@@ -169,11 +187,19 @@ def normalize(quality):
     """
     if not hasattr(quality, "keys"):
         raise TypeError(f"quality must be a dict with fields {list(FIELDS)}, got {type(quality).__name__}")
+    return _normalize(quality, nested=False)
+
+
+def _normalize(quality, nested):
+    where = "quality['reference']" if nested else "quality"
+    if not hasattr(quality, "keys"):
+        raise TypeError(f"{where} must be a dict with fields {list(FIELDS)}, got {type(quality).__name__}")
+    optional = {"hist"} if nested else {"hist", "reference"}
     missing = [f for f in FIELDS if f not in quality]
-    unknown = sorted(set(quality) - set(FIELDS) - {"hist"})
+    unknown = sorted(set(quality) - set(FIELDS) - optional)
     if missing or unknown:
-        raise ValueError(f"quality must have exactly the fields {list(FIELDS)} (and optionally 'hist'); missing "
-                         f"{missing}, unknown {unknown}")
+        raise ValueError(f"{where} must have exactly the fields {list(FIELDS)} (and optionally "
+                         f"{', '.join(repr(f) for f in sorted(optional))}); missing {missing}, unknown {unknown}")
     out = {}
     for f in FIELDS:
         v = quality[f]
@@ -194,6 +220,11 @@ def normalize(quality):
         out[f] = v
     if quality.get("hist") is not None:
         out["hist"] = _normalize_hist(quality["hist"], out["examples"])
+    if quality.get("reference") is not None:
+        out["reference"] = _normalize(quality["reference"], nested=True)
+        if out["reference"]["examples"] != out["examples"]:
+            raise ValueError(f"quality['reference'] covers {out['reference']['examples']} examples, the record "
+                             f"{out['examples']}: a reference scores the same examples")
     return out
 
 
@@ -218,34 +249,43 @@ def _normalize_hist(h, examples):
 
 class Scored(typing.NamedTuple):
     """Examples scored before training, not yet summarised: `labels` (0 / 1)
-    and `scores` (probabilities), float64 vectors of one length. `concat`
+    and `scores` (probabilities), float64 vectors of one length, and
+    optionally `reference`, the reference model's scores of them. `concat`
     joins parts (one per worker); `measure()` is their quality record."""
 
     labels: np.ndarray
     scores: np.ndarray
+    reference: typing.Optional[np.ndarray] = None
 
     @classmethod
-    def of(cls, labels, scores):
+    def of(cls, labels, scores, reference=None):
         """Checked and converted to float64 vectors.
 
         Raises:
-          ValueError: labels and scores differ in length.
+          ValueError: labels and scores (or reference) differ in length.
         """
         y = np.asarray(labels, np.float64).reshape(-1)
         p = np.asarray(scores, np.float64).reshape(-1)
         if y.shape != p.shape:
             raise ValueError(f"labels and scores differ in length: {y.size} and {p.size}")
-        return cls(y, p)
+        if reference is not None:
+            reference = np.asarray(reference, np.float64).reshape(-1)
+            if reference.shape != y.shape:
+                raise ValueError(f"labels and reference scores differ in length: {y.size} and {reference.size}")
+        return cls(y, p, reference)
 
     @classmethod
     def concat(cls, parts):
+        """The parts together; with `reference` only when every part has one."""
         parts = list(parts)
         if not parts:
             return cls(np.zeros(0), np.zeros(0))
-        return cls(np.concatenate([q.labels for q in parts]), np.concatenate([q.scores for q in parts]))
+        ref = (np.concatenate([q.reference for q in parts]) if all(q.reference is not None for q in parts)
+               else None)
+        return cls(np.concatenate([q.labels for q in parts]), np.concatenate([q.scores for q in parts]), ref)
 
     def measure(self):
-        return measure(self.labels, self.scores)
+        return measure(self.labels, self.scores, reference=self.reference)
 
 
 class ProgressiveQuality:
@@ -256,6 +296,9 @@ class ProgressiveQuality:
         pq.record(position_after_batch, labels, scores)   # scores from before training
         pq.since(last_committed_position)                 # the record a commit carries
 
+    `record(..., reference=...)` adds the reference model's scores of the
+    batch; a record has a `reference` when every batch it covers had one.
+
     `since(p)` also forgets the batches at or before `p` (they belong to a
     commit already). Thread-safe: a checkpoint schedule calls `since` from
     its own thread.
@@ -265,8 +308,8 @@ class ProgressiveQuality:
         self._lock = threading.Lock()
         self._batches = []   # (position, Scored)
 
-    def record(self, position, labels, scores):
-        q = Scored.of(labels, scores)
+    def record(self, position, labels, scores, reference=None):
+        q = Scored.of(labels, scores, reference)
         with self._lock:
             self._batches.append((position, q))
 

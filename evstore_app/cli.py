@@ -84,9 +84,11 @@ def build_parser():
                        help="stop committing when a commit's progressive quality fails EXPR, the syntax of "
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
-    train.add_argument("--guard-min-examples", type=int, default=None, metavar="N",
-                       help="the guard judges the commits since the last judged one once they cover N examples "
-                            "(default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
+    _min_examples_flag(train, "--guard-min-examples", "guard")
+    train.add_argument("--no-reference", dest="reference", action="store_false",
+                       help="do not score batches with the reference model (the model a commit replaces): commits "
+                            "carry no quality['reference'] and train faster; a gate's clauses on `reference` are "
+                            "then not judged (docs/guides/quality-gate.md)")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -147,22 +149,7 @@ def build_parser():
     srv.add_argument("--allow-empty", action="store_true",
                      help="serve the export as it is when the checkpoint root does not exist or holds nothing "
                           "for it yet (default: exit 1 with the reason)")
-    srv.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
-                     help="quality gate: a commit whose manifest quality fails EXPR stays committed but is not "
-                          "served; the server holds the last good version until a later commit passes (e.g. "
-                          "\"auc >= served - 0.01, logloss <= served * 1.05\", the default when EXPR is omitted; "
-                          "docs/guides/quality-gate.md)")
-    srv.add_argument("--gate-min-examples", type=int, default=None, metavar="N",
-                     help="the gate judges runs of commits covering at least N examples: a smaller commit waits "
-                          "and is judged with the next ones (default: evstore.gate.DEFAULT_MIN_EXAMPLES, 1000)")
-    srv.add_argument("--gate-max-hold-commits", type=int, default=None, metavar="N",
-                     help="bound on a gated hold: N commits after the served one left unserved (held back or "
-                          "waiting); past it the status, metrics and log say the hold is overdue (default: none)")
-    srv.add_argument("--gate-max-hold-seconds", type=float, default=None, metavar="SECONDS",
-                     help="bound on a gated hold in seconds since the server first left a commit unserved "
-                          "(default: none)")
-    srv.add_argument("--gate-past-max-hold", choices=("hold", "serve"), default="hold",
-                     help="past the bound: hold on (default) or serve the newest commit unjudged")
+    _gate_flags(srv)
     srv.add_argument("--admin_port", "--admin-port", type=int, default=None,
                      help="port of the admin listener (pin, resume, rollback, metrics; "
                           "serving_loader.admin_listener); default: 8502 with the default REST port 8501, else any "
@@ -196,6 +183,18 @@ def build_parser():
                           "joined by |, the front failing over between them): dense weights and small "
                           "EVs here, the sharded EVs' rows read from the shards per request, every commit published "
                           "on all of them at once (docs/guides/sharded-serving.md)")
+    srv.add_argument("--shard-token-file", "--shard_token_file", default=None, metavar="FILE",
+                     help="with --shard or --shards: file holding the fleet's token (the same file on the shards and "
+                          "the front); a shard then answers only calls carrying it (others get UNAUTHENTICATED). Without "
+                          "--shard-tls-cert it travels in clear text")
+    srv.add_argument("--shard-tls-cert", "--shard_tls_cert", default=None, metavar="PEM",
+                     help="with --shard: serve the shard port over TLS only, with this certificate (chain) and "
+                          "--shard-tls-key")
+    srv.add_argument("--shard-tls-key", "--shard_tls_key", default=None, metavar="PEM",
+                     help="with --shard-tls-cert: the certificate's private key")
+    srv.add_argument("--shard-tls-ca", "--shard_tls_ca", default=None, metavar="PEM",
+                     help="with --shards: reach the shards over TLS, trusting the certificates this CA (or "
+                          "self-signed certificate) signed")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")
@@ -273,6 +272,10 @@ def _kafka_flags(train, cluster=False):
                    help="stop once N messages were consumed in all (across restarts; bad ones count)")
     k.add_argument("--until", default=None, metavar="TIME",
                    help="stop at this wall-clock time: ISO 8601 (2026-11-27T08:00:00Z) or a duration (90s, 30m, 2h)")
+    if not cluster:
+        k.add_argument("--until-event-time", default=None, metavar="TIME",
+                       help="an event-time bound, ISO 8601: each partition stops before its first message "
+                            "timestamped at or past TIME (left for the next run); the run ends when all have")
     k.add_argument("--batch-linger", type=float, default=0.2 if cluster else 0.5, metavar="SECONDS",
                    help="a batch waits this long to fill once its first message arrived (default %(default)s)")
     if cluster:
@@ -290,6 +293,7 @@ def _kafka_stream(args):
     props = _kafka_properties(args)
     return KafkaStream(args.kafka, args.topic, group_id=args.group, properties=props, max_events=args.max_events,
                        until=None if args.until is None else parse_until(args.until), linger=args.batch_linger,
+                       until_event_time=None if args.until_event_time is None else parse_until(args.until_event_time),
                        dead_letter_topic=args.dead_letter_topic, group_managed=args.group_managed)
 
 
@@ -304,6 +308,33 @@ def _kafka_properties(args):
         k, v = kv.split("=", 1)
         props[k.strip()] = v
     return props
+
+
+def _min_examples_flag(parser, flag, judge):
+    """The examples a run of commits needs to be judged, for the server's gate and the trainer's guard."""
+    parser.add_argument(flag, type=int, default=None, metavar="N",
+                        help=f"the {judge} judges runs of commits covering at least N examples: a smaller commit "
+                             "waits and is judged with the next ones (default: evstore.gate.DEFAULT_MIN_EXAMPLES, "
+                             "1000)")
+
+
+def _gate_flags(parser):
+    """`evstore serve`'s quality gate: the expression, the examples of a judged run and the hold bound
+    (docs/guides/quality-gate.md)."""
+    parser.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
+                        help="quality gate: a commit whose manifest quality fails EXPR stays committed but is not "
+                             "served; the server holds the last good version until a later commit passes (e.g. "
+                             "\"auc >= reference - 0.01\": not worse than the model it replaces, on the same "
+                             "examples); EXPR omitted: evstore.gate.DEFAULT_GATE (docs/guides/quality-gate.md)")
+    _min_examples_flag(parser, "--gate-min-examples", "gate")
+    bound = "past the bound the status, metrics and log say the hold is overdue (default: none)"
+    parser.add_argument("--gate-max-hold-commits", type=int, default=None, metavar="N",
+                        help=f"bound on a gated hold: N commits after the served one left unserved (held back or "
+                             f"waiting); {bound}")
+    parser.add_argument("--gate-max-hold-seconds", type=float, default=None, metavar="SECONDS",
+                        help=f"bound on a gated hold: seconds since the server first left a commit unserved; {bound}")
+    parser.add_argument("--gate-past-max-hold", choices=("hold", "serve"), default="hold",
+                        help="past the bound: hold on (default) or serve the newest commit unjudged")
 
 
 def _schedule_flags(parser, delta_every, full_every):
@@ -570,15 +601,17 @@ def _job(args):
                            serving_view=args.serving_view, kafka=args.kafka)
         else:
             from evstore_app.job import train
-            if args.kafka is None and (args.topic or args.max_events or args.until or args.dead_letter_topic):
-                raise ValueError("--topic, --max-events, --until and --dead-letter-topic go with --kafka")
+            if args.kafka is None and (args.topic or args.max_events or args.until or args.dead_letter_topic
+                                       or args.until_event_time):
+                raise ValueError("--topic, --max-events, --until, --until-event-time and --dead-letter-topic go "
+                                 "with --kafka")
             data = _kafka_stream(args) if args.kafka is not None else args.data
             res = train.run(data, args.spec, args.checkpoints, delta_every=args.delta_every,
                             full_every=args.full_every, max_rows=args.max_rows, out=args.out,
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
                             serving_view=args.serving_view, guard_min_examples=args.guard_min_examples,
-                            from_seq=args.from_seq, export_tables=args.export_tables)
+                            from_seq=args.from_seq, export_tables=args.export_tables, reference=args.reference)
     except (SpecError, ValueError, OSError, KafkaUnavailableError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -18,6 +18,41 @@ import tempfile
 import time
 
 SERVER_JOBS = ("ps", "worker")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout evstore runs from
+
+
+def server_argv(job, task, cluster_file, python=sys.executable):
+    """The command of one task's `evstore server`, which exits when its parent does."""
+    return [python, "-m", "evstore_app", "server", "--job", job, "--task", str(task), "--cluster", str(cluster_file),
+            "--exit-with-parent"]
+
+
+def server_env(extra=None, base=None):
+    """The environment of a task process: `base` (default: this process's) without TF_CONFIG (the
+    cluster file and --job/--task name the task), TensorFlow's C++ log at warnings unless `base`
+    sets it, `extra` over that, and this checkout first on PYTHONPATH."""
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", **(os.environ if base is None else base), **(extra or {})}
+    env.pop("TF_CONFIG", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in dict.fromkeys((_ROOT, *env.get("PYTHONPATH", "").split(os.pathsep)))
+                                        if p)
+    return env
+
+
+def spawn(argv, env, **popen_kwargs):
+    """`argv` as a subprocess.Popen in a process group of its own (`kill_group` ends it with what it started)."""
+    return subprocess.Popen(argv, env=env, start_new_session=True, **popen_kwargs)
+
+
+def kill_group(popen, sig=signal.SIGKILL, wait=True, timeout=None):
+    """Sends `sig` to the process group of `popen` (a `spawn`ed process) unless it has exited; for SIGKILL
+    with `wait`, returns once it is gone."""
+    if popen.poll() is None:
+        try:
+            os.killpg(popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if sig == signal.SIGKILL and wait:
+        popen.wait(timeout=timeout)
 
 
 def _validate(spec, source):
@@ -204,10 +239,7 @@ class LocalCluster:
             json.dump(self.spec, f, indent=1)
         self._python = python
         self._task_env = dict(task_env or {})
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self._env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, **(env or {})}
-        self._env["PYTHONPATH"] = os.pathsep.join(p for p in (root, self._env.get("PYTHONPATH")) if p)
-        self._env.pop("TF_CONFIG", None)
+        self._env = dict(env or {})
         atexit.register(self.close)
         try:
             for job in SERVER_JOBS:
@@ -243,12 +275,10 @@ class LocalCluster:
             raise ValueError(f"job {job!r}: LocalCluster runs only {SERVER_JOBS} tasks (the caller is the chief)")
         with open(self.log_path(job, task), "ab") as log:
             self._log_start[(job, task)] = log.tell()   # this incarnation's "ready" line comes after it
-            self._procs[(job, task)] = subprocess.Popen(
-                [self._python, "-m", "evstore_app", "server", "--job", job, "--task", str(task),
-                 "--cluster", self.cluster_file, "--exit-with-parent"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**self._env, **self._task_env.get((job, task), {})},
-                start_new_session=True)
+            self._procs[(job, task)] = spawn(
+                server_argv(job, task, self.cluster_file, self._python),
+                server_env({**self._env, **self._task_env.get((job, task), {})}),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def _wait_ready(self, tasks, timeout):
         deadline = time.monotonic() + timeout
@@ -274,13 +304,8 @@ class LocalCluster:
         """Sends `sig` (default SIGKILL) to one task's process group and, for SIGKILL, waits for it to die."""
         check_task(self.spec, job, task)
         proc = self._procs.get((job, task))
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            if sig == signal.SIGKILL:
-                proc.wait(timeout=30)
+        if proc is not None:
+            kill_group(proc, sig, timeout=30)
 
     def restart(self, job, task, timeout=120.0, env=None):
         """Kills one task (if alive) and starts it again on the same address; returns once it serves.
@@ -303,10 +328,7 @@ class LocalCluster:
             return
         self._closed = True
         for proc in self._procs.values():
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            kill_group(proc, wait=False)
         for proc in self._procs.values():
             proc.wait()
         atexit.unregister(self.close)

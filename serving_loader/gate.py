@@ -155,8 +155,7 @@ class GateState:
     def status(self):
         """The gate's part of the admin status."""
         return {"gate": self.gate.text, "gate_min_examples": self.gate.min_examples,
-                "reference": None if self.reference is None else
-                {k: v for k, v in self.reference.items() if k != "hist"},
+                "reference": _summary(self.reference),
                 "held": self.held is not None,
                 "held_version": None if self.held is None else self.held["version"],
                 "held_reason": None if self.held is None else self.held["reason"],
@@ -169,6 +168,13 @@ class GateState:
                 "past_max_hold": self.past_max_hold, "overdue": self.overdue,
                 "overdue_total": self.overdue_total, "served_past_hold_total": self.served_past_hold_total,
                 "served_versions": list(self.served_versions)}
+
+
+def _summary(record):
+    """A quality record without its histograms (the status's view)."""
+    if record is None:
+        return None
+    return {k: (_summary(v) if k == "reference" else v) for k, v in record.items() if k != "hist"}
 
 
 class _Collector:

@@ -19,8 +19,8 @@ on the chief's host) and `host(job, task)`.
 import json
 import signal
 import subprocess
-import sys
 
+from evstore_app.cluster import server_argv
 from hosts import STARTUP_S
 
 __all__ = ["HostCluster", "PORT"]
@@ -37,22 +37,24 @@ class HostCluster:
       num_ps, num_workers: task counts (>= 1).
       env: extra variables for every task (and the chief).
       timeout: seconds for the servers to come up.
+      prefix: before every host's name (a second cluster on the same Network: "b-" gives "b-chief",
+        "b-ps0", ...).
     Raises:
       ValueError: a count below 1.
       RuntimeError: a task exited or did not serve within `timeout` (with its log tail).
     """
 
-    def __init__(self, net, num_ps=2, num_workers=2, env=None, timeout=STARTUP_S):
+    def __init__(self, net, num_ps=2, num_workers=2, env=None, timeout=STARTUP_S, prefix=""):
         for name, n in (("num_ps", num_ps), ("num_workers", num_workers)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {n!r}")
         self.net = net
         self.env = dict(env or {})
         self.directory = net.workdir
-        self._hosts = {("chief", 0): net.host("chief")}
+        self._hosts = {("chief", 0): net.host(f"{prefix}chief")}
         for job, n in (("ps", num_ps), ("worker", num_workers)):
             for task in range(n):
-                self._hosts[(job, task)] = net.host(f"{job}{task}")
+                self._hosts[(job, task)] = net.host(f"{prefix}{job}{task}")
         self.spec = {job: [f"{h.address}:{PORT}" for (j, _), h in sorted(self._hosts.items()) if j == job]
                      for job in ("chief", "ps", "worker")}
         text = json.dumps(self.spec, indent=1)
@@ -94,9 +96,8 @@ class HostCluster:
         return p.log_path if p is not None else self.host(job, task).log_path(f"{job}{task}")
 
     def _spawn(self, job, task):
-        self._procs[(job, task)] = self.host(job, task).start(
-            [sys.executable, "-m", "evstore_app", "server", "--job", job, "--task", str(task),
-             "--cluster", self.cluster_file, "--exit-with-parent"], name=f"{job}{task}", env=self.env)
+        self._procs[(job, task)] = self.host(job, task).start(server_argv(job, task, self.cluster_file),
+                                                              name=f"{job}{task}", env=self.env)
 
     def _wait_ready(self, job, task, timeout):
         p = self._procs[(job, task)]

@@ -25,7 +25,7 @@ ever given to an interface outside the namespaces made here.
         with ps0.inside():                         # this thread's sockets are now ps0's
             urllib.request.urlopen(f"http://{store.address}:{store.port}/")
         p.kill()                                   # SIGKILL (its process group); ps0.kill_all(): every process on ps0
-        net.assert_no_checkpoint_files()           # no host kept a checkpoint file outside the object store
+        net.assert_no_checkpoint_files()           # no host wrote or kept a checkpoint byte outside the object store
 
 API
   available() -> None | str
@@ -41,7 +41,9 @@ API
       from the test. `env`: variables for every process started on any host.
       Raises Unavailable(reason) where namespaces do not work. Before making
       its own namespaces it removes those of dead runs (a test process that
-      was SIGKILLed), SIGKILLing what still runs in them. `close()` (also at
+      was SIGKILLed) of the same owner ($EVH_OWNER, e.g. each engineer's name
+      on a shared machine; unset: runs without one), SIGKILLing what still
+      runs in them; another owner's namespaces are never touched. `close()` (also at
       interpreter exit, and by `with`) SIGKILLs every process on every host
       and deletes every namespace, also after a failed test.
     .host(name) -> Host           a new host with the next address
@@ -60,7 +62,17 @@ API
                                   a SavedModel's directory (saved_model.pb: a
                                   serving export) is a model, not a commit, and
                                   is not scanned
-    .assert_no_checkpoint_files() AssertionError naming each such file
+    .checkpoint_writes(restores=False) -> {host: [paths]}
+                                  every file any host but the object store's
+                                  created or wrote while the Network lived
+                                  (an inotify trace: a file written and
+                                  deleted between two scans included) that
+                                  had a checkpoint name or held checkpoint
+                                  bytes; `restores=True` leaves out restore
+                                  downloads (the native loader reads local
+                                  files), never a save's bytes
+    .assert_no_checkpoint_files(restores=False)
+                                  AssertionError naming each file of either
   Host
     .name, .address, .netns      its name, IPv4 address on the bridge, namespace
     .tmp, .home, .shm            its private directories, as the test sees them
@@ -108,8 +120,9 @@ under /dev/shm is a ValueError);
 `/tmp`, `$HOME`, `/dev/shm` private and writable; everything else read-only
 (a write fails with EROFS), except the kernel's /proc, /sys and /dev. So a
 checkpoint byte written outside the object store can only be in a host's
-private directories, which is what `checkpoint_files()` scans (call it while
-processes run, or after: the directories outlive them).
+private directories: `checkpoint_writes()` has traced every file written
+there since the Network started (inotify), and `checkpoint_files()` scans
+what is there now (the directories outlive the processes).
 
 Every process started on a host dies with the test process (PR_SET_PDEATHSIG
 through `setpriv --pdeathsig KILL`; the parent is the thread that started it,
@@ -133,11 +146,19 @@ import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
 
+from evstore_app.cluster import kill_group, server_env, spawn   # how every evstore process is started
+
 __all__ = ["Network", "Host", "Proc", "ObjectStore", "Unavailable", "available", "network_or_skip",
            "SUBNET"]
 
 SUBNET = "10.213.0.0/16"
-_PREFIX = "evh-"                     # every namespace made here: evh-<owner pid>-<owner start>-<run>-<host>
+# Every namespace made here: evh-[<$EVH_OWNER>-]<owner pid>-<owner start>-<run>-<host>. With EVH_OWNER
+# set (letters only: who runs the tests on a shared machine), a run makes, and as stale removes, only
+# namespaces of that owner; without it, only those with no owner.
+_OWNER = os.environ.get("EVH_OWNER", "")
+if _OWNER and not re.fullmatch(r"[a-z]{1,12}", _OWNER):
+    raise ValueError(f"EVH_OWNER must be 1-12 lowercase letters, got {_OWNER!r}")
+_PREFIX = f"evh-{_OWNER}-" if _OWNER else "evh-"
 _NETNS_DIR = "/run/netns"
 _CLONE_NEWNET = 0x40000000
 _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy", "no_proxy")
@@ -166,9 +187,17 @@ exec setpriv --pdeathsig KILL -- "$@"
 """
 
 # Checkpoint bytes by name: checkpoint/manifest.py's MANIFEST.json and directory names, a TF
-# bundle's files, and checkpoint/storage.py's temporary directories (staging, restore, cache).
-_CKPT_FILE = re.compile(r"(^MANIFEST\.json$|\.index$|\.data-\d+-of-\d+$)")
-_CKPT_DIR = re.compile(r"^((full|delta)-\d+|\.?evstore-(stage|ckpt-cache|restore)-.*)$")
+# bundle's files (and the native writer's temporary names, bundle_stream.cc), a synchronous part's
+# report, and the temporary directories of checkpoint/storage.py and task_service.py.
+_CKPT_FILE = re.compile(r"(^MANIFEST\.json|\.index|\.index\.tmp|\.data-\d+-of-\d+|\.tmp-(main|\d+)(\.len|\.s)?"
+                        r"|^part\d+\.json)$")
+_CKPT_DIR = re.compile(r"^((full|delta)-\d+|\.?evstore-(stage|ckpt-cache|restore|task|sync-part)-.*)$")
+# What a restore downloads, because the native loader reads local files (checkpoint/storage.py
+# `stage` / `local_dir`, task_service.py `get`): allowed by `restores=True`, never a save's bytes.
+_RESTORE_DIR = re.compile(r"^\.?evstore-(ckpt-cache|restore|task)-")
+# Checkpoint bytes by content: a TF bundle index ends in the leveldb table magic; a manifest is
+# JSON naming its files, EVs and sequence number.
+_TABLE_MAGIC = bytes.fromhex("57fb808b247547db")
 
 
 class Unavailable(RuntimeError):
@@ -354,13 +383,8 @@ class Proc:
 
     def kill(self, sig=signal.SIGKILL):
         """Sends `sig` to the process group; for SIGKILL waits until the process is gone."""
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
+        kill_group(self.popen, sig)
         if sig == signal.SIGKILL:
-            self.popen.wait()
             self._close_log()
 
     def stop(self, timeout=60):
@@ -421,8 +445,7 @@ class Host:
         cmd = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private", "--",
                "/bin/sh", "-c", _SETUP, "hosts-setup", self.tmp, self.home, self.shm, self.net.home_path,
                *[str(a) for a in argv]]
-        popen = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=full_env, text=text,
-                                 cwd=cwd or _CHECKOUT, start_new_session=True)
+        popen = spawn(cmd, full_env, stdin=stdin, stdout=stdout, stderr=stderr, text=text, cwd=cwd or _CHECKOUT)
         self._popens.append(popen)
         return popen
 
@@ -493,12 +516,7 @@ class Host:
 
     def _reap(self):
         for p in self._popens:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.wait()
+            kill_group(p)
         for p in self.procs:
             p.kill()
 
@@ -542,6 +560,137 @@ class ObjectStore:
         return [k for k, _ in self.objects(prefix)]
 
 
+def _is_checkpoint_path(rel):
+    """`rel` (a directory's ends in os.sep) names a checkpoint file or lies in a checkpoint directory."""
+    *dirs, name = rel.split(os.sep)
+    return bool(name and _CKPT_FILE.search(name)) or any(_CKPT_DIR.match(p) for p in dirs)
+
+
+def _holds_checkpoint_bytes(path):
+    """Whether the file at `path` (if it is still there) is a bundle index or a manifest by content."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            f.seek(0, os.SEEK_END)
+            if f.tell() >= 8:
+                f.seek(-8, os.SEEK_END)
+                if f.read(8) == _TABLE_MAGIC:
+                    return True
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{") and all(k in head for k in (b'"seq"', b'"files"', b'"evs"'))
+
+
+class WriteTrace:
+    """Every file created or written under the hosts' private directories while the Network lives.
+
+    inotify (through inotify_simple: a thin ctypes wrapper of the kernel's API, no thread or
+    polling of its own) watches each host's /tmp, home and /dev/shm and every directory made
+    under them (a new directory's entries made before its watch are read when it is added), in
+    the test process: the kernel reports writes by any mount namespace's view of the same inodes.
+    A file is recorded at creation, rename into place and close after writing, with whether it
+    held checkpoint bytes then (a bundle index or a manifest, by content) - so a file written
+    and deleted between two scans is still seen. A directory is recorded when it is made (its
+    path with a trailing separator): files written and removed in a new directory before its
+    watch is added (a few microseconds) are seen by the directory's name only.
+    """
+
+    def __init__(self):
+        import inotify_simple
+
+        self._fl = inotify_simple.flags
+        self._mask = self._fl.CREATE | self._fl.MOVED_TO | self._fl.CLOSE_WRITE
+        self._inotify = inotify_simple.INotify()
+        self._dirs = {}           # watch descriptor -> (host, top, directory)
+        self._lock = threading.Lock()
+        self.written = {}         # host -> {path relative to its private dir's parent: holds checkpoint bytes}
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hosts-write-trace")
+        self._thread.start()
+
+    def watch(self, host, top):
+        self._add(host, top, top)
+
+    def _add(self, host, top, d):
+        try:
+            wd = self._inotify.add_watch(d, self._mask)
+        except OSError:   # gone already, or a read-only share's mount point
+            return
+        with self._lock:
+            self._dirs[wd] = (host, top, d)
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            return
+        for e in entries:   # made before the watch: seen now
+            if e.is_dir(follow_symlinks=False):
+                self._add(host, top, e.path)
+            else:
+                self._record(host, top, e.path)
+
+    def _record(self, host, top, path):
+        rel = os.path.relpath(path, os.path.dirname(top))
+        holds = _holds_checkpoint_bytes(path)
+        with self._lock:
+            seen = self.written.setdefault(host, {})
+            seen[rel] = seen.get(rel, False) or holds
+
+    def _run(self):
+        while not self._closed:
+            try:
+                events = self._inotify.read(timeout=200)
+            except OSError:
+                return
+            for ev in events:
+                with self._lock:
+                    where = self._dirs.get(ev.wd)
+                if where is None or not ev.name:
+                    continue
+                host, top, d = where
+                path = os.path.join(d, ev.name)
+                if ev.mask & self._fl.ISDIR:
+                    if ev.mask & (self._fl.CREATE | self._fl.MOVED_TO):
+                        with self._lock:
+                            self.written.setdefault(host, {})[os.path.relpath(path, os.path.dirname(top)) + os.sep] = False
+                        self._add(host, top, path)
+                else:
+                    self._record(host, top, path)
+
+    def sync(self):
+        """Returns once the events queued so far are read (a short quiet period)."""
+        time.sleep(0.5)
+        while True:
+            with self._lock:
+                before = sum(len(v) for v in self.written.values())
+            time.sleep(0.3)
+            with self._lock:
+                if sum(len(v) for v in self.written.values()) == before:
+                    return
+
+    def checkpoint_writes(self, restores=False, hosts=None):
+        """{host: [paths]} of recorded files with a checkpoint name or checkpoint bytes (restore
+        downloads left out when `restores`)."""
+        self.sync()
+        out = {}
+        with self._lock:
+            items = [(h, dict(v)) for h, v in self.written.items() if hosts is None or h in hosts]
+        for h, seen in items:
+            for rel, holds in sorted(seen.items()):
+                parts = rel.split(os.sep)
+                if restores and any(_RESTORE_DIR.match(p) for p in parts[:-1]):
+                    continue   # (a directory's path ends in os.sep: its own name is in parts[:-1])
+                if any(os.path.join(*parts[:i], "saved_model.pb") in seen for i in range(1, len(parts))):
+                    continue   # in a SavedModel (a serving export): a model, not a commit
+                if holds or _is_checkpoint_path(rel):
+                    out.setdefault(h, []).append(rel)
+        return out
+
+    def close(self):
+        self._closed = True
+        self._thread.join(timeout=5)
+        self._inotify.close()
+
+
 class Network:
     """Hosts on one bridge (see the module docstring)."""
 
@@ -573,6 +722,8 @@ class Network:
         self.env = dict(env or {})
         self.closed = False
         self._switch = self.run_prefix + "sw"
+        self.trace = WriteTrace()
+        self._stores = set()   # hosts that are the object store: what they write is the store's
         atexit.register(self.close)
         try:
             _run("ip", "netns", "add", self._switch)
@@ -615,18 +766,16 @@ class Network:
             raise
         h = Host(self, name, netns, address)
         self.hosts[name] = h
+        for top in (h.tmp, h.home, h.shm):
+            self.trace.watch(name, top)
         return h
 
     def process_env(self, extra=None):
         """The environment of a process started on a host: this one's, minus proxies and TF_CONFIG, plus
         `Network.env` and `extra`."""
-        env = {k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARS and k != "TF_CONFIG"}
-        env.update({"HOME": self.home_path, "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
-                    "NO_PROXY": "*", "no_proxy": "*", "TF_CPP_MIN_LOG_LEVEL": "2"})
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_CHECKOUT, env.get("PYTHONPATH")) if p)
-        env.update(self.env)
-        env.update(extra or {})
-        return env
+        return server_env({"HOME": self.home_path, "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
+                           "NO_PROXY": "*", "no_proxy": "*", "TF_CPP_MIN_LOG_LEVEL": "2", **self.env, **(extra or {})},
+                          base={k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARS})
 
     def object_store(self, name="s3", port=5000, timeout=STARTUP_S):
         """moto's S3 server on a new host `name` with a fresh bucket; every process started later gets its
@@ -634,6 +783,7 @@ class Network:
         h = self.host(name)
         proc = h.start([sys.executable, "-m", "moto.server", "-H", h.address, "-p", str(port)], name="moto")
         h.wait_port(port, timeout=timeout, proc=proc)
+        self._stores.add(name)
         store = ObjectStore(h, port, f"evstore-{uuid.uuid4().hex[:12]}", proc)
         store._request("PUT", f"/{store.bucket}")
         self.env.update(store.env)
@@ -654,10 +804,21 @@ class Network:
                             found.setdefault(name, []).append(os.path.join(d, f))
         return found
 
-    def assert_no_checkpoint_files(self):
+    def checkpoint_writes(self, restores=False):
+        """{host: [paths]} of every file a host (not the object store's) created or wrote, at any time
+        since the Network started, that had a checkpoint name or held checkpoint bytes (WriteTrace);
+        `restores=True` leaves out what restores downloaded (the native loader reads local files)."""
+        return self.trace.checkpoint_writes(restores, [h for h in self.hosts if h not in self._stores])
+
+    def assert_no_checkpoint_files(self, restores=False):
+        """AssertionError naming each checkpoint file a host keeps now (`checkpoint_files`) and each one
+        a host wrote at any time (`checkpoint_writes`, restore downloads allowed by `restores`)."""
         found = self.checkpoint_files()
         assert not found, "checkpoint files outside the object store: " + "; ".join(
             f"{h}: {', '.join(os.path.relpath(p, self.workdir) for p in ps[:10])}" for h, ps in found.items())
+        written = self.checkpoint_writes(restores)
+        assert not written, "checkpoint bytes written outside the object store: " + "; ".join(
+            f"{h}: {', '.join(ps[:10])}" for h, ps in written.items())
 
     def close(self):
         """SIGKILLs every process on every host, deletes every namespace. Idempotent."""
@@ -666,13 +827,10 @@ class Network:
         self.closed = True
         for h in self.hosts.values():
             for p in h._popens:
-                if p.poll() is None:
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                kill_group(p, wait=False)
         for name in [n for n in _netns_names() if n.startswith(self.run_prefix)]:
             _remove_netns(name)
         for h in self.hosts.values():
             h._reap()
+        self.trace.close()
         atexit.unregister(self.close)

@@ -73,35 +73,35 @@ def load_rows(ev, keys, rng, dim, tf):
             freqs=np.ones(len(keys), np.int64), slots={"m": r["m"], "v": r["v"]})
 
 
-def through_chief(storage, ev, tf):
-    """Seconds to write the table's parts on the PS hosts and upload every byte from the chief."""
+def through_chief(storage, ev, tf, work):
+    """Seconds to write the table's parts on the PS hosts (into each PS's own TMPDIR under `work`: the
+    staging this design needs) and upload every byte from the chief."""
     from checkpoint.bundle import write_bundle
-    from checkpoint.remote_parts import discard_parts, write_parts
     from checkpoint.shards import device_groups
     evs = {s.name: s for s in ev.shards}
     t0 = time.perf_counter()
     sids = {n: int(e.begin_export(return_keys=False)[0]) for n, e in evs.items()}
-    staging = tempfile.mkdtemp(prefix="bench-through-chief-")
-    parts = []
-    sent = 0
+    dirs, sent = [], 0
     try:
-        def write(directory, names, prefix, device, with_dense):
-            return write_bundle(directory, {n: evs[n] for n in names}, sids, {}, full=True, prefix=prefix,
-                                device=device)
-        parts = write_parts(staging, device_groups(evs), write)
         dirname = "through-chief"
         storage.makedirs(storage.join(dirname))
-        for p in parts:
-            for name in p.files:
-                with tf.device(None if p.task is None else p.task + "/device:CPU:0"):
-                    data = tf.io.read_file(os.path.join(p.dir, name)).numpy()
+        for k, (task, names) in enumerate(sorted(device_groups(evs).items())):
+            d = os.path.join(work, f"tmp-ps-{task.rsplit(':', 1)[1]}", "through-chief")
+            os.makedirs(d, exist_ok=True)
+            dirs.append(d)
+            files, _ = write_bundle(d, {n: evs[n] for n in names}, sids, {}, full=True, prefix=f"ckpt_part{k}",
+                                    device=task + "/device:CPU:0")
+            for name in files:
+                with tf.device(task + "/device:CPU:0"):
+                    data = tf.io.read_file(os.path.join(d, name)).numpy()
                 storage.fs.pipe_file(storage.join(dirname, name), data)
                 sent += len(data)
         dt = time.perf_counter() - t0
     finally:
         for n, e in evs.items():
             e.abort_export(sids[n])
-        discard_parts(parts)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
         storage.remove_dir("through-chief")
     return dt, sent
 
@@ -154,7 +154,7 @@ def ps_part(args, bucket, work):
             dt = time.perf_counter() - t0
             out[f"{name}_restore_s"] = round(dt, 2)
             log(f"{name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys")
-        dt, sent = through_chief(mgrs["s3"].storage, ev, tf)
+        dt, sent = through_chief(mgrs["s3"].storage, ev, tf, work)
         out["s3_full_through_chief_s"] = round(dt, 2)
         out["s3_full_through_chief_sent_bytes"] = sent
         log(f"s3 full, every part through the chief (no commit): {dt:.2f}s, {sent / 2**20:.1f} MiB via the chief")

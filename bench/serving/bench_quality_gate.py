@@ -2,8 +2,8 @@
 
     .venv/bin/python -m bench.serving.bench_quality_gate [--out DIR] [--part demo,movielens]
         [--demo-minutes 2.5] [--poison 50:30] [--demo-gate default]
-        [--movielens examples/data/movielens/ratings.csv] [--ml-poison 0.4:0.25] [--ml-commit-every 8]
-        [--ml-gate "auc >= served - 0.03"]
+        [--movielens examples/data/movielens/ratings.csv] [--ml-poison 0.4:0.25] [--ml-poison-kind shuffle]
+        [--ml-commit-every 8] [--ml-gate default] [--ml-compare "EXPR;EXPR"]
     .venv/bin/python -m bench.serving.bench_quality_gate --out DIR --combine RUN1/quality_gate.json RUN2/...  (one picture)
 
 demo: `evstore demo` twice, as real processes (trainer, `evstore serve` polling
@@ -17,11 +17,16 @@ from the stretch on, the frozen model's over the same windows, and when the
 gated server served a new commit again after the stretch.
 
 movielens: a replay in one process, in time order: the trainer commits a delta
-every N batches (so both runs see the same commits), a gated and an ungated
-ServingModel poll after each commit and, with a model frozen at the first
-full, score each batch before it is trained on. Labels (rating >= 4) are
-shuffled for the fraction of rows given by --ml-poison FROM:LENGTH. Served AUC
-per commit interval.
+every N batches (so both runs see the same commits; each record with the
+reference model's scores, evstore_app/job/reference.py), a gated and an
+ungated ServingModel poll after each commit and, with a model frozen at the
+first full, score each batch before it is trained on. Labels (rating >= 4) are
+shuffled (or inverted: --ml-poison-kind invert) for the fraction of rows given
+by --ml-poison FROM:LENGTH. Served AUC per commit interval. Each gate of
+--ml-compare (separated by ;) is one more gated ServingModel polling the same
+commits: for each gate, `compare` says how many poisoned commits it served,
+how many good commits it held, and after how many commits past the stretch it
+served again.
 
 Writes DIR/quality_gate.json (every figure) and DIR/quality_gate.png, and
 prints the JSON.
@@ -82,7 +87,7 @@ def demo_figures(s):
 
 
 # ---- movielens: an in-process replay ---------------------------------------------------
-def run_movielens(out, data, poison, commit_every, gate, seed=0):
+def run_movielens(out, data, poison, commit_every, gate, seed=0, kind="shuffle", compare=()):
     import checkpoint  # noqa: F401
     from evstore.quality import auc
     from evstore_app.job.source import FileStream
@@ -106,14 +111,17 @@ def run_movielens(out, data, poison, commit_every, gate, seed=0):
     frozen = ServingModel(export, root)
     ungated = ServingModel(export, root)
     gated = ServingModel(export, root, gate=gate)
+    others = {g: ServingModel(export, root, gate=g) for g in compare}
     # Shuffled across the whole stretch, not within a batch: a MovieLens batch in time order is mostly
     # one user's ratings, whose label rate a within-batch shuffle would keep.
-    stretch = np.random.default_rng(seed + 1).permutation(np.concatenate([batches[i][1][1] for i in range(lo, hi)]))
+    stretch = np.concatenate([batches[i][1][1] for i in range(lo, hi)])
+    stretch = 1 - stretch if kind == "invert" else np.random.default_rng(seed + 1).permutation(stretch)
     poisoned, k = {}, 0
     for i in range(lo, hi):
         m = len(batches[i][1][1])
         poisoned[i], k = stretch[k:k + m], k + m
     y_true, scores, intervals, versions, held = [], {"ungated": [], "gated": [], "frozen": []}, [], [], []
+    commit_kind = {}
     t0 = time.time()
     for i in range(warm, n):
         pos, (cols, y) = batches[i]
@@ -122,11 +130,12 @@ def run_movielens(out, data, poison, commit_every, gate, seed=0):
             scores[name].append(sm.predict(x)[0]["outputs"].reshape(-1))
         y_true.append(y)
         y_train = poisoned.get(i, y)
-        trainer.train(x, y_train, pos, trainer.predict(x))
+        trainer.train(x, y_train, pos, *trainer.score(x))
         if (i - warm + 1) % commit_every == 0 or i == n - 1:
-            trainer.manager.save_delta(metadata=trainer.metadata(), quality=trainer.quality)
-            ungated.poll()
-            gated.poll()
+            seq = trainer.manager.save_delta(metadata=trainer.metadata(), quality=trainer.quality)
+            commit_kind[seq] = "poisoned" if i >= lo and i - commit_every + 1 < hi else "good"   # trained on any of it
+            for sm in (ungated, gated, *others.values()):
+                sm.poll()
             versions.append({"batch": i + 1, "committed": trainer.manager.last_committed.seq,
                              "ungated": ungated.version, "gated": gated.version})
             held.append(gated.admin_status()["held"])
@@ -146,7 +155,17 @@ def run_movielens(out, data, poison, commit_every, gate, seed=0):
     back_u = next((p["batch"] - hi for p in after if p["batch"] > hi and p["ungated"] >= pre_auc - 0.01), None)
     resumed = next((v for v, h in zip(versions, held) if v["batch"] > hi and not h), None)
     gs = gated.admin_status()
+    last_poisoned = max(s for s, k in commit_kind.items() if k == "poisoned")
+
+    def judged(sm):
+        served = set(sm.gate.served_versions)
+        again = min((s for s in served if s > last_poisoned), default=None)
+        return {"poisoned_commits_served": sorted(s for s in served if commit_kind.get(s) == "poisoned"),
+                "poisoned_commits": sum(1 for k in commit_kind.values() if k == "poisoned"),
+                "served_versions": len(served), "held_back_total": sm.gate.held_back_total,
+                "serving_again_commits_after_stretch": None if again is None else again - last_poisoned}
     return {
+        "compare": {g: judged(sm) for g, sm in [(gate, gated), *others.items()]}, "poison_kind": kind,
         "data": os.path.relpath(data, REPO) if data.startswith(REPO) else data, "rows": stream.rows,
         "batches": n, "batch_size": spec["batch_size"], "commit_every_batches": commit_every,
         "poisoned_batches": [lo, hi], "gate": gate, "replay_seconds": round(seconds, 1),
@@ -231,7 +250,10 @@ def main():
     ap.add_argument("--movielens", default=os.path.join(REPO, "examples", "data", "movielens", "ratings.csv"))
     ap.add_argument("--ml-poison", default="0.4:0.25", help="movielens: FROM:LENGTH as fractions of the batches")
     ap.add_argument("--ml-commit-every", type=int, default=8)
-    ap.add_argument("--ml-gate", default="auc >= served - 0.03")
+    ap.add_argument("--ml-gate", default="default")
+    ap.add_argument("--ml-poison-kind", choices=("shuffle", "invert"), default="shuffle")
+    ap.add_argument("--ml-compare", default="auc >= served - 0.01, logloss <= served * 1.05;auc >= reference - 0.01",
+                    help="more gates (separated by ;) judging the same commits")
     ap.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                     help="only draw the panels of earlier runs' quality_gate.json files into OUT/quality_gate.png")
     args = ap.parse_args()
@@ -246,7 +268,8 @@ def main():
     if "movielens" in parts:
         a, b = (float(v) for v in args.ml_poison.split(":"))
         res["movielens"] = run_movielens(os.path.join(out, "movielens"), args.movielens, (a, b),
-                                         args.ml_commit_every, args.ml_gate)
+                                         args.ml_commit_every, args.ml_gate, kind=args.ml_poison_kind,
+                                         compare=[g for g in args.ml_compare.split(";") if g.strip()])
     if "demo" in parts:
         ungated = run_demo(os.path.join(out, "demo-ungated"), args.demo_minutes, args.poison, None)
         gated = run_demo(os.path.join(out, "demo-gated"), args.demo_minutes, args.poison, args.demo_gate)

@@ -118,13 +118,19 @@ class ClusterJob:
       shards: shards per table (default: the number of PS tasks).
       local: train in this process with unsharded EVs (no cluster).
       storage: the tables' storage (CtrModel's; None: all rows in DRAM).
+      lease_timeout, take_over: the checkpoint root's writer lease
+        (CheckpointManager's): a new chief on another host, after the old
+        one's host died, waits `lease_timeout` seconds for the dead holder's
+        lease to go stale, or takes it at once with `take_over=True` (the
+        operator asserts the old chief is gone).
 
     Raises:
       ValueError: a bad cluster or argument (the message names it).
     """
 
     def __init__(self, cluster=None, checkpoints=None, batch_size=256, seed=0, learning_rate=0.05,
-                 delta_every=20, full_every=None, keep_chains=3, shards=None, local=False, storage=None):
+                 delta_every=20, full_every=None, keep_chains=3, shards=None, local=False, storage=None,
+                 lease_timeout=60.0, take_over=False):
         for name, v in (("batch_size", batch_size), ("delta_every", delta_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -161,7 +167,8 @@ class ClusterJob:
         self.manager = None
         if checkpoints is not None:
             self.manager = checkpoint.CheckpointManager(checkpoints, self.model, global_step=self.global_step,
-                                                        keep_chains=keep_chains)
+                                                        keep_chains=keep_chains, lease_timeout=lease_timeout,
+                                                        take_over=take_over)
         self.position = 0
         self.commits = []          # (seq, kind, position) of this process's commits
         self.progressive = ProgressiveQuality()   # scored batches, keyed by the position after each

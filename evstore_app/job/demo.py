@@ -185,7 +185,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     root, export = os.path.join(out, "checkpoints"), os.path.join(out, "export")
     spec = dict(SPEC, batch_size=batch_size)
     stream = ClickStream(seed=seed, batch_size=batch_size)
-    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains, serving_view=serving_view)
+    trainer = Trainer(spec, root, seed=seed, keep_chains=keep_chains, serving_view=serving_view, reference_gate=gate)
     if stop_event is not None:
         trainer.stop_event = stop_event
     writer = tf.summary.create_file_writer(os.path.join(out, "tensorboard"))
@@ -208,6 +208,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
             feed.close()
         raise
     first_full = trainer.manager.save_full(metadata=trainer.metadata())
+    trainer.reference.restart(trainer.model)              # the model the first delta replaces
     frozen = serving_loader.ServingModel(export, root)     # never polled again: frozen at the first full
     server = _Server(export, root, log_path=os.path.join(out, "server.log"), gate=gate)
     shuffle = np.random.default_rng(seed + 1)
@@ -238,7 +239,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
             if poisoned:   # the examples of the stretch, as the trainer counts them: (after, up to]
                 poison_examples = [trainer.examples if poison_examples is None else poison_examples[0],
                                    trainer.examples + len(y)]
-            trainer.train(x, y_train, position, trainer.predict(x))   # scored before training: the commit's quality
+            trainer.train(x, y_train, position, *trainer.score(x))   # scored before training: the commit's quality
             if feed is not None:
                 feed.source.committed(trainer.manager.last_committed)   # offsets to the group, event -> commit
             step += 1

@@ -144,6 +144,12 @@ class KafkaStream:
         commit's count, across restarts; bad messages count), like
         `--max-rows` for files. None: unbounded.
       until: stop at this wall-clock time (epoch seconds; see parse_until).
+      until_event_time: an event-time bound (epoch seconds): each partition
+        stops before its first message whose timestamp (the producer's, or the
+        broker's with LogAppendTime) is at or past it, leaving that message
+        unconsumed (the commit's offset points at it, so a later run without
+        the bound starts there); the stream ends once every partition reached
+        the bound. None: no bound.
       linger: seconds a batch waits to fill once its first message arrived
         (a slow stream still trains, and commits, every `linger` seconds).
       dead_letter_topic: where bad messages are produced (with headers naming
@@ -161,7 +167,7 @@ class KafkaStream:
 
     def __init__(self, bootstrap_servers, topics, group_id="evstore", properties=None, max_events=None,
                  until=None, linger=0.5, dead_letter_topic=None, group_managed=False, discover_every=10.0,
-                 partition_filter=None):
+                 partition_filter=None, until_event_time=None):
         if not bootstrap_servers:
             raise ValueError("the Kafka source needs bootstrap servers (host:port)")
         self.topics = [topics] if isinstance(topics, str) else list(topics or [])
@@ -180,6 +186,8 @@ class KafkaStream:
         self.config = {**_DEFAULTS, **props, "bootstrap.servers": bootstrap_servers, "group.id": group_id}
         self.max_events = None if max_events is None else int(max_events)
         self.until = until
+        self.until_event_ms = None if until_event_time is None else int(round(until_event_time * 1000))
+        self._reached = set()         # (topic, partition) past the event-time bound: paused, not consumed
         self.linger = float(linger)
         self.dead_letter_topic = dead_letter_topic
         self.group_managed = group_managed
@@ -194,7 +202,7 @@ class KafkaStream:
         self.bad = 0
         self.bad_reasons = {}
         self.event_time_ms = None     # newest event (producer timestamp) trained
-        self.ended = None             # why the stream ended: "max_events", "until", "stopped"
+        self.ended = None             # why the stream ended: "max_events", "until", "until_event_time", "stopped"
         self._pending_ts = []         # (messages after the batch, event timestamps ms) not yet committed
         self.freshness = []           # [(commit seq, events, p50 s, p99 s, max s)] event time -> commit
         self._fresh_samples = []
@@ -312,6 +320,9 @@ class KafkaStream:
             tp.offset = self.offsets.get((tp.topic, tp.partition), k.OFFSET_STORED)
         consumer.assign(parts)
         self._assigned = {(tp.topic, tp.partition) for tp in parts}
+        reached = [tp for tp in parts if (tp.topic, tp.partition) in self._reached]
+        if reached:       # past the event-time bound before the rebalance: still not consumed
+            consumer.pause(reached)
         print("evstore train: the group assigned " + (", ".join(
             f"{tp.topic}[{tp.partition}]@" + (f"{tp.offset}" if tp.offset >= 0 else "group's offset")
             for tp in parts) or "no partition"), file=sys.stderr, flush=True)
@@ -344,6 +355,8 @@ class KafkaStream:
             self.ended = "max_events"
         elif self.until is not None and time.time() >= self.until:
             self.ended = "until"
+        elif self.until_event_ms is not None and getattr(self, "_assigned", None) and self._assigned <= self._reached:
+            self.ended = "until_event_time"
         return self.ended is not None
 
     def batches(self, batch_size, stop_event=None, on_idle=None):
@@ -384,6 +397,8 @@ class KafkaStream:
         """Decodes consumed messages, advancing the offsets; returns the good records."""
         records, ts = [], []
         _failpoints.hit("kafka-batch-consumed")
+        if self.until_event_ms is not None:
+            msgs = self._before_bound(msgs)
         for m in msgs:
             rec = self._decode(m)
             self.offsets[(m.topic(), m.partition())] = m.offset() + 1
@@ -407,6 +422,8 @@ class KafkaStream:
                 break
             if self.until is not None and time.time() >= self.until:
                 break
+            if self.until_event_ms is not None and getattr(self, "_assigned", None) and self._assigned <= self._reached:
+                break
             wait = self.linger if first is None else first + self.linger - time.time()
             if first is None and idle_until is not None:
                 wait = idle_until - time.time()
@@ -428,6 +445,24 @@ class KafkaStream:
                 self._discover()
                 if self._down_since is not None:
                     self._note_wait("no answer")
+        return out
+
+    def _before_bound(self, msgs):
+        """The messages before each partition's first one at or past the event-time bound; that partition
+        is paused there (its offset stays at that message)."""
+        k = _kafka()
+        out = []
+        for m in msgs:
+            tp = (m.topic(), m.partition())
+            if tp in self._reached:
+                continue
+            if m.timestamp()[1] >= self.until_event_ms:
+                self._reached.add(tp)
+                self.consumer.pause([k.TopicPartition(*tp)])
+                print(f"evstore train: {tp[0]}[{tp[1]}] reached the event-time bound at offset {m.offset()}",
+                      file=sys.stderr, flush=True)
+                continue
+            out.append(m)
         return out
 
     def _decode(self, m):

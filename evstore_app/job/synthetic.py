@@ -53,8 +53,12 @@ def _effect(ids, salt, scale):
 class ClickStream:
     """Batches of click events: `batch(b)` -> ({column: np.ndarray}, labels)."""
 
-    def __init__(self, seed=0, batch_size=512, users=100_000, items=50_000, user_drift=4, item_drift=3):
+    def __init__(self, seed=0, batch_size=512, users=100_000, items=50_000, user_drift=4, item_drift=3,
+                 signal=None):
+        """`signal`: batch index -> the weight of the id effects in the click
+        logit (None: 1): below 1 a window is harder to predict, for any model."""
         self.seed, self.batch_size = seed, batch_size
+        self.signal = signal
         self.users, self.items = users, items
         self.user_drift, self.item_drift = user_drift, item_drift
 
@@ -65,7 +69,8 @@ class ClickStream:
         item = self._field(rng, n, b, self.items, self.item_drift, 1.1, 1.2)
         category = (np.minimum(rng.zipf(1.4, n), 600) - 1).astype(np.int64)
         hour = rng.random(n).astype(np.float32)
-        logit = (_effect(user, 1, 1.5) + _effect(item, 2, 1.5) + _effect(category, 3, 0.5)
+        w = 1.0 if self.signal is None else float(self.signal(b))
+        logit = (w * (_effect(user, 1, 1.5) + _effect(item, 2, 1.5) + _effect(category, 3, 0.5))
                  + 0.8 * np.sin(2 * np.pi * hour) - 1.0)
         click = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
         with np.errstate(over="ignore"):

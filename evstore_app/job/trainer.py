@@ -6,7 +6,9 @@ manager's lock, so every scheduled delta or full is the exact state after a
 batch and records the input position (`{"position": ..., "examples": ...}`)
 that a restarted job resumes from: no example lost or trained twice. The
 scores of the examples trained since the last commit give that commit's
-quality record (evstore.quality, `Trainer.quality`), stored in its manifest.
+quality record (evstore.quality, `Trainer.quality`), stored in its manifest,
+with the same examples' scores by the reference model (the model the commit
+replaces, evstore_app/job/reference.py) in the record's `reference`.
 """
 import threading
 import time
@@ -17,6 +19,7 @@ import tensorflow as tf
 import checkpoint
 from evstore.quality import ProgressiveQuality, auc
 from evstore_app.job.model import build_model, field_ev, model_inputs
+from evstore_app.job.reference import ReferenceModel
 
 __all__ = ["Trainer", "auc"]
 
@@ -32,11 +35,21 @@ def _scalar(tag, value):
 class Trainer:
     """A model built from `spec`, trained batch by batch, checkpointed under `root`
     (`serving_view`: also a lower-precision view of the served rows in every
-    commit, CheckpointManager's argument)."""
+    commit, CheckpointManager's argument). `reference`: score every batch
+    with the reference model too (module docstring; False: records carry no
+    `reference`); `reference_gate` / `reference_min_examples`: the judgement
+    a run must pass for the reference to become its model (None:
+    evstore.gate.DEFAULT_GATE / DEFAULT_MIN_EXAMPLES; `evstore train --guard`
+    passes its own)."""
 
-    def __init__(self, spec, root, keep_chains=3, seed=0, serving_view=None):
+    def __init__(self, spec, root, keep_chains=3, seed=0, serving_view=None, reference=True,
+                 reference_gate=None, reference_min_examples=None):
         self.spec = spec
         self.model = build_model(spec, seed=seed)
+        self.reference = (ReferenceModel(spec, seed=seed, gate=reference_gate, min_examples=reference_min_examples)
+                          if reference else None)
+        if self.reference is not None:
+            self.reference.restart(self.model)
         self.manager = checkpoint.CheckpointManager(root, self.model, keep_chains=keep_chains,
                                                     serving_view=serving_view)
         self.position = 0
@@ -58,9 +71,13 @@ class Trainer:
 
     def quality(self):
         """The quality record of the examples trained since the last commit
-        (called under the manager's lock by each save)."""
+        (called under the manager's lock by each save, which it judges for
+        the reference model: `ReferenceModel.advance`)."""
         last = self.manager.last_committed
-        return self.progressive.since(None if last is None else int(last.metadata.get("examples", 0)))
+        q = self.progressive.since(None if last is None else int(last.metadata.get("examples", 0)))
+        if self.reference is not None:
+            self.reference.advance(q, self.model)
+        return q
 
     def resume(self, seq=None):
         """Restores the newest chain if the root has one (or the chain ending
@@ -83,6 +100,9 @@ class Trainer:
         self.position = pos if isinstance(pos, dict) else int(pos)   # a dict: a Kafka stream's offsets
         self.examples = self.examples_at_start = int(meta.get("examples", 0))
         self.resumed_at = self.position
+        self.progressive = ProgressiveQuality()   # scores of batches after the commit restored belong to no commit
+        if self.reference is not None:
+            self.reference.restart(self.model)
         return self.position
 
     @property
@@ -91,17 +111,28 @@ class Trainer:
         return self.examples - self.examples_at_start
 
     def predict(self, x):
+        """The model's probabilities for inputs `x`."""
         return self.model.predict_on_batch(x).reshape(-1)
 
-    def train(self, x, y, position, scores=None):
-        """Trains on one batch. `scores`: its predictions before training
-        (progressive validation), recorded for the next commit's quality."""
+    def score(self, x):
+        """(the model's probabilities for `x`, the reference model's or None):
+        a batch's progressive scores, before training on it."""
+        if self.reference is None:
+            return self.predict(x), None
+        p = self.predict(x)
+        with self.manager.lock:   # not while a commit's seal copies the model into the reference
+            return p, self.reference.predict(x)
+
+    def train(self, x, y, position, scores=None, reference=None):
+        """Trains on one batch. `scores` / `reference`: its predictions by the
+        model and the reference model before training (`score`; progressive
+        validation), recorded for the next commit's quality."""
         with self.manager.lock:
             loss = float(self.model.train_on_batch(x, y.reshape(-1, 1)))
             self.position = position
             self.examples += len(y)
             if scores is not None:
-                self.progressive.record(self.examples, y, scores)
+                self.progressive.record(self.examples, y, scores, reference)
         self.losses.append(loss)
         return loss
 

@@ -12,6 +12,7 @@ import checkpoint
 from checkpoint.errors import CorruptCheckpointError
 from checkpoint.manifest import Manifest
 from ckpt_model import assert_same_state, make_model, state, train
+from evstore import quality
 from evstore.quality import ProgressiveQuality, auc, hist_auc, logloss, measure, merge, normalize
 
 Q = {"auc": 0.75, "logloss": 0.5, "examples": 4096, "label_rate": 0.25}
@@ -119,3 +120,23 @@ def test_a_record_without_a_histogram_does_not_merge():
 def test_a_malformed_histogram_is_refused(hist):
     with pytest.raises(ValueError):
         normalize(dict(Q, hist=hist))      # the last: counts 0 examples, the record 4096
+
+
+def test_a_record_carries_the_reference_models_record_of_the_same_examples_and_both_merge():
+    rng = np.random.default_rng(3)
+    y = (rng.random(4000) < 0.3).astype(float)
+    good, worse = y * 0.6 + rng.random(4000) * 0.4, y * 0.2 + rng.random(4000) * 0.8
+    r = quality.measure(y, good, reference=worse)
+    assert r["reference"] == quality.measure(y, worse) and r["reference"]["auc"] < r["auc"]
+    halves = [quality.measure(y[a:b], good[a:b], reference=worse[a:b]) for a, b in ((0, 1500), (1500, 4000))]
+    m = quality.merge(halves)
+    assert m["reference"]["examples"] == 4000 and abs(m["reference"]["auc"] - r["reference"]["auc"]) < 0.005
+    assert "reference" not in quality.merge([halves[0], quality.measure(y[1500:], good[1500:])])
+    assert quality.merge([halves[0], quality.measure([], [])])["reference"] == halves[0]["reference"]
+
+
+def test_a_reference_of_other_examples_is_refused():
+    r = quality.measure([0, 1, 1], [0.2, 0.7, 0.6], reference=[0.3, 0.4, 0.5])
+    r["reference"] = quality.measure([0, 1], [0.3, 0.4])
+    with pytest.raises(ValueError, match="a reference scores the same examples"):
+        quality.normalize(r)

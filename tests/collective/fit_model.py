@@ -6,12 +6,16 @@ batches. test_collective_fit.py runs both and compares.
 
 Usage: python fit_model.py OUT.npz single
        python fit_model.py OUT.npz worker --rank R --ports P0,P1 [--default-collective] [--ckpt ROOT]
+           [--fit-ckpt ROOT]
        python fit_model.py OUT.npz restore --ckpt ROOT
 
 --ckpt ROOT (workers): after the fit (and the eviction) every worker commits a
 full to ROOT with a SyncCheckpointManager and records its shard as `ck_*`;
 `restore` builds the model in one process (no
 strategy), restores ROOT into it and writes the table and the Dense layer.
+
+--fit-ckpt ROOT (workers): model.fit commits with checkpoint.CheckpointCallback(ROOT,
+delta_every=2) (a SyncCheckpointManager: the tables are collective).
 
 --default-collective builds the layer without `collective=` (a strategy's
 scope makes it collective, as it makes TF variables mirrored) and records
@@ -70,6 +74,7 @@ def main():
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--ports", default="")
     ap.add_argument("--default-collective", action="store_true")
+    ap.add_argument("--fit-ckpt", default=None)
     a = ap.parse_args()
     ports = [p for p in a.ports.split(",") if p]
     if ports:
@@ -90,7 +95,7 @@ def main():
         print("done", flush=True)
         return
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if ports else tf.distribute.get_strategy()
-    kinds = {}
+    kinds, arrays = {}, {}
     with strategy.scope():
         model, emb = build(collective=None if a.default_collective else bool(ports))
         if a.default_collective:
@@ -102,10 +107,17 @@ def main():
                 kinds["direct_error"] = ""
             except ValueError as e:
                 kinds["direct_error"] = str(e)
-    model.fit(dataset(), epochs=1, shuffle=False, verbose=0)
+    callbacks = []
+    if a.fit_ckpt:
+        import checkpoint
+        callbacks.append(checkpoint.CheckpointCallback(a.fit_ckpt, delta_every=2))
+    model.fit(dataset(), epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    if a.fit_ckpt:
+        arrays["manager"] = type(callbacks[0].manager).__name__
     ev = emb.ev.local if ports else emb.ev
     e = ev.export()
-    arrays = {k: e[k].numpy() for k in ("keys", "values", "versions", "freqs", "filtered_keys", "filtered_freqs")}
+    arrays.update({k: e[k].numpy() for k in ("keys", "values", "versions", "freqs", "filtered_keys",
+                                             "filtered_freqs")})
     arrays.update({f"slot_{s}": v.numpy() for s, v in e["slots"].items()})
     evicted = emb.ev.evict(model.optimizer.iterations)   # every worker, at the same global step: its shard
     e = ev.export()

@@ -113,3 +113,39 @@ def test_fit_dense_layer_is_all_reduced_like_single_process(runs):
         for name in ("kernel", "bias"):
             np.testing.assert_allclose(w[name], single[name], atol=1e-5, rtol=0, err_msg=name)
         assert int(w["iterations"]) == int(single["iterations"]) == 5
+
+
+@pytest.fixture(scope="module")
+def callback_runs(tmp_path_factory):
+    """2 workers fit with checkpoint.CheckpointCallback(root, delta_every=2) on a root both see; then the
+    root's newest commit restored into one process (no strategy)."""
+    d = tmp_path_factory.mktemp("fitcb")
+    root, ports = str(d / "root"), h.ports(2)
+    script = os.path.join(h.HERE, "fit_model.py")
+    logs = [str(d / f"w{r}.log") for r in range(2)]
+    procs = [h.start([script, d / f"w{r}.npz", "worker", "--rank", r, "--ports", ports, "--fit-ckpt", root],
+                     logs[r]) for r in range(2)]
+    codes = h.wait_all(procs, logs)
+    assert codes == [0, 0], "\n".join(f"--- {lg}\n{h.tail(lg)}" for lg in logs)
+    log = str(d / "one.log")
+    assert h.wait_all([h.start([script, d / "one.npz", "restore", "--ckpt", root], log)], [log]) == [0], h.tail(log)
+    return root, [np.load(d / f"w{r}.npz") for r in range(2)], np.load(d / "one.npz")
+
+
+def test_the_fit_callback_commits_collectively_between_steps_under_multi_worker_mirrored(callback_runs):
+    """Each commit is one manifest naming both workers' shards, at the steps the callback chose, and the
+    last (the end of the epoch, after its eviction) restores into one process as the workers' state."""
+    import json
+    root, workers, one = callback_runs
+    assert all(str(w["manager"]) == "SyncCheckpointManager" for w in workers)
+    ms = sorted((json.load(open(os.path.join(root, d, "MANIFEST.json"))) for d in os.listdir(root)
+                 if d.startswith(("full-", "delta-"))), key=lambda m: m["seq"])
+    assert [(m["kind"], m["metadata"]) for m in ms] == [("full", {"epoch": 0, "step": 2}),
+                                                        ("delta", {"epoch": 0, "step": 4}),
+                                                        ("delta", {"epoch": 1, "step": 0})]
+    keys = np.concatenate([w["kept_keys"] for w in workers])
+    values = np.concatenate([w["kept_values"] for w in workers])
+    order, mine = np.argsort(keys), np.argsort(one["keys"])
+    np.testing.assert_array_equal(one["keys"][mine], keys[order])
+    np.testing.assert_array_equal(one["values"][mine], values[order])
+    np.testing.assert_array_equal(one["kernel"], workers[0]["kernel"])

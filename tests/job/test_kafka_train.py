@@ -7,6 +7,7 @@ A key's frequency counts the training events that carried it, so "sum of
 frequencies per key = events per key" is the exactly-once check; with one
 partition the batch order is the file's, so the killed-and-resumed job must
 also end in the state of the same events trained from a Parquet file."""
+import datetime
 import json
 import os
 import signal
@@ -89,25 +90,25 @@ def test_bad_messages_are_counted_logged_with_partition_and_offset_and_dead_lett
 
 
 def test_killed_at_any_moment_the_job_trains_every_event_once_into_the_uninterrupted_state(broker, tmp_path):
-    """One partition: killed while a batch is consumed but not trained, while a
-    checkpoint is written, and after a commit before its offsets reach the group,
-    with the group's offsets set wrong (ahead, behind) before restarts; the final
-    state equals the same events trained from a Parquet file in one go."""
+    """One partition: killed while a batch is consumed but not trained and while a
+    checkpoint is written, with the group's offsets set wrong before each restart:
+    ahead (a job trusting them would skip events) and behind (it would train events
+    twice; what a kill between a commit and its group commit leaves, so that kill is
+    not run again); the final state equals the same events trained from a Parquet
+    file in one go."""
     rows = events(1600, seed=7)
     create_topic(broker.bootstrap, "clicks1", 1)
     produce(broker.bootstrap, "clicks1", rows)
     root, n = tmp_path / "root", "1600"
     flags = ("--group", "g1", "--max-events", n, "--delta-every", "0.2", "--batch-linger", "60")
-    for point, group_says in (("kafka-batch-consumed@5", 1600), ("before-manifest@1", 0),
-                              ("before-group-commit@1", None)):
+    for point, group_says in (("kafka-batch-consumed@5", 1600), ("before-manifest@1", 0)):
         marker = tmp_path / f"{point}.hit"
         p = train(root, broker.bootstrap, "clicks1", *flags, wait=False,
                   env={"EVSTORE_FAILPOINT": point, "EVSTORE_FAILPOINT_FILE": str(marker)})
         wait_for(marker, p)
         p.send_signal(signal.SIGKILL)
         p.wait()
-        if group_says is not None:   # the restart must follow the checkpoint, not the group
-            set_group_offsets(broker.bootstrap, "g1", "clicks1", {0: group_says})
+        set_group_offsets(broker.bootstrap, "g1", "clicks1", {0: group_says})   # the restart follows the commit
     out, err = train(root, broker.bootstrap, "clicks1", *flags)
     assert "resuming at offsets clicks1[0]@" in err
     model, meta = restored(root)
@@ -164,3 +165,24 @@ def test_a_rebalance_of_a_group_managed_run_neither_skips_nor_repeats_events(bro
     rows = first + second
     assert key_freqs(model, "user") == counts(rows, "user") and key_freqs(model, "item") == counts(rows, "item")
     assert meta["position"]["kafka"] == {"clicks2": {"0": 400, "1": 400}}
+
+
+def test_an_event_time_bound_stops_each_partition_before_its_first_later_event(broker, tmp_path):
+    """--until-event-time: 300 events timestamped T0 + i ms over two partitions, the bound T0 + 200 ms:
+    the first 200 are trained, each partition's commit offset points at its first event at the bound,
+    and the run ends by itself."""
+    from confluent_kafka import Producer
+    rows = events(300, seed=11)
+    create_topic(broker.bootstrap, "clicks-et", 2)
+    t0 = 1_790_000_000_000
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i, r in enumerate(rows):
+        p.produce("clicks-et", json.dumps(r).encode(), partition=i % 2, timestamp=t0 + i)
+    assert p.flush(30) == 0
+    bound = datetime.datetime.fromtimestamp((t0 + 200) / 1000, datetime.timezone.utc).isoformat()
+    out, err = train(tmp_path / "root", broker.bootstrap, "clicks-et", "--group", "get", "--until-event-time", bound)
+    model, meta = restored(tmp_path / "root")
+    assert key_freqs(model, "user") == counts(rows[:200], "user")
+    assert meta["position"]["kafka"] == {"clicks-et": {"0": 100, "1": 100}} and meta["examples"] == 200
+    assert "clicks-et[0] reached the event-time bound at offset 100" in err
+    assert json.loads((tmp_path / "root.train" / "summary.json").read_text())["kafka"]["ended"] == "until_event_time"

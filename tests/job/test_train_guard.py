@@ -57,12 +57,24 @@ def test_every_commit_of_train_carries_the_quality_of_the_data_since_the_previou
                  "--delta-every", "0.5", "--no-progress", "--out", str(tmp_path / "o"))
     assert p.returncode == 0, p.stderr[-3000:]
     ms = _commits(root)
-    assert all(set(m["quality"]) == {"auc", "logloss", "examples", "label_rate", "hist"} for m in ms)
+    assert all(set(m["quality"]) - {"reference"} == {"auc", "logloss", "examples", "label_rate", "hist"} for m in ms)
+    # the reference model's scores of the same examples (none in a commit of no examples)
+    assert all("reference" in m["quality"] for m in ms[1:] if m["quality"]["examples"])
     trained = [m["metadata"]["examples"] - (prev["metadata"]["examples"]) for prev, m in zip(ms, ms[1:])]
     assert [m["quality"]["examples"] for m in ms[1:]] == trained and sum(trained) == 20480
     # Every commit's record, however the schedule cut them: together, the 20,480 examples the stream ranks well.
     whole = merge(m["quality"] for m in ms[1:])
     assert whole["examples"] == 20480 and 0.6 < whole["auc"] < 1
+
+
+def test_train_without_the_reference_model_writes_records_without_reference(files, tmp_path):
+    _, spec, _, clean = files
+    root = tmp_path / "ckpt"
+    p = _evstore("train", "--data", clean, "--spec", spec, "--checkpoints", str(root), "--max-rows", "4096",
+                 "--no-reference", "--no-progress", "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    ms = _commits(root)
+    assert sum(m["quality"]["examples"] for m in ms) == 4096 and not any("reference" in m["quality"] for m in ms)
 
 
 def test_the_guard_stops_committing_restores_the_last_good_commit_and_the_resumed_run_is_exact(files, tmp_path):

@@ -116,7 +116,8 @@ def test_a_checkpoint_file_left_on_a_host_fails_the_check(net):
     with pytest.raises(AssertionError, match=r"ckpt-writer: ckpt-writer/tmp/job/delta-0000000002/ckpt\.data"):
         net.assert_no_checkpoint_files()
     os.remove(os.path.join(h.tmp, "job", "delta-0000000002", "ckpt.data-00000-of-00001"))
-    net.assert_no_checkpoint_files()
+    assert net.checkpoint_files() == {}   # nothing left; the write trace still names it
+    assert "tmp/job/delta-0000000002/ckpt.data-00000-of-00001" in net.checkpoint_writes()["ckpt-writer"]
 
 
 def test_sigkill_ends_one_process_or_every_process_of_a_host(net):
@@ -160,3 +161,36 @@ def test_the_object_store_on_its_own_host_is_what_the_other_hosts_share(net):
     assert store.keys("probe/") == ["probe/obj"]
     code, lines = run(reader, f"import fsspec\nwith fsspec.open({root + '/obj'!r}, 'rb') as f:\n    print(f.read())")
     assert code == 0 and lines == ["b'shared'"], open(reader.procs[-1].log_path).read()
+
+
+def test_a_checkpoint_file_written_and_deleted_between_scans_fails_the_check(net):
+    h = net.host("transient")
+    code, _ = run(h, "import os; p = '/tmp/ckpt.tmp-3'; open(p, 'wb').write(b'rows'); os.remove(p); "
+                     "d = '/tmp/evstore-stage-1-x'; os.makedirs(d); p = d + '/ckpt.tmp-4'; "
+                     "open(p, 'wb').write(b'rows'); os.remove(p); os.rmdir(d)")
+    assert code == 0
+    assert "transient" not in net.checkpoint_files()   # nothing left to scan
+    written = net.checkpoint_writes()["transient"]
+    # The file in a watched directory by its name; the new directory at least by its own.
+    assert "tmp/ckpt.tmp-3" in written and "tmp/evstore-stage-1-x/" in written, written
+    with pytest.raises(AssertionError, match=r"written outside the object store: .*transient: tmp/ckpt\.tmp-3"):
+        net.assert_no_checkpoint_files()
+
+
+def test_a_file_holding_a_bundle_index_fails_the_check_whatever_its_name(net):
+    h = net.host("renamed")
+    code, _ = run(h, "import tensorflow as tf; v = tf.Variable([1.0]); "
+                     "p = tf.train.Checkpoint(v=v).write('/tmp/x'); import os; "
+                     "os.rename(p + '.index', '/tmp/innocent'); print(p)")
+    assert code == 0
+    written = net.checkpoint_writes()["renamed"]
+    assert "tmp/innocent" in written and "tmp/x.index" in written
+
+
+def test_restore_downloads_are_allowed_only_when_asked(net):
+    h = net.host("restorer")
+    code, _ = run(h, "import os; d = '/tmp/evstore-restore-full-0000000001-ab'; os.makedirs(d); "
+                     "open(d + '/ckpt.index', 'wb').write(b'x'); import shutil; shutil.rmtree(d)")
+    assert code == 0
+    assert "restorer" not in net.checkpoint_writes(restores=True)
+    assert net.checkpoint_writes()["restorer"][0] == "tmp/evstore-restore-full-0000000001-ab/"

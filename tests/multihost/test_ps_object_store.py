@@ -86,8 +86,43 @@ def test_ps_job_on_hosts_survives_a_chief_killed_mid_commit_and_restores_into_on
         final = load(os.path.join(chief_tmp, "state.npz"))
         assert_same_state(final, reference(40))
         assert all(committed_dirs(store, "ps-job/").values())   # the dead save's parts were removed
+        assert not [k for k in store.keys("ps-job/") if "/.sink-" in k]   # every streamed part was renamed
         solo = net.host("solo")
         p = solo.start([sys.executable, os.path.join(HERE, "restore_one.py"), root, "/tmp/one.npz"], name="restore")
         assert p.wait(timeout=hosts.STARTUP_S) == 0, open(p.log_path).read()[-3000:]
         assert_same_state(load(os.path.join(solo.tmp, "one.npz")), final, atol=0)
-        net.assert_no_checkpoint_files()
+        # Saves streamed every byte into the bucket; only restores downloaded what they loaded.
+        net.assert_no_checkpoint_files(restores=True)
+
+
+def test_a_new_chief_on_another_host_takes_the_lease_and_the_job_goes_on_from_two_shards_on_three_ps(tmp_path):
+    """The chief's host dies after two commits; the job is started again on other hosts, with 3 PS
+    where it had 2. Its chief is refused the root's writer lease (the dead chief's heartbeat is
+    fresh, and another host cannot see that its process is gone) until it takes the lease over;
+    then it restores the 2-shard chain into 3 PS and goes on committing to the same root: the job
+    ends as if never interrupted."""
+    with hosts.network_or_skip(tmp_path / "net") as net:
+        store = net.object_store()
+        root = store.root("takeover")
+        args = ["--steps", 40, "--sync", "--batch-size", BATCH, "--checkpoints", root, "--delta-every", 10,
+                "--dump-dir", "/tmp"]
+        lines = []
+        with HostCluster(net, num_ps=2, num_workers=1) as first:
+            # A lease that stays fresh for the whole test: only a takeover can move it.
+            run_chief(first, CHIEF, ["--cluster", first.cluster_file, *args, "--pause-after-commits", 2,
+                                     "--lease-timeout", 3600, "--state-out", "/tmp/never.npz"],
+                      stop_on="PAUSED", lines_out=lines)
+            first.chief.kill_all()   # the chief's host is gone (its lease stays, heartbeat fresh)
+        assert [ln for ln in lines if ln.startswith("COMMITTED ")] == ["COMMITTED 1 10", "COMMITTED 2 20"]
+        with HostCluster(net, num_ps=3, num_workers=1, prefix="b-") as second:
+            argv = ["--cluster", second.cluster_file, *args, "--state-out", "/tmp/state.npz"]
+            with pytest.raises(AssertionError, match=r"LeaseHeldError: .*host chief"):
+                run_chief(second, CHIEF, argv)
+            r = run_chief(second, CHIEF, argv + ["--take-over"])
+            chief_tmp = second.chief.tmp
+        assert r["resumed_at"] == 20 and r["global_step"] == 40
+        assert r["devices"]["item"] == [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(3)]
+        assert [(seq, pos) for seq, _, pos in r["commits"]] == [(3, 30), (4, 40)]
+        assert_same_state(load(os.path.join(chief_tmp, "state.npz")), reference(40))
+        assert all(committed_dirs(store, "takeover/").values())
+        net.assert_no_checkpoint_files(restores=True)

@@ -44,7 +44,7 @@ def test_sync_job_on_hosts_commits_to_s3_and_resumes_after_the_chief_is_killed_e
         assert first[1].wait(timeout=hosts.STARTUP_S) == 75   # its next collective failed: it stopped by itself
         keys = store.keys("sync-job/")
         assert sum(k.endswith("MANIFEST.json") for k in keys) == 1, keys   # the commit at batch 4
-        net.assert_no_checkpoint_files()
+        net.assert_no_checkpoint_files()   # no worker wrote a checkpoint byte to its disk: parts streamed
         again = start_workers(net, ws, root)
         for p in again:
             assert p.wait(timeout=hosts.STARTUP_S) == 0, open(p.log_path).read()[-3000:]
@@ -62,9 +62,10 @@ def test_sync_job_on_hosts_commits_to_s3_and_resumes_after_the_chief_is_killed_e
         solo = net.host("solo")
         p = solo.start([sys.executable, os.path.join(HERE, "restore_one.py"), root, "/tmp/one.npz"], name="restore")
         assert p.wait(timeout=hosts.STARTUP_S) == 0, open(p.log_path).read()[-3000:]
+        assert not [k for k in store.keys("sync-job/") if "/.sink-" in k]   # every streamed part was renamed
         info = json.loads(p.lines[-1])
         assert info["position"] == sj.STEPS and info["deleted_complete"] == [True] * 3   # full 4, deltas 8, 12
         one = dict(np.load(os.path.join(solo.tmp, "one.npz")))
         for k in got:
             np.testing.assert_array_equal(one[k], got[k], err_msg=k)
-        net.assert_no_checkpoint_files()
+        net.assert_no_checkpoint_files(restores=True)   # the restarts and `solo` downloaded what they loaded

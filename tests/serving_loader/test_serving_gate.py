@@ -258,8 +258,37 @@ def test_a_malformed_gate_is_refused_with_a_one_line_error(committed_job, text):
 
 def test_the_default_gate_parses_and_names_its_clauses():
     g = Gate.parse("default")
-    assert [c.metric for c in g.clauses] == ["auc", "logloss"]
-    assert g.decide(q(0.70, 0.60), q(0.80, 0.50)).count("is not") == 2
+    assert [c.text for c in g.clauses] == ["auc >= reference - 0.01", "reference.auc >= 0.5 + (served - 0.5) / 2",
+                                           "auc >= 0.5 + (served - 0.5) / 2"]
+    assert g.decide(dict(q(0.60), reference=q(0.62)), q(0.80)).count("is not") == 3
+
+
+def test_reference_names_the_same_examples_scored_by_the_model_a_commit_replaces():
+    g = Gate.parse("auc >= reference - 0.01, logloss <= reference.logloss * 1.1")
+    harder_window = dict(q(0.70, 0.60), reference=q(0.705, 0.61))
+    assert g.decide(harder_window, q(0.80, 0.50)) is None              # worse than served, not than its predecessor
+    worse = dict(q(0.70, 0.60), reference=q(0.75, 0.50))
+    assert g.decide(worse, q(0.80)) == ("auc 0.7 is not >= 0.74 (auc >= reference - 0.01); "
+                                        "logloss 0.6 is not <= 0.55 (logloss <= reference.logloss * 1.1)")
+    assert g.decide(q(0.10), q(0.80)) is None                          # a record without a reference: not judged
+
+
+def test_the_default_gate_holds_poison_that_the_reference_alone_passes():
+    """On poisoned labels the trained model beats the reference (which scores them worse still), even
+    once it ranks them well: the trusted reference's lost lift holds it; a harder window passes."""
+    default, alone = Gate.parse("default"), Gate.parse("auc >= reference - 0.01")
+    served = q(0.80)
+    for poisoned in (dict(q(0.30), reference=q(0.22)), dict(q(0.72), reference=q(0.25))):   # learned, later
+        assert alone.decide(poisoned, served) is None and default.decide(poisoned, served) is not None
+    harder = dict(q(0.70), reference=q(0.70))
+    assert default.decide(harder, served) is None and Gate.parse(GATE).decide(harder, served) is not None
+    assert default.decide(q(0.60), served) is not None     # without a reference: the model's own lift
+
+
+def test_a_clause_may_judge_the_reference_models_metric():
+    g = Gate.parse("reference.logloss <= served * 1.5")
+    assert g.decide(dict(q(0.7, 0.5), reference=q(0.7, 0.9)), q(0.8, 0.5)) == \
+        "reference.logloss 0.9 is not <= 0.75 (reference.logloss <= served * 1.5)"
 
 
 def test_serve_refuses_a_malformed_gate_at_start_in_one_line(tmp_path, job):

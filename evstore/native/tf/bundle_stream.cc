@@ -67,23 +67,80 @@ void ThrowIfError(const absl::Status& s, const std::string& what) {
   if (!s.ok()) throw std::runtime_error(what + ": " + std::string(s.message()));
 }
 
+struct Sink {
+  SinkOpenFn open = nullptr;
+  SinkWriteFn write = nullptr;
+  SinkCloseFn close = nullptr;
+  SinkRenameFn rename = nullptr;
+  SinkRemoveFn remove = nullptr;
+};
+Sink g_sink;  // set once per process, before any save (checkpoint/object_sink.py)
+
+const Sink& TheSink(const std::string& path) {
+  if (!g_sink.open)
+    throw std::runtime_error("checkpoint file '" + path + "' is for an object sink, and this process registered "
+                             "none (checkpoint/object_sink.py install())");
+  return g_sink;
+}
+
+// The table builder's output, kept in memory (an object sink's index).
+class StringFile : public tsl::WritableFile {
+ public:
+  absl::Status Append(absl::string_view data) override {
+    s.append(data.data(), data.size());
+    return absl::OkStatus();
+  }
+  absl::Status Close() override { return absl::OkStatus(); }
+  absl::Status Flush() override { return absl::OkStatus(); }
+  absl::Status Sync() override { return absl::OkStatus(); }
+  std::string s;
+};
+
 }  // namespace
+
+bool IsSinkPath(const std::string& path) { return path.rfind(kSinkScheme, 0) == 0; }
+
+extern "C" __attribute__((visibility("default"))) void evstore_set_object_sink(
+    SinkOpenFn open, SinkWriteFn write, SinkCloseFn close, SinkRenameFn rename, SinkRemoveFn remove) {
+  g_sink = Sink{open, write, close, rename, remove};
+}
+
+void SinkRename(const std::string& from, const std::string& to) {
+  if (TheSink(from).rename(from.c_str(), to.c_str()) != 0)
+    throw std::runtime_error("object sink: cannot rename '" + from + "' to '" + to + "'");
+}
+
+void SinkRemove(const std::string& path) {
+  if (g_sink.remove) g_sink.remove(path.c_str());
+}
 
 // ------------------------------------------------------------------ OutFile
 
-OutFile::OutFile(std::string path) : path_(std::move(path)), buf_(kBufferBytes) {
+OutFile::OutFile(std::string path, bool in_memory)
+    : path_(std::move(path)), in_memory_(in_memory), buf_(in_memory ? 0 : kBufferBytes) {
+  if (in_memory_) return;
+  if (IsSinkPath(path_)) {
+    sink_ = TheSink(path_).open(path_.c_str());
+    if (sink_ < 0) throw std::runtime_error("object sink: cannot create checkpoint file '" + path_ + "'");
+    return;
+  }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("cannot create checkpoint file", path_);
 }
 
 OutFile::~OutFile() {
   if (fd_ >= 0) ::close(fd_);
+  if (sink_ >= 0) g_sink.close(sink_, /*keep=*/0);  // not closed: a failed save, nothing of it is kept
 }
 
 void OutFile::Write(const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   crc_ = Crc32cExtend(crc_, p, n);
   size_ += n;
+  if (in_memory_) {
+    mem_.append(p, n);
+    return;
+  }
   while (n > 0) {
     size_t take = std::min(n, buf_.size() - used_);
     std::memcpy(buf_.data() + used_, p, take);
@@ -95,6 +152,12 @@ void OutFile::Write(const void* data, size_t n) {
 }
 
 void OutFile::Flush() {
+  if (sink_ >= 0) {
+    if (used_ > 0 && g_sink.write(sink_, buf_.data(), static_cast<int64_t>(used_)) != 0)
+      throw std::runtime_error("object sink: cannot write checkpoint file '" + path_ + "'");
+    used_ = 0;
+    return;
+  }
   size_t off = 0;
   while (off < used_) {
     ssize_t w = ::write(fd_, buf_.data() + off, used_ - off);
@@ -108,6 +171,15 @@ void OutFile::Flush() {
 }
 
 void OutFile::Close(bool sync) {
+  if (sink_ >= 0) {  // the sink's close completes the upload: durable in the object store, or an error
+    Flush();
+    const int64_t h = sink_;
+    sink_ = -1;
+    if (g_sink.close(h, /*keep=*/1) != 0)
+      throw std::runtime_error("object sink: cannot complete checkpoint file '" + path_ + "'");
+    std::vector<char>().swap(buf_);
+    return;
+  }
   if (fd_ < 0) return;
   Flush();
   if (sync && ::fsync(fd_) != 0) throw IoError("cannot fsync checkpoint file", path_);
@@ -121,7 +193,7 @@ void OutFile::Close(bool sync) {
 
 // ------------------------------------------------------------------ writer
 
-BundleStreamWriter::BundleStreamWriter(std::string prefix) : prefix_(std::move(prefix)) {
+BundleStreamWriter::BundleStreamWriter(std::string prefix) : prefix_(std::move(prefix)), sink_(IsSinkPath(prefix_)) {
   std::string tmp = prefix_ + ".tmp-main";
   main_ = std::make_unique<OutFile>(tmp);
   created_.push_back(tmp);
@@ -131,7 +203,23 @@ BundleStreamWriter::~BundleStreamWriter() {
   if (finished_) return;
   main_.reset();
   for (auto& c : cols_) c.file.reset();
-  for (const auto& p : created_) ::unlink(p.c_str());
+  for (const auto& p : created_) Remove(p);
+}
+
+void BundleStreamWriter::Remove(const std::string& path) {
+  if (sink_) {
+    SinkRemove(path);
+  } else {
+    ::unlink(path.c_str());
+  }
+}
+
+void BundleStreamWriter::Rename(const std::string& from, const std::string& to) {
+  if (sink_) {
+    SinkRename(from, to);
+  } else if (::rename(from.c_str(), to.c_str()) != 0) {
+    throw IoError("cannot rename checkpoint file to", to);
+  }
 }
 
 void BundleStreamWriter::CheckName(const std::string& name) {
@@ -195,6 +283,11 @@ int BundleStreamWriter::BeginStringColumn(const std::string& name) {
   c.is_string = true;
   c.row_bytes = 0;
   const std::string len_path = c.temp_path + ".len";
+  if (sink_) {  // joined at EndColumn from memory: an object sink's file cannot be read back
+    c.file = std::make_unique<OutFile>(c.temp_path, /*in_memory=*/true);
+    c.lengths = std::make_unique<OutFile>(len_path, /*in_memory=*/true);
+    return col;
+  }
   created_.push_back(len_path);
   c.lengths = std::make_unique<OutFile>(len_path);
   return col;
@@ -248,22 +341,29 @@ void BundleStreamWriter::EndColumn(int col) {
     // [varint lengths][masked crc32c of the uint32 lengths][bytes] into one file.
     c.file->Close(/*sync=*/false);
     c.lengths->Close(/*sync=*/false);
-    const std::string bytes_path = c.file->path(), len_path = c.lengths->path();
-    c.file.reset();
-    c.lengths.reset();
+    std::unique_ptr<OutFile> bytes = std::move(c.file), lengths = std::move(c.lengths);
     c.temp_path += ".s";
     created_.push_back(c.temp_path);
     OutFile joined(c.temp_path);
-    CopyInto(len_path, &joined, nullptr);
+    if (sink_) {
+      joined.Write(lengths->memory().data(), lengths->memory().size());
+    } else {
+      CopyInto(lengths->path(), &joined, nullptr);
+    }
     const uint32_t masked = tsl::crc32c::Mask(c.lengths_crc);
     const char le[4] = {static_cast<char>(masked & 0xFF), static_cast<char>((masked >> 8) & 0xFF),
                         static_cast<char>((masked >> 16) & 0xFF), static_cast<char>(masked >> 24)};
     joined.Write(le, 4);
     c.entry_crc = Crc32cExtend(c.lengths_crc, le, 4);
-    CopyInto(bytes_path, &joined, &c.entry_crc);
+    if (sink_) {
+      joined.Write(bytes->memory().data(), bytes->memory().size());
+      c.entry_crc = Crc32cExtend(c.entry_crc, bytes->memory().data(), bytes->memory().size());
+    } else {
+      CopyInto(bytes->path(), &joined, &c.entry_crc);
+      ::unlink(bytes->path().c_str());
+      ::unlink(lengths->path().c_str());
+    }
     joined.Close(/*sync=*/true);
-    ::unlink(bytes_path.c_str());
-    ::unlink(len_path.c_str());
     c.size = joined.size();
     c.crc = joined.crc();
     c.ended = true;
@@ -271,7 +371,7 @@ void BundleStreamWriter::EndColumn(int col) {
   }
   if (c.lengths) {  // an empty string column: no bytes at all (TensorFlow reads size 0 as no strings)
     c.lengths->Close(/*sync=*/false);
-    ::unlink(c.lengths->path().c_str());
+    if (!sink_) ::unlink(c.lengths->path().c_str());
     c.lengths.reset();
   }
   c.file->Close(/*sync=*/c.file->size() > 0);  // an empty column's file is unlinked: nothing to make durable
@@ -279,6 +379,22 @@ void BundleStreamWriter::EndColumn(int col) {
   c.crc = c.entry_crc = c.file->crc();
   c.file.reset();
   c.ended = true;
+}
+
+// The index (as BundleWriter writes it): header entry, then the entries
+// sorted by name (std::map order = the table's byte order).
+void BundleStreamWriter::BuildIndex(int num_shards, tsl::WritableFile* f, const std::string& where) {
+  tsl::table::Options opts;
+  opts.compression = tsl::table::kNoCompression;
+  tsl::table::TableBuilder builder(opts, f);
+  tensorflow::BundleHeaderProto header;
+  header.set_num_shards(num_shards);
+  header.set_endianness(tensorflow::BundleHeaderProto::LITTLE);
+  header.mutable_version()->set_producer(tensorflow::kTensorBundleVersion);
+  header.mutable_version()->set_min_consumer(tensorflow::kTensorBundleMinConsumer);
+  builder.Add(tensorflow::kHeaderEntryKey, header.SerializeAsString());
+  for (const auto& kv : entries_) builder.Add(kv.first, kv.second.SerializeAsString());
+  ThrowIfError(builder.Finish(), "cannot write " + where);
 }
 
 std::vector<BundleFile> BundleStreamWriter::Finish(bool sync_dir) {
@@ -300,14 +416,14 @@ std::vector<BundleFile> BundleStreamWriter::Finish(bool sync_dir) {
   std::vector<BundleFile> files;
   auto rename = [&](const std::string& from, int shard, int64_t size, uint32_t crc) {
     std::string to = tensorflow::DataFilename(prefix_, shard, num_shards);
-    if (::rename(from.c_str(), to.c_str()) != 0) throw IoError("cannot rename checkpoint file to", to);
+    Rename(from, to);
     created_.push_back(to);
     files.push_back({to.substr(to.rfind('/') + 1), size, crc});
   };
   if (main_used) {
     rename(prefix_ + ".tmp-main", 0, main_->size(), main_->crc());
   } else {
-    ::unlink((prefix_ + ".tmp-main").c_str());
+    Remove(prefix_ + ".tmp-main");
   }
   int shard = main_used ? 1 : 0;
   for (auto& c : cols_) {
@@ -324,32 +440,32 @@ std::vector<BundleFile> BundleStreamWriter::Finish(bool sync_dir) {
     } else if (c.size == 0) {
       e.set_shard_id(0);
       e.set_offset(0);
-      ::unlink(c.temp_path.c_str());
+      Remove(c.temp_path);
     } else {
       e.set_shard_id(shard);
       e.set_offset(0);
       rename(c.temp_path, shard++, c.size, c.crc);
     }
   }
-  // The index, written last (as BundleWriter does): header entry, then the
-  // entries sorted by name (std::map order = the table's byte order).
+  // The index, written last (as BundleWriter does).
   const std::string index = tensorflow::MetaFilename(prefix_);
+  if (sink_) {  // built in memory, handed to the sink whole under its own name
+    StringFile f;
+    BuildIndex(num_shards, &f, index);
+    OutFile out(index);
+    created_.push_back(index);
+    out.Write(f.s.data(), f.s.size());
+    out.Close(/*sync=*/true);
+    files.push_back({index.substr(index.rfind('/') + 1), out.size(), out.crc()});
+    finished_ = true;
+    return files;
+  }
   const std::string index_tmp = index + ".tmp";
   created_.push_back(index_tmp);
   {
     std::unique_ptr<tsl::WritableFile> f;
     ThrowIfError(tsl::Env::Default()->NewWritableFile(index_tmp, &f), "cannot create " + index_tmp);
-    tsl::table::Options opts;
-    opts.compression = tsl::table::kNoCompression;
-    tsl::table::TableBuilder builder(opts, f.get());
-    tensorflow::BundleHeaderProto header;
-    header.set_num_shards(num_shards);
-    header.set_endianness(tensorflow::BundleHeaderProto::LITTLE);
-    header.mutable_version()->set_producer(tensorflow::kTensorBundleVersion);
-    header.mutable_version()->set_min_consumer(tensorflow::kTensorBundleMinConsumer);
-    builder.Add(tensorflow::kHeaderEntryKey, header.SerializeAsString());
-    for (const auto& kv : entries_) builder.Add(kv.first, kv.second.SerializeAsString());
-    ThrowIfError(builder.Finish(), "cannot write " + index_tmp);
+    BuildIndex(num_shards, f.get(), index_tmp);
     ThrowIfError(f->Sync(), "cannot fsync " + index_tmp);
     ThrowIfError(f->Close(), "cannot close " + index_tmp);
   }

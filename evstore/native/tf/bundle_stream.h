@@ -28,6 +28,11 @@
 // closed as soon as its EV is done. Nothing holds a copy of the table.
 // Failure: any error leaves the writer failed; its destructor deletes every
 // file it created unless Finish() succeeded.
+// Object sink (a prefix "evsink://..."): the same files, in the same order,
+// go to the process's registered sink instead of the local filesystem (an
+// object-store root written from memory, with no local staging); a string
+// column's two parts are held in memory until it ends, and the index is
+// built in memory; renames and removals are the sink's.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -40,25 +45,54 @@
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/protobuf/tensor_bundle.pb.h"
 
+namespace tsl {
+class WritableFile;
+}
+
 namespace evstore {
 namespace tf {
 
-// An append-only local file that keeps its size and crc32c as it goes.
+// Object sink: a bundle whose prefix starts with kSinkScheme ("evsink://<id>/<prefix>") is never a
+// local file. Each of its files goes, buffer by buffer, to callbacks the process registered with
+// evstore_set_object_sink (checkpoint/object_sink.py streams them into the object store), and a
+// rename or removal is asked of the same callbacks. A process that registered none fails the save.
+// Callbacks return 0 (open: a handle >= 0) on success; the sink keeps the reason of a failure.
+inline constexpr char kSinkScheme[] = "evsink://";
+bool IsSinkPath(const std::string& path);
+extern "C" {
+typedef int64_t (*SinkOpenFn)(const char* path);
+typedef int (*SinkWriteFn)(int64_t handle, const char* data, int64_t n);
+typedef int (*SinkCloseFn)(int64_t handle, int keep);  // keep = 0: discard what was written
+typedef int (*SinkRenameFn)(const char* from, const char* to);
+typedef int (*SinkRemoveFn)(const char* path);
+void evstore_set_object_sink(SinkOpenFn open, SinkWriteFn write, SinkCloseFn close, SinkRenameFn rename,
+                             SinkRemoveFn remove);
+}
+void SinkRename(const std::string& from, const std::string& to);  // throws
+void SinkRemove(const std::string& path);                          // best effort
+
+// An append-only file that keeps its size and crc32c as it goes: a local
+// file, a file of an object sink (IsSinkPath), or (`in_memory`) a buffer
+// that is never flushed anywhere (`memory()`: its bytes).
 class OutFile {
  public:
   static constexpr size_t kBufferBytes = 1 << 20;
-  explicit OutFile(std::string path);  // throws std::runtime_error
+  explicit OutFile(std::string path, bool in_memory = false);  // throws std::runtime_error
   ~OutFile();
   void Write(const void* data, size_t n);  // throws std::runtime_error
   void Close(bool sync);                    // flush (+ fsync), throws
   const std::string& path() const { return path_; }
   int64_t size() const { return size_; }
   uint32_t crc() const { return crc_; }
+  const std::string& memory() const { return mem_; }
 
  private:
   void Flush();
   std::string path_;
   int fd_ = -1;
+  int64_t sink_ = -1;      // handle of an object sink's file
+  bool in_memory_ = false;
+  std::string mem_;
   std::vector<char> buf_;
   size_t used_ = 0;
   int64_t size_ = 0;
@@ -121,6 +155,9 @@ class BundleStreamWriter {
     uint32_t lengths_crc = 0;
   };
   void CheckName(const std::string& name);
+  void Remove(const std::string& path);                          // best effort
+  void Rename(const std::string& from, const std::string& to);   // throws
+  void BuildIndex(int num_shards, tsl::WritableFile* f, const std::string& where);
   std::string prefix_;
   std::unique_ptr<OutFile> main_;  // shard 0
   std::vector<Column> cols_;
@@ -129,6 +166,7 @@ class BundleStreamWriter {
   int open_in_shard0_ = -1;          // the in_shard0 column open now, or -1
   std::vector<std::string> created_;  // every path to delete on failure
   bool finished_ = false;
+  bool sink_ = false;                 // IsSinkPath(prefix_): no local file at all
 };
 
 // Reads a bundle's index and streams tensors chunk by chunk, checking each
