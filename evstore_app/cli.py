@@ -85,6 +85,10 @@ def build_parser():
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
     _min_examples_flag(train, "--guard-min-examples", "guard")
+    train.add_argument("--no-reference", dest="reference", action="store_false",
+                       help="do not score batches with the reference model (the model a commit replaces): commits "
+                            "carry no quality['reference'] and train faster; a gate's clauses on `reference` are "
+                            "then not judged (docs/guides/quality-gate.md)")
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -179,6 +183,18 @@ def build_parser():
                           "joined by |, the front failing over between them): dense weights and small "
                           "EVs here, the sharded EVs' rows read from the shards per request, every commit published "
                           "on all of them at once (docs/guides/sharded-serving.md)")
+    srv.add_argument("--shard-token-file", "--shard_token_file", default=None, metavar="FILE",
+                     help="with --shard or --shards: file holding the fleet's token (the same file on the shards and "
+                          "the front); a shard then answers only calls carrying it (others get UNAUTHENTICATED). Without "
+                          "--shard-tls-cert it travels in clear text")
+    srv.add_argument("--shard-tls-cert", "--shard_tls_cert", default=None, metavar="PEM",
+                     help="with --shard: serve the shard port over TLS only, with this certificate (chain) and "
+                          "--shard-tls-key")
+    srv.add_argument("--shard-tls-key", "--shard_tls_key", default=None, metavar="PEM",
+                     help="with --shard-tls-cert: the certificate's private key")
+    srv.add_argument("--shard-tls-ca", "--shard_tls_ca", default=None, metavar="PEM",
+                     help="with --shards: reach the shards over TLS, trusting the certificates this CA (or "
+                          "self-signed certificate) signed")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")
@@ -595,7 +611,7 @@ def _job(args):
                             keep_chains=args.keep_chains, progress=not args.no_progress, stop_event=stop,
                             export=args.export, guard=args.guard, guard_restore=args.guard_restore,
                             serving_view=args.serving_view, guard_min_examples=args.guard_min_examples,
-                            from_seq=args.from_seq, export_tables=args.export_tables)
+                            from_seq=args.from_seq, export_tables=args.export_tables, reference=args.reference)
     except (SpecError, ValueError, OSError, KafkaUnavailableError) as e:
         print(f"evstore {args.command}: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -33,7 +33,7 @@ import urllib.request
 
 import numpy as np
 
-from bench.harness.paths import RESULTS
+from bench.harness.paths import write_result
 
 SPEC = {"label": {"column": "click"},
         "sparse": [{"name": "user", "column": "user", "dim": 16}, {"name": "item", "column": "item", "dim": 16}],
@@ -242,12 +242,7 @@ def main():
             out["recovery"] = recovery(work, broker, events, spec_path)
             print("recovery", out["recovery"], flush=True)
     out["load_avg_at_end"] = os.getloadavg()
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"kafka-{out['utc'].replace(':', '')}.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print(json.dumps(out, indent=1))
-    print(f"results: {path}")
+    write_result(f"kafka-{out['utc'].replace(':', '')}", out)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ __all__ = ["run", "KafkaStream"]
 
 def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=None, out=None, keep_chains=3,
         progress=True, stop_event=None, export=None, guard=None, guard_restore=False, serving_view=None,
-        guard_min_examples=None, from_seq=None, export_tables="stock"):
+        guard_min_examples=None, from_seq=None, export_tables="stock", reference=True):
     """Trains on `data` per `spec` (path or dict), checkpointing under `checkpoints`.
     `data`: a data file or directory (FileStream), or a KafkaStream: an
     unbounded run from Kafka topics, each commit recording every partition's
@@ -54,6 +54,8 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     input at its recorded position; ValueError when the root holds no
     commit `from_seq`. `export_tables`: the export's tables, "stock" or
     "evstore" (export_serving_model's `tables`: "evstore" for tiered serving).
+    `reference`: score every batch with the reference model too, recorded in
+    each commit's quality['reference'] (evstore_app/job/reference.py).
     Returns the summary dict (also written to OUT/summary.json, with
     OUT/report.png; OUT defaults to default_out(checkpoints)). A root that
     already holds every row of `data` trains and commits nothing."""
@@ -66,8 +68,8 @@ def run(data, spec, checkpoints, delta_every=60.0, full_every=3600.0, max_rows=N
     spec_arg, spec = spec, load_spec(spec)
     kafka = isinstance(data, KafkaStream)
     stream = data.bind(spec) if kafka else FileStream(data, spec, max_rows=max_rows)
-    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view, reference_gate=guard,
-                      reference_min_examples=guard_min_examples)
+    trainer = Trainer(spec, checkpoints, keep_chains=keep_chains, serving_view=serving_view, reference=reference,
+                      reference_gate=guard, reference_min_examples=guard_min_examples)
     if stop_event is not None:
         trainer.stop_event = stop_event
     guard = Guard(guard, trainer, guard_min_examples) if guard is not None else None

@@ -67,6 +67,16 @@ def test_every_commit_of_train_carries_the_quality_of_the_data_since_the_previou
     assert whole["examples"] == 20480 and 0.6 < whole["auc"] < 1
 
 
+def test_train_without_the_reference_model_writes_records_without_reference(files, tmp_path):
+    _, spec, _, clean = files
+    root = tmp_path / "ckpt"
+    p = _evstore("train", "--data", clean, "--spec", spec, "--checkpoints", str(root), "--max-rows", "4096",
+                 "--no-reference", "--no-progress", "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    ms = _commits(root)
+    assert sum(m["quality"]["examples"] for m in ms) == 4096 and not any("reference" in m["quality"] for m in ms)
+
+
 def test_the_guard_stops_committing_restores_the_last_good_commit_and_the_resumed_run_is_exact(files, tmp_path):
     _, spec, poisoned, clean = files
     root, out = tmp_path / "ckpt", tmp_path / "o1"
