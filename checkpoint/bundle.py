@@ -23,7 +23,7 @@ CHUNK_ROWS = 65536
 
 
 def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROWS, prefix=BUNDLE_PREFIX,
-                 device=None, view=None):
+                 device=None, view=None, view_prefix=VIEW_PREFIX):
     """Writes `directory/<prefix>.*` (the writer op runs on `device`, default: here).
 
     Args:
@@ -32,7 +32,7 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
       dense: {name: tf.Tensor} (global step included).
       full: every key (True) or the snapshots' changes (False).
       view: None, or a serving view dtype: the rows are also encoded into
-        `directory/serving.*` as they stream (checkpoint/serving_view.py).
+        `directory/<view_prefix>.*` as they stream (checkpoint/serving_view.py).
     Returns:
       (files {basename: {"size", "crc32c"}} (the view's included),
        per-EV {"rows", "filtered", "deleted", "slots"}).
@@ -40,7 +40,7 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
     from evstore import ops
     names = list(evs)
     with tf.device(device):
-        out = _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows, view)
+        out = _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows, view, view_prefix)
     files = {f.decode(): {"size": int(s), "crc32c": int(c)}
              for f, s, c in zip(out.files.numpy(), out.file_sizes.numpy(), out.file_crc32c.numpy())}
     slots = {n: [] for n in names}
@@ -54,7 +54,8 @@ def write_bundle(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROW
     return files, counts
 
 
-def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows, view=None):
+def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chunk_rows, view=None,
+             view_prefix=VIEW_PREFIX):
     return ops.ev_save_bundle(
         prefix=os.path.join(directory, prefix),
         handles=[evs[n].resource_handle for n in names],
@@ -63,18 +64,20 @@ def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chun
         dense_names=tf.constant(list(dense), tf.string, shape=[len(dense)]),
         dense=list(dense.values()),
         key_dtypes=[evs[n].key_dtype for n in names], full=full, chunk_rows=chunk_rows, view=view or "",
-        view_prefix=VIEW_PREFIX)
+        view_prefix=view_prefix)
 
 
-def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_index=0, num_shards=1):
+def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_index=0, num_shards=1, view=""):
     """Applies EV `name` of the bundle in `directory` to `ev` (on the EV's
     device; with num_shards > 1 only the keys routed to `shard_index`);
-    returns (rows, filtered, deleted) applied."""
+    returns (rows, filtered, deleted) applied. `view`: a serving table in a
+    view's precision reads its rows from the serving view of that dtype in
+    `directory` (EvLoadBundle)."""
     from evstore import ops
     out = ops.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
                              tf.constant(list(slots), tf.string, shape=[len(slots)]),
                              key_dtype=ev.key_dtype, clear=clear, chunk_rows=chunk_rows,
-                             shard_index=shard_index, num_shards=num_shards)
+                             shard_index=shard_index, num_shards=num_shards, view=view or "")
     return tuple(int(x) for x in out.numpy())
 
 

@@ -29,6 +29,7 @@ from checkpoint.index import parse_index
 from checkpoint.manifest import BUNDLE_PREFIX, MANIFEST, Manifest, dir_name
 from checkpoint.object_sink import is_sink, read, sink_of
 from checkpoint.remote_parts import discard_parts, publish_parts, write_parts
+from checkpoint.serving_view import VIEW_PREFIX
 from checkpoint.shards import device_groups
 from evstore import quality as _quality
 from evstore import schema
@@ -58,7 +59,9 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
         own data files, on any other root (checkpoint/remote_parts.py).
       serving_view: None, or the dtype of a serving view written into the
         same commit (checkpoint/serving_view.py): the rows are encoded as
-        they stream, in the same pass as the bundle.
+        they stream, in the same pass as the bundle (on an object-store root
+        with EVs on other tasks, each task's part with its own view, merged
+        into one `serving` bundle as the parts are).
       stats: None, or a dict that receives "bytes_sent_here": the bytes
         this process sent to the root (the rest were sent by their tasks).
     """
@@ -67,9 +70,6 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
     # EVs on other tasks with a root that is not one local filesystem: each
     # task uploads its own part (checkpoint/remote_parts.py).
     distributed = not storage.local and bool(set(groups) - {""})
-    if distributed and serving_view is not None:
-        raise CheckpointError(f"a serving view is not written for EVs held by other tasks on {storage.url} (an "
-                              "object-store root); save without serving_view, or to a root every task mounts")
     dirname = dir_name(kind, seq)
     sids, staging, manifest_sent, parts = {}, None, False, []
     try:
@@ -86,8 +86,11 @@ def commit_checkpoint(storage, kind, seq, evs, dense_fn, prepare, parent=None, b
             _failpoints.hit("before-bundle")
             if distributed:
                 def write(directory, names, prefix, device, with_dense):
+                    # Each part's serving view streams with its rows, beside it (merged by publish_parts).
                     return write_bundle(directory, {n: evs[n] for n in names}, sids, dense if with_dense else {},
-                                        full=(kind == "full"), chunk_rows=chunk_rows, prefix=prefix, device=device)
+                                        full=(kind == "full"), chunk_rows=chunk_rows, prefix=prefix, device=device,
+                                        view=serving_view if names else None,
+                                        view_prefix=VIEW_PREFIX + prefix[len(BUNDLE_PREFIX):])
                 parts = write_parts(storage, dirname, staging, groups, write)
             else:
                 files, counts = write_bundles(staging, evs, sids, dense, full=(kind == "full"),

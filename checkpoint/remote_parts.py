@@ -49,6 +49,7 @@ from checkpoint.errors import CheckpointError
 from checkpoint.index import build_index, data_file, parse_index
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.object_sink import read, sink_of
+from checkpoint.serving_view import VIEW_PREFIX
 from checkpoint.task_service import call, read_bytes
 
 __all__ = ["Part", "write_parts", "publish_parts", "discard_parts", "merge_indexes", "crc32c_bytes", "data_files_of", "read_index",
@@ -58,11 +59,19 @@ __all__ = ["Part", "write_parts", "publish_parts", "discard_parts", "merge_index
 @dataclasses.dataclass
 class Part:
     task: str | None        # None: this process
-    dir: str                # its directory on that task's host
+    dir: str                # its object sink's directory on that task
     prefix: str             # ckpt_part<k>
     names: list             # EV names it holds
     files: dict = None      # {file: {"size", "crc32c"}} as its writer reported
     counts: dict = None     # per-EV counts (bundle.write_bundle)
+
+    @property
+    def view_prefix(self):
+        """Its serving view's bundle (serving_part<k>), written beside its part when the commit has one."""
+        return VIEW_PREFIX + self.prefix[len(BUNDLE_PREFIX):]
+
+    def has_view(self):
+        return bool(self.files) and self.view_prefix + ".index" in self.files
 
 
 def crc32c_bytes(data):
@@ -71,16 +80,17 @@ def crc32c_bytes(data):
     return int(ops.ev_crc32c_extend(tf.constant(0, tf.int64), tf.constant(data)))
 
 
-def merge_indexes(indexes, prefixes, where="checkpoint"):
+def merge_indexes(indexes, prefixes, where="checkpoint", into=BUNDLE_PREFIX):
     """(merged index bytes, [{part data file: merged data file}]) of part
-    indexes `indexes` (bytes, in part order) of bundles `prefixes`.
+    indexes `indexes` (bytes, in part order) of bundles `prefixes`, merged
+    into bundle `into` (the main bundle, or the serving view's).
 
     Raises CheckpointError when two parts hold a tensor of the same name."""
     parsed = [parse_index(b, f"{where}/{p}.index") for b, p in zip(indexes, prefixes)]
     total = sum(n for n, _ in parsed)
     entries, renames, seen, offset = [], [], set(), 0
     for (n, held), prefix in zip(parsed, prefixes):
-        renames.append({data_file(prefix, s, n): data_file(BUNDLE_PREFIX, offset + s, total) for s in range(n)})
+        renames.append({data_file(prefix, s, n): data_file(into, offset + s, total) for s in range(n)})
         for e in held.values():
             if e.name in seen:
                 raise CheckpointError(f"{where}: tensor {e.name!r} is in two parts")
@@ -128,16 +138,28 @@ def publish_parts(storage, dirname, staging, parts):
     index into `dirname` of `storage`, and checks every object's size there.
     Returns (files {name: {"size", "crc32c"}}, counts, bytes this process sent,
     the merged index)."""
-    indexes = [read_bytes(p.task, p.dir, p.prefix + ".index") if p.task else read(p.dir, p.prefix + ".index")
-               for p in parts]
+    def index_of(p, prefix):
+        return read_bytes(p.task, p.dir, prefix + ".index") if p.task else read(p.dir, prefix + ".index")
+
+    indexes = [index_of(p, p.prefix) for p in parts]
     index, renames = merge_indexes(indexes, [p.prefix for p in parts], storage.display(dirname))
+    sent = sum(len(b) for p, b in zip(parts, indexes) if p.task)   # the remote part indexes came here
+    merged_indexes = {BUNDLE_PREFIX + ".index": index}
+    viewed = [k for k, p in enumerate(parts) if p.has_view()]
+    if viewed:   # the parts' serving views merge into one `serving` bundle the same way
+        vindexes = [index_of(parts[k], parts[k].view_prefix) for k in viewed]
+        sent += sum(len(b) for k, b in zip(viewed, vindexes) if parts[k].task)
+        vindex, vrenames = merge_indexes(vindexes, [parts[k].view_prefix for k in viewed],
+                                         storage.display(dirname), into=VIEW_PREFIX)
+        merged_indexes[VIEW_PREFIX + ".index"] = vindex
+        for k, names in zip(viewed, vrenames):
+            renames[k] = {**renames[k], **names}
     files, counts = {}, {}
     for p, names in zip(parts, renames):
         counts.update(p.counts)
         for local, merged in names.items():
             files[merged] = p.files[local]
     storage.makedirs(storage.join(dirname))
-    sent = sum(len(b) for p, b in zip(parts, indexes) if p.task)   # the remote part indexes came here
 
     def upload(p, names):
         if p.task is None:
@@ -149,9 +171,10 @@ def publish_parts(storage, dirname, staging, parts):
         for f in [pool.submit(upload, p, names) for p, names in zip(parts, renames)]:
             f.result()
     sent += sum(parts[-1].files[lo]["size"] for lo in renames[-1])
-    storage.fs.pipe_file(storage.join(dirname, BUNDLE_PREFIX + ".index"), index)
-    files[BUNDLE_PREFIX + ".index"] = {"size": len(index), "crc32c": crc32c_bytes(index)}
-    sent += len(index)
+    for name, data in merged_indexes.items():
+        storage.fs.pipe_file(storage.join(dirname, name), data)
+        files[name] = {"size": len(data), "crc32c": crc32c_bytes(data)}
+        sent += len(data)
     check_uploaded(storage, dirname, files)
     return files, counts, sent, index
 

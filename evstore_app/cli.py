@@ -183,6 +183,18 @@ def build_parser():
                           "joined by |, the front failing over between them): dense weights and small "
                           "EVs here, the sharded EVs' rows read from the shards per request, every commit published "
                           "on all of them at once (docs/guides/sharded-serving.md)")
+    srv.add_argument("--shard-token-file", "--shard_token_file", default=None, metavar="FILE",
+                     help="with --shard or --shards: file holding the fleet's token (the same file on the shards and "
+                          "the front); a shard then answers only calls carrying it (others get UNAUTHENTICATED). Without "
+                          "--shard-tls-cert it travels in clear text")
+    srv.add_argument("--shard-tls-cert", "--shard_tls_cert", default=None, metavar="PEM",
+                     help="with --shard: serve the shard port over TLS only, with this certificate (chain) and "
+                          "--shard-tls-key")
+    srv.add_argument("--shard-tls-key", "--shard_tls_key", default=None, metavar="PEM",
+                     help="with --shard-tls-cert: the certificate's private key")
+    srv.add_argument("--shard-tls-ca", "--shard_tls_ca", default=None, metavar="PEM",
+                     help="with --shards: reach the shards over TLS, trusting the certificates this CA (or "
+                          "self-signed certificate) signed")
     adm = command("serve-admin", "pin, resume or roll back a running `evstore serve`, or show its admin status")
     adm.add_argument("--url", default="http://127.0.0.1:8502",
                      help="the server's admin listener (`evstore serve` prints it; default http://127.0.0.1:8502)")

@@ -22,6 +22,30 @@ def _tier(args):
     return TieredStorage(args.tiered_dram_bytes, path=args.tier_path)
 
 
+def _read_pem(path, flag):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{flag}: cannot read {path}: {e}") from None
+
+
+def _shard_tls(args):
+    """((key PEM, certificate PEM) of a shard's TLS or None, the front's CA PEM or None) from the flags."""
+    tls = tls_ca = None
+    if (args.shard_tls_cert is None) != (args.shard_tls_key is None):
+        raise ValueError("--shard-tls-cert and --shard-tls-key go together")
+    if args.shard_tls_cert is not None:
+        if args.shard is None:
+            raise ValueError("--shard-tls-cert/--shard-tls-key need --shard (the front takes --shard-tls-ca)")
+        tls = (_read_pem(args.shard_tls_key, "--shard-tls-key"), _read_pem(args.shard_tls_cert, "--shard-tls-cert"))
+    if args.shard_tls_ca is not None:
+        if args.shards is None:
+            raise ValueError("--shard-tls-ca needs --shards (a front)")
+        tls_ca = _read_pem(args.shard_tls_ca, "--shard-tls-ca")
+    return tls, tls_ca
+
+
 def run(args):
     """Runs `evstore serve` (`args` parsed by evstore_app.cli): its flags become serve()'s
     keyword arguments (a negative port: that API off; --rest_idle_timeout_s 0: never),
@@ -31,6 +55,12 @@ def run(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll otherwise
     try:
+        shard_token = None
+        if args.shard_token_file is not None:
+            if args.shard is None and args.shards is None:
+                raise ValueError("--shard-token-file needs --shard or --shards")
+            shard_token = admin_listener.read_token(args.shard_token_file, what="shard")
+        tls, tls_ca = _shard_tls(args)
         if args.shard is not None:
             if args.shards is not None:
                 raise ValueError("--shard (a shard) and --shards (a front) exclude each other")
@@ -38,7 +68,8 @@ def run(args):
 
             return serve_shard(args.export, args.checkpoints, args.shard, host=args.host, port=args.port,
                                evs=args.shard_evs.split(",") if args.shard_evs else None, tier=_tier(args),
-                               max_request_bytes=args.max_request_bytes, disk_bytes=args.tier_disk_bytes)
+                               max_request_bytes=args.max_request_bytes, disk_bytes=args.tier_disk_bytes,
+                               token=shard_token, tls=tls)
         for flag, value in (("--shard-evs", args.shard_evs), ("--tier-disk-bytes", args.tier_disk_bytes)):
             if value is not None:
                 raise ValueError(f"{flag} needs --shard")
@@ -61,7 +92,8 @@ def run(args):
                      admin_port=args.admin_port, admin_host=args.admin_host,
                      admin_token=admin_listener.read_token(args.admin_token_file) if args.admin_token_file else None,
                      idle_timeout_s=args.rest_idle_timeout_s or None, tier=_tier(args),
-                     use_serving_view=args.serving_view, shards=args.shards)
+                     use_serving_view=args.serving_view, shards=args.shards, shard_token=shard_token,
+                     shard_tls_ca=tls_ca)
     except (ValueError, TypeError, OSError) as e:
         from serving_loader.model import NotAnExportError, NothingToServeError
 

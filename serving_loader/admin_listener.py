@@ -41,16 +41,17 @@ def is_loopback(host):
         return False
 
 
-def read_token(path):
-    """The admin token in file `path` (surrounding whitespace dropped); ValueError
-    when it cannot be read or has fewer than MIN_TOKEN_CHARS characters."""
+def read_token(path, what="admin"):
+    """The `what` token (admin, or a sharded fleet's shard token) in file
+    `path` (surrounding whitespace dropped); ValueError when it cannot be read
+    or has fewer than MIN_TOKEN_CHARS characters."""
     try:
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the admin token file {path}: {e}") from None
+        raise ValueError(f"cannot read the {what} token file {path}: {e}") from None
     if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
-        raise ValueError(f"the admin token in {path} must be at least {MIN_TOKEN_CHARS} characters without "
+        raise ValueError(f"the {what} token in {path} must be at least {MIN_TOKEN_CHARS} characters without "
                          "whitespace")
     return token
 

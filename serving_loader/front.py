@@ -56,7 +56,9 @@ class FrontModel(ServingModel):
     cache here (rows fetched for requests at the served version) is emptied
     at the next poll once it holds more rows (it is emptied at every
     publish anyway), so a fleet that publishes nothing for a long while
-    does not pull its whole model into the front.
+    does not pull its whole model into the front. `token`: the fleet's
+    bearer token (--shard-token-file), sent with every call to the shards;
+    `tls_ca`: PEM of the CA certificates of the shards' TLS (--shard-tls-ca).
 
     Raises ValueError (an export of stock tables or one without lookup_keys
     functions: re-export it; shards that are not 0..N-1 of one fleet),
@@ -65,7 +67,7 @@ class FrontModel(ServingModel):
     """
 
     def __init__(self, export_dir, checkpoint_root, shards, storage_options=None, allow_empty=False, gate=None,
-                 wait_s=60.0, timeout_s=5.0, max_cached_rows=1_000_000):
+                 wait_s=60.0, timeout_s=5.0, max_cached_rows=1_000_000, token=None, tls_ca=None):
         super().__init__(export_dir, None, gate=gate)
         if self.table_kind != "evstore":
             raise ValueError(f"{export_dir} serves its EVs from stock tables; a sharded fleet needs an export "
@@ -78,7 +80,7 @@ class FrontModel(ServingModel):
         if self.signature not in self._keys_fns:
             raise ValueError(f"{export_dir} has no lookup_keys functions (written before sharded serving): "
                              "export it again with export_serving_model(..., tables=\"evstore\")")
-        self.fleet = Fleet(shards, timeout_s=timeout_s)
+        self.fleet = Fleet(shards, timeout_s=timeout_s, token=token, tls_ca=tls_ca)
         evs = self.fleet.describe(wait_s)
         self.remote = {}   # sharded EV -> its table here (rows of `version` fetched for requests)
         tables = self.publisher.tables
@@ -146,7 +148,7 @@ class FrontModel(ServingModel):
         with self._cache_lock:
             for n, (k, rows) in got.items():
                 if len(k):
-                    self.remote[n].insert(k, rows, forget=False)   # the cache is dropped whole at a publish
+                    self.remote[n].insert(k, rows)   # the cache is dropped whole at a publish
 
     def _positional(self, signature, inputs):
         """The input names of `signature`, in its lookup_keys function's parameter order."""

@@ -100,6 +100,7 @@ class ServingMetrics:
             ("cache_hits", "Row reads of a tiered serving table answered from its DRAM cache"),
             ("cache_misses", "Row reads of a tiered serving table that read its disk tier"),
             ("cache_rows", "Rows of a tiered serving table in its DRAM cache"),
+            ("cache_capacity", "Rows a tiered serving table's DRAM budget holds at the served precision"),
             ("disk_bytes", "Bytes of a tiered serving table's row file on disk"))}
         self.predict_latency = Histogram("evstore_serving_predict_latency_seconds", "Predict request time "
                                          "(parse, model, encode) of answered requests", registry=r,
@@ -432,7 +433,8 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
           storage_options=None, out=sys.stdout, allow_empty=False, intra_op_parallelism=0, inter_op_parallelism=0,
           grpc_idle_timeout_s=None, gate=None, gate_min_examples=None, gate_max_hold_commits=None,
           gate_max_hold_s=None, gate_past_max_hold="hold", admin_port=None, admin_host="127.0.0.1",
-          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, tier=None, use_serving_view=True, shards=None):
+          admin_token=None, idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S, tier=None, use_serving_view=True, shards=None,
+          shard_token=None, shard_tls_ca=None):
     """Loads the export, applies the newest chain, polls `checkpoint_root`
     every `poll_every` seconds and serves REST on `rest_api_port` and gRPC on
     `port` (TF Serving's flags; 0: any free port; None: that API off; a build
@@ -469,9 +471,11 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
     `storage`): each table's rows in a DRAM cache over a private directory,
     removed when serve returns. `use_serving_view`: serve a commit's serving
     view when it has one (False: its float32 rows; ServingModel's argument).
-    `shards`: "host:port,..." of serving shards (serving_loader/front.py):
-    this server is their front (an export of evstore tables; the sharded
-    EVs' rows come from the shards, the others' are held here in DRAM).
+    `shards`: "host:port,..." of serving shards (replicas of one joined by
+    "|"; serving_loader/front.py): this server is their front (an export of
+    evstore tables; the sharded EVs' rows come from the shards, the others'
+    are held here in DRAM); `shard_token`: the fleet's token sent to them;
+    `shard_tls_ca`: PEM of the CA of the shards' TLS certificates.
     """
     from serving_loader.model import ServingModel
 
@@ -513,7 +517,7 @@ def serve(export_dir, checkpoint_root=None, host="127.0.0.1", port=8500, rest_ap
             if tier is not None:
                 raise ValueError("a front holds its small EVs in DRAM; --tiered-dram-bytes is the shards' (--shard)")
             model = FrontModel(export_dir, checkpoint_root, parse_addresses(shards), storage_options=storage_options,
-                               allow_empty=allow_empty, gate=gate)
+                               allow_empty=allow_empty, gate=gate, token=shard_token, tls_ca=shard_tls_ca)
         else:
             model = ServingModel(export_dir, checkpoint_root, storage_options=storage_options,
                                  allow_empty=allow_empty, gate=gate, storage=tier, use_serving_view=use_serving_view)

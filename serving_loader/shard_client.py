@@ -22,7 +22,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
 from evstore.sharded import shard_index
-from serving_loader.shard_service import SERVICE
+from serving_loader.shard_service import AUTH_HEADER, SERVICE
 from serving_loader.tensor_proto import array_to_tensor, tensor_to_array
 from serving_loader.tfs import ServingError
 
@@ -56,6 +56,19 @@ def parse_addresses(text):
     return out
 
 
+class _WithMetadata:
+    """A unary-unary callable that sends `metadata` with every call."""
+
+    def __init__(self, call, metadata):
+        self._call, self._md = call, metadata
+
+    def __call__(self, data, timeout):
+        return self._call(data, timeout=timeout, metadata=self._md)
+
+    def future(self, data, timeout):
+        return self._call.future(data, timeout=timeout, metadata=self._md)
+
+
 class Fleet:
     """Clients of the shards at `addresses` (shard i at addresses[i]: one
     "host:port", or a list of its replicas' addresses).
@@ -69,9 +82,11 @@ class Fleet:
     rejoin check finds it at the fleet's version (`usable`).
 
     `timeout_s`: a Lookup's deadline; `stage_timeout_s`: a Stage's (it reads
-    a commit; a full takes longer)."""
+    a commit; a full takes longer); `token`: the fleet's bearer token, sent
+    with every call; `tls_ca`: PEM of the certificates that sign the shards'
+    (TLS to every shard; shard_service.py)."""
 
-    def __init__(self, addresses, timeout_s=5.0, stage_timeout_s=600.0):
+    def __init__(self, addresses, timeout_s=5.0, stage_timeout_s=600.0, token=None, tls_ca=None):
         self.addresses = [[a] if isinstance(a, str) else list(a) for a in addresses]
         self.count = len(self.addresses)
         self.timeout_s = timeout_s
@@ -81,9 +96,16 @@ class Fleet:
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                    ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                    ("grpc.max_reconnect_backoff_ms", 2000)]
-        self._channels = {(i, r): grpc.insecure_channel(self.addresses[i][r], options=options)
-                          for i, r in self._replicas}
-        self._calls = {k: {m: ch.unary_unary(f"/{SERVICE}/{m}") for m in ("Lookup", "Stage", "Publish", "Status")}
+        if tls_ca is None:
+            self._channels = {(i, r): grpc.insecure_channel(self.addresses[i][r], options=options)
+                              for i, r in self._replicas}
+        else:
+            creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+            self._channels = {(i, r): grpc.secure_channel(self.addresses[i][r], creds, options=options)
+                              for i, r in self._replicas}
+        md = None if token is None else ((AUTH_HEADER, f"Bearer {token}"),)
+        self._calls = {k: {m: _WithMetadata(ch.unary_unary(f"/{SERVICE}/{m}"), md)
+                           for m in ("Lookup", "Stage", "Publish", "Status")}
                        for k, ch in self._channels.items()}
         self.usable = {k: True for k in self._replicas}   # at the fleet's version, answering
         self._next = [0] * self.count                     # the replica each shard's next Lookup tries first

@@ -17,12 +17,18 @@ rank, an unknown EV, more keys than the cap allows get INVALID_ARGUMENT; at
 most `max_concurrent` calls run at once, more get RESOURCE_EXHAUSTED from
 grpcio; a connection idle for `idle_timeout_s` is closed. Stage and Publish
 act only on committed checkpoints of the shard's own root (the front's
-`fleet` argument cannot make it serve anything uncommitted); keep the port
-on the serving hosts' network.
+`fleet` argument cannot make it serve anything uncommitted). With a token
+(`--shard-token-file`, the same file on the shards and the front) every call
+must carry `authorization: Bearer <token>` (compared in constant time), else
+it gets UNAUTHENTICATED. With a certificate (`--shard-tls-cert/-key` on the
+shard, `--shard-tls-ca` on the front) the port speaks TLS only (grpcio's
+ssl credentials), so the token and the rows are encrypted and the front
+checks the shard's certificate.
 
 Why grpcio and not TensorFlow's distributed runtime: see
 docs/guides/sharded-serving.md ("Runtime") and BENCHMARKS.md.
 """
+import hmac
 import json
 import logging
 from concurrent import futures
@@ -38,11 +44,12 @@ from serving_loader.shard_model import VersionNotHeld
 from serving_loader.tensor_proto import TensorLimits, array_to_tensor, tensor_to_array
 from serving_loader.tfs import ServingError
 
-__all__ = ["SERVICE", "ShardServer", "DEFAULT_MAX_REQUEST_BYTES"]
+__all__ = ["SERVICE", "AUTH_HEADER", "ShardServer", "DEFAULT_MAX_REQUEST_BYTES"]
 
 log = logging.getLogger("evstore.serving")
 
 SERVICE = "evstore.ServingShard"
+AUTH_HEADER = "authorization"   # gRPC metadata keys are lower case
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 MAX_CONTROL_BYTES = 4096
 
@@ -133,14 +140,33 @@ class _Handlers:
         return self._answer(self.model.status())
 
 
+def _guarded(fn, token):
+    """`fn` behind the fleet's bearer token (compared in constant time): a call
+    without it gets UNAUTHENTICATED and is not read further."""
+    if token is None:
+        return fn
+    expected = f"Bearer {token}".encode()
+
+    def call(request, context):
+        got = dict(context.invocation_metadata()).get(AUTH_HEADER, "")
+        if not hmac.compare_digest(got.encode("utf-8", "replace"), expected):
+            _abort(context, grpc.StatusCode.UNAUTHENTICATED,
+                   "this shard needs the fleet's token (--shard-token-file on the shard and the front)")
+        return fn(request, context)
+
+    return call
+
+
 class ShardServer:
     """Serves ShardModel `model` on host:port (0: a free port; `port` is the
-    bound one) until stop()."""
+    bound one) until stop(); with `token`, only to callers that send it
+    (`authorization: Bearer <token>` metadata); with `tls` (private key
+    PEM, certificate chain PEM, bytes), over TLS only."""
 
     def __init__(self, model, host="127.0.0.1", port=0, max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
-                 max_concurrent=64, workers=8, idle_timeout_s=300.0):
+                 max_concurrent=64, workers=8, idle_timeout_s=300.0, token=None, tls=None):
         h = _Handlers(model, max_request_bytes)
-        methods = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in
+        methods = {name: grpc.unary_unary_rpc_method_handler(_guarded(fn, token)) for name, fn in
                    (("Lookup", h.lookup), ("Stage", h.stage), ("Publish", h.publish), ("Status", h.status))}
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard"),
@@ -153,7 +179,10 @@ class ShardServer:
                      ("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000)),
                      ("grpc.so_reuseport", 0)])
         shown = f"[{host}]" if ":" in host else host
-        self.port = self._server.add_insecure_port(f"{shown}:{port}")
+        if tls is None:
+            self.port = self._server.add_insecure_port(f"{shown}:{port}")
+        else:   # (private key PEM, certificate chain PEM): grpcio's own TLS
+            self.port = self._server.add_secure_port(f"{shown}:{port}", grpc.ssl_server_credentials([tls]))
         if not self.port:
             raise OSError(f"cannot listen on {shown}:{port}")
         self._server.start()
@@ -166,11 +195,14 @@ class ShardServer:
 
 
 def serve_shard(export_dir, checkpoint_root, shard, host="127.0.0.1", port=0, evs=None, tier=None,
-                max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, storage_options=None, out=None, disk_bytes=None):
+                max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, storage_options=None, out=None, disk_bytes=None,
+                token=None, tls=None):
     """`evstore serve --shard I/N`: serves shard `shard` ("I/N") of the
     export's EVs `evs` (None: all) on host:port until SIGTERM (returns 0) or
     SIGINT (130). Prints `shard I/N of <export> on <host>:<port>` once it
-    listens; `disk_bytes`: its disk budget (ShardModel). Raises ValueError
+    listens; `disk_bytes`: its disk budget (ShardModel); `token`: the
+    fleet's bearer token, `tls`: (key PEM, certificate PEM) (ShardServer).
+    Raises ValueError
     for a bad shard, export, EV list or budget."""
     import signal
     import sys
@@ -183,7 +215,7 @@ def serve_shard(export_dir, checkpoint_root, shard, host="127.0.0.1", port=0, ev
     i, n = parse_shard(shard)
     model = ShardModel(export_dir, checkpoint_root, i, n, evs=evs, storage_options=storage_options, storage=tier,
                        disk_bytes=disk_bytes)
-    server = ShardServer(model, host, port, max_request_bytes=max_request_bytes)
+    server = ShardServer(model, host, port, max_request_bytes=max_request_bytes, token=token, tls=tls)
     stop, received = threading.Event(), []
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda num, _frame: (received.append(num), stop.set()))

@@ -164,3 +164,67 @@ def test_a_ps_killed_while_uploading_its_part_leaves_no_visible_commit(tmp_path,
     assert os.path.exists(mark)
     assert s3_manifests(root) == {}
     assert checkpoint.CheckpointManager(root, []).latest() is None
+
+
+def test_a_ps_job_streams_each_parts_serving_view_to_s3_into_one_view_equal_to_a_local_roots(tmp_path, s3_bucket):
+    """Each PS streams its part's serving view with its rows; the chief merges the part views into the
+    commit's one `serving` bundle: a full's is tensor for tensor what a local root's commit of the same
+    table holds (written from the merged rows), a delta's encodes exactly the delta's rows."""
+    import fsspec
+    import tensorflow as tf
+
+    import evstore
+
+    root = f"s3://{s3_bucket}/view-job"
+    with LocalCluster(num_ps=2, num_workers=1, directory=str(tmp_path),
+                      task_env=private_tmps(str(tmp_path), 2, 1)) as lc:
+        with tf.distribute.experimental.ParameterServerStrategy(lc.resolver()).scope():
+            ev = evstore.EmbeddingVariable("emb", dim=8, shards=2)
+        rng = np.random.default_rng(0)
+
+        def load(keys):
+            ev.load(tf.constant(keys, tf.int64), rng.normal(size=(len(keys), 8)).astype(np.float32),
+                    versions=np.zeros(len(keys), np.int64), freqs=np.ones(len(keys), np.int64))
+
+        load(np.arange(2000))
+        s3 = checkpoint.CheckpointManager(root, {"emb": ev}, serving_view="int8")
+        local = checkpoint.CheckpointManager(str(tmp_path / "local"), {"emb": ev}, serving_view="int8",
+                                             lease=False)
+        full = s3.save_full()
+        local_full = local.save_full()   # the same rows (a full writes every key)
+        load(np.arange(0, 2000, 7))
+        delta = s3.save_delta()
+        s3.close()
+        local.close()
+    fs = fsspec.filesystem("s3")
+
+    def download(d, names):
+        got = tmp_path / f"s3-{d}"
+        got.mkdir()
+        for name in names:
+            fs.get_file(f"{root[len('s3://'):]}/{d}/{name}", str(got / name))
+        return got
+
+    views = {}
+    for kind, seq in (("full", full), ("delta", delta)):
+        d = f"{kind}-{seq:010d}"
+        m = s3_manifests(root)[seq]
+        assert m["serving_view"] == {"dtype": "int8"}
+        view = sorted(n for n in m["files"] if n.startswith("serving."))
+        assert view[-1] == "serving.index" and len(view) == 3, view   # one data file per PS part
+        got = download(d, list(m["files"]))
+        views[kind] = (tf.train.load_checkpoint(str(got / "serving")), tf.train.load_checkpoint(str(got / "ckpt")))
+        names = sorted(views[kind][0].get_variable_to_shape_map())
+        assert names == sorted(f"emb/part_{k}-values{s}" for k in range(2) for s in ("", "_scale"))
+    s3_view, _ = views["full"]
+    local_view = tf.train.load_checkpoint(str(tmp_path / "local" / f"full-{local_full:010d}" / "serving"))
+    for n in sorted(local_view.get_variable_to_shape_map()):
+        np.testing.assert_array_equal(s3_view.get_tensor(n), local_view.get_tensor(n), err_msg=n)
+    view, main = views["delta"]
+    for k in range(2):
+        q, scale = view.get_tensor(f"emb/part_{k}-values"), view.get_tensor(f"emb/part_{k}-values_scale")
+        values = main.get_tensor(f"emb/part_{k}-values")
+        assert 0 < len(values) == len(q) < 1000
+        assert (np.abs(q * scale[:, None] - values) <= scale[:, None] * 0.5 + 1e-6).all()   # int8's rounding
+    assert not [k for k in fs.find(root[len("s3://"):]) if "/.sink-" in k]
+    assert leftovers(str(tmp_path)) == []

@@ -429,3 +429,71 @@ def test_a_replica_killed_under_a_predict_storm_is_failed_over_and_rejoins_at_th
         for inputs, out, version in answers:
             if version == v:
                 np.testing.assert_array_equal(out["outputs"], single.predict(inputs)[0]["outputs"])
+
+
+def test_a_shard_with_a_token_answers_only_callers_that_send_it(tmp_path, job):
+    _, export, mgr, single = job
+    token = "s3cret-fleet-token-0123456789"
+    shard = ShardModel(export, mgr.root, 0, 1, evs=["user"],
+                       storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / "s0")))
+    server = ShardServer(shard, token=token)
+    address = f"127.0.0.1:{server.port}"
+    try:
+        with grpc.insecure_channel(address) as ch:
+            for method, body in (("Status", b"{}"), ("Stage", b'{"target": 1}'), ("Lookup", b"")):
+                for md in (None, (("authorization", "Bearer wrong-token-0123456789"),)):
+                    with pytest.raises(grpc.RpcError) as e:
+                        ch.unary_unary(f"/{SERVICE}/{method}")(body, timeout=10, metadata=md)
+                    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                    assert "--shard-token-file" in e.value.details()
+        assert shard.version is None   # nothing staged by the refused calls
+        with pytest.raises(ConnectionError, match="UNAUTHENTICATED"):
+            FrontModel(export, mgr.root, [address], wait_s=0)
+        front = FrontModel(export, mgr.root, [address], wait_s=10, token=token)
+        try:
+            _same(front, single)
+        finally:
+            front.close()
+    finally:
+        server.stop(0)
+        shard.close()
+
+
+def _self_signed(tmp_path):
+    """(key PEM, certificate PEM) for 127.0.0.1, made by openssl."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    key, cert = tmp_path / "shard.key", tmp_path / "shard.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=evstore-shard", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return key.read_bytes(), cert.read_bytes()
+
+
+def test_a_shard_over_tls_serves_a_front_that_trusts_its_certificate_and_no_plaintext_caller(tmp_path, job):
+    _, export, mgr, single = job
+    key, cert = _self_signed(tmp_path)
+    shard = ShardModel(export, mgr.root, 0, 1, evs=["user"],
+                       storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / "s0")))
+    server = ShardServer(shard, tls=(key, cert))
+    address = f"127.0.0.1:{server.port}"
+    try:
+        with grpc.insecure_channel(address) as ch:   # plaintext gets no answer
+            with pytest.raises(grpc.RpcError) as e:
+                ch.unary_unary(f"/{SERVICE}/Status")(b"{}", timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        (tmp_path / "other").mkdir()
+        _, other_cert = _self_signed(tmp_path / "other")
+        with pytest.raises(ConnectionError, match="unavailable"):   # a certificate the front does not trust
+            FrontModel(export, mgr.root, [address], wait_s=0, tls_ca=other_cert)
+        front = FrontModel(export, mgr.root, [address], wait_s=10, tls_ca=cert)
+        try:
+            _same(front, single)
+        finally:
+            front.close()
+    finally:
+        server.stop(0)
+        shard.close()

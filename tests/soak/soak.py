@@ -44,7 +44,9 @@ Checked all along (each failure is a violation in the report; exit 1):
   * --hosts: at the end no host holds a checkpoint file outside the object
     store (tests/hosts.py's scan of each host's private /tmp, home and
     /dev/shm); checkpoint.Storage's temporary directories that SIGKILLed
-    processes left behind are counted in the report, not violations.
+    processes left behind are counted in the report, not violations; and no
+    host wrote a save's checkpoint byte at any time (tests/hosts.py's write
+    trace; what restores download is allowed).
 Reported: RSS, open descriptors and threads of every process, their growth
 per hour (least-squares slope over each process's life after its first
 --warmup-s seconds; the longest-lived instance of each role), the disk
@@ -487,6 +489,7 @@ class Soak:
                 p.stop() if p.role != "trainer" else p.kill()
         if self.net:
             self.leftovers = self.net.checkpoint_files()
+            self.written = self.net.checkpoint_writes(restores=True)   # saves' bytes written on any disk
             self.net.close()
         else:
             self.moto.stop()
@@ -517,6 +520,8 @@ class Soak:
             outside = [p for p in ps if not _STORAGE_TEMP.search(p)]
             if outside:
                 self.violations.append(f"host {h} holds checkpoint files outside the object store: {outside[:5]}")
+        for h, ps in getattr(self, "written", {}).items():
+            self.violations.append(f"host {h} wrote checkpoint bytes outside the object store: {ps[:5]}")
         return {
             "minutes": round(elapsed / 60, 2),
             "root": ("moto S3 on a host of its own via s3fs; the trainer, each replica and the client each on a "

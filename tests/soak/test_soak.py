@@ -4,7 +4,8 @@ job (its chief, 2 PS and 2 workers) committing to moto's S3 server, three
 (tests/hosts.py: the object store is all they share), SIGKILLs at random
 moments (seed 30: the chief, a replica, a PS, a worker, as far as the run
 gets), every answer checked against the commit it names, and at the end no
-checkpoint file on any host but the store's. One test, the whole run: it
+checkpoint file on any host but the store's, nor any save's byte written on
+one at any time (tests/hosts.py's write trace; restores' downloads allowed). One test, the whole run: it
 passes when the soak reports no violation (soak.py's docstring lists them)
 and at least one kill happened; the growth figures are reported, not
 judged, over so short a run."""
