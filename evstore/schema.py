@@ -58,7 +58,7 @@ def slot_tensor(ev, slot):
 # ---- stats fields: EvStats' output vector, in order (schema.h: EVSTORE_STATS_FIELDS) ----
 STATS_FIELDS = ("size", "admitted", "filtered", "free_rows", "index_bytes", "meta_bytes",
                 "row_bytes", "dirty", "deleted", "evicted", "filter_bytes", "zero_rows",
-                "cache_hits", "cache_misses", "cache_rows", "disk_bytes")
+                "cache_hits", "cache_misses", "cache_rows", "disk_bytes", "cache_capacity")
 
 # ---- key limits (schema.h: kMaxStringKeyBytes) ----
 MAX_STRING_KEY_BYTES = 65535

@@ -89,9 +89,10 @@ def freqs(idx, zipf):
     return np.maximum(1, np.round(1e6 / (np.asarray(idx, np.float64) + 1) ** zipf)).astype(np.int64)
 
 
-def write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes=None):
+def write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes=None, view=None):
     """Exports (stock, evstore) and the source root: a full of `keys` rows and `deltas` deltas, the rows'
-    frequencies those Zipf(zipf) ids would give (the tier's cache policy weighs them)."""
+    frequencies those Zipf(zipf) ids would give (the tier's cache policy weighs them); `view`: every
+    commit with a serving view of that dtype."""
     import checkpoint
     import evstore
     from serving_loader import export_serving_model
@@ -108,7 +109,7 @@ def write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_
         e = min(keys, s + CHUNK)
         idx = np.arange(s, e)
         ev.load(make_keys(idx), rng.standard_normal((e - s, dim), dtype=np.float32) * 0.1, freqs=freqs(idx, zipf))
-    mgr = checkpoint.CheckpointManager(os.path.join(workdir, "source"), model)
+    mgr = checkpoint.CheckpointManager(os.path.join(workdir, "source"), model, serving_view=view)
     t0 = time.perf_counter()
     mgr.save_full()
     log(f"  full of {keys} x {dim} saved in {time.perf_counter() - t0:.1f} s")
@@ -161,7 +162,7 @@ def predict_loop(sm, seconds, hz, n, zipf, rng):
 
 def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000, every=1.0, windows=3,
         window_s=5.0, predict_hz=200.0, zipf=1.1, seed=0, workdir=None, writer_dram_bytes=None, peer=True,
-        warm=True):
+        warm=True, view=None):
     """The benchmark; returns its result dict. `peer=False` skips the all-DRAM model (sizes it cannot hold);
     `warm=False` publishes deltas without first reading their rows into the cache (ServingModel._warm)."""
     import logging
@@ -174,7 +175,8 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
     workdir = workdir or tempfile.mkdtemp(prefix="tserve-bench-")
     os.makedirs(workdir, exist_ok=True)
     try:
-        stock, tables, source = write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes)
+        stock, tables, source = write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes,
+                                            view)
         dram_bytes = max(1, int(keys * dim * 4 * dram_fraction))
         rss0 = rss_mib()
         models = {}
@@ -234,7 +236,7 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
                                                    else [])
         out = {"keys": keys, "dim": dim, "dram_fraction": dram_fraction, "dram_bytes": dram_bytes,
                "delta_rows": delta_rows, "every_s": every, "windows": windows, "window_s": window_s,
-               "predict_hz": predict_hz, "zipf": zipf, "warm": warm}
+               "predict_hz": predict_hz, "zipf": zipf, "warm": warm, "view": view or "float32"}
         for name, m in models.items():
             sm = m["sm"]
             r = {"idle_p50_ms": pct(m["idle"], 50), "idle_p99_ms": pct(m["idle"], 99), "idle_n": len(m["idle"]),
@@ -246,7 +248,8 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
             if name == "tiered":
                 st = sm.tier_stats()["emb"]
                 r.update(idle_hit_rate=reads["hits"] / max(1, reads["hits"] + reads["misses"]),
-                         cache_rows=st["cache_rows"], disk_bytes=st["disk_bytes"])
+                         cache_rows=st["cache_rows"], cache_capacity=st["cache_capacity"],
+                         disk_bytes=st["disk_bytes"])
             out[name] = r
             sm.close()
         if peer:
@@ -274,6 +277,9 @@ def add_args(p):
     p.add_argument("--writer-dram-bytes", type=int, default=None,
                    help="the chain's writer EV tiered with this budget (sizes whose rows do not fit in DRAM)")
     p.add_argument("--no-peer", action="store_true", help="skip the all-DRAM model (sizes it cannot hold)")
+    p.add_argument("--view", choices=["bfloat16", "float16", "int8"], default=None,
+                   help="commits with a serving view of this dtype: both models serve it (the tiered one keeps its "
+                        "rows in it: more rows in the same --dram-fraction)")
     p.add_argument("--no-warm", action="store_true",
                    help="publish deltas without reading their rows into the cache first (for comparison)")
 
@@ -283,7 +289,8 @@ def main(args):
     res = run(keys=args.keys, dim=args.dim, dram_fraction=args.dram_fraction, deltas=args.deltas,
               delta_rows=args.delta_rows, every=args.every, windows=args.windows, window_s=args.window_s,
               predict_hz=args.predict_hz, zipf=args.zipf, seed=args.seed, workdir=args.dir,
-              writer_dram_bytes=args.writer_dram_bytes, peer=not args.no_peer, warm=not args.no_warm)
+              writer_dram_bytes=args.writer_dram_bytes, peer=not args.no_peer, warm=not args.no_warm,
+              view=args.view)
     log(f"({time.time() - t0:.0f} s)")
     print(json.dumps(res))
     return 0

@@ -84,7 +84,8 @@ inline std::string SlotTensor(const std::string& ev, const std::string& slot) {
   X(cache_hits, "tiered storage: row accesses served from DRAM (0 without a tier)")  \
   X(cache_misses, "tiered storage: rows read back from disk into DRAM")              \
   X(cache_rows, "tiered storage: rows in DRAM now")                                  \
-  X(disk_bytes, "tiered storage: bytes of rows on disk")
+  X(disk_bytes, "tiered storage: bytes of rows on disk")                             \
+  X(cache_capacity, "tiered storage: rows the DRAM budget holds (at the rows' width)")
 
 #define EVSTORE_STATS_NAME_(name, doc) #name,
 inline constexpr const char* kStatsFields[] = {EVSTORE_STATS_FIELDS(EVSTORE_STATS_NAME_)};
