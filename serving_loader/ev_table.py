@@ -93,9 +93,10 @@ class ExportedTable(tf.saved_model.experimental.TrackableResource):
         return ops.ev_find(self.resource_handle, ids, dim=self._dim)
 
 
-# A replacement table loads with this fraction of the DRAM budget (at least LOADING_MIN_BYTES).
+# A replacement table loads with this fraction of the DRAM budget, at least LOADING_MIN_BYTES (a
+# cache of a few thousand rows made a load through it many times slower) and at most the budget.
 LOADING_FRACTION = 1 / 8
-LOADING_MIN_BYTES = 1 << 20
+LOADING_MIN_BYTES = 64 << 20
 
 
 def loading_dram_bytes(dram_bytes):
@@ -248,10 +249,10 @@ class EvTable(ReplaceableTable):
     def replacement(self, precision=FLOAT32):
         """A new empty table like this one (its own tier directory), its rows
         in `precision`, to be filled and then adopted, or closed. A tiered
-        one is filled with a cache of LOADING_FRACTION of the budget (the
-        rows it loads go to its tier), so that while it loads the process
-        holds one budget and a fraction, not two; adopting it gives it the
-        whole budget."""
+        one is filled with a cache of loading_dram_bytes(budget) (the rows
+        it loads go to its tier), so that while it loads the process holds
+        one budget and a fraction, not two; adopting it gives it the whole
+        budget."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         loading = loading_dram_bytes(self.storage.dram_bytes) if self.storage is not None else None

@@ -19,10 +19,10 @@ A failure anywhere before the publish drops the replacements (and their tier
 directories) and leaves the served state as it was. While a reload runs the
 process holds two tables per EV: the served one and the replacement, each
 its index and per-key metadata; the replacement fills with a cache of an
-eighth of the budget (ev_table.loading_dram_bytes: the rows it loads go to
-its tier) and gets the whole budget when adopted. So DRAM during a reload
-stays within the budget + an eighth of it + both tables' per-key bytes + the
-loader's chunk buffers (docs/guides/tiered-storage.md, "Memory during a
+eighth of the budget, at least 64 MiB (ev_table.loading_dram_bytes: the rows
+it loads go to its tier) and gets the whole budget when adopted. So DRAM
+during a reload stays within the budget + that loading cache + both tables'
+per-key bytes + the loader's chunk buffers (docs/guides/tiered-storage.md, "Memory during a
 reload").
 
 Precision: a chain is served in its full's serving view dtype when it has

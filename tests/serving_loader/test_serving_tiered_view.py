@@ -155,7 +155,7 @@ def test_a_reload_fills_its_new_table_with_an_eighth_of_the_budget_and_serves_it
     serving_loader.export_serving_model(model, tables, tables="evstore")
     mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
     mgr.save_full()
-    budget = 64 << 20
+    budget = 1 << 30   # the cache is allocated as rows arrive: nothing of it here
     sm = serving_loader.ServingModel(tables, mgr.root,
                                      storage=evstore.TieredStorage(dram_bytes=budget, path=str(tmp_path / "t")))
     user = sm.publisher.tables["user"]
