@@ -44,7 +44,6 @@ Writes bench/results/bench-<UTC time>.json (all raw numbers) and .md (the
 tables printed to stdout); logs go to bench/results/logs/.
 """
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -52,6 +51,7 @@ import subprocess
 import sys
 import time
 
+from bench.harness.driver import log_dir, run_meta, utc_stamp, write_results
 from bench.harness.paths import RESULTS, ROOT
 from bench.harness.peers import DEFAULT_VENV, ensure_peer, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
@@ -336,9 +336,8 @@ def main():
             setattr(args, "no_" + o, o not in only)
     args.checkpoint_keys = args.checkpoint_keys or (200_000 if args.quick else 10_000_000)
 
-    logdir = os.path.join(args.out_dir, "logs")
-    os.makedirs(logdir, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    logdir = log_dir(args.out_dir)
+    stamp = utc_stamp()
     peer_py, tfra_note = None, None
     if args.no_tfra:
         tfra_note = "--no-tfra"
@@ -422,9 +421,7 @@ def main():
                      + ("\n".join(notes + [parts[-1].strip()]) if r.returncode == 0 and parts else
                         f"failed (exit {r.returncode}); see bench/results/logs/bench_tiered.log") + "\n")
 
-    meta = {"date_utc": stamp, "evstore_commit": commit,
-            "command": " ".join([os.path.relpath(sys.executable, ROOT), "-m", "bench.run"] + sys.argv[1:]),
-            "host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
+    meta = {**run_meta(stamp, sys.argv[1:]), "evstore_commit": commit, "platform": platform.platform(),
             "python": platform.python_version(), "batch": args.batch, "batches": args.batches,
             "warmup": args.warmup, "seed": args.seed, "tfra": tfra_note or "available",
             "total_s": time.time() - t_start}
@@ -434,14 +431,8 @@ def main():
              "ratios are within a run.\n" if results else f"{meta['total_s']:.0f} s total.\n")
           + (tables(results, tfra_note) if results else "") + filters_md + tiered_md + e2e_md + checkpoint_tables(ckpt)
           + serving_tables(serving) + cluster_tables(cluster))
-    base = os.path.join(args.out_dir, f"bench-{stamp}")
-    with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving, "cluster": cluster},
-                  f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(md)
-    print("\n" + md)
-    print(f"results: {os.path.relpath(base, ROOT)}.json / .md", flush=True)
+    write_results(args.out_dir, "bench", stamp,
+                  {"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving, "cluster": cluster}, md)
 
 
 if __name__ == "__main__":

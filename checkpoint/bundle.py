@@ -67,15 +67,17 @@ def _save_op(ops, directory, prefix, evs, names, snapshot_ids, dense, full, chun
         view_prefix=view_prefix)
 
 
-def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_index=0, num_shards=1):
+def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_index=0, num_shards=1, view=""):
     """Applies EV `name` of the bundle in `directory` to `ev` (on the EV's
     device; with num_shards > 1 only the keys routed to `shard_index`);
-    returns (rows, filtered, deleted) applied."""
+    returns (rows, filtered, deleted) applied. `view`: a serving table in a
+    view's precision reads its rows from the serving view of that dtype in
+    `directory` (EvLoadBundle)."""
     from evstore import ops
     out = ops.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
                              tf.constant(list(slots), tf.string, shape=[len(slots)]),
                              key_dtype=ev.key_dtype, clear=clear, chunk_rows=chunk_rows,
-                             shard_index=shard_index, num_shards=num_shards)
+                             shard_index=shard_index, num_shards=num_shards, view=view or "")
     return tuple(int(x) for x in out.numpy())
 
 

@@ -43,8 +43,8 @@ from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.remote_parts import bundle_subset, entry_tensors, read_index, release_on_tasks, stage_on_tasks
 from checkpoint.serving_view import codec
 from checkpoint.shards import device_groups, load_plan, logical_name
+from checkpoint.slots import slot_initial_values, slots_to_load
 from checkpoint.storage import Storage
-from evstore import generic
 from evstore import quality as _quality
 from evstore import schema
 
@@ -299,10 +299,11 @@ class CheckpointManager:
         `drop_unused_slots=True`, which loads only the slots the model's
         optimizers use. Slots the checkpoint lacks start from their initial
         values at the first update. Without an optimizer every slot is loaded.
-        The initial values of the loaded slots (which the checkpoint does not
-        hold) are declared to each table from the model's optimizers
+        A loaded slot's initial value (where it starts in keys admitted later)
+        comes from the checkpoint; a checkpoint written before those were saved
+        lacks it, and the model's optimizers declare it instead
         (`ev_slot_initial_values()`; a generic-path Keras optimizer's once
-        built), so keys admitted before the first update start from them.
+        built), so keys admitted before the first update start from it.
 
         Returns the caller metadata saved with the restored checkpoint (e.g.
         the input position).
@@ -321,7 +322,7 @@ class CheckpointManager:
                 chain = resolve_chain(sc, seq, where=self.root)
                 col = collect(self.model)
                 self._check_compatible(chain, col)
-                self._slot_filter = self._slots_to_load(chain, col, drop_unused_slots)
+                self._slot_filter = slots_to_load(chain, col.optimizers, drop_unused_slots, self.root)
                 groups = device_groups(col.evs)
                 # Shards on other tasks of a root that is not one local filesystem:
                 # each task stages the files it loads (checkpoint/remote_parts.py).
@@ -353,17 +354,18 @@ class CheckpointManager:
                     if broken is not None:
                         raise CorruptCheckpointError(f"cannot restore: {broken}") from None
                     staged = [f.dir for f in fetched]
-                    values = self._check_staged(chain, staged, col)
+                    values, initial_values_held = self._check_staged(chain, staged, col)
                     # Publish: everything was checked; only local private files are read from here on.
                     task_of = {n: t for t, names in remote.items() for n in names}
                     for name, ev in col.evs.items():
                         dirs = on_tasks[task_of[name]] if name in task_of else staged
                         loaded = self._restore_ev(chain, dirs, name, ev, col.shard_info.get(name))
-                        # The table knows a restored slot's name, not its initial value: the model's
-                        # optimizer states it now, before a training lookup admits keys (as before the save).
-                        inits = _slot_initial_values(col, ev)
-                        if loaded & set(inits):
-                            ev.set_slot_initial_values({s: inits[s] for s in loaded if s in inits})
+                        # A slot's initial value is in the checkpoint beside it. One written before that
+                        # lacks it: the model's optimizer states it now, before a training lookup admits keys.
+                        unknown = loaded - initial_values_held.get(name, set())
+                        inits = slot_initial_values(col.optimizers, ev) if unknown else {}
+                        if unknown & set(inits):
+                            ev.set_slot_initial_values({s: inits[s] for s in unknown if s in inits})
                     for name, v in col.dense.items():
                         v.assign(values[name])
                     if self._global_step is not None:
@@ -384,7 +386,9 @@ class CheckpointManager:
         return sorted({src for n in names for src, _, _ in load_plan(m, n, col.shard_info.get(n))})
 
     def _check_staged(self, chain, staged, col):
-        """The check step of restore after the files' (fetch): tensors, shapes. Returns the dense values to assign."""
+        """The check step of restore after the files' (fetch): tensors, shapes. Returns the dense values to
+        assign and {EV name: slots whose initial value a loaded bundle holds}."""
+        held_by = {}
         for m, d in zip(chain, staged):
             where = self.storage.display(m.dir, BUNDLE_PREFIX + ".index")
             try:
@@ -394,13 +398,14 @@ class CheckpointManager:
             shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
             for name, ev in col.evs.items():
                 for src, _, _ in load_plan(m, name, col.shard_info.get(name)):
-                    _check_ev_tensors(where, m, src, ev, shapes, dtypes)
+                    held = _check_ev_tensors(where, m, src, ev, shapes, dtypes)
+                    held_by.setdefault(name, set()).update(held)
         values = read_dense(staged[-1], list(col.dense) + [GLOBAL_STEP])
         for name, v in col.dense.items():
             if list(values[name].shape) != list(v.shape):
                 raise CorruptCheckpointError(f"{self.storage.display(chain[-1].dir)}: tensor {name!r} has shape "
                                              f"{list(values[name].shape)}, the model's variable {list(v.shape)}")
-        return values
+        return values, held_by
 
     def _restore_ev(self, chain, dirs, name, ev, shard):
         """Loads the chain into EV `name` (a shard when `shard` is its info):
@@ -416,26 +421,6 @@ class CheckpointManager:
         if first:  # nothing saved for it in this chain (e.g. a new shard count with no rows)
             ev.load(tf.zeros([0], ev.key_dtype), tf.zeros([0, ev.dim]), clear=True)
         return loaded
-
-    def _slots_to_load(self, chain, col, drop_unused):
-        """None (every slot) or the set of slot names the model's optimizers use."""
-        opts = [o for o in col.optimizers if hasattr(o, "ev_slot_names")]
-        if not opts or len(opts) != len(col.optimizers):
-            return None
-        used = {s for o in opts for s in o.ev_slot_names}
-        extra = {}
-        for m in chain:
-            for name, e in m.evs.items():
-                unused = sorted(set(e["slots"]) - used)
-                if unused:
-                    extra.setdefault(name, unused)
-        if extra and not drop_unused:
-            kinds = ", ".join(sorted({type(o).__name__ for o in opts}))
-            raise ValueError(f"checkpoint {chain[-1].dir} of {self.root} holds optimizer slots {extra} that the "
-                             f"model's optimizer ({kinds}) does not use: it was trained with another optimizer. "
-                             "Restore into a model with that optimizer, or pass drop_unused_slots=True to load "
-                             "rows without those slots")
-        return used
 
     def _check_compatible(self, chain, col):
         full, last = chain[0], chain[-1]
@@ -517,30 +502,22 @@ class CheckpointManager:
         return None
 
 
-def _slot_initial_values(col, ev):
-    """{slot name: initial value} the model's optimizers declare for `ev`'s
-    slots: a fused optimizer's for every EV, a built generic-path (any Keras)
-    optimizer's for the EVs it trains."""
-    out = {}
-    for o in col.optimizers:
-        if hasattr(o, "ev_slot_initial_values"):
-            out.update(o.ev_slot_initial_values())
-        else:
-            out.update(generic.slot_initial_values(o).get(id(ev), {}))
-    return out
-
-
 def _check_ev_tensors(where, m, src, ev, shapes, dtypes):
     """Every tensor EvLoadBundle reads for entry `src` of checkpoint `m` is in
-    the bundle with the dtype, shape and row count the manifest and `ev` expect."""
+    the bundle with the dtype, shape and row count the manifest and `ev` expect.
+    Returns the slots whose initial value the bundle holds (older ones hold none)."""
     info = m.evs[src]
     kd, n = ev.key_dtype, info["rows"]
     t, nf = schema.tensor, info["filtered"]
     want = {t(src, schema.KEYS): (kd, [n]), t(src, schema.VALUES): (tf.float32, [n, ev.dim]),
             t(src, schema.VERSIONS): (tf.int64, [n]), t(src, schema.FREQS): (tf.int64, [n]),
             t(src, schema.KEYS_FILTERED): (kd, [nf]), t(src, schema.FREQS_FILTERED): (tf.int64, [nf])}
+    held = set()
     for slot in info["slots"]:
         want[schema.slot_tensor(src, slot)] = (tf.float32, [n, ev.dim])
+        if schema.slot_initial_value_tensor(src, slot) in shapes:   # absent in older checkpoints
+            want[schema.slot_initial_value_tensor(src, slot)] = (tf.float32, [1])
+            held.add(slot)
     if m.kind == "delta":
         want[t(src, schema.DELETED_KEYS)] = (kd, [info["deleted"]])
     for name, (dtype, shape) in want.items():
@@ -549,3 +526,4 @@ def _check_ev_tensors(where, m, src, ev, shapes, dtypes):
         if dtypes[name] != dtype or list(shapes[name]) != shape:
             raise CorruptCheckpointError(f"{where}: tensor {name!r} is {dtypes[name].name} {list(shapes[name])}, "
                                          f"expected {dtype.name} {shape} (the manifest and the bundle disagree)")
+    return held

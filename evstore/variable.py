@@ -1,5 +1,6 @@
 """EmbeddingVariable: a native hash-table embedding as a TensorFlow resource."""
 import contextlib
+import copy
 import functools
 import weakref
 
@@ -10,6 +11,7 @@ from tensorflow.python.framework import func_graph
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.ops import gen_resource_variable_ops
 from tensorflow.python.saved_model import save_context
+from tensorflow.python.trackable import base as _trackable_base
 from tensorflow.python.training.saving import saveable_object
 
 from evstore import distribute as _distribute
@@ -283,6 +285,7 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         else:
             self._shared_name = _tf_ops.get_default_graph().unique_name(name, mark_as_used=True)
         super().__init__()
+        self._track_trackable(_SlotInitialValues(self), _SLOT_INITIAL_VALUES_CHILD)
         with tf.init_scope(), _colocated_with(self.resource_handle):
             self._proxy = tf.Variable(tf.zeros([0]), trainable=trainable, name=f"{name}_ev_proxy")
         register_proxy(self._proxy, self)
@@ -550,9 +553,10 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         """Declares the initial values of optimizer slots ({slot name: float}):
         keys admitted from now on start those slots there. A slot the table
         lacks is added to every row at that value. Fused optimizers declare
-        their slots at every update; a restore declares them too (from the
-        model's optimizers), because the first training lookup after it may
-        admit keys before the first update does."""
+        their slots at every update. Every save holds them and every restore
+        brings them back, because the first training lookup after a restore
+        may admit keys before the first update does; `CheckpointManager.restore`
+        calls this for a checkpoint written before they were saved."""
         names = sorted(inits)
         with tf.device(self.device or None):
             gen.ev_read_rows(self.resource_handle, tf.constant([], self._key_dtype),
@@ -673,6 +677,48 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
     def _gather_saveables_for_checkpoint(self):
         # Used by tf.compat.v1.train.Saver only (TF2 uses the two methods above).
         return {"ev": functools.partial(_EVSaveable, self, name=self._name)}
+
+
+_SLOT_INITIAL_VALUES_CHILD = "slot_initial_values"
+
+
+class _SlotInitialValues(_trackable_base.Trackable):
+    """The table's optimizer slots and their initial values (schema.SLOT_NAMES,
+    schema.SLOT_INITIAL_VALUES) in a tf.train.Checkpoint or SavedModel, so the
+    first lookup after a restore admits keys with their slots where the saved
+    table would have started them (Adagrad's initial_accumulator_value), before
+    any optimizer update states them. A child object of the EV rather than two
+    more of its own tensors: a checkpoint written before it existed lacks the
+    child, which TensorFlow then leaves unrestored, where a missing tensor of the
+    EV itself would fail the restore."""
+
+    def __init__(self, ev):
+        self._ev = weakref.ref(ev)   # the EV owns this child: no cycle
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        # A SavedModel saves the copy of each object that it maps here: this one
+        # reads the EV's copy in the SavedModel's graph (made by the EV's own
+        # export, which may come after this one).
+        ev = self._ev()
+        exported = copy.copy(self)
+        exported._ev = lambda: object_map.get(ev, ev)
+        object_map[self] = exported
+        return []
+
+    def _serialize_to_tensors(self):
+        ev = self._ev()
+        with tf.control_dependencies(ev._ensure_created_in_saved_model()):
+            names, inits = gen.ev_slots(ev.resource_handle, key_dtype=ev.key_dtype)
+        return {schema.SLOT_NAMES: names, schema.SLOT_INITIAL_VALUES: inits}
+
+    def _restore_from_tensors(self, restored_tensors):
+        ev = self._ev()
+        with tf.control_dependencies(ev._ensure_created_in_saved_model()):
+            # Reading no keys declares the named slots with these initial values (EvReadRows).
+            out = gen.ev_read_rows(ev.resource_handle, tf.constant([], ev.key_dtype),
+                                   restored_tensors[schema.SLOT_NAMES],
+                                   restored_tensors[schema.SLOT_INITIAL_VALUES], dim=ev.dim)
+        return tf.group(out.values, out.slots, out.admitted)
 
 
 class _EVSaveable(saveable_object.SaveableObject):

@@ -148,7 +148,7 @@ class FrontModel(ServingModel):
         with self._cache_lock:
             for n, (k, rows) in got.items():
                 if len(k):
-                    self.remote[n].insert(k, rows, forget=False)   # the cache is dropped whole at a publish
+                    self.remote[n].insert(k, rows)   # the cache is dropped whole at a publish
 
     def _positional(self, signature, inputs):
         """The input names of `signature`, in its lookup_keys function's parameter order."""

@@ -107,7 +107,7 @@ class NotAnExportError(ValueError):
     map file is missing). The message is one line."""
 
 
-TIER_STATS = ("cache_hits", "cache_misses", "cache_rows", "disk_bytes")
+TIER_STATS = ("cache_hits", "cache_misses", "cache_rows", "cache_capacity", "disk_bytes")
 
 
 def _part(part, name, doc):
@@ -138,8 +138,10 @@ class ServingModel:
       use_serving_view: read a commit's serving view (lower-precision rows
         the trainer wrote with it, checkpoint/serving_view.py) when it has
         one (default True); False reads its float32 rows. Either way a
-        replica reads only what it serves (checkpoint/fetch.py). An export
-        of evstore tables reads float32 rows.
+        replica reads only what it serves (checkpoint/fetch.py). Evstore
+        tables keep the rows in the view's precision (in DRAM and on their
+        tier: 2-3.5x the rows per byte; docs/guides/tiered-storage.md): the
+        precision of the full a chain was loaded from.
       storage: for an export written with `tables="evstore"`: None (default)
         keeps every row in DRAM; an `evstore.TieredStorage(dram_bytes,
         path)` keeps each served table's rows in a DRAM cache of
@@ -209,7 +211,7 @@ class ServingModel:
                     for n, e in evs.items() if "reserved" in e}
         self.publisher = Publisher(tables, dense, reserved, {n: e["key_dtype"] for n, e in evs.items()})
         self.inputs = {i["name"]: i for i in self.mapping["inputs"]}
-        self.use_serving_view = bool(use_serving_view) and self.table_kind == STOCK
+        self.use_serving_view = bool(use_serving_view)
         self.stager = Stager(self.storage, self.mapping, self.publisher, self.use_serving_view)
         self.apply_metrics = ApplyMetrics()
         self.walk = CommitWalk(self.source, self.stager, self.policy, self.publisher, self.apply_metrics,
@@ -385,8 +387,9 @@ class ServingModel:
         return self.publisher.rows()
 
     def tier_stats(self):
-        """{EV name: {"cache_hits", "cache_misses", "cache_rows", "disk_bytes"}} of
-        tiered serving tables ({} for DRAM ones)."""
+        """{EV name: {"cache_hits", "cache_misses", "cache_rows", "cache_capacity",
+        "disk_bytes"}} of tiered serving tables ({} for DRAM ones); cache_capacity
+        is the rows the DRAM budget holds at the served precision."""
         if self.storage_tier is None:
             return {}
         return self.publisher.table_stats(TIER_STATS)

@@ -19,10 +19,30 @@ import dataclasses
 import numpy as np
 
 from checkpoint.manifest import BUNDLE_PREFIX
-from checkpoint.serving_view import VIEW_PREFIX, codec, view_tensors
+from checkpoint.serving_view import SCALE, VIEW_PREFIX, codec, view_tensors
 from evstore import schema
 
-__all__ = ["Plan", "plan"]
+__all__ = ["Plan", "plan", "ViewRows"]
+
+
+@dataclasses.dataclass
+class ViewRows:
+    """Rows in a serving view's precision, not decoded: `codes` [N, dim] in
+    the view's dtype and, for int8, `scales` [N] float32 (checkpoint/serving_view.py).
+    An evstore serving table in that precision stores them as they are."""
+    view: str
+    codes: np.ndarray
+    scales: np.ndarray = None
+
+    def __len__(self):
+        return len(self.codes)
+
+    @property
+    def shape(self):
+        return self.codes.shape
+
+    def __getitem__(self, index):
+        return ViewRows(self.view, self.codes[index], None if self.scales is None else self.scales[index])
 
 
 @dataclasses.dataclass
@@ -33,9 +53,10 @@ class Plan:
     view: str       # "float32" or the view's dtype
     deleted_complete: bool = False   # the delta's deleted keys list every key that lost its row
 
-    def ev_arrays(self, t, name, dim):
-        """(keys, float32 rows [N, dim], keys to erase) of served EV `name`
-        from Fetched `t`. Raises ValueError when the view does not match the
+    def ev_arrays(self, t, name, dim, decode=True):
+        """(keys, rows, keys to erase) of served EV `name` from Fetched `t`:
+        rows float32 [N, dim], or with a view and `decode=False` the view's
+        ViewRows as stored. Raises ValueError when the view does not match the
         keys (a corrupt commit)."""
         keys, values, erase = [], [], []
         for p in self.parts[name]:
@@ -44,15 +65,23 @@ class Plan:
                 v = t[schema.tensor(p, schema.VALUES)]
             else:
                 c = codec(self.view)
-                v = c.decode({s: t[VIEW_PREFIX, schema.tensor(p, s)] for s in c.suffixes()}, dim)
+                tensors = {s: t[VIEW_PREFIX, schema.tensor(p, s)] for s in c.suffixes()}
+                v = c.decode(tensors, dim)   # checks the view's dtypes and shapes
                 if len(v) != len(k):
                     raise ValueError(f"the serving view holds {len(v)} rows of {p!r} for {len(k)} keys")
+                if not decode:
+                    v = ViewRows(self.view, tensors[schema.VALUES], tensors.get(SCALE))
             keys.append(k)
             values.append(v)
             erase += [t[n] for n in _erase_tensors(self.kind, self.deleted_complete, p)]
         if not erase:   # a full: the served rows are replaced whole
             erase = [keys[0][:0]]
-        return np.concatenate(keys), np.concatenate(values), np.concatenate(erase)
+        if values and isinstance(values[0], ViewRows):
+            rows = ViewRows(self.view, np.concatenate([v.codes for v in values]),
+                            np.concatenate([v.scales for v in values]) if values[0].scales is not None else None)
+        else:
+            rows = np.concatenate(values)
+        return np.concatenate(keys), rows, np.concatenate(erase)
 
     def ev_freqs(self, t, name):
         """The training frequencies of `ev_arrays`' keys (read only for the EVs

@@ -100,6 +100,7 @@ class ServingMetrics:
             ("cache_hits", "Row reads of a tiered serving table answered from its DRAM cache"),
             ("cache_misses", "Row reads of a tiered serving table that read its disk tier"),
             ("cache_rows", "Rows of a tiered serving table in its DRAM cache"),
+            ("cache_capacity", "Rows a tiered serving table's DRAM budget holds at the served precision"),
             ("disk_bytes", "Bytes of a tiered serving table's row file on disk"))}
         self.predict_latency = Histogram("evstore_serving_predict_latency_seconds", "Predict request time "
                                          "(parse, model, encode) of answered requests", registry=r,

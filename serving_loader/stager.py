@@ -46,20 +46,37 @@ class Stager:
         self.use_serving_view = use_serving_view
         self.partition = partition
 
-    def stage(self, m):
+    def precision(self):
+        """The precision the served tables keep rows in: "float32", or the
+        view dtype of evstore tables loaded from a full with a view (every
+        table of a chain has its full's: serving_loader/ev_table.py)."""
+        return next((t.precision for t in self._tables.values() if getattr(t, "precision", "float32") != "float32"),
+                    "float32")
+
+    def stage(self, m, precision=None):
         """Reads and checks what checkpoint `m` changes in the served state,
         nothing else (checkpoint/fetch.py: keys, values or the serving view,
         filtered and deleted keys, the served dense weights; never optimizer
-        state). Raises CheckpointError for anything that cannot be served."""
+        state). Raises CheckpointError for anything that cannot be served.
+
+        `precision`: the precision of the tables the rows go into (None: the
+        served tables'). A table in a view's precision gets the view's rows
+        undecoded when the commit's view is that precision, else the float32
+        rows (which it encodes as the view would); a float32 table gets the
+        view's rows decoded when `use_serving_view`."""
         plans = self.plans(m)
+        precision = precision or self.precision()
+        view = (m.serving_view or {}).get("dtype")
+        use_view = view == precision if precision != "float32" else self.use_serving_view
         plan = served_tensors.plan(m, {n: [e for e, _, _ in p] for n, p in plans.items()}, list(self._dense),
-                                   self.use_serving_view,
+                                   use_view,
                                    freqs=[n for n, t in self._tables.items() if t.weighs_freqs])
         with fetch(self.storage, m, plan.tensors) as t:
             evs = {}
             for name in self._tables:
                 try:
-                    keys, values, erase = plan.ev_arrays(t, name, self.mapping["evs"][name]["dim"])
+                    keys, values, erase = plan.ev_arrays(t, name, self.mapping["evs"][name]["dim"],
+                                                         decode=precision == "float32")
                 except ValueError as e:
                     raise CheckpointError(f"{m.dir}: EV {name!r}: {e}") from None
                 freqs = None
@@ -78,7 +95,7 @@ class Stager:
             dense = {n: t[n] for n in self._dense}
             bytes_read = t.bytes_read
         self.check_dense(m, dense)
-        return Staged(m, evs, dense, view=plan.view, bytes_read=bytes_read)
+        return Staged(m, evs, dense, view=plan.view if precision == "float32" else precision, bytes_read=bytes_read)
 
     @property
     def dense_names(self):
@@ -111,7 +128,11 @@ class Stager:
         kd = tf.as_dtype(info["key_dtype"]).as_numpy_dtype
         if keys.dtype != kd or erase.dtype != kd:
             raise CheckpointError(f"{m.dir}: EV {name!r} has {keys.dtype} keys, the export serves {info['key_dtype']}")
-        if values.dtype != np.float32 or values.ndim != 2 or values.shape != (len(keys), info["dim"]):
+        if isinstance(values, served_tensors.ViewRows):   # checked against the view by its decoder
+            if values.shape != (len(keys), info["dim"]):
+                raise CheckpointError(f"{m.dir}: EV {name!r} has view rows of shape {values.shape[1:]} for "
+                                      f"{len(keys)} keys, the export serves dim {info['dim']}")
+        elif values.dtype != np.float32 or values.ndim != 2 or values.shape != (len(keys), info["dim"]):
             raise CheckpointError(f"{m.dir}: EV {name!r} has rows of shape {values.shape[1:]} for {len(keys)} keys, "
                                   f"the export serves dim {info['dim']}")
         if not self._tables[name].reserves_sentinels:

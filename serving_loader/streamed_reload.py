@@ -17,16 +17,36 @@ so; here it is staged on disk and streamed into a second table instead:
 
 A failure anywhere before the publish drops the replacements (and their tier
 directories) and leaves the served state as it was. While a reload runs the
-process holds two tables per EV: the served one and the replacement (each
-its index and its DRAM cache).
+process holds two tables per EV: the served one and the replacement, each
+its index and per-key metadata; the replacement fills with a cache of an
+eighth of the budget, at least 64 MiB (ev_table.loading_dram_bytes: the rows
+it loads go to its tier) and gets the whole budget when adopted. So DRAM
+during a reload stays within the budget + that loading cache + both tables'
+per-key bytes + the loader's chunk buffers (docs/guides/tiered-storage.md, "Memory during a
+reload").
+
+Precision: a chain is served in its full's serving view dtype when it has
+one and views are used (full_precision), else float32; the replacements keep
+rows in it and the deltas are read in it (stager.py).
 """
-from checkpoint.fetch import fetch
+from checkpoint.fetch import bundle_files, fetch
 from checkpoint.index import parse_index
 from checkpoint.remote_parts import bundle_subset, read_index
+from checkpoint.serving_view import VIEW_PREFIX
 from evstore import schema
+from serving_loader.ev_table import FLOAT32
 from serving_loader.stager import Staged
 
-__all__ = ["load_streamed", "stream_chain", "staged_into_replacements"]
+__all__ = ["load_streamed", "stream_chain", "staged_into_replacements", "full_precision"]
+
+
+def full_precision(full, use_serving_view):
+    """The precision a chain of full `full` is served in: its serving view's
+    dtype when it has one and views are used, else float32. The chain's
+    deltas are read in it (their view's rows when theirs is the same, else
+    their float32 rows, encoded as the view encodes them)."""
+    view = (full.serving_view or {}).get("dtype")
+    return view if view and use_serving_view else FLOAT32
 
 
 def staged_into_replacements(tables, staged):
@@ -93,22 +113,29 @@ def stream_chain(stager, tables, chain, check=lambda rows: None):
     OSError, tf.errors.OpError) with nothing left behind."""
     full, deltas = chain[0], chain[1:]
     plans = stager.plans(full)
-    staged = [stager.stage(m) for m in deltas]
+    precision = full_precision(full, stager.use_serving_view)
+    view = precision if precision != FLOAT32 else None
+    staged = [stager.stage(m, precision) for m in deltas]
     entries = sorted({e for p in plans.values() for e, _, _ in p})
     fresh = {}
     try:
         index = read_index(stager.storage, full)
         _, held = parse_index(index, full.dir)
         check({n: _rows_of(held, p) for n, p in plans.items()})
-        files = bundle_subset(full, index, _own_tensors(held, entries) + list(stager.dense_names))
+        own = _own_tensors(held, entries)
+        if view:   # rows from the view's bundle (one data file for every EV, and its index), not `-values`
+            own = [t for t in own if not any(t == schema.tensor(e, schema.VALUES) for e in entries)]
+        files = bundle_subset(full, index, own + list(stager.dense_names))
+        if view:
+            files = sorted(set(files) | set(bundle_files(full, VIEW_PREFIX)))
         for name, table in tables.items():
-            fresh[name] = table.replacement()
+            fresh[name] = table.replacement(precision)
         with fetch(stager.storage, full, files=files) as f:   # these files, verified, in a local directory
             for name, table in fresh.items():
                 for i, (entry, shard, count) in enumerate(plans[name]):   # a sharded EV's parts into its one table
-                    table.load_bundle(f.dir, entry, clear=i == 0, shard_index=shard, num_shards=count)
+                    table.load_bundle(f.dir, entry, clear=i == 0, shard_index=shard, num_shards=count, view=view)
             dense = {n: f[n] for n in stager.dense_names}
-            head = Staged(full, {}, dense, bytes_read=f.bytes_read + len(index))
+            head = Staged(full, {}, dense, view=precision, bytes_read=f.bytes_read + len(index))
         stager.check_dense(full, dense)
         _apply(fresh, staged)
     except BaseException:

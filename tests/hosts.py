@@ -41,7 +41,9 @@ API
       from the test. `env`: variables for every process started on any host.
       Raises Unavailable(reason) where namespaces do not work. Before making
       its own namespaces it removes those of dead runs (a test process that
-      was SIGKILLed), SIGKILLing what still runs in them. `close()` (also at
+      was SIGKILLed) of the same owner ($EVH_OWNER, e.g. each engineer's name
+      on a shared machine; unset: runs without one), SIGKILLing what still
+      runs in them; another owner's namespaces are never touched. `close()` (also at
       interpreter exit, and by `with`) SIGKILLs every process on every host
       and deletes every namespace, also after a failed test.
     .host(name) -> Host           a new host with the next address
@@ -150,7 +152,13 @@ __all__ = ["Network", "Host", "Proc", "ObjectStore", "Unavailable", "available",
            "SUBNET"]
 
 SUBNET = "10.213.0.0/16"
-_PREFIX = "evh-"                     # every namespace made here: evh-<owner pid>-<owner start>-<run>-<host>
+# Every namespace made here: evh-[<$EVH_OWNER>-]<owner pid>-<owner start>-<run>-<host>. With EVH_OWNER
+# set (letters only: who runs the tests on a shared machine), a run makes, and as stale removes, only
+# namespaces of that owner; without it, only those with no owner.
+_OWNER = os.environ.get("EVH_OWNER", "")
+if _OWNER and not re.fullmatch(r"[a-z]{1,12}", _OWNER):
+    raise ValueError(f"EVH_OWNER must be 1-12 lowercase letters, got {_OWNER!r}")
+_PREFIX = f"evh-{_OWNER}-" if _OWNER else "evh-"
 _NETNS_DIR = "/run/netns"
 _CLONE_NEWNET = 0x40000000
 _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy", "no_proxy")

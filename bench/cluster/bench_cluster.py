@@ -44,18 +44,17 @@ out, dense parameters and their gradients x 4 B) and CPU seconds per role
 bench/results/cluster-<UTC>.json and .md; logs in bench/results/logs/.
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
-import subprocess
 import sys
 import time
 
 
-from bench.harness.paths import RESULTS, ROOT
-from bench.harness.peers import DEFAULT_VENV, module_cmd, run_json
+from bench.harness.paths import ROOT
+from bench.harness.driver import (add_driver_args, apply_quick, chosen, git_describe, log_dir, run_meta,
+                                  utc_stamp, write_results)
+from bench.harness.peers import module_cmd, run_json, venv_python
 from bench.cluster import cluster_driver
 from bench.training.bench_e2e import N_FIELDS
 from bench.cluster.cluster_common import emit, ss_available
@@ -113,16 +112,8 @@ def build_evstore(args):
                     "rows_wide": int(evs[N_FIELDS].size())}
 
         return replica_step, {"placement": args.placement, "optimizer": "evstore.optimizers.Adam",
-                              "evstore_commit": _git_describe(), "sizes": sizes}
+                              "evstore_commit": git_describe(), "sizes": sizes}
     return build
-
-
-def _git_describe():
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def run_chief(args):
@@ -175,17 +166,13 @@ def main():
     ap.add_argument("--chief", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--placement", choices=tuple(PLACEMENT.values()), default="shards", help=argparse.SUPPRESS)
     cluster_driver.add_args(ap)
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: batch 256, --max-vocab 100000, 2 warm-up + 1 round of 8 steps (unless given)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated from {SYSTEMS}")
+    add_driver_args(ap, "cluster", SYSTEMS, timeout_help="seconds per chief process",
+                    quick_help="smoke run: batch 256, --max-vocab 100000, 2 warm-up + 1 round of 8 steps "
+                               "(unless given)")
     ap.add_argument("--worker-counts", default="1,2", help="comma-separated worker counts, with --ps PS (default 1,2)")
     ap.add_argument("--ps-counts", default="1,4",
                     help="extra runs with 1 worker and these PS counts, for the cost-per-PS fit (default 1,4; "
                          "quick: none)")
-    ap.add_argument("--peer-venv", default=DEFAULT_VENV, help="TFRA venv (default .peer-tfra)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per chief process")
-    ap.add_argument("--out-dir", default=RESULTS)
-    ap.add_argument("--render", metavar="JSON", help="only print the tables of a saved cluster-*.json")
     argv = sys.argv[1:]
     args = ap.parse_args(argv)
     if args.chief:
@@ -195,29 +182,17 @@ def main():
             data = json.load(f)
         print(render(data["meta"], data["results"]))
         return None
-    if args.quick:
-        for flag, val in (("--batch-size", 256), ("--max-vocab", 100_000), ("--warmup", 2), ("--steps", 8),
-                          ("--rounds", 1), ("--pool", 12)):
-            if flag not in argv:
-                setattr(args, flag[2:].replace("-", "_"), val)
-        if "--ps-counts" not in argv:
-            args.ps_counts = ""
-    systems = [s for s in args.systems.split(",") if s]
-    for s in systems:
-        if s not in SYSTEMS:
-            raise SystemExit(f"--systems: unknown {s!r}; one of {SYSTEMS}")
+    apply_quick(args, argv, (("--batch-size", 256), ("--max-vocab", 100_000), ("--warmup", 2), ("--steps", 8),
+                             ("--rounds", 1), ("--pool", 12), ("--ps-counts", "")))
+    systems = chosen(args.systems, SYSTEMS, "--systems")
     counts = [int(w) for w in args.worker_counts.split(",") if w]
     configs = [(args.ps, w) for w in counts] + [(p, 1) for p in (int(x) for x in args.ps_counts.split(",") if x)
                                                  if p != args.ps]
     if not ss_available():
         raise SystemExit("`ss` (iproute2) is required to read per-socket byte counters")
-    peer_py = os.path.join(args.peer_venv, "bin", "python")
-    if "tfra" in systems and not os.path.exists(peer_py):
-        print(f"TFRA peer venv {args.peer_venv} missing (bench/peers/tfra-setup.sh builds it)", flush=True)
-        peer_py = None
-    logdir = os.path.join(args.out_dir, "logs")
-    os.makedirs(logdir, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    peer_py = venv_python(args.peer_venv, needed="tfra" in systems)
+    logdir = log_dir(args.out_dir)
+    stamp = utc_stamp()
     t_start = time.time()
     results = {}
     for p, w in configs:           # per configuration, the systems back to back (closest in time)
@@ -229,21 +204,13 @@ def main():
                             f"{r['examples_per_s']:,.0f} examples/s, "
                             f"{r['per_step']['worker_ps_bytes'] / 1e6:.2f} MB and "
                             f"{r['per_step']['worker_ps_rpcs']:.0f} RPCs worker<->PS per step"), flush=True)
-    meta = {"date_utc": stamp, "evstore_commit": _git_describe(),
-            "command": " ".join([os.path.relpath(sys.executable, ROOT), "-m", __spec__.name] + argv),
-            "host": platform.node(), "cpus": os.cpu_count(), "ps": args.ps, "worker_counts": counts,
+    meta = {**run_meta(stamp, argv), "ps": args.ps, "worker_counts": counts,
             "configs": configs,
             "systems": systems, "batch_size": args.batch_size, "dim": args.dim, "max_vocab": args.max_vocab,
             "pool": args.pool, "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
             "seed": args.seed, "total_s": time.time() - t_start}
     md = f"## Parameter-server training on a loopback cluster {stamp}\n\n" + render(meta, results)
-    base = os.path.join(args.out_dir, f"cluster-{stamp}")
-    with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(md)
-    print("\n" + md)
-    print(f"results: {os.path.relpath(base, ROOT)}.json / .md", flush=True)
+    base = write_results(args.out_dir, "cluster", stamp, {"meta": meta, "results": results}, md)
     print(json.dumps({"meta": meta, "results": results, "markdown": md, "files": os.path.relpath(base, ROOT)}),
           flush=True)  # for bench/run.py: its last "{" line
     return 0 if all("error" not in r for r in results.values()) else 1

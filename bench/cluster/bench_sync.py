@@ -27,10 +27,8 @@ compute(B/W) + collectives x latency + bytes / bandwidth with constants from
 this run, and projects W = 4 .. 64. Results: bench/results/sync-<UTC>.json / .md.
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -38,6 +36,7 @@ import time
 
 
 from bench.harness.paths import RESULTS, ROOT
+from bench.harness.driver import apply_quick, log_dir, run_meta, utc_stamp, write_results
 from bench.harness.peers import module_cmd
 from bench.training.bench_e2e import N_FIELDS
 from bench.cluster.cluster_common import tcp_bytes
@@ -248,7 +247,7 @@ def run_sync(args, logdir, stamp, r):
 
 
 def run_ps(args, logdir, stamp, r):
-    import bench_cluster
+    from bench.cluster import bench_cluster
     ns = argparse.Namespace(**vars(args))
     ns.batch_size = args.batch_size // args.workers
     ns.threads, ns.rounds, ns.timeout = 0, 1, 900
@@ -373,14 +372,10 @@ def main():
         proj = project(one_eps, _sync_median(rounds), an, args)
         print(render(meta, rounds, an, proj))
         return 0
-    if args.quick:
-        for flag, val in (("--batch-size", 256), ("--max-vocab", 100_000), ("--warmup", 2), ("--steps", 8),
-                          ("--rounds", 1), ("--pool", 8)):
-            if flag not in argv:
-                setattr(args, flag[2:].replace("-", "_"), val)
-    logdir = os.path.join(args.out_dir, "logs")
-    os.makedirs(logdir, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    apply_quick(args, argv, (("--batch-size", 256), ("--max-vocab", 100_000), ("--warmup", 2), ("--steps", 8),
+                             ("--rounds", 1), ("--pool", 8)))
+    logdir = log_dir(args.out_dir)
+    stamp = utc_stamp()
     t0 = time.time()
     rounds = []
     for r in range(args.rounds):
@@ -393,17 +388,12 @@ def main():
     an = analytic(args)
     one_eps = statistics.median(r["one"]["examples_per_s"] for r in rounds)
     proj = project(one_eps, _sync_median(rounds), an, args)
-    meta = {"date_utc": stamp, "command": " ".join([".venv/bin/python", "bench/cluster/bench_sync.py"] + argv),
-            "host": platform.node(), "cpus": os.cpu_count(), "workers": args.workers, "batch_size": args.batch_size,
+    meta = {**run_meta(stamp, argv), "workers": args.workers, "batch_size": args.batch_size,
             "dim": args.dim, "max_vocab": args.max_vocab, "steps": args.steps, "rounds": args.rounds,
             "total_s": time.time() - t0}
     md = f"## Synchronous training vs PS mode vs one process {stamp}\n\n" + render(meta, rounds, an, proj)
-    base = os.path.join(args.out_dir, f"sync-{stamp}")
-    with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "rounds": rounds, "analytic": an, "projection": proj}, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(md)
-    print("\n" + md, flush=True)
+    write_results(args.out_dir, "sync", stamp, {"meta": meta, "rounds": rounds, "analytic": an, "projection": proj},
+                  md)
     return 0
 
 

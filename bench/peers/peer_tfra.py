@@ -78,7 +78,6 @@ class TfraPeer:
 
     def run(self, workload, i):
         """Runs batch i of a workload; returns [seconds] (train_step: [step s, apply s])."""
-        tf = self.tf
         ids = self.ex[i % self.bt.count]
         t0 = time.perf_counter()
         if workload == "find":
@@ -93,18 +92,25 @@ class TfraPeer:
             if self.opt is None:
                 self.opt = self.de.DynamicEmbeddingOptimizer(self.tfk.optimizers.Adam(1e-3))
                 self.meta["optimizer"] = type(self.opt).__module__ + "." + type(self.opt).__name__
-            t0 = time.perf_counter()
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(self.layer(ids))
-            tv = self.layer.trainable_variables
-            grads = tape.gradient(loss, tv)
-            t1 = time.perf_counter()
-            self.opt.apply_gradients(zip(grads, tv))
-            t2 = time.perf_counter()
+            t0, t1, t2 = self.timed_step(self.opt, ids)
             return [t2 - t0, t2 - t1]
         else:
             raise ValueError(f"unknown workload {workload!r}; one of {WORKLOADS}")
         return [time.perf_counter() - t0]
+
+    def timed_step(self, opt, ids):
+        """One training step through TFRA's Keras path: the gradient of
+        sum(layer(ids)) under a GradientTape, then opt.apply_gradients.
+        Returns its start, gradient-done and apply-done perf_counter times."""
+        tf = self.tf
+        t0 = time.perf_counter()
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(self.layer(ids))
+        tv = self.layer.trainable_variables
+        grads = tape.gradient(loss, tv)
+        t1 = time.perf_counter()
+        opt.apply_gradients(zip(grads, tv))
+        return t0, t1, time.perf_counter()
 
     def stats(self):
         return dict(self.meta, size=int(self.table.size().numpy()), rss_mib=rss_mib())
@@ -139,15 +145,17 @@ def standalone(peer, args, workloads):
     print(json.dumps(out), flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def main(doc=__doc__, peer_class=TfraPeer, workloads=WORKLOADS):
+    """A peer's command line (`doc`: its module docstring): the size flags, then
+    `peer_class(args)` serves (--serve, the protocol above) or runs `workloads` alone."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     add_size_args(ap, "keys per insert while filling")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+    ap.add_argument("--workloads", default=",".join(workloads),
                     help="standalone mode: comma-separated workloads, run in this order (default: all)")
-    ap.add_argument("--serve", action="store_true", help="serve batches over stdin/stdout (see above)")
+    ap.add_argument("--serve", action="store_true", help="serve batches over stdin/stdout (peer_tfra.py protocol)")
     args = ap.parse_args()
-    peer = TfraPeer(args)
+    peer = peer_class(args)
     if args.serve:
         serve(peer)
     else:

@@ -26,7 +26,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench.harness.rss import hwm_mib, rss_mib
-from bench.training.bench_e2e import N_FIELDS, build_wide_deep, make_batches, model_inputs, run_steps, worker_args
+from bench.training.bench_e2e import N_FIELDS, build_wide_deep, model_inputs, run_steps, start_worker, worker_args
 
 
 def main():
@@ -36,19 +36,10 @@ def main():
     ap.add_argument("--tfra-optimizer", choices=("legacy", "new"), default="legacy",
                     help="tf_keras Adam wrapped by de.DynamicEmbeddingOptimizer (default legacy)")
     args = ap.parse_args()
-    t0 = time.perf_counter()
-    _, raw = make_batches(args)
-    data_s = time.perf_counter() - t0
+    t0, _, raw, data_s, tfk, rss0, init = start_worker(args, "tf_keras")
     import tensorflow as tf
     import tensorflow_recommenders_addons as tfra
-    import tf_keras as tfk
     from tensorflow_recommenders_addons import dynamic_embedding as de
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    tfk.utils.set_random_seed(args.seed)
-    rss0 = rss_mib()
-    init = tfk.initializers.RandomNormal(0.0, 0.01, seed=args.seed)
     layers = {}
 
     def field(i, name):

@@ -14,11 +14,9 @@ adagrad, sgd, adamw, rmsprop, nadam (tf_keras' classes with their default hyper-
 except the learning rate). Each optimizer keeps its own slot tables.
 """
 import sys
-import time
 
-
-from bench.peers.peer_tfra import TfraPeer, serve, standalone
-from bench.harness.args import add_size_args
+from bench.peers import peer_tfra
+from bench.peers.peer_tfra import TfraPeer
 
 OPTIMIZERS = {"adam": "Adam", "ftrl": "Ftrl", "adagrad": "Adagrad", "sgd": "SGD", "adamw": "AdamW",
               "rmsprop": "RMSprop", "nadam": "Nadam"}
@@ -35,37 +33,16 @@ class TfraOptimizerPeer(TfraPeer):
         name = workload[len("apply_"):]
         if name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {name!r}; one of {sorted(OPTIMIZERS)}")
-        tf = self.tf
         if name not in self.opts:
             opt = getattr(self.tfk.optimizers, OPTIMIZERS[name])(learning_rate=1e-3)
             self.opts[name] = self.de.DynamicEmbeddingOptimizer(opt)
             self.meta[f"optimizer_{name}"] = type(opt).__module__ + "." + type(opt).__name__
-        ids = self.ex[i % self.bt.count]
-        t0 = time.perf_counter()
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(self.layer(ids))
-        tv = self.layer.trainable_variables
-        grads = tape.gradient(loss, tv)
-        t1 = time.perf_counter()
-        self.opts[name].apply_gradients(zip(grads, tv))
-        t2 = time.perf_counter()
+        t0, t1, t2 = self.timed_step(self.opts[name], self.ex[i % self.bt.count])
         return [t2 - t1, t2 - t0]
 
 
 def main():
-    import argparse
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    add_size_args(ap, "keys per insert while filling")
-    ap.add_argument("--workloads", default=",".join("apply_" + o for o in OPTIMIZERS),
-                    help="standalone mode: comma-separated workloads")
-    ap.add_argument("--serve", action="store_true", help="serve batches over stdin/stdout (peer_tfra.py protocol)")
-    args = ap.parse_args()
-    peer = TfraOptimizerPeer(args)
-    if args.serve:
-        serve(peer)
-    else:
-        standalone(peer, args, [w for w in args.workloads.split(",") if w])
+    peer_tfra.main(__doc__, TfraOptimizerPeer, ["apply_" + o for o in OPTIMIZERS])
 
 
 if __name__ == "__main__":

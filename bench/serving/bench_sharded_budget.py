@@ -38,7 +38,7 @@ import numpy as np
 
 from bench.harness.workload import make_keys
 from bench.serving.bench_sharded_serving import ShardProcess
-from bench.tiered.bench_tiered_serving import IDS, Feed, freqs
+from bench.tiered.bench_tiered_serving import IDS, Feed, build, freqs, signature
 
 INDEX_BYTES_PER_KEY = 52   # a tiered table's index + metadata per int64 key (docs/guides/tiered-storage.md)
 
@@ -49,30 +49,13 @@ def log(*a):
 
 def write_chain(workdir, args, probe_idx):
     """(export, source root, {seq: expected rows of the probe keys}, kernel, bias)."""
-    import tensorflow as tf
-
     import checkpoint
-    import evstore
     from serving_loader import export_serving_model
 
     dim = args.dim
-
-    class Model(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = evstore.ShardedEmbeddingVariable("emb", dim, shards=args.shards,
-                                                        initializer=tf.zeros_initializer())
-            self.kernel = tf.Variable(tf.keras.initializers.GlorotUniform(seed=1)([dim, 1]), name="out_kernel")
-            self.bias = tf.Variable(tf.constant([0.1]), name="out_bias")
-
-        def __call__(self, ids):
-            x = tf.reduce_mean(evstore.embedding_lookup(self.emb, ids), axis=1)
-            return tf.sigmoid(tf.matmul(x, self.kernel) + self.bias)
-
-    model = Model()
+    model, _ = build(dim, shards=args.shards, bias=0.1)
     export = os.path.join(workdir, "export")
-    export_serving_model(model, export, input_signature=[tf.TensorSpec([None, IDS], tf.int64, name="ids")],
-                         tables="evstore")
+    export_serving_model(model, export, input_signature=signature(), tables="evstore")
     rng = np.random.default_rng(args.seed)
     where = {int(k): j for j, k in enumerate(probe_idx)}
     probe = np.zeros([len(probe_idx), dim], np.float32)

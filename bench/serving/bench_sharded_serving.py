@@ -40,7 +40,7 @@ from bench.harness.paths import ROOT
 from bench.harness.peers import module_cmd
 from bench.harness.timing import open_loop
 from bench.harness.workload import make_keys
-from bench.tiered.bench_tiered_serving import IDS, Feed, freqs
+from bench.tiered.bench_tiered_serving import IDS, Feed, build, freqs, signature
 
 
 def log(*a):
@@ -53,31 +53,12 @@ def pct(xs, q):
 
 def write_chain(workdir, shards, keys, dim, deltas, delta_rows, zipf, seed):
     """(export, source root) of a writer whose EV "emb" has `shards` shards."""
-    import tensorflow as tf
-
     import checkpoint
-    import evstore
     from serving_loader import export_serving_model
 
-    class Model(tf.Module):
-        def __init__(self):
-            super().__init__()
-            if shards > 1:
-                self.emb = evstore.ShardedEmbeddingVariable("emb", dim, shards=shards,
-                                                            initializer=tf.zeros_initializer())
-            else:
-                self.emb = evstore.EmbeddingVariable("emb", dim, initializer=tf.zeros_initializer())
-            self.kernel = tf.Variable(tf.keras.initializers.GlorotUniform(seed=1)([dim, 1]), name="out_kernel")
-            self.bias = tf.Variable(tf.zeros([1]), name="out_bias")
-
-        def __call__(self, ids):
-            x = tf.reduce_mean(evstore.embedding_lookup(self.emb, ids), axis=1)
-            return tf.sigmoid(tf.matmul(x, self.kernel) + self.bias)
-
-    model = Model()
+    model, _ = build(dim, shards=shards)
     export = os.path.join(workdir, "export")
-    export_serving_model(model, export, input_signature=[tf.TensorSpec([None, IDS], tf.int64, name="ids")],
-                         tables="evstore")
+    export_serving_model(model, export, input_signature=signature(), tables="evstore")
     rng = np.random.default_rng(seed)
     idx = np.arange(keys)
     model.emb.load(make_keys(idx), rng.standard_normal((keys, dim), dtype=np.float32) * 0.1, freqs=freqs(idx, zipf))

@@ -20,40 +20,26 @@ Each system keeps its own optimizer state; gradients are N(0, 0.01) on our
 side and ones on TFRA's (the update's cost does not depend on the values).
 keys/s = batch / median seconds. Prints one JSON line (stdout); progress on stderr.
 """
-import argparse
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from bench.harness.rss import rss_mib
-from bench.harness.timing import rate
-from bench.harness.workload import fill_chunks
-from bench.tables.bench_optimizers import add_optimizer_args, finish, interleave, setup
+from bench.harness.optimizers import compare, filled_ev, gradient_slices
 
 OPTIMIZERS = {"rmsprop": "RMSprop", "nadam": "Nadam"}   # ours -> keras.optimizers class; TFRA workload apply_<ours>
-
-
-def progress(msg):
-    print(f"[bench_generic_optimizers {time.strftime('%H:%M:%S')}] {msg} (rss {rss_mib():.0f} MiB)",
-          file=sys.stderr, flush=True)
 
 
 class GenericOptimizer:
     """One EV filled with N keys, trained by a Keras optimizer through the generic path."""
 
-    def __init__(self, name, args, bt, tf):
+    def __init__(self, name, args, bt):
         import keras
+        import tensorflow as tf
 
-        import evstore
-        self.tf, self.bt = tf, bt
-        self.ev = evstore.EmbeddingVariable(f"bench_{name}", dim=args.dim, key_dtype=tf.int64)
-        for s, e, k in fill_chunks(args.keys, args.fill_chunk):
-            self.ev.load(tf.constant(k), tf.random.normal([e - s, args.dim], stddev=0.01))
-        sid, _, _ = self.ev.begin_export()
-        self.ev.commit_export(sid)
-        grads = tf.random.normal([args.batch, args.dim], stddev=0.01)
-        self.slices = [tf.IndexedSlices(grads, tf.constant(k)) for k in bt.keys]
+        self.bt = bt
+        self.ev = filled_ev(name, args)
+        self.slices = gradient_slices(args, bt)
         self.opt = getattr(keras.optimizers, OPTIMIZERS[name])(learning_rate=1e-3)
         self.opt_fn = getattr(keras.optimizers, OPTIMIZERS[name])(learning_rate=1e-3)
         ev, opt_fn = self.ev, self.opt_fn
@@ -75,37 +61,18 @@ class GenericOptimizer:
         return [time.perf_counter() - t0]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    add_optimizer_args(ap, OPTIMIZERS)
-    args, names, bt, out, peer = setup(ap, OPTIMIZERS)
-    import tensorflow as tf
+def describe(name, ours, res, tfra):
+    if tfra:
+        res["ratio_vs_tfra"] = {w: res[w] / tfra for w in ("generic", "generic_fn") if w in res}
+    res["slots"] = sorted(ours.ev.export()["slots"]) if int(ours.ev.size()) <= 2_000_000 else None
+    return (f"{name}: generic {res.get('generic', 0) / 1e6:.2f} M keys/s, tf.function "
+            f"{res.get('generic_fn', 0) / 1e6:.2f} M keys/s, tfra {(tfra or 0) / 1e6:.2f} M keys/s")
 
-    for name in names:
-        progress(f"{name}: filling {args.keys} keys x dim {args.dim}")
-        ours = GenericOptimizer(name, args, bt, tf)
-        ops = [("evstore", "generic"), ("evstore", "generic_fn")]
-        if peer is not None:
-            ops.append(("tfra", "apply_" + name))
-        res = out["evstore"].setdefault(name, {})
-        peer_errors = {}
-        times = interleave(ours, peer, ops, args, res, peer_errors)
-        if peer_errors:
-            out["tfra"][name] = peer_errors
-        for (s, w), ts in times.items():
-            if s == "evstore":
-                res[w] = rate(args.batch, ts)
-            else:
-                out["tfra"][name] = {"workload": w, "apply_gradients": rate(args.batch, ts)}
-        tfra = out["tfra"].get(name, {}).get("apply_gradients")
-        if tfra:
-            res["ratio_vs_tfra"] = {w: res[w] / tfra for w in ("generic", "generic_fn") if w in res}
-        res["slots"] = sorted(ours.ev.export()["slots"]) if args.keys <= 2_000_000 else None
-        del ours
-        progress(f"{name}: generic {res.get('generic', 0) / 1e6:.2f} M keys/s, tf.function "
-                 f"{res.get('generic_fn', 0) / 1e6:.2f} M keys/s, tfra {(tfra or 0) / 1e6:.2f} M keys/s")
-    finish(out, peer)
+
+def main():
+    compare(__doc__, OPTIMIZERS, GenericOptimizer, ("generic", "generic_fn"),
+            peer_workload=lambda name: "apply_" + name, describe=describe)
+
 
 if __name__ == "__main__":
     sys.exit(main())

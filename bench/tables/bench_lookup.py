@@ -42,7 +42,6 @@ import gc
 import glob
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -51,7 +50,7 @@ import numpy as np
 
 from bench.harness.args import add_size_args
 from bench.harness.paths import ROOT
-from bench.harness.peers import module_cmd
+from bench.harness.peers import TfraProcess
 from bench.harness.rss import rss_mib
 from bench.harness.timing import rate, timed
 from bench.harness.workload import Batches, fill_chunks
@@ -169,56 +168,6 @@ class NumpyGather:
 
     def stats(self):
         return {"array_mib": self.arr.nbytes / 2**20}
-
-
-class TfraProcess:
-    """peer_tfra.py --serve in the peer venv, spoken to over pipes."""
-
-    def __init__(self, args, module="bench.peers.peer_tfra"):
-        script = module.rsplit(".", 1)[1]
-        cmd = module_cmd(module, python=args.peer_python) + ["--serve", "--keys", str(args.keys),
-               "--dim", str(args.dim), "--batch", str(args.batch), "--batches", str(args.batches),
-               "--warmup", str(args.warmup), "--seed", str(args.seed), "--fill-chunk", str(args.fill_chunk)]
-        self.stderr = open(os.path.join(args.log_dir, f"{script}_{args.keys}x{args.dim}.log"), "w") \
-            if args.log_dir else subprocess.DEVNULL
-        self.p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=self.stderr, text=True, bufsize=1)
-        self.info = None
-
-    def _reply(self):
-        for line in self.p.stdout:
-            if line.startswith("@@"):
-                return line[2:].strip()
-        raise RuntimeError(f"TFRA peer exited (code {self.p.wait()}); see its log")
-
-    def wait_ready(self):
-        r = self._reply()
-        if not r.startswith("READY"):
-            raise RuntimeError(f"unexpected TFRA peer reply {r!r}")
-        self.info = json.loads(r[len("READY"):])
-
-    def ask(self, cmd):
-        self.p.stdin.write(cmd + "\n")
-        self.p.stdin.flush()
-        r = self._reply()
-        if r.startswith("ERR"):
-            raise RuntimeError("TFRA peer: " + r[4:])
-        return r
-
-    def run(self, w, i):
-        return [float(x) for x in self.ask(f"{w} {i}").split()]
-
-    def stats(self):
-        return json.loads(self.ask("stats"))
-
-    def close(self):
-        try:
-            self.p.stdin.write("quit\n")
-            self.p.stdin.flush()
-            self.p.wait(timeout=60)
-        except Exception:
-            self.p.kill()
-            self.p.wait()
 
 
 def progress(msg):

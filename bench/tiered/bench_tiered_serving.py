@@ -57,8 +57,11 @@ def pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) * 1e3 if len(xs) else None
 
 
-def build(dim, storage=None):
-    """(model, ev): a tf.Module; `storage` makes the writer's EV tiered."""
+def build(dim, storage=None, shards=1, bias=0.0):
+    """(model, ev): the model the serving benchmarks serve, a tf.Module: the
+    mean of the rows of an example's IDS ids, one dense unit, a sigmoid.
+    `storage` makes the writer's EV "emb" tiered, `shards` > 1 a
+    ShardedEmbeddingVariable; `bias` is the unit's initial bias."""
     import tensorflow as tf
 
     import evstore
@@ -66,9 +69,11 @@ def build(dim, storage=None):
     class Model(tf.Module):
         def __init__(self):
             super().__init__()
-            self.emb = evstore.EmbeddingVariable("emb", dim, initializer=tf.zeros_initializer(), storage=storage)
+            init = tf.zeros_initializer()
+            self.emb = (evstore.ShardedEmbeddingVariable("emb", dim, shards=shards, initializer=init) if shards > 1
+                        else evstore.EmbeddingVariable("emb", dim, initializer=init, storage=storage))
             self.kernel = tf.Variable(tf.keras.initializers.GlorotUniform(seed=1)([dim, 1]), name="out_kernel")
-            self.bias = tf.Variable(tf.zeros([1]), name="out_bias")
+            self.bias = tf.Variable(tf.constant([float(bias)]), name="out_bias")
 
         def __call__(self, ids):
             x = tf.reduce_mean(evstore.embedding_lookup(self.emb, ids), axis=1)
@@ -78,7 +83,8 @@ def build(dim, storage=None):
     return model, model.emb
 
 
-def _signature():
+def signature():
+    """The served signature: int64 ids [batch, IDS] named "ids"."""
     import tensorflow as tf
 
     return [tf.TensorSpec([None, IDS], tf.int64, name="ids")]
@@ -89,9 +95,10 @@ def freqs(idx, zipf):
     return np.maximum(1, np.round(1e6 / (np.asarray(idx, np.float64) + 1) ** zipf)).astype(np.int64)
 
 
-def write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes=None):
+def write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes=None, view=None):
     """Exports (stock, evstore) and the source root: a full of `keys` rows and `deltas` deltas, the rows'
-    frequencies those Zipf(zipf) ids would give (the tier's cache policy weighs them)."""
+    frequencies those Zipf(zipf) ids would give (the tier's cache policy weighs them); `view`: every
+    commit with a serving view of that dtype."""
     import checkpoint
     import evstore
     from serving_loader import export_serving_model
@@ -101,14 +108,14 @@ def write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_
         storage = evstore.TieredStorage(dram_bytes=writer_dram_bytes, path=os.path.join(workdir, "writer-tier"))
     model, ev = build(dim, storage)
     stock, tables = os.path.join(workdir, "export-stock"), os.path.join(workdir, "export-evstore")
-    export_serving_model(model, stock, input_signature=_signature())
-    export_serving_model(model, tables, input_signature=_signature(), tables="evstore")
+    export_serving_model(model, stock, input_signature=signature())
+    export_serving_model(model, tables, input_signature=signature(), tables="evstore")
     rng = np.random.default_rng(seed)
     for s in range(0, keys, CHUNK):
         e = min(keys, s + CHUNK)
         idx = np.arange(s, e)
         ev.load(make_keys(idx), rng.standard_normal((e - s, dim), dtype=np.float32) * 0.1, freqs=freqs(idx, zipf))
-    mgr = checkpoint.CheckpointManager(os.path.join(workdir, "source"), model)
+    mgr = checkpoint.CheckpointManager(os.path.join(workdir, "source"), model, serving_view=view)
     t0 = time.perf_counter()
     mgr.save_full()
     log(f"  full of {keys} x {dim} saved in {time.perf_counter() - t0:.1f} s")
@@ -161,7 +168,7 @@ def predict_loop(sm, seconds, hz, n, zipf, rng):
 
 def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000, every=1.0, windows=3,
         window_s=5.0, predict_hz=200.0, zipf=1.1, seed=0, workdir=None, writer_dram_bytes=None, peer=True,
-        warm=True):
+        warm=True, view=None):
     """The benchmark; returns its result dict. `peer=False` skips the all-DRAM model (sizes it cannot hold);
     `warm=False` publishes deltas without first reading their rows into the cache (ServingModel._warm)."""
     import logging
@@ -174,7 +181,8 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
     workdir = workdir or tempfile.mkdtemp(prefix="tserve-bench-")
     os.makedirs(workdir, exist_ok=True)
     try:
-        stock, tables, source = write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes)
+        stock, tables, source = write_chain(workdir, keys, dim, deltas, delta_rows, seed, zipf, writer_dram_bytes,
+                                            view)
         dram_bytes = max(1, int(keys * dim * 4 * dram_fraction))
         rss0 = rss_mib()
         models = {}
@@ -234,7 +242,7 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
                                                    else [])
         out = {"keys": keys, "dim": dim, "dram_fraction": dram_fraction, "dram_bytes": dram_bytes,
                "delta_rows": delta_rows, "every_s": every, "windows": windows, "window_s": window_s,
-               "predict_hz": predict_hz, "zipf": zipf, "warm": warm}
+               "predict_hz": predict_hz, "zipf": zipf, "warm": warm, "view": view or "float32"}
         for name, m in models.items():
             sm = m["sm"]
             r = {"idle_p50_ms": pct(m["idle"], 50), "idle_p99_ms": pct(m["idle"], 99), "idle_n": len(m["idle"]),
@@ -246,7 +254,8 @@ def run(keys=1_000_000, dim=64, dram_fraction=0.1, deltas=30, delta_rows=20_000,
             if name == "tiered":
                 st = sm.tier_stats()["emb"]
                 r.update(idle_hit_rate=reads["hits"] / max(1, reads["hits"] + reads["misses"]),
-                         cache_rows=st["cache_rows"], disk_bytes=st["disk_bytes"])
+                         cache_rows=st["cache_rows"], cache_capacity=st["cache_capacity"],
+                         disk_bytes=st["disk_bytes"])
             out[name] = r
             sm.close()
         if peer:
@@ -274,6 +283,9 @@ def add_args(p):
     p.add_argument("--writer-dram-bytes", type=int, default=None,
                    help="the chain's writer EV tiered with this budget (sizes whose rows do not fit in DRAM)")
     p.add_argument("--no-peer", action="store_true", help="skip the all-DRAM model (sizes it cannot hold)")
+    p.add_argument("--view", choices=["bfloat16", "float16", "int8"], default=None,
+                   help="commits with a serving view of this dtype: both models serve it (the tiered one keeps its "
+                        "rows in it: more rows in the same --dram-fraction)")
     p.add_argument("--no-warm", action="store_true",
                    help="publish deltas without reading their rows into the cache first (for comparison)")
 
@@ -283,7 +295,8 @@ def main(args):
     res = run(keys=args.keys, dim=args.dim, dram_fraction=args.dram_fraction, deltas=args.deltas,
               delta_rows=args.delta_rows, every=args.every, windows=args.windows, window_s=args.window_s,
               predict_hz=args.predict_hz, zipf=args.zipf, seed=args.seed, workdir=args.dir,
-              writer_dram_bytes=args.writer_dram_bytes, peer=not args.no_peer, warm=not args.no_warm)
+              writer_dram_bytes=args.writer_dram_bytes, peer=not args.no_peer, warm=not args.no_warm,
+              view=args.view)
     log(f"({time.time() - t0:.0f} s)")
     print(json.dumps(res))
     return 0

@@ -46,20 +46,18 @@ alternating) and the table shows each system's fastest run plus the ratio
 within every round. Results: bench/results/e2e-<UTC time>.json and .md.
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 
-from bench.harness.paths import RESULTS, ROOT
-from bench.harness.peers import DEFAULT_VENV, module_cmd, run_json
+from bench.harness.driver import (add_driver_args, apply_quick, chosen, git_describe, log_dir, run_meta,
+                                  utc_stamp, write_results)
+from bench.harness.peers import module_cmd, run_json, venv_python
 from bench.harness.rss import hwm_mib, rss_mib
 from bench.harness.workload import make_keys
 
@@ -197,24 +195,34 @@ def _keras_step_fn(tf, model, mode):
     return step
 
 
-def run_worker(args):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def start_worker(args, keras_module):
+    """How every side's worker starts (ours and the TFRA peer's): it makes its
+    batches (timed: data_s), imports TensorFlow and `keras_module` ("keras" or
+    "tf_keras"), sets TF's thread counts (--threads) and the seed. Returns
+    (t0, vocabs, raw batches, data_s, the keras module, RSS MiB before the model
+    is built, the embeddings' initializer); build time is perf_counter() - t0 - data_s."""
+    import importlib
     t0 = time.perf_counter()
     vocabs, raw = make_batches(args)
     data_s = time.perf_counter() - t0
-    import keras
     import tensorflow as tf
+    keras = importlib.import_module(keras_module)
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     keras.utils.set_random_seed(args.seed)
-    rss0 = rss_mib()
-    init = keras.initializers.RandomNormal(0.0, 0.01, seed=args.seed)
+    return t0, vocabs, raw, data_s, keras, rss_mib(), keras.initializers.RandomNormal(0.0, 0.01, seed=args.seed)
+
+
+def run_worker(args):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    t0, vocabs, raw, data_s, keras, rss0, init = start_worker(args, "keras")
+    import tensorflow as tf
     meta = {"system": args.worker, "mode": args.mode, "tf_version": tf.__version__,
             "keras_version": keras.__version__}
     if args.worker == "evstore":
         import evstore
-        meta["evstore_commit"] = _git_describe()
+        meta["evstore_commit"] = git_describe()
         model = build_wide_deep(
             keras,
             lambda i, name: evstore.keras.Embedding(args.dim, name=name, embeddings_initializer=init),
@@ -254,14 +262,6 @@ def run_worker(args):
         res["table_rows"] = int(sum(int(model.get_layer(f"emb_{i}").ev.size()) for i in range(N_FIELDS)))
         res["wide_rows"] = int(model.get_layer("wide_emb").ev.size())
     print(json.dumps(res), flush=True)
-
-
-def _git_describe():
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 # ---------------------------------------------------------------- orchestration
@@ -351,16 +351,11 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--worker", choices=("evstore", "tf_hash"), help=argparse.SUPPRESS)
     worker_args(ap)
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 3 warm-up + 12 timed steps, --max-vocab 100000 (unless given)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, default all")
+    add_driver_args(ap, "e2e", SYSTEMS, timeout_help="seconds per worker process",
+                    quick_help="smoke run: 3 warm-up + 12 timed steps, --max-vocab 100000 (unless given)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: keras,step (default both)")
-    ap.add_argument("--peer-venv", default=DEFAULT_VENV, help="TFRA venv (default .peer-tfra)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every system/mode run this many times (alternating); report the median run")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per worker process")
-    ap.add_argument("--out-dir", default=RESULTS)
-    ap.add_argument("--render", metavar="JSON", help="only print the table of a saved e2e-*.json")
     argv = sys.argv[1:]
     args = ap.parse_args(argv)
     if args.worker:
@@ -373,28 +368,12 @@ def main():
         meta["round_ratios"] = round_ratios(runs, meta)
         print(render({k: combine_rounds(v) for k, v in runs.items()}, meta))
         return None
-    if args.quick:
-        if "--steps" not in argv:
-            args.steps = 12
-        if "--warmup" not in argv:
-            args.warmup = 3
-        if "--max-vocab" not in argv:
-            args.max_vocab = 100_000
-    systems = [s for s in args.systems.split(",") if s]
-    modes = [m for m in args.modes.split(",") if m]
-    for s in systems:
-        if s not in SYSTEMS:
-            raise SystemExit(f"--systems: unknown {s!r}; one of {SYSTEMS}")
-    for m in modes:
-        if m not in MODES:
-            raise SystemExit(f"--modes: unknown {m!r}; one of {MODES}")
-    peer_py = os.path.join(args.peer_venv, "bin", "python")
-    if "tfra" in systems and not os.path.exists(peer_py):
-        print(f"TFRA peer venv {args.peer_venv} missing (bench/peers/tfra-setup.sh builds it)", flush=True)
-        peer_py = None
-    logdir = os.path.join(args.out_dir, "logs")
-    os.makedirs(logdir, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    apply_quick(args, argv, (("--steps", 12), ("--warmup", 3), ("--max-vocab", 100_000)))
+    systems = chosen(args.systems, SYSTEMS, "--systems")
+    modes = chosen(args.modes, MODES, "--modes")
+    peer_py = venv_python(args.peer_venv, needed="tfra" in systems)
+    logdir = log_dir(args.out_dir)
+    stamp = utc_stamp()
     vocabs = vocab_sizes(args.max_vocab)
     t_start = time.time()
     runs = {f"{s}/{m}": [] for m in modes for s in systems}
@@ -408,22 +387,14 @@ def main():
                                 f"{r['examples_per_s']:,.0f} examples/s, peak RSS {r['peak_rss_mib']:,.0f} MiB, "
                                 f"{r['wall_s']:.0f} s"), flush=True)
     results = {k: combine_rounds(v) for k, v in runs.items()}
-    meta = {"date_utc": stamp, "evstore_commit": _git_describe(),
-            "command": " ".join([os.path.relpath(sys.executable, ROOT), "-m", __spec__.name] + argv),
-            "host": platform.node(), "cpus": os.cpu_count(), "batch_size": args.batch_size, "steps": args.steps,
+    meta = {**run_meta(stamp, argv), "batch_size": args.batch_size, "steps": args.steps,
             "warmup": args.warmup, "seed": args.seed, "dim": args.dim, "max_vocab": args.max_vocab,
             "vocabs": vocabs, "vocab_total": sum(vocabs), "hash_cap": args.hash_cap,
             "hash_bins_total": sum(min(2 * v, args.hash_cap) for v in vocabs),
             "systems": systems, "modes": modes, "rounds": args.rounds, "total_s": time.time() - t_start}
     meta["round_ratios"] = round_ratios(runs, meta)
     md = "## End-to-end training (Criteo-like wide & deep) " + stamp + "\n\n" + render(results, meta)
-    base = os.path.join(args.out_dir, f"e2e-{stamp}")
-    with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "results": results, "runs": runs}, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(md)
-    print("\n" + md)
-    print(f"results: {os.path.relpath(base, ROOT)}.json / .md", flush=True)
+    write_results(args.out_dir, "e2e", stamp, {"meta": meta, "results": results, "runs": runs}, md)
 
 
 if __name__ == "__main__":

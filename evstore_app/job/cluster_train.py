@@ -123,6 +123,8 @@ class ClusterJob:
         one's host died, waits `lease_timeout` seconds for the dead holder's
         lease to go stale, or takes it at once with `take_over=True` (the
         operator asserts the old chief is gone).
+      serving_view: None, or the dtype of a serving view in every commit
+        (CheckpointManager's; each PS streams its part's view).
 
     Raises:
       ValueError: a bad cluster or argument (the message names it).
@@ -130,7 +132,7 @@ class ClusterJob:
 
     def __init__(self, cluster=None, checkpoints=None, batch_size=256, seed=0, learning_rate=0.05,
                  delta_every=20, full_every=None, keep_chains=3, shards=None, local=False, storage=None,
-                 lease_timeout=60.0, take_over=False):
+                 lease_timeout=60.0, take_over=False, serving_view=None):
         for name, v in (("batch_size", batch_size), ("delta_every", delta_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -168,7 +170,7 @@ class ClusterJob:
         if checkpoints is not None:
             self.manager = checkpoint.CheckpointManager(checkpoints, self.model, global_step=self.global_step,
                                                         keep_chains=keep_chains, lease_timeout=lease_timeout,
-                                                        take_over=take_over)
+                                                        take_over=take_over, serving_view=serving_view)
         self.position = 0
         self.commits = []          # (seq, kind, position) of this process's commits
         self.progressive = ProgressiveQuality()   # scored batches, keyed by the position after each

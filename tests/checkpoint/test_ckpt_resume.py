@@ -3,6 +3,7 @@ training process killed with SIGKILL mid-run and resumed from its checkpoints
 ends in exactly the state of the same job never stopped, bit for bit.
 Everything that decides a future admission or eviction is in the checkpoint:
 filtered keys' last-seen steps, the table's clock, Bloom counters."""
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,10 @@ import pytest
 import checkpoint
 import evstore
 import keras
+import tensorflow as tf
+from checkpoint import fileio
+from checkpoint.manifest import canonical_checksum
+from evstore import schema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "resume_job.py")
@@ -74,11 +79,34 @@ OPTIMIZERS = {"adagrad": lambda: evstore.optimizers.Adagrad(0.05, initial_accumu
               "group_adagrad": lambda: evstore.optimizers.GroupAdagrad(0.05, initial_accumulator_value=0.1)}
 
 
-def _assert_resume_is_exact(root, make_optimizer, build=False):
+def _written_before_slot_initial_values(ckpt_dir):
+    """Rewrites the checkpoint in `ckpt_dir` as evstore wrote it before slots'
+    initial values were saved: the same bundle without `<ev>/<slot>-initial_value`
+    (TensorFlow's own writer), its manifest listing the new files."""
+    prefix = str(ckpt_dir / "ckpt")
+    reader = tf.train.load_checkpoint(prefix)
+    names = sorted(n for n in reader.get_variable_to_shape_map() if not n.endswith(schema.SLOT_INITIAL_VALUE))
+    assert len(names) < len(reader.get_variable_to_shape_map())
+    tensors = [reader.get_tensor(n) for n in names]
+    for f in ckpt_dir.glob("ckpt.*"):
+        f.unlink()
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
+    path = ckpt_dir / "MANIFEST.json"
+    m = json.loads(path.read_text())
+    m["files"] = {f.name: {"size": f.stat().st_size, "crc32c": fileio.crc32c(f.read_bytes())}
+                  for f in ckpt_dir.glob("ckpt.*")}
+    m.pop("checksum")
+    m["checksum"] = canonical_checksum(m)
+    path.write_text(json.dumps(m))
+
+
+def _assert_resume_is_exact(root, make_optimizer, build=False, old_checkpoint=False):
     """Trains 8 batches straight, and 4 + save + restore into a new model
     (new tables, as in a new process) + 4; both end in the same state.
     `build`: the resumed model's optimizer is built before the restore (as
-    `evstore train` does), else at its first step."""
+    `evstore train` does), else at its first step. `old_checkpoint`: the saved
+    checkpoint is rewritten as one written before slots' initial values were
+    saved (the restore takes them from the model's optimizer)."""
     from resume_job import make_model
     straight, straight_ev = make_model("counter", make_optimizer())
     _train(straight, 0, 4)
@@ -87,6 +115,8 @@ def _assert_resume_is_exact(root, make_optimizer, build=False):
     first, _ = make_model("counter", make_optimizer())
     _train(first, 0, 4)
     checkpoint.CheckpointManager(root / "resumed", first).save_full()
+    if old_checkpoint:
+        _written_before_slot_initial_values(root / "resumed" / "full-0000000001")
     resumed, resumed_ev = make_model("counter", make_optimizer())
     if build:
         resumed.optimizer.build(resumed.trainable_variables)
@@ -107,3 +137,8 @@ def test_resumed_training_with_a_keras_optimizers_nonzero_initial_slot_equals_th
     # keras.optimizers.Adagrad trains the EV through the generic row path (slot "adagrad_accumulator").
     _assert_resume_is_exact(tmp_path, lambda: keras.optimizers.Adagrad(0.05, initial_accumulator_value=0.1),
                             build=True)
+
+
+def test_a_checkpoint_written_before_slot_initial_values_were_saved_resumes_exactly_with_the_models_optimizer(
+        tmp_path):
+    _assert_resume_is_exact(tmp_path, OPTIMIZERS["adagrad"], old_checkpoint=True)

@@ -22,7 +22,8 @@ BATCH = 32
 TABLES = ("user", "tag")
 
 
-def make_model():
+def make_model(optimizer=None):
+    """The model, compiled with `optimizer` (default evstore.optimizers.Adam(0.05))."""
     users = keras.Input(shape=(2,), dtype="int64", name="users")
     tags = keras.Input(shape=(1,), dtype="string", name="tags")
     u = evstore.keras.Embedding(8, filter=evstore.CounterFilter(2), evict=evstore.GlobalStepEvict(3),
@@ -33,7 +34,7 @@ def make_model():
     x = keras.layers.Concatenate()([keras.layers.Flatten()(u), keras.layers.Flatten()(t)])
     out = keras.layers.Dense(1, activation="sigmoid", name="out")(x)
     model = keras.Model([users, tags], out)
-    model.compile(optimizer=evstore.optimizers.Adam(0.05), loss="binary_crossentropy")
+    model.compile(optimizer=optimizer or evstore.optimizers.Adam(0.05), loss="binary_crossentropy")
     return model
 
 

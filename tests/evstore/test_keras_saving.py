@@ -50,6 +50,18 @@ def test_keras_file_loads_in_a_fresh_process_equal_to_the_trained_model_and_trai
     assert not np.array_equal(trained["user/keys"], saved["user/keys"])   # training went on: new keys, evictions
 
 
+def test_training_on_after_a_keras_load_starts_new_keys_slots_at_their_initial_value(tmp_path):
+    # Adagrad's accumulator starts at 0.3: keys the first batch after the load
+    # admits (before the optimizer's first update) start there as they would have.
+    model = km.make_model(evstore.optimizers.Adagrad(0.05, initial_accumulator_value=0.3))
+    km.train(model, 0, 3)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    km.train(model, 3, 5)
+    km.train(loaded, 3, 5)
+    _assert_same(km.dump(loaded), km.dump(model), "trained on after the load")
+
+
 def test_saving_a_keras_file_changes_nothing_the_next_delta_checkpoint_needs(tmp_path):
     model = km.make_model()
     km.train(model, 0, 3)

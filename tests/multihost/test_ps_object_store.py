@@ -105,7 +105,7 @@ def test_a_new_chief_on_another_host_takes_the_lease_and_the_job_goes_on_from_tw
         store = net.object_store()
         root = store.root("takeover")
         args = ["--steps", 40, "--sync", "--batch-size", BATCH, "--checkpoints", root, "--delta-every", 10,
-                "--dump-dir", "/tmp"]
+                "--dump-dir", "/tmp", "--serving-view", "int8"]
         lines = []
         with HostCluster(net, num_ps=2, num_workers=1) as first:
             # A lease that stays fresh for the whole test: only a takeover can move it.
@@ -125,4 +125,8 @@ def test_a_new_chief_on_another_host_takes_the_lease_and_the_job_goes_on_from_tw
         assert [(seq, pos) for seq, _, pos in r["commits"]] == [(3, 30), (4, 40)]
         assert_same_state(load(os.path.join(chief_tmp, "state.npz")), reference(40))
         assert all(committed_dirs(store, "takeover/").values())
+        # Every commit holds one serving view merged from its PS parts' (streamed by each PS host).
+        for seq, n_ps in ((1, 2), (2, 2), (3, 3), (4, 3)):
+            names = [k.rsplit("/", 1)[1] for k in store.keys("takeover/") if f"-{seq:010d}/serving." in k]
+            assert sorted(names) == [f"serving.data-{i:05d}-of-{n_ps:05d}" for i in range(n_ps)] + ["serving.index"]
         net.assert_no_checkpoint_files(restores=True)

@@ -43,10 +43,12 @@ def test_checkpoint_tensor_names_match_the_header():
              "kDeletedKeys": schema.DELETED_KEYS, "kSeenFiltered": schema.SEEN_FILTERED, "kClock": schema.CLOCK,
              "kBloomGeometry": schema.BLOOM_GEOMETRY, "kBloomBlocks": schema.BLOOM_BLOCKS,
              "kBloomCounters": schema.BLOOM_COUNTERS, "kSlots": schema.SLOTS, "kSlotNames": schema.SLOT_NAMES,
-             "kSlotSeparator": schema.SLOT_SEPARATOR, "kSlotValues": schema.SLOT_VALUES}
+             "kSlotSeparator": schema.SLOT_SEPARATOR, "kSlotValues": schema.SLOT_VALUES,
+             "kSlotInitialValue": schema.SLOT_INITIAL_VALUE, "kSlotInitialValues": schema.SLOT_INITIAL_VALUES}
     for cname, pyvalue in pairs.items():
         assert _header_string(cname) == pyvalue, cname
     assert schema.slot_tensor("user", "m") == "user/m-values"
+    assert schema.slot_initial_value_tensor("user", "m") == "user/m-initial_value"
 
 
 def test_stats_fields_match_the_header_and_the_op():
@@ -89,7 +91,7 @@ def test_saved_bundles_hold_exactly_the_schema_tensor_names(tmp_path):
     mgr.save_full()
     full = _bundle_tensors(tmp_path / "full")
     want = {schema.tensor("schema_ev", s) for s in schema.EV_TENSORS}
-    want |= {schema.slot_tensor("schema_ev", s) for s in ("m", "v")}
+    want |= {f("schema_ev", s) for s in ("m", "v") for f in (schema.slot_tensor, schema.slot_initial_value_tensor)}
     assert {n for n in full if n.startswith("schema_ev")} == want
     keys = schema.tensor("schema_ev", schema.KEYS)
     assert sorted(full[keys].get_tensor(keys).tolist()) == [1, 2]

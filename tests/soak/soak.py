@@ -74,6 +74,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import hosts  # noqa: E402  (tests/hosts.py: every process on a host of its own, for --hosts)
 from host_cluster import HostCluster  # noqa: E402  (tests/host_cluster.py: --trainer ps)
 import s3_server  # noqa: E402  (tests/checkpoint: moto's server, shared with the S3 tests)
+from bench.harness.args import add_numbers  # noqa: E402
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STARTUP_S = 300   # TensorFlow import + model load on a busy 2-core machine
@@ -546,19 +547,18 @@ class Soak:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=3.0, help="how long to run (default 3)")
-    p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--delta-every", type=float, default=3.0, help="seconds between the trainer's commits (3)")
-    p.add_argument("--full-every", type=int, default=10, help="every Nth commit is a full (10)")
-    p.add_argument("--keep-chains", type=int, default=2, help="the trainer's retention, in chains (2)")
-    p.add_argument("--kill-min", type=float, default=20.0, help="least seconds between kills (20)")
-    p.add_argument("--kill-max", type=float, default=60.0, help="most seconds between kills (60)")
-    p.add_argument("--converge-s", type=float, default=120.0, help="most seconds to converge after a kill (120)")
-    p.add_argument("--query-every", type=float, default=0.05, help="pause between one client's predicts (0.05 s)")
-    p.add_argument("--sample-every", type=float, default=5.0, help="seconds between resource samples (5)")
-    p.add_argument("--warmup-s", type=float, default=30.0,
-                   help="seconds after a process is ready before its samples count for growth (30)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
+    add_numbers(p, (("--minutes", 3.0, "how long to run"),
+                    ("--replicas", 3, "serving replicas"),
+                    ("--delta-every", 3.0, "seconds between the trainer's commits"),
+                    ("--full-every", 10, "every Nth commit is a full"),
+                    ("--keep-chains", 2, "the trainer's retention, in chains"),
+                    ("--kill-min", 20.0, "least seconds between kills"),
+                    ("--kill-max", 60.0, "most seconds between kills"),
+                    ("--converge-s", 120.0, "most seconds to converge after a kill"),
+                    ("--query-every", 0.05, "pause between one client's predicts, in seconds"),
+                    ("--sample-every", 5.0, "seconds between resource samples"),
+                    ("--warmup-s", 30.0, "seconds after a process is ready before its samples count for growth"),
+                    ("--seed", 0, "seed of the kill schedule")))
     p.add_argument("--trainer", choices=["single", "ps"], default="single",
                    help="single: one trainer process (soak_trainer.py); ps (with --hosts): a parameter-server job, "
                         "its chief (soak_ps_chief.py), 2 PS and 2 workers each on a host of its own, whose kills "

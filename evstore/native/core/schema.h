@@ -8,6 +8,9 @@
 //       <ev>-versions [N]        raw version slots (evict_policy.h encodings)
 //       <ev>-freqs [N]           frequencies
 //       <ev>/<slot>-values [N, dim]   one per optimizer slot
+//       <ev>/<slot>-initial_value [1]  the value the slot starts at in rows
+//                                admitted later (Adagrad's initial_accumulator_value);
+//                                absent in checkpoints written before it existed
 //       <ev>-keys_filtered [M]   counted, not admitted keys
 //       <ev>-freqs_filtered [M]  their counts
 //       <ev>-seen_filtered [M]   their last-seen steps (-1 unknown)
@@ -16,7 +19,9 @@
 //                                [B, 4096]: a BloomFilter's counters (filter_policy.h)
 //       <ev>-deleted_keys [D]    deltas only: keys erased since the parent
 //     and, in a tf.train.Checkpoint (not our bundles), the slots packed as
-//       <ev>-slots [N, S, dim] and <ev>-slot_names [S]
+//       <ev>-slots [N, S, dim] and <ev>-slot_names [S], with the slots'
+//       initial values as <ev>-slot_initial_values [S] (beside its own
+//       <ev>-slot_names) in the table's optional child object
 //   Stats fields         EvStats' output vector, in this order (TableStats).
 //   Op inputs            names the kernels read inputs by (ctx->input(name)).
 //   Shard route          the name of the key -> shard route (shard.h) in manifests.
@@ -44,6 +49,8 @@ inline constexpr const char* kSlots = "-slots";            // tf.train.Checkpoin
 inline constexpr const char* kSlotNames = "-slot_names";  // tf.train.Checkpoint only
 inline constexpr const char* kSlotSeparator = "/";
 inline constexpr const char* kSlotValues = "-values";
+inline constexpr const char* kSlotInitialValue = "-initial_value";         // [1]: after SlotPrefix
+inline constexpr const char* kSlotInitialValues = "-slot_initial_values";  // tf.train.Checkpoint only
 
 // ---- key limits ------------------------------------------------------------------
 // The longest string key (bytes): StringKeyTraits (key_traits.h) stores a key's
@@ -63,6 +70,10 @@ inline std::string TensorName(const std::string& ev, const char* suffix) { retur
 inline std::string SlotPrefix(const std::string& ev, const std::string& slot) { return ev + kSlotSeparator + slot; }
 inline std::string SlotTensor(const std::string& ev, const std::string& slot) {
   return SlotPrefix(ev, slot) + kSlotValues;
+}
+// "<ev>/<slot>-initial_value": the slot's initial value for rows admitted later.
+inline std::string SlotInitialValueTensor(const std::string& ev, const std::string& slot) {
+  return SlotPrefix(ev, slot) + kSlotInitialValue;
 }
 
 // ---- stats fields ---------------------------------------------------------------
@@ -84,7 +95,8 @@ inline std::string SlotTensor(const std::string& ev, const std::string& slot) {
   X(cache_hits, "tiered storage: row accesses served from DRAM (0 without a tier)")  \
   X(cache_misses, "tiered storage: rows read back from disk into DRAM")              \
   X(cache_rows, "tiered storage: rows in DRAM now")                                  \
-  X(disk_bytes, "tiered storage: bytes of rows on disk")
+  X(disk_bytes, "tiered storage: bytes of rows on disk")                             \
+  X(cache_capacity, "tiered storage: rows the DRAM budget holds (at the rows' width)")
 
 #define EVSTORE_STATS_NAME_(name, doc) #name,
 inline constexpr const char* kStatsFields[] = {EVSTORE_STATS_FIELDS(EVSTORE_STATS_NAME_)};

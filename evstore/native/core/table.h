@@ -284,6 +284,39 @@ class Table {
     });
   }
 
+  // A serving table's lookup (ev_resource.h, serving_rows.h): like Find, but
+  // hands each key's row to `emit(i, row)` under its segment's lock (row: the
+  // key's admitted row, stride floats, or nullptr: it has none) instead of
+  // copying it. With `count`, every occurrence of an admitted key adds one to
+  // its frequency and the row store is hinted with it, as a training lookup
+  // does, so predictions weigh in a tier's cache policy (cache_policy.h). The
+  // frequency is raised with a relaxed atomic add (other lookups of the key
+  // hold the same shared lock); it is never marked dirty.
+  template <typename Emit>
+  void FindEach(const K* keys, int64_t n, bool count, const ParallelFor& pf, Emit&& emit) const {
+    Grouping g;
+    index_.Group(keys, n, &g);
+    index_.template ForEachSegmentOfBatch<std::shared_lock<std::shared_mutex>>(g, n, 60, pf, [&](Seg& seg, int64_t lo,
+                                                                                                 int64_t hi) {
+      thread_local std::vector<uint32_t> rows;  // row per position (kNoRow: none)
+      thread_local std::vector<uint32_t> want;
+      rows.resize(hi - lo);
+      want.clear();
+      for (int64_t j = lo; j < hi; ++j) {
+        Idx::PrefetchAhead(seg, g, keys, j, hi);
+        const uint32_t i = g.order[j];
+        E* en = seg.Find(keys[i], g.hash[i]);
+        rows[j - lo] = (en && RowIsReal(en->row)) ? en->row : kNoRow;
+        if (rows[j - lo] == kNoRow) continue;
+        want.push_back(en->row);
+        if (count) rows_.Hint(en->row, CountLookup(en));
+      }
+      rows_.FaultMany(want.data(), want.size());
+      for (int64_t j = lo; j < hi; ++j)
+        emit(static_cast<int64_t>(g.order[j]), rows[j - lo] != kNoRow ? rows_.ReadRow(rows[j - lo]) : nullptr);
+    });
+  }
+
   // Training lookup: inserts unseen keys, adds every occurrence to the key's
   // frequency, admits keys whose frequency reaches min_freq (initial row from
   // the bank, admission step = clock), stamps keys left filtered with the
@@ -669,6 +702,7 @@ class Table {
       rows_.Version(en->row) = versions[i];
       AdvanceClock(VersionReference(versions[i]));
       en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
+      rows_.Hint(en->row, en->freq());  // the imported frequency weighs in a tier's cache policy
       if (mark_dirty) seg.MarkDirty(en);
     }
   }
@@ -827,11 +861,13 @@ class Table {
     st.cache_misses = tier.misses;
     st.cache_rows = tier.resident;
     st.disk_bytes = tier.disk_bytes;
+    st.cache_capacity = tier.budget_rows;
     return st;
   }
   // The row store's cache figures (all zero for the all-DRAM store).
   TierStats tier_stats() const { return rows_.tier_stats(); }
   const Store& store() const { return rows_; }
+  Store& store() { return rows_; }
   int64_t size() const {
     int64_t n = 0;
     for (int s = 0; s < nseg_; ++s) {
@@ -908,6 +944,17 @@ class Table {
     }
     seg.Erase(en);
     if (track_deleted) seg.deleted.insert(std::move(k));
+  }
+
+  // One lookup added to `en`'s frequency (saturating; the dirty bit kept) by
+  // a reader holding its segment lock shared; returns the new frequency.
+  static uint32_t CountLookup(E* en) {
+    uint32_t old = __atomic_load_n(&en->freq_dirty, __ATOMIC_RELAXED), next;
+    do {
+      const uint32_t f = old & E::kFreqMask;
+      next = (old & E::kDirtyBit) | (f == E::kFreqMask ? f : f + 1);
+    } while (!__atomic_compare_exchange_n(&en->freq_dirty, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return next & E::kFreqMask;
   }
 
   // Zero-row counter of a segment; caller holds its lock (exclusive to write).

@@ -199,7 +199,8 @@ class TieredStore {
     file_.ReadMany(cold.locs.data(), cold.dsts.data(), cold.size());
   }
   int64_t& Version(uint32_t r) const { return Meta(r).version; }
-  void Hint(uint32_t r, uint32_t freq) const { Meta(r).heat = Policy::HeatOf(freq); }
+  // Readers of a serving table hint under a shared segment lock (Table::FindEach): the heat is atomic.
+  void Hint(uint32_t r, uint32_t freq) const { Meta(r).heat.store(Policy::HeatOf(freq), std::memory_order_relaxed); }
   void Bind(uint32_t r, int segment) { Meta(r).owner = static_cast<uint16_t>(segment); }
   // Whether row r's embedding (first `dim` floats) is all zero, without
   // reading a row that is on disk only (its flag was set when written).
@@ -264,7 +265,7 @@ class TieredStore {
     if (m.flags.load(std::memory_order_relaxed) & kOnDisk) log_.Kill(m.loc);
     m.slot.store(kNoSlot, std::memory_order_release);
     m.flags.store(0, std::memory_order_relaxed);
-    m.heat = 0;
+    m.heat.store(0, std::memory_order_relaxed);
     m.owner = kNoOwner;
     free_ids_.push_back(r);
   }
@@ -304,6 +305,31 @@ class TieredStore {
     t.disk_records = log_.records();
     t.live_records = log_.live();
     return t;
+  }
+  // Sets the DRAM budget (a serving table loaded with a small one, then
+  // served with the whole: serving_loader/streamed_reload.py). A smaller
+  // budget is reached over the faults that follow, as after an overshoot.
+  void SetDramBytes(int64_t bytes) {
+    if (bytes <= 0) throw std::invalid_argument("tiered storage needs dram_bytes > 0");
+    std::lock_guard<std::mutex> l(mu_);
+    dram_bytes_ = bytes;
+    SetBudget();
+    clean_cv_.notify_one();  // the cleaner keeps the new budget
+  }
+  // Evicts rows (their write-back included) until `n` more fit in the
+  // budget, or nothing more can be evicted now, so that the faults and
+  // admissions of n rows that follow need no write: a serving table makes
+  // room for a delta's new keys before its publish takes the write lock. The
+  // caller holds no segment lock.
+  void MakeRoom(int64_t n) {
+    std::unique_lock<std::mutex> l(mu_);
+    n = std::min(n, budget_);
+    for (;;) {
+      const int64_t over = resident_ - evicting_ + n - budget_, before = resident_;
+      if (over <= 0) return;
+      EvictBatch(static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch)), kNoOwner, l);
+      if (resident_ >= before) return;  // every candidate pinned, or the disk refused the write
+    }
   }
   // Write-backs the disk refused so far (cheap: no lock).
   int64_t write_failures() const { return write_failures_.load(std::memory_order_relaxed); }
@@ -377,7 +403,7 @@ class TieredStore {
     uint32_t loc = 0;  // the disk copy's record (log_space.h), when kOnDisk
     uint16_t owner = kNoOwner;
     std::atomic<uint8_t> flags{0};  // changed under mu_; read under the owner lock
-    mutable uint8_t heat = 0;
+    mutable std::atomic<uint8_t> heat{0};
   };
   static_assert(sizeof(RowMeta) == 24, "per-row DRAM cost of the tier: 24 bytes (docs/guides/tiered-storage.md)");
   static_assert(std::atomic<uint32_t>::is_always_lock_free, "slot ids are read without the store mutex");
@@ -433,7 +459,7 @@ class TieredStore {
     }
     CountHit(m.owner);
     SlotInfo& in = Info(s);
-    Policy::OnAccess(in.weight, m.heat);
+    Policy::OnAccess(in.weight, m.heat.load(std::memory_order_relaxed));
     if (write && !in.dirty.load(std::memory_order_relaxed)) in.dirty.store(1, std::memory_order_relaxed);
     return SlotData(s);
   }

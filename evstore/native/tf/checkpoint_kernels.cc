@@ -42,11 +42,13 @@ void MaybePauseMidData() {
 // Streams one EV's export into writer columns: the per-EV tensors of
 // docs/reference/checkpoint-format.md (names from core/schema.h): admitted keys with
 // their rows, versions, frequencies and slot rows; counted-not-admitted keys with their
-// counts and last sightings; the clock (evict_policy.h); a BloomFilter's counters
+// counts and last sightings; each slot's initial value; the clock (evict_policy.h); a BloomFilter's counters
 // (filter_policy.h); in deltas the deleted keys.
-// Checkpoints written before -seen_filtered / -clock / -bloom_* existed still
-// load: their filtered keys' last-seen step is unknown, their clock is the
-// newest version, and Bloom counters start from zero.
+// Checkpoints written before -seen_filtered / -clock / -bloom_* /
+// <slot>-initial_value existed still load: their filtered keys' last-seen step
+// is unknown, their clock is the newest version, Bloom counters start from
+// zero, and a slot's initial value is the table's (0 for a new slot) until an
+// optimizer states it.
 // With a serving view writer (`view`, core/view_codec.h) each chunk of rows is
 // also encoded into the view bundle as it streams: `<name>-values` in the
 // view's dtype and, for int8, `<name>-values_scale`, row-aligned with the keys.
@@ -77,8 +79,12 @@ class BundleSink : public ExportSink<CoreKey<T>> {
     values_ = w->BeginColumn(TensorName(name, schema::kValues), tensorflow::DT_FLOAT, {dim});
     versions_ = w->BeginColumn(TensorName(name, schema::kVersions), tensorflow::DT_INT64, {});
     freqs_ = w->BeginColumn(TensorName(name, schema::kFreqs), tensorflow::DT_INT64, {});
-    for (const auto& s : slots)
+    for (const auto& s : slots) {
       slot_cols_.push_back(w->BeginColumn(schema::SlotTensor(name, s.first), tensorflow::DT_FLOAT, {dim}));
+      tensorflow::Tensor init(tensorflow::DT_FLOAT, tensorflow::TensorShape({1}));
+      init.flat<float>()(0) = s.second;  // where the slot starts in rows admitted later
+      w->AddTensor(schema::SlotInitialValueTensor(name, s.first), init);
+    }
     fkeys_ = BeginKeys(TensorName(name, schema::kKeysFiltered));
     ffreqs_ = w->BeginColumn(TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, {});
     fseen_ = w->BeginColumn(TensorName(name, schema::kSeenFiltered), tensorflow::DT_INT64, {});
@@ -192,6 +198,13 @@ ExportCounts SaveOne(OpKernelContext* ctx, const ResourceHandle& h, BundleStream
   });
 }
 
+// The serving view's bundle prefix beside the main bundle at `prefix`
+// (`<dir of prefix>/<view_prefix>`).
+inline std::string ViewPrefix(const std::string& prefix, const std::string& view_prefix) {
+  const size_t slash = prefix.rfind('/');
+  return (slash == std::string::npos ? std::string() : prefix.substr(0, slash + 1)) + view_prefix;
+}
+
 class EvSaveBundleOp : public OpKernel {
  public:
   explicit EvSaveBundleOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -230,11 +243,7 @@ class EvSaveBundleOp : public OpKernel {
     EV_TRY(ctx, {
       BundleStreamWriter w(prefix);
       std::unique_ptr<BundleStreamWriter> vw;   // the serving view, beside the bundle
-      if (codec_ != view::Codec::kNone) {
-        const size_t slash = prefix.rfind('/');
-        vw = std::make_unique<BundleStreamWriter>(
-            (slash == std::string::npos ? std::string() : prefix.substr(0, slash + 1)) + view_prefix_);
-      }
+      if (codec_ != view::Codec::kNone) vw = std::make_unique<BundleStreamWriter>(ViewPrefix(prefix, view_prefix_));
       for (int i = 0; i < dense.size(); ++i)
         w.AddTensor(std::string(dense_names.flat<tensorflow::tstring>()(i)), dense[i]);
       for (int i = 0; i < n; ++i) {
@@ -310,6 +319,64 @@ class KeyReader {
   std::vector<std::string_view> views_;
 };
 
+// An EV's rows read from a bundle in the table's layout: the float32
+// `<ev>-values` as they are; for a serving table in a lower precision
+// (core/serving_rows.h), the serving view's codes packed as they are (`view`:
+// the view bundle, when its precision is the table's) or the float32 values
+// encoded as the view encodes them.
+class RowColumn {
+ public:
+  using Col = BundleStreamReader::Column;
+  RowColumn(const BundleStreamReader& main, const BundleStreamReader* view, const std::string& ev,
+            const ServingRows* serving, int table_dim)
+      : serving_(serving && serving->codec() != view::Codec::kNone ? serving : nullptr), from_view_(view != nullptr) {
+    using schema::TensorName;
+    if (from_view_) {
+      const view::Codec c = serving_->codec();
+      const DataType dt = c == view::Codec::kBfloat16 ? tensorflow::DT_BFLOAT16
+                          : c == view::Codec::kFloat16 ? tensorflow::DT_HALF
+                                                       : tensorflow::DT_INT8;
+      values_ = std::make_unique<Col>(*view, TensorName(ev, schema::kValues), dt, serving_->dim());
+      if (c == view::Codec::kInt8) {
+        scales_ = std::make_unique<Col>(*view, TensorName(ev, schema::kValues) + std::string("_scale"),
+                                        tensorflow::DT_FLOAT, 1);
+        if (scales_->rows() != values_->rows())
+          throw std::runtime_error("serving view: '" + ev + "' has " + std::to_string(scales_->rows()) +
+                                   " scales for " + std::to_string(values_->rows()) + " rows");
+      }
+    } else {
+      values_ = std::make_unique<Col>(main, TensorName(ev, schema::kValues), tensorflow::DT_FLOAT,
+                                      serving_ ? serving_->dim() : table_dim);
+    }
+  }
+  int64_t rows() const { return values_->rows(); }
+  // The next m rows into dst (m x the table's dim words).
+  void Read(float* dst, int64_t m) {
+    if (!serving_) return values_->Read(dst, m);
+    if (!from_view_) {
+      f32_.resize(static_cast<size_t>(m) * serving_->dim());
+      values_->Read(f32_.data(), m);
+      return serving_->Encode(f32_.data(), m, dst);
+    }
+    codes_.resize(static_cast<size_t>(m) * serving_->dim() * view::ElementBytes(serving_->codec()));
+    values_->Read(codes_.data(), m);
+    scale_buf_.resize(m);
+    if (scales_) scales_->Read(scale_buf_.data(), m);
+    serving_->Pack(codes_.data(), scale_buf_.data(), m, dst);
+  }
+  void Finish() {
+    values_->Finish();
+    if (scales_) scales_->Finish();
+  }
+
+ private:
+  const ServingRows* serving_;  // null: rows stored as float32
+  bool from_view_;
+  std::unique_ptr<Col> values_, scales_;
+  std::vector<float> f32_, scale_buf_;
+  std::vector<char> codes_;
+};
+
 template <typename K>
 class EvLoadBundleOp : public EvTableOp<K> {
  public:
@@ -322,6 +389,8 @@ class EvLoadBundleOp : public EvTableOp<K> {
     OP_REQUIRES(c, num_shards_ >= 1 && shard_index_ >= 0 && shard_index_ < num_shards_,
                 errors::InvalidArgument("need 0 <= shard_index < num_shards, got ", shard_index_, " of ",
                                         num_shards_));
+    OP_REQUIRES_OK(c, c->GetAttr("view", &view_));
+    OP_REQUIRES_OK(c, c->GetAttr("view_prefix", &view_prefix_));
   }
 
   // Keeps the positions of keys[0, m) routed to this shard: returns how many
@@ -343,23 +412,31 @@ class EvLoadBundleOp : public EvTableOp<K> {
         std::memmove(data + w * width, data + keep[w] * width, sizeof(T) * width);
   }
 
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_RESOURCE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, prefix_t, "prefix");
     EV_INPUT(ctx, name_t, "ev_name");
     EV_INPUT(ctx, slot_names, "slot_names");
     const std::string prefix(prefix_t.scalar<tensorflow::tstring>()());
     const std::string name(name_t.scalar<tensorflow::tstring>()());
-    const int dim = t.dim();
+    const int dim = t.dim();  // a serving table's packed width (core/serving_rows.h)
+    const ServingRows* serving = res.serving();
+    OP_REQUIRES(ctx, view_.empty() || (serving && serving->name() == view_),
+                errors::InvalidArgument("EvLoadBundle: a ", view_, " serving view loads only into a serving table "
+                                        "in that precision"));
+    OP_REQUIRES(ctx, !serving || slot_names.NumElements() == 0,
+                errors::InvalidArgument("EvLoadBundle: a serving table holds no optimizer slots"));
     ExportCounts c;
     EV_TRY(ctx, {
       BundleStreamReader r(prefix);
+      std::unique_ptr<BundleStreamReader> vr;
+      if (!view_.empty()) vr = std::make_unique<BundleStreamReader>(ViewPrefix(prefix, view_prefix_));
       // Every tensor is opened (and checked against the index) before the
       // table changes, so a wrong dim, dtype or a missing file changes nothing.
       using Col = BundleStreamReader::Column;
       using schema::TensorName;  // tensor names: core/schema.h
       KeyReader<K> keys(r, TensorName(name, schema::kKeys)), fkeys(r, TensorName(name, schema::kKeysFiltered));
-      Col values(r, TensorName(name, schema::kValues), tensorflow::DT_FLOAT, dim),
-          versions(r, TensorName(name, schema::kVersions), tensorflow::DT_INT64, 1),
+      RowColumn values(r, vr.get(), name, serving, dim);
+      Col versions(r, TensorName(name, schema::kVersions), tensorflow::DT_INT64, 1),
           freqs(r, TensorName(name, schema::kFreqs), tensorflow::DT_INT64, 1),
           ffreqs(r, TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, 1);
       std::vector<std::unique_ptr<Col>> slots;
@@ -370,6 +447,14 @@ class EvLoadBundleOp : public EvTableOp<K> {
         float init = 0.f;
         for (const auto& h : have)
           if (h.first == s) init = h.second;
+        const std::string init_name = schema::SlotInitialValueTensor(name, s);
+        if (r.Has(init_name)) {  // the saved table's initial value (older checkpoints lack it)
+          Col saved(r, init_name, tensorflow::DT_FLOAT, 1);
+          if (saved.rows() != 1)
+            throw std::runtime_error("checkpoint " + prefix + ": '" + init_name + "' must hold one value");
+          saved.Read(&init, 1);
+          saved.Finish();
+        }
         want.emplace_back(s, init);
       }
       std::unique_ptr<KeyReader<K>> deleted;
@@ -451,7 +536,8 @@ class EvLoadBundleOp : public EvTableOp<K> {
         c.rows += mk;
       }
       keys.Finish();
-      for (Col* col : {&values, &versions, &freqs}) col->Finish();
+      values.Finish();
+      for (Col* col : {&versions, &freqs}) col->Finish();
       for (const auto& s : slots) s->Finish();
       for (int64_t lo = 0; lo < fkeys.rows(); lo += cap) {
         int64_t m = std::min(cap, fkeys.rows() - lo);
@@ -505,6 +591,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
   bool clear_;
   int64_t chunk_rows_;
   int32_t shard_index_, num_shards_;
+  std::string view_, view_prefix_;  // the serving view to read rows from ("": the float32 values)
 };
 
 class EvCrc32cExtendOp : public OpKernel {

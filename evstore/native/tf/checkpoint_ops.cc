@@ -58,6 +58,8 @@ REGISTER_OP("EvLoadBundle")
     .Attr("chunk_rows: int = 65536")
     .Attr("shard_index: int = 0")
     .Attr("num_shards: int = 1")
+    .Attr("view: string = ''")
+    .Attr("view_prefix: string = 'serving'")
     .Output("counts: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
@@ -73,6 +75,10 @@ deleted]. Each tensor's crc32c is checked (DataLoss naming the file).
 With `num_shards` > 1 only keys routed to `shard_index` (core/shard.h) are
 applied (rows, filtered and deleted keys alike), and the outputs count those:
 how a chain saved with some number of shards restores into another.
+A serving table (EvCreate's serving_rows) stores rows in its precision: with
+`view` (its precision's name) the rows are the serving view's codes, read from
+the view bundle `<dir of prefix>/<view_prefix>`; without, the float32 values
+encoded as the view encodes them (core/serving_rows.h).
 )doc");
 
 REGISTER_OP("EvCrc32cExtend")

@@ -43,9 +43,13 @@ REGISTER_OP("EvCreate")
     .Attr("bloom_fp_rate: float = 0.01")
     .Attr("tier_dram_bytes: int = 0")
     .Attr("tier_path: string = ''")
+    .Attr("serving_rows: string = ''")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Creates the table behind `handle` if absent (idempotent for the same dim). tier_dram_bytes > 0: rows "
-         "live in a DRAM cache of that many bytes over a private directory under tier_path (TieredStore).");
+         "live in a DRAM cache of that many bytes over a private directory under tier_path (TieredStore). "
+         "serving_rows ('float32', 'bfloat16', 'float16' or 'int8'; '' a training table): a serving table "
+         "keeping its rows in that precision (core/serving_rows.h): written by EvServeUpsert and EvLoadBundle, "
+         "read by EvFind, which decodes and counts each lookup in the key's frequency.");
 
 REGISTER_OP("EvFind")
     .Input("handle: resource")
@@ -54,7 +58,42 @@ REGISTER_OP("EvFind")
     .Attr("dim: int >= 1")
     .Output("values: float")
     .SetShapeFn(RowsShape)
-    .Doc("Read-only lookup: stored rows or the default value; never inserts or counts.");
+    .Doc("Read-only lookup: stored rows or the default value; never inserts. On a serving table (EvCreate's "
+         "serving_rows) rows are decoded to float32 and each lookup adds to the key's frequency.");
+
+REGISTER_OP("EvServeWarm")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Attr("key_dtype: {int32, int64, string}")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Before a serving table's publish: a tiered table evicts rows to make room for one row per key, "
+         "then reads the rows of `keys` it holds into its DRAM cache (not counted as lookups), so the "
+         "upserts that follow read and write no disk. Nothing for a table in DRAM.");
+
+REGISTER_OP("EvSetDramBytes")
+    .Input("handle: resource")
+    .Input("dram_bytes: int64")
+    .Attr("key_dtype: {int32, int64, string}")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Sets a tiered table's DRAM budget (a smaller one is reached over the faults that follow). Nothing "
+         "for a table in DRAM.");
+
+REGISTER_OP("EvServeUpsert")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("values: T")
+    .Input("scales: float")
+    .Input("freqs: int64")
+    .Attr("key_dtype: {int32, int64, string}")
+    .Attr("T: {float, bfloat16, half, int8}")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Upserts rows of a serving table (EvCreate's serving_rows): `values` [n, dim] float32 rows, encoded "
+         "into the table's precision as the serving view encodes them (core/view_codec.h), or rows already in "
+         "that precision (its view's tensors; `scales` [n] for int8, else empty), stored as they are. `freqs` "
+         "[n]: the keys' frequencies. Nothing is marked dirty.");
 
 REGISTER_OP("EvFindOrInsert")
     .Input("handle: resource")
@@ -95,6 +134,19 @@ REGISTER_OP("EvSize")
     .Attr("key_dtype: {int32, int64, string}")
     .Output("size: int64")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("EvSlots")
+    .Input("handle: resource")
+    .Attr("key_dtype: {int32, int64, string}")
+    .Output("slot_names: string")
+    .Output("slot_initial_values: float")
+    .SetShapeFn([](InferenceContext* c) {
+      auto s = c->UnknownDim();
+      c->set_output(0, c->Vector(s));
+      c->set_output(1, c->Vector(s));
+      return absl::OkStatus();
+    })
+    .Doc("The table's optimizer slots and the value each starts at in rows admitted later.");
 
 REGISTER_OP("EvStats")
     .Input("handle: resource")

@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/platform/tstring.h"
+#include "../core/serving_rows.h"
 #include "../core/table.h"
 #include "../core/tiered_store.h"
 
@@ -48,8 +49,17 @@ using TieredTableT = Table<CoreKey<T>, KeyTraits<CoreKey<T>>, TieredStore<>>;
 template <typename K>
 class EvResource : public tensorflow::ResourceBase {
  public:
-  // A tier config with dram_bytes > 0 makes a tiered table.
-  explicit EvResource(TableConfig cfg) {
+  // A tier config with dram_bytes > 0 makes a tiered table. `serving`
+  // (optional) makes it a serving table: rows packed in that precision (its
+  // table's dim is the packed width: core/serving_rows.h), lookups decode
+  // them and count (Table::FindEach).
+  explicit EvResource(TableConfig cfg, std::unique_ptr<ServingRows> serving = nullptr)
+      : serving_(std::move(serving)) {
+    if (serving_) {
+      cfg.dim = serving_->packed_floats();
+      cfg.bank.assign(cfg.dim, 0.f);
+      cfg.default_value.assign(cfg.dim, 0.f);
+    }
     if (cfg.tier.dram_bytes > 0) {
       tiered_ = std::make_unique<TieredTableT<K>>(std::move(cfg));
     } else {
@@ -74,11 +84,17 @@ class EvResource : public tensorflow::ResourceBase {
   // loads a chain into a second table, then makes it the served one). Not
   // synchronised with kernels running on either resource: the caller keeps
   // every other op off both while it runs.
+  // A serving table's precision goes with its rows.
   void SwapTable(EvResource& other) {
     dram_.swap(other.dram_);
     tiered_.swap(other.tiered_);
+    serving_.swap(other.serving_);
   }
+  // The serving table's row format, or null (a training table).
+  const ServingRows* serving() const { return serving_.get(); }
+  // Floats per looked-up row (a serving table's packed rows decode to this many).
   int dim() const {
+    if (serving_) return serving_->dim();
     return Visit([](const auto& t) { return t.dim(); });
   }
   std::string DebugString() const override {
@@ -96,6 +112,7 @@ class EvResource : public tensorflow::ResourceBase {
  private:
   std::unique_ptr<TableT<K>> dram_;
   std::unique_ptr<TieredTableT<K>> tiered_;
+  std::unique_ptr<ServingRows> serving_;
 };
 
 }  // namespace tf

@@ -135,27 +135,37 @@ class EvTableOp : public OpKernel {
       // A write-back the disk refused kept its row in DRAM (nothing lost);
       // the op that caused it reports it.
       const int64_t failures = t->store().write_failures();
-      ComputeOn(ctx, *t);
+      ComputeOn(ctx, *res, *t);
       if (ctx->status().ok() && t->store().write_failures() > failures)
         ctx->CtxFailure(errors::ResourceExhausted("EmbeddingVariable: ", t->store().last_failure(),
                                                   "; free disk space or raise dram_bytes"));
       return;
     }
-    ComputeOn(ctx, *res->dram());
+    ComputeOn(ctx, *res, *res->dram());
   }
 
  protected:
-  virtual void ComputeOn(OpKernelContext* ctx, TableT<K>& t) = 0;
-  virtual void ComputeOn(OpKernelContext* ctx, TieredTableT<K>& t) = 0;
+  virtual void ComputeOn(OpKernelContext* ctx, EvResource<K>& res, TableT<K>& t) = 0;
+  virtual void ComputeOn(OpKernelContext* ctx, EvResource<K>& res, TieredTableT<K>& t) = 0;
 };
 
 // A kernel body written once for both table types (ev_resource.h):
 //   EV_TABLE_KERNEL(ctx, t) { ... t is a TableType& ... }
-#define EV_TABLE_KERNEL(ctx_, t_)                                                                \
-  void ComputeOn(OpKernelContext* c_, TableT<K>& x_) override { ComputeOnT(c_, x_); }           \
-  void ComputeOn(OpKernelContext* c_, TieredTableT<K>& x_) override { ComputeOnT(c_, x_); }     \
-  template <typename TableType>                                                                 \
+#define EV_TABLE_KERNEL(ctx_, t_)                                                                        \
+  void ComputeOn(OpKernelContext* c_, EvResource<K>&, TableT<K>& x_) override { ComputeOnT(c_, x_); }   \
+  void ComputeOn(OpKernelContext* c_, EvResource<K>&, TieredTableT<K>& x_) override { ComputeOnT(c_, x_); } \
+  template <typename TableType>                                                                         \
   void ComputeOnT(OpKernelContext* ctx_, TableType& t_)
+// The same, for a kernel that also reads the resource (a serving table's row
+// format, res_.serving(): ev_resource.h):
+//   EV_RESOURCE_KERNEL(ctx, res, t) { ... }
+#define EV_RESOURCE_KERNEL(ctx_, res_, t_)                                                                 \
+  void ComputeOn(OpKernelContext* c_, EvResource<K>& r_, TableT<K>& x_) override { ComputeOnT(c_, r_, x_); } \
+  void ComputeOn(OpKernelContext* c_, EvResource<K>& r_, TieredTableT<K>& x_) override {                  \
+    ComputeOnT(c_, r_, x_);                                                                                \
+  }                                                                                                        \
+  template <typename TableType>                                                                            \
+  void ComputeOnT(OpKernelContext* ctx_, EvResource<K>& res_, TableType& t_)
 
 
 // Registers `cls<K>` for op `name` with the integer key types only (ops whose

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernel_util.h"
@@ -23,6 +24,7 @@ class EvCreateOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("bloom_fp_rate", &bloom_fp_rate_));
     OP_REQUIRES_OK(c, c->GetAttr("tier_dram_bytes", &tier_dram_bytes_));
     OP_REQUIRES_OK(c, c->GetAttr("tier_path", &tier_path_));
+    OP_REQUIRES_OK(c, c->GetAttr("serving_rows", &serving_rows_));
     OP_REQUIRES(c, tier_dram_bytes_ >= 0,
                 errors::InvalidArgument("tier_dram_bytes must be >= 0, got ", tier_dram_bytes_));
     OP_REQUIRES(c, tier_dram_bytes_ == 0 || !tier_path_.empty(),
@@ -56,9 +58,11 @@ class EvCreateOp : public OpKernel {
     EvResource<K>* res = nullptr;
     absl::Status st;
     try {
+      std::unique_ptr<ServingRows> serving;
+      if (!serving_rows_.empty()) serving = std::make_unique<ServingRows>(serving_rows_, cfg.dim, cfg.default_value);
       st = tensorflow::LookupOrCreateResource<EvResource<K>>(
-          ctx, handle, &res, [&cfg](EvResource<K>** r) {
-            *r = new EvResource<K>(cfg);
+          ctx, handle, &res, [&cfg, &serving](EvResource<K>** r) {
+            *r = new EvResource<K>(cfg, std::move(serving));
             return absl::OkStatus();
           });
     } catch (const std::exception& e) {
@@ -76,6 +80,7 @@ class EvCreateOp : public OpKernel {
   int64_t dim_, segments_log2_, min_freq_, bloom_capacity_, tier_dram_bytes_;
   float bloom_fp_rate_;
   std::string tier_path_;
+  std::string serving_rows_;  // "": a training table; else a serving table's precision (core/serving_rows.h)
 };
 
 // ---------------------------------------------------------------- introspection
@@ -88,6 +93,23 @@ class EvSizeOp : public EvTableOp<K> {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = t.size();
+  }
+};
+
+template <typename K>
+class EvSlotsOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  EV_TABLE_KERNEL(ctx, t) {
+    const SlotSpecs slots = t.slots();
+    const int64_t ns = static_cast<int64_t>(slots.size());
+    Tensor *names, *inits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({ns}), &names));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({ns}), &inits));
+    for (int64_t i = 0; i < ns; ++i) {
+      names->flat<tensorflow::tstring>()(i) = slots[i].first;
+      inits->flat<float>()(i) = slots[i].second;
+    }
   }
 };
 
@@ -136,13 +158,95 @@ template <typename K>
 class EvRemoveOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_RESOURCE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     KeysIn<K> kin;
     OP_REQUIRES_OK(ctx, kin.Init(keys));
-    out->scalar<int64_t>()() = t.Erase(kin.data(), keys.NumElements());
+    // A serving table exports nothing: it keeps no deleted set.
+    out->scalar<int64_t>()() = t.Erase(kin.data(), keys.NumElements(), /*track_deleted=*/!res.serving());
+  }
+};
+
+// Upserts rows of a serving table in its precision (EvServeUpsert).
+template <typename K>
+class EvServeUpsertOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  EV_RESOURCE_KERNEL(ctx, res, t) {
+    const ServingRows* serving = res.serving();
+    OP_REQUIRES(ctx, serving, errors::FailedPrecondition("EvServeUpsert needs a serving table (EvCreate's serving_rows)"));
+    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_INPUT(ctx, values, "values");
+    EV_INPUT(ctx, scales, "scales");
+    EV_INPUT(ctx, freqs, "freqs");
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == serving->dim(),
+                errors::InvalidArgument("values must be [", n, ", ", serving->dim(), "], got ",
+                                        values.shape().DebugString()));
+    OP_REQUIRES(ctx, freqs.NumElements() == n, errors::InvalidArgument("freqs must have one element per key"));
+    const tensorflow::DataType dt = values.dtype();
+    const view::Codec c = serving->codec();
+    const bool encoded = dt != tensorflow::DT_FLOAT || c == view::Codec::kNone;
+    if (encoded) {
+      const tensorflow::DataType want = c == view::Codec::kBfloat16 ? tensorflow::DT_BFLOAT16
+                                        : c == view::Codec::kFloat16 ? tensorflow::DT_HALF
+                                        : c == view::Codec::kInt8    ? tensorflow::DT_INT8
+                                                                     : tensorflow::DT_FLOAT;
+      OP_REQUIRES(ctx, dt == want,
+                  errors::InvalidArgument("a ", serving->name(), " serving table takes float32 rows or ",
+                                          tensorflow::DataTypeString(want), " rows, got ",
+                                          tensorflow::DataTypeString(dt)));
+    }
+    OP_REQUIRES(ctx, !(encoded && c == view::Codec::kInt8) || scales.NumElements() == n,
+                errors::InvalidArgument("int8 rows need one scale per row"));
+    if (n == 0) return;
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    const int w = serving->packed_floats();
+    std::vector<float> packed(static_cast<size_t>(n) * w);
+    if (encoded)
+      serving->Pack(values.tensor_data().data(), scales.flat<float>().data(), n, packed.data());
+    else
+      serving->Encode(values.flat<float>().data(), n, packed.data());
+    std::vector<int64_t> versions(n, -1);
+    EV_TRY(ctx, t.ImportRows(kin.data(), n, packed.data(), w, nullptr, 0, {}, versions.data(),
+                             freqs.flat<int64_t>().data(), /*mark_dirty=*/false));
+  }
+};
+
+// Before a serving table's publish (EvServeWarm): a tiered table makes room
+// for one row per key (evicting others first, so what it reads next stays),
+// then reads the rows of `keys` it holds into its cache; the upserts under
+// the serving write lock then read and write no disk.
+template <typename K>
+class EvServeWarmOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  EV_TABLE_KERNEL(ctx, t) {
+    if constexpr (std::is_same_v<TableType, TieredTableT<K>>) {
+      EV_INPUT(ctx, keys, schema::kKeysInput);
+      KeysIn<K> kin;
+      OP_REQUIRES_OK(ctx, kin.Init(keys));
+      EV_TRY(ctx, {
+        t.store().MakeRoom(keys.NumElements());
+        t.FindEach(kin.data(), keys.NumElements(), /*count=*/false, IntraOp(ctx), [](int64_t, const float*) {});
+      });
+    }
+  }
+};
+
+// Sets a tiered table's DRAM budget (EvSetDramBytes); nothing for a table in DRAM.
+template <typename K>
+class EvSetDramBytesOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  EV_TABLE_KERNEL(ctx, t) {
+    EV_INPUT(ctx, bytes, "dram_bytes");
+    if constexpr (std::is_same_v<TableType, TieredTableT<K>>) {
+      EV_TRY(ctx, t.store().SetDramBytes(bytes.scalar<int64_t>()()));
+    }
   }
 };
 
@@ -318,6 +422,7 @@ using EvHandleKernel = tensorflow::ResourceHandleOp<EvResource<K>>;
 EV_REGISTER_KEYED("EvHandleOp", EvHandleKernel);
 EV_REGISTER_KEYED("EvCreate", EvCreateOp);
 EV_REGISTER_KEYED("EvSize", EvSizeOp);
+EV_REGISTER_KEYED("EvSlots", EvSlotsOp);
 EV_REGISTER_KEYED("EvStats", EvStatsOp);
 EV_REGISTER_KEYED("EvKeyInfo", EvKeyInfoOp);
 EV_REGISTER_KEYED("EvRemove", EvRemoveOp);
@@ -326,6 +431,9 @@ EV_REGISTER_KEYED("EvImport", EvImportOp);
 EV_REGISTER_KEYED("EvBeginExport", EvBeginExportOp);
 EV_REGISTER_KEYED("EvEndExport", EvEndExportOp);
 EV_REGISTER_KEYED("EvSwapTables", EvSwapTablesOp);
+EV_REGISTER_KEYED("EvServeUpsert", EvServeUpsertOp);
+EV_REGISTER_KEYED("EvServeWarm", EvServeWarmOp);
+EV_REGISTER_KEYED("EvSetDramBytes", EvSetDramBytesOp);
 
 }  // namespace
 }  // namespace tf

@@ -1,6 +1,7 @@
 // Kernels of a training step: lookups and fused sparse optimizer applies.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,12 @@ template <typename K, bool kTrain>
 class EvLookupOp : public EvTableOp<K> {
  public:
   explicit EvLookupOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
-  EV_TABLE_KERNEL(ctx, t) {
-    OP_REQUIRES(ctx, t.dim() == dim_,
-                errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
+  EV_RESOURCE_KERNEL(ctx, res, t) {
+    OP_REQUIRES(ctx, res.dim() == dim_,
+                errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", res.dim()));
+    const ServingRows* serving = res.serving();
+    OP_REQUIRES(ctx, !(kTrain && serving),
+                errors::FailedPrecondition("a serving table takes no training lookups (EvFindOrInsert)"));
     EV_INPUT(ctx, keys, schema::kKeysInput);
     TensorShape shape = keys.shape();
     shape.AddDim(dim_);
@@ -34,6 +38,17 @@ class EvLookupOp : public EvTableOp<K> {
     float* o = out->flat<float>().data();
     if (kTrain) {
       EV_TRY(ctx, t.FindOrInsert(k, n, o, IntraOp(ctx)));
+    } else if (serving) {
+      // Rows decoded from the serving table's precision; each lookup counts
+      // in the key's frequency (the tier's cache weight).
+      const float* dflt = serving->default_value().data();
+      const int64_t dim = dim_;
+      EV_TRY(ctx, t.FindEach(k, n, /*count=*/true, IntraOp(ctx), [&](int64_t i, const float* row) {
+        if (row)
+          serving->Decode(row, o + i * dim);
+        else
+          std::memcpy(o + i * dim, dflt, dim * sizeof(float));
+      }));
     } else {
       EV_TRY(ctx, t.Find(k, n, o, IntraOp(ctx)));
     }
