@@ -10,6 +10,8 @@ about to upload); the native writer has bundle-mid-data; the Kafka source
 (evstore_app/job/kafka_source.py) has kafka-batch-consumed (a batch taken from
 the broker, not trained) and before-group-commit (a checkpoint committed, its
 offsets not yet sent to the group).
+With EVSTORE_FAILPOINT_RELEASE=<path> a stopped process goes on once <path>
+exists (a step delayed past another process's action, not killed).
 """
 import os
 import time
@@ -33,5 +35,6 @@ def hit(point):
         if path:
             with open(path, "w") as f:
                 f.write(point)
-        while True:
-            time.sleep(1)
+        release = os.environ.get("EVSTORE_FAILPOINT_RELEASE")
+        while not (release and os.path.exists(release)):
+            time.sleep(0.2)

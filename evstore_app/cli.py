@@ -272,16 +272,17 @@ def _kafka_flags(train, cluster=False):
                    help="stop once N messages were consumed in all (across restarts; bad ones count)")
     k.add_argument("--until", default=None, metavar="TIME",
                    help="stop at this wall-clock time: ISO 8601 (2026-11-27T08:00:00Z) or a duration (90s, 30m, 2h)")
-    if not cluster:
-        k.add_argument("--until-event-time", default=None, metavar="TIME",
-                       help="an event-time bound, ISO 8601: each partition stops before its first message "
-                            "timestamped at or past TIME (left for the next run); the run ends when all have")
+    k.add_argument("--until-event-time", default=None, metavar="TIME",
+                   help="an event-time bound, ISO 8601: each partition stops before its first message "
+                        "timestamped at or past TIME (left for the next run); the run ends when all have"
+                   + (" (not with train-cluster: refused at start)" if cluster else ""))
     k.add_argument("--batch-linger", type=float, default=0.2 if cluster else 0.5, metavar="SECONDS",
                    help="a batch waits this long to fill once its first message arrived (default %(default)s)")
+    k.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
+                   help="produce bad messages there (headers name their source) before skipping them"
+                   + (" (by the worker that read them)" if cluster else ""))
     if cluster:
         return
-    k.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
-                   help="produce bad messages there (headers name their source) before skipping them")
     k.add_argument("--group-managed", action="store_true",
                    help="let the consumer group assign partitions (subscribe) instead of taking every partition; "
                         "each assigned partition still starts at this job's own position")
@@ -498,8 +499,8 @@ def _train_cluster(args):
     try:
         if args.kafka is not None:
             return _train_cluster_kafka(args)
-        if args.topic or args.max_events or args.until:
-            raise ValueError("--topic, --max-events and --until go with --kafka")
+        if args.topic or args.max_events or args.until or args.dead_letter_topic or args.until_event_time:
+            raise ValueError("--topic, --max-events, --until and --dead-letter-topic go with --kafka")
         res = cluster_train.run(args.cluster, args.checkpoints, steps=args.steps, batch_size=args.batch_size,
                                 seed=args.seed, learning_rate=args.learning_rate, delta_every=args.delta_every_steps,
                                 full_every=args.full_every_steps, sync=args.sync,
@@ -519,12 +520,16 @@ def _train_cluster_kafka(args):
 
     from evstore_app.job import cluster_kafka
     from evstore_app.job.kafka_source import parse_until
+    if args.until_event_time is not None:
+        raise ValueError("--until-event-time is not supported with --kafka in a parameter-server job (the chief "
+                         "does not track each partition's event-time bound); use --until or --max-events")
     res = cluster_kafka.run(args.cluster, args.checkpoints, args.kafka, args.topic, group_id=args.group,
                             properties=_kafka_properties(args), max_events=args.max_events,
                             until=None if args.until is None else parse_until(args.until),
                             batch_size=args.batch_size, seed=args.seed, learning_rate=args.learning_rate,
                             delta_every=args.delta_every_steps, full_every=args.full_every_steps,
-                            linger=args.batch_linger, log=lambda m: print(m, file=sys.stderr, flush=True))
+                            linger=args.batch_linger, dead_letter_topic=args.dead_letter_topic,
+                            log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(res), flush=True)
     sys.stdout.flush()
     sys.stderr.flush()

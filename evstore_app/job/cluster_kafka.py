@@ -62,10 +62,14 @@ class KafkaClusterJob(ClusterJob):
       linger: seconds a worker's batch waits to fill once a message arrived.
       max_rollbacks: rollbacks in a row without a commit before the job gives up
         (the error of the last failed step is raised).
+      dead_letter_topic: where a worker produces the bad messages it skips (headers
+        name their source), acknowledged before its step returns, so before the commit
+        past them; a rolled-back round's bad messages are produced again when re-read.
     """
 
     def __init__(self, cluster, checkpoints, bootstrap_servers, topics, group_id="evstore", properties=None,
-                 max_events=None, until=None, wait=0.2, linger=0.2, max_rollbacks=5, log=print, **kw):
+                 max_events=None, until=None, wait=0.2, linger=0.2, max_rollbacks=5, dead_letter_topic=None, log=print,
+                 **kw):
         props = {str(k): v for k, v in (properties or {}).items()}
         for k, why in _FORBIDDEN.items():
             if str(props.get(k, "")).lower() in ("true", "1"):
@@ -76,7 +80,8 @@ class KafkaClusterJob(ClusterJob):
         if checkpoints is None:
             raise ValueError("a Kafka job needs a checkpoint root: the commits hold its offsets")
         self.kafka = {"bootstrap": bootstrap_servers, "topics": self.topics, "group": group_id,
-                      "properties": props, "wait": float(wait), "linger": float(linger)}
+                      "properties": props, "wait": float(wait), "linger": float(linger),
+                      "dead_letter_topic": dead_letter_topic}
         self.max_events, self.until, self.max_rollbacks, self.log = max_events, until, max_rollbacks, log
         super().__init__(cluster, checkpoints=checkpoints, **kw)
         self.workers = 1 if self.coord is None else len(load_cluster(cluster)["worker"])
@@ -132,10 +137,29 @@ class KafkaClusterJob(ClusterJob):
         self.examples = int((meta or {}).get("examples", 0))
 
     def resume(self):
-        """Restores the newest chain if there is one (its offsets become every worker's); returns the position."""
+        """Fences the workers (`fence_workers`), then restores the newest chain if there is one (its offsets
+        become every worker's); returns the position."""
+        self.fence_workers()
         if self.manager.latest() is not None:
             self._set_position(self.manager.restore())
         return self.kafka_position()
+
+    def fence_workers(self):
+        """Makes this chief every worker's only one (kafka_worker.fence): a step an earlier chief
+        dispatched and a worker runs from now on takes no batch. A worker that does not answer is
+        logged: a dead worker's steps died with it, and a restarted one never saw the earlier chief."""
+        self.log("evstore train-cluster: fencing the steps of earlier chiefs on the workers")
+        if self.coord is None:
+            kafka_worker.fence(self._incarnation)
+            return
+        arg = tf.constant(self._incarnation)
+        for i in range(self.workers):
+            try:
+                with tf.device(f"/job:worker/replica:0/task:{i}"):
+                    tf.raw_ops.EagerPyFunc(input=[arg], token=kafka_worker.FENCE_TOKEN, Tout=[tf.int64])
+            except (tf.errors.OpError, RuntimeError) as e:
+                self.log(f"evstore train-cluster: worker {i} did not answer the fence ({type(e).__name__}); "
+                         "a dead worker's steps died with it")
 
     def quality(self):
         last = self.manager.last_committed
@@ -192,7 +216,7 @@ class KafkaClusterJob(ClusterJob):
         parts = self.partitions()
         self._start_offsets(parts)
         owners = [[t, p, i % self.workers, self.offsets.get((t, p))] for i, (t, p) in enumerate(parts)]
-        self._plan = {**self.kafka, "gen": f"{self._incarnation}:{self._gen}", "parts": owners}
+        self._plan = {**self.kafka, "chief": self._incarnation, "gen": f"{self._incarnation}:{self._gen}", "parts": owners}
         return self._plan
 
     # ---- a round of steps -------------------------------------------------------------
@@ -263,6 +287,9 @@ class KafkaClusterJob(ClusterJob):
             results, why = self._round(plan)
             if results is not None:
                 metas = [json.loads(_text(r[2])) for r in results]
+                if any(m.get("stale") for m in metas):
+                    raise RuntimeError("evstore train-cluster: a newer chief fenced this one's steps on the workers "
+                                       "(it took over the job); this chief stops")
                 offsets, why = self._check(plan, metas)
             if why is not None:
                 failed += 1
@@ -335,12 +362,13 @@ def _text(v):
 
 def run(cluster, checkpoints, bootstrap_servers, topics, group_id="evstore", properties=None, max_events=None,
         until=None, batch_size=256, seed=0, learning_rate=0.05, delta_every=20, full_every=None, wait=0.2,
-        linger=0.2, log=print):
+        linger=0.2, dead_letter_topic=None, log=print):
     """`evstore train-cluster --kafka`: resume from `checkpoints`, train from the topics until max_events / until
     (each worker consuming its own partitions), committing every `delta_every` steps; returns a summary."""
     t0 = time.time()
     job = KafkaClusterJob(cluster, checkpoints, bootstrap_servers, topics, group_id=group_id, properties=properties,
                           max_events=max_events, until=until, wait=wait, linger=linger, log=log,
+                          dead_letter_topic=dead_letter_topic,
                           batch_size=batch_size, seed=seed, learning_rate=learning_rate, delta_every=delta_every,
                           full_every=full_every)
     start = job.resume()

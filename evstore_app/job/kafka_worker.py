@@ -19,24 +19,36 @@ ranges, [topic, partition, first, next] per partition, the first being where
 the worker's previous batch of that partition ended: the chief checks that
 the ranges of the steps it counted tile each partition from the commit's
 offset, which is what makes a commit exact (cluster_kafka.py).
+
+Fence: the worker process (its consumer) outlives chiefs, so a chief at its
+start calls `fence` on every worker (FENCE_TOKEN, an eager op placed on the
+worker) with its incarnation, before it restores. `fence` waits for the step
+inside `handle_plan`, if any, and from then on a step whose plan names
+another chief (one the dead chief dispatched and a worker ran late) takes no
+batch and leaves the consumer where it is: an empty step, `stale` in its
+meta. Its PS updates, had it taken a batch, would go to the dead chief's
+variables: TensorFlow isolates each client's (chief's) resources on the
+tasks, so no step of another chief touches this chief's state.
 """
 import json
 import os
+import sys
 import threading
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["install", "TOKEN", "COLUMNS", "SPEC", "handle_plan"]
+__all__ = ["install", "TOKEN", "FENCE_TOKEN", "COLUMNS", "SPEC", "handle_plan", "fence"]
 
 TOKEN = "evstore.job.kafka_worker.v1"
+FENCE_TOKEN = "evstore.job.kafka_worker.fence.v1"
 # The click stream's columns (evstore_app.job.synthetic.ClickStream); the label is "click".
 COLUMNS = ("user", "item", "category")
 SPEC = {"sparse": [{"column": c} for c in COLUMNS], "dense": ["hour"], "label": {"column": "click"}}
 OUTPUT_TYPES = (tf.int64, tf.int64, tf.int64, tf.float32, tf.float32, tf.string)
 
 _LOCK = threading.Lock()
-_STATE = {"task": None, "gen": None, "stream": None, "mine": None, "func": None}
+_STATE = {"task": None, "gen": None, "stream": None, "mine": None, "func": None, "fence_func": None, "chief": None}
 
 
 def install(task):
@@ -44,14 +56,18 @@ def install(task):
     from tensorflow.python.ops import script_ops   # the registry EagerPyFunc kernels look tokens up in
     if _STATE.get("func") is None:   # an EagerFunc: it converts the outputs to tensors on the op's device
         _STATE["func"] = script_ops.EagerFunc(_handle, list(OUTPUT_TYPES), False)
+    if _STATE.get("fence_func") is None:
+        _STATE["fence_func"] = script_ops.EagerFunc(_fence, [tf.int64], False)
     script_ops._py_funcs._funcs[TOKEN] = _STATE["func"]   # a WeakValueDictionary: _STATE holds it
+    script_ops._py_funcs._funcs[FENCE_TOKEN] = _STATE["fence_func"]
     _STATE["task"] = int(task)
 
 
 def _stream(plan, mine):
     from evstore_app.job.kafka_source import KafkaStream
     stream = KafkaStream(plan["bootstrap"], plan["topics"], group_id=plan["group"], properties=plan["properties"],
-                         linger=plan["linger"], partition_filter=lambda t, p: (t, p) in mine).bind(SPEC)
+                         linger=plan["linger"], dead_letter_topic=plan.get("dead_letter_topic"),
+                         partition_filter=lambda t, p: (t, p) in mine).bind(SPEC)
     known = {}
     for (t, p), off in mine.items():
         if off is not None:
@@ -60,12 +76,39 @@ def _stream(plan, mine):
     return stream
 
 
+def fence(chief):
+    """Makes `chief` (an incarnation) this worker's only chief: returns once no step is inside
+    `handle_plan`; later steps of other chiefs take nothing."""
+    with _LOCK:
+        _STATE["chief"] = chief
+
+
+def _fence(chief):
+    fence(chief.numpy().decode())
+    return np.int64(_STATE["task"] if _STATE["task"] is not None else -1)
+
+
+def _empty(meta):
+    cols = {c: np.zeros(0, np.int64) for c in COLUMNS}
+    cols["hour"] = np.zeros(0, np.float32)
+    return cols, np.zeros(0, np.float32), meta
+
+
 def handle_plan(plan, task):
     """This worker's next batch under `plan` (a dict): (columns, labels, meta)."""
+    from checkpoint import _failpoints
+    _failpoints.hit("kafka-step-start")
     mine = {(t, int(p)): off for t, p, w, off in plan["parts"] if w == task}
     fresh = False
     with _LOCK:
         st = _STATE
+        if st["chief"] is None:   # a worker started after its chief's fence: no other chief reached it
+            st["chief"] = plan["chief"]
+        if plan["chief"] != st["chief"]:
+            print(f"evstore kafka worker {task}: fenced a step of chief {plan['chief']} (chief {st['chief']} "
+                  "took over): it consumed nothing and trains nothing", file=sys.stderr, flush=True)
+            return _empty({"task": task, "pid": os.getpid(), "gen": plan["gen"], "fresh": False, "messages": 0,
+                           "bad": 0, "ranges": [], "stale": True})
         if st["gen"] != plan["gen"]:
             s = st["stream"]
             keeps = (s is not None and set(mine) == st["mine"]
@@ -87,9 +130,7 @@ def handle_plan(plan, task):
     meta = {"task": task, "pid": os.getpid(), "gen": plan["gen"], "fresh": fresh, "messages": taken, "bad": bad,
             "ranges": [[t, p, a, b] for (t, p), (a, b) in sorted(ranges.items())]}
     if batch is None:
-        cols = {c: np.zeros(0, np.int64) for c in COLUMNS}
-        cols["hour"] = np.zeros(0, np.float32)
-        return cols, np.zeros(0, np.float32), meta
+        return _empty(meta)
     return batch[0], batch[1], meta
 
 

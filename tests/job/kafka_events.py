@@ -124,6 +124,21 @@ def committed_messages(root):
     return best
 
 
+def dead_letters(bootstrap, topic, n):
+    """The messages of `topic` (a dead-letter topic), once at least `n` are there (or after 20 s)."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "auto.offset.reset": "earliest"})
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    got = []
+    for _ in range(40):
+        got += [m for m in c.consume(10, 0.5) if m.error() is None]
+        if len(got) >= n:
+            break
+    c.close()
+    return got
+
+
 def wait_until(what, proc, timeout=300):
     """Waits until `what()` is true while `proc` runs."""
     deadline = time.time() + timeout

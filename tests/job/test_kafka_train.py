@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("confluent_kafka")
 
 from kafka_events import (SPEC, counts, create_topic, events, group_offsets, key_freqs, produce, restored,  # noqa: E402
-                          set_group_offsets, train, wait_for)
+                          dead_letters, set_group_offsets, train, wait_for)
 
 from evstore_app.job.kafka_broker import Broker  # noqa: E402
 
@@ -74,16 +74,7 @@ def test_bad_messages_are_counted_logged_with_partition_and_offset_and_dead_lett
     assert "skipping bad message clicks3[1]@501: column 'user' holds 'x', not an int64 id" in err
     assert "skipping bad message clicks3[0]@501: not a JSON object (list)" in err
     assert s["bad"] == 4 and sum(s["bad_reasons"].values()) == 4
-    from confluent_kafka import Consumer, TopicPartition
-    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "reader", "auto.offset.reset": "earliest"})
-    parts = c.list_topics("clicks3-dead", timeout=10).topics["clicks3-dead"].partitions
-    c.assign([TopicPartition("clicks3-dead", p, 0) for p in parts])
-    got = []
-    for _ in range(40):
-        got += [m for m in c.consume(10, 0.5) if m.error() is None]
-        if len(got) >= 4:
-            break
-    c.close()
+    got = dead_letters(broker.bootstrap, "clicks3-dead", 4)
     assert sorted(m.value() for m in got) == sorted(v for _, v in BAD)
     origin = {(int(dict(m.headers())["evstore.partition"]), int(dict(m.headers())["evstore.offset"])) for m in got}
     assert origin == {(0, 500), (1, 500), (1, 501), (0, 501)}
