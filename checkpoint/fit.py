@@ -27,10 +27,13 @@ judge (docs/guides/quality-gate.md). Without the metric commits carry no
 quality.
 
 Under the strategies of docs/guides/keras.md: without one, under
-OneDeviceStrategy, a MirroredStrategy of one device, CentralStorageStrategy
-and ParameterServerStrategy (the coordinator runs fit and the callbacks; its
-CheckpointManager saves the tables where they live; not tested with the
-callback) a root becomes a CheckpointManager. Under MultiWorkerMirroredStrategy, where the model's tables
+OneDeviceStrategy, a MirroredStrategy of one device and
+CentralStorageStrategy a root becomes a CheckpointManager. Keras 3's
+model.fit does not train under ParameterServerStrategy: it has no
+ClusterCoordinator support, and its input fails on the coordinator before
+any callback runs (tests/cluster/test_cluster_fit_callback.py); a
+parameter-server job commits with a CheckpointManager between the steps it
+schedules (docs/guides/parameter-server.md). Under MultiWorkerMirroredStrategy, where the model's tables
 are collective (each worker holds a shard), a root becomes a
 SyncCheckpointManager: every worker runs fit and the callback, and each commit
 is collective, at the same step on every worker (steps are counted alike on
@@ -38,7 +41,8 @@ all of them). Its commits carry no quality (a SyncCheckpointManager measures
 the workers' scored examples, which a Keras metric does not keep; the
 QualityMetric's histograms are not read there). Tested without a strategy
 (tests/checkpoint/test_fit_callback.py) and with two workers under
-MultiWorkerMirroredStrategy (tests/collective/test_collective_fit.py).
+MultiWorkerMirroredStrategy (tests/collective/test_collective_fit.py), a
+SIGKILL mid-epoch and a resume included.
 """
 import keras
 import numpy as np

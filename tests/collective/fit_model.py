@@ -15,7 +15,9 @@ full to ROOT with a SyncCheckpointManager and records its shard as `ck_*`;
 strategy), restores ROOT into it and writes the table and the Dense layer.
 
 --fit-ckpt ROOT (workers): model.fit commits with checkpoint.CheckpointCallback(ROOT,
-delta_every=2) (a SyncCheckpointManager: the tables are collective).
+delta_every=2) (a SyncCheckpointManager: the tables are collective), over
+--epochs N (default 1); a worker given --kill E,S SIGKILLs itself right after
+training step S (1-based) of epoch E, before that step's commit.
 
 --default-collective builds the layer without `collective=` (a strategy's
 scope makes it collective, as it makes TF variables mirrored) and records
@@ -24,6 +26,7 @@ what `evstore.EmbeddingVariable(...)` builds in the scope.
 import argparse
 import json
 import os
+import signal
 
 STEPS = 5
 GLOBAL_BATCH = 8
@@ -66,6 +69,20 @@ def build(collective):
     return model, emb
 
 
+def kill_after(epoch, step):
+    """A callback that SIGKILLs this process after training step `step` (1-based) of `epoch`."""
+    import keras
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_begin(self, e, logs=None):
+            self.epoch = e
+
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.epoch, batch + 1) == (epoch, step):
+                os.kill(os.getpid(), signal.SIGKILL)
+    return Kill()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -75,6 +92,8 @@ def main():
     ap.add_argument("--ports", default="")
     ap.add_argument("--default-collective", action="store_true")
     ap.add_argument("--fit-ckpt", default=None)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--kill", default=None)
     a = ap.parse_args()
     ports = [p for p in a.ports.split(",") if p]
     if ports:
@@ -110,10 +129,13 @@ def main():
     callbacks = []
     if a.fit_ckpt:
         import checkpoint
+        # the kill goes first: the process dies after a step, before that step's commit
+        callbacks += [kill_after(*map(int, a.kill.split(",")))] if a.kill else []
         callbacks.append(checkpoint.CheckpointCallback(a.fit_ckpt, delta_every=2))
-    model.fit(dataset(), epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    model.fit(dataset(), epochs=a.epochs, shuffle=False, verbose=0, callbacks=callbacks)
     if a.fit_ckpt:
-        arrays["manager"] = type(callbacks[0].manager).__name__
+        arrays["manager"] = type(callbacks[-1].manager).__name__
+        arrays["resumed"] = json.dumps(callbacks[-1].resumed)
     ev = emb.ev.local if ports else emb.ev
     e = ev.export()
     arrays.update({k: e[k].numpy() for k in ("keys", "values", "versions", "freqs", "filtered_keys",
