@@ -14,8 +14,9 @@ full to ROOT with a SyncCheckpointManager and records its shard as `ck_*`;
 `restore` builds the model in one process (no
 strategy), restores ROOT into it and writes the table and the Dense layer.
 
---fit-ckpt ROOT (workers): model.fit commits with checkpoint.CheckpointCallback(ROOT,
-delta_every=2) (a SyncCheckpointManager: the tables are collective), over
+--fit-ckpt ROOT (workers): model.fit, compiled with checkpoint.QualityMetric,
+commits with checkpoint.CheckpointCallback(ROOT, delta_every=2) (a
+SyncCheckpointManager: the tables are collective), over
 --epochs N (default 1); a worker given --kill E,S SIGKILLs itself right after
 training step S (1-based) of epoch E, before that step's commit.
 
@@ -34,15 +35,19 @@ DIM = 4
 STEPS_TO_LIVE = 2   # after the fit, keys last updated before step STEPS - 2 are evicted
 
 
-def dataset():
-    """Global batches: ids [8, 3] (one hot id in every example), labels [8]."""
+def examples():
+    """ids [STEPS * 8, 3] (one hot id in every example), labels [STEPS * 8, 1]."""
     import numpy as np
-    import tensorflow as tf
     rng = np.random.RandomState(7)
     ids = rng.randint(0, 30, size=(STEPS * GLOBAL_BATCH, 3)).astype(np.int64) * 1000003
     ids[:, 0] = 11
-    y = rng.uniform(-1, 1, size=(STEPS * GLOBAL_BATCH, 1)).astype(np.float32)
-    ds = tf.data.Dataset.from_tensor_slices((ids, y)).batch(GLOBAL_BATCH)
+    return ids, rng.uniform(-1, 1, size=(STEPS * GLOBAL_BATCH, 1)).astype(np.float32)
+
+
+def dataset():
+    """Global batches of examples(): ids [8, 3], labels [8, 1]."""
+    import tensorflow as tf
+    ds = tf.data.Dataset.from_tensor_slices(examples()).batch(GLOBAL_BATCH)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options)
@@ -54,7 +59,7 @@ def bank_initializer(shape, dtype):
     return tf.reshape(tf.sin(tf.range(n, dtype=tf.float32) * 0.37) * 0.1, shape)
 
 
-def build(collective):
+def build(collective, metrics=()):
     import keras
 
     import evstore
@@ -65,7 +70,7 @@ def build(collective):
     x = keras.layers.Flatten()(emb(inp))
     out = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(0.1), bias_initializer="zeros")(x)
     model = keras.Model(inp, out)
-    model.compile(optimizer=evstore.optimizers.Adam(learning_rate=0.05), loss="mse")
+    model.compile(optimizer=evstore.optimizers.Adam(learning_rate=0.05), loss="mse", metrics=list(metrics))
     return model, emb
 
 
@@ -116,7 +121,10 @@ def main():
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if ports else tf.distribute.get_strategy()
     kinds, arrays = {}, {}
     with strategy.scope():
-        model, emb = build(collective=None if a.default_collective else bool(ports))
+        if a.fit_ckpt:   # each commit's quality: a label is positive above 0.5, the output a score
+            import checkpoint
+        model, emb = build(collective=None if a.default_collective else bool(ports),
+                           metrics=[checkpoint.QualityMetric()] if a.fit_ckpt else [])
         if a.default_collective:
             import evstore
             kinds = {"layer_kind": type(emb.ev).__name__,

@@ -136,11 +136,9 @@ def callback_runs(tmp_path_factory):
 def test_the_fit_callback_commits_collectively_between_steps_under_multi_worker_mirrored(callback_runs):
     """Each commit is one manifest naming both workers' shards, at the steps the callback chose, and the
     last (the end of the epoch, after its eviction) restores into one process as the workers' state."""
-    import json
     root, workers, one = callback_runs
     assert all(str(w["manager"]) == "SyncCheckpointManager" for w in workers)
-    ms = sorted((json.load(open(os.path.join(root, d, "MANIFEST.json"))) for d in os.listdir(root)
-                 if d.startswith(("full-", "delta-"))), key=lambda m: m["seq"])
+    ms = _manifests(root)
     assert [(m["kind"], m["metadata"]) for m in ms] == [("full", {"epoch": 0, "step": 2}),
                                                         ("delta", {"epoch": 0, "step": 4}),
                                                         ("delta", {"epoch": 1, "step": 0}),
@@ -195,3 +193,39 @@ def test_a_fit_killed_mid_epoch_under_multi_worker_mirrored_resumes_and_ends_as_
     for got, want in zip(resumed, uninterrupted):
         for name in ("kernel", "bias", "iterations"):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # the commits after the resume carry the quality the uninterrupted fit's commits carry: the same
+    # histograms (the summed loss is a difference of running sums there, so equal to rounding)
+    after, want = _manifests(root)[-2:], _manifests(callback_runs[0])[-2:]
+    assert [m["metadata"] for m in after] == [m["metadata"] for m in want] == [{"epoch": 1, "step": 4},
+                                                                               {"epoch": 2, "step": 0}]
+    for got, exp in ((m["quality"], w["quality"]) for m, w in zip(after, want)):
+        assert {k: got[k] for k in ("auc", "examples", "label_rate")} == {k: exp[k] for k in ("auc", "examples",
+                                                                                            "label_rate")}
+        assert (got["hist"]["pos"], got["hist"]["neg"]) == (exp["hist"]["pos"], exp["hist"]["neg"])
+        assert got["hist"]["loss"] == pytest.approx(exp["hist"]["loss"], rel=1e-12)
+
+
+def _manifests(root):
+    import json
+    return sorted((json.load(open(os.path.join(root, d, "MANIFEST.json"))) for d in os.listdir(root)
+                   if d.startswith(("full-", "delta-"))), key=lambda m: m["seq"])
+
+
+def test_a_collective_fit_commit_carries_the_quality_of_every_workers_examples_of_its_steps(callback_runs):
+    """Compiled with checkpoint.QualityMetric, each worker gives a commit the histograms of its own slice of
+    the steps since the previous commit and the chief adds them: the record counts every example of those
+    global batches (8 per step, 4 per worker), and exactly their positive labels (a label above 0.5)."""
+    import fit_model
+    root, _, _ = callback_runs
+    _, y = fit_model.examples()
+    positive = (y.reshape(-1) > 0.5).reshape(fit_model.STEPS, fit_model.GLOBAL_BATCH).sum(axis=1)
+    covered = {(0, 2): (0, 2), (0, 4): (2, 4), (1, 0): (4, 5), (1, 2): (0, 2), (1, 4): (2, 4), (2, 0): (4, 5)}
+    ms = _manifests(root)
+    assert len(ms) == len(covered)
+    for m in ms:
+        lo, hi = covered[(m["metadata"]["epoch"], m["metadata"]["step"])]
+        q = m["quality"]
+        assert q["examples"] == (hi - lo) * fit_model.GLOBAL_BATCH, m["metadata"]
+        assert sum(q["hist"]["pos"]) == int(positive[lo:hi].sum()), m["metadata"]
+        assert q["label_rate"] == positive[lo:hi].sum() / q["examples"]
+        assert q["logloss"] > 0 and 0 <= q["auc"] <= 1
