@@ -27,18 +27,23 @@ judge (docs/guides/quality-gate.md). Without the metric commits carry no
 quality.
 
 Under the strategies of docs/guides/keras.md: without one, under
-OneDeviceStrategy, a MirroredStrategy of one device, CentralStorageStrategy
-and ParameterServerStrategy (the coordinator runs fit and the callbacks; its
-CheckpointManager saves the tables where they live; not tested with the
-callback) a root becomes a CheckpointManager. Under MultiWorkerMirroredStrategy, where the model's tables
+OneDeviceStrategy, a MirroredStrategy of one device and
+CentralStorageStrategy a root becomes a CheckpointManager. Keras 3's
+model.fit does not train under ParameterServerStrategy: it has no
+ClusterCoordinator support, and its input fails on the coordinator before
+any callback runs (tests/cluster/test_cluster_fit_callback.py); a
+parameter-server job commits with a CheckpointManager between the steps it
+schedules (docs/guides/parameter-server.md). Under MultiWorkerMirroredStrategy, where the model's tables
 are collective (each worker holds a shard), a root becomes a
 SyncCheckpointManager: every worker runs fit and the callback, and each commit
 is collective, at the same step on every worker (steps are counted alike on
-all of them). Its commits carry no quality (a SyncCheckpointManager measures
-the workers' scored examples, which a Keras metric does not keep; the
-QualityMetric's histograms are not read there). Tested without a strategy
+all of them). With a QualityMetric each worker gives the commit the
+histograms of its own examples since the previous commit, and the chief adds
+them (evstore.quality.merge): the commit's record covers every worker's
+examples of the steps it follows. Tested without a strategy
 (tests/checkpoint/test_fit_callback.py) and with two workers under
-MultiWorkerMirroredStrategy (tests/collective/test_collective_fit.py).
+MultiWorkerMirroredStrategy (tests/collective/test_collective_fit.py), a
+SIGKILL mid-epoch and a resume included.
 """
 import keras
 import numpy as np
@@ -76,10 +81,18 @@ class QualityMetric(keras.metrics.Metric):
         self.neg.assign_add(tf.math.bincount(tf.boolean_mask(b, ~pos), minlength=n, maxlength=n, dtype=tf.float64))
         self.loss.assign_add(-tf.reduce_sum(y * tf.math.log(p) + (1 - y) * tf.math.log1p(-p)))
 
-    def counts(self):
-        """(pos, neg, loss) as numpy: the state's histograms and summed loss."""
-        return (np.asarray(self.pos.numpy(), np.int64), np.asarray(self.neg.numpy(), np.int64),
-                float(self.loss.numpy()))
+    def counts(self, strategy=None):
+        """(pos, neg, loss) as numpy: the state's histograms and summed loss.
+
+        With `strategy` (the model's), those of this process's replicas only:
+        the metric's variables sum on read over every replica, which under
+        MultiWorkerMirroredStrategy is a collective across the workers."""
+        if strategy is None:
+            pos, neg, loss = (v.numpy() for v in (self.pos, self.neg, self.loss))
+        else:
+            pos, neg, loss = (np.sum([np.asarray(r) for r in strategy.experimental_local_results(v.value)], axis=0)
+                              for v in (self.pos, self.neg, self.loss))
+        return np.asarray(pos, np.int64), np.asarray(neg, np.int64), float(loss)
 
     def result(self):
         pos, neg = self.pos, self.neg
@@ -152,14 +165,16 @@ class CheckpointCallback(keras.callbacks.Callback):
         return None
 
     def _quality(self):
-        """The record of the steps since the last commit (None: no QualityMetric, or collective commits)."""
+        """The record of the steps since the last commit (None: no QualityMetric). Collective commits: this
+        worker's examples only; the SyncCheckpointManager adds the workers' histograms."""
         m = self._metric()
-        if m is None or self._sync:
+        if m is None:
             return None
-        pos, neg, loss = m.counts()
+        now = m.counts(self.model.distribute_strategy if self._sync else None)
+        pos, neg, loss = now
         if self._seen is not None:
             pos, neg, loss = pos - self._seen[0], neg - self._seen[1], loss - self._seen[2]
-        self._seen = m.counts()
+        self._seen = now
         return _quality.from_hist(pos, neg, max(loss, 0.0))
 
     # ---- commits ---------------------------------------------------------------

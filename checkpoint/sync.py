@@ -21,7 +21,8 @@ the same step), in order:
      A commit's quality (evstore.quality) is measured by the chief over
      every worker's scored examples (`quality=` is each worker's
      `evstore.quality.Scored`, carried in its part report): AUC is not an
-     average of the workers' AUCs;
+     average of the workers' AUCs; or the sum of the workers' quality
+     histograms (each worker's record with `hist`, e.g. from a Keras metric);
   4. an all-gather of the commit outcome: each worker commits its snapshots
      when the manifest is written, and aborts them otherwise (their changes
      go into the next save).
@@ -86,12 +87,17 @@ class SyncCheckpointManager(CheckpointManager):
     examples since the previous commit: an `evstore.quality.Scored`, or a
     callable returning one (called under the manager's lock). The chief
     measures the commit's quality record over every worker's part; every
-    worker passes one, or none does.
+    worker passes one, or none does. Instead of scored examples every worker
+    may pass its own quality record with `hist` (evstore.quality.from_hist,
+    e.g. a Keras metric's histograms): the chief adds the histograms
+    (evstore.quality.merge), so the commit's record covers every worker's
+    examples.
 
     Raises:
       ValueError: rank / num_workers that
-        disagree with the model's tables; (saves) a quality record instead of
-        `Scored` (one worker's record would cover only its slice).
+        disagree with the model's tables; (saves) a quality record without
+        `hist` instead of `Scored`: it cannot be added to the other
+        workers' records.
       RuntimeError (start): scheduled saves, which cannot be collective.
     """
 
@@ -120,10 +126,8 @@ class SyncCheckpointManager(CheckpointManager):
     def _save(self, kind, metadata, quality=None):
         if metadata is not None and not isinstance(metadata, dict) and not callable(metadata):
             raise TypeError(f"metadata must be a dict (JSON-serialisable), got {type(metadata).__name__}")
-        if quality is not None and not callable(quality) and not isinstance(quality, _quality.Scored):
-            raise ValueError("a synchronous commit's quality is measured over every worker's examples: pass this "
-                             "worker's evstore.quality.Scored (or a callable returning it), not a quality record, "
-                             f"got {type(quality).__name__}")
+        if quality is not None and not callable(quality):
+            _worker_quality(quality)
         with self._save_lock:
             seq, leased, refusal = 0, 1, None
             if self.rank == 0:
@@ -165,10 +169,7 @@ class SyncCheckpointManager(CheckpointManager):
                 with self.lock:
                     step = self._step_value(col)
                     meta = metadata() if callable(metadata) else metadata
-                    scored = quality() if callable(quality) else quality
-                    if scored is not None and not isinstance(scored, _quality.Scored):
-                        raise ValueError("the quality callable of a synchronous save must return this worker's "
-                                         f"evstore.quality.Scored, got {type(scored).__name__}")
+                    scored = _worker_quality(quality() if callable(quality) else quality)
                     for ev in evs.values():
                         if getattr(ev, "evict_policies", ()):
                             ev.evict(step)
@@ -187,7 +188,9 @@ class SyncCheckpointManager(CheckpointManager):
                                                  chunk_rows=self.chunk_rows, prefix=_part(self.rank))
                 report = {"files": files, "counts": counts, "step": int(step), "meta": meta or {},
                           # floats as JSON round-trip exactly (repr)
-                          "scored": None if scored is None else [scored.labels.tolist(), scored.scores.tolist()],
+                          "scored": ([scored.labels.tolist(), scored.scores.tolist()]
+                                     if isinstance(scored, _quality.Scored) else None),
+                          "record": None if isinstance(scored, _quality.Scored) else scored,
                           "evs": {n: {"dim": ev.dim, "key_dtype": ev.key_dtype.name,
                                       **({"shard": col.shard_info[n]} if n in col.shard_info else {})}
                                   for n, ev in evs.items()}}
@@ -305,11 +308,16 @@ class SyncCheckpointManager(CheckpointManager):
         dense = {n: {"dtype": tf.as_dtype(listed[n].dtype).name, "shape": list(listed[n].shape)} for n in names}
         chief = reports[0]
         parts = [rep["scored"] for rep in reports]
-        if any(p is None for p in parts) and not all(p is None for p in parts):
-            raise CheckpointError(f"checkpoint {dirname}: workers {[r for r, p in enumerate(parts) if p is None]} "
-                                  "gave no quality while the others did; every worker passes quality=, or none")
-        quality = None if parts[0] is None else _quality.Scored.concat(
-            _quality.Scored.of(*p) for p in parts).measure()
+        records = [rep.get("record") for rep in reports]
+        for given, what in ((parts, "scored examples"), (records, "a quality record with `hist`")):
+            if any(p is None for p in given) and not all(p is None for p in given):
+                raise CheckpointError(f"checkpoint {dirname}: workers {[r for r, p in enumerate(given) if p is None]} "
+                                      f"gave no {what} while the others did; every worker passes the same kind of "
+                                      "quality=, or none does")
+        if parts[0] is not None:
+            quality = _quality.Scored.concat(_quality.Scored.of(*p) for p in parts).measure()
+        else:   # histograms add up: the record of every worker's examples together
+            quality = None if records[0] is None else _quality.merge(records)
         manifest = Manifest(
             seq=seq, kind=kind, parent=None if kind == "full" else self._last.seq,
             base=seq if kind == "full" else self._last.base, global_step=chief["step"], wall_time=time.time(),
@@ -320,6 +328,20 @@ class SyncCheckpointManager(CheckpointManager):
         self.storage.write_manifest(dirname, manifest)
         _failpoints.hit("after-manifest")
         return manifest
+
+
+def _worker_quality(q):
+    """A worker's `quality=` checked: None, its evstore.quality.Scored, or its
+    quality record with `hist` (normalized; the chief merges the workers'
+    records by adding their histograms)."""
+    if q is None or isinstance(q, _quality.Scored):
+        return q
+    if hasattr(q, "keys") and q.get("hist") is not None:
+        return _quality.normalize(q)
+    raise ValueError("a synchronous commit's quality covers every worker's examples: pass this worker's "
+                     "evstore.quality.Scored (or a callable returning it), or its quality record with `hist` "
+                     f"(histograms add up across workers), got {type(q).__name__}"
+                     + (" without `hist`" if hasattr(q, "keys") and q.get("hist") is None else ""))
 
 
 def _part(rank):

@@ -14,8 +14,11 @@ full to ROOT with a SyncCheckpointManager and records its shard as `ck_*`;
 `restore` builds the model in one process (no
 strategy), restores ROOT into it and writes the table and the Dense layer.
 
---fit-ckpt ROOT (workers): model.fit commits with checkpoint.CheckpointCallback(ROOT,
-delta_every=2) (a SyncCheckpointManager: the tables are collective).
+--fit-ckpt ROOT (workers): model.fit, compiled with checkpoint.QualityMetric,
+commits with checkpoint.CheckpointCallback(ROOT, delta_every=2) (a
+SyncCheckpointManager: the tables are collective), over
+--epochs N (default 1); a worker given --kill E,S SIGKILLs itself right after
+training step S (1-based) of epoch E, before that step's commit.
 
 --default-collective builds the layer without `collective=` (a strategy's
 scope makes it collective, as it makes TF variables mirrored) and records
@@ -24,6 +27,7 @@ what `evstore.EmbeddingVariable(...)` builds in the scope.
 import argparse
 import json
 import os
+import signal
 
 STEPS = 5
 GLOBAL_BATCH = 8
@@ -31,15 +35,19 @@ DIM = 4
 STEPS_TO_LIVE = 2   # after the fit, keys last updated before step STEPS - 2 are evicted
 
 
-def dataset():
-    """Global batches: ids [8, 3] (one hot id in every example), labels [8]."""
+def examples():
+    """ids [STEPS * 8, 3] (one hot id in every example), labels [STEPS * 8, 1]."""
     import numpy as np
-    import tensorflow as tf
     rng = np.random.RandomState(7)
     ids = rng.randint(0, 30, size=(STEPS * GLOBAL_BATCH, 3)).astype(np.int64) * 1000003
     ids[:, 0] = 11
-    y = rng.uniform(-1, 1, size=(STEPS * GLOBAL_BATCH, 1)).astype(np.float32)
-    ds = tf.data.Dataset.from_tensor_slices((ids, y)).batch(GLOBAL_BATCH)
+    return ids, rng.uniform(-1, 1, size=(STEPS * GLOBAL_BATCH, 1)).astype(np.float32)
+
+
+def dataset():
+    """Global batches of examples(): ids [8, 3], labels [8, 1]."""
+    import tensorflow as tf
+    ds = tf.data.Dataset.from_tensor_slices(examples()).batch(GLOBAL_BATCH)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options)
@@ -51,7 +59,7 @@ def bank_initializer(shape, dtype):
     return tf.reshape(tf.sin(tf.range(n, dtype=tf.float32) * 0.37) * 0.1, shape)
 
 
-def build(collective):
+def build(collective, metrics=()):
     import keras
 
     import evstore
@@ -62,8 +70,22 @@ def build(collective):
     x = keras.layers.Flatten()(emb(inp))
     out = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(0.1), bias_initializer="zeros")(x)
     model = keras.Model(inp, out)
-    model.compile(optimizer=evstore.optimizers.Adam(learning_rate=0.05), loss="mse")
+    model.compile(optimizer=evstore.optimizers.Adam(learning_rate=0.05), loss="mse", metrics=list(metrics))
     return model, emb
+
+
+def kill_after(epoch, step):
+    """A callback that SIGKILLs this process after training step `step` (1-based) of `epoch`."""
+    import keras
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_begin(self, e, logs=None):
+            self.epoch = e
+
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.epoch, batch + 1) == (epoch, step):
+                os.kill(os.getpid(), signal.SIGKILL)
+    return Kill()
 
 
 def main():
@@ -75,6 +97,8 @@ def main():
     ap.add_argument("--ports", default="")
     ap.add_argument("--default-collective", action="store_true")
     ap.add_argument("--fit-ckpt", default=None)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--kill", default=None)
     a = ap.parse_args()
     ports = [p for p in a.ports.split(",") if p]
     if ports:
@@ -97,7 +121,10 @@ def main():
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if ports else tf.distribute.get_strategy()
     kinds, arrays = {}, {}
     with strategy.scope():
-        model, emb = build(collective=None if a.default_collective else bool(ports))
+        if a.fit_ckpt:   # each commit's quality: a label is positive above 0.5, the output a score
+            import checkpoint
+        model, emb = build(collective=None if a.default_collective else bool(ports),
+                           metrics=[checkpoint.QualityMetric()] if a.fit_ckpt else [])
         if a.default_collective:
             import evstore
             kinds = {"layer_kind": type(emb.ev).__name__,
@@ -110,10 +137,13 @@ def main():
     callbacks = []
     if a.fit_ckpt:
         import checkpoint
+        # the kill goes first: the process dies after a step, before that step's commit
+        callbacks += [kill_after(*map(int, a.kill.split(",")))] if a.kill else []
         callbacks.append(checkpoint.CheckpointCallback(a.fit_ckpt, delta_every=2))
-    model.fit(dataset(), epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    model.fit(dataset(), epochs=a.epochs, shuffle=False, verbose=0, callbacks=callbacks)
     if a.fit_ckpt:
-        arrays["manager"] = type(callbacks[0].manager).__name__
+        arrays["manager"] = type(callbacks[-1].manager).__name__
+        arrays["resumed"] = json.dumps(callbacks[-1].resumed)
     ev = emb.ev.local if ports else emb.ev
     e = ev.export()
     arrays.update({k: e[k].numpy() for k in ("keys", "values", "versions", "freqs", "filtered_keys",

@@ -90,3 +90,15 @@ def test_serving_export_of_the_restored_whole_tables(restored):
     one, _ = restored
     assert one["served_got"].size > 0
     np.testing.assert_allclose(one["served_got"], one["served_want"], rtol=1e-6, atol=1e-7)
+
+
+def test_a_synchronous_commit_refuses_a_quality_record_that_cannot_be_added_to_the_other_workers(tmp_path):
+    """A worker's quality= is its scored examples or its record with `hist` (histograms add up across the
+    workers); a record without `hist` is refused before anything is written."""
+    import evstore
+    from checkpoint.sync import SyncCheckpointManager
+    ev = evstore.EmbeddingVariable("sync_quality_refused", 2)
+    mgr = SyncCheckpointManager(str(tmp_path / "root"), [ev])
+    with pytest.raises(ValueError, match="record with `hist`.* got dict without `hist`"):
+        mgr.save_full(quality={"auc": 0.7, "logloss": 0.5, "examples": 10, "label_rate": 0.5})
+    assert mgr.last_committed is None and not os.path.exists(tmp_path / "root" / "full-1")
