@@ -79,6 +79,7 @@ class ObjectSink:
         self.sizes = {}       # writer's file name -> bytes written
         self.memory = {}      # writer's file name -> bytes (indexes)
         self.errors = []
+        self.made = False     # the checkpoint directory exists (made before the first data file)
         with _LOCK:
             _SINKS[self.id] = self
 
@@ -129,6 +130,9 @@ class ObjectSink:
 
     def _write(self, entry, data):
         if entry[2] is None:
+            if not self.made:   # a filesystem with directories (not an object store) needs its parent
+                self.storage.makedirs(self.storage.join(self.dirname))
+                self.made = True
             entry[2] = self.storage.fs.open(self._temp_key(entry[1]), "wb")
         entry[2].write(data)
         entry[3] += len(data)
