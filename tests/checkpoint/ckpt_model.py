@@ -110,6 +110,7 @@ def main(argv=None):
       ["restore"]             restore the newest chain; prints the metadata
       ["dump", tag]           live state to <dump>/<tag>.npz
       ["sleep", seconds]      wait (lets a server poll between saves)
+      ["await", path]         wait until `path` exists (a server has seen a commit), at most 120 s
     """
     p = argparse.ArgumentParser()
     p.add_argument("root")
@@ -137,6 +138,11 @@ def main(argv=None):
         elif op == "sleep":
             import time
             time.sleep(step[1])
+        elif op == "await":
+            import time
+            deadline = time.time() + 120
+            while not os.path.exists(step[1]) and time.time() < deadline:
+                time.sleep(0.02)
         elif op == "dump":
             save_state(model, os.path.join(a.dump, f"{step[1]}.npz"))
         else:
