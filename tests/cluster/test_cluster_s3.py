@@ -173,29 +173,12 @@ def test_a_ps_job_streams_each_parts_serving_view_to_s3_into_one_view_equal_to_a
     import fsspec
     import tensorflow as tf
 
-    import evstore
-
     root = f"s3://{s3_bucket}/view-job"
     with LocalCluster(num_ps=2, num_workers=1, directory=str(tmp_path),
                       task_env=private_tmps(str(tmp_path), 2, 1)) as lc:
-        with tf.distribute.experimental.ParameterServerStrategy(lc.resolver()).scope():
-            ev = evstore.EmbeddingVariable("emb", dim=8, shards=2)
-        rng = np.random.default_rng(0)
-
-        def load(keys):
-            ev.load(tf.constant(keys, tf.int64), rng.normal(size=(len(keys), 8)).astype(np.float32),
-                    versions=np.zeros(len(keys), np.int64), freqs=np.ones(len(keys), np.int64))
-
-        load(np.arange(2000))
-        s3 = checkpoint.CheckpointManager(root, {"emb": ev}, serving_view="int8")
-        local = checkpoint.CheckpointManager(str(tmp_path / "local"), {"emb": ev}, serving_view="int8",
-                                             lease=False)
-        full = s3.save_full()
-        local_full = local.save_full()   # the same rows (a full writes every key)
-        load(np.arange(0, 2000, 7))
-        delta = s3.save_delta()
-        s3.close()
-        local.close()
+        r = run_chief(lc, "cluster_chief_view.py", ["--cluster", lc.cluster_file, "--root", root,
+                                                    "--local", str(tmp_path / "local")])
+    full, delta, local_full = r["full"], r["delta"], r["local_full"]
     fs = fsspec.filesystem("s3")
 
     def download(d, names):
