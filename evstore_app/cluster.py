@@ -55,6 +55,17 @@ def kill_group(popen, sig=signal.SIGKILL, wait=True, timeout=None):
         popen.wait(timeout=timeout)
 
 
+def stop(popen, grace=10.0):
+    """Ends `popen` gently: SIGTERM, up to `grace` seconds to exit, then SIGKILL; returns once it is gone."""
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+
+
 def _validate(spec, source):
     if not isinstance(spec, dict) or not spec:
         raise ValueError(f"{source}: a cluster spec must be a non-empty JSON object mapping job names to lists "

@@ -42,6 +42,7 @@ import urllib.request
 import numpy as np
 
 from bench.harness.paths import ROOT
+from evstore_app.cluster import stop as stop_process
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -199,12 +200,7 @@ class _Replica:
                 for s in f.samples if not s.labels}
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, grace=30)
 
 
 def replica_run(n, deltas, delta_batches, seed):

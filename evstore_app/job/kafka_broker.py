@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from evstore_app.cluster import stop as stop_process
+
 __all__ = ["Broker", "broker_binary"]
 
 
@@ -101,13 +103,8 @@ class Broker:
             self.proc.wait()
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, grace=10)
 
     def __enter__(self):
         return self.start()

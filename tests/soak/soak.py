@@ -75,6 +75,7 @@ import hosts  # noqa: E402  (tests/hosts.py: every process on a host of its own,
 from host_cluster import HostCluster  # noqa: E402  (tests/host_cluster.py: --trainer ps)
 import s3_server  # noqa: E402  (tests/checkpoint: moto's server, shared with the S3 tests)
 from bench.harness.args import add_numbers  # noqa: E402
+from evstore_app.cluster import stop as stop_process  # noqa: E402
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STARTUP_S = 300   # TensorFlow import + model load on a busy 2-core machine
@@ -122,12 +123,7 @@ class Moto:
         self.fs.mkdir(self.bucket)
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, grace=30)
         self.log.close()
 
 
