@@ -176,10 +176,11 @@ def _listed(storage, manifest, name):
     return want
 
 
-def _read(storage, manifest, ranges):
-    """[bytes] of [(file, start, end)], each checked for length."""
+def _read(storage, manifest, ranges, read_ranges=None):
+    """[bytes] of [(file, start, end)] (read by `read_ranges(dir, ranges)`, default the storage's),
+    each checked for length."""
     try:
-        out = storage.read_ranges(manifest.dir, ranges)
+        out = (read_ranges or storage.read_ranges)(manifest.dir, ranges)
     except FileNotFoundError as e:
         missing = next((n for n, _, _ in ranges if n in str(e)), ranges[0][0])
         raise CorruptCheckpointError(f"{storage.display(manifest.dir, missing)}: missing") from None
@@ -190,13 +191,14 @@ def _read(storage, manifest, ranges):
     return out
 
 
-def read_named(storage, manifest, prefix, names):
+def read_named(storage, manifest, prefix, names, read_ranges=None):
     """({name: np.ndarray}, bytes read) of tensors `names` of bundle `prefix` of commit `manifest`,
-    each verified (the module docstring, "Named tensors"). Raises CorruptCheckpointError."""
+    each verified (the module docstring, "Named tensors"); `read_ranges(dir, [(file, start, end)])`
+    reads the bytes (default: the storage's). Raises CorruptCheckpointError."""
     index_name = prefix + ".index"
     where = storage.display(manifest.dir, index_name)
     want = _listed(storage, manifest, index_name)
-    (index,) = _read(storage, manifest, [(index_name, 0, want["size"])])
+    (index,) = _read(storage, manifest, [(index_name, 0, want["size"])], read_ranges)
     if _crc(index) != want["crc32c"]:
         raise CorruptCheckpointError(f"{where}: crc32c does not match the manifest (corrupt)")
     num_shards, entries = parse_index(index, where)
@@ -224,7 +226,7 @@ def read_named(storage, manifest, prefix, names):
                                                  f"outside the file's {info['size']} bytes")
                 ranged.append((f, e))
     reads = [(f, 0, info["size"]) for f, info, _ in whole] + [(f, e.offset, e.offset + e.size) for f, e in ranged]
-    blobs = _read(storage, manifest, reads) if reads else []
+    blobs = _read(storage, manifest, reads, read_ranges) if reads else []
     raw = {}
     for (f, info, mine), b in zip(whole, blobs):
         if _crc(b) != info["crc32c"]:

@@ -180,42 +180,35 @@ class ObjectSource:
                 problems[n] = f"{display(n)}: not listed in the manifest"
         return [problems[n] for n in sorted(problems)]
 
-    def read(self, name):
-        """The whole file `name` (a bundle index: a few KB), from memory when kept."""
-        if name in self.kept:
-            return self.kept[name]
-        size = self.sizes().get(name)
-        if size is None:
-            raise FileNotFoundError(self.path(name))
-        return self.fetch(name, 0, size)
-
     def tensors(self, names, prefix="ckpt"):
         """{name: np.ndarray} of whole tensors `names` of bundle `prefix` (dense weights: their byte
         ranges only, each checked against the index, which is checked against the manifest)."""
         from checkpoint.fetch import read_named
-        got, n = read_named(self.storage, self.manifest, prefix, list(names))
-        with self._lock:
-            self.bytes_read += n
+        got, _ = read_named(self.storage, self.manifest, prefix, list(names), read_ranges=self._ranges)
         return got
+
+    def _ranges(self, dirname, ranges):
+        """[bytes] of [(file, start, end)] of this source's directory: from the kept copy when there is
+        one, else read (and counted); a missing file raises FileNotFoundError."""
+        out = []
+        for name, start, end in ranges:
+            if name in self.kept:
+                out.append(self.kept[name][start:end])
+            elif name in self.sizes():
+                out.append(self.fetch(name, start, min(end, self.sizes()[name])))
+            else:
+                raise FileNotFoundError(self.path(name))
+        return out
 
     def signature(self, prefix="ckpt"):
         """({name: shape list}, {name: tf.DType}) of every tensor of bundle `prefix` (from its index,
         checked against the manifest)."""
         import tensorflow as tf
 
-        from checkpoint.errors import CorruptCheckpointError
-        from checkpoint.fileio import crc32c as _crc
         from checkpoint.index import parse_index
-        name = prefix + ".index"
-        where = self.storage.display(self.manifest.dir, name)
-        try:
-            data = self.read(name)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{where}: missing") from None
-        want = self.manifest.files.get(name)
-        if want is None or len(data) != want["size"] or _crc(data) != want["crc32c"]:
-            raise CorruptCheckpointError(f"{where}: size or crc32c does not match the manifest (corrupt)")
-        _, entries = parse_index(data, where)
+        from checkpoint.remote_parts import read_index
+        _, entries = parse_index(read_index(self.storage, self.manifest, prefix, read_ranges=self._ranges),
+                                 self.storage.display(self.manifest.dir, prefix + ".index"))
         return ({n: list(e.shape) for n, e in entries.items()},
                 {n: tf.dtypes.as_dtype(e.dtype) for n, e in entries.items()})
 

@@ -209,16 +209,17 @@ def data_files_of(index_bytes, tensor_names, where):
 
 
 # ---- restoring: each task opens a source over the files its shards load ------
-def read_index(storage, manifest):
-    """The main bundle index of commit `manifest`, checked against the manifest."""
+def read_index(storage, manifest, prefix=BUNDLE_PREFIX, read_ranges=None):
+    """The index of bundle `prefix` (default the main one) of commit `manifest`, checked against the
+    manifest; read by `read_ranges(dir, ranges)` (default the storage's)."""
     from checkpoint.errors import CorruptCheckpointError
-    name = BUNDLE_PREFIX + ".index"
+    name = prefix + ".index"
     want = manifest.files.get(name)
     where = storage.display(manifest.dir, name)
     if want is None:
         raise CorruptCheckpointError(f"{where}: not listed in the manifest")
     try:
-        (data,) = storage.read_ranges(manifest.dir, [(name, 0, want["size"])])
+        (data,) = (read_ranges or storage.read_ranges)(manifest.dir, [(name, 0, want["size"])])
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{where}: missing") from None
     if len(data) != want["size"] or crc32c_bytes(data) != want["crc32c"]:
