@@ -48,6 +48,7 @@ import numpy as np
 
 from bench.harness.paths import ROOT
 from bench.harness.peers import module_cmd
+from bench.harness.rss import TreeUsage, guard_available_memory
 from bench.harness.workload import fill_chunks, make_keys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -60,6 +61,18 @@ def s3_server():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def task_label(cmdline):
+    """The role of a process of this benchmark, from its command line (TreeUsage's labels)."""
+    if "moto.server" in cmdline:
+        return "moto"
+    if "evstore_app server" in cmdline:
+        args = cmdline.split()
+        return f"{args[args.index('--job') + 1]}{args[args.index('--task') + 1]}"
+    if "object_store_sync_worker" in cmdline:
+        return f"sync worker{cmdline.split('object_store_sync_worker', 1)[1].split()[0]}"
+    return ""
 
 
 def log(msg):
@@ -241,6 +254,9 @@ def main():
     ap.add_argument("--dirty", type=float, default=0.1, help="fraction of the keys rewritten before each delta")
     ap.add_argument("--fill-chunk", type=int, default=200_000)
     ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--min-available-mib", type=int, default=3072,
+                    help="stop (SIGKILL every process of the run, exit 3) once the machine's MemAvailable falls "
+                         "under this: a shared machine is never pushed into the OOM killer")
     args = ap.parse_args()
     args.sync_keys = args.sync_keys or args.keys
     import checkpoint
@@ -248,12 +264,26 @@ def main():
     results = os.path.join(ROOT, "bench", "results")
     os.makedirs(results, exist_ok=True)
     work = tempfile.mkdtemp(prefix="object-store-", dir=results)
+    guard_available_memory(args.min_available_mib, on_low=lambda _: shutil.rmtree(work, ignore_errors=True))
     result = {"keys": args.keys, "sync_keys": args.sync_keys, "dim": args.dim, "slots": ["m", "v"],
               "dirty": args.dirty, "load_avg": os.getloadavg()[0], "cpus": os.cpu_count()}
+    moto_tmp = os.path.join(work, "moto-tmp")   # where moto spools objects over 5 MiB (unlinked files)
+    os.makedirs(moto_tmp)
+    os.environ["TMPDIR"], saved_tmp = moto_tmp, os.environ.get("TMPDIR")
     with moto_bucket(os.path.join(work, "moto.log"), before_stop=checkpoint.lease._release_all) as bucket:
-        result.update(ps_part(args, bucket, work))
+        if saved_tmp is None:
+            os.environ.pop("TMPDIR")
+        else:
+            os.environ["TMPDIR"] = saved_tmp
+        with TreeUsage(label=task_label, disk_dirs=[work], open_files_of=lambda c: "moto.server" in c) as u:
+            result.update(ps_part(args, bucket, work))
+        result["ps_part_usage"] = u.as_dict()
+        log(f"ps part usage: {u.as_dict()}")
         if not args.skip_sync:
-            result.update(sync_part(args, bucket, work))
+            with TreeUsage(label=task_label, disk_dirs=[work], open_files_of=lambda c: "moto.server" in c) as u:
+                result.update(sync_part(args, bucket, work))
+            result["sync_part_usage"] = u.as_dict()
+            log(f"sync part usage: {u.as_dict()}")
     result["load_avg_end"] = os.getloadavg()[0]
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
