@@ -16,6 +16,7 @@ by `load`. For each root (a local directory on this disk; s3://bucket/ps):
                   the same table (cleared first); on S3 each PS reads its own
                   files through an object source (checkpoint/object_source.py:
                   verified once, kept in memory within its budget, loaded);
+                  Reported with the bytes every process read from the root.
   download-then-load  the S3 chain restored as before the object source: every
                   file downloaded to local disk (2 threads, one per PS's part),
                   then restored from that copy as from a local root.
@@ -204,7 +205,9 @@ def ps_part(args, bucket, work):
             mgr.restore()
             dt = time.perf_counter() - t0
             out[f"{name}_restore_s"] = round(dt, 2)
-            log(f"{name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys")
+            out[f"{name}_restore_bytes_read"] = mgr.last_restore_stats["bytes_read"]
+            log(f"{name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys, "
+                f"{mgr.last_restore_stats['bytes_read']} bytes read from the root")
         dt = download_then_load(mgrs["s3"], ev, step, os.path.join(work, "downloaded"))
         out["s3_restore_download_then_load_s"] = round(dt, 2)
         out["restore_files_bytes"] = sum(m.total_bytes for m in mgrs["s3"].chain())
