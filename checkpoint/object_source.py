@@ -17,11 +17,12 @@ from a local file:
     their GETs run concurrently. Memory: two blocks per open file.
 
 Verification (`verify`): a restore must refuse a corrupt, truncated or
-missing file before it changes anything, so every file is first read once,
-sequentially (blocks read ahead as above), and its size and crc32c checked
-against the manifest. A file is kept in memory while the files kept stay
-within RETAIN_BYTES; the loader then reads it from there, so a restore reads
-each byte of those files once. A file beyond the budget is read a second time
+missing file before it changes anything, so every file is first read once
+and its size and crc32c checked against the manifest. A file is kept in
+memory while the files kept stay within RETAIN_BYTES (read with one GET of
+the whole object, several files at once); the loader then reads it from
+there, so a restore reads each byte of those files once. A file beyond the
+budget is streamed through the check in blocks read ahead, as above. A file beyond the budget is read a second time
 by the loader, which checks each tensor's crc32c against the index again.
 Bytes read per restore: sum(files) + sum(files not kept); see
 docs/ARCHITECTURE.md "Restoring from an object store". A caller that loads
@@ -154,18 +155,20 @@ class ObjectSource:
                 keep = budget[0] >= want["size"]
                 if keep:
                     budget[0] -= want["size"]
-            crc, parts, got = 0, [], 0
-            for b in self.blocks(name, want["size"]):
-                crc = crc32c(b, crc)
-                got += len(b)
-                if keep:
-                    parts.append(b)
+            if keep:   # one GET of the whole object: it is kept whole anyway
+                whole = self.fetch(name, 0, want["size"])
+                crc, got = crc32c(whole), len(whole)
+            else:      # streamed: blocks read ahead, nothing kept
+                crc, got = 0, 0
+                for b in self.blocks(name, want["size"]):
+                    crc = crc32c(b, crc)
+                    got += len(b)
             if got != want["size"]:
                 problems[name] = f"{display(name)}: {got} bytes read, manifest says {want['size']} (truncated)"
             elif crc != want["crc32c"]:
                 problems[name] = f"{display(name)}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)"
             elif keep:
-                self.kept[name] = parts[0] if len(parts) == 1 else b"".join(parts)
+                self.kept[name] = whole
                 return
             if keep:   # not kept after all: its share of the budget goes back
                 with self._lock:
