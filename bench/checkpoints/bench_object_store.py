@@ -26,12 +26,20 @@ CollectiveEmbeddingVariable of --sync-keys keys x --dim with Adam slots
 (each worker fills its own shard), SyncCheckpointManager full and delta
 commits (--dirty rewritten between) to each root, timed on worker 0.
 
+Also reported: peak memory and disk of the whole run (bench/harness/rss.py
+TreeUsage: the sum over its processes, and each role's own peak: moto, each
+PS, the chief, each sync worker), and moto_5xx, the requests moto failed
+(retries racing a request the client gave up on: --s3-read-timeout). The run
+stops itself once the machine's available memory falls under
+--min-available-mib.
+
 Prints one JSON line (the last line of stdout); progress goes to stderr.
 """
 import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -211,11 +219,22 @@ def main():
     ap.add_argument("--dirty", type=float, default=0.1, help="fraction of the keys rewritten before each delta")
     ap.add_argument("--fill-chunk", type=int, default=200_000)
     ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--s3-read-timeout", type=float, default=None,
+                    help="seconds an S3 client waits for an answer before it retries (every process of the run, "
+                         "through fsspec's FSSPEC_S3 configuration; default s3fs's 15). moto answers a "
+                         "CompleteMultipartUpload or CopyObject only when done, with no keep-alive bytes as S3 "
+                         "sends, so at size a request outlives 15 s and its retry races the first (moto_5xx)")
     ap.add_argument("--min-available-mib", type=int, default=3072,
                     help="stop (SIGKILL every process of the run, exit 3) once the machine's MemAvailable falls "
                          "under this: a shared machine is never pushed into the OOM killer")
     args = ap.parse_args()
     args.sync_keys = args.sync_keys or args.keys
+    if args.s3_read_timeout is not None:   # before any S3 filesystem exists; the tasks inherit it
+        conf = json.loads(os.environ.get("FSSPEC_S3", "{}"))
+        conf.setdefault("config_kwargs", {})["read_timeout"] = args.s3_read_timeout
+        os.environ["FSSPEC_S3"] = json.dumps(conf)
+        import fsspec.config
+        fsspec.config.set_conf_env(fsspec.config.conf)
     import checkpoint
     moto_bucket = s3_server().moto_bucket
     results = os.path.join(ROOT, "bench", "results")
@@ -241,6 +260,9 @@ def main():
                 result.update(sync_part(args, bucket, work))
             result["sync_part_usage"] = u.as_dict()
             log(f"sync part usage: {u.as_dict()}")
+    with open(os.path.join(work, "moto.log")) as f:
+        result["moto_5xx"] = sum(1 for line in f if re.search(r'" 5\d\d ', line))
+    result["s3_read_timeout"] = args.s3_read_timeout
     result["load_avg_end"] = os.getloadavg()[0]
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
