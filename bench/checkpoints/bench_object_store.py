@@ -13,7 +13,12 @@ by `load`. For each root (a local directory on this disk; s3://bucket/ps):
                   its host (and, on S3, uploads it), the chief merges and commits;
   delta save      after --dirty of the keys were rewritten (load, untimed);
   restore         CheckpointManager.restore() of the chain (full + delta) into
-                  the same table (cleared first), each PS staging its own files.
+                  the same table (cleared first); on S3 each PS reads its own
+                  files through an object source (checkpoint/object_source.py:
+                  verified once, kept in memory within its budget, loaded);
+  download-then-load  the S3 chain restored as before the object source: every
+                  file downloaded to local disk (2 threads, one per PS's part),
+                  then restored from that copy as from a local root.
   chief bytes     bytes the chief sent to the root per save
                   (manager.last_save_stats["bytes_sent_here"]), against the
                   commit's total bytes.
@@ -127,6 +132,39 @@ def through_chief(storage, ev, tf, work):
     return dt, sent
 
 
+def download_then_load(mgr, ev, step, local):
+    """Seconds to restore `mgr`'s chain (an S3 root) the way restores did before the object source:
+    every file downloaded to local disk first (2 threads, as the 2 PS each downloaded their own part
+    file by file), then restored from that copy as from a local root (hard links, every file's crc32c,
+    the load)."""
+    import concurrent.futures
+
+    import checkpoint
+    storage = mgr.storage
+    t0 = time.perf_counter()
+    jobs = []
+    for m in mgr.chain():
+        os.makedirs(os.path.join(local, m.dir))
+        jobs += [(m.dir, n, m.files[n]["size"]) for n in m.files] + [(m.dir, "MANIFEST.json", 0)]
+    halves = [jobs[0::2], jobs[1::2]]
+
+    def get(files):
+        for d, n, _ in files:
+            storage.fs.get_file(storage.join(d, n), os.path.join(local, d, n))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(get, h) for h in halves]:
+            f.result()
+    copy = checkpoint.CheckpointManager(local, [ev], global_step=step, keep_chains=None)
+    try:
+        copy.restore()
+    finally:
+        copy.close()
+    dt = time.perf_counter() - t0
+    shutil.rmtree(local, ignore_errors=True)
+    return dt
+
+
 def ps_part(args, bucket, work):
     import tensorflow as tf
 
@@ -175,6 +213,11 @@ def ps_part(args, bucket, work):
             dt = time.perf_counter() - t0
             out[f"{name}_restore_s"] = round(dt, 2)
             log(f"{name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys")
+        dt = download_then_load(mgrs["s3"], ev, step, os.path.join(work, "downloaded"))
+        out["s3_restore_download_then_load_s"] = round(dt, 2)
+        out["restore_files_bytes"] = sum(m.total_bytes for m in mgrs["s3"].chain())
+        log(f"s3 restore, downloaded to local disk first (the path before the object source): {dt:.2f}s, "
+            f"{int(ev.size())} keys")
         dt, sent = through_chief(mgrs["s3"].storage, ev, tf, work)
         out["s3_full_through_chief_s"] = round(dt, 2)
         out["s3_full_through_chief_sent_bytes"] = sent
