@@ -32,12 +32,20 @@ CollectiveEmbeddingVariable of --sync-keys keys x --dim with Adam slots
 (each worker fills its own shard), SyncCheckpointManager full and delta
 commits (--dirty rewritten between) to each root, timed on worker 0.
 
+Also reported: peak memory and disk of the whole run (bench/harness/rss.py
+TreeUsage: the sum over its processes, and each role's own peak: moto, each
+PS, the chief, each sync worker), and moto_5xx, the requests moto failed
+(retries racing a request the client gave up on: --s3-read-timeout). The run
+stops itself once the machine's available memory falls under
+--min-available-mib.
+
 Prints one JSON line (the last line of stdout); progress goes to stderr.
 """
 import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -207,7 +215,9 @@ def ps_part(args, bucket, work):
                 t0 = time.perf_counter()
                 run()
                 dt = time.perf_counter() - t0
-                out.setdefault(f"{name}_restore_s", []).append(round(dt, 2))
+                rounds = out.setdefault(f"{name}_restore_rounds_s", [])
+                rounds.append(round(dt, 2))
+                out[f"{name}_restore_s"] = sorted(rounds)[len(rounds) // 2]   # the median so far
                 read = mgrs[name].last_restore_stats["bytes_read"] if name in mgrs else None
                 if read is not None:
                     out[f"{name}_restore_bytes_read"] = read
@@ -264,11 +274,22 @@ def main():
     ap.add_argument("--skip-sync", action="store_true")
     ap.add_argument("--skip-through-chief", action="store_true", help="no full save through the chief")
     ap.add_argument("--restore-rounds", type=int, default=1, help="times each restore is measured (interleaved)")
+    ap.add_argument("--s3-read-timeout", type=float, default=None,
+                    help="seconds an S3 client waits for an answer before it retries (every process of the run, "
+                         "through fsspec's FSSPEC_S3 configuration; default s3fs's 15). moto answers a "
+                         "CompleteMultipartUpload or CopyObject only when done, with no keep-alive bytes as S3 "
+                         "sends, so at size a request outlives 15 s and its retry races the first (moto_5xx)")
     ap.add_argument("--min-available-mib", type=int, default=3072,
                     help="stop (SIGKILL every process of the run, exit 3) once the machine's MemAvailable falls "
                          "under this: a shared machine is never pushed into the OOM killer")
     args = ap.parse_args()
     args.sync_keys = args.sync_keys or args.keys
+    if args.s3_read_timeout is not None:   # before any S3 filesystem exists; the tasks inherit it
+        conf = json.loads(os.environ.get("FSSPEC_S3", "{}"))
+        conf.setdefault("config_kwargs", {})["read_timeout"] = args.s3_read_timeout
+        os.environ["FSSPEC_S3"] = json.dumps(conf)
+        import fsspec.config
+        fsspec.config.set_conf_env(fsspec.config.conf)
     import checkpoint
     moto_bucket = s3_server().moto_bucket
     results = os.path.join(ROOT, "bench", "results")
@@ -294,6 +315,9 @@ def main():
                 result.update(sync_part(args, bucket, work))
             result["sync_part_usage"] = u.as_dict()
             log(f"sync part usage: {u.as_dict()}")
+    with open(os.path.join(work, "moto.log")) as f:
+        result["moto_5xx"] = sum(1 for line in f if re.search(r'" 5\d\d ', line))
+    result["s3_read_timeout"] = args.s3_read_timeout
     result["load_avg_end"] = os.getloadavg()[0]
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
