@@ -155,14 +155,23 @@ class ObjectSource:
                 keep = _KEPT[0] + want["size"] <= RETAIN_BYTES
                 if keep:
                     _KEPT[0] += want["size"]
-            if keep:   # one GET of the whole object: it is kept whole anyway
-                whole = self.fetch(name, 0, want["size"])
-                crc, got = crc32c(whole), len(whole)
-            else:      # streamed: blocks read ahead, nothing kept
-                crc, got = 0, 0
-                for b in self.blocks(name, want["size"]):
-                    crc = crc32c(b, crc)
-                    got += len(b)
+            try:
+                if keep:   # one GET of the whole object: it is kept whole anyway
+                    whole = self.fetch(name, 0, want["size"])
+                    crc, got = crc32c(whole), len(whole)
+                else:      # streamed: blocks read ahead, nothing kept
+                    crc, got = 0, 0
+                    for b in self.blocks(name, want["size"]):
+                        crc = crc32c(b, crc)
+                        got += len(b)
+            except BaseException as e:
+                if keep:
+                    with _LOCK:
+                        _KEPT[0] -= want["size"]
+                if isinstance(e, FileNotFoundError):   # removed since the listing (a writer's retention)
+                    problems[name] = f"{display(name)}: missing"
+                    return
+                raise
             if got != want["size"]:
                 problems[name] = f"{display(name)}: {got} bytes read, manifest says {want['size']} (truncated)"
             elif crc != want["crc32c"]:
