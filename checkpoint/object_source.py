@@ -35,6 +35,7 @@ failure drops the replacements (each byte read once).
 import concurrent.futures
 import ctypes
 import logging
+import os
 import posixpath
 import threading
 import uuid
@@ -46,7 +47,9 @@ __all__ = ["ObjectSource", "install", "is_source", "source_of", "BLOCK", "RETAIN
 log = logging.getLogger("evstore.checkpoint")
 SCHEME = "evsource://"        # bundle_stream.h kSourceScheme
 BLOCK = 8 << 20               # bytes per ranged read (one GET)
-RETAIN_BYTES = 512 << 20      # verified files kept in memory by all of a process's sources, for the loader
+# Verified files kept in memory by all of a process's sources, for the loader: EVSTORE_SOURCE_KEEP_MIB
+# (MiB; a task's environment) or 512 MiB. 0 keeps none: every file is read twice.
+RETAIN_BYTES = int(os.environ.get("EVSTORE_SOURCE_KEEP_MIB", "512")) << 20
 _SOURCES = {}                 # id -> ObjectSource
 _OPEN = {}                    # handle -> _Reader
 _LOCK = threading.Lock()
