@@ -27,12 +27,11 @@ a value it had during the save and the chain never misses a change.
 One writer per root, enforced by a lease file (checkpoint/lease.py).
 """
 import logging
-import os
 import threading
 
 import tensorflow as tf
 
-from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
+from checkpoint.bundle import GLOBAL_STEP, bundle_signature, load_ev, read_dense
 from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, withdrawn
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
@@ -118,6 +117,7 @@ class CheckpointManager:
         self.failures = 0
         self.last_error = None
         self.last_save_stats = {}            # {"bytes_sent_here": bytes this process sent to the root} of the last save
+        self.last_restore_stats = {}         # {"bytes_read": bytes every process read from the root} of the last restore
 
     # ---- queries -------------------------------------------------------------
     @property
@@ -373,10 +373,12 @@ class CheckpointManager:
                 finally:
                     for f in fetched:
                         f.close()
-                    release_on_tasks(on_tasks)
+                    read = sum(f.bytes_read for f in fetched) + release_on_tasks(on_tasks)
+                # Bytes this restore read from the root, this process's and each task's (docs/ARCHITECTURE.md,
+                # "Restoring from an object store").
+                self.last_restore_stats = {"bytes_read": read}
                 last = chain[-1]
                 self._last = last
-                self.storage.close()
                 log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
                 return dict(last.metadata)
 
@@ -392,10 +394,9 @@ class CheckpointManager:
         for m, d in zip(chain, staged):
             where = self.storage.display(m.dir, BUNDLE_PREFIX + ".index")
             try:
-                reader = tf.train.load_checkpoint(os.path.join(d, BUNDLE_PREFIX))
+                shapes, dtypes = bundle_signature(d)
             except (tf.errors.OpError, ValueError) as e:
                 raise CorruptCheckpointError(f"{where}: cannot read the bundle index ({e})") from None
-            shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
             for name, ev in col.evs.items():
                 for src, _, _ in load_plan(m, name, col.shard_info.get(name)):
                     held = _check_ev_tensors(where, m, src, ev, shapes, dtypes)
