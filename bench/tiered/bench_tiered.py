@@ -96,7 +96,7 @@ def engine(args):
         if os.path.exists(exe):
             os.unlink(exe)
     fields = ["train_keys_per_s", "train_cpu_ns_per_key", "hit_rate", "find1_keys_per_s", "find1_p99_us",
-              "find1k_keys_per_s", "find1k_p99_ms", "fill_s", "export_s", "export_cpu_s", "cold_export_s", "seq_write_s",
+              "find1k_keys_per_s", "find1k_cpu_ns_per_key", "find1k_p99_ms", "fill_s", "export_s", "export_cpu_s", "cold_export_s", "seq_write_s",
               "seq_read_s", "writebacks", "write_batches", "compacted", "misses", "read_calls", "rss_mb", "rss_anon_mb", "rss_file_mb", "index_mb", "meta_mb", "row_mb", "disk_mb",
               "rss_base_mb", "bench_buffers_mb", "rss_other_mb"]
     med = {s: {f: statistics.median(x[f] for x in v) for f in fields} for s, v in runs.items()}
