@@ -93,10 +93,12 @@ void CopyKeysOut(It begin, It end, Tensor* out) {
   for (It it = begin; it != end; ++it) f(i++) = KeyDtype<T>::ToTensor(CoreKey<T>(*it));
 }
 
+// The table of resource input `input` (default: the op's own, schema::kHandle).
 template <typename K>
-inline absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<EvResource<K>>* out) {
+inline absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<EvResource<K>>* out,
+                             const char* input = schema::kHandle) {
   tensorflow::ResourceHandle h;
-  TF_RETURN_IF_ERROR(tensorflow::HandleFromInput(ctx, schema::kHandle, &h));
+  TF_RETURN_IF_ERROR(tensorflow::HandleFromInput(ctx, input, &h));
   absl::Status s = tensorflow::LookupResource(ctx, h, out);
   if (absl::IsNotFound(s)) {
     return errors::FailedPrecondition(

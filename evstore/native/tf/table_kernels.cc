@@ -154,6 +154,26 @@ class EvKeyInfoOp : public EvTableOp<K> {
   }
 };
 
+// The reference model's copy-on-write (Table::KeepFrom): the source table is
+// the second resource input, of either table type.
+template <typename K>
+class EvKeepRowsOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  EV_TABLE_KERNEL(ctx, t) {
+    EV_INPUT(ctx, keys, schema::kKeysInput);
+    tensorflow::core::RefCountPtr<EvResource<K>> src;
+    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &src, "source"));
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    int64_t kept = 0;
+    EV_TRY(ctx, kept = src->Visit([&](const auto& s) { return t.KeepFrom(s, kin.data(), keys.NumElements()); }));
+    out->scalar<int64_t>()() = kept;
+  }
+};
+
 template <typename K>
 class EvRemoveOp : public EvTableOp<K> {
  public:
@@ -425,6 +445,7 @@ EV_REGISTER_KEYED("EvSize", EvSizeOp);
 EV_REGISTER_KEYED("EvSlots", EvSlotsOp);
 EV_REGISTER_KEYED("EvStats", EvStatsOp);
 EV_REGISTER_KEYED("EvKeyInfo", EvKeyInfoOp);
+EV_REGISTER_KEYED("EvKeepRows", EvKeepRowsOp);
 EV_REGISTER_KEYED("EvRemove", EvRemoveOp);
 EV_REGISTER_KEYED("EvExport", EvExportOp);
 EV_REGISTER_KEYED("EvImport", EvImportOp);
