@@ -41,7 +41,9 @@ table, core only, 300k keys x 64 with Adam, 10% in DRAM, one round; the RocksDB
 peer only where librocksdb-dev is installed; skip with --no-tiered).
 
 Writes bench/results/bench-<UTC time>.json (all raw numbers) and .md (the
-tables printed to stdout); logs go to bench/results/logs/.
+tables printed to stdout); logs go to bench/results/logs/. After each part the
+raw results so far go to bench-<UTC time>.partial.json (removed when the run
+completes), so a run stopped part-way keeps what it measured: `--render` it.
 """
 import argparse
 import json
@@ -321,7 +323,8 @@ def main():
         with open(args.render) as f:
             data = json.load(f)
         print((tables(data["results"], None if data["meta"]["tfra"] == "available" else data["meta"]["tfra"])
-               if data["results"] else "") + checkpoint_tables(data.get("checkpoint"))
+               if data["results"] else "")
+              + "".join(data.get("markdown_parts") or []) + checkpoint_tables(data.get("checkpoint"))
               + serving_tables(data.get("serving")) + cluster_tables(data.get("cluster")))
         return
     matrix = args.matrix or (QUICK_MATRIX if args.quick else DEFAULT_MATRIX)
@@ -348,6 +351,18 @@ def main():
     commit = evstore_version()
     t_start = time.time()
     results = []
+    ckpt = serving = cluster = None
+    e2e_md = filters_md = tiered_md = ""
+    partial_path = os.path.join(args.out_dir, f"bench-{stamp}.partial.json")
+
+    def save_partial(done):
+        """The raw results so far, after each part: a run stopped or killed part-way keeps what it measured
+        (`--render` prints its tables)."""
+        meta = {**run_meta(stamp, sys.argv[1:]), "evstore_commit": commit, "tfra": tfra_note or "available",
+                "parts_done": done, "elapsed_s": time.time() - t_start}
+        with open(partial_path, "w") as f:
+            json.dump({"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving,
+                       "cluster": cluster, "markdown_parts": [filters_md, tiered_md, e2e_md]}, f, indent=1)
     for keys, dim in configs:
         need, avail = est_peak_mib(keys, dim), mem_available_mib()
         if need > avail:
@@ -360,27 +375,27 @@ def main():
         for run in ("A", "B", "O"):
             if "error" in results[-1].get(run, {}):
                 print(f"  run {run}: " + results[-1][run]["error"], flush=True)
+        save_partial(f"table {keys}x{dim}")
 
-    ckpt = None
     if not args.no_checkpoint:
         print(f"[{time.time() - t_start:6.0f}s] checkpoints: {args.checkpoint_keys} keys x dim 16 ...", flush=True)
         ckpt = run_checkpoint(args, peer_py, logdir)
         if "error" in ckpt:
             print("  " + ckpt["error"], flush=True)
+        save_partial("checkpoint")
 
-    serving = None
     if not args.no_serving:
         print(f"[{time.time() - t_start:6.0f}s] serving ...", flush=True)
         serving = run_serving(args, logdir)
         if "error" in serving:
             print("  " + serving["error"], flush=True)
-    cluster = None
+        save_partial("serving")
     if not args.no_cluster:
         print(f"[{time.time() - t_start:6.0f}s] parameter-server cluster (bench_cluster.py) ...", flush=True)
         cluster = run_cluster(args, peer_py, logdir)
         if "error" in cluster:
             print("  " + cluster["error"], flush=True)
-    e2e_md = ""
+        save_partial("cluster")
     if not args.no_e2e:
         print(f"[{time.time() - t_start:6.0f}s] end-to-end training (bench_e2e.py) ...", flush=True)
         cmd = module_cmd("bench.training.bench_e2e") + ["--out-dir", args.out_dir]
@@ -395,7 +410,8 @@ def main():
         e2e_md = ("\n" + open(md[-1]).read()) if r.returncode == 0 and md else (
             f"\n### End-to-end training\n\nfailed (exit {r.returncode}); see bench/results/logs/bench_e2e.log\n")
 
-    filters_md = ""
+        save_partial("e2e")
+
     if not args.no_filters:
         print(f"[{time.time() - t_start:6.0f}s] filters and eviction (bench_filters.py) ...", flush=True)
         cmd = module_cmd("bench.tables.bench_filters") + ["--out-dir", args.out_dir]
@@ -408,7 +424,8 @@ def main():
                       + (table_lines if r.returncode == 0 else f"failed (exit {r.returncode}); see "
                          "bench/results/logs/bench_filters.log") + "\n")
 
-    tiered_md = ""
+        save_partial("filters")
+
     if not args.no_tiered:
         keys = 100_000 if args.quick else 300_000
         print(f"[{time.time() - t_start:6.0f}s] tiered row store (bench_tiered.py engine, {keys} keys) ...", flush=True)
@@ -433,6 +450,8 @@ def main():
           + serving_tables(serving) + cluster_tables(cluster))
     write_results(args.out_dir, "bench", stamp,
                   {"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving, "cluster": cluster}, md)
+    if os.path.exists(partial_path):
+        os.remove(partial_path)
 
 
 if __name__ == "__main__":

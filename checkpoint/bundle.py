@@ -13,10 +13,12 @@ import tensorflow as tf
 
 from checkpoint.fileio import fsync as _fsync
 from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.object_source import is_source, source_of
 from checkpoint.serving_view import VIEW_PREFIX, write_view
 from evstore import schema
 
-__all__ = ["write_bundle", "write_bundles", "merge_parts", "load_ev", "read_dense", "GLOBAL_STEP"]
+__all__ = ["write_bundle", "write_bundles", "merge_parts", "load_ev", "read_dense", "bundle_signature",
+           "GLOBAL_STEP"]
 
 GLOBAL_STEP = "global_step"
 CHUNK_ROWS = 65536
@@ -82,9 +84,22 @@ def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_inde
 
 
 def read_dense(directory, names):
-    """{name: np.ndarray} of whole tensors of the bundle in `directory`."""
+    """{name: np.ndarray} of whole tensors of the bundle in `directory` (a local directory, or an object
+    source's: checkpoint/object_source.py)."""
+    if is_source(directory):
+        return source_of(directory).tensors(names)
     reader = tf.train.load_checkpoint(os.path.join(directory, BUNDLE_PREFIX))
     return {n: reader.get_tensor(n) for n in names}
+
+
+def bundle_signature(directory):
+    """({name: shape list}, {name: tf.DType}) of every tensor of the bundle in `directory` (a local
+    directory, or an object source's). Raises tf.errors.OpError / ValueError (local) or
+    CorruptCheckpointError (a source) for an unreadable index."""
+    if is_source(directory):
+        return source_of(directory).signature()
+    reader = tf.train.load_checkpoint(os.path.join(directory, BUNDLE_PREFIX))
+    return reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
 
 
 def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROWS, view=None):

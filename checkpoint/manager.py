@@ -28,12 +28,11 @@ a value it had during the save and the chain never misses a change.
 One writer per root, enforced by a lease file (checkpoint/lease.py).
 """
 import logging
-import os
 import threading
 
 import tensorflow as tf
 
-from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
+from checkpoint.bundle import GLOBAL_STEP, bundle_signature, load_ev, read_dense
 from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, withdrawn
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
@@ -390,7 +389,6 @@ class CheckpointManager:
                     release_on_tasks(on_tasks)
                 last = chain[-1]
                 self._last = last
-                self.storage.close()
                 log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
                 return dict(last.metadata)
 
@@ -406,10 +404,9 @@ class CheckpointManager:
         for m, d in zip(chain, staged):
             where = self.storage.display(m.dir, BUNDLE_PREFIX + ".index")
             try:
-                reader = tf.train.load_checkpoint(os.path.join(d, BUNDLE_PREFIX))
+                shapes, dtypes = bundle_signature(d)
             except (tf.errors.OpError, ValueError) as e:
                 raise CorruptCheckpointError(f"{where}: cannot read the bundle index ({e})") from None
-            shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
             for name, ev in col.evs.items():
                 for src, _, _ in load_plan(m, name, col.shard_info.get(name)):
                     held = _check_ev_tensors(where, m, src, ev, shapes, dtypes)
