@@ -21,7 +21,7 @@ class EvEvictOp : public EvTableOp<K> {
     if (steps_to_live >= 0) policies_.Add(GlobalStepEviction(steps_to_live));
     if (l2_threshold > 0.f) policies_.Add(L2WeightEviction(l2_threshold));
   }
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, step, schema::kGlobalStepInput);
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(step.shape()),
                 errors::InvalidArgument("global_step must be a scalar, got ", step.shape().DebugString()));
