@@ -121,6 +121,19 @@ class RowFile {
     }
   }
 
+  // Reads the `n` adjacent records from `first` into dst (one pread, bytes
+  // between written records included: a full export's sequential stream).
+  // Throws std::runtime_error on failure.
+  void ReadSpan(uint32_t first, size_t n, void* dst) const {
+    iovec v{dst, n * record_bytes_};
+    ReadRun(first, &v, 1);
+  }
+  // Tells the kernel the `n` records from `first` will be read soon (read-ahead).
+  void WillNeedSpan(uint32_t first, size_t n) const {
+    ::posix_fadvise(fd_, static_cast<off_t>(first) * static_cast<off_t>(record_bytes_),
+                    static_cast<off_t>(n * record_bytes_), POSIX_FADV_WILLNEED);
+  }
+
   // Tells the kernel records locs[0..n) (ascending) will be read soon, one
   // hint per run of adjacent records: it starts reading them from disk
   // without waiting, so the reads that follow find them in the page cache.

@@ -661,6 +661,22 @@ class Table {
   }
   int num_segments() const { return nseg_; }
 
+  // Visits every key once, each call under its segment's shared lock:
+  // fn(const ExportedKey<K>&, const float* row_or_null), rows at least the
+  // export's stride (a widening meanwhile hands wider rows). All-DRAM:
+  // segment by segment (ForEachInSegment). Tiered: segment by segment the
+  // filtered keys and the rows in DRAM, then the cold rows in the order of
+  // the tier file, read in long spans (ForEachColdKey). So the order of the
+  // keys is not a contract: readers of a full look keys up.
+  template <typename Fn>
+  void ForEachKey(const Fn& fn) const {
+    if constexpr (Store::kAllResident) {
+      for (int s = 0; s < nseg_; ++s) ForEachInSegment(s, fn);
+    } else {
+      ForEachColdKey(fn);
+    }
+  }
+
   // Reads keys' current state (for a sealed snapshot's dirty keys). For each
   // key: present[i], admitted[i], version (the raw slot: evict_policy.h;
   // -1 for filtered keys) / freq, and its full row in
@@ -931,6 +947,123 @@ class Table {
 
  private:
   using Grouping = typename Idx::Grouping;
+
+  // ForEachKey over a tiered store (its ColdStream, tiered_store.h).
+  //   Pass 1, each segment under its shared lock: filtered keys and rows in
+  //   DRAM (or never written) are visited at once; a cold row's key (owned),
+  //   row id and disk record are kept (16 bytes a cold row for int64 and
+  //   string keys, freed at the end).
+  //   Pass 2: the kept rows sorted by record, read in spans of up to
+  //   kStreamBytes of the file (gaps of dead or DRAM rows' records up to
+  //   kGapBytes read through, one read per span, the next span's read-ahead
+  //   asked of the kernel first) holding no lock; then, per segment under its
+  //   shared lock, each key found again and visited with its span bytes if
+  //   its row is still that cold record (ColdAt: no extent is reused while
+  //   the stream is open, so those are the record's bytes), else with its
+  //   current row (PeekRow: it moved, was widened, or the key's row changed).
+  //   A key erased since pass 1 is skipped, as a key erased between
+  //   segments of ForEachInSegment's visit would be.
+  // Every row is a value it had during the visit, never torn; the version and
+  // frequency are read with it.
+  static constexpr size_t kStreamBytes = size_t{16} << 20;
+  static constexpr size_t kGapBytes = size_t{64} << 10;
+  struct ColdKey {
+    Owned key;
+    uint32_t loc, row;
+  };
+  template <typename Fn>
+  void ForEachColdKey(const Fn& fn) const {
+    typename Store::ColdStream stream(rows_);
+    std::vector<ColdKey> cold;
+    std::vector<float> scratch;
+    uint64_t epoch = 0;
+    int stride = 0;
+    for (int s = 0; s < nseg_; ++s) {
+      const Seg& seg = index_.segment(s);
+      std::shared_lock<std::shared_mutex> lock(seg.mu);
+      if (s == 0) {
+        epoch = rows_.layout_epoch();
+        stride = rows_.stride();
+      }
+      const bool keep = rows_.layout_epoch() == epoch;  // a widening since segment 0: this segment's rows now
+      scratch.resize(rows_.stride());
+      seg.ForEach([&](const E& en) {
+        const bool adm = RowIsReal(en.row);
+        uint32_t loc;
+        if (adm && keep && rows_.ColdAt(en.row, &loc)) {
+          cold.push_back({Traits::OwnStored(en.key), loc, en.row});
+          return;
+        }
+        ExportedKey<K> x{Traits::Load(en.key), adm, adm ? rows_.Version(en.row) : -1,
+                         static_cast<int64_t>(en.freq()), adm ? -1 : FilteredReference(en.row)};
+        fn(x, adm ? rows_.PeekRow(en.row, scratch.data()) : nullptr);
+      });
+    }
+    if (cold.empty()) return;
+    std::sort(cold.begin(), cold.end(), [](const ColdKey& a, const ColdKey& b) { return a.loc < b.loc; });
+    const size_t rb = static_cast<size_t>(stride) * sizeof(float), n = cold.size();
+    const size_t window = std::max<size_t>(1, kStreamBytes / rb), gap = kGapBytes / rb;
+    std::vector<float> buf(window * static_cast<size_t>(stride));
+    auto span_end = [&](size_t i) {  // the kept rows whose records fit one span from cold[i]'s
+      size_t j = i + 1;
+      while (j < n && cold[j].loc - cold[i].loc < window) ++j;
+      return j;
+    };
+    std::vector<uint32_t> by_seg, seg_at(nseg_ + 1);
+    std::vector<uint64_t> hashes;
+    for (size_t i = 0, j = span_end(0); i < n;) {
+      const size_t next = j < n ? span_end(j) : n;
+      if (j < n) stream.ReadAhead(epoch, cold[j].loc, cold[next - 1].loc - cold[j].loc + 1);
+      const uint32_t base = cold[i].loc;
+      bool read = true;
+      for (size_t a = i; a < j && read;) {  // runs with gaps of at most `gap` records, one read each
+        size_t b = a + 1;
+        while (b < j && cold[b].loc - cold[b - 1].loc - 1 <= gap) ++b;
+        read = stream.ReadSpan(epoch, cold[a].loc, cold[b - 1].loc - cold[a].loc + 1,
+                               buf.data() + static_cast<size_t>(cold[a].loc - base) * stride);
+        a = b;
+      }
+      // The span's keys by segment (counting sort), each segment locked once.
+      hashes.resize(j - i);
+      std::fill(seg_at.begin(), seg_at.end(), 0);
+      for (size_t k = i; k < j; ++k) {
+        hashes[k - i] = Traits::Hash(Traits::View(cold[k].key));
+        ++seg_at[index_.SegmentOf(hashes[k - i]) + 1];
+      }
+      for (int s = 0; s < nseg_; ++s) seg_at[s + 1] += seg_at[s];
+      by_seg.resize(j - i);
+      {
+        std::vector<uint32_t> fill(seg_at.begin(), seg_at.end() - 1);
+        for (size_t k = i; k < j; ++k) by_seg[fill[index_.SegmentOf(hashes[k - i])]++] = static_cast<uint32_t>(k);
+      }
+      for (int s = 0; s < nseg_; ++s) {
+        if (seg_at[s] == seg_at[s + 1]) continue;
+        const Seg& seg = index_.segment(s);
+        std::shared_lock<std::shared_mutex> lock(seg.mu);
+        const bool same = read && rows_.layout_epoch() == epoch;
+        scratch.resize(rows_.stride());
+        for (uint32_t q = seg_at[s]; q < seg_at[s + 1]; ++q) {
+          const ColdKey& c = cold[by_seg[q]];
+          const K key = Traits::View(c.key);
+          const E* en = seg.Find(key, hashes[by_seg[q] - i]);
+          if (!en) continue;  // erased since pass 1
+          const bool adm = RowIsReal(en->row);
+          ExportedKey<K> x{key, adm, adm ? rows_.Version(en->row) : -1, static_cast<int64_t>(en->freq()),
+                           adm ? -1 : FilteredReference(en->row)};
+          if (!adm) {
+            fn(x, nullptr);
+            continue;
+          }
+          uint32_t loc;
+          const bool as_read = same && en->row == c.row && rows_.ColdAt(c.row, &loc) && loc == c.loc;
+          fn(x, as_read ? buf.data() + static_cast<size_t>(c.loc - base) * stride : rows_.PeekRow(en->row, scratch.data()));
+        }
+      }
+      i = j;
+      j = next;
+    }
+  }
+
   // A row-sized buffer for PeekRow (row_store.h), allocated only for a store
   // whose rows may be off DRAM.
   struct Scratch {

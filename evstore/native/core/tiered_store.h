@@ -198,6 +198,60 @@ class TieredStore {
     file_.WillNeed(cold.locs.data(), cold.size());
     file_.ReadMany(cold.locs.data(), cold.dsts.data(), cold.size());
   }
+  // ---- streaming the file in disk order (a full export: Table::ForEachKey) ---
+  // While a ColdStream is open no extent is reused (LogSpace::Hold), so a
+  // record written before it opened keeps its bytes until it closes: the
+  // stream reads long spans of the file holding no lock (ReadSpan), and the
+  // reader checks each row afterwards under its owner lock (ColdAt): a row
+  // still cold at the same location has exactly those bytes. A widening
+  // (Relayout) in between changes layout_epoch(): spans of the old layout
+  // are then refused and the reader takes such rows through PeekRow.
+  class ColdStream {
+   public:
+    explicit ColdStream(const TieredStore& s) : s_(s) {
+      std::lock_guard<std::mutex> l(s_.mu_);
+      const_cast<TieredStore&>(s_).log_.Hold();
+    }
+    ~ColdStream() {
+      std::lock_guard<std::mutex> l(s_.mu_);
+      const_cast<TieredStore&>(s_).log_.Unhold();
+    }
+    ColdStream(const ColdStream&) = delete;
+    ColdStream& operator=(const ColdStream&) = delete;
+    // Reads records [first, first + n) into dst (n * stride floats of the
+    // layout `epoch`) in one read; false, reading nothing, when the layout
+    // changed since. Throws std::runtime_error when the disk fails.
+    bool ReadSpan(uint64_t epoch, uint32_t first, size_t n, void* dst) const {
+      std::shared_lock<std::shared_mutex> l(s_.layout_mu_);
+      if (s_.layout_epoch_.load(std::memory_order_relaxed) != epoch) return false;
+      s_.file_.ReadSpan(first, n, dst);
+      s_.stream_reads_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    // Asks the kernel to start reading records [first, first + n) now.
+    void ReadAhead(uint64_t epoch, uint32_t first, size_t n) const {
+      std::shared_lock<std::shared_mutex> l(s_.layout_mu_);
+      if (s_.layout_epoch_.load(std::memory_order_relaxed) == epoch) s_.file_.WillNeedSpan(first, n);
+    }
+
+   private:
+    const TieredStore& s_;
+  };
+  // Under r's owner lock: true, with its record in *loc, when r's only
+  // current copy is on disk (not in a DRAM slot).
+  bool ColdAt(uint32_t r, uint32_t* loc) const {
+    const RowMeta& m = Meta(r);
+    if (m.slot.load(std::memory_order_acquire) != kNoSlot || !(m.flags.load(std::memory_order_relaxed) & kOnDisk))
+      return false;
+    *loc = m.loc;
+    return true;
+  }
+  // The file's layout (record size, locations): changed by each Relayout.
+  // Stable under any segment lock (Relayout holds them all).
+  uint64_t layout_epoch() const { return layout_epoch_.load(std::memory_order_relaxed); }
+  // Spans ColdStream::ReadSpan read so far.
+  int64_t stream_reads() const { return stream_reads_.load(std::memory_order_relaxed); }
+
   int64_t& Version(uint32_t r) const { return Meta(r).version; }
   // Readers of a serving table hint under a shared segment lock (Table::FindEach): the heat is atomic.
   void Hint(uint32_t r, uint32_t freq) const { Meta(r).heat.store(Policy::HeatOf(freq), std::memory_order_relaxed); }
@@ -371,9 +425,11 @@ class TieredStore {
     for (uint32_t r = 0; r < next_; ++r)
       if (Meta(r).flags.load(std::memory_order_relaxed) & kOnDisk) recs.emplace_back(Meta(r).loc, r);
     std::sort(recs.begin(), recs.end());
+    std::unique_lock<std::shared_mutex> layout(layout_mu_);  // no ColdStream span read meanwhile
     if (!file_.Widen(static_cast<size_t>(new_stride) * sizeof(float), static_cast<uint32_t>(recs.size()),
                      [&](uint32_t i) { return recs[i].first; }, tail))
       fail();
+    layout_epoch_.fetch_add(1, std::memory_order_relaxed);
     for (uint32_t i = 0; i < recs.size(); ++i) Meta(recs[i].second).loc = i;
     log_.Rebuild(static_cast<uint32_t>(recs.size()), [&](uint32_t i) { return recs[i].second; });
     for (uint32_t s = 0; s < nslots; ++s) {
@@ -857,6 +913,9 @@ class TieredStore {
   mutable std::mutex mu_;
   std::condition_variable loaded_;  // a row's kLoading cleared
   int waiters_ = 0;                 // threads waiting on loaded_ (mu_)
+  mutable std::shared_mutex layout_mu_;           // exclusive: Relayout; shared: a ColdStream span read
+  std::atomic<uint64_t> layout_epoch_{0};         // Relayouts so far
+  mutable std::atomic<int64_t> stream_reads_{0};  // ColdStream spans read
   std::mutex buf_mu_;               // buf_: one write batch at a time
   std::vector<char> buf_;
   uint32_t next_ = 0;
