@@ -127,6 +127,7 @@ class CheckpointManager:
         self.failures = 0
         self.last_error = None
         self.last_save_stats = {}            # {"bytes_sent_here": bytes this process sent to the root} of the last save
+        self.last_restore_stats = {}         # {"bytes_read": bytes every process read from the root} of the last restore
 
     # ---- queries -------------------------------------------------------------
     @property
@@ -386,7 +387,10 @@ class CheckpointManager:
                 finally:
                     for f in fetched:
                         f.close()
-                    release_on_tasks(on_tasks)
+                    read = sum(f.bytes_read for f in fetched) + release_on_tasks(on_tasks)
+                # Bytes this restore read from the root, this process's and each task's (docs/ARCHITECTURE.md,
+                # "Restoring from an object store").
+                self.last_restore_stats = {"bytes_read": read}
                 last = chain[-1]
                 self._last = last
                 log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)
