@@ -35,6 +35,7 @@ failure drops the replacements (each byte read once).
 import concurrent.futures
 import ctypes
 import logging
+import os
 import posixpath
 import threading
 import uuid
@@ -46,7 +47,9 @@ __all__ = ["ObjectSource", "install", "is_source", "source_of", "BLOCK", "RETAIN
 log = logging.getLogger("evstore.checkpoint")
 SCHEME = "evsource://"        # bundle_stream.h kSourceScheme
 BLOCK = 8 << 20               # bytes per ranged read (one GET)
-RETAIN_BYTES = 512 << 20      # verified files kept in memory by all of a process's sources, for the loader
+# Verified files kept in memory by all of a process's sources, for the loader: EVSTORE_SOURCE_KEEP_MIB
+# (MiB; a task's environment) or 512 MiB. 0 keeps none: every file is read twice.
+RETAIN_BYTES = int(os.environ.get("EVSTORE_SOURCE_KEEP_MIB", "512")) << 20
 _SOURCES = {}                 # id -> ObjectSource
 _OPEN = {}                    # handle -> _Reader
 _LOCK = threading.Lock()
@@ -155,14 +158,23 @@ class ObjectSource:
                 keep = _KEPT[0] + want["size"] <= RETAIN_BYTES
                 if keep:
                     _KEPT[0] += want["size"]
-            if keep:   # one GET of the whole object: it is kept whole anyway
-                whole = self.fetch(name, 0, want["size"])
-                crc, got = crc32c(whole), len(whole)
-            else:      # streamed: blocks read ahead, nothing kept
-                crc, got = 0, 0
-                for b in self.blocks(name, want["size"]):
-                    crc = crc32c(b, crc)
-                    got += len(b)
+            try:
+                if keep:   # one GET of the whole object: it is kept whole anyway
+                    whole = self.fetch(name, 0, want["size"])
+                    crc, got = crc32c(whole), len(whole)
+                else:      # streamed: blocks read ahead, nothing kept
+                    crc, got = 0, 0
+                    for b in self.blocks(name, want["size"]):
+                        crc = crc32c(b, crc)
+                        got += len(b)
+            except BaseException as e:
+                if keep:
+                    with _LOCK:
+                        _KEPT[0] -= want["size"]
+                if isinstance(e, FileNotFoundError):   # removed since the listing (a writer's retention)
+                    problems[name] = f"{display(name)}: missing"
+                    return
+                raise
             if got != want["size"]:
                 problems[name] = f"{display(name)}: {got} bytes read, manifest says {want['size']} (truncated)"
             elif crc != want["crc32c"]:
