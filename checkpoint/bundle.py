@@ -13,10 +13,12 @@ import tensorflow as tf
 
 from checkpoint.fileio import fsync as _fsync
 from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.object_source import is_source, source_of
 from checkpoint.serving_view import VIEW_PREFIX, write_view
 from evstore import schema
 
-__all__ = ["write_bundle", "write_bundles", "merge_parts", "load_ev", "read_dense", "GLOBAL_STEP"]
+__all__ = ["write_bundle", "write_bundles", "merge_parts", "load_ev", "read_dense", "bundle_signature",
+           "GLOBAL_STEP"]
 
 GLOBAL_STEP = "global_step"
 CHUNK_ROWS = 65536
@@ -74,17 +76,44 @@ def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_inde
     view's precision reads its rows from the serving view of that dtype in
     `directory` (EvLoadBundle)."""
     from evstore import ops
-    out = ops.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
-                             tf.constant(list(slots), tf.string, shape=[len(slots)]),
-                             key_dtype=ev.key_dtype, clear=clear, chunk_rows=chunk_rows,
-                             shard_index=shard_index, num_shards=num_shards, view=view or "")
+    try:
+        out = ops.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
+                                 tf.constant(list(slots), tf.string, shape=[len(slots)]),
+                                 key_dtype=ev.key_dtype, clear=clear, chunk_rows=chunk_rows,
+                                 shard_index=shard_index, num_shards=num_shards, view=view or "")
+    except tf.errors.OpError as e:
+        why = _source_error(directory)
+        if why:   # the object store's answer (a source in this process), which the loader cannot name
+            raise type(e)(e.node_def, e.op, f"{e.message} (object source: {why})") from None
+        raise
     return tuple(int(x) for x in out.numpy())
 
 
+def _source_error(directory):
+    """Why the reads of an object source in this process failed ('' if none, or not one here)."""
+    try:
+        return source_of(directory).error() if is_source(directory) else ""
+    except KeyError:
+        return ""
+
+
 def read_dense(directory, names):
-    """{name: np.ndarray} of whole tensors of the bundle in `directory`."""
+    """{name: np.ndarray} of whole tensors of the bundle in `directory` (a local directory, or an object
+    source's: checkpoint/object_source.py)."""
+    if is_source(directory):
+        return source_of(directory).tensors(names)
     reader = tf.train.load_checkpoint(os.path.join(directory, BUNDLE_PREFIX))
     return {n: reader.get_tensor(n) for n in names}
+
+
+def bundle_signature(directory):
+    """({name: shape list}, {name: tf.DType}) of every tensor of the bundle in `directory` (a local
+    directory, or an object source's). Raises tf.errors.OpError / ValueError (local) or
+    CorruptCheckpointError (a source) for an unreadable index."""
+    if is_source(directory):
+        return source_of(directory).signature()
+    reader = tf.train.load_checkpoint(os.path.join(directory, BUNDLE_PREFIX))
+    return reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
 
 
 def write_bundles(directory, evs, snapshot_ids, dense, full, chunk_rows=CHUNK_ROWS, view=None):

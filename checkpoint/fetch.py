@@ -17,9 +17,13 @@ each checked against its index entry. Nothing else is read: optimizer slots
 leave the root, and a byte changed in them cannot make the read fail. Bytes
 travel once, straight into memory (ranged GETs on object stores).
 
-The whole main bundle (restore): its files are staged privately
-(Storage.stage: hard links or downloads) and each is checked against the
-manifest; the result has `dir` for the native loader.
+The whole main bundle (restore): on a local root its files are staged
+privately (Storage.stage: hard links) and each is checked against the
+manifest; on any other root nothing is written locally: the files are read
+through an object source (checkpoint/object_source.py: ranged reads, read
+ahead), each checked against the manifest before the result is returned
+(read once; kept in memory within a budget so the loader need not read it
+again). The result has `dir` for the native loader either way.
 
 Every failure is a CorruptCheckpointError naming the file (and the tensor):
 missing, truncated, a checksum mismatch, a wanted tensor the index lacks, a
@@ -36,8 +40,9 @@ from checkpoint.errors import CorruptCheckpointError
 from checkpoint.fileio import crc32c as _crc
 from checkpoint.index import data_file, parse_index
 from checkpoint.manifest import BUNDLE_PREFIX
+from checkpoint.object_source import ObjectSource
 
-__all__ = ["fetch", "Fetched", "bundle_files"]
+__all__ = ["fetch", "Fetched", "bundle_files", "read_named"]
 
 
 def bundle_files(manifest, prefix=BUNDLE_PREFIX):
@@ -48,21 +53,31 @@ def bundle_files(manifest, prefix=BUNDLE_PREFIX):
 class Fetched:
     """Verified tensors of one checkpoint. `t[name]` (or `t[prefix, name]` for
     a bundle other than the main one) is a read-only np.ndarray; `bytes_read`
-    counts every byte read from the root; `dir` is a private local directory
-    holding the whole main bundle (whole fetches only). Release with close()
-    or a `with` block."""
+    counts every byte read from the root; `dir` is where the native loader
+    reads the whole main bundle (whole fetches only): a private local
+    directory, or an object source's. Release with close() or a `with`
+    block."""
 
-    def __init__(self, manifest, arrays=None, directory=None, bytes_read=0, release=None):
+    def __init__(self, manifest, arrays=None, directory=None, bytes_read=0, release=None, source=None):
         self.manifest = manifest
-        self.bytes_read = bytes_read
+        self._bytes_read = bytes_read
         self.dir = directory
         self._arrays = arrays or {}
         self._release = release
         self._reader = None
+        self._source = source   # an ObjectSource: `dir` is its directory
+
+    @property
+    def bytes_read(self):
+        """Bytes read from the root so far (an object source's grow as the loader reads)."""
+        return self._bytes_read + (self._source.bytes_read if self._source is not None else 0)
 
     def __getitem__(self, key):
         prefix, name = key if isinstance(key, tuple) else (BUNDLE_PREFIX, key)
         if (prefix, name) in self._arrays:
+            return self._arrays[prefix, name]
+        if self._source is not None and prefix == BUNDLE_PREFIX:   # its byte range, checked against the index
+            self._arrays[prefix, name] = self._source.tensors([name])[name]
             return self._arrays[prefix, name]
         if self.dir is not None and prefix == BUNDLE_PREFIX:
             if self._reader is None:
@@ -75,6 +90,10 @@ class Fetched:
         if self._release is not None:
             self._release()
             self._release = None
+        if self._source is not None:
+            self._bytes_read += self._source.bytes_read
+            self._source.close()
+            self._source = None
 
     def __enter__(self):
         return self
@@ -88,11 +107,18 @@ def fetch(storage, manifest, tensors=None, verify=True, files=None):
 
     Args:
       tensors: {bundle prefix: [tensor names]} ("ckpt" is the main bundle; a
-        list means the main bundle); None: the whole main bundle, staged in a
-        private local directory (`Fetched.dir`).
-      verify: check checksums (whole fetches only; named tensors are always
-        checked).
-      files: whole fetches only: stage just these files of the main bundle
+        list means the main bundle); None: the whole main bundle, for the
+        native loader at `Fetched.dir` (a private local directory of hard
+        links on a local root; an object source's directory on any other).
+      verify: whole fetches only (named tensors are always checked): True:
+        every file's size and crc32c against the manifest before this
+        returns; "index": for a caller that loads into tables nobody serves
+        yet, which it drops if the load fails: every file's size and the
+        index's crc32c before this returns, the data files' bytes by the
+        native loader tensor by tensor as it reads them (on a remote root
+        each byte is then read once; a local root checks everything first);
+        False: nothing.
+      files: whole fetches only: just these files of the main bundle
         (default: all of them), e.g. those of the tensors this process loads.
     Returns: a Fetched (close it).
     Raises:
@@ -106,7 +132,7 @@ def fetch(storage, manifest, tensors=None, verify=True, files=None):
         tensors = {BUNDLE_PREFIX: list(tensors)}
     arrays, total = {}, 0
     for prefix, names in tensors.items():
-        got, n = _fetch_named(storage, manifest, prefix, list(names))
+        got, n = read_named(storage, manifest, prefix, list(names))
         arrays.update({(prefix, k): v for k, v in got.items()})
         total += n
     return Fetched(manifest, arrays=arrays, bytes_read=total)
@@ -114,6 +140,8 @@ def fetch(storage, manifest, tensors=None, verify=True, files=None):
 
 def _fetch_whole(storage, manifest, verify, files=None):
     names = bundle_files(manifest) if files is None else sorted(files)
+    if not storage.local:
+        return _fetch_source(storage, manifest, names, verify)
     d = storage.stage(manifest.dir, names)
     try:
         if verify:
@@ -127,6 +155,20 @@ def _fetch_whole(storage, manifest, verify, files=None):
     return Fetched(manifest, directory=d, bytes_read=size, release=lambda: storage.unstage(d))
 
 
+def _fetch_source(storage, manifest, names, verify):
+    """The whole-bundle fetch of a remote root: an object source over `names`, checked (`verify`)."""
+    source = ObjectSource(storage, manifest, names)
+    try:
+        if verify:
+            problems = source.verify(data=verify != "index")
+            if problems:
+                raise CorruptCheckpointError("; ".join(problems))
+    except BaseException:
+        source.close()
+        raise
+    return Fetched(manifest, directory=source.directory, source=source)
+
+
 def _listed(storage, manifest, name):
     want = manifest.files.get(name)
     if want is None:
@@ -134,10 +176,11 @@ def _listed(storage, manifest, name):
     return want
 
 
-def _read(storage, manifest, ranges):
-    """[bytes] of [(file, start, end)], each checked for length."""
+def _read(storage, manifest, ranges, read_ranges=None):
+    """[bytes] of [(file, start, end)] (read by `read_ranges(dir, ranges)`, default the storage's),
+    each checked for length."""
     try:
-        out = storage.read_ranges(manifest.dir, ranges)
+        out = (read_ranges or storage.read_ranges)(manifest.dir, ranges)
     except FileNotFoundError as e:
         missing = next((n for n, _, _ in ranges if n in str(e)), ranges[0][0])
         raise CorruptCheckpointError(f"{storage.display(manifest.dir, missing)}: missing") from None
@@ -148,11 +191,14 @@ def _read(storage, manifest, ranges):
     return out
 
 
-def _fetch_named(storage, manifest, prefix, names):
+def read_named(storage, manifest, prefix, names, read_ranges=None):
+    """({name: np.ndarray}, bytes read) of tensors `names` of bundle `prefix` of commit `manifest`,
+    each verified (the module docstring, "Named tensors"); `read_ranges(dir, [(file, start, end)])`
+    reads the bytes (default: the storage's). Raises CorruptCheckpointError."""
     index_name = prefix + ".index"
     where = storage.display(manifest.dir, index_name)
     want = _listed(storage, manifest, index_name)
-    (index,) = _read(storage, manifest, [(index_name, 0, want["size"])])
+    (index,) = _read(storage, manifest, [(index_name, 0, want["size"])], read_ranges)
     if _crc(index) != want["crc32c"]:
         raise CorruptCheckpointError(f"{where}: crc32c does not match the manifest (corrupt)")
     num_shards, entries = parse_index(index, where)
@@ -180,7 +226,7 @@ def _fetch_named(storage, manifest, prefix, names):
                                                  f"outside the file's {info['size']} bytes")
                 ranged.append((f, e))
     reads = [(f, 0, info["size"]) for f, info, _ in whole] + [(f, e.offset, e.offset + e.size) for f, e in ranged]
-    blobs = _read(storage, manifest, reads) if reads else []
+    blobs = _read(storage, manifest, reads, read_ranges) if reads else []
     raw = {}
     for (f, info, mine), b in zip(whole, blobs):
         if _crc(b) != info["crc32c"]:

@@ -250,12 +250,8 @@ def install():
     global _CALLBACKS
     if _CALLBACKS is not None:
         return
-    import glob
-
-    from evstore import _ops  # noqa: F401 - the op library is loaded (its symbols are this process's)
-    lib_path = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(_ops.__file__)), "native",
-                                             "_evstore_ops*.so")))[0]
-    lib = ctypes.CDLL(lib_path, mode=ctypes.RTLD_GLOBAL)   # the library TensorFlow loaded: same handle
+    from evstore._ops import native_library
+    lib = native_library()
     fns = (ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p)(_cb_open),
            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(_cb_write),
            ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int)(_cb_close),

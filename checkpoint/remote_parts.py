@@ -26,18 +26,16 @@ The result is one ordinary TensorFlow bundle, as on a local root:
 Bytes through the chief per save: its own part (the dense tensors, global
 step), the part indexes and the merged index; no embedding row.
 
-Restores still stage: the native loader reads local files, so each task
-downloads the files it loads into a private temp directory of its host and
-removes it once loaded (below).
-
 Restoring (CheckpointManager.restore with shards on other tasks): the chief
-reads each commit's index (checked against the manifest) and stages the
-index and the data files of the dense tensors and of its own EVs; each task
-downloads, through its checkpoint service, the index and the data files of
-the entries its shards load (its own part when the layout is unchanged,
-every part when it changed: shards.load_plan), verifies their sizes and
-crc32c against the manifest, and the native loader then reads them on that
-task. Nothing is applied before every task's files are checked.
+reads each commit's index (checked against the manifest) and opens an object
+source (checkpoint/object_source.py) over the index and the data files of
+the dense tensors and of its own EVs; each task opens one, through its
+checkpoint service, over the index and the data files of the entries its
+shards load (its own part when the layout is unchanged, every part when it
+changed: shards.load_plan) and verifies their sizes and crc32c against the
+manifest; the native loader then reads them on that task from the object
+store. Nothing is applied before every task's files are checked, and no
+task writes a checkpoint byte to its disk.
 """
 import concurrent.futures
 import dataclasses
@@ -210,17 +208,18 @@ def data_files_of(index_bytes, tensor_names, where):
                    for n in tensor_names if n in entries and entries[n].size})
 
 
-# ---- restoring: each task stages the files its shards load -------------------
-def read_index(storage, manifest):
-    """The main bundle index of commit `manifest`, checked against the manifest."""
+# ---- restoring: each task opens a source over the files its shards load ------
+def read_index(storage, manifest, prefix=BUNDLE_PREFIX, read_ranges=None):
+    """The index of bundle `prefix` (default the main one) of commit `manifest`, checked against the
+    manifest; read by `read_ranges(dir, ranges)` (default the storage's)."""
     from checkpoint.errors import CorruptCheckpointError
-    name = BUNDLE_PREFIX + ".index"
+    name = prefix + ".index"
     want = manifest.files.get(name)
     where = storage.display(manifest.dir, name)
     if want is None:
         raise CorruptCheckpointError(f"{where}: not listed in the manifest")
     try:
-        (data,) = storage.read_ranges(manifest.dir, [(name, 0, want["size"])])
+        (data,) = (read_ranges or storage.read_ranges)(manifest.dir, [(name, 0, want["size"])])
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{where}: missing") from None
     if len(data) != want["size"] or crc32c_bytes(data) != want["crc32c"]:
@@ -243,10 +242,10 @@ def bundle_subset(manifest, index_bytes, tensors):
 
 
 def stage_on_tasks(storage, chain, indexes, wanted):
-    """Has each task download and verify the files it loads.
+    """Has each task open an object source over the files it loads and verify them.
 
     `wanted`: {task: [entry names per chain member]}. Returns {task: [its
-    local directory per chain member]}; release with `release_on_tasks`.
+    source's directory per chain member]}; release with `release_on_tasks`.
     A failure releases what was staged and raises (CorruptCheckpointError for
     a file that does not match its manifest)."""
     staged = {task: [] for task in wanted}
@@ -272,9 +271,13 @@ def stage_on_tasks(storage, chain, indexes, wanted):
 
 
 def release_on_tasks(staged):
+    """Closes every task's sources; returns the bytes they read from the root (of the tasks that
+    answered)."""
+    read = 0
     for task, dirs in staged.items():
         for d in dirs:
             try:
-                call(task, {"op": "rm", "dir": d})
-            except Exception:  # noqa: BLE001 - a dead task's files die with its host's temp
+                read += call(task, {"op": "rm", "dir": d}).get("bytes", 0)
+            except Exception:  # noqa: BLE001 - a dead task's source died with it
                 pass
+    return read

@@ -5,16 +5,26 @@ directory, fsynced). Other filesystems (s3://, gs://, memory://, ...) are
 written with no local staging: the native writer streams each file into the
 root through an object sink (checkpoint/object_sink.py: a temporary key per
 data file, renamed into place by `upload`), and the manifest is uploaded last
-(a single object put, atomic on object stores). Whole-checkpoint reads of
-remote roots (a restore, `local_dir`) download the files a process loads into
-a private local directory first, because the native loader reads local
-files; a serving replica reads byte ranges into memory (`read_ranges`).
+(a single object put, atomic on object stores). Reads of a remote root write
+nothing locally either: the native loader (a restore, a serving shard
+loading a new full, the tools) reads each file through an object source
+(checkpoint/object_source.py: ranged reads with read-ahead, the mirror of the
+sink; checkpoint/fetch.py opens it and checks the files first), and a serving
+replica reads the byte ranges of the tensors it serves into memory
+(`read_ranges`). Only a local root is staged (`stage`: hard links).
+
+Bytes read per restore from a remote root: every file the process loads is
+read once to check its size and crc32c against the manifest before anything
+changes; a file is kept in memory for the loader while the kept files stay
+within object_source.RETAIN_BYTES (512 MiB per restoring process), so it is
+read once; a larger one is read again by the loader (which checks each tensor's
+crc32c against the index as it reads). A serving shard streaming a new full
+into replacement tables reads each byte once (docs/ARCHITECTURE.md,
+"Restoring from an object store").
 """
 import copy
-import glob
 import os
 import posixpath
-import re
 import shutil
 import tempfile
 
@@ -24,28 +34,7 @@ from fsspec.implementations.local import LocalFileSystem
 from checkpoint.fileio import fsync
 from checkpoint.manifest import MANIFEST, Manifest, parse_dir_name
 
-__all__ = ["Storage", "private_tempdir", "sweep_dead"]
-
-
-def private_tempdir(kind, suffix=""):
-    """A new directory `<tmp>/evstore-<kind>-<pid>-<suffix>...` for this process's checkpoint bytes
-    in flight (staged parts and bundles); its owner removes it when the save ends."""
-    return tempfile.mkdtemp(prefix=f"evstore-{kind}-{os.getpid()}-{suffix}")
-
-
-def sweep_dead(kind):
-    """Removes the `private_tempdir(kind)` directories of processes that no longer run (killed
-    mid-save): no checkpoint byte stays outside the root. Those of live processes are kept."""
-    for d in glob.glob(os.path.join(tempfile.gettempdir(), f"evstore-{kind}-*")):
-        m = re.match(rf"evstore-{re.escape(kind)}-(\d+)-", os.path.basename(d))
-        if not m or int(m.group(1)) == os.getpid():
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except OSError:
-            pass
+__all__ = ["Storage"]
 
 
 class Storage:
@@ -66,7 +55,6 @@ class Storage:
         self.local = type(self.fs) is LocalFileSystem
         if self.local:
             self.path = os.path.abspath(self.path)
-        self._cache = None
         self._manifests = {}
 
     def __repr__(self):
@@ -224,42 +212,18 @@ class Storage:
             sink.discard()
             sink.close()
 
-    # ---- reading: a local directory holding a checkpoint's files ------------
-    def local_dir(self, dirname, names):
-        """A local directory with `names` of checkpoint `dirname` (downloaded for remote roots)."""
-        if self.local:
-            return self.join(dirname)
-        if self._cache is None:
-            self._cache = tempfile.mkdtemp(prefix="evstore-ckpt-cache-")
-        dst = os.path.join(self._cache, dirname)
-        os.makedirs(dst, exist_ok=True)
-        for name in names:
-            target = os.path.join(dst, name)
-            if not os.path.exists(target):
-                self.fs.get_file(self.join(dirname, name), target + ".part")
-                os.replace(target + ".part", target)
-        return dst
-
+    # ---- reading: where the native loader reads a checkpoint's files ---------
     def stage(self, dirname, names):
-        """A private local copy of checkpoint `dirname`'s files `names`, which
-        nothing else writes or deletes (a restore reads and checks exactly
-        these bytes). Local roots: hard links in `<root>/.evstore-restore-*`
+        """A private local view of checkpoint `dirname`'s files `names` (local
+        roots only), which nothing else writes or deletes (a restore reads and
+        checks exactly these bytes): hard links in `<root>/.evstore-restore-*`
         (no copy; a concurrent retention unlinks only its own names), copies
-        into a temporary directory when links cannot be made. Other
-        filesystems: downloads. A file that does not exist is left out (the
-        check step reports it). Release with `unstage(path)`."""
+        into a temporary directory when links cannot be made. A file that does
+        not exist is left out (the check step reports it). Release with
+        `unstage(path)`. Other roots are read in place through an object
+        source (checkpoint/object_source.py; checkpoint/fetch.py chooses)."""
         if not self.local:
-            dst = tempfile.mkdtemp(prefix=f"evstore-restore-{dirname}-")
-            try:
-                for name in names:
-                    try:
-                        self.fs.get_file(self.join(dirname, name), os.path.join(dst, name))
-                    except FileNotFoundError:
-                        pass
-            except BaseException:
-                shutil.rmtree(dst, ignore_errors=True)
-                raise
-            return dst
+            raise ValueError(f"{self.url}: stage() is for local roots; remote ones are read through an object source")
         try:
             dst = tempfile.mkdtemp(prefix=".evstore-restore-", dir=self.path)
         except OSError:   # read-only root: copies
@@ -283,11 +247,6 @@ class Storage:
     @staticmethod
     def unstage(path):
         shutil.rmtree(path, ignore_errors=True)
-
-    def close(self):
-        if self._cache:
-            shutil.rmtree(self._cache, ignore_errors=True)
-            self._cache = None
 
     def _display(self, path):
         if self.local:

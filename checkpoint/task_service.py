@@ -7,7 +7,8 @@ runs on the PS (an op placed on its device); this module is the other half:
 Python code in the task's process (`evstore server`) that opens an object
 sink there (checkpoint/object_sink.py: the writer streams each data file
 into the root with fsspec), gives the written files their names in the
-commit, and, for a restore, downloads and verifies the files a shard loads.
+commit, and, for a restore, verifies the files a shard loads and lets the
+native loader read them from the object store (checkpoint/object_source.py).
 
 Channel: TensorFlow's own runtime. Every evstore task process registers
 `_handle` in its py_func registry under TOKEN (`install()`, done by
@@ -26,13 +27,12 @@ Requests ({"op": ...}); every directory is one this process created:
                                   checkpoint directory, then closes the sink; {"bytes"}
   read dir, name               -> {"data": base64} of a small file of a sink (a part's index, in memory)
   get  url, options, dirname, files{name: {size, crc32c}}
-                               -> {"dir"}: the files downloaded and verified (size, crc32c), into a
-                                  private local directory (the native loader reads local files)
-  rm   dir                     -> closes one of its sinks, deleting what it still holds, or removes one
-                                  of its directories (nothing if it is gone)
-Restore directories are `<tmp>/evstore-task-<pid>-*`: those of a task killed
-mid-restore are removed when the next task process on the host starts
-(`install`).
+                               -> {"dir", "bytes"}: an object source's directory over the files
+                                  (checkpoint/object_source.py), each read once and verified (size,
+                                  crc32c; kept in memory within its budget); the native loader on this
+                                  task reads them through it; nothing is written on the task's disk
+  rm   dir                     -> closes one of its sinks (deleting what it still holds) or sources
+                                  (nothing if it is gone); {"bytes"}: what a source read from the root
 Errors come back as {"error", "corrupt"} and are raised by `call` as
 CheckpointError (CorruptCheckpointError for a file that does not match the
 manifest).
@@ -40,15 +40,15 @@ manifest).
 import base64
 import json
 import os
-import shutil
 import threading
+import types
 
 import tensorflow as tf
 
 from checkpoint import _failpoints
 from checkpoint.errors import CheckpointError, CorruptCheckpointError
 from checkpoint.object_sink import ObjectSink, is_sink, read, sink_of
-from checkpoint.storage import private_tempdir, sweep_dead
+from checkpoint.object_source import ObjectSource, is_source, source_of
 
 __all__ = ["install", "call", "TOKEN"]
 
@@ -58,14 +58,13 @@ _OWNED_LOCK = threading.Lock()
 
 
 def install():
-    """Registers the service in this process's py_func registry and the object sink's callbacks with its
-    native writer (idempotent), and removes the restore directories that tasks killed mid-restore left in
-    this host's temp directory."""
+    """Registers the service in this process's py_func registry, and the object sink's and source's
+    callbacks with its native writer and loader (idempotent)."""
     from tensorflow.python.ops import script_ops   # the registry EagerPyFunc kernels look tokens up in
     script_ops._py_funcs._funcs[TOKEN] = _handle   # a WeakValueDictionary: _handle is module-global
-    from checkpoint import object_sink
+    from checkpoint import object_sink, object_source
     object_sink.install()
-    sweep_dead("task")
+    object_source.install()
 
 
 def _storage(req):
@@ -78,13 +77,6 @@ def _owned(path):
         if path not in _OWNED:
             raise CheckpointError(f"{path} is not a directory this task's checkpoint service created")
     return path
-
-
-def _mkdtemp():
-    d = private_tempdir("task")
-    with _OWNED_LOCK:
-        _OWNED.add(d)
-    return d
 
 
 def _op_sink(req):
@@ -108,26 +100,19 @@ def _op_put(req):
 
 
 def _op_get(req):
-    from evstore import ops
-    storage = _storage(req)
-    d = _mkdtemp()
+    # The manifest's fields a source reads: the directory, and each file's size and crc32c.
+    listed = types.SimpleNamespace(dir=req["dirname"], files=dict(req["files"]))
+    source = ObjectSource(_storage(req), listed)
+    with _OWNED_LOCK:
+        _OWNED.add(source.directory)
     try:
-        for name, want in req["files"].items():
-            target = os.path.join(d, os.path.basename(name))
-            where = storage.display(req["dirname"], name)
-            try:
-                storage.fs.get_file(storage.join(req["dirname"], name), target)
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"{where}: missing") from None
-            crc, size = (int(x) for x in ops.ev_file_crc32c(target))
-            if size != want["size"]:
-                raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest says {want['size']} (truncated)")
-            if crc != want["crc32c"]:
-                raise CorruptCheckpointError(f"{where}: crc32c does not match the manifest (corrupt)")
+        problems = source.verify()
+        if problems:
+            raise CorruptCheckpointError("; ".join(problems))
     except BaseException:
-        _op_rm({"dir": d})
+        _op_rm({"dir": source.directory})
         raise
-    return {"dir": d}
+    return {"dir": source.directory, "bytes": source.bytes_read}
 
 
 def _op_rm(req):
@@ -135,7 +120,15 @@ def _op_rm(req):
         if req["dir"] not in _OWNED:   # removed already (after its upload), or never this task's: nothing to do
             return {}
     d = req["dir"]
-    if is_sink(d):
+    read = 0
+    if is_source(d):
+        try:
+            source = source_of(d)
+            source.close()
+            read = source.bytes_read
+        except KeyError:
+            pass
+    elif is_sink(d):
         try:
             sink = sink_of(d)
         except KeyError:
@@ -143,11 +136,9 @@ def _op_rm(req):
         if sink is not None:
             sink.discard()
             sink.close()
-    else:
-        shutil.rmtree(d, ignore_errors=True)
     with _OWNED_LOCK:
         _OWNED.discard(d)
-    return {}
+    return {"bytes": read}
 
 
 def _op_read(req):

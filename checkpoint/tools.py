@@ -24,6 +24,7 @@ Expected failures raise checkpoint.errors classes (or ValueError for bad
 arguments) with a message naming the root, checkpoint or file; `cli()` turns
 them into one line on stderr and exit code 1.
 """
+import contextlib
 import datetime
 import gc
 import json
@@ -38,6 +39,7 @@ from checkpoint.bundle import GLOBAL_STEP, load_ev, read_dense
 from checkpoint.chain import resolve_chain, scan, verify_files
 from checkpoint.commit import commit_checkpoint
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError
+from checkpoint.fetch import fetch
 from checkpoint.manifest import MANIFEST, parse_dir_name
 from checkpoint.storage import Storage
 
@@ -208,6 +210,25 @@ def _verify_chain(storage, chain):
         raise CorruptCheckpointError("; ".join(problems))
 
 
+@contextlib.contextmanager
+def _read_chain(storage, chain):
+    """[directory the native loader reads each checkpoint of `chain` from], every file verified against
+    its manifest first: a local root's checkpoint directories, or object sources over a remote root's
+    (checkpoint/object_source.py: nothing written on this host)."""
+    if storage.local:
+        _verify_chain(storage, chain)
+        yield [storage.join(m.dir) for m in chain]
+        return
+    fetched = []
+    try:
+        for m in chain:
+            fetched.append(fetch(storage, m, files=list(m.files)))
+        yield [f.dir for f in fetched]
+    finally:
+        for f in fetched:
+            f.close()
+
+
 def _ev_layout(chain):
     """{name: (dim, key_dtype, [(index in chain, slots)])}: the EVs of a chain (union, first seen first)."""
     out = {}
@@ -248,16 +269,12 @@ def materialize(root, seq=None, storage_options=None, chunk_rows=CHUNK_ROWS):
       RootNotFoundError, NoCheckpointError, ChainError, CorruptCheckpointError.
     """
     storage = _open_root(root, storage_options)
-    try:
-        chain = _chain(storage, seq)
-        _verify_chain(storage, chain)
-        dirs = [storage.local_dir(m.dir, list(m.files)) for m in chain]
+    chain = _chain(storage, seq)
+    with _read_chain(storage, chain) as dirs:
         evs = {name: _load_chain_ev(dirs, name, dim, kd, parts, chunk_rows)
                for name, (dim, kd, parts) in _ev_layout(chain).items()}
         dense = read_dense(dirs[-1], list(chain[-1].dense))
-        return chain, evs, dense
-    finally:
-        storage.close()
+    return chain, evs, dense
 
 
 # ---- writing a full ---------------------------------------------------------------------
@@ -376,10 +393,8 @@ def to_parquet(root, out_dir, seq=None, storage_options=None, chunk_rows=CHUNK_R
     import pyarrow.parquet as pq
 
     storage = _open_root(root, storage_options)
-    try:
-        chain = _chain(storage, seq)
-        _verify_chain(storage, chain)
-        dirs = [storage.local_dir(m.dir, list(m.files)) for m in chain]
+    chain = _chain(storage, seq)
+    with _read_chain(storage, chain) as dirs:
         last = chain[-1]
         ofs, opath = fsspec.core.url_to_fs(str(out_dir))
         local = isinstance(ofs, LocalFileSystem)
@@ -419,8 +434,6 @@ def to_parquet(root, out_dir, seq=None, storage_options=None, chunk_rows=CHUNK_R
             del cols, fcols
             gc.collect()
         return result
-    finally:
-        storage.close()
 
 
 # ---- command line ---------------------------------------------------------------------------

@@ -30,6 +30,13 @@ def _load():
 gen = _load()
 
 
+def native_library():
+    """The op library as a ctypes.CDLL (the same handle TensorFlow loaded), for the C entry points
+    that register a process's object sink and source (checkpoint/object_sink.py, object_source.py)."""
+    import ctypes
+    return ctypes.CDLL(sorted(glob.glob(os.path.join(_HERE, "_evstore_ops*.so")))[0], mode=ctypes.RTLD_GLOBAL)
+
+
 @tf.RegisterGradient("EvFindOrInsert")
 def _ev_find_or_insert_grad(op, grad):
     """Gradient of a training lookup: (keys, row gradients) as IndexedSlices.

@@ -198,8 +198,9 @@ class ShardModel(ServingModel):
 
     def _stage_chain(self, chain):
         """A new chain (full + deltas) streamed into replacement tables: the
-        full's part files staged on local disk, then read in chunks (DRAM
-        stays at the tables' cache budget, whatever the partition's size)."""
+        full's part files read in chunks (from the object store through an
+        object source on a remote root: nothing on local disk; DRAM stays at
+        the tables' cache budget, whatever the partition's size)."""
         held = self.rows() if self.version is not None else {}   # until the swap, both versions' rows
         fresh, staged = stream_chain(self.stager, self._tables, chain, check=lambda rows: self.budget.check(
             chain[0], held, rows, "the served partition and the new full's, until the swap" if held

@@ -2,16 +2,21 @@
 
 A stock table's reload stages every checkpoint of the chain in memory, then
 publishes (stager.py, publisher.py). A full of a table larger than memory cannot be staged
-so; here it is staged on disk and streamed into a second table instead:
+so; here it is streamed into a second table instead:
 
   * stage (no lock): the chain's deltas as any delta (in memory, validated);
     the data files of the full's EV entries this process reads (every part,
     or a serving shard's own part: the stager's partition, partition.py) and
-    of the served dense weights in a private local directory, every file
-    checked against the manifest (checkpoint.fetch), then streamed into a new
-    table per EV (`EvTable.replacement()`, tiered like the served one, in
-    chunks, a shard's keeping only keys routed to it when it reads other
-    parts: DRAM stays at the cache budget) and the deltas applied to it;
+    the served dense weights, streamed into a new table per EV
+    (`EvTable.replacement()`, tiered like the served one, in chunks, a
+    shard's keeping only keys routed to it when it reads other parts: DRAM
+    stays at the cache budget) and the deltas applied to it. The files
+    (checkpoint.fetch, verify="index"): a local root's hard-linked privately
+    and checked against the manifest first; an object store's read straight
+    from it by the native loader (checkpoint/object_source.py), the index
+    checked against the manifest and every file's size first, each tensor's
+    crc32c as it loads (a failure drops the replacements): each byte read
+    once, nothing written locally;
   * publish (write lock): each served table adopts its replacement (one swap
     of tables), the dense weights and the version as for any commit.
 
@@ -102,8 +107,8 @@ def stream_chain(stager, tables, chain, check=lambda rows: None):
     """Stages `chain` (full first) into replacements of `tables` ({EV:
     EvTable}) without publishing: the deltas in memory (validated), the
     full's files of the entries this process reads (the stager's partition:
-    a serving shard's own part, or every part with a key filter) staged in a
-    private local directory, each checked against the manifest, then
+    a serving shard's own part, or every part with a key filter), checked
+    (fetch's verify="index": the module docstring) and
     streamed into the replacements in chunks (DRAM stays at the tables'
     cache budget and a chunk's rows) and the deltas applied. `check({EV:
     rows})`, with the rows the full brings here by its index, runs before
@@ -130,7 +135,9 @@ def stream_chain(stager, tables, chain, check=lambda rows: None):
             files = sorted(set(files) | set(bundle_files(full, VIEW_PREFIX)))
         for name, table in tables.items():
             fresh[name] = table.replacement(precision)
-        with fetch(stager.storage, full, files=files) as f:   # these files, verified, in a local directory
+        # These files for the native loader: the replacements are dropped if a tensor fails its check,
+        # so a remote root's data files are read once, checked as they load (fetch's verify="index").
+        with fetch(stager.storage, full, files=files, verify="index") as f:
             for name, table in fresh.items():
                 for i, (entry, shard, count) in enumerate(plans[name]):   # a sharded EV's parts into its one table
                     table.load_bundle(f.dir, entry, clear=i == 0, shard_index=shard, num_shards=count, view=view)

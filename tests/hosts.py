@@ -62,16 +62,16 @@ API
                                   a SavedModel's directory (saved_model.pb: a
                                   serving export) is a model, not a commit, and
                                   is not scanned
-    .checkpoint_writes(restores=False) -> {host: [paths]}
+    .checkpoint_writes() -> {host: [paths]}
                                   every file any host but the object store's
                                   created or wrote while the Network lived
                                   (an inotify trace: a file written and
                                   deleted between two scans included) that
                                   had a checkpoint name or held checkpoint
-                                  bytes; `restores=True` leaves out restore
-                                  downloads (the native loader reads local
-                                  files), never a save's bytes
-    .assert_no_checkpoint_files(restores=False)
+                                  bytes: a save's, and a restore's or a
+                                  serving shard's too (they read through an
+                                  object source: checkpoint/object_source.py)
+    .assert_no_checkpoint_files()
                                   AssertionError naming each file of either
   Host
     .name, .address, .netns      its name, IPv4 address on the bridge, namespace
@@ -192,9 +192,6 @@ exec setpriv --pdeathsig KILL -- "$@"
 _CKPT_FILE = re.compile(r"(^MANIFEST\.json|\.index|\.index\.tmp|\.data-\d+-of-\d+|\.tmp-(main|\d+)(\.len|\.s)?"
                         r"|^part\d+\.json)$")
 _CKPT_DIR = re.compile(r"^((full|delta)-\d+|\.?evstore-(stage|ckpt-cache|restore|task|sync-part)-.*)$")
-# What a restore downloads, because the native loader reads local files (checkpoint/storage.py
-# `stage` / `local_dir`, task_service.py `get`): allowed by `restores=True`, never a save's bytes.
-_RESTORE_DIR = re.compile(r"^\.?evstore-(ckpt-cache|restore|task)-")
 # Checkpoint bytes by content: a TF bundle index ends in the leveldb table magic; a manifest is
 # JSON naming its files, EVs and sequence number.
 _TABLE_MAGIC = bytes.fromhex("57fb808b247547db")
@@ -667,9 +664,8 @@ class WriteTrace:
                 if sum(len(v) for v in self.written.values()) == before:
                     return
 
-    def checkpoint_writes(self, restores=False, hosts=None):
-        """{host: [paths]} of recorded files with a checkpoint name or checkpoint bytes (restore
-        downloads left out when `restores`)."""
+    def checkpoint_writes(self, hosts=None):
+        """{host: [paths]} of recorded files with a checkpoint name or checkpoint bytes."""
         self.sync()
         out = {}
         with self._lock:
@@ -677,8 +673,6 @@ class WriteTrace:
         for h, seen in items:
             for rel, holds in sorted(seen.items()):
                 parts = rel.split(os.sep)
-                if restores and any(_RESTORE_DIR.match(p) for p in parts[:-1]):
-                    continue   # (a directory's path ends in os.sep: its own name is in parts[:-1])
                 if any(os.path.join(*parts[:i], "saved_model.pb") in seen for i in range(1, len(parts))):
                     continue   # in a SavedModel (a serving export): a model, not a commit
                 if holds or _is_checkpoint_path(rel):
@@ -804,19 +798,18 @@ class Network:
                             found.setdefault(name, []).append(os.path.join(d, f))
         return found
 
-    def checkpoint_writes(self, restores=False):
+    def checkpoint_writes(self):
         """{host: [paths]} of every file a host (not the object store's) created or wrote, at any time
-        since the Network started, that had a checkpoint name or held checkpoint bytes (WriteTrace);
-        `restores=True` leaves out what restores downloaded (the native loader reads local files)."""
-        return self.trace.checkpoint_writes(restores, [h for h in self.hosts if h not in self._stores])
+        since the Network started, that had a checkpoint name or held checkpoint bytes (WriteTrace)."""
+        return self.trace.checkpoint_writes([h for h in self.hosts if h not in self._stores])
 
-    def assert_no_checkpoint_files(self, restores=False):
+    def assert_no_checkpoint_files(self):
         """AssertionError naming each checkpoint file a host keeps now (`checkpoint_files`) and each one
-        a host wrote at any time (`checkpoint_writes`, restore downloads allowed by `restores`)."""
+        a host wrote at any time (`checkpoint_writes`)."""
         found = self.checkpoint_files()
         assert not found, "checkpoint files outside the object store: " + "; ".join(
             f"{h}: {', '.join(os.path.relpath(p, self.workdir) for p in ps[:10])}" for h, ps in found.items())
-        written = self.checkpoint_writes(restores)
+        written = self.checkpoint_writes()
         assert not written, "checkpoint bytes written outside the object store: " + "; ".join(
             f"{h}: {', '.join(ps[:10])}" for h, ps in written.items())
 

@@ -13,7 +13,13 @@ by `load`. For each root (a local directory on this disk; s3://bucket/ps):
                   its host (and, on S3, uploads it), the chief merges and commits;
   delta save      after --dirty of the keys were rewritten (load, untimed);
   restore         CheckpointManager.restore() of the chain (full + delta) into
-                  the same table (cleared first), each PS staging its own files.
+                  the same table (cleared first); on S3 each PS reads its own
+                  files through an object source (checkpoint/object_source.py:
+                  verified once, kept in memory within its budget, loaded);
+                  Reported with the bytes every process read from the root.
+  download-then-load  the S3 chain restored as before the object source: every
+                  file downloaded to local disk (2 threads, one per PS's part),
+                  then restored from that copy as from a local root.
   chief bytes     bytes the chief sent to the root per save
                   (manager.last_save_stats["bytes_sent_here"]), against the
                   commit's total bytes.
@@ -26,12 +32,20 @@ CollectiveEmbeddingVariable of --sync-keys keys x --dim with Adam slots
 (each worker fills its own shard), SyncCheckpointManager full and delta
 commits (--dirty rewritten between) to each root, timed on worker 0.
 
+Also reported: peak memory and disk of the whole run (bench/harness/rss.py
+TreeUsage: the sum over its processes, and each role's own peak: moto, each
+PS, the chief, each sync worker), and moto_5xx, the requests moto failed
+(retries racing a request the client gave up on: --s3-read-timeout). The run
+stops itself once the machine's available memory falls under
+--min-available-mib.
+
 Prints one JSON line (the last line of stdout); progress goes to stderr.
 """
 import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -119,6 +133,35 @@ def through_chief(storage, ev, tf, work):
     return dt, sent
 
 
+def download_then_load(mgr, ev, step, local):
+    """Restores `mgr`'s chain (an S3 root) the way restores did before the object source:
+    every file downloaded to local disk first (2 threads, as the 2 PS each downloaded their own part
+    file by file), then restored from that copy as from a local root (hard links, every file's crc32c,
+    the load)."""
+    import concurrent.futures
+
+    import checkpoint
+    storage = mgr.storage
+    jobs = []
+    for m in mgr.chain():
+        os.makedirs(os.path.join(local, m.dir))
+        jobs += [(m.dir, n, m.files[n]["size"]) for n in m.files] + [(m.dir, "MANIFEST.json", 0)]
+    halves = [jobs[0::2], jobs[1::2]]
+
+    def get(files):
+        for d, n, _ in files:
+            storage.fs.get_file(storage.join(d, n), os.path.join(local, d, n))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(get, h) for h in halves]:
+            f.result()
+    copy = checkpoint.CheckpointManager(local, [ev], global_step=step, keep_chains=None)
+    try:
+        copy.restore()
+    finally:
+        copy.close()
+
+
 def ps_part(args, bucket, work):
     import tensorflow as tf
 
@@ -161,12 +204,30 @@ def ps_part(args, bucket, work):
                 out[f"{name}_{kind}_chief_sent_bytes"] = mgr.last_save_stats.get("bytes_sent_here")
                 log(f"{name} {kind} seq {seq}: {dt:.2f}s, {m.total_bytes / 2**20:.1f} MiB, chief sent "
                     f"{mgr.last_save_stats.get('bytes_sent_here')} bytes")
-        for name, mgr in mgrs.items():
-            t0 = time.perf_counter()
-            mgr.restore()
-            dt = time.perf_counter() - t0
-            out[f"{name}_restore_s"] = round(dt, 2)
-            log(f"{name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys")
+        # Restores: each way --restore-rounds times, interleaved (local, S3 through the object source,
+        # S3 downloaded first), so the machine's load moves every way alike.
+        ways = [(n, mgr.restore) for n, mgr in mgrs.items()] + [
+            ("s3_download_then_load", lambda: download_then_load(mgrs["s3"], ev, step,
+                                                                 os.path.join(work, "downloaded")))]
+        for r in range(args.restore_rounds):
+            for name, run in ways:
+                shutil.rmtree(os.path.join(work, "downloaded"), ignore_errors=True)   # the last round's copy
+                t0 = time.perf_counter()
+                run()
+                dt = time.perf_counter() - t0
+                rounds = out.setdefault(f"{name}_restore_rounds_s", [])
+                rounds.append(round(dt, 2))
+                out[f"{name}_restore_s"] = sorted(rounds)[len(rounds) // 2]   # the median so far
+                read = mgrs[name].last_restore_stats["bytes_read"] if name in mgrs else None
+                if read is not None:
+                    out[f"{name}_restore_bytes_read"] = read
+                log(f"round {r}: {name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys"
+                    + (f", {read} bytes read from the root" if read is not None else ""))
+        out["restore_files_bytes"] = sum(m.total_bytes for m in mgrs["s3"].chain())
+        if args.skip_through_chief:
+            for mgr in mgrs.values():
+                mgr.close()
+            return out
         dt, sent = through_chief(mgrs["s3"].storage, ev, tf, work)
         out["s3_full_through_chief_s"] = round(dt, 2)
         out["s3_full_through_chief_sent_bytes"] = sent
@@ -211,11 +272,24 @@ def main():
     ap.add_argument("--dirty", type=float, default=0.1, help="fraction of the keys rewritten before each delta")
     ap.add_argument("--fill-chunk", type=int, default=200_000)
     ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--skip-through-chief", action="store_true", help="no full save through the chief")
+    ap.add_argument("--restore-rounds", type=int, default=1, help="times each restore is measured (interleaved)")
+    ap.add_argument("--s3-read-timeout", type=float, default=None,
+                    help="seconds an S3 client waits for an answer before it retries (every process of the run, "
+                         "through fsspec's FSSPEC_S3 configuration; default s3fs's 15). moto answers a "
+                         "CompleteMultipartUpload or CopyObject only when done, with no keep-alive bytes as S3 "
+                         "sends, so at size a request outlives 15 s and its retry races the first (moto_5xx)")
     ap.add_argument("--min-available-mib", type=int, default=3072,
                     help="stop (SIGKILL every process of the run, exit 3) once the machine's MemAvailable falls "
                          "under this: a shared machine is never pushed into the OOM killer")
     args = ap.parse_args()
     args.sync_keys = args.sync_keys or args.keys
+    if args.s3_read_timeout is not None:   # before any S3 filesystem exists; the tasks inherit it
+        conf = json.loads(os.environ.get("FSSPEC_S3", "{}"))
+        conf.setdefault("config_kwargs", {})["read_timeout"] = args.s3_read_timeout
+        os.environ["FSSPEC_S3"] = json.dumps(conf)
+        import fsspec.config
+        fsspec.config.set_conf_env(fsspec.config.conf)
     import checkpoint
     moto_bucket = s3_server().moto_bucket
     results = os.path.join(ROOT, "bench", "results")
@@ -241,6 +315,9 @@ def main():
                 result.update(sync_part(args, bucket, work))
             result["sync_part_usage"] = u.as_dict()
             log(f"sync part usage: {u.as_dict()}")
+    with open(os.path.join(work, "moto.log")) as f:
+        result["moto_5xx"] = sum(1 for line in f if re.search(r'" 5\d\d ', line))
+    result["s3_read_timeout"] = args.s3_read_timeout
     result["load_avg_end"] = os.getloadavg()[0]
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))

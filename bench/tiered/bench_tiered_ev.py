@@ -34,14 +34,16 @@ import sys
 import tempfile
 import time
 
+from bench.harness.disk import drop_cache, sequential_rate
 from bench.harness.paths import ROOT
 from bench.harness.peers import module_cmd
 from bench.harness.rss import malloc_trim, status_kib
 
 SAMPLE = 4096          # rows checked bit for bit after a restore
-FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "restore_full_s", "train_keys_per_s", "train_cpu_us_per_key",
+FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "restore_full_s", "seq_read_s", "seq_write_s",
+          "save_vs_sequential", "restore_vs_sequential", "train_keys_per_s", "train_cpu_us_per_key",
           "hit_rate", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
-          "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
+          "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
           "rss_restored_peak_mb", "delta_mb", "full_mb", "cache_rows", "disk_mb"]
 
 
@@ -159,11 +161,16 @@ def child(cfg):
         out["populate_cpu_us_per_key"] = (time.process_time() - c0) / cfg["keys"] * 1e6
         out["rss_populated_mb"] = _status_mib("VmRSS")
         mgr = side.manager()
+        drop_cache(cfg["tier_dir"])   # the tier file read from the disk, as a table larger than memory is
         a = time.perf_counter()
         full_seq = mgr.save_full()
         out["save_full_s"] = time.perf_counter() - a
         out["full_seq"] = full_seq
         out["full_mb"] = _dir_mb(cfg["ckpt"])
+        # The disk's sequential rate for the full's bytes, in this run: a save reads them (the tier) and
+        # writes them (the bundle), a restore reads the bundle and writes the tier.
+        out.update(sequential_rate(os.path.dirname(cfg["ckpt"]), int(out["full_mb"] * 2**20)))
+        out["save_vs_sequential"] = (out["seq_read_s"] + out["seq_write_s"]) / out["save_full_s"]
         out["rss_saved_mb"] = _status_mib("VmRSS")
         keys, rows = side.sample()
         np.savez(cfg["sample"], keys=keys, rows=rows)
@@ -175,6 +182,7 @@ def child(cfg):
         out["find1k_keys_per_s"], p99 = side.lookups(1024, cfg["find1k_calls"])
         out["find1k_p99_ms"] = p99 * 1e3
         out["rss_train_mb"] = _status_mib("VmRSS")
+        out["rss_train_file_mb"] = _status_mib("RssFile")  # mapped file pages: the tier file's that reads mapped
         st = side.ev.stats()
         out.update(cache_rows=st["cache_rows"], disk_mb=st["disk_bytes"] / 2**20, admitted=st["admitted"],
                    index_mb=st["index_bytes"] / 2**20, meta_mb=st["meta_bytes"] / 2**20)
@@ -193,9 +201,12 @@ def child(cfg):
         fresh = side.make_ev()
         mgr = side.manager(fresh)
         seq = mgr.chain()[0].seq
+        drop_cache(cfg["ckpt"])   # the full read from the disk
         a = time.perf_counter()
         mgr.restore(seq=seq)
         out["restore_full_s"] = time.perf_counter() - a
+        if cfg.get("seq"):   # the train-save phase's sequential rate, same run
+            out["restore_vs_sequential"] = (cfg["seq"]["seq_read_s"] + cfg["seq"]["seq_write_s"]) / out["restore_full_s"]
         out["rss_restored_mb"] = _status_mib("VmRSS")
         s = np.load(cfg["sample"])
         got = side.evstore.embedding_lookup(fresh, s["keys"], training=False).numpy()
@@ -324,6 +335,23 @@ def _run_child(cfg):
     return fig
 
 
+def _seq(fig):
+    """The sequential-rate figures of a train-save phase (for the restore's ratio), or None."""
+    return {k: fig[k] for k in ("seq_read_s", "seq_write_s", "seq_bytes")} if "seq_read_s" in fig else None
+
+
+def _print_sequential(saved, restored):
+    """The save and restore against the disk's sequential read + write of the full's bytes, same run."""
+    if "seq_read_s" not in saved:
+        return
+    seq = saved["seq_read_s"] + saved["seq_write_s"]
+    print(f"the full's {saved['seq_bytes'] / 2**20:,.0f} MiB: the disk's sequential read {saved['seq_read_s']:.2f} s + "
+          f"write and fsync {saved['seq_write_s']:.2f} s = {seq:.2f} s; full save (tier file cold) "
+          f"{saved['save_full_s']:.2f} s = {seq / saved['save_full_s']:.2f}x the sequential rate"
+          + (f"; restore (full cold) {restored['restore_full_s']:.2f} s = {seq / restored['restore_full_s']:.2f}x"
+             if "restore_full_s" in restored else ""))
+
+
 def _header(args):
     row_bytes = args.dim * 3 * 4
     return (f"{args.keys:,} keys x dim {args.dim} + Adam ({row_bytes * args.keys / 2**30:.2f} GiB of rows), "
@@ -340,7 +368,7 @@ def ev_level(args):
                 cfg = _cfg(args, kind, "train-save", work)
                 fig = _run_child(cfg)
                 shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
-                restored = _run_child(dict(cfg, phase="restore"))
+                restored = _run_child(dict(cfg, phase="restore", seq=_seq(fig)))
                 fig.update({k: v for k, v in restored.items() if k.startswith(("restore", "rss_restored"))},
                            rss_restored_base_mb=restored["rss_base_mb"], rss_restored_peak_mb=restored["rss_peak_mb"])
                 runs[kind].append(fig)
@@ -364,6 +392,8 @@ def ev_level(args):
     d = med["dram"]
     print(f"all-DRAM table's RSS: {d['rss_train_mb'] - d['rss_base_mb']:.0f} MiB after training, "
           f"{d['rss_restored_mb'] - d['rss_restored_base_mb']:.0f} MiB after a restore in a fresh process")
+    for v in runs["tiered"]:
+        _print_sequential(v, v)
     for kind, v in runs.items():
         bad = [x for x in v if not x.get("restored_bit_exact")]
         print(f"{kind}: restored sampled rows bit-exact in {len(v) - len(bad)}/{len(v)} runs")
@@ -385,9 +415,10 @@ def beyond(args):
         figs = {}
         for phase in phases:
             subprocess.run(["df", "-h", work])
-            figs[phase] = _run_child(dict(cfg, phase=phase))
+            figs[phase] = _run_child(dict(cfg, phase=phase, seq=_seq(figs.get("train-save", {}))))
             shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
         print(json.dumps(figs))
+        _print_sequential(figs.get("train-save", {}), figs.get("restore", {}))
         if "restore" in figs and not figs["restore"].get("restored_bit_exact"):
             sys.exit("restored rows differ from the saved ones")
         done = phases[-1] == ("serve" if args.serve else "restore")

@@ -43,10 +43,8 @@ Checked all along (each failure is a violation in the report; exit 1):
     (one more while a full is being written) under the root;
   * --hosts: at the end no host holds a checkpoint file outside the object
     store (tests/hosts.py's scan of each host's private /tmp, home and
-    /dev/shm); checkpoint.Storage's temporary directories that SIGKILLed
-    processes left behind are counted in the report, not violations; and no
-    host wrote a save's checkpoint byte at any time (tests/hosts.py's write
-    trace; what restores download is allowed).
+    /dev/shm), and no host wrote a checkpoint byte at any time, a save's,
+    a restore's or a replica's (tests/hosts.py's write trace).
 Reported: RSS, open descriptors and threads of every process, their growth
 per hour (least-squares slope over each process's life after its first
 --warmup-s seconds; the longest-lived instance of each role), the disk
@@ -56,7 +54,6 @@ import argparse
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -79,9 +76,6 @@ from evstore_app.cluster import stop as stop_process  # noqa: E402
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STARTUP_S = 300   # TensorFlow import + model load on a busy 2-core machine
-# checkpoint.Storage's temporary directories (staging an upload, a reader's cache), which a SIGKILLed
-# process leaves in its host's /tmp: counted in the report, not violations.
-_STORAGE_TEMP = re.compile(r"/\.?evstore-(stage|ckpt-cache|restore)-[^/]*/")
 
 
 def _proc_stats(pid):
@@ -485,7 +479,7 @@ class Soak:
                 p.stop() if p.role != "trainer" else p.kill()
         if self.net:
             self.leftovers = self.net.checkpoint_files()
-            self.written = self.net.checkpoint_writes(restores=True)   # saves' bytes written on any disk
+            self.written = self.net.checkpoint_writes()   # any checkpoint byte written on any disk
             self.net.close()
         else:
             self.moto.stop()
@@ -511,18 +505,15 @@ class Soak:
         converge = [k["converge_s"] for k in self.kills if k["converge_s"] is not None]
         leftovers = {h: [os.path.relpath(p, self.net.workdir) for p in ps]
                      for h, ps in getattr(self, "leftovers", {}).items()}
-        temporaries = {h: [p for p in ps if _STORAGE_TEMP.search(p)] for h, ps in leftovers.items()}
         for h, ps in leftovers.items():
-            outside = [p for p in ps if not _STORAGE_TEMP.search(p)]
-            if outside:
-                self.violations.append(f"host {h} holds checkpoint files outside the object store: {outside[:5]}")
+            if ps:
+                self.violations.append(f"host {h} holds checkpoint files outside the object store: {ps[:5]}")
         for h, ps in getattr(self, "written", {}).items():
             self.violations.append(f"host {h} wrote checkpoint bytes outside the object store: {ps[:5]}")
         return {
             "minutes": round(elapsed / 60, 2),
             "root": ("moto S3 on a host of its own via s3fs; the trainer, each replica and the client each on a "
                      "host of their own (tests/hosts.py)") if self.net else "moto S3 on 127.0.0.1 via s3fs",
-            "killed_processes_temporary_files": {h: len(ps) for h, ps in temporaries.items() if ps},
             "replicas": a.replicas,
             "delta_every_s": a.delta_every, "full_every": a.full_every, "keep_chains": a.keep_chains,
             "commits_journaled": len(commits), "last_commit": commits[-1] if commits else None,

@@ -5,7 +5,7 @@ job (its chief, 2 PS and 2 workers) committing to moto's S3 server, three
 moments (seed 30: the chief, a replica, a PS, a worker, as far as the run
 gets), every answer checked against the commit it names, and at the end no
 checkpoint file on any host but the store's, nor any save's byte written on
-one at any time (tests/hosts.py's write trace; restores' downloads allowed). One test, the whole run: it
+one at any time, a save's or a restore's (tests/hosts.py's write trace). One test, the whole run: it
 passes when the soak reports no violation (soak.py's docstring lists them)
 and at least one kill happened; the growth figures are reported, not
 judged, over so short a run."""

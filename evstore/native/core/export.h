@@ -19,9 +19,13 @@
 // decides a future admission or eviction, so a restore resumes exactly.
 //
 // Consistency under concurrent training
-//   * Full: segments are visited one at a time; each segment is read under
-//     its shared lock, chunk flushes included, so every row is a value it had
-//     during the export (never torn) and a segment is one instant. Keys
+//   * Full: every key once (Table::ForEachKey), each read under its
+//     segment's shared lock, chunk flushes included, so every row is a value
+//     it had during the export (never torn). All-DRAM, segment after segment
+//     (a segment is one instant); tiered, the rows in DRAM first and then the
+//     cold rows in the tier file's order, so the file streams in long reads.
+//     The order of keys in a full is not a contract (readers, restores with
+//     resharding, delta application and serving look keys up). Keys
 //     inserted or changed after the snapshot was sealed may or may not be in
 //     the full; they are in the table's open dirty set either way, so the next
 //     delta carries them (a chain never misses a change).
@@ -186,22 +190,20 @@ ExportCounts ExportFull(const Table<K, Tr, S>& t, int num_slots, int64_t chunk_r
   const int stride = t.dim() * (1 + num_slots);
   export_internal::Chunk<K> ch(stride, chunk_rows < 1 ? 1 : chunk_rows);
   ExportCounts c;
-  for (int s = 0; s < t.num_segments(); ++s) {
-    t.ForEachInSegment(s, [&](const ExportedKey<K>& x, const float* row) {
-      if (x.admitted) {
-        ch.keys.push_back(x.key);
-        ch.rows.insert(ch.rows.end(), row, row + stride);
-        ch.versions.push_back(x.version);
-        ch.freqs.push_back(x.freq);
-        if (static_cast<int64_t>(ch.keys.size()) == ch.cap) ch.FlushRows(sink, &c);
-      } else {
-        ch.fkeys.push_back(x.key);
-        ch.ffreqs.push_back(x.freq);
-        ch.fseen.push_back(x.seen);
-        if (static_cast<int64_t>(ch.fkeys.size()) == ch.cap) ch.FlushFiltered(sink, &c);
-      }
-    });
-  }
+  t.ForEachKey([&](const ExportedKey<K>& x, const float* row) {
+    if (x.admitted) {
+      ch.keys.push_back(x.key);
+      ch.rows.insert(ch.rows.end(), row, row + stride);
+      ch.versions.push_back(x.version);
+      ch.freqs.push_back(x.freq);
+      if (static_cast<int64_t>(ch.keys.size()) == ch.cap) ch.FlushRows(sink, &c);
+    } else {
+      ch.fkeys.push_back(x.key);
+      ch.ffreqs.push_back(x.freq);
+      ch.fseen.push_back(x.seen);
+      if (static_cast<int64_t>(ch.fkeys.size()) == ch.cap) ch.FlushFiltered(sink, &c);
+    }
+  });
   ch.FlushRows(sink, &c);
   ch.FlushFiltered(sink, &c);
   export_internal::ExportBloom(t, nullptr, ch.cap, sink, &c);

@@ -14,6 +14,10 @@
 //   A record dies (Kill) when its row is written again elsewhere, is freed,
 //   or drops its disk copy. An extent that is not open and has no live record
 //   returns to the free list at once and is reused before the file grows.
+//   While a reader streams the file without the store's locks (a full
+//   export: Hold), a freed extent waits on a held list instead and is
+//   reused only after the last Unhold, so a record written before the hold
+//   is never overwritten under the reader.
 // Compaction
 //   Rows rewritten at every eviction leave dead records behind in extents
 //   that still hold a few live ones. Once dead records outnumber live ones
@@ -24,7 +28,7 @@
 //   never holds anything for long.
 // Invariants
 //   live <= used <= kExtent per extent; the sum of live = rows with a disk copy;
-//   free extents have used == live == 0; the open extent is never free.
+//   free and held extents have used == live == 0; the open extent is never free.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -75,7 +79,7 @@ class LogSpace {
   // kWindow extents past the cursor, at most half live), or kNone when dead
   // records do not yet outnumber live ones.
   uint32_t PickSparse() {
-    const int64_t records = static_cast<int64_t>(ext_.size() - free_.size()) * kExtent;
+    const int64_t records = static_cast<int64_t>(ext_.size() - free_.size() - held_.size()) * kExtent;
     const int64_t dead = records - live_;
     if (dead <= live_ || dead < 4 * static_cast<int64_t>(kExtent)) return kNone;
     static constexpr uint32_t kWindow = 64;
@@ -92,12 +96,22 @@ class LogSpace {
     return best;
   }
 
+  // While held (Hold calls not yet matched by Unhold), no extent is reused:
+  // freed ones wait on the held list and the file grows instead.
+  void Hold() { ++holds_; }
+  void Unhold() {
+    if (--holds_ > 0) return;
+    free_.insert(free_.end(), held_.begin(), held_.end());
+    held_.clear();
+  }
+
   // Records written so far that the file spans (its apparent size), records
   // holding a current row copy, and the DRAM this bookkeeping takes.
   int64_t records() const { return static_cast<int64_t>(ext_.size()) * kExtent; }
   int64_t live() const { return live_; }
   int64_t bytes() const {
-    int64_t b = static_cast<int64_t>(ext_.capacity()) * sizeof(Extent) + free_.capacity() * sizeof(uint32_t);
+    int64_t b = static_cast<int64_t>(ext_.capacity()) * sizeof(Extent) +
+                static_cast<int64_t>(free_.capacity() + held_.capacity()) * sizeof(uint32_t);
     for (const Extent& e : ext_) b += e.rows ? kExtent * sizeof(uint32_t) : 0;
     return b;
   }
@@ -108,6 +122,7 @@ class LogSpace {
   void Rebuild(uint32_t n, const RowOf& row_of) {
     ext_.clear();
     free_.clear();
+    held_.clear();
     open_ = kNone;
     live_ = 0;
     cursor_ = 0;
@@ -141,11 +156,13 @@ class LogSpace {
   }
   void Release(uint32_t x) {
     ext_[x].used = 0;
-    free_.push_back(x);
+    (holds_ > 0 ? held_ : free_).push_back(x);
   }
 
   std::vector<Extent> ext_;
   std::vector<uint32_t> free_;  // extents with nothing live, reused first
+  std::vector<uint32_t> held_;  // extents freed while held: free at the last Unhold
+  int holds_ = 0;
   uint32_t open_ = kNone;       // the extent writes go to
   int64_t live_ = 0;
   uint32_t cursor_ = 0;         // where PickSparse's window starts

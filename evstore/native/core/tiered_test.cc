@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "export.h"
 #include "table.h"
 #include "test_check.h"
 #include "tiered_store.h"
@@ -133,15 +134,20 @@ static void TrainStep(A& a, B& b, const std::vector<K>& keys, int64_t step, bool
 
 static void test_tiered_table_equals_all_dram_table_bit_for_bit() {
   const int dim = 8;
-  // No filter, the counting filter, the Bloom filter.
+  // No filter, the counting filter, the Bloom filter; reads through the
+  // mapping of the tier file and on the portable preadv path.
   for (int filter : {0, 1, 2}) {
     for (bool l2 : {false, true}) {
+      const bool mapped = filter != 1 || l2;
       std::string dir = TempDir();
       TableConfig cfg = Cfg(dim, filter == 0 ? 1 : 2);
       if (filter == 2) cfg.bloom.capacity = 10000;
       Table<int64_t> dram(cfg);
       // About 40 rows of DRAM (dim 8, Adam: 96 bytes a row) for ~2,000 keys.
-      Tiered<int64_t> tier(TierCfg(cfg, dir, 40 * 100));
+      TableConfig tcfg = TierCfg(cfg, dir, 40 * 100);
+      tcfg.tier.mapped_reads = mapped;
+      Tiered<int64_t> tier(tcfg);
+      CHECK(tier.store().mapped_reads() == mapped);
       Zipf z(4000, 1.1, 7 + filter);
       for (int64_t step = 1; step <= 40; ++step) {
         std::vector<int64_t> keys;
@@ -229,6 +235,107 @@ static void test_full_walk_streams_cold_rows_without_caching_them() {
   CHECK(after.resident <= before.resident);  // no slot taken (the cleaner may free some meanwhile)
 }
 
+// A full export's content, keyed (the order of a tiered export is the tier
+// file's): admitted keys' row prefix, version, frequency; filtered keys'
+// frequency and last sighting; how many times each key came.
+template <typename K>
+struct ContentSink : ExportSink<K> {
+  std::map<MapKey<K>, State> rows;
+  std::map<MapKey<K>, int> times;
+  void Rows(const K* keys, const float* r, int stride, const int64_t* v, const int64_t* f, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      rows[MapKey<K>(keys[i])] = State{true, v[i], f[i], -1, std::vector<float>(r + i * stride, r + (i + 1) * stride)};
+      ++times[MapKey<K>(keys[i])];
+    }
+  }
+  void Filtered(const K* keys, const int64_t* f, const int64_t* seen, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      rows[MapKey<K>(keys[i])] = State{false, -1, f[i], seen[i], {}};
+      ++times[MapKey<K>(keys[i])];
+    }
+  }
+  void Deleted(const K*, int64_t) override {}
+  void BloomBlocks(const int64_t*, const uint8_t*, int64_t) override {}
+  bool each_once() const {
+    return std::all_of(times.begin(), times.end(), [](const auto& kv) { return kv.second == 1; });
+  }
+};
+
+// A full export of a tiered table reads its cold rows in the tier file's
+// order, a few long reads for the whole file (no read per row), caches none
+// of them, and holds exactly the all-DRAM export's content.
+static void test_full_export_streams_cold_rows_in_file_order_in_long_reads() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  TableConfig cfg = Cfg(dim, 2);
+  Table<int64_t> dram(cfg);
+  Tiered<int64_t> t(TierCfg(cfg, dir, 60 * (dim * 3 * 4 + 8)));
+  std::vector<int64_t> all;
+  for (int i = 0; i < 3000; ++i) all.push_back(i * 31 + 5);
+  TrainStep(t, dram, all, 1, false);  // counted (the filter admits at the second sight)
+  TrainStep(t, dram, all, 2, false);  // admitted
+  Zipf z(6000, 1.1, 11);
+  for (int64_t step = 3; step <= 4; ++step) {  // (no eviction: TrainStep evicts at every 5th step)
+    std::vector<int64_t> keys;
+    for (int i = 0; i < 512; ++i) keys.push_back(z.Next() * 31 + 5);
+    TrainStep(t, dram, keys, step, false);
+  }
+  const TierStats before = t.tier_stats();
+  CHECK(before.live_records > 2000);
+  const int64_t reads = t.store().stream_reads();
+  ContentSink<int64_t> a, b;
+  const ExportCounts ca = ExportFull(t, 2, 1000, &a), cb = ExportFull(dram, 2, 1000, &b);
+  CHECK_EQ(ca.rows, cb.rows);
+  CHECK_EQ(ca.filtered, cb.filtered);
+  CHECK(cb.filtered > 0);
+  CHECK(a.rows == b.rows);
+  CHECK(a.each_once());
+  // 96-byte records: the whole file is one 16 MiB span; gaps of DRAM rows'
+  // and dead records are read through, so a handful of reads at most.
+  const int64_t spans = t.store().stream_reads() - reads;
+  CHECK(spans >= 1 && spans <= 4);
+  CHECK_EQ(t.tier_stats().misses, before.misses);
+}
+
+// A full export racing writers: every key comes once, with a row it had
+// (each imported row is one value repeated, so a torn row would mix two),
+// while rows are rewritten, evicted, compacted and keys erased meanwhile.
+static void test_full_export_racing_writers_gives_each_key_once_untorn() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 80 * (dim * 4 + 8)));
+  const int n = 4000;
+  std::vector<int64_t> keys(n);
+  for (int i = 0; i < n; ++i) keys[i] = i * 3 + 1;
+  auto put = [&](int lo, int hi, float v, int64_t version) {
+    std::vector<float> vals(static_cast<size_t>(hi - lo) * dim, v);
+    std::vector<int64_t> vers(hi - lo, version), freqs(hi - lo, 1);
+    t.ImportRows(keys.data() + lo, hi - lo, vals.data(), dim, nullptr, 0, {}, vers.data(), freqs.data(), false);
+  };
+  put(0, n, 1.f, 1);
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int round = 2; !done.load(); ++round) {
+      const int lo = (round * 397) % (n - 300);
+      put(lo, lo + 300, static_cast<float>(round), round);
+      if (round % 7 == 0) t.Erase(keys.data() + lo, 5);
+    }
+  });
+  for (int e = 0; e < 5; ++e) {
+    ContentSink<int64_t> sink;
+    ExportFull(t, 0, 500, &sink);
+    CHECK(sink.each_once());
+    CHECK(sink.rows.size() > static_cast<size_t>(n) / 2);
+    for (const auto& kv : sink.rows) {
+      const std::vector<float>& r = kv.second.row;
+      CHECK(std::all_of(r.begin(), r.end(), [&](float x) { return x == r[0]; }));
+    }
+  }
+  done.store(true);
+  writer.join();
+  CHECK(t.tier_stats().writebacks > 0);
+}
+
 static void test_eviction_by_step_reads_no_cold_row() {
   const int dim = 4;
   std::string dir = TempDir();
@@ -312,6 +419,17 @@ static void test_private_directory_is_removed_and_stale_ones_cleared() {
   CHECK(!Exists(buf));
 }
 
+// A serving lookup (FindEach: it faults cold rows into the cache) copying
+// each row's first dim floats out.
+template <typename T>
+static void ServeFind(const T& t, const int64_t* keys, size_t n, float* out) {
+  const int dim = t.dim();
+  t.FindEach(keys, static_cast<int64_t>(n), false, SerialFor, [&](int64_t i, const float* row) {
+    CHECK(row != nullptr);
+    std::copy(row, row + dim, out + i * dim);
+  });
+}
+
 // Two threads reading one cold row at once (both hold its segment lock
 // shared): one reads it from disk, the other waits for it; both get the row.
 static void test_two_readers_missing_the_same_row_both_get_it() {
@@ -332,7 +450,7 @@ static void test_two_readers_missing_the_same_row_both_get_it() {
     for (int i = 1; i <= 40; ++i) others.push_back(keys[(round + i * 7) % keys.size()]);
     others.erase(std::remove(others.begin(), others.end(), k), others.end());
     std::vector<float> o(others.size() * dim);
-    t.Find(others.data(), others.size(), o.data(), SerialFor);
+    ServeFind(t, others.data(), others.size(), o.data());
     std::vector<float> want(dim), a(dim), b(dim);
     dram.Find(&k, 1, want.data(), SerialFor);
     std::atomic<int> ready{0};
@@ -340,12 +458,12 @@ static void test_two_readers_missing_the_same_row_both_get_it() {
       ready.fetch_add(1);
       while (ready.load() < 2) {
       }
-      t.Find(&k, 1, a.data(), SerialFor);
+      ServeFind(t, &k, 1, a.data());
     });
     ready.fetch_add(1);
     while (ready.load() < 2) {
     }
-    t.Find(&k, 1, b.data(), SerialFor);
+    ServeFind(t, &k, 1, b.data());
     th.join();
     CHECK(a == want);
     CHECK(b == want);
@@ -460,6 +578,7 @@ static void test_misses_of_one_batch_are_read_in_runs() {
   std::vector<float> out(keys.size() * dim), want(keys.size() * dim);
   t.FindOrInsert(keys.data(), keys.size(), out.data(), SerialFor);
   dram.FindOrInsert(keys.data(), keys.size(), want.data(), SerialFor);
+  CHECK(t.store().Settle());  // the cleaner has evicted what the batch took beyond the budget
   const TierStats before = t.tier_stats();
   t.Find(keys.data(), keys.size(), out.data(), SerialFor);
   CHECK(out == want);
@@ -467,6 +586,30 @@ static void test_misses_of_one_batch_are_read_in_runs() {
   const int64_t misses = after.misses - before.misses, reads = after.read_calls - before.read_calls;
   CHECK(misses > 4000);
   CHECK(reads * 4 < misses);
+}
+
+// A read-only lookup (Find) of cold rows reads them from disk without
+// caching them: no slot is taken, nothing is evicted or written back, and
+// it answers what the all-DRAM table answers.
+static void test_a_read_only_lookup_caches_nothing_and_writes_nothing_back() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 128 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back(i * 5 + 3);
+  std::vector<float> out(keys.size() * dim), want(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  dram.FindOrInsert(keys.data(), keys.size(), want.data(), kThreads);
+  CHECK(t.store().Settle());
+  const TierStats before = t.tier_stats();
+  t.Find(keys.data(), keys.size(), out.data(), kThreads);
+  dram.Find(keys.data(), keys.size(), want.data(), kThreads);
+  CHECK(out == want);
+  const TierStats after = t.tier_stats();
+  CHECK(after.misses - before.misses >= 2000);
+  CHECK_EQ(after.writebacks, before.writebacks);
+  CHECK_EQ(after.resident, before.resident);
 }
 
 // Rows rewritten again and again (Zipf training with a small cache) leave
@@ -535,6 +678,32 @@ static void test_concurrent_training_and_lookups_equal_all_dram() {
   CHECK(Dump(t) == Dump(dram));
 }
 
+// The record file reads back what it wrote, through its mapping (records in
+// several windows, one past a window's end, a hole in between) and on the
+// portable preadv path alike.
+static void test_record_file_reads_records_across_mapped_windows_and_without_the_mapping() {
+  for (bool mapped : {true, false}) {
+    std::string dir = TempDir();
+    RowFile f(dir, sizeof(uint32_t), mapped);
+    const uint32_t w = RowFile::kWindowRecords;
+    std::vector<uint32_t> locs = {0, 1, w - 1, w, w + 1, 3 * w + 5};
+    for (uint32_t loc : locs) {
+      const uint32_t v = loc * 3 + 1;
+      const void* src = &v;
+      CHECK(f.Write(loc, &src, 1));
+    }
+    std::vector<uint32_t> got(locs.size());
+    std::vector<void*> dsts;
+    for (uint32_t& g : got) dsts.push_back(&g);
+    f.ReadMany(locs.data(), dsts.data(), locs.size());
+    for (size_t i = 0; i < locs.size(); ++i) CHECK_EQ(got[i], locs[i] * 3 + 1);
+    uint32_t one = 0;
+    f.Read(2 * w, &one);  // a hole inside the file: zeros
+    CHECK_EQ(one, 0u);
+    CHECK(f.mapped_reads() == mapped);
+  }
+}
+
 // stats() counts the tier's per-key DRAM cost: 24 bytes of metadata per row
 // id (allocated in chunks of 65,536) and 4 bytes per disk record.
 static void test_stats_count_the_per_key_dram_cost() {
@@ -575,6 +744,8 @@ int main() {
   RUN(test_resident_rows_stay_near_the_budget);
   RUN(test_one_segment_table_stays_within_its_budget);
   RUN(test_full_walk_streams_cold_rows_without_caching_them);
+  RUN(test_full_export_streams_cold_rows_in_file_order_in_long_reads);
+  RUN(test_full_export_racing_writers_gives_each_key_once_untorn);
   RUN(test_eviction_by_step_reads_no_cold_row);
   RUN(test_rows_widen_on_disk_when_slots_are_added);
   RUN(test_string_keys_on_a_tiered_table);
@@ -584,9 +755,11 @@ int main() {
   RUN(test_eviction_racing_lookups_loses_nothing);
   RUN(test_evicted_rows_are_written_in_batches);
   RUN(test_misses_of_one_batch_are_read_in_runs);
+  RUN(test_a_read_only_lookup_caches_nothing_and_writes_nothing_back);
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
   RUN(test_stats_count_the_per_key_dram_cost);
+  RUN(test_record_file_reads_records_across_mapped_windows_and_without_the_mapping);
   std::printf("all tests passed\n");
   return 0;
 }

@@ -114,6 +114,99 @@ void SinkRemove(const std::string& path) {
   if (g_sink.remove) g_sink.remove(path.c_str());
 }
 
+// ------------------------------------------------------------------ object source
+
+namespace {
+struct Source {
+  SourceOpenFn open = nullptr;
+  SourceSizeFn size = nullptr;
+  SourceReadFn read = nullptr;
+  SourceCloseFn close = nullptr;
+};
+Source g_source;  // set once per process, before any load (checkpoint/object_source.py)
+
+// A whole file held in memory as a RandomAccessFile (an object source's index, for the table reader).
+class StringSource : public tsl::RandomAccessFile {
+ public:
+  explicit StringSource(std::string s) : s_(std::move(s)) {}
+  absl::Status Read(uint64_t offset, size_t n, absl::string_view* result, char* scratch) const override {
+    if (offset >= s_.size()) {
+      *result = absl::string_view();
+      return n == 0 ? absl::OkStatus() : absl::OutOfRangeError("read past the end of the index");
+    }
+    const size_t take = std::min(n, s_.size() - static_cast<size_t>(offset));
+    *result = absl::string_view(s_.data() + offset, take);
+    return take == n ? absl::OkStatus() : absl::OutOfRangeError("read past the end of the index");
+  }
+  size_t size() const { return s_.size(); }
+
+ private:
+  std::string s_;
+};
+}  // namespace
+
+bool IsSourcePath(const std::string& path) { return path.rfind(kSourceScheme, 0) == 0; }
+
+extern "C" __attribute__((visibility("default"))) void evstore_set_object_source(SourceOpenFn open, SourceSizeFn size,
+                                                                                  SourceReadFn read,
+                                                                                  SourceCloseFn close) {
+  g_source = Source{open, size, read, close};
+}
+
+InFile::InFile(const std::string& path) : path_(path) {
+  if (IsSourcePath(path_)) {
+    if (!g_source.open)
+      throw std::runtime_error("checkpoint file '" + path_ + "' is of an object source, and this process registered "
+                               "none (checkpoint/object_source.py install())");
+    src_ = g_source.open(path_.c_str());
+    if (src_ < 0) throw std::runtime_error("cannot open checkpoint data file '" + path_ + "': missing or unreadable");
+    return;
+  }
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw IoError("cannot open checkpoint data file", path_);
+}
+
+InFile::~InFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (src_ >= 0) g_source.close(src_);
+}
+
+int64_t InFile::Size() const {
+  if (src_ >= 0) {
+    const int64_t n = g_source.size(src_);
+    if (n < 0) throw std::runtime_error("cannot read the size of checkpoint file '" + path_ + "'");
+    return n;
+  }
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) throw IoError("cannot stat checkpoint file", path_);
+  return st.st_size;
+}
+
+int64_t InFile::ReadAt(int64_t offset, char* p, int64_t n) const {
+  int64_t done = 0;
+  while (done < n) {
+    int64_t r;
+    if (src_ >= 0) {
+      r = g_source.read(src_, offset + done, p + done, n - done);
+      if (r < 0) throw std::runtime_error("cannot read checkpoint file '" + path_ + "'");
+    } else {
+      r = ::pread(fd_, p + done, n - done, offset + done);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw IoError("cannot read checkpoint file", path_);
+    }
+    if (r == 0) break;  // the end of the file
+    done += r;
+  }
+  return done;
+}
+
+std::string InFile::ReadAll() const {
+  std::string s(static_cast<size_t>(Size()), '\0');
+  const int64_t got = ReadAt(0, s.data(), static_cast<int64_t>(s.size()));
+  s.resize(static_cast<size_t>(got));
+  return s;
+}
+
 // ------------------------------------------------------------------ OutFile
 
 OutFile::OutFile(std::string path, bool in_memory)
@@ -490,11 +583,22 @@ std::vector<BundleFile> BundleStreamWriter::Finish(bool sync_dir) {
 
 BundleStreamReader::BundleStreamReader(std::string prefix) : prefix_(std::move(prefix)) {
   const std::string index = tensorflow::MetaFilename(prefix_);
-  tsl::Env* env = tsl::Env::Default();
   uint64_t size = 0;
-  ThrowIfError(env->GetFileSize(index, &size), "cannot read checkpoint index " + index);
   std::unique_ptr<tsl::RandomAccessFile> file;
-  ThrowIfError(env->NewRandomAccessFile(index, &file), "cannot open checkpoint index " + index);
+  if (IsSourcePath(index)) {  // read whole through the object source (a few KB: one entry per tensor)
+    std::string bytes;
+    try {
+      bytes = InFile(index).ReadAll();
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("cannot read checkpoint index " + index + ": " + e.what());
+    }
+    size = bytes.size();
+    file = std::make_unique<StringSource>(std::move(bytes));
+  } else {
+    tsl::Env* env = tsl::Env::Default();
+    ThrowIfError(env->GetFileSize(index, &size), "cannot read checkpoint index " + index);
+    ThrowIfError(env->NewRandomAccessFile(index, &file), "cannot open checkpoint index " + index);
+  }
   tsl::table::Table* raw = nullptr;
   ThrowIfError(tsl::table::Table::Open(tsl::table::Options(), file.get(), size, &raw),
                "corrupt checkpoint index " + index);
@@ -563,10 +667,8 @@ BundleStreamReader::Column::Column(const BundleStreamReader& r, const std::strin
                                std::to_string(rows_) + " strings)");
     return;
   }
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw IoError("cannot open checkpoint data file", path_);
-  struct stat st;
-  if (::fstat(fd_, &st) != 0 || st.st_size < end_)
+  file_ = std::make_unique<InFile>(path_);
+  if (file_->Size() < end_)
     throw std::runtime_error("checkpoint data file '" + path_ + "' is truncated (tensor '" + name + "' needs " +
                              std::to_string(end_) + " bytes)");
   if (dtype != tensorflow::DT_STRING) return;
@@ -612,13 +714,8 @@ BundleStreamReader::Column::Column(const BundleStreamReader& r, const std::strin
 
 // Reads n bytes at offset_ (pread), advancing it; no checksum.
 void BundleStreamReader::Column::ReadAt(char* p, int64_t n) {
-  int64_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(fd_, p + done, n - done, offset_ + done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw std::runtime_error("short read of tensor '" + name_ + "' from '" + path_ + "'");
-    done += r;
-  }
+  if (n > 0 && (!file_ || file_->ReadAt(offset_, p, n) != n))
+    throw std::runtime_error("short read of tensor '" + name_ + "' from '" + path_ + "'");
   offset_ += n;
 }
 
@@ -640,9 +737,7 @@ void BundleStreamReader::Column::ReadStrings(int64_t rows, std::string* storage,
   next_ += rows;
 }
 
-BundleStreamReader::Column::~Column() {
-  if (fd_ >= 0) ::close(fd_);
-}
+BundleStreamReader::Column::~Column() = default;
 
 void BundleStreamReader::Column::Read(void* dst, int64_t rows) {
   if (!lengths_.empty() || (rows_ > 0 && row_bytes_ == 0))
@@ -650,15 +745,8 @@ void BundleStreamReader::Column::Read(void* dst, int64_t rows) {
   int64_t n = rows * row_bytes_;
   if (offset_ + n > end_) throw std::logic_error("read past the end of tensor '" + name_ + "'");
   char* p = static_cast<char*>(dst);
-  int64_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(fd_, p + done, n - done, offset_ + done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw std::runtime_error("short read of tensor '" + name_ + "' from '" + path_ + "'");
-    done += r;
-  }
+  ReadAt(p, n);
   crc_ = Crc32cExtend(crc_, p, n);
-  offset_ += n;
 }
 
 void BundleStreamReader::Column::Finish() {

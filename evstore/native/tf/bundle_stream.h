@@ -33,6 +33,11 @@
 // object-store root written from memory, with no local staging); a string
 // column's two parts are held in memory until it ends, and the index is
 // built in memory; renames and removals are the sink's.
+// Object source (a prefix "evsource://..."): the mirror of the sink for the
+// reader. The index and each data file are read through the process's
+// registered source (checkpoint/object_source.py: ranged reads of the object
+// store, read ahead per open file) instead of local files; the checks are the
+// same (each entry's size against its file, each tensor's crc32c at Finish).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -70,6 +75,41 @@ void evstore_set_object_sink(SinkOpenFn open, SinkWriteFn write, SinkCloseFn clo
 }
 void SinkRename(const std::string& from, const std::string& to);  // throws
 void SinkRemove(const std::string& path);                          // best effort
+
+// Object source: a bundle whose prefix starts with kSourceScheme ("evsource://<id>/<prefix>") is read
+// through callbacks the process registered with evstore_set_object_source (checkpoint/object_source.py),
+// never from a local file. open: a handle >= 0, or < 0 when the file cannot be opened (missing);
+// size: the file's bytes (< 0: error); read: up to n bytes at offset into dst, the count read (fewer
+// only at the file's end; < 0: error); close: releases the handle. Calls on one handle come from one
+// thread at a time; the source keeps the reason of a failure. A process that registered none fails.
+inline constexpr char kSourceScheme[] = "evsource://";
+bool IsSourcePath(const std::string& path);
+extern "C" {
+typedef int64_t (*SourceOpenFn)(const char* path);
+typedef int64_t (*SourceSizeFn)(int64_t handle);
+typedef int64_t (*SourceReadFn)(int64_t handle, int64_t offset, char* dst, int64_t n);
+typedef void (*SourceCloseFn)(int64_t handle);
+void evstore_set_object_source(SourceOpenFn open, SourceSizeFn size, SourceReadFn read, SourceCloseFn close);
+}
+
+// A file opened for positioned reads: a local file, or a file of an object
+// source (IsSourcePath). Closed by its destructor.
+class InFile {
+ public:
+  explicit InFile(const std::string& path);  // throws std::runtime_error naming the file
+  ~InFile();
+  InFile(const InFile&) = delete;
+  InFile& operator=(const InFile&) = delete;
+  int64_t Size() const;                                   // throws
+  int64_t ReadAt(int64_t offset, char* dst, int64_t n) const;  // bytes read (< n only at the end); throws
+  std::string ReadAll() const;                            // the whole file; throws
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t src_ = -1;  // handle of an object source's file
+};
 
 // An append-only file that keeps its size and crc32c as it goes: a local
 // file, a file of an object sink (IsSinkPath), or (`in_memory`) a buffer
@@ -194,7 +234,7 @@ class BundleStreamReader {
    private:
     void ReadAt(char* dst, int64_t n);
     std::string name_, path_;
-    int fd_ = -1;
+    std::unique_ptr<InFile> file_;  // null for a tensor of no bytes
     int64_t rows_ = 0, row_bytes_ = 0, offset_ = 0, end_ = 0;
     uint32_t crc_ = 0, want_crc_ = 0;
     std::vector<uint32_t> lengths_;  // DT_STRING
