@@ -133,15 +133,8 @@ bench: install bench-tools
 	$(BIN)/python -m bench.run
 
 bench-tools:
-	@if command -v wrk >/dev/null && command -v h2load >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "evstore: installing $(BENCH_PKGS) (the serving benchmark's load generators) ..."; \
-		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get install -y -q $(BENCH_PKGS) || (apt-get update -q && apt-get install -y -q $(BENCH_PKGS)) \
-			|| echo "evstore: apt-get could not install $(BENCH_PKGS): bench_serving_net will report itself skipped"; \
-	else \
-		echo "evstore: bench_serving_net needs $(BENCH_PKGS) (Debian/Ubuntu: sudo apt-get install $(BENCH_PKGS))"; \
-	fi
+	@if command -v wrk >/dev/null && command -v h2load >/dev/null; then :; else \
+		$(call apt-install,$(BENCH_PKGS),the serving benchmark's load generators,bench_serving_net will report itself skipped); fi
 
 bench-peers:
 	bash bench/peers/tfra-setup.sh .peer-tfra
