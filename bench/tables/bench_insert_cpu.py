@@ -1,4 +1,4 @@
-"""New-key inserts: CPU per batch of evstore's training lookup vs TF's DenseHashTable.insert.
+"""New-key inserts (and finds): CPU per batch of evstore vs TF's DenseHashTable.
 
     .venv/bin/python -m bench.tables.bench_insert_cpu --keys 1000000 --dim 64
     .venv/bin/python -m bench.tables.bench_insert_cpu --keys 1000000 --dim 64 --no-thp
@@ -7,12 +7,15 @@ bench_lookup's insert phase measures wall time; on a shared machine the wall
 time of a batch is mostly time spent waiting for a core. This benchmark also
 reports the process's CPU seconds per batch (every thread: the inserting
 threads and the block reserve's prefaulter), which is what the load divides,
-and the CPU of each thread over the whole phase. Both tables are filled with
-the same --keys keys (bench/harness/workload.py), then batch i of never-seen
-keys goes to each system in turn (order alternating), --warmup untimed first.
+and the CPU of each thread over the insert phase. Both tables are filled with
+the same --keys keys (bench/harness/workload.py). Find phase: batch i of
+existing keys (EvFind, DenseHashTable.lookup); insert phase: batch i of
+never-seen keys (EvFindOrInsert, DenseHashTable.insert of supplied rows). Each
+batch goes to each system in turn (order alternating), --warmup untimed first.
 --no-thp disables transparent huge pages for this process
 (prctl(PR_SET_THP_DISABLE), Linux), so the row arena's blocks take 4 KiB
-pages and no fault waits for the kernel to compact memory.
+pages and no fault waits for the kernel to compact memory (and every random
+row read of a find misses the TLB more often: the find phase shows that cost).
 Prints a table and one JSON line (the last line of stdout).
 """
 import argparse
@@ -67,31 +70,39 @@ def main():
         ev.load(tf.constant(k), rows)
         dht.insert(tf.constant(k), rows)
     no_proxy, supplied = tf.zeros([0]), tf.random.normal([args.batch, args.dim], stddev=0.01)
-    run = {"evstore": lambda i: ops.ev_find_or_insert(ev.resource_handle, new[i], no_proxy, dim=args.dim).numpy(),
-           "dense_hash": lambda i: dht.insert(new[i], supplied)}
-    times = {s: [] for s in run}
-    ticks0 = thread_cpu_ticks()
-    for i in range(n):
-        for s in (list(run) if i % 2 == 0 else list(run)[::-1]):
-            c0, t0 = time.process_time(), time.perf_counter()
-            run[s](i)
-            if i >= args.warmup:
-                times[s].append((time.perf_counter() - t0, time.process_time() - c0))
-    ticks1 = thread_cpu_ticks()
+    existing = [tf.constant(k) for k in bt.keys]
+    phases = {
+        "find": {"evstore": lambda i: ops.ev_find(ev.resource_handle, existing[i], dim=args.dim).numpy(),
+                 "dense_hash": lambda i: dht.lookup(existing[i]).numpy()},
+        "insert": {"evstore": lambda i: ops.ev_find_or_insert(ev.resource_handle, new[i], no_proxy,
+                                                              dim=args.dim).numpy(),
+                   "dense_hash": lambda i: dht.insert(new[i], supplied)}}
+    times = {}
+    for phase, run in phases.items():
+        times[phase] = {s: [] for s in run}
+        ticks0 = thread_cpu_ticks()
+        for i in range(n):
+            for s in (list(run) if i % 2 == 0 else list(run)[::-1]):
+                c0, t0 = time.process_time(), time.perf_counter()
+                run[s](i)
+                if i >= args.warmup:
+                    times[phase][s].append((time.perf_counter() - t0, time.process_time() - c0))
+        ticks1 = thread_cpu_ticks()
     hz = os.sysconf("SC_CLK_TCK")
     threads = sorted(((ticks1[t] - ticks0.get(t, 0)) / hz for t in ticks1 if ticks1[t] > ticks0.get(t, 0)),
                      reverse=True)
     out = {"keys": args.keys, "dim": args.dim, "batch": args.batch, "batches": args.batches, "thp": not args.no_thp,
            "thread_cpu_s": threads}
-    print(f"{args.keys} keys x dim {args.dim}, {args.batches} batches of {args.batch} new keys, "
+    print(f"{args.keys} keys x dim {args.dim}, {args.batches} batches of {args.batch} keys, "
           f"huge pages {'off' if args.no_thp else 'as advised'}; medians per batch")
-    print("| system | wall ms | CPU ms (all threads) | M keys/s |\n|---|---|---|---|")
-    for s, v in times.items():
-        wall, cpu = statistics.median(t[0] for t in v), statistics.median(t[1] for t in v)
-        out[s] = {"wall_ms": wall * 1e3, "cpu_ms": cpu * 1e3, "rate": args.batch / wall,
-                  "wall_cpu_ms": [[round(a * 1e3, 1), round(b * 1e3, 1)] for a, b in v]}
-        print(f"| {s} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | {args.batch / wall / 1e6:.2f} |")
-    print("CPU seconds per thread over the phase (both systems):", ", ".join(f"{t:.2f}" for t in threads[:6]))
+    print("| phase | system | wall ms | CPU ms (all threads) | M keys/s |\n|---|---|---|---|---|")
+    for phase, per_system in times.items():
+        for s, v in per_system.items():
+            wall, cpu = statistics.median(t[0] for t in v), statistics.median(t[1] for t in v)
+            out.setdefault(s, {})[phase] = {"wall_ms": wall * 1e3, "cpu_ms": cpu * 1e3, "rate": args.batch / wall,
+                                            "wall_cpu_ms": [[round(a * 1e3, 1), round(b * 1e3, 1)] for a, b in v]}
+            print(f"| {phase} | {s} | {wall * 1e3:.1f} | {cpu * 1e3:.1f} | {args.batch / wall / 1e6:.2f} |")
+    print("CPU seconds per thread over the insert phase (both systems):", ", ".join(f"{t:.2f}" for t in threads[:6]))
     print(json.dumps(out), flush=True)
 
 
