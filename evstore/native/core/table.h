@@ -128,6 +128,14 @@ struct ExportedKey {
   int64_t seen = -1;  // filtered key: step last seen at (-1 unknown); admitted: -1
 };
 
+// Keys an eviction removed and their embeddings (values: dim floats per key,
+// in keys' order); a filtered key evicted reads the default value.
+template <typename Owned>
+struct EvictedRows {
+  std::vector<Owned> keys;
+  std::vector<float> values;
+};
+
 template <typename K, typename Traits = KeyTraits<K>, typename Store = RowArena>
 class Table {
  public:
@@ -246,7 +254,7 @@ class Table {
   }
 
   // Read-only: out[i] = row of keys[i] if admitted, else the default value.
-  // Never inserts, never counts.
+  // Never inserts, never counts; a tier reads cold rows without caching them.
   void Find(const K* keys, int64_t n, float* out, const ParallelFor& pf) const {
     Grouping g;
     index_.Group(keys, n, &g);
@@ -264,21 +272,31 @@ class Table {
           src[j - lo] = p;
         }
       } else {
-        // A tier: note the rows, fault the cold ones in together, then read.
-        thread_local std::vector<uint32_t> rows;  // row per position (kNoRow: default value)
+        // A tier: note the rows, then read them in place or, the cold ones,
+        // from disk together without caching them (a read-only lookup
+        // evicts nothing: Store::PeekRows).
+        thread_local std::vector<int64_t> at;  // position of each admitted row
         thread_local std::vector<uint32_t> want;
-        rows.resize(hi - lo);
+        thread_local std::vector<const float*> got;
+        at.clear();
         want.clear();
         for (int64_t j = lo; j < hi; ++j) {
           Idx::PrefetchAhead(seg, g, keys, j, hi);
           uint32_t i = g.order[j];
           const E* en = seg.Find(keys[i], g.hash[i]);
-          rows[j - lo] = (en && RowIsReal(en->row)) ? en->row : kNoRow;
-          if (rows[j - lo] != kNoRow) want.push_back(en->row);
+          if (en && RowIsReal(en->row)) {
+            at.push_back(j - lo);
+            want.push_back(en->row);
+          } else {
+            src[j - lo] = default_.data();
+          }
         }
-        rows_.FaultMany(want.data(), want.size());
-        for (int64_t j = lo; j < hi; ++j)
-          src[j - lo] = rows[j - lo] != kNoRow ? rows_.ReadRow(rows[j - lo]) : default_.data();
+        got.resize(want.size());
+        rows_.PeekRows(want.data(), want.size(), got.data());
+        for (size_t k = 0; k < want.size(); ++k) {
+          rows_.PrefetchRow(got[k], dim_);
+          src[at[k]] = got[k];
+        }
       }
       CopyRowsOut(g, lo, hi, src, out);
     });
@@ -383,7 +401,11 @@ class Table {
       if constexpr (!Store::kAllResident) {
         const std::vector<uint32_t>& want = TierRows();
         rows_.FaultMany(want.data(), want.size());
-        for (size_t k = 0; k < want.size(); ++k) src[TierPositions()[k] - lo] = rows_.ReadRow(want[k]);
+        for (size_t k = 0; k < want.size(); ++k) {
+          const float* p = rows_.ReadRow(want[k]);
+          rows_.PrefetchRow(p, dim_);
+          src[TierPositions()[k] - lo] = p;
+        }
       }
       // Pass 2a (Bloom): a key without an entry is admitted (entry + row)
       // once the filter's batch-complete estimate reaches min_freq.
@@ -484,13 +506,29 @@ class Table {
         }
         hit[j - lo] = en;
       }
-      if constexpr (!Store::kAllResident) rows_.FaultMany(TierRows().data(), TierRows().size());
+      // A tier: fault the cold rows in together, then resolve every row's
+      // slot and prefetch it (the resident store prefetched in pass 1).
+      if constexpr (!Store::kAllResident) {
+        rows_.FaultMany(TierRows().data(), TierRows().size());
+        TierPointers().resize(hi - lo);
+        for (int64_t j = lo; j < hi; ++j) {
+          if (!hit[j - lo]) continue;
+          float* row = rows_.Row(hit[j - lo]->row);
+          rows_.PrefetchRow(row, stride);
+          TierPointers()[j - lo] = row;
+        }
+      }
       // Pass 2: fused update, version stamp, dirty mark.
       int64_t local = 0, zero_delta = 0;
       for (int64_t j = lo; j < hi; ++j) {
         E* en = hit[j - lo];
         if (!en) continue;
-        float* row = rows_.Row(en->row);
+        float* row;
+        if constexpr (Store::kAllResident) {
+          row = rows_.Row(en->row);
+        } else {
+          row = TierPointers()[j - lo];
+        }
         const bool was_zero = IsZeroRow(row, dim_);
         update(row, grads + static_cast<int64_t>(g.order[j]) * dim_);
         zero_delta += static_cast<int>(IsZeroRow(row, dim_)) - static_cast<int>(was_zero);
@@ -529,8 +567,11 @@ class Table {
   // Erase does (rows to the free list, keys to the deleted set). Keys whose
   // age reference is unknown are stamped with `step` instead; an admitted
   // key's stamp changes its saved version, so it is marked dirty. Returns
-  // the number of keys evicted.
-  int64_t Evict(int64_t step, const EvictionPolicies& policies) {
+  // the number of keys evicted. `kept` (optional) receives each evicted key
+  // and its embedding (dim floats each, read before the row is freed), for a
+  // caller that keeps the values the table drops (a reference model's
+  // copy-on-write: evstore_app/job/reference.py).
+  int64_t Evict(int64_t step, const EvictionPolicies& policies, EvictedRows<Owned>* kept = nullptr) {
     AdvanceClock(step);
     if (policies.empty()) return 0;
     int64_t erased = 0;
@@ -564,7 +605,13 @@ class Table {
       });
       for (const Owned& o : victims) {
         const K k = Traits::View(o);
-        EraseLocked(seg, seg.Find(k, Traits::Hash(k)));
+        E* en = seg.Find(k, Traits::Hash(k));
+        if (kept) {
+          const float* row = RowIsReal(en->row) ? rows_.PeekRow(en->row, scratch.data()) : default_.data();
+          kept->keys.push_back(o);
+          kept->values.insert(kept->values.end(), row, row + dim_);
+        }
+        EraseLocked(seg, en);
       }
       erased += victims.size();
     }
@@ -684,6 +731,41 @@ class Table {
       else
         std::memset(rows + i * stride, 0, stride * sizeof(float));
     }
+  }
+
+  // Copy-on-write of another table's values (a reference model kept beside a
+  // trained one: evstore_app/job/reference.py). For each of `keys` this table
+  // holds no row of, imports the embedding an inference lookup of `src` reads
+  // now (its row, or src's default value for a key it holds no row of), as
+  // a never-updated row (version -1, frequency 0, not dirty); a key this
+  // table holds keeps its row, so only the first call for a key copies.
+  // Returns how many keys were copied. Reads src under its segment locks;
+  // the caller serialises calls on this table (a check, then an import).
+  template <typename Src>
+  int64_t KeepFrom(const Src& src, const K* keys, int64_t n) {
+    if (src.dim() != dim_)
+      throw std::invalid_argument("the source table's dim " + std::to_string(src.dim()) + " is not " +
+                                  std::to_string(dim_));
+    static const std::vector<int> kNoSlots;
+    std::vector<float> row(src.stride());
+    const int64_t never = -1, zero = 0;
+    int64_t copied = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t h = Traits::Hash(keys[i]);
+      {
+        const Seg& seg = index_.SegmentFor(h);
+        std::shared_lock<std::shared_mutex> lock(seg.mu);
+        const E* en = seg.Find(keys[i], h);
+        if (en && RowIsReal(en->row)) continue;
+      }
+      uint8_t present, admitted;
+      int64_t version, freq;
+      src.Read(keys + i, 1, src.stride(), &present, &admitted, &version, &freq, row.data());
+      const float* value = admitted ? row.data() : src.default_value().data();
+      ImportRows(keys + i, 1, value, dim_, nullptr, 0, kNoSlots, &never, &zero, /*mark_dirty=*/false);
+      ++copied;
+    }
+    return copied;
   }
 
   // Upserts admitted keys. Key i's embedding is at values + i*values_stride;
@@ -1137,6 +1219,11 @@ class Table {
   }
   static std::vector<int64_t>& TierPositions() {
     thread_local std::vector<int64_t> v;
+    return v;
+  }
+  // Apply's row per position of one segment's part, resolved after the fault.
+  static std::vector<float*>& TierPointers() {
+    thread_local std::vector<float*> v;
     return v;
   }
 
