@@ -14,6 +14,8 @@ NATIVE_SRC := CMakeLists.txt $(wildcard evstore/native/core/*.h evstore/native/t
 # The Debian packages the gRPC front end of `evstore serve` builds on: libnghttp2
 # (HTTP/2) and pkg-config, which CMake finds it with.
 SYSTEM_PKGS := libnghttp2-dev pkg-config
+# The Debian package of the `openssl` command, which the shard TLS test runs.
+TEST_SYSTEM_PKGS := openssl
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SHELL := /bin/bash
 # Runs the Python code given after it with `build` = pyproject.toml's [build-system].
@@ -48,19 +50,28 @@ $(TESTDEPS): pyproject.toml | $(DEPS)
 	$(PIP) install -q --group test
 	touch $@
 
-# Never prompts: as root a missing package is installed with apt-get -y;
-# otherwise one line says what to install, and the build goes on without the
-# gRPC front end (`evstore serve` then answers REST only).
+# $(call apt-install,PACKAGES,WHAT FOR,WITHOUT THEM): never prompts. As root a
+# missing package is installed with apt-get -y; otherwise (or if apt-get
+# fails) one line says what goes without it and what to install.
+define apt-install
+if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	echo "evstore: installing $(1) ($(2)) ..."; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get install -y -q $(1) || (apt-get update -q && apt-get install -y -q $(1)) \
+		|| echo "evstore: apt-get could not install $(1): $(3)"; \
+else \
+	echo "evstore: $(3); for $(2) install $(1) (Debian/Ubuntu: sudo apt-get install $(1))"; \
+fi
+endef
+
+# libnghttp2 for the gRPC front end (without it the build goes on and
+# `evstore serve` answers REST only); the `openssl` command, with which the
+# shard TLS test makes its certificate (without it that test skips).
 system-packages:
-	@if pkg-config --exists libnghttp2 2>/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "evstore: installing $(SYSTEM_PKGS) (HTTP/2 for the gRPC front end of evstore serve) ..."; \
-		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get install -y -q $(SYSTEM_PKGS) || (apt-get update -q && apt-get install -y -q $(SYSTEM_PKGS)) \
-			|| echo "evstore: apt-get could not install $(SYSTEM_PKGS): building without the gRPC front end (REST only)"; \
-	else \
-		echo "evstore: building without the gRPC front end of evstore serve (REST only); for gRPC install $(SYSTEM_PKGS) (Debian/Ubuntu: sudo apt-get install $(SYSTEM_PKGS)) and run make clean install"; \
-	fi
+	@if pkg-config --exists libnghttp2 2>/dev/null; then :; else \
+		$(call apt-install,$(SYSTEM_PKGS),HTTP/2 for the gRPC front end of evstore serve,building without the gRPC front end of evstore serve (REST only) - make clean install after installing them); fi
+	@if command -v openssl >/dev/null; then :; else \
+		$(call apt-install,$(TEST_SYSTEM_PKGS),the certificate of the shard TLS test,the shard TLS test will skip); fi
 
 # The editable install compiles (scikit-build-core: CMake and Ninja, in
 # parallel, incremental, through ccache) in the source tree, installs the

@@ -53,8 +53,8 @@ import subprocess
 import sys
 import time
 
-from bench.harness.driver import log_dir, run_meta, utc_stamp, write_results
-from bench.harness.paths import RESULTS, ROOT
+from bench.harness.driver import log_dir, run_meta, utc_stamp
+from bench.harness.paths import RESULTS, ROOT, write_result
 from bench.harness.peers import DEFAULT_VENV, ensure_peer, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
 from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
@@ -448,8 +448,9 @@ def main():
              "ratios are within a run.\n" if results else f"{meta['total_s']:.0f} s total.\n")
           + (tables(results, tfra_note) if results else "") + filters_md + tiered_md + e2e_md + checkpoint_tables(ckpt)
           + serving_tables(serving) + cluster_tables(cluster))
-    write_results(args.out_dir, "bench", stamp,
-                  {"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving, "cluster": cluster}, md)
+    write_result(f"bench-{stamp}",
+                 {"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving, "cluster": cluster},
+                 md=md, out_dir=args.out_dir)
     if os.path.exists(partial_path):
         os.remove(partial_path)
 

@@ -76,11 +76,25 @@ def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_inde
     view's precision reads its rows from the serving view of that dtype in
     `directory` (EvLoadBundle)."""
     from evstore import ops
-    out = ops.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
-                             tf.constant(list(slots), tf.string, shape=[len(slots)]),
-                             key_dtype=ev.key_dtype, clear=clear, chunk_rows=chunk_rows,
-                             shard_index=shard_index, num_shards=num_shards, view=view or "")
+    try:
+        out = ops.ev_load_bundle(ev.resource_handle, os.path.join(directory, BUNDLE_PREFIX), name,
+                                 tf.constant(list(slots), tf.string, shape=[len(slots)]),
+                                 key_dtype=ev.key_dtype, clear=clear, chunk_rows=chunk_rows,
+                                 shard_index=shard_index, num_shards=num_shards, view=view or "")
+    except tf.errors.OpError as e:
+        why = _source_error(directory)
+        if why:   # the object store's answer (a source in this process), which the loader cannot name
+            raise type(e)(e.node_def, e.op, f"{e.message} (object source: {why})") from None
+        raise
     return tuple(int(x) for x in out.numpy())
+
+
+def _source_error(directory):
+    """Why the reads of an object source in this process failed ('' if none, or not one here)."""
+    try:
+        return source_of(directory).error() if is_source(directory) else ""
+    except KeyError:
+        return ""
 
 
 def read_dense(directory, names):

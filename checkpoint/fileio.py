@@ -24,9 +24,15 @@ def fsync(path, best_effort=False):
         os.close(fd)
 
 
+_CRC_CHUNK = 16 << 20   # the op copies its input into a tensor: a large buffer goes in slices
+
+
 def crc32c(data, crc=0):
     """crc32c (unmasked) of `data` (bytes-like), extending `crc`."""
     import tensorflow as tf
 
     from evstore import ops
-    return int(ops.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(bytes(data))))
+    view = memoryview(data).cast("B")
+    for at in range(0, max(len(view), 1), _CRC_CHUNK):
+        crc = int(ops.ev_crc32c_extend(tf.constant(crc, tf.int64), tf.constant(bytes(view[at:at + _CRC_CHUNK]))))
+    return crc

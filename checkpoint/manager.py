@@ -3,7 +3,8 @@ crash-safe, on any fsspec root.
 
 Commit protocol (docs/ARCHITECTURE.md, "Checkpoints" and "Reliability"). One save, in order:
   1. eviction: every EV with eviction policies runs `ev.evict(global_step)`,
-     so the keys it drops are in this checkpoint's deleted set;
+     so the keys it drops are in this checkpoint's deleted set (then the
+     caller's metadata and quality callables run, seeing the evicted state);
   2. seal: each EV's dirty and deleted sets are sealed into a snapshot
      (`begin_export`); changes from now on go to fresh sets;
   3. write: the native writer streams the bundle (rows in chunks, never a copy
@@ -78,13 +79,19 @@ class CheckpointManager:
         commit also holds the served rows in that precision, for serving
         replicas (checkpoint/serving_view.py). The trainer's state and
         restore stay float32.
+      on_evict: None, or a callable `on_evict(ev, keys, embeddings)` that
+        each save calls under `lock`, once per EV with eviction policies,
+        with the keys its eviction removed and their embeddings (numpy),
+        before anything else of the save reads the model: for a caller that
+        keeps values the table drops (the trainer's reference model,
+        evstore_app/job/reference.py).
 
     Raises:
       ValueError / TypeError: bad arguments, or names that collide.
     """
 
     def __init__(self, root, model, global_step=None, keep_chains=3, storage_options=None, chunk_rows=65536,
-                 lease=True, lease_timeout=60.0, take_over=False, serving_view=None):
+                 lease=True, lease_timeout=60.0, take_over=False, serving_view=None, on_evict=None):
         if keep_chains is not None and (isinstance(keep_chains, bool) or not isinstance(keep_chains, int)
                                         or keep_chains < 1):
             raise ValueError(f"keep_chains must be an int >= 1 or None, got {keep_chains!r}")
@@ -93,6 +100,9 @@ class CheckpointManager:
         if serving_view is not None:
             codec(serving_view)   # ValueError naming the choices
         self.serving_view = serving_view
+        if on_evict is not None and not callable(on_evict):
+            raise TypeError(f"on_evict must be callable or None, got {type(on_evict).__name__}")
+        self.on_evict = on_evict
         self.storage = Storage(root, storage_options)
         if isinstance(lease_timeout, bool) or not isinstance(lease_timeout, (int, float)) or lease_timeout <= 0:
             raise ValueError(f"lease_timeout must be a positive number of seconds, got {lease_timeout!r}")
@@ -117,6 +127,7 @@ class CheckpointManager:
         self.failures = 0
         self.last_error = None
         self.last_save_stats = {}            # {"bytes_sent_here": bytes this process sent to the root} of the last save
+        self.last_restore_stats = {}         # {"bytes_read": bytes every process read from the root} of the last restore
 
     # ---- queries -------------------------------------------------------------
     @property
@@ -199,11 +210,15 @@ class CheckpointManager:
 
             def prepare():
                 step = self._step_value(col)
-                meta = metadata() if callable(metadata) else metadata
-                q = quality() if callable(quality) else quality
                 for ev in col.evs.values():
                     if getattr(ev, "evict_policies", ()):
-                        ev.evict(step)
+                        if self.on_evict is None:
+                            ev.evict(step)
+                        else:
+                            _, keys, values = ev.evict(step, return_rows=True)
+                            self.on_evict(ev, keys.numpy(), values.numpy())
+                meta = metadata() if callable(metadata) else metadata
+                q = quality() if callable(quality) else quality
                 return step, meta, q
 
             stats = {}
@@ -372,7 +387,10 @@ class CheckpointManager:
                 finally:
                     for f in fetched:
                         f.close()
-                    release_on_tasks(on_tasks)
+                    read = sum(f.bytes_read for f in fetched) + release_on_tasks(on_tasks)
+                # Bytes this restore read from the root, this process's and each task's (docs/ARCHITECTURE.md,
+                # "Restoring from an object store").
+                self.last_restore_stats = {"bytes_read": read}
                 last = chain[-1]
                 self._last = last
                 log.info("restored %s (chain of %d, step %d)", last.dir, len(chain), last.global_step)

@@ -17,12 +17,14 @@ from a local file:
     their GETs run concurrently. Memory: two blocks per open file.
 
 Verification (`verify`): a restore must refuse a corrupt, truncated or
-missing file before it changes anything, so every file is first read once,
-sequentially (blocks read ahead as above), and its size and crc32c checked
-against the manifest. A file is kept in memory while the files kept stay
-within RETAIN_BYTES; the loader then reads it from there, so a restore reads
-each byte of those files once. A file beyond the budget is read a second time
-by the loader, which checks each tensor's crc32c against the index again.
+missing file before it changes anything, so every file is first read once
+and its size and crc32c checked against the manifest. A file is kept in
+memory while the files every open source of the process keeps stay within
+RETAIN_BYTES (read with one GET of the whole object, several files at once);
+the loader then reads it from there, so a restore reads each byte of those
+files once. A file beyond the budget is streamed through the check in blocks
+read ahead, as above, and read a second time by the loader, which checks
+each tensor's crc32c against the index again.
 Bytes read per restore: sum(files) + sum(files not kept); see
 docs/ARCHITECTURE.md "Restoring from an object store". A caller that loads
 into tables nobody serves yet (a serving shard's replacement tables) needs no
@@ -33,6 +35,7 @@ failure drops the replacements (each byte read once).
 import concurrent.futures
 import ctypes
 import logging
+import os
 import posixpath
 import threading
 import uuid
@@ -44,12 +47,15 @@ __all__ = ["ObjectSource", "install", "is_source", "source_of", "BLOCK", "RETAIN
 log = logging.getLogger("evstore.checkpoint")
 SCHEME = "evsource://"        # bundle_stream.h kSourceScheme
 BLOCK = 8 << 20               # bytes per ranged read (one GET)
-RETAIN_BYTES = 512 << 20      # verified files kept in memory per source, for the load to read again
+# Verified files kept in memory by all of a process's sources, for the loader: EVSTORE_SOURCE_KEEP_MIB
+# (MiB; a task's environment) or 512 MiB. 0 keeps none: every file is read twice.
+RETAIN_BYTES = int(os.environ.get("EVSTORE_SOURCE_KEEP_MIB", "512")) << 20
 _SOURCES = {}                 # id -> ObjectSource
 _OPEN = {}                    # handle -> _Reader
 _LOCK = threading.Lock()
 _NEXT = [0]
 _CALLBACKS = None             # the ctypes callbacks (kept alive for the process's life)
+_KEPT = [0]                   # bytes every open source of this process keeps (under _LOCK)
 
 
 def is_source(path):
@@ -71,13 +77,12 @@ class ObjectSource:
     from the root.
     """
 
-    def __init__(self, storage, manifest, names=None, retain_bytes=None):
+    def __init__(self, storage, manifest, names=None):
         install()
         self.storage, self.manifest = storage, manifest
         self.names = sorted(manifest.files if names is None else names)
         self.id = uuid.uuid4().hex[:16]
         self.directory = SCHEME + self.id
-        self.retain_bytes = RETAIN_BYTES if retain_bytes is None else retain_bytes
         self.kept = {}          # name -> bytes (verified, read from memory by the loader)
         self.bytes_read = 0
         self.errors = []
@@ -131,13 +136,12 @@ class ObjectSource:
     def verify(self, data=True, display=None):
         """Problems (strings naming the file) with this source's files against the manifest: missing,
         size, crc32c; empty if sound. Each file is read once (concurrently, blocks read ahead) and
-        kept in memory while the kept files stay within `retain_bytes`. `data=False`: the data files'
+        kept in memory while the process's kept files stay within RETAIN_BYTES. `data=False`: the data files'
         sizes only (from the listing; the loader checks their tensors' crc32c as it reads them), the
         indexes whole."""
         display = display or (lambda n: self.storage.display(self.manifest.dir, n))
         sizes = self.sizes()
         problems = {}
-        budget = [self.retain_bytes]
 
         def check(name):
             want = self.manifest.files[name]
@@ -150,26 +154,37 @@ class ObjectSource:
                 return
             if not data and not name.endswith(".index"):
                 return
-            with self._lock:
-                keep = budget[0] >= want["size"]
+            with _LOCK:
+                keep = _KEPT[0] + want["size"] <= RETAIN_BYTES
                 if keep:
-                    budget[0] -= want["size"]
-            crc, parts, got = 0, [], 0
-            for b in self.blocks(name, want["size"]):
-                crc = crc32c(b, crc)
-                got += len(b)
+                    _KEPT[0] += want["size"]
+            try:
+                if keep:   # one GET of the whole object: it is kept whole anyway
+                    whole = self.fetch(name, 0, want["size"])
+                    crc, got = crc32c(whole), len(whole)
+                else:      # streamed: blocks read ahead, nothing kept
+                    crc, got = 0, 0
+                    for b in self.blocks(name, want["size"]):
+                        crc = crc32c(b, crc)
+                        got += len(b)
+            except BaseException as e:
                 if keep:
-                    parts.append(b)
+                    with _LOCK:
+                        _KEPT[0] -= want["size"]
+                if isinstance(e, FileNotFoundError):   # removed since the listing (a writer's retention)
+                    problems[name] = f"{display(name)}: missing"
+                    return
+                raise
             if got != want["size"]:
                 problems[name] = f"{display(name)}: {got} bytes read, manifest says {want['size']} (truncated)"
             elif crc != want["crc32c"]:
                 problems[name] = f"{display(name)}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)"
             elif keep:
-                self.kept[name] = parts[0] if len(parts) == 1 else b"".join(parts)
+                self.kept[name] = whole
                 return
             if keep:   # not kept after all: its share of the budget goes back
-                with self._lock:
-                    budget[0] += want["size"]
+                with _LOCK:
+                    _KEPT[0] -= want["size"]
 
         # One thread per file at a time (each reads its blocks ahead on the source's pool).
         with concurrent.futures.ThreadPoolExecutor(min(4, max(1, len(self.names)))) as pool:
@@ -217,8 +232,9 @@ class ObjectSource:
             _SOURCES.pop(self.id, None)
             for h in [h for h, r in _OPEN.items() if r.source is self]:
                 _OPEN.pop(h).close()
+            _KEPT[0] -= sum(len(b) for b in self.kept.values())
+            self.kept.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.kept.clear()
 
     def error(self):
         """The reasons callbacks of this source failed, joined ('' if none)."""

@@ -32,7 +32,7 @@ Requests ({"op": ...}); every directory is one this process created:
                                   crc32c; kept in memory within its budget); the native loader on this
                                   task reads them through it; nothing is written on the task's disk
   rm   dir                     -> closes one of its sinks (deleting what it still holds) or sources
-                                  (nothing if it is gone)
+                                  (nothing if it is gone); {"bytes"}: what a source read from the root
 Errors come back as {"error", "corrupt"} and are raised by `call` as
 CheckpointError (CorruptCheckpointError for a file that does not match the
 manifest).
@@ -120,9 +120,12 @@ def _op_rm(req):
         if req["dir"] not in _OWNED:   # removed already (after its upload), or never this task's: nothing to do
             return {}
     d = req["dir"]
+    read = 0
     if is_source(d):
         try:
-            source_of(d).close()
+            source = source_of(d)
+            source.close()
+            read = source.bytes_read
         except KeyError:
             pass
     elif is_sink(d):
@@ -135,7 +138,7 @@ def _op_rm(req):
             sink.close()
     with _OWNED_LOCK:
         _OWNED.discard(d)
-    return {}
+    return {"bytes": read}
 
 
 def _op_read(req):

@@ -451,9 +451,11 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         out["bytes"] = out["index_bytes"] + out["meta_bytes"] + out["row_bytes"] + out["filter_bytes"]
         return out
 
-    def evict(self, global_step=None):
+    def evict(self, global_step=None, return_rows=False):
         """Runs this EV's eviction policies at `global_step`; returns how many keys
-        were evicted (an int64 scalar tensor).
+        were evicted (an int64 scalar tensor), or with `return_rows` the tuple
+        (count, keys [n], embeddings [n, dim]) of the keys evicted, read before
+        their rows were freed.
 
         `global_step` (int or int64 tensor, >= 0) is the current training step;
         None uses the EV's clock (the highest global step it has seen from
@@ -470,8 +472,9 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
             if isinstance(global_step, (int, np.integer)) and not isinstance(global_step, bool) and global_step < 0:
                 raise ValueError(f"global_step must be >= 0, got {global_step}")
             step = tf.cast(global_step, tf.int64)
-        return gen.ev_evict(self.resource_handle, step, key_dtype=self._key_dtype,
-                            **_evict.native_attrs(self._evict_policies))
+        out = gen.ev_evict(self.resource_handle, step, key_dtype=self._key_dtype, return_rows=bool(return_rows),
+                           **_evict.native_attrs(self._evict_policies))
+        return tuple(out) if return_rows else out.evicted
 
     def _lookup(self, ids, training, proxy=None):
         if not training:
@@ -610,6 +613,18 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         ff = tf.zeros([0], tf.int64) if filtered_freqs is None else tf.cast(filtered_freqs, tf.int64)
         return gen.ev_import(self.resource_handle, keys, values, packed, tf.constant(names, tf.string),
                              versions, freqs, fk, ff, clear=clear)
+
+    def keep_from(self, source, keys):
+        """Copy-on-write of `source`'s values (an EmbeddingVariable of the same
+        dim and key dtype): for each of `keys` (any shape) this EV holds no
+        row of, writes the embedding an inference lookup of `source` reads now
+        (its row, or its default value) as a never-updated row; keys this EV
+        holds keep their rows. Returns how many keys were copied (an int64
+        scalar tensor). Calls on one EV must not run concurrently."""
+        if source.key_dtype != self._key_dtype or source.dim != self._dim:
+            raise ValueError(f"EmbeddingVariable '{self._name}' ({self._key_dtype.name}, dim {self._dim}) cannot "
+                             f"keep rows of '{source.name}' ({source.key_dtype.name}, dim {source.dim})")
+        return gen.ev_keep_rows(self.resource_handle, source.resource_handle, self._key_tensor(keys))
 
     # ---- two-phase export (used by checkpoint savers) ----------------------
     def begin_export(self, return_keys=True):

@@ -282,6 +282,10 @@ def _kafka_flags(train, cluster=False):
                    help="produce bad messages there (headers name their source) before skipping them"
                    + (" (by the worker that read them)" if cluster else ""))
     if cluster:
+        k.add_argument("--fence-timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="at start the chief fences every worker (steps of an earlier chief take nothing); a "
+                            "worker alive but not answering within SECONDS (hung, or stopped) stops the start "
+                            "with an error naming it (default %(default)s)")
         return
     k.add_argument("--group-managed", action="store_true",
                    help="let the consumer group assign partitions (subscribe) instead of taking every partition; "
@@ -523,13 +527,17 @@ def _train_cluster_kafka(args):
     if args.until_event_time is not None:
         raise ValueError("--until-event-time is not supported with --kafka in a parameter-server job (the chief "
                          "does not track each partition's event-time bound); use --until or --max-events")
-    res = cluster_kafka.run(args.cluster, args.checkpoints, args.kafka, args.topic, group_id=args.group,
-                            properties=_kafka_properties(args), max_events=args.max_events,
-                            until=None if args.until is None else parse_until(args.until),
-                            batch_size=args.batch_size, seed=args.seed, learning_rate=args.learning_rate,
-                            delta_every=args.delta_every_steps, full_every=args.full_every_steps,
-                            linger=args.batch_linger, dead_letter_topic=args.dead_letter_topic,
-                            log=lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        res = cluster_kafka.run(args.cluster, args.checkpoints, args.kafka, args.topic, group_id=args.group,
+                                properties=_kafka_properties(args), max_events=args.max_events,
+                                until=None if args.until is None else parse_until(args.until),
+                                batch_size=args.batch_size, seed=args.seed, learning_rate=args.learning_rate,
+                                delta_every=args.delta_every_steps, full_every=args.full_every_steps,
+                                linger=args.batch_linger, dead_letter_topic=args.dead_letter_topic,
+                                fence_timeout=args.fence_timeout, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except cluster_kafka.FenceTimeoutError as e:
+        print(f"evstore train-cluster: {e}", file=sys.stderr, flush=True)
+        os._exit(EXIT_ERROR)   # the hung worker's fence op cannot be cancelled; nor can teardown RPCs to it
     print(json.dumps(res), flush=True)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -16,6 +16,7 @@ by `load`. For each root (a local directory on this disk; s3://bucket/ps):
                   the same table (cleared first); on S3 each PS reads its own
                   files through an object source (checkpoint/object_source.py:
                   verified once, kept in memory within its budget, loaded);
+                  Reported with the bytes every process read from the root.
   download-then-load  the S3 chain restored as before the object source: every
                   file downloaded to local disk (2 threads, one per PS's part),
                   then restored from that copy as from a local root.
@@ -133,7 +134,7 @@ def through_chief(storage, ev, tf, work):
 
 
 def download_then_load(mgr, ev, step, local):
-    """Seconds to restore `mgr`'s chain (an S3 root) the way restores did before the object source:
+    """Restores `mgr`'s chain (an S3 root) the way restores did before the object source:
     every file downloaded to local disk first (2 threads, as the 2 PS each downloaded their own part
     file by file), then restored from that copy as from a local root (hard links, every file's crc32c,
     the load)."""
@@ -141,7 +142,6 @@ def download_then_load(mgr, ev, step, local):
 
     import checkpoint
     storage = mgr.storage
-    t0 = time.perf_counter()
     jobs = []
     for m in mgr.chain():
         os.makedirs(os.path.join(local, m.dir))
@@ -160,9 +160,6 @@ def download_then_load(mgr, ev, step, local):
         copy.restore()
     finally:
         copy.close()
-    dt = time.perf_counter() - t0
-    shutil.rmtree(local, ignore_errors=True)
-    return dt
 
 
 def ps_part(args, bucket, work):
@@ -207,17 +204,30 @@ def ps_part(args, bucket, work):
                 out[f"{name}_{kind}_chief_sent_bytes"] = mgr.last_save_stats.get("bytes_sent_here")
                 log(f"{name} {kind} seq {seq}: {dt:.2f}s, {m.total_bytes / 2**20:.1f} MiB, chief sent "
                     f"{mgr.last_save_stats.get('bytes_sent_here')} bytes")
-        for name, mgr in mgrs.items():
-            t0 = time.perf_counter()
-            mgr.restore()
-            dt = time.perf_counter() - t0
-            out[f"{name}_restore_s"] = round(dt, 2)
-            log(f"{name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys")
-        dt = download_then_load(mgrs["s3"], ev, step, os.path.join(work, "downloaded"))
-        out["s3_restore_download_then_load_s"] = round(dt, 2)
+        # Restores: each way --restore-rounds times, interleaved (local, S3 through the object source,
+        # S3 downloaded first), so the machine's load moves every way alike.
+        ways = [(n, mgr.restore) for n, mgr in mgrs.items()] + [
+            ("s3_download_then_load", lambda: download_then_load(mgrs["s3"], ev, step,
+                                                                 os.path.join(work, "downloaded")))]
+        for r in range(args.restore_rounds):
+            for name, run in ways:
+                shutil.rmtree(os.path.join(work, "downloaded"), ignore_errors=True)   # the last round's copy
+                t0 = time.perf_counter()
+                run()
+                dt = time.perf_counter() - t0
+                rounds = out.setdefault(f"{name}_restore_rounds_s", [])
+                rounds.append(round(dt, 2))
+                out[f"{name}_restore_s"] = sorted(rounds)[len(rounds) // 2]   # the median so far
+                read = mgrs[name].last_restore_stats["bytes_read"] if name in mgrs else None
+                if read is not None:
+                    out[f"{name}_restore_bytes_read"] = read
+                log(f"round {r}: {name} restore (full + delta): {dt:.2f}s, {int(ev.size())} keys"
+                    + (f", {read} bytes read from the root" if read is not None else ""))
         out["restore_files_bytes"] = sum(m.total_bytes for m in mgrs["s3"].chain())
-        log(f"s3 restore, downloaded to local disk first (the path before the object source): {dt:.2f}s, "
-            f"{int(ev.size())} keys")
+        if args.skip_through_chief:
+            for mgr in mgrs.values():
+                mgr.close()
+            return out
         dt, sent = through_chief(mgrs["s3"].storage, ev, tf, work)
         out["s3_full_through_chief_s"] = round(dt, 2)
         out["s3_full_through_chief_sent_bytes"] = sent
@@ -262,6 +272,8 @@ def main():
     ap.add_argument("--dirty", type=float, default=0.1, help="fraction of the keys rewritten before each delta")
     ap.add_argument("--fill-chunk", type=int, default=200_000)
     ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--skip-through-chief", action="store_true", help="no full save through the chief")
+    ap.add_argument("--restore-rounds", type=int, default=1, help="times each restore is measured (interleaved)")
     ap.add_argument("--s3-read-timeout", type=float, default=None,
                     help="seconds an S3 client waits for an answer before it retries (every process of the run, "
                          "through fsspec's FSSPEC_S3 configuration; default s3fs's 15). moto answers a "

@@ -51,9 +51,9 @@ import sys
 import time
 
 
-from bench.harness.paths import ROOT
+from bench.harness.paths import ROOT, write_result
 from bench.harness.driver import (add_driver_args, apply_quick, chosen, git_describe, log_dir, run_meta,
-                                  utc_stamp, write_results)
+                                  utc_stamp)
 from bench.harness.peers import module_cmd, run_json, venv_python
 from bench.cluster import cluster_driver
 from bench.training.bench_e2e import N_FIELDS
@@ -210,7 +210,7 @@ def main():
             "pool": args.pool, "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
             "seed": args.seed, "total_s": time.time() - t_start}
     md = f"## Parameter-server training on a loopback cluster {stamp}\n\n" + render(meta, results)
-    base = write_results(args.out_dir, "cluster", stamp, {"meta": meta, "results": results}, md)
+    base = write_result(f"cluster-{stamp}", {"meta": meta, "results": results}, md=md, out_dir=args.out_dir)
     print(json.dumps({"meta": meta, "results": results, "markdown": md, "files": os.path.relpath(base, ROOT)}),
           flush=True)  # for bench/run.py: its last "{" line
     return 0 if all("error" not in r for r in results.values()) else 1

@@ -35,8 +35,8 @@ import sys
 import time
 
 
-from bench.harness.paths import RESULTS, ROOT
-from bench.harness.driver import apply_quick, log_dir, run_meta, utc_stamp, write_results
+from bench.harness.paths import RESULTS, ROOT, write_result
+from bench.harness.driver import apply_quick, log_dir, run_meta, utc_stamp
 from bench.harness.peers import module_cmd
 from bench.training.bench_e2e import N_FIELDS
 from bench.cluster.cluster_common import tcp_bytes
@@ -392,8 +392,8 @@ def main():
             "dim": args.dim, "max_vocab": args.max_vocab, "steps": args.steps, "rounds": args.rounds,
             "total_s": time.time() - t0}
     md = f"## Synchronous training vs PS mode vs one process {stamp}\n\n" + render(meta, rounds, an, proj)
-    write_results(args.out_dir, "sync", stamp, {"meta": meta, "rounds": rounds, "analytic": an, "projection": proj},
-                  md)
+    write_result(f"sync-{stamp}", {"meta": meta, "rounds": rounds, "analytic": an, "projection": proj}, md=md,
+                 out_dir=args.out_dir)
     return 0
 
 

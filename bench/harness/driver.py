@@ -3,7 +3,6 @@ bench.cluster.bench_cluster, bench.cluster.bench_sync): the flags choosing the
 systems, the peer, the smoke size and the output; the run's stamp and
 description; and its result files, bench/results/<kind>-<stamp>.json and .md."""
 import datetime
-import json
 import os
 import platform
 import subprocess
@@ -71,16 +70,3 @@ def log_dir(out_dir):
     d = os.path.join(out_dir, "logs")
     os.makedirs(d, exist_ok=True)
     return d
-
-
-def write_results(out_dir, kind, stamp, data, md):
-    """Writes `data` to <out_dir>/<kind>-<stamp>.json and the markdown `md` beside it,
-    prints the markdown and where both are; returns their path without extension."""
-    base = os.path.join(out_dir, f"{kind}-{stamp}")
-    with open(base + ".json", "w") as f:
-        json.dump(data, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(md)
-    print("\n" + md)
-    print(f"results: {os.path.relpath(base, ROOT)}.json / .md", flush=True)
-    return base

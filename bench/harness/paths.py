@@ -10,13 +10,22 @@ RESULTS = os.path.join(BENCH, "results")      # git-ignored
 LOGS = os.path.join(RESULTS, "logs")
 
 
-def write_result(name, result):
-    """Writes `result` to RESULTS/<name>.json, prints it and the path; returns the path."""
+def write_result(name, result, md=None, out_dir=RESULTS):
+    """The one result writer of the benchmarks: writes `result` to
+    <out_dir>/<name>.json, and the markdown `md` beside it (<name>.md) when
+    given; prints the markdown (without one, the JSON) and where they are;
+    returns their path without extension."""
     import json
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"{name}.json")
-    with open(path, "w") as f:
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, name)
+    with open(base + ".json", "w") as f:
         json.dump(result, f, indent=1)
-    print(json.dumps(result, indent=1))
-    print(f"results: {path}")
-    return path
+    if md is None:
+        print(json.dumps(result, indent=1))
+        print(f"results: {base}.json", flush=True)
+        return base
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    print("\n" + md)
+    print(f"results: {os.path.relpath(base, ROOT)}.json / .md", flush=True)
+    return base

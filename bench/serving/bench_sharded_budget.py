@@ -36,6 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
+from bench.harness.args import add_numbers
 from bench.harness.workload import make_keys
 from bench.serving.bench_sharded_serving import ShardProcess
 from bench.tiered.bench_tiered_serving import IDS, Feed, build, freqs, signature
@@ -196,19 +197,19 @@ def run(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keys", type=int, default=2_000_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--deltas", type=int, default=15, help="deltas after each of the two fulls")
-    ap.add_argument("--delta-rows", type=int, default=5_000)
-    ap.add_argument("--every", type=float, default=1.0, help="seconds between commits landing")
-    ap.add_argument("--dram-fraction", type=float, default=0.3, help="a shard's DRAM budget / the model's")
-    ap.add_argument("--cache-fraction", type=float, default=0.1, help="a shard's row cache / its partition's rows")
-    ap.add_argument("--disk-fraction", type=float, default=0.6, help="a shard's disk budget / the model's rows")
-    ap.add_argument("--probe-keys", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--zipf", type=float, default=1.1)
-    ap.add_argument("--seed", type=int, default=0)
+    add_numbers(ap, (("--keys", 2_000_000, "rows of the model's EV"),
+                     ("--dim", 64, "embedding dim"),
+                     ("--shards", 4, "`evstore serve --shard i/N` processes"),
+                     ("--deltas", 15, "deltas after each of the two fulls"),
+                     ("--delta-rows", 5_000, "rows per delta (Zipf ids)"),
+                     ("--every", 1.0, "seconds between commits landing"),
+                     ("--dram-fraction", 0.3, "a shard's DRAM budget / the model's"),
+                     ("--cache-fraction", 0.1, "a shard's row cache / its partition's rows"),
+                     ("--disk-fraction", 0.6, "a shard's disk budget / the model's rows"),
+                     ("--probe-keys", 512, "keys the probe predicts draw from, hot and cold"),
+                     ("--batch", 16, "examples per probe predict"),
+                     ("--zipf", 1.1, "Zipf exponent of the delta and probe ids"),
+                     ("--seed", 0, "RNG seed")))
     ap.add_argument("--workdir", default=None, help="parent of the run's directory (default: the temp directory)")
     args = ap.parse_args()
     t0 = time.time()

@@ -36,6 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
+from bench.harness.args import add_numbers
 from bench.harness.paths import ROOT
 from bench.harness.peers import module_cmd
 from bench.harness.timing import open_loop
@@ -201,20 +202,20 @@ def run(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keys", type=int, default=200_000)
-    ap.add_argument("--dim", type=int, default=32)
-    ap.add_argument("--deltas", type=int, default=40, help="deltas written per configuration (>= its windows' s)")
-    ap.add_argument("--delta-rows", type=int, default=5_000)
-    ap.add_argument("--every", type=float, default=1.0)
-    ap.add_argument("--window-s", type=float, default=5.0)
-    ap.add_argument("--rounds", type=int, default=3, help="windows per configuration and batch size")
-    ap.add_argument("--hz", type=float, default=20.0, help="predicts per second at batch 1")
-    ap.add_argument("--hz-64", type=float, default=10.0, help="predicts per second at batch 64")
+    add_numbers(ap, (("--keys", 200_000, "rows of each configuration's full"),
+                     ("--dim", 32, "embedding dim"),
+                     ("--deltas", 40, "deltas written per configuration (>= its windows' s)"),
+                     ("--delta-rows", 5_000, "rows per delta (Zipf ids)"),
+                     ("--every", 1.0, "seconds between deltas landing"),
+                     ("--window-s", 5.0, "seconds of one measuring window"),
+                     ("--rounds", 3, "windows per configuration and batch size"),
+                     ("--hz", 20.0, "predicts per second at batch 1"),
+                     ("--hz-64", 10.0, "predicts per second at batch 64"),
+                     ("--dram-fraction", 0.1, "a replica's or shard's DRAM / its rows' bytes"),
+                     ("--zipf", 1.1, "Zipf exponent of the delta and predict ids"),
+                     ("--seed", 0, "RNG seed")))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="1: the single tiered replica")
-    ap.add_argument("--dram-fraction", type=float, default=0.1)
-    ap.add_argument("--zipf", type=float, default=1.1)
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     import logging
 

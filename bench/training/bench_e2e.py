@@ -56,7 +56,8 @@ import numpy as np
 
 
 from bench.harness.driver import (add_driver_args, apply_quick, chosen, git_describe, log_dir, run_meta,
-                                  utc_stamp, write_results)
+                                  utc_stamp)
+from bench.harness.paths import write_result
 from bench.harness.peers import module_cmd, run_json, venv_python
 from bench.harness.rss import hwm_mib, rss_mib
 from bench.harness.workload import make_keys
@@ -394,7 +395,7 @@ def main():
             "systems": systems, "modes": modes, "rounds": args.rounds, "total_s": time.time() - t_start}
     meta["round_ratios"] = round_ratios(runs, meta)
     md = "## End-to-end training (Criteo-like wide & deep) " + stamp + "\n\n" + render(results, meta)
-    write_results(args.out_dir, "e2e", stamp, {"meta": meta, "results": results, "runs": runs}, md)
+    write_result(f"e2e-{stamp}", {"meta": meta, "results": results, "runs": runs}, md=md, out_dir=args.out_dir)
 
 
 if __name__ == "__main__":

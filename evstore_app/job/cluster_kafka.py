@@ -32,6 +32,7 @@ hour (a number) and click (the label).
 """
 import json
 import sys
+import threading
 import time
 import uuid
 
@@ -44,7 +45,11 @@ from evstore_app.job import kafka_worker
 from evstore_app.job.cluster_train import ClusterJob
 from evstore_app.job.kafka_source import _DEFAULTS, _FORBIDDEN, _kafka
 
-__all__ = ["KafkaClusterJob", "run"]
+__all__ = ["FenceTimeoutError", "KafkaClusterJob", "run"]
+
+
+class FenceTimeoutError(RuntimeError):
+    """A worker neither answered nor failed the fence of a chief's start in time (`fence_timeout`)."""
 
 
 class KafkaClusterJob(ClusterJob):
@@ -65,11 +70,17 @@ class KafkaClusterJob(ClusterJob):
       dead_letter_topic: where a worker produces the bad messages it skips (headers
         name their source), acknowledged before its step returns, so before the commit
         past them; a rolled-back round's bad messages are produced again when re-read.
+      fence_timeout: seconds the start waits for each worker to answer the fence
+        (`fence_workers`); a worker alive but not answering by then (hung, or
+        stopped, in a step of an earlier chief) raises FenceTimeoutError naming it.
     """
 
     def __init__(self, cluster, checkpoints, bootstrap_servers, topics, group_id="evstore", properties=None,
                  max_events=None, until=None, wait=0.2, linger=0.2, max_rollbacks=5, dead_letter_topic=None, log=print,
-                 **kw):
+                 fence_timeout=60.0, **kw):
+        if isinstance(fence_timeout, bool) or not isinstance(fence_timeout, (int, float)) or not fence_timeout > 0:
+            raise ValueError(f"fence_timeout must be a positive number of seconds, got {fence_timeout!r}")
+        self.fence_timeout = float(fence_timeout)
         props = {str(k): v for k, v in (properties or {}).items()}
         for k, why in _FORBIDDEN.items():
             if str(props.get(k, "")).lower() in ("true", "1"):
@@ -84,7 +95,8 @@ class KafkaClusterJob(ClusterJob):
                       "dead_letter_topic": dead_letter_topic}
         self.max_events, self.until, self.max_rollbacks, self.log = max_events, until, max_rollbacks, log
         super().__init__(cluster, checkpoints=checkpoints, **kw)
-        self.workers = 1 if self.coord is None else len(load_cluster(cluster)["worker"])
+        self.worker_addresses = ["this process"] if self.coord is None else list(load_cluster(cluster)["worker"])
+        self.workers = len(self.worker_addresses)
         if self.coord is None:
             kafka_worker.install(0)   # local: the steps' batches come from this process
         self.kafka["batch"] = self.stream.batch_size
@@ -146,20 +158,44 @@ class KafkaClusterJob(ClusterJob):
 
     def fence_workers(self):
         """Makes this chief every worker's only one (kafka_worker.fence): a step an earlier chief
-        dispatched and a worker runs from now on takes no batch. A worker that does not answer is
-        logged: a dead worker's steps died with it, and a restarted one never saw the earlier chief."""
+        dispatched and a worker runs from now on takes no batch. The workers are fenced at once, each
+        by a thread. A worker whose task is gone (an error) is logged: a dead worker's steps died with
+        it, and a restarted one never saw the earlier chief. A worker that neither answers nor fails
+        within `fence_timeout` (alive, but hung or stopped in a step) raises FenceTimeoutError naming
+        it: this chief cannot know that worker will never run an earlier chief's step."""
         self.log("evstore train-cluster: fencing the steps of earlier chiefs on the workers")
         if self.coord is None:
             kafka_worker.fence(self._incarnation)
             return
         arg = tf.constant(self._incarnation)
-        for i in range(self.workers):
+        failed = {}
+
+        def fence(i):
             try:
                 with tf.device(f"/job:worker/replica:0/task:{i}"):
                     tf.raw_ops.EagerPyFunc(input=[arg], token=kafka_worker.FENCE_TOKEN, Tout=[tf.int64])
             except (tf.errors.OpError, RuntimeError) as e:
-                self.log(f"evstore train-cluster: worker {i} did not answer the fence ({type(e).__name__}); "
-                         "a dead worker's steps died with it")
+                failed[i] = e
+
+        # Daemon threads: the op of a worker that never answers cannot be cancelled, and must not keep
+        # the process alive once it gave up on it.
+        threads = [threading.Thread(target=fence, args=(i,), name=f"evstore-fence-worker-{i}", daemon=True)
+                   for i in range(self.workers)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.fence_timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        hung = [i for i, t in enumerate(threads) if t.is_alive()]
+        if hung:
+            raise FenceTimeoutError(
+                "; ".join(f"worker {i} ({self.worker_addresses[i]}) did not answer the fence within "
+                          f"{self.fence_timeout:g} s" for i in hung)
+                + ": its process is alive but hung, or stopped, maybe in a step of an earlier chief. Restart "
+                "that worker's `evstore server` (or let its step finish), then start the chief again")
+        for i, e in sorted(failed.items()):
+            self.log(f"evstore train-cluster: worker {i} did not answer the fence ({type(e).__name__}); "
+                     "a dead worker's steps died with it")
 
     def quality(self):
         last = self.manager.last_committed
@@ -362,13 +398,13 @@ def _text(v):
 
 def run(cluster, checkpoints, bootstrap_servers, topics, group_id="evstore", properties=None, max_events=None,
         until=None, batch_size=256, seed=0, learning_rate=0.05, delta_every=20, full_every=None, wait=0.2,
-        linger=0.2, dead_letter_topic=None, log=print):
+        linger=0.2, dead_letter_topic=None, log=print, fence_timeout=60.0):
     """`evstore train-cluster --kafka`: resume from `checkpoints`, train from the topics until max_events / until
     (each worker consuming its own partitions), committing every `delta_every` steps; returns a summary."""
     t0 = time.time()
     job = KafkaClusterJob(cluster, checkpoints, bootstrap_servers, topics, group_id=group_id, properties=properties,
                           max_events=max_events, until=until, wait=wait, linger=linger, log=log,
-                          dead_letter_topic=dead_letter_topic,
+                          dead_letter_topic=dead_letter_topic, fence_timeout=fence_timeout,
                           batch_size=batch_size, seed=seed, learning_rate=learning_rate, delta_every=delta_every,
                           full_every=full_every)
     start = job.resume()

@@ -50,8 +50,9 @@ class Trainer:
                           if reference else None)
         if self.reference is not None:
             self.reference.restart(self.model)
-        self.manager = checkpoint.CheckpointManager(root, self.model, keep_chains=keep_chains,
-                                                    serving_view=serving_view)
+        self.manager = checkpoint.CheckpointManager(
+            root, self.model, keep_chains=keep_chains, serving_view=serving_view,
+            on_evict=None if self.reference is None else self.reference.evicted)
         self.position = 0
         self.examples = 0
         self.losses = []
@@ -120,7 +121,7 @@ class Trainer:
         if self.reference is None:
             return self.predict(x), None
         p = self.predict(x)
-        with self.manager.lock:   # not while a commit's seal copies the model into the reference
+        with self.manager.lock:   # not while a commit's seal moves the reference
             return p, self.reference.predict(x)
 
     def train(self, x, y, position, scores=None, reference=None):
@@ -128,6 +129,8 @@ class Trainer:
         model and the reference model before training (`score`; progressive
         validation), recorded for the next commit's quality."""
         with self.manager.lock:
+            if self.reference is not None:
+                self.reference.keep(x)   # the reference's values of the rows this batch changes
             loss = float(self.model.train_on_batch(x, y.reshape(-1, 1)))
             self.position = position
             self.examples += len(y)

@@ -65,9 +65,12 @@ def unsharded(s3_bucket):
 def test_a_two_shard_chain_on_s3_restores_into_m_shards_exactly_writing_nothing_locally(two_shards, traced, into):
     root, model = two_shards
     got = make_model(user_shards=into)
-    checkpoint.CheckpointManager(root, got).restore()
+    mgr = checkpoint.CheckpointManager(root, got)
+    mgr.restore()
     assert_same_state(state(got, logical=True), state(model, logical=True))
     assert _written(traced) == {}
+    # within the memory budget every byte was read once: checked, then loaded from memory
+    assert 0 < mgr.last_restore_stats["bytes_read"] <= sum(m.total_bytes for m in mgr.chain())
 
 
 def test_a_string_keyed_chain_restores_from_s3_bit_for_bit_writing_nothing_locally(root, traced):

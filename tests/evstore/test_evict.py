@@ -50,6 +50,19 @@ def test_steps_to_live_2_evicts_the_key_not_updated_for_three_steps():
     assert ev.stats()["evicted"] == 1 and ev.stats()["free_rows"] == 1
 
 
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
+def test_evict_with_return_rows_hands_out_the_evicted_keys_and_their_embeddings_before_they_go(key_dtype):
+    ev = evstore.EmbeddingVariable(f"ev_rows_{key_dtype.name}", DIM, key_dtype=key_dtype,
+                                   evict=evstore.GlobalStepEvict(steps_to_live=2))
+    keys = [1, 2, 3] if key_dtype == tf.int64 else [b"a", b"b", b"c"]
+    ev.load(keys, [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], versions=[0, 5, 0])
+    n, evicted, values = ev.evict(5, return_rows=True)
+    assert int(n) == 2
+    got = dict(zip(evicted.numpy().tolist(), values.numpy().tolist()))
+    assert got == {keys[0]: [1.0, 2.0], keys[2]: [5.0, 6.0]}
+    assert int(ev.size()) == 1
+
+
 def test_a_key_is_kept_while_within_steps_to_live():
     ev, opt = make_ev("ev_keep", evstore.GlobalStepEvict(steps_to_live=2)), evstore.optimizers.SGD(0.1)
     sgd_step(ev, opt, [1], step=5)

@@ -157,6 +157,33 @@ def test_a_step_of_a_killed_chief_holding_a_batch_changes_nothing_of_the_new_chi
     stale_run(tmp_path, broker, "held", 4, "kafka-batch-consumed@3", "fencing the steps")
 
 
+def test_a_worker_hung_in_a_killed_chiefs_step_stops_a_new_chiefs_start_with_an_error_naming_it(broker, tmp_path):
+    """Worker 1 is held, alive, inside a batch it took for the first chief's step when that chief is
+    SIGKILLed: the new chief's fence waits for that step, and after --fence-timeout the start stops
+    with an error naming worker 1 and its address, before restoring or training anything."""
+    rows = clicks(600, seed=5)
+    create_topic(broker.bootstrap, "hung", PARTS)
+    produce_rows(broker.bootstrap, "hung", rows, partitions=PARTS)
+    root, log = tmp_path / "root", str(tmp_path / "chief.log")
+    marker, release = tmp_path / "worker.hit", tmp_path / "worker.release"
+    env = {("worker", 1): {"EVSTORE_FAILPOINT": "kafka-batch-consumed@3", "EVSTORE_FAILPOINT_FILE": str(marker),
+                           "EVSTORE_FAILPOINT_RELEASE": str(release)}}
+    with LocalCluster(num_ps=1, num_workers=2, directory=str(tmp_path / "c"), task_env=env) as lc:
+        first = chief(lc, root, broker.bootstrap, "hung", len(rows), log=log)
+        wait_for(marker, first)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        started = len(open(log).read())
+        p = chief(lc, root, broker.bootstrap, "hung", len(rows), "--fence-timeout", "2", log=log)
+        out, _ = p.communicate(timeout=300)
+        release.touch()
+        second = open(log).read()[started:]
+    assert p.returncode == 1 and out == "", second[-4000:]
+    assert (f"evstore train-cluster: worker 1 ({lc.spec['worker'][1]}) did not answer the fence within 2 s"
+            in second), second[-4000:]
+    assert "resuming at" not in second
+
+
 def test_bad_messages_are_dead_lettered_by_the_worker_that_read_them(broker, tmp_path):
     """Messages that do not parse or lack a column are skipped by the worker that read them and
     produced to --dead-letter-topic, headers naming their partition and offset; the good ones

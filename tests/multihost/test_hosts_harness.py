@@ -163,33 +163,37 @@ def test_the_object_store_on_its_own_host_is_what_the_other_hosts_share(net):
     assert code == 0 and lines == ["b'shared'"], open(reader.procs[-1].log_path).read()
 
 
-def test_a_checkpoint_file_written_and_deleted_between_scans_fails_the_check(net):
-    h = net.host("transient")
-    code, _ = run(h, "import os; p = '/tmp/ckpt.tmp-3'; open(p, 'wb').write(b'rows'); os.remove(p); "
-                     "d = '/tmp/evstore-stage-1-x'; os.makedirs(d); p = d + '/ckpt.tmp-4'; "
-                     "open(p, 'wb').write(b'rows'); os.remove(p); os.rmdir(d)")
-    assert code == 0
+@pytest.fixture
+def writes_of(net):
+    """Runs Python code to completion on a new host of that name: call it with (name, code); asserts
+    the code succeeded and returns the paths the check saw that host write (net.checkpoint_writes)."""
+    def run_on(name, code):
+        h = net.host(name)
+        status, _ = run(h, code)
+        assert status == 0, open(h.procs[-1].log_path).read()
+        return net.checkpoint_writes()[name]
+    return run_on
+
+
+def test_a_checkpoint_file_written_and_deleted_between_scans_fails_the_check(net, writes_of):
+    written = writes_of("transient", "import os; p = '/tmp/ckpt.tmp-3'; open(p, 'wb').write(b'rows'); os.remove(p); "
+                                     "d = '/tmp/evstore-stage-1-x'; os.makedirs(d); p = d + '/ckpt.tmp-4'; "
+                                     "open(p, 'wb').write(b'rows'); os.remove(p); os.rmdir(d)")
     assert "transient" not in net.checkpoint_files()   # nothing left to scan
-    written = net.checkpoint_writes()["transient"]
     # The file in a watched directory by its name; the new directory at least by its own.
     assert "tmp/ckpt.tmp-3" in written and "tmp/evstore-stage-1-x/" in written, written
     with pytest.raises(AssertionError, match=r"written outside the object store: .*transient: tmp/ckpt\.tmp-3"):
         net.assert_no_checkpoint_files()
 
 
-def test_a_file_holding_a_bundle_index_fails_the_check_whatever_its_name(net):
-    h = net.host("renamed")
-    code, _ = run(h, "import tensorflow as tf; v = tf.Variable([1.0]); "
-                     "p = tf.train.Checkpoint(v=v).write('/tmp/x'); import os; "
-                     "os.rename(p + '.index', '/tmp/innocent'); print(p)")
-    assert code == 0
-    written = net.checkpoint_writes()["renamed"]
+def test_a_file_holding_a_bundle_index_fails_the_check_whatever_its_name(writes_of):
+    written = writes_of("renamed", "import tensorflow as tf; v = tf.Variable([1.0]); "
+                                   "p = tf.train.Checkpoint(v=v).write('/tmp/x'); import os; "
+                                   "os.rename(p + '.index', '/tmp/innocent'); print(p)")
     assert "tmp/innocent" in written and "tmp/x.index" in written
 
 
-def test_a_restore_download_deleted_at_once_still_fails_the_check(net):
-    h = net.host("restorer")
-    code, _ = run(h, "import os; d = '/tmp/evstore-restore-full-0000000001-ab'; os.makedirs(d); "
-                     "open(d + '/ckpt.index', 'wb').write(b'x'); import shutil; shutil.rmtree(d)")
-    assert code == 0
-    assert net.checkpoint_writes()["restorer"][0] == "tmp/evstore-restore-full-0000000001-ab/"
+def test_a_restore_download_deleted_at_once_still_fails_the_check(writes_of):
+    written = writes_of("restorer", "import os; d = '/tmp/evstore-restore-full-0000000001-ab'; os.makedirs(d); "
+                                    "open(d + '/ckpt.index', 'wb').write(b'x'); import shutil; shutil.rmtree(d)")
+    assert written[0] == "tmp/evstore-restore-full-0000000001-ab/"

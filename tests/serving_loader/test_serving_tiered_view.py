@@ -30,17 +30,34 @@ def _stats(table):
                                                                         key_dtype=table.key_dtype).numpy())))
 
 
+@pytest.fixture
+def tiered_served(tmp_path):
+    """Trains the test model 3 steps, exports its evstore tables, commits a full (with a
+    `serving_view`, if given) and serves it from a ServingModel tiered at `dram_bytes`: call it with
+    those; returns (model, manager, served model). Closed at teardown."""
+    made = []
+
+    def serve(dram_bytes, serving_view=None):
+        model = make_model()
+        train(model, 0, 3)
+        tables = str(tmp_path / "evstore")
+        serving_loader.export_serving_model(model, tables, tables="evstore")
+        mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model, serving_view=serving_view)
+        mgr.save_full()
+        made.append(serving_loader.ServingModel(
+            tables, mgr.root, storage=evstore.TieredStorage(dram_bytes=dram_bytes, path=str(tmp_path / "t"))))
+        return model, mgr, made[-1]
+
+    yield serve
+    for sm in made:
+        sm.close()
+
+
 @pytest.mark.parametrize("view", VIEWS)
-def test_a_tiered_server_answers_exactly_what_the_all_dram_server_of_the_view_answers(tmp_path, view):
-    model = make_model()
-    train(model, 0, 3)
-    stock, tables = str(tmp_path / "stock"), str(tmp_path / "evstore")
+def test_a_tiered_server_answers_exactly_what_the_all_dram_server_of_the_view_answers(tmp_path, view, tiered_served):
+    model, mgr, tiered = tiered_served(256, serving_view=view)
+    stock = str(tmp_path / "stock")
     serving_loader.export_serving_model(model, stock)
-    serving_loader.export_serving_model(model, tables, tables="evstore")
-    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model, serving_view=view)
-    mgr.save_full()
-    tiered = serving_loader.ServingModel(tables, mgr.root,
-                                         storage=evstore.TieredStorage(dram_bytes=256, path=str(tmp_path / "t")))
     dram = serving_loader.ServingModel(stock, mgr.root)   # decodes the view into float32 DenseHashTables
     for step in (3, 5, None):
         got, gv = tiered.predict(_inputs())
@@ -56,7 +73,6 @@ def test_a_tiered_server_answers_exactly_what_the_all_dram_server_of_the_view_an
         assert tiered.poll() == dram.poll() == seq
     st = tiered.tier_stats()["user"]
     assert st["cache_rows"] < tiered.rows()["user"] and st["cache_misses"] > 0 and st["disk_bytes"] > 0, st
-    tiered.close()
 
 
 def test_an_int8_table_holds_more_than_3x_the_rows_of_a_float32_one_in_the_same_dram(tmp_path):
@@ -88,15 +104,8 @@ def test_float32_rows_upserted_into_a_view_precision_table_read_back_as_the_view
     t.close()
 
 
-def test_each_prediction_adds_one_to_the_keys_frequency(tmp_path):
-    model = make_model()
-    train(model, 0, 3)
-    tables = str(tmp_path / "evstore")
-    serving_loader.export_serving_model(model, tables, tables="evstore")
-    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
-    mgr.save_full()
-    sm = serving_loader.ServingModel(tables, mgr.root,
-                                     storage=evstore.TieredStorage(dram_bytes=256, path=str(tmp_path / "t")))
+def test_each_prediction_adds_one_to_the_keys_frequency(tiered_served):
+    _, _, sm = tiered_served(256)
     user = sm.publisher.tables["user"]
     keys = tf.constant([2, 3], tf.int64)
     before = ops.ev_key_info(user._h, keys)[0].numpy()
@@ -104,7 +113,6 @@ def test_each_prediction_adds_one_to_the_keys_frequency(tmp_path):
         sm.predict({"users": np.array([[2, 3], [2, 2]], np.int64), "items": np.array([[1], [1]], np.int32)})
     after = ops.ev_key_info(user._h, keys)[0].numpy()
     np.testing.assert_array_equal(after - before, [15, 5])   # key 2 three times a request, key 3 once
-    sm.close()
 
 
 def test_rows_that_predictions_read_often_stay_in_the_dram_cache_while_cold_rows_stream_through(tmp_path):
@@ -146,18 +154,11 @@ def test_warming_a_delta_leaves_its_upserts_no_disk_to_read_or_write(tmp_path):
     t.close()
 
 
-def test_a_reload_fills_its_new_table_with_an_eighth_of_the_budget_and_serves_it_with_the_whole(tmp_path):
+def test_a_reload_fills_its_new_table_with_an_eighth_of_the_budget_and_serves_it_with_the_whole(tiered_served):
     from serving_loader.ev_table import loading_dram_bytes
 
-    model = make_model()
-    train(model, 0, 3)
-    tables = str(tmp_path / "evstore")
-    serving_loader.export_serving_model(model, tables, tables="evstore")
-    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), model)
-    mgr.save_full()
     budget = 1 << 30   # the cache is allocated as rows arrive: nothing of it here
-    sm = serving_loader.ServingModel(tables, mgr.root,
-                                     storage=evstore.TieredStorage(dram_bytes=budget, path=str(tmp_path / "t")))
+    _, _, sm = tiered_served(budget)
     user = sm.publisher.tables["user"]
     row = 8 * 4 + 8   # the user table's float32 rows and their slot bookkeeping
     fresh = user.replacement()   # what a reload fills outside the lock
@@ -165,4 +166,3 @@ def test_a_reload_fills_its_new_table_with_an_eighth_of_the_budget_and_serves_it
     with sm.publisher.writing():
         user.adopt(fresh)
     assert user.stats()["cache_capacity"] == budget // row
-    sm.close()

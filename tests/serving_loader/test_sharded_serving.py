@@ -431,32 +431,52 @@ def test_a_replica_killed_under_a_predict_storm_is_failed_over_and_rejoins_at_th
                 np.testing.assert_array_equal(out["outputs"], single.predict(inputs)[0]["outputs"])
 
 
-def test_a_shard_with_a_token_answers_only_callers_that_send_it(tmp_path, job):
-    _, export, mgr, single = job
-    token = "s3cret-fleet-token-0123456789"
-    shard = ShardModel(export, mgr.root, 0, 1, evs=["user"],
-                       storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / "s0")))
-    server = ShardServer(shard, token=token)
-    address = f"127.0.0.1:{server.port}"
-    try:
-        with grpc.insecure_channel(address) as ch:
-            for method, body in (("Status", b"{}"), ("Stage", b'{"target": 1}'), ("Lookup", b"")):
-                for md in (None, (("authorization", "Bearer wrong-token-0123456789"),)):
-                    with pytest.raises(grpc.RpcError) as e:
-                        ch.unary_unary(f"/{SERVICE}/{method}")(body, timeout=10, metadata=md)
-                    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-                    assert "--shard-token-file" in e.value.details()
-        assert shard.version is None   # nothing staged by the refused calls
-        with pytest.raises(ConnectionError, match="UNAUTHENTICATED"):
-            FrontModel(export, mgr.root, [address], wait_s=0)
-        front = FrontModel(export, mgr.root, [address], wait_s=10, token=token)
-        try:
-            _same(front, single)
-        finally:
-            front.close()
-    finally:
-        server.stop(0)
+@pytest.fixture
+def lone_shard(tmp_path, job):
+    """Serves the whole "user" EV of `job`'s model from one shard: call it with ShardServer's keyword
+    arguments (token=, tls=); returns (the shard, its address). Stopped and closed at teardown."""
+    _, export, mgr, _ = job
+    made = []
+
+    def serve(**server_kw):
+        shard = ShardModel(export, mgr.root, 0, 1, evs=["user"],
+                           storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / "s0")))
+        made.append([shard, None])
+        made[-1][1] = server = ShardServer(shard, **server_kw)
+        return shard, f"127.0.0.1:{server.port}"
+
+    yield serve
+    for shard, server in made:
+        if server is not None:
+            server.stop(0)
         shard.close()
+
+
+def _front_answers_as_single(job, address, **front_kw):
+    """A front over the shard at `address` (FrontModel's keyword arguments) answers as the single replica."""
+    _, export, mgr, single = job
+    front = FrontModel(export, mgr.root, [address], wait_s=10, **front_kw)
+    try:
+        _same(front, single)
+    finally:
+        front.close()
+
+
+def test_a_shard_with_a_token_answers_only_callers_that_send_it(job, lone_shard):
+    _, export, mgr, _ = job
+    token = "s3cret-fleet-token-0123456789"
+    shard, address = lone_shard(token=token)
+    with grpc.insecure_channel(address) as ch:
+        for method, body in (("Status", b"{}"), ("Stage", b'{"target": 1}'), ("Lookup", b"")):
+            for md in (None, (("authorization", "Bearer wrong-token-0123456789"),)):
+                with pytest.raises(grpc.RpcError) as e:
+                    ch.unary_unary(f"/{SERVICE}/{method}")(body, timeout=10, metadata=md)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert "--shard-token-file" in e.value.details()
+    assert shard.version is None   # nothing staged by the refused calls
+    with pytest.raises(ConnectionError, match="UNAUTHENTICATED"):
+        FrontModel(export, mgr.root, [address], wait_s=0)
+    _front_answers_as_single(job, address, token=token)
 
 
 def _self_signed(tmp_path):
@@ -473,27 +493,17 @@ def _self_signed(tmp_path):
     return key.read_bytes(), cert.read_bytes()
 
 
-def test_a_shard_over_tls_serves_a_front_that_trusts_its_certificate_and_no_plaintext_caller(tmp_path, job):
-    _, export, mgr, single = job
+def test_a_shard_over_tls_serves_a_front_that_trusts_its_certificate_and_no_plaintext_caller(tmp_path, job,
+                                                                                              lone_shard):
+    _, export, mgr, _ = job
     key, cert = _self_signed(tmp_path)
-    shard = ShardModel(export, mgr.root, 0, 1, evs=["user"],
-                       storage=evstore.TieredStorage(DRAM_BYTES, path=str(tmp_path / "s0")))
-    server = ShardServer(shard, tls=(key, cert))
-    address = f"127.0.0.1:{server.port}"
-    try:
-        with grpc.insecure_channel(address) as ch:   # plaintext gets no answer
-            with pytest.raises(grpc.RpcError) as e:
-                ch.unary_unary(f"/{SERVICE}/Status")(b"{}", timeout=10)
-            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-        (tmp_path / "other").mkdir()
-        _, other_cert = _self_signed(tmp_path / "other")
-        with pytest.raises(ConnectionError, match="unavailable"):   # a certificate the front does not trust
-            FrontModel(export, mgr.root, [address], wait_s=0, tls_ca=other_cert)
-        front = FrontModel(export, mgr.root, [address], wait_s=10, tls_ca=cert)
-        try:
-            _same(front, single)
-        finally:
-            front.close()
-    finally:
-        server.stop(0)
-        shard.close()
+    _, address = lone_shard(tls=(key, cert))
+    with grpc.insecure_channel(address) as ch:   # plaintext gets no answer
+        with pytest.raises(grpc.RpcError) as e:
+            ch.unary_unary(f"/{SERVICE}/Status")(b"{}", timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    (tmp_path / "other").mkdir()
+    _, other_cert = _self_signed(tmp_path / "other")
+    with pytest.raises(ConnectionError, match="unavailable"):   # a certificate the front does not trust
+        FrontModel(export, mgr.root, [address], wait_s=0, tls_ca=other_cert)
+    _front_answers_as_single(job, address, tls_ca=cert)

@@ -129,6 +129,14 @@ struct ExportedKey {
   int64_t seen = -1;  // filtered key: step last seen at (-1 unknown); admitted: -1
 };
 
+// Keys an eviction removed and their embeddings (values: dim floats per key,
+// in keys' order); a filtered key evicted reads the default value.
+template <typename Owned>
+struct EvictedRows {
+  std::vector<Owned> keys;
+  std::vector<float> values;
+};
+
 template <typename K, typename Traits = KeyTraits<K>, typename Store = RowArena>
 class Table {
  public:
@@ -530,8 +538,11 @@ class Table {
   // Erase does (rows to the free list, keys to the deleted set). Keys whose
   // age reference is unknown are stamped with `step` instead; an admitted
   // key's stamp changes its saved version, so it is marked dirty. Returns
-  // the number of keys evicted.
-  int64_t Evict(int64_t step, const EvictionPolicies& policies) {
+  // the number of keys evicted. `kept` (optional) receives each evicted key
+  // and its embedding (dim floats each, read before the row is freed), for a
+  // caller that keeps the values the table drops (a reference model's
+  // copy-on-write: evstore_app/job/reference.py).
+  int64_t Evict(int64_t step, const EvictionPolicies& policies, EvictedRows<Owned>* kept = nullptr) {
     AdvanceClock(step);
     if (policies.empty()) return 0;
     int64_t erased = 0;
@@ -565,7 +576,13 @@ class Table {
       });
       for (const Owned& o : victims) {
         const K k = Traits::View(o);
-        EraseLocked(seg, seg.Find(k, Traits::Hash(k)));
+        E* en = seg.Find(k, Traits::Hash(k));
+        if (kept) {
+          const float* row = RowIsReal(en->row) ? rows_.PeekRow(en->row, scratch.data()) : default_.data();
+          kept->keys.push_back(o);
+          kept->values.insert(kept->values.end(), row, row + dim_);
+        }
+        EraseLocked(seg, en);
       }
       erased += victims.size();
     }
@@ -685,6 +702,41 @@ class Table {
       else
         std::memset(rows + i * stride, 0, stride * sizeof(float));
     }
+  }
+
+  // Copy-on-write of another table's values (a reference model kept beside a
+  // trained one: evstore_app/job/reference.py). For each of `keys` this table
+  // holds no row of, imports the embedding an inference lookup of `src` reads
+  // now (its row, or src's default value for a key it holds no row of), as
+  // a never-updated row (version -1, frequency 0, not dirty); a key this
+  // table holds keeps its row, so only the first call for a key copies.
+  // Returns how many keys were copied. Reads src under its segment locks;
+  // the caller serialises calls on this table (a check, then an import).
+  template <typename Src>
+  int64_t KeepFrom(const Src& src, const K* keys, int64_t n) {
+    if (src.dim() != dim_)
+      throw std::invalid_argument("the source table's dim " + std::to_string(src.dim()) + " is not " +
+                                  std::to_string(dim_));
+    static const std::vector<int> kNoSlots;
+    std::vector<float> row(src.stride());
+    const int64_t never = -1, zero = 0;
+    int64_t copied = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t h = Traits::Hash(keys[i]);
+      {
+        const Seg& seg = index_.SegmentFor(h);
+        std::shared_lock<std::shared_mutex> lock(seg.mu);
+        const E* en = seg.Find(keys[i], h);
+        if (en && RowIsReal(en->row)) continue;
+      }
+      uint8_t present, admitted;
+      int64_t version, freq;
+      src.Read(keys + i, 1, src.stride(), &present, &admitted, &version, &freq, row.data());
+      const float* value = admitted ? row.data() : src.default_value().data();
+      ImportRows(keys + i, 1, value, dim_, nullptr, 0, kNoSlots, &never, &zero, /*mark_dirty=*/false);
+      ++copied;
+    }
+    return copied;
   }
 
   // Upserts admitted keys. Key i's embedding is at values + i*values_stride;

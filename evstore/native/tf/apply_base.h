@@ -38,7 +38,7 @@ class EvApplyBase : public EvTableOp<K> {
       }
     }
   }
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     EV_INPUT(ctx, grads, schema::kGradsInput);
     EV_INPUT(ctx, step, schema::kGlobalStepInput);

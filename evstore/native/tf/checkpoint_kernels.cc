@@ -416,7 +416,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
         std::memmove(data + w * width, data + keep[w] * width, sizeof(T) * width);
   }
 
-  EV_RESOURCE_KERNEL(ctx, res, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, prefix_t, "prefix");
     EV_INPUT(ctx, name_t, "ev_name");
     EV_INPUT(ctx, slot_names, "slot_names");

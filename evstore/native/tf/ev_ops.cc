@@ -171,6 +171,17 @@ REGISTER_OP("EvKeyInfo")
       return absl::OkStatus();
     });
 
+REGISTER_OP("EvKeepRows")
+    .Input("handle: resource")
+    .Input("source: resource")
+    .Input("keys: key_dtype")
+    .Attr("key_dtype: {int32, int64, string}")
+    .Output("kept: int64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Copy-on-write: for each key (any shape) `handle` holds no row of, imports the embedding an "
+         "inference lookup of `source` reads now (never-updated, frequency 0, not dirty). Returns how many.");
+
 REGISTER_OP("EvRemove")
     .Input("handle: resource")
     .Input("keys: key_dtype")

@@ -9,9 +9,18 @@ REGISTER_OP("EvEvict")
     .Attr("key_dtype: {int32, int64, string}")
     .Attr("steps_to_live: int = -1")
     .Attr("l2_threshold: float = 0")
+    .Attr("return_rows: bool = false")
     .Output("evicted: int64")
+    .Output("evicted_keys: key_dtype")
+    .Output("evicted_values: float")
     .SetIsStateful()
-    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      c->set_output(2, c->Matrix(c->UnknownDim(), c->UnknownDim()));
+      return absl::OkStatus();
+    })
     .Doc("Evicts keys with global_step - version > steps_to_live (steps_to_live >= 0) or whose "
          "embedding's L2 norm < l2_threshold (> 0). global_step < 0: the table's clock (highest step "
-         "seen). Evicted keys join the deleted set; their rows the free list. Returns how many.");
+         "seen). Evicted keys join the deleted set; their rows the free list. Returns how many, and "
+         "with return_rows the evicted keys and their embeddings [n, dim] (empty otherwise).");

@@ -93,10 +93,12 @@ void CopyKeysOut(It begin, It end, Tensor* out) {
   for (It it = begin; it != end; ++it) f(i++) = KeyDtype<T>::ToTensor(CoreKey<T>(*it));
 }
 
+// The table of resource input `input` (default: the op's own, schema::kHandle).
 template <typename K>
-inline absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<EvResource<K>>* out) {
+inline absl::Status GetTable(OpKernelContext* ctx, tensorflow::core::RefCountPtr<EvResource<K>>* out,
+                             const char* input = schema::kHandle) {
   tensorflow::ResourceHandle h;
-  TF_RETURN_IF_ERROR(tensorflow::HandleFromInput(ctx, schema::kHandle, &h));
+  TF_RETURN_IF_ERROR(tensorflow::HandleFromInput(ctx, input, &h));
   absl::Status s = tensorflow::LookupResource(ctx, h, out);
   if (absl::IsNotFound(s)) {
     return errors::FailedPrecondition(
@@ -149,23 +151,17 @@ class EvTableOp : public OpKernel {
   virtual void ComputeOn(OpKernelContext* ctx, EvResource<K>& res, TieredTableT<K>& t) = 0;
 };
 
-// A kernel body written once for both table types (ev_resource.h):
-//   EV_TABLE_KERNEL(ctx, t) { ... t is a TableType& ... }
-#define EV_TABLE_KERNEL(ctx_, t_)                                                                        \
-  void ComputeOn(OpKernelContext* c_, EvResource<K>&, TableT<K>& x_) override { ComputeOnT(c_, x_); }   \
-  void ComputeOn(OpKernelContext* c_, EvResource<K>&, TieredTableT<K>& x_) override { ComputeOnT(c_, x_); } \
-  template <typename TableType>                                                                         \
-  void ComputeOnT(OpKernelContext* ctx_, TableType& t_)
-// The same, for a kernel that also reads the resource (a serving table's row
-// format, res_.serving(): ev_resource.h):
-//   EV_RESOURCE_KERNEL(ctx, res, t) { ... }
-#define EV_RESOURCE_KERNEL(ctx_, res_, t_)                                                                 \
+// A kernel body written once for both table types (ev_resource.h), with the
+// resource beside the table (for a kernel that reads it, e.g. a serving
+// table's row format, res.serving(); ev_resource.h):
+//   EV_TABLE_KERNEL(ctx, res, t) { ... t is a TableType& ... }
+#define EV_TABLE_KERNEL(ctx_, res_, t_)                                                                     \
   void ComputeOn(OpKernelContext* c_, EvResource<K>& r_, TableT<K>& x_) override { ComputeOnT(c_, r_, x_); } \
   void ComputeOn(OpKernelContext* c_, EvResource<K>& r_, TieredTableT<K>& x_) override {                  \
     ComputeOnT(c_, r_, x_);                                                                                \
   }                                                                                                        \
   template <typename TableType>                                                                            \
-  void ComputeOnT(OpKernelContext* ctx_, EvResource<K>& res_, TableType& t_)
+  void ComputeOnT(OpKernelContext* ctx_, [[maybe_unused]] EvResource<K>& res_, TableType& t_)
 
 
 // Registers `cls<K>` for op `name` with the integer key types only (ops whose

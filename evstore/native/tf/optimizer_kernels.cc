@@ -129,7 +129,7 @@ template <typename K>
 class EvZeroRowKeysOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     std::vector<OwnedKey<K>> keys;
     const ZeroRowPredicate zero{t.dim()};
     for (int s = 0; s < t.num_segments(); ++s)

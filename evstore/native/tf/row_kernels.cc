@@ -46,7 +46,7 @@ template <typename K>
 class EvReadRowsOp : public EvTableOp<K> {
  public:
   explicit EvReadRowsOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     OP_REQUIRES(ctx, t.dim() == dim_, errors::InvalidArgument("expects dim ", dim_, " but the table has dim ", t.dim()));
     EV_INPUT(ctx, keys, schema::kKeysInput);
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
@@ -114,7 +114,7 @@ template <typename K>
 class EvWriteRowsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     EV_INPUT(ctx, values, "values");
     EV_INPUT(ctx, slots, "slots");

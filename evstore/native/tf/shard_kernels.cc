@@ -34,7 +34,7 @@ class EvFindOrInsertCountedOp : public EvTableOp<K> {
   explicit EvFindOrInsertCountedOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
   }
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     OP_REQUIRES(ctx, t.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
     EV_INPUT(ctx, keys, schema::kKeysInput);

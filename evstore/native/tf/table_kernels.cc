@@ -89,7 +89,7 @@ template <typename K>
 class EvSizeOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = t.size();
@@ -100,7 +100,7 @@ template <typename K>
 class EvSlotsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     const SlotSpecs slots = t.slots();
     const int64_t ns = static_cast<int64_t>(slots.size());
     Tensor *names, *inits;
@@ -117,7 +117,7 @@ template <typename K>
 class EvStatsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     TableStats s = t.Stats();
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({schema::kNumStatsFields}), &out));
@@ -133,7 +133,7 @@ template <typename K>
 class EvKeyInfoOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor *freqs, *versions, *admitted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &freqs));
@@ -154,11 +154,31 @@ class EvKeyInfoOp : public EvTableOp<K> {
   }
 };
 
+// The reference model's copy-on-write (Table::KeepFrom): the source table is
+// the second resource input, of either table type.
+template <typename K>
+class EvKeepRowsOp : public EvTableOp<K> {
+ public:
+  using EvTableOp<K>::EvTableOp;
+  EV_TABLE_KERNEL(ctx, res, t) {
+    EV_INPUT(ctx, keys, schema::kKeysInput);
+    tensorflow::core::RefCountPtr<EvResource<K>> src;
+    OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &src, "source"));
+    KeysIn<K> kin;
+    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    int64_t kept = 0;
+    EV_TRY(ctx, kept = src->Visit([&](const auto& s) { return t.KeepFrom(s, kin.data(), keys.NumElements()); }));
+    out->scalar<int64_t>()() = kept;
+  }
+};
+
 template <typename K>
 class EvRemoveOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_RESOURCE_KERNEL(ctx, res, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, keys, schema::kKeysInput);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
@@ -174,7 +194,7 @@ template <typename K>
 class EvServeUpsertOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_RESOURCE_KERNEL(ctx, res, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     const ServingRows* serving = res.serving();
     OP_REQUIRES(ctx, serving, errors::FailedPrecondition("EvServeUpsert needs a serving table (EvCreate's serving_rows)"));
     EV_INPUT(ctx, keys, schema::kKeysInput);
@@ -224,7 +244,7 @@ template <typename K>
 class EvServeWarmOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     if constexpr (std::is_same_v<TableType, TieredTableT<K>>) {
       EV_INPUT(ctx, keys, schema::kKeysInput);
       KeysIn<K> kin;
@@ -242,7 +262,7 @@ template <typename K>
 class EvSetDramBytesOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, bytes, "dram_bytes");
     if constexpr (std::is_same_v<TableType, TieredTableT<K>>) {
       EV_TRY(ctx, t.store().SetDramBytes(bytes.scalar<int64_t>()()));
@@ -256,7 +276,7 @@ template <typename K>
 class EvExportOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     const int dim = t.dim();
     SlotSpecs slots = t.slots();
     const int ns = static_cast<int>(slots.size());
@@ -305,7 +325,7 @@ template <typename K>
 class EvImportOp : public EvTableOp<K> {
  public:
   explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     const int dim = t.dim();
     EV_INPUT(ctx, keys, schema::kKeysInput);
     EV_INPUT(ctx, vals, "values");
@@ -361,7 +381,7 @@ class EvBeginExportOp : public EvTableOp<K> {
   explicit EvBeginExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("return_keys", &return_keys_));
   }
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     std::shared_ptr<const typename TableType::Snapshot> snap;
     EV_TRY(ctx, snap = t.BeginExport());
     const int64_t nd = return_keys_ ? snap->dirty.size() : 0, nx = return_keys_ ? snap->deleted.size() : 0;
@@ -383,7 +403,7 @@ template <typename K>
 class EvEndExportOp : public EvTableOp<K> {
  public:
   explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
-  EV_TABLE_KERNEL(ctx, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, snapshot_id, "snapshot_id");
     uint64_t id = static_cast<uint64_t>(snapshot_id.scalar<int64_t>()());
     if (commit_) {
@@ -425,6 +445,7 @@ EV_REGISTER_KEYED("EvSize", EvSizeOp);
 EV_REGISTER_KEYED("EvSlots", EvSlotsOp);
 EV_REGISTER_KEYED("EvStats", EvStatsOp);
 EV_REGISTER_KEYED("EvKeyInfo", EvKeyInfoOp);
+EV_REGISTER_KEYED("EvKeepRows", EvKeepRowsOp);
 EV_REGISTER_KEYED("EvRemove", EvRemoveOp);
 EV_REGISTER_KEYED("EvExport", EvExportOp);
 EV_REGISTER_KEYED("EvImport", EvImportOp);

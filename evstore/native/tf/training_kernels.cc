@@ -19,7 +19,7 @@ template <typename K, bool kTrain>
 class EvLookupOp : public EvTableOp<K> {
  public:
   explicit EvLookupOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
-  EV_RESOURCE_KERNEL(ctx, res, t) {
+  EV_TABLE_KERNEL(ctx, res, t) {
     OP_REQUIRES(ctx, res.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", res.dim()));
     const ServingRows* serving = res.serving();
