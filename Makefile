@@ -24,7 +24,7 @@ BUILD_SYSTEM = $(BIN)/python -c 'import sys; toml = __import__("tomllib" if sys.
 
 NATIVE_TESTS := build/native-tests
 
-.PHONY: all install test test-native demo docs cli-docs bench bench-peers soak clean system-packages
+.PHONY: all install test test-native demo docs cli-docs bench bench-tools bench-peers soak clean system-packages
 
 all: install
 
@@ -125,8 +125,16 @@ docs: $(DOCSDEPS) cli-docs
 # Benchmarks against peers (TFRA in its own venv .peer-tfra, made by bench/peers/tfra-setup.sh).
 # bench/ is a package run from the repository root: any one benchmark is
 # `$(BIN)/python -m bench.<area>.<name>` (bench/README.md lists them).
-bench: install
+# The load generators bench/serving/bench_serving_net.py drives `evstore serve` with
+# (wrk for REST, h2load for gRPC); as root they are installed with apt-get -y,
+# otherwise one line says what to install and that benchmark reports itself skipped.
+BENCH_PKGS := wrk nghttp2-client
+bench: install bench-tools
 	$(BIN)/python -m bench.run
+
+bench-tools:
+	@if command -v wrk >/dev/null && command -v h2load >/dev/null; then :; else \
+		$(call apt-install,$(BENCH_PKGS),the serving benchmark's load generators,bench_serving_net will report itself skipped); fi
 
 bench-peers:
 	bash bench/peers/tfra-setup.sh .peer-tfra

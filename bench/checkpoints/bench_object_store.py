@@ -272,6 +272,7 @@ def main():
     ap.add_argument("--dirty", type=float, default=0.1, help="fraction of the keys rewritten before each delta")
     ap.add_argument("--fill-chunk", type=int, default=200_000)
     ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--skip-ps", action="store_true", help="no parameter-server part")
     ap.add_argument("--skip-through-chief", action="store_true", help="no full save through the chief")
     ap.add_argument("--restore-rounds", type=int, default=1, help="times each restore is measured (interleaved)")
     ap.add_argument("--s3-read-timeout", type=float, default=None,
@@ -306,15 +307,13 @@ def main():
             os.environ.pop("TMPDIR")
         else:
             os.environ["TMPDIR"] = saved_tmp
-        with TreeUsage(label=task_label, disk_dirs=[work], open_files_of=lambda c: "moto.server" in c) as u:
-            result.update(ps_part(args, bucket, work))
-        result["ps_part_usage"] = u.as_dict()
-        log(f"ps part usage: {u.as_dict()}")
-        if not args.skip_sync:
+        for name, part, skip in (("ps", ps_part, args.skip_ps), ("sync", sync_part, args.skip_sync)):
+            if skip:
+                continue
             with TreeUsage(label=task_label, disk_dirs=[work], open_files_of=lambda c: "moto.server" in c) as u:
-                result.update(sync_part(args, bucket, work))
-            result["sync_part_usage"] = u.as_dict()
-            log(f"sync part usage: {u.as_dict()}")
+                result.update(part(args, bucket, work))
+            result[f"{name}_part_usage"] = u.as_dict()
+            log(f"{name} part usage: {u.as_dict()}")
     with open(os.path.join(work, "moto.log")) as f:
         result["moto_5xx"] = sum(1 for line in f if re.search(r'" 5\d\d ', line))
     result["s3_read_timeout"] = args.s3_read_timeout

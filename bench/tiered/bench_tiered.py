@@ -15,8 +15,11 @@ other two). dim 64 with Adam (768 bytes a row), a cache budget of
 and the ratios tiered / all-DRAM and RowFile / RocksDB. `make bench` runs a
 short one (bench/run.py, --no-tiered skips it). CPU time per key is the
 figure to compare on a shared machine (wall-time rates include waiting for a
-core). rss_base_mb is the process before any table, bench_buffers_mb the
-benchmark's own arrays, rss_other_mb what remains beyond those and the
+core). rss_mb is VmRSS, of which rss_file_mb are mapped file pages (for the
+tier, the pages of its file that reads mapped: the page cache's, not the
+process's own) and rss_anon_mb the process's own; rss_base_mb is the
+process's own memory before any table, bench_buffers_mb the benchmark's own
+arrays, rss_other_mb what remains of rss_anon_mb beyond those and the
 table's reported index, metadata and row bytes.
 
 `ev`: the same comparison through TensorFlow: an EmbeddingVariable with
@@ -93,8 +96,8 @@ def engine(args):
         if os.path.exists(exe):
             os.unlink(exe)
     fields = ["train_keys_per_s", "train_cpu_ns_per_key", "hit_rate", "find1_keys_per_s", "find1_p99_us",
-              "find1k_keys_per_s", "find1k_p99_ms", "fill_s", "export_s", "export_cpu_s", "cold_export_s", "seq_write_s",
-              "seq_read_s", "writebacks", "write_batches", "compacted", "misses", "read_calls", "rss_mb", "index_mb", "meta_mb", "row_mb", "disk_mb",
+              "find1k_keys_per_s", "find1k_cpu_ns_per_key", "find1k_p99_ms", "fill_s", "export_s", "export_cpu_s", "cold_export_s", "seq_write_s",
+              "seq_read_s", "writebacks", "write_batches", "compacted", "misses", "read_calls", "rss_mb", "rss_anon_mb", "rss_file_mb", "index_mb", "meta_mb", "row_mb", "disk_mb",
               "rss_base_mb", "bench_buffers_mb", "rss_other_mb"]
     med = {s: {f: statistics.median(x[f] for x in v) for f in fields} for s, v in runs.items()}
     print(f"\n{args.keys:,} keys x dim 64 + Adam slots, DRAM budget {args.dram_fraction:.0%} of row bytes, "

@@ -43,7 +43,7 @@ SAMPLE = 4096          # rows checked bit for bit after a restore
 FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "restore_full_s", "seq_read_s", "seq_write_s",
           "save_vs_sequential", "restore_vs_sequential", "train_keys_per_s", "train_cpu_us_per_key",
           "hit_rate", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
-          "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
+          "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
           "rss_restored_peak_mb", "delta_mb", "full_mb", "cache_rows", "disk_mb"]
 
 
@@ -182,6 +182,7 @@ def child(cfg):
         out["find1k_keys_per_s"], p99 = side.lookups(1024, cfg["find1k_calls"])
         out["find1k_p99_ms"] = p99 * 1e3
         out["rss_train_mb"] = _status_mib("VmRSS")
+        out["rss_train_file_mb"] = _status_mib("RssFile")  # mapped file pages: the tier file's that reads mapped
         st = side.ev.stats()
         out.update(cache_rows=st["cache_rows"], disk_mb=st["disk_bytes"] / 2**20, admitted=st["admitted"],
                    index_mb=st["index_bytes"] / 2**20, meta_mb=st["meta_bytes"] / 2**20)

@@ -13,7 +13,7 @@
 // Workload: <keys> int64 keys at dim 64 with Adam's two slots (768 bytes a row),
 // the cache budget <dram_fraction> of the rows' bytes; fill every key, then
 // training steps of 4,096 Zipf(1.1) ids (lookup + Adam apply, two threads),
-// read-only lookups at batch 1 and 1,024, a full export to a null sink (and
+// read-only lookups at batch 1 and 1,024 (rate, and CPU per key at 1,024), a full export to a null sink (and
 // again with the tier's file dropped from the page cache: cold_export_s),
 // and the disk's sequential write and cold read of the rows' bytes
 // (seq_write_s, seq_read_s) for the save target.
@@ -56,7 +56,7 @@ using Clock = std::chrono::steady_clock;
 // cache's; RocksDB's own cache is kept small, as the row cache is in front).
 class RocksEngine {
  public:
-  RocksEngine(const std::string& parent, size_t record_bytes) : record_bytes_(record_bytes) {
+  RocksEngine(const std::string& parent, size_t record_bytes, bool = true) : record_bytes_(record_bytes) {
     dir_ = parent + "/rocks-" + std::to_string(::getpid());
     rocksdb::Options o;
     o.create_if_missing = true;
@@ -76,12 +76,12 @@ class RocksEngine {
   }
   const std::string& dir() const { return dir_; }
   int last_error() const { return EIO; }
-  bool Write(uint32_t loc, const void* src, size_t n = 1, int* err = nullptr) {
+  bool Write(uint32_t loc, const void* const* srcs, size_t n, int* err = nullptr) {
     rocksdb::WriteBatch b;
     for (size_t i = 0; i < n; ++i) {
       char k[4];
       Key(loc + static_cast<uint32_t>(i), k);
-      b.Put(rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(src) + i * record_bytes_, record_bytes_));
+      b.Put(rocksdb::Slice(k, 4), rocksdb::Slice(static_cast<const char*>(srcs[i]), record_bytes_));
     }
     if (err) *err = EIO;
     return db_->Write(wo_, &b).ok();
@@ -164,13 +164,18 @@ static double Pct(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
-static int64_t RssBytes() {
+// A /proc/self/status field in bytes: VmRSS (all resident pages), RssAnon
+// (the process's own memory), RssFile (mapped file pages: the tier file's
+// pages its reads mapped, which are the page cache's, shared and reclaimable).
+static int64_t StatusBytes(const char* field) {
   std::ifstream f("/proc/self/status");
   std::string line;
+  const size_t n = std::strlen(field);
   while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') return std::stoll(line.substr(n + 1)) * 1024;
   return 0;
 }
+static int64_t RssBytes() { return StatusBytes("VmRSS"); }
 
 struct Zipf {  // ranks 1..n with P(k) ~ k^-s, by inverse CDF over a table
   std::vector<double> cdf;
@@ -279,6 +284,7 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const 
     lat1.push_back(Secs(a));
   }
   double sum1k = 0;
+  const double cpu_find = CpuSecs();
   for (int i = 0; i < 200; ++i) {
     for (int j = 0; j < 1024; ++j) batch[j] = key_of(z.Next());
     auto a = Clock::now();
@@ -287,6 +293,7 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const 
     lat1k.push_back(d);
     sum1k += d;
   }
+  const double find1k_cpu_ns = (CpuSecs() - cpu_find) / (200.0 * 1024) * 1e9;
   // Full export to a null sink.
   NullSink sink;
   t0 = Clock::now();
@@ -306,24 +313,26 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const 
   }
   SequentialRate(dir, nkeys * static_cast<int64_t>(t.stride()) * 4, &seq_write_s, &seq_read_s);
   TableStats st = t.Stats();
-  // RSS the table does not report: the process minus its RSS before the
-  // table existed, the benchmark's own buffers and the table's index, meta
-  // and row bytes (what is left is allocator and thread overhead).
-  const int64_t rss = RssBytes();
+  // Memory the table does not report: the process's own pages (RssAnon)
+  // minus those before the table existed, the benchmark's own buffers and
+  // the table's index, meta and row bytes (what is left is allocator and
+  // thread overhead). RSS also counts mapped file pages (rss_file_mb: the
+  // binary, and the tier file's pages that reads mapped, row_file.h).
+  const int64_t rss = RssBytes(), rss_anon = StatusBytes("RssAnon"), rss_file = StatusBytes("RssFile");
   const int64_t buffers = Cap(keys) + Cap(out) + Cap(batch) + Cap(g) + Cap(uk) + Cap(ug) + Cap(z.cdf) + Cap(lat1) +
                           Cap(lat1k) + Cap(o1);
-  const double other_mb = (rss - rss_base - buffers - st.index_bytes - st.meta_bytes - st.row_bytes) / 1048576.0;
+  const double other_mb = (rss_anon - rss_base - buffers - st.index_bytes - st.meta_bytes - st.row_bytes) / 1048576.0;
   std::printf(
       "store %s keys %lld fill_s %.3f train_keys_per_s %.0f train_cpu_ns_per_key %.1f hit_rate %.4f find1_keys_per_s %.0f find1_p99_us %.1f "
-      "find1k_keys_per_s %.0f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f cold_export_s %.3f seq_write_s %.3f "
-      "seq_read_s %.3f rss_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
+      "find1k_keys_per_s %.0f find1k_cpu_ns_per_key %.1f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f cold_export_s %.3f seq_write_s %.3f "
+      "seq_read_s %.3f rss_mb %.1f rss_anon_mb %.1f rss_file_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
       "cache_rows %lld disk_mb %.1f writebacks %lld write_batches %lld compacted %lld misses %lld read_calls %lld "
       "disk_records %lld live_records %lld rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
       store, static_cast<long long>(nkeys), fill_s, steps * B / train_s, train_cpu_ns, hit, lat1.size() / [&] {
         double s = 0;
         for (double x : lat1) s += x;
         return s;
-      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, cold_export_s, seq_write_s, seq_read_s, rss / 1048576.0,
+      }(), Pct(lat1, 0.99) * 1e6, 200 * 1024 / sum1k, find1k_cpu_ns, Pct(lat1k, 0.99) * 1e3, export_s, export_cpu_s, cold_export_s, seq_write_s, seq_read_s, rss / 1048576.0, rss_anon / 1048576.0, rss_file / 1048576.0,
       st.index_bytes / 1048576.0, st.meta_bytes / 1048576.0, st.row_bytes / 1048576.0,
       static_cast<long long>(ts1.resident), ts1.disk_bytes / 1048576.0, static_cast<long long>(ts1.writebacks - ts0.writebacks),
       static_cast<long long>(ts1.write_batches - ts0.write_batches), static_cast<long long>(ts1.compacted - ts0.compacted),
@@ -341,7 +350,7 @@ int main(int argc, char** argv) {
   const int64_t nkeys = std::atoll(argv[2]);
   const double frac = std::atof(argv[3]);
   const int dim = 64;
-  const int64_t rss_base = RssBytes();
+  const int64_t rss_base = StatusBytes("RssAnon");
   TableConfig c;
   c.dim = dim;
   for (int i = 0; i < 64 * dim; ++i) c.bank.push_back(0.01f * (i % 97));

@@ -3,10 +3,22 @@
 // Layout: one flat file of fixed-size records, record `loc` at byte offset
 // loc * record_bytes. The store decides where each row goes (log_space.h: a
 // log-structured layout, where a batch of evicted rows is one contiguous run
-// of records written by one pwrite); this class only moves records: runs of
-// adjacent records in one call each way, and a sorted set of records read
-// with one preadv per run of adjacent ones. Records never written are holes
-// (a sparse file).
+// of records written by one pwritev); this class only moves records: runs of
+// adjacent records written in one call, records read one memcpy each from a
+// mapping of the file (below). Records never written are holes (a sparse file).
+//
+// Reads. The file is mapped read-only and shared (MAP_SHARED: the kernel's
+// page cache, coherent with pwrite), in windows of kWindowRecords records
+// (no record straddles two) mapped on first use and kept until the file is
+// replaced (Widen) or closed. A record whose page is in the page cache is then
+// a memcpy: no syscall and no page-cache lookup per record, which is what a
+// pread of one 768-byte row costs several times over. The mapped pages are
+// the page cache's (shared, clean, reclaimable under memory pressure, the same
+// pages a pread would have left cached); the process's RSS counts them as
+// RssFile, the DRAM the tier holds for itself is its RssAnon. Portable path:
+// where mmap is refused (an address-space limit, a file system without it)
+// or the store asks for it (TierConfig::mapped_reads = false), records are
+// read with one preadv per run of adjacent records, as before the mapping.
 //
 // The file belongs to the process: it lives in a private directory
 //   <parent>/evstore-tier-<pid>-<n>/rows
@@ -18,14 +30,23 @@
 // The disk tier is a cache of state, never a source of truth: nothing here
 // survives the process, and restores rebuild it from checkpoints.
 //
+// Invariants: only records that were written (so inside the file) are read;
+// a record is never read while it is being written (the store reads only
+// live records and reuses an extent only when none of its records is live).
+//
 // Errors: a write that cannot complete (ENOSPC, EFBIG from RLIMIT_FSIZE,
 // EIO) returns false with errno kept in last_error(); the caller keeps the
-// row in DRAM, so a full disk loses nothing. A read that fails throws
-// std::runtime_error (the row's only copy is unreadable).
+// row in DRAM, so a full disk loses nothing. A preadv that fails throws
+// std::runtime_error (the row's only copy is unreadable); through the
+// mapping, a disk error reading a page not in the page cache raises SIGBUS
+// instead (the process ends; nothing committed is lost: checkpoints are the
+// source of truth). A store that must survive a failing disk asks for the
+// portable path.
 #pragma once
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -37,6 +58,8 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,11 +69,19 @@ namespace evstore {
 class RowFile {
  public:
   static constexpr const char* kDirPrefix = "evstore-tier-";
+  // Records per mapped window, and windows enough for every record location
+  // (log_space.h: 2^32 records at most).
+  static constexpr uint32_t kWindowShift = 20;
+  static constexpr uint32_t kWindowRecords = 1u << kWindowShift;
+  static constexpr uint32_t kWindows = 1u << (32 - kWindowShift);
+  static constexpr size_t kMaxIov = 1024;  // IOV_MAX on Linux: buffers per preadv/pwritev
 
   // Creates the private directory under `parent` (created if missing) and an
   // empty record file of `record_bytes` per record. Throws std::runtime_error
   // when the parent cannot be created or written.
-  RowFile(const std::string& parent, size_t record_bytes) : record_bytes_(record_bytes) {
+  RowFile(const std::string& parent, size_t record_bytes, bool mapped_reads = true)
+      : record_bytes_(record_bytes), mapped_(mapped_reads), windows_(new std::atomic<char*>[kWindows]) {
+    for (uint32_t w = 0; w < kWindows; ++w) windows_[w].store(nullptr, std::memory_order_relaxed);
     if (parent.empty()) throw std::invalid_argument("tiered storage needs a directory path");
     if (::mkdir(parent.c_str(), 0700) != 0 && errno != EEXIST)
       throw std::runtime_error("tiered storage: cannot create " + parent + ": " + std::strerror(errno));
@@ -82,29 +113,52 @@ class RowFile {
   const std::string& dir() const { return dir_; }
   size_t record_bytes() const { return record_bytes_; }
   int last_error() const { return last_error_.load(std::memory_order_relaxed); }
+  // Whether reads go through the mapping (false: the portable preadv path,
+  // asked for or fallen back to when mmap was refused).
+  bool mapped_reads() const { return mapped_.load(std::memory_order_relaxed); }
 
-  // Writes `n` adjacent records from `loc` (one pwrite). False (errno in
-  // last_error(), and in *err if given) when the disk refuses: those records'
-  // contents on disk are then unspecified. Reads and writes of different
-  // records may run concurrently (pread/pwrite on one descriptor); Widen may
-  // not run beside them.
-  bool Write(uint32_t loc, const void* src, size_t n = 1, int* err = nullptr) {
-    int e = 0;
-    const bool ok = WriteAt(fd_, loc, record_bytes_, n, src, &e);
-    if (!ok && err) *err = e;
-    return ok;
+  // Writes `n` adjacent records from `loc`, record i from srcs[i] (one
+  // pwritev per kMaxIov records): a batch written from where its rows are,
+  // without a copy. False (errno in last_error(), and in *err if given) when
+  // the disk refuses: those records' contents on disk are then unspecified.
+  // Reads and writes of different records may run concurrently (one
+  // descriptor, positioned calls); Widen may not run beside them.
+  bool Write(uint32_t loc, const void* const* srcs, size_t n, int* err = nullptr) {
+    iovec iov[kMaxIov];
+    for (size_t i = 0; i < n;) {
+      const size_t m = std::min(n - i, kMaxIov);
+      for (size_t k = 0; k < m; ++k) iov[k] = iovec{const_cast<void*>(srcs[i + k]), record_bytes_};
+      if (!WriteRun(loc + static_cast<uint32_t>(i), iov, m, err)) return false;
+      i += m;
+    }
+    return true;
   }
 
   // Reads record `loc` (previously written). Throws std::runtime_error on failure.
   void Read(uint32_t loc, void* dst) const {
+    if (const char* rec = Mapped(loc)) {
+      std::memcpy(dst, rec, record_bytes_);
+      return;
+    }
     iovec v{dst, record_bytes_};
     ReadRun(loc, &v, 1);
   }
-  // Reads records locs[0..n) (ascending, distinct) into dsts[i]: one preadv
-  // per run of adjacent records (so rows written by one eviction batch come
-  // back in one call). Throws std::runtime_error on failure.
+  // Reads records locs[0..n) (ascending, distinct) into dsts[i]: from the
+  // mapping, or on the portable path one preadv per run of adjacent records
+  // (so rows written by one eviction batch come back in one call). Throws
+  // std::runtime_error on failure (preadv).
   void ReadMany(const uint32_t* locs, void* const* dsts, size_t n) const {
-    static constexpr size_t kMaxIov = 1024;  // IOV_MAX on Linux
+    if (mapped_.load(std::memory_order_relaxed)) {
+      size_t i = 0;
+      for (; i < n; ++i) {
+        const char* rec = Mapped(locs[i]);
+        if (!rec) break;  // mmap refused: the rest on the portable path
+        std::memcpy(dsts[i], rec, record_bytes_);
+      }
+      locs += i;
+      dsts += i;
+      n -= i;
+    }
     iovec iov[64];
     std::vector<iovec> big;
     for (size_t i = 0; i < n;) {
@@ -194,6 +248,7 @@ class RowFile {
       ::unlink(DataPath(1).c_str());
       return false;
     }
+    Unmap();
     ::close(fd_);
     fd_ = nfd;
     record_bytes_ = new_record_bytes;
@@ -248,6 +303,66 @@ class RowFile {
     return true;
   }
 
+  // Record `loc` in the mapping (its window mapped on first use), or null on
+  // the portable path (the first refused mmap turns the mapping off).
+  const char* Mapped(uint32_t loc) const {
+    if (!mapped_.load(std::memory_order_relaxed)) return nullptr;
+    const uint32_t w = loc >> kWindowShift;
+    char* base = windows_[w].load(std::memory_order_acquire);
+    if (!base && !(base = MapWindow(w))) return nullptr;
+    return base + static_cast<size_t>(loc & (kWindowRecords - 1)) * record_bytes_;
+  }
+  char* MapWindow(uint32_t w) const {
+    std::lock_guard<std::mutex> l(map_mu_);
+    char* base = windows_[w].load(std::memory_order_relaxed);
+    if (base || !mapped_.load(std::memory_order_relaxed)) return base;
+    void* p = ::mmap(nullptr, WindowBytes(), PROT_READ, MAP_SHARED | MAP_NORESERVE, fd_,
+                     static_cast<off_t>(w) * static_cast<off_t>(WindowBytes()));
+    if (p == MAP_FAILED) {
+      mapped_.store(false, std::memory_order_relaxed);
+      return nullptr;
+    }
+    ::madvise(p, WindowBytes(), MADV_RANDOM);  // a fault reads its page, not a readahead window
+    base = static_cast<char*>(p);
+    windows_[w].store(base, std::memory_order_release);
+    return base;
+  }
+  size_t WindowBytes() const { return static_cast<size_t>(kWindowRecords) * record_bytes_; }
+  // Unmaps every window (the file is being replaced or closed: no reader runs).
+  void Unmap() {
+    for (uint32_t w = 0; w < kWindows; ++w) {
+      char* base = windows_[w].exchange(nullptr, std::memory_order_relaxed);
+      if (base) ::munmap(base, WindowBytes());
+    }
+  }
+
+  // Writes the buffers of v[0..n) as adjacent records from `loc`.
+  bool WriteRun(uint32_t loc, iovec* v, size_t n, int* err) {
+    off_t at = static_cast<off_t>(loc) * static_cast<off_t>(record_bytes_);
+    size_t first = 0;
+    while (first < n) {
+      ssize_t put = ::pwritev(fd_, v + first, static_cast<int>(n - first), at);
+      if (put < 0 && errno == EINTR) continue;
+      if (put <= 0) {
+        const int e = put < 0 ? errno : ENOSPC;
+        last_error_.store(e, std::memory_order_relaxed);
+        if (err) *err = e;
+        return false;
+      }
+      at += put;
+      Advance(v, n, &first, static_cast<size_t>(put));
+    }
+    return true;
+  }
+  // Moves past `done` bytes of v[first..n) (a short read or write).
+  static void Advance(iovec* v, size_t n, size_t* first, size_t done) {
+    while (*first < n && done >= v[*first].iov_len) done -= v[(*first)++].iov_len;
+    if (done) {  // inside one buffer: continue after what was moved
+      v[*first].iov_base = static_cast<char*>(v[*first].iov_base) + done;
+      v[*first].iov_len -= done;
+    }
+  }
+
   // Reads the adjacent records from `loc` into the buffers of v[0..n).
   void ReadRun(uint32_t loc, iovec* v, size_t n) const {
     off_t at = static_cast<off_t>(loc) * static_cast<off_t>(record_bytes_);
@@ -259,12 +374,7 @@ class RowFile {
         throw std::runtime_error("tiered storage: reading record " + std::to_string(loc) + " from " + DataPath(0) +
                                  " failed: " + (got < 0 ? std::strerror(errno) : "short file"));
       at += got;
-      size_t left = static_cast<size_t>(got);
-      while (first < n && left >= v[first].iov_len) left -= v[first++].iov_len;
-      if (left) {  // a short read inside one buffer: continue after what arrived
-        v[first].iov_base = static_cast<char*>(v[first].iov_base) + left;
-        v[first].iov_len -= left;
-      }
+      Advance(v, n, &first, static_cast<size_t>(got));
     }
   }
 
@@ -282,6 +392,7 @@ class RowFile {
   }
 
   void Close() {
+    Unmap();
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     if (!dir_.empty()) RemoveDir(dir_);  // while still locked: nobody takes it for stale
@@ -295,6 +406,9 @@ class RowFile {
   int fd_ = -1;
   int lock_fd_ = -1;
   std::atomic<int> last_error_{0};
+  mutable std::atomic<bool> mapped_;                   // reads through the mapping
+  mutable std::mutex map_mu_;                          // maps a window
+  std::unique_ptr<std::atomic<char*>[]> windows_;      // per window: its mapping, or null
 };
 
 }  // namespace evstore

@@ -82,6 +82,9 @@ static_assert(kNoRowId >= kMaxRowIds, "the no-row mark is not a row id");
 struct TierConfig {
   int64_t dram_bytes = 0;  // cache budget for rows (embedding + slots)
   std::string path;        // parent of the store's private directory
+  // Reads through a mapping of the tier file (row_file.h); false: one preadv
+  // per run of records, where a disk read error must be an exception.
+  bool mapped_reads = true;
 };
 // A tier's cache figures (all zero for an all-DRAM store).
 struct TierStats {

@@ -254,7 +254,7 @@ class Table {
   }
 
   // Read-only: out[i] = row of keys[i] if admitted, else the default value.
-  // Never inserts, never counts.
+  // Never inserts, never counts; a tier reads cold rows without caching them.
   void Find(const K* keys, int64_t n, float* out, const ParallelFor& pf) const {
     Grouping g;
     index_.Group(keys, n, &g);
@@ -272,21 +272,31 @@ class Table {
           src[j - lo] = p;
         }
       } else {
-        // A tier: note the rows, fault the cold ones in together, then read.
-        thread_local std::vector<uint32_t> rows;  // row per position (kNoRow: default value)
+        // A tier: note the rows, then read them in place or, the cold ones,
+        // from disk together without caching them (a read-only lookup
+        // evicts nothing: Store::PeekRows).
+        thread_local std::vector<int64_t> at;  // position of each admitted row
         thread_local std::vector<uint32_t> want;
-        rows.resize(hi - lo);
+        thread_local std::vector<const float*> got;
+        at.clear();
         want.clear();
         for (int64_t j = lo; j < hi; ++j) {
           Idx::PrefetchAhead(seg, g, keys, j, hi);
           uint32_t i = g.order[j];
           const E* en = seg.Find(keys[i], g.hash[i]);
-          rows[j - lo] = (en && RowIsReal(en->row)) ? en->row : kNoRow;
-          if (rows[j - lo] != kNoRow) want.push_back(en->row);
+          if (en && RowIsReal(en->row)) {
+            at.push_back(j - lo);
+            want.push_back(en->row);
+          } else {
+            src[j - lo] = default_.data();
+          }
         }
-        rows_.FaultMany(want.data(), want.size());
-        for (int64_t j = lo; j < hi; ++j)
-          src[j - lo] = rows[j - lo] != kNoRow ? rows_.ReadRow(rows[j - lo]) : default_.data();
+        got.resize(want.size());
+        rows_.PeekRows(want.data(), want.size(), got.data());
+        for (size_t k = 0; k < want.size(); ++k) {
+          rows_.PrefetchRow(got[k], dim_);
+          src[at[k]] = got[k];
+        }
       }
       CopyRowsOut(g, lo, hi, src, out);
     });
@@ -391,7 +401,11 @@ class Table {
       if constexpr (!Store::kAllResident) {
         const std::vector<uint32_t>& want = TierRows();
         rows_.FaultMany(want.data(), want.size());
-        for (size_t k = 0; k < want.size(); ++k) src[TierPositions()[k] - lo] = rows_.ReadRow(want[k]);
+        for (size_t k = 0; k < want.size(); ++k) {
+          const float* p = rows_.ReadRow(want[k]);
+          rows_.PrefetchRow(p, dim_);
+          src[TierPositions()[k] - lo] = p;
+        }
       }
       // Pass 2a (Bloom): a key without an entry is admitted (entry + row)
       // once the filter's batch-complete estimate reaches min_freq.
@@ -492,13 +506,29 @@ class Table {
         }
         hit[j - lo] = en;
       }
-      if constexpr (!Store::kAllResident) rows_.FaultMany(TierRows().data(), TierRows().size());
+      // A tier: fault the cold rows in together, then resolve every row's
+      // slot and prefetch it (the resident store prefetched in pass 1).
+      if constexpr (!Store::kAllResident) {
+        rows_.FaultMany(TierRows().data(), TierRows().size());
+        TierPointers().resize(hi - lo);
+        for (int64_t j = lo; j < hi; ++j) {
+          if (!hit[j - lo]) continue;
+          float* row = rows_.Row(hit[j - lo]->row);
+          rows_.PrefetchRow(row, stride);
+          TierPointers()[j - lo] = row;
+        }
+      }
       // Pass 2: fused update, version stamp, dirty mark.
       int64_t local = 0, zero_delta = 0;
       for (int64_t j = lo; j < hi; ++j) {
         E* en = hit[j - lo];
         if (!en) continue;
-        float* row = rows_.Row(en->row);
+        float* row;
+        if constexpr (Store::kAllResident) {
+          row = rows_.Row(en->row);
+        } else {
+          row = TierPointers()[j - lo];
+        }
         const bool was_zero = IsZeroRow(row, dim_);
         update(row, grads + static_cast<int64_t>(g.order[j]) * dim_);
         zero_delta += static_cast<int>(IsZeroRow(row, dim_)) - static_cast<int>(was_zero);
@@ -1092,6 +1122,11 @@ class Table {
   }
   static std::vector<int64_t>& TierPositions() {
     thread_local std::vector<int64_t> v;
+    return v;
+  }
+  // Apply's row per position of one segment's part, resolved after the fault.
+  static std::vector<float*>& TierPointers() {
+    thread_local std::vector<float*> v;
     return v;
   }
 

@@ -48,15 +48,18 @@
 // one extent); the cleaner evicts the same way. Victims are chosen by a
 // bounded sweep of the CLOCK hand under mu_, holding each victim's owner lock. The victims that need a write (dirty, or never
 // written) and, when the log has more dead records than live ones, the live
-// cold records of one sparse extent (compaction) are copied into one buffer
-// and written as one run of adjacent records, outside mu_. Then, under mu_,
+// cold records of one sparse extent (compaction) are written as one run of
+// adjacent records, outside mu_: one pwritev straight from the victims' slots
+// (pinned by their owner locks) and the moved records' buffer. Then, under mu_,
 // each written row gets its new location (its old record dies), the victims'
 // slots are unpublished and freed, and the owner locks are released.
 //
 // Misses of one batch are read together: the table hands every row of a
 // segment's part of a batch to FaultMany, which takes all their slots at
-// once, and reads the cold ones sorted by disk location, one preadv per run
-// of adjacent records (rows evicted together come back together).
+// once, and reads the cold ones sorted by disk location: a memcpy each from
+// the file's mapping (row_file.h), or on the portable path one preadv per run
+// of adjacent records (rows evicted together come back together). The table
+// then resolves and prefetches the batch's rows before using them.
 //
 // Lock-free hits: meta_[r].slot changes only while r's owner segment lock is
 // held exclusively (eviction) or under the store mutex with the owner lock
@@ -118,7 +121,7 @@ class TieredStore {
   // (int) constructor: the table passes its TierConfig through MakeRowStore).
   explicit TieredStore(int stride) : TieredStore(stride, TierConfig{}) {}
   TieredStore(int stride, const TierConfig& cfg)
-      : stride_(stride), dim_(stride), file_(cfg.path, static_cast<size_t>(stride) * sizeof(float)) {
+      : stride_(stride), dim_(stride), file_(cfg.path, static_cast<size_t>(stride) * sizeof(float), cfg.mapped_reads) {
     if (cfg.dram_bytes <= 0) throw std::invalid_argument("tiered storage needs dram_bytes > 0");
     dram_bytes_ = cfg.dram_bytes;
     SetBudget();
@@ -134,6 +137,7 @@ class TieredStore {
 
   int stride() const { return stride_; }
   const std::string& dir() const { return file_.dir(); }
+  bool mapped_reads() const { return file_.mapped_reads(); }
 
   static void PrefetchRow(const float* row, int floats) {
     const char* p = reinterpret_cast<const char*>(row);
@@ -196,6 +200,47 @@ class TieredStore {
     if (cold.empty()) return;
     cold.Sort();
     file_.WillNeed(cold.locs.data(), cold.size());
+    file_.ReadMany(cold.locs.data(), cold.dsts.data(), cold.size());
+  }
+  // Rows rows[0..n) (one segment, whose lock the caller holds, shared or
+  // not) for a read-only lookup (Table::Find): out[i] points at the resident
+  // row, or at a copy of the cold one read from disk into this thread's
+  // buffer (valid until this thread's next call), read sorted by disk
+  // location. Nothing is cached: no slot taken, nothing evicted or written
+  // back (training and serving decide what stays in DRAM). A cold row counts
+  // as a miss, a resident one as a hit.
+  void PeekRows(const uint32_t* rows, size_t n, const float** out) const {
+    thread_local std::vector<float> copies;
+    ColdReads& cold = Cold();
+    size_t ncold = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const RowMeta& m = Meta(rows[i]);
+      const uint32_t s = m.slot.load(std::memory_order_acquire);
+      if (s != kNoSlot) {
+        out[i] = SlotData(s);
+      } else {
+        out[i] = nullptr;
+        ++ncold;
+      }
+    }
+    if (n > ncold) CountHits(Meta(rows[0]).owner, static_cast<int64_t>(n - ncold));
+    if (ncold == 0) return;
+    copies.resize(ncold * stride_);
+    size_t c = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (out[i]) continue;
+      float* dst = copies.data() + (c++) * stride_;
+      out[i] = dst;
+      const RowMeta& m = Meta(rows[i]);
+      if (m.flags.load(std::memory_order_relaxed) & kOnDisk) {
+        cold.Add(m.loc, dst);
+      } else {
+        std::memset(dst, 0, stride_ * sizeof(float));  // never written: unspecified, zeros
+      }
+    }
+    misses_.fetch_add(static_cast<int64_t>(ncold), std::memory_order_relaxed);
+    if (cold.empty()) return;
+    peek_reads_.fetch_add(cold.Sort(), std::memory_order_relaxed);
     file_.ReadMany(cold.locs.data(), cold.dsts.data(), cold.size());
   }
   // ---- streaming the file in disk order (a full export: Table::ForEachKey) ---
@@ -351,7 +396,7 @@ class TieredStore {
     t.writebacks = writebacks_;
     t.write_batches = write_batches_;
     t.compacted = compacted_;
-    t.read_calls = read_calls_;
+    t.read_calls = read_calls_ + peek_reads_.load(std::memory_order_relaxed);
     t.write_failures = write_failures_.load(std::memory_order_relaxed);
     t.resident = resident_;
     t.budget_rows = budget_;
@@ -793,10 +838,13 @@ class TieredStore {
     }
     const size_t rb = static_cast<size_t>(stride_) * sizeof(float);
     if (l) l->unlock();
-    buf_mu_.lock();  // one batch buffer, reused
-    buf_.resize(n * rb);
-    char* buf = buf_.data();
-    for (size_t i = 0; i < nw; ++i) std::memcpy(buf + i * rb, SlotData(slots[i]), rb);
+    // The victims' rows are written from their slots (pinned: their owner
+    // locks are held), the moved records from one buffer.
+    buf_mu_.lock();  // one batch at a time (the moves' buffer, reused)
+    buf_.resize(nm * rb);
+    std::vector<const void*> src(n);
+    for (size_t i = 0; i < nw; ++i) src[i] = SlotData(slots[i]);
+    for (size_t i = 0; i < nm; ++i) src[nw + i] = buf_.data() + i * rb;
     bool ok = true;
     int err = 0;
     try {
@@ -805,7 +853,7 @@ class TieredStore {
         std::vector<void*> dst(nm);
         for (size_t i = 0; i < nm; ++i) {
           from[i] = Meta((*moves)[i]).loc;
-          dst[i] = buf + (nw + i) * rb;
+          dst[i] = buf_.data() + i * rb;
         }
         file_.ReadMany(from.data(), dst.data(), nm);  // one extent, ascending
       }
@@ -817,14 +865,14 @@ class TieredStore {
     while (ok && written < n) {
       size_t j = written + 1;
       while (j < n && locs[j] == locs[j - 1] + 1) ++j;
-      if (!file_.Write(locs[written], buf + written * rb, j - written, &err)) {
+      if (!file_.Write(locs[written], src.data() + written, j - written, &err)) {
         ok = false;
         break;
       }
       written = j;
     }
     std::vector<uint8_t> zero(written);
-    for (size_t i = 0; i < written; ++i) zero[i] = IsZeroRow(reinterpret_cast<const float*>(buf + i * rb), dim_);
+    for (size_t i = 0; i < written; ++i) zero[i] = IsZeroRow(static_cast<const float*>(src[i]), dim_);
     buf_mu_.unlock();
     if (l) l->lock();
     for (size_t i = 0; i < n; ++i) {
@@ -917,7 +965,7 @@ class TieredStore {
   std::atomic<uint64_t> layout_epoch_{0};         // Relayouts so far
   mutable std::atomic<int64_t> stream_reads_{0};  // ColdStream spans read
   std::mutex buf_mu_;               // buf_: one write batch at a time
-  std::vector<char> buf_;
+  std::vector<char> buf_;           // compaction's moved records
   uint32_t next_ = 0;
   std::vector<uint32_t> free_ids_;
   std::unique_ptr<std::unique_ptr<RowMeta[]>[]> row_dir_;
@@ -943,7 +991,9 @@ class TieredStore {
   static constexpr int kHitStripes = 64;
   mutable Counter hits_[kHitStripes];
   void CountHit(uint16_t owner) const { hits_[owner % kHitStripes].n.fetch_add(1, std::memory_order_relaxed); }
+  void CountHits(uint16_t owner, int64_t n) const { hits_[owner % kHitStripes].n.fetch_add(n, std::memory_order_relaxed); }
   mutable std::atomic<int64_t> misses_{0};
+  mutable std::atomic<int64_t> peek_reads_{0};  // PeekRows' runs of adjacent records read (no mu_)
   std::atomic<int64_t> write_failures_{0};
   std::string last_failure_;
 };

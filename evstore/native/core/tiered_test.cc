@@ -134,15 +134,20 @@ static void TrainStep(A& a, B& b, const std::vector<K>& keys, int64_t step, bool
 
 static void test_tiered_table_equals_all_dram_table_bit_for_bit() {
   const int dim = 8;
-  // No filter, the counting filter, the Bloom filter.
+  // No filter, the counting filter, the Bloom filter; reads through the
+  // mapping of the tier file and on the portable preadv path.
   for (int filter : {0, 1, 2}) {
     for (bool l2 : {false, true}) {
+      const bool mapped = filter != 1 || l2;
       std::string dir = TempDir();
       TableConfig cfg = Cfg(dim, filter == 0 ? 1 : 2);
       if (filter == 2) cfg.bloom.capacity = 10000;
       Table<int64_t> dram(cfg);
       // About 40 rows of DRAM (dim 8, Adam: 96 bytes a row) for ~2,000 keys.
-      Tiered<int64_t> tier(TierCfg(cfg, dir, 40 * 100));
+      TableConfig tcfg = TierCfg(cfg, dir, 40 * 100);
+      tcfg.tier.mapped_reads = mapped;
+      Tiered<int64_t> tier(tcfg);
+      CHECK(tier.store().mapped_reads() == mapped);
       Zipf z(4000, 1.1, 7 + filter);
       for (int64_t step = 1; step <= 40; ++step) {
         std::vector<int64_t> keys;
@@ -414,6 +419,17 @@ static void test_private_directory_is_removed_and_stale_ones_cleared() {
   CHECK(!Exists(buf));
 }
 
+// A serving lookup (FindEach: it faults cold rows into the cache) copying
+// each row's first dim floats out.
+template <typename T>
+static void ServeFind(const T& t, const int64_t* keys, size_t n, float* out) {
+  const int dim = t.dim();
+  t.FindEach(keys, static_cast<int64_t>(n), false, SerialFor, [&](int64_t i, const float* row) {
+    CHECK(row != nullptr);
+    std::copy(row, row + dim, out + i * dim);
+  });
+}
+
 // Two threads reading one cold row at once (both hold its segment lock
 // shared): one reads it from disk, the other waits for it; both get the row.
 static void test_two_readers_missing_the_same_row_both_get_it() {
@@ -434,7 +450,7 @@ static void test_two_readers_missing_the_same_row_both_get_it() {
     for (int i = 1; i <= 40; ++i) others.push_back(keys[(round + i * 7) % keys.size()]);
     others.erase(std::remove(others.begin(), others.end(), k), others.end());
     std::vector<float> o(others.size() * dim);
-    t.Find(others.data(), others.size(), o.data(), SerialFor);
+    ServeFind(t, others.data(), others.size(), o.data());
     std::vector<float> want(dim), a(dim), b(dim);
     dram.Find(&k, 1, want.data(), SerialFor);
     std::atomic<int> ready{0};
@@ -442,12 +458,12 @@ static void test_two_readers_missing_the_same_row_both_get_it() {
       ready.fetch_add(1);
       while (ready.load() < 2) {
       }
-      t.Find(&k, 1, a.data(), SerialFor);
+      ServeFind(t, &k, 1, a.data());
     });
     ready.fetch_add(1);
     while (ready.load() < 2) {
     }
-    t.Find(&k, 1, b.data(), SerialFor);
+    ServeFind(t, &k, 1, b.data());
     th.join();
     CHECK(a == want);
     CHECK(b == want);
@@ -562,6 +578,7 @@ static void test_misses_of_one_batch_are_read_in_runs() {
   std::vector<float> out(keys.size() * dim), want(keys.size() * dim);
   t.FindOrInsert(keys.data(), keys.size(), out.data(), SerialFor);
   dram.FindOrInsert(keys.data(), keys.size(), want.data(), SerialFor);
+  CHECK(t.store().Settle());  // the cleaner has evicted what the batch took beyond the budget
   const TierStats before = t.tier_stats();
   t.Find(keys.data(), keys.size(), out.data(), SerialFor);
   CHECK(out == want);
@@ -569,6 +586,30 @@ static void test_misses_of_one_batch_are_read_in_runs() {
   const int64_t misses = after.misses - before.misses, reads = after.read_calls - before.read_calls;
   CHECK(misses > 4000);
   CHECK(reads * 4 < misses);
+}
+
+// A read-only lookup (Find) of cold rows reads them from disk without
+// caching them: no slot is taken, nothing is evicted or written back, and
+// it answers what the all-DRAM table answers.
+static void test_a_read_only_lookup_caches_nothing_and_writes_nothing_back() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 128 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back(i * 5 + 3);
+  std::vector<float> out(keys.size() * dim), want(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  dram.FindOrInsert(keys.data(), keys.size(), want.data(), kThreads);
+  CHECK(t.store().Settle());
+  const TierStats before = t.tier_stats();
+  t.Find(keys.data(), keys.size(), out.data(), kThreads);
+  dram.Find(keys.data(), keys.size(), want.data(), kThreads);
+  CHECK(out == want);
+  const TierStats after = t.tier_stats();
+  CHECK(after.misses - before.misses >= 2000);
+  CHECK_EQ(after.writebacks, before.writebacks);
+  CHECK_EQ(after.resident, before.resident);
 }
 
 // Rows rewritten again and again (Zipf training with a small cache) leave
@@ -637,6 +678,32 @@ static void test_concurrent_training_and_lookups_equal_all_dram() {
   CHECK(Dump(t) == Dump(dram));
 }
 
+// The record file reads back what it wrote, through its mapping (records in
+// several windows, one past a window's end, a hole in between) and on the
+// portable preadv path alike.
+static void test_record_file_reads_records_across_mapped_windows_and_without_the_mapping() {
+  for (bool mapped : {true, false}) {
+    std::string dir = TempDir();
+    RowFile f(dir, sizeof(uint32_t), mapped);
+    const uint32_t w = RowFile::kWindowRecords;
+    std::vector<uint32_t> locs = {0, 1, w - 1, w, w + 1, 3 * w + 5};
+    for (uint32_t loc : locs) {
+      const uint32_t v = loc * 3 + 1;
+      const void* src = &v;
+      CHECK(f.Write(loc, &src, 1));
+    }
+    std::vector<uint32_t> got(locs.size());
+    std::vector<void*> dsts;
+    for (uint32_t& g : got) dsts.push_back(&g);
+    f.ReadMany(locs.data(), dsts.data(), locs.size());
+    for (size_t i = 0; i < locs.size(); ++i) CHECK_EQ(got[i], locs[i] * 3 + 1);
+    uint32_t one = 0;
+    f.Read(2 * w, &one);  // a hole inside the file: zeros
+    CHECK_EQ(one, 0u);
+    CHECK(f.mapped_reads() == mapped);
+  }
+}
+
 // stats() counts the tier's per-key DRAM cost: 24 bytes of metadata per row
 // id (allocated in chunks of 65,536) and 4 bytes per disk record.
 static void test_stats_count_the_per_key_dram_cost() {
@@ -688,9 +755,11 @@ int main() {
   RUN(test_eviction_racing_lookups_loses_nothing);
   RUN(test_evicted_rows_are_written_in_batches);
   RUN(test_misses_of_one_batch_are_read_in_runs);
+  RUN(test_a_read_only_lookup_caches_nothing_and_writes_nothing_back);
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
   RUN(test_stats_count_the_per_key_dram_cost);
+  RUN(test_record_file_reads_records_across_mapped_windows_and_without_the_mapping);
   std::printf("all tests passed\n");
   return 0;
 }

@@ -60,6 +60,10 @@ class EvResource : public tensorflow::ResourceBase {
       cfg.bank.assign(cfg.dim, 0.f);
       cfg.default_value.assign(cfg.dim, 0.f);
     }
+    // A serving table reads its tier with preadv, not through the mapping: a
+    // disk read error is then that request's error, and the server keeps
+    // serving (through the mapping it would be SIGBUS: core/row_file.h).
+    if (serving_) cfg.tier.mapped_reads = false;
     if (cfg.tier.dram_bytes > 0) {
       tiered_ = std::make_unique<TieredTableT<K>>(std::move(cfg));
     } else {
