@@ -40,6 +40,7 @@ task writes a checkpoint byte to its disk.
 import concurrent.futures
 import dataclasses
 import os
+import uuid
 
 import tensorflow as tf
 
@@ -249,6 +250,7 @@ def stage_on_tasks(storage, chain, indexes, wanted):
     A failure releases what was staged and raises (CorruptCheckpointError for
     a file that does not match its manifest)."""
     staged = {task: [] for task in wanted}
+    restore = uuid.uuid4().hex   # a task closes the sources of any other restore (a chief that died mid-restore)
 
     def run(task):
         for m, idx, entries in zip(chain, indexes, wanted[task]):
@@ -258,7 +260,8 @@ def stage_on_tasks(storage, chain, indexes, wanted):
                 from checkpoint.errors import CorruptCheckpointError
                 raise CorruptCheckpointError(f"{storage.display(m.dir, missing[0])}: not listed in the manifest")
             staged[task].append(call(task, {"op": "get", "url": storage.url, "options": storage.options,
-                                            "dirname": m.dir, "files": {n: m.files[n] for n in names}})["dir"])
+                                            "dirname": m.dir, "files": {n: m.files[n] for n in names},
+                                            "restore": restore})["dir"])
 
     try:
         with concurrent.futures.ThreadPoolExecutor(max(1, len(wanted))) as pool:

@@ -26,11 +26,12 @@ Requests ({"op": ...}); every directory is one this process created:
                                -> gives each written file (its size checked first) its name in the
                                   checkpoint directory, then closes the sink; {"bytes"}
   read dir, name               -> {"data": base64} of a small file of a sink (a part's index, in memory)
-  get  url, options, dirname, files{name: {size, crc32c}}
+  get  url, options, dirname, files{name: {size, crc32c}}, restore (an id per restore)
                                -> {"dir", "bytes"}: an object source's directory over the files
                                   (checkpoint/object_source.py), each read once and verified (size,
                                   crc32c; kept in memory within its budget); the native loader on this
-                                  task reads them through it; nothing is written on the task's disk
+                                  task reads them through it; nothing is written on the task's disk;
+                                  sources another restore left open (its chief died) are closed first
   rm   dir                     -> closes one of its sinks (deleting what it still holds) or sources
                                   (nothing if it is gone); {"bytes"}: what a source read from the root
 Errors come back as {"error", "corrupt"} and are raised by `call` as
@@ -55,6 +56,7 @@ __all__ = ["install", "call", "TOKEN"]
 TOKEN = "evstore.checkpoint.task_service.v1"
 _OWNED = set()           # directories this process created for the chief
 _OWNED_LOCK = threading.Lock()
+_RESTORES = {}           # source directory -> the id of the restore that opened it
 
 
 def install():
@@ -100,11 +102,18 @@ def _op_put(req):
 
 
 def _op_get(req):
+    # One restore at a time (the chief holds the lease): the sources of another restore are of a chief
+    # that died before it released them, and would hold their kept files for the process's life.
+    with _OWNED_LOCK:
+        stale = [d for d, r in _RESTORES.items() if r != req.get("restore")]
+    for d in stale:
+        _op_rm({"dir": d})
     # The manifest's fields a source reads: the directory, and each file's size and crc32c.
     listed = types.SimpleNamespace(dir=req["dirname"], files=dict(req["files"]))
     source = ObjectSource(_storage(req), listed)
     with _OWNED_LOCK:
         _OWNED.add(source.directory)
+        _RESTORES[source.directory] = req.get("restore")
     try:
         problems = source.verify()
         if problems:
@@ -138,6 +147,7 @@ def _op_rm(req):
             sink.close()
     with _OWNED_LOCK:
         _OWNED.discard(d)
+        _RESTORES.pop(d, None)
     return {"bytes": read}
 
 

@@ -40,7 +40,8 @@ from bench.harness.peers import module_cmd
 from bench.harness.rss import malloc_trim, status_kib
 
 SAMPLE = 4096          # rows checked bit for bit after a restore
-FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "restore_full_s", "seq_read_s", "seq_write_s",
+FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "restore_full_s", "save_full_cpu_s", "restore_full_cpu_s",
+          "seq_read_s", "seq_write_s",
           "save_vs_sequential", "restore_vs_sequential", "train_keys_per_s", "train_cpu_us_per_key",
           "hit_rate", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
           "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
@@ -162,15 +163,12 @@ def child(cfg):
         out["rss_populated_mb"] = _status_mib("VmRSS")
         mgr = side.manager()
         drop_cache(cfg["tier_dir"])   # the tier file read from the disk, as a table larger than memory is
-        a = time.perf_counter()
+        a, c = time.perf_counter(), time.process_time()
         full_seq = mgr.save_full()
         out["save_full_s"] = time.perf_counter() - a
+        out["save_full_cpu_s"] = time.process_time() - c
         out["full_seq"] = full_seq
         out["full_mb"] = _dir_mb(cfg["ckpt"])
-        # The disk's sequential rate for the full's bytes, in this run: a save reads them (the tier) and
-        # writes them (the bundle), a restore reads the bundle and writes the tier.
-        out.update(sequential_rate(os.path.dirname(cfg["ckpt"]), int(out["full_mb"] * 2**20)))
-        out["save_vs_sequential"] = (out["seq_read_s"] + out["seq_write_s"]) / out["save_full_s"]
         out["rss_saved_mb"] = _status_mib("VmRSS")
         keys, rows = side.sample()
         np.savez(cfg["sample"], keys=keys, rows=rows)
@@ -202,11 +200,10 @@ def child(cfg):
         mgr = side.manager(fresh)
         seq = mgr.chain()[0].seq
         drop_cache(cfg["ckpt"])   # the full read from the disk
-        a = time.perf_counter()
+        a, c = time.perf_counter(), time.process_time()
         mgr.restore(seq=seq)
         out["restore_full_s"] = time.perf_counter() - a
-        if cfg.get("seq"):   # the train-save phase's sequential rate, same run
-            out["restore_vs_sequential"] = (cfg["seq"]["seq_read_s"] + cfg["seq"]["seq_write_s"]) / out["restore_full_s"]
+        out["restore_full_cpu_s"] = time.process_time() - c
         out["rss_restored_mb"] = _status_mib("VmRSS")
         s = np.load(cfg["sample"])
         got = side.evstore.embedding_lookup(fresh, s["keys"], training=False).numpy()
@@ -335,9 +332,15 @@ def _run_child(cfg):
     return fig
 
 
-def _seq(fig):
-    """The sequential-rate figures of a train-save phase (for the restore's ratio), or None."""
-    return {k: fig[k] for k in ("seq_read_s", "seq_write_s", "seq_bytes")} if "seq_read_s" in fig else None
+def _sequential(fig, work):
+    """The disk's sequential rate for the full's bytes, in this run, into the train-save figures: a save
+    reads them (the tier) and writes them (the bundle), a restore reads the bundle and writes the tier.
+    Measured between the phases, when the trained table's tier is gone (the probe's bytes are on disk
+    beside the full only)."""
+    fig.update(sequential_rate(work, int(fig["full_mb"] * 2**20)))
+    fig["save_vs_sequential"] = (fig["seq_read_s"] + fig["seq_write_s"]) / fig["save_full_s"]
+    print(json.dumps({k: fig[k] for k in ("seq_read_s", "seq_write_s", "seq_bytes", "save_vs_sequential")}),
+          flush=True)
 
 
 def _print_sequential(saved, restored):
@@ -345,8 +348,10 @@ def _print_sequential(saved, restored):
     if "seq_read_s" not in saved:
         return
     seq = saved["seq_read_s"] + saved["seq_write_s"]
-    print(f"the full's {saved['seq_bytes'] / 2**20:,.0f} MiB: the disk's sequential read {saved['seq_read_s']:.2f} s + "
-          f"write and fsync {saved['seq_write_s']:.2f} s = {seq:.2f} s; full save (tier file cold) "
+    if "restore_full_s" in restored:
+        restored["restore_vs_sequential"] = seq / restored["restore_full_s"]
+    print(f"{saved['kind']}: the full's {saved['seq_bytes'] / 2**20:,.0f} MiB: the disk's sequential read {saved['seq_read_s']:.2f} s + "
+          f"write and fsync {saved['seq_write_s']:.2f} s = {seq:.2f} s; full save (a tier file cold) "
           f"{saved['save_full_s']:.2f} s = {seq / saved['save_full_s']:.2f}x the sequential rate"
           + (f"; restore (full cold) {restored['restore_full_s']:.2f} s = {seq / restored['restore_full_s']:.2f}x"
              if "restore_full_s" in restored else ""))
@@ -368,7 +373,9 @@ def ev_level(args):
                 cfg = _cfg(args, kind, "train-save", work)
                 fig = _run_child(cfg)
                 shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
-                restored = _run_child(dict(cfg, phase="restore", seq=_seq(fig)))
+                _sequential(fig, work)
+                restored = _run_child(dict(cfg, phase="restore"))
+                _print_sequential(fig, restored)
                 fig.update({k: v for k, v in restored.items() if k.startswith(("restore", "rss_restored"))},
                            rss_restored_base_mb=restored["rss_base_mb"], rss_restored_peak_mb=restored["rss_peak_mb"])
                 runs[kind].append(fig)
@@ -392,8 +399,6 @@ def ev_level(args):
     d = med["dram"]
     print(f"all-DRAM table's RSS: {d['rss_train_mb'] - d['rss_base_mb']:.0f} MiB after training, "
           f"{d['rss_restored_mb'] - d['rss_restored_base_mb']:.0f} MiB after a restore in a fresh process")
-    for v in runs["tiered"]:
-        _print_sequential(v, v)
     for kind, v in runs.items():
         bad = [x for x in v if not x.get("restored_bit_exact")]
         print(f"{kind}: restored sampled rows bit-exact in {len(v) - len(bad)}/{len(v)} runs")
@@ -415,8 +420,10 @@ def beyond(args):
         figs = {}
         for phase in phases:
             subprocess.run(["df", "-h", work])
-            figs[phase] = _run_child(dict(cfg, phase=phase, seq=_seq(figs.get("train-save", {}))))
+            figs[phase] = _run_child(dict(cfg, phase=phase))
             shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
+            if phase == "train-save":
+                _sequential(figs[phase], work)
         print(json.dumps(figs))
         _print_sequential(figs.get("train-save", {}), figs.get("restore", {}))
         if "restore" in figs and not figs["restore"].get("restored_bit_exact"):

@@ -95,6 +95,7 @@
 #include "row_store.h"
 #include "schema.h"
 #include "segment.h"
+#include "span_reader.h"
 #include "zero_rows.h"
 
 namespace evstore {
@@ -985,8 +986,9 @@ class Table {
   //   string keys, freed at the end).
   //   Pass 2: the kept rows sorted by record, read in spans of up to
   //   kStreamBytes of the file (gaps of dead or DRAM rows' records up to
-  //   kGapBytes read through, one read per span, the next span's read-ahead
-  //   asked of the kernel first) holding no lock; then, per segment under its
+  //   kGapBytes read through, one read per run) holding no lock, by a
+  //   SpanReader thread one span ahead (span_reader.h: the reads overlap the
+  //   visits, which write the checkpoint); then, per segment under its
   //   shared lock, each key found again and visited with its span bytes if
   //   its row is still that cold record (ColdAt: no extent is reused while
   //   the stream is open, so those are the record's bytes), else with its
@@ -1033,26 +1035,34 @@ class Table {
     std::sort(cold.begin(), cold.end(), [](const ColdKey& a, const ColdKey& b) { return a.loc < b.loc; });
     const size_t rb = static_cast<size_t>(stride) * sizeof(float), n = cold.size();
     const size_t window = std::max<size_t>(1, kStreamBytes / rb), gap = kGapBytes / rb;
-    std::vector<float> buf(window * static_cast<size_t>(stride));
-    auto span_end = [&](size_t i) {  // the kept rows whose records fit one span from cold[i]'s
+    // Spans of at most `window` records from a kept row's record; in each,
+    // runs with gaps of at most `gap` records, one read each.
+    using Reader = SpanReader<typename Store::ColdStream>;
+    std::vector<size_t> span_at;  // span k is cold[span_at[k], span_at[k + 1])
+    std::vector<std::vector<typename Reader::Run>> runs;
+    for (size_t i = 0; i < n;) {
       size_t j = i + 1;
       while (j < n && cold[j].loc - cold[i].loc < window) ++j;
-      return j;
-    };
-    std::vector<uint32_t> by_seg, seg_at(nseg_ + 1);
-    std::vector<uint64_t> hashes;
-    for (size_t i = 0, j = span_end(0); i < n;) {
-      const size_t next = j < n ? span_end(j) : n;
-      if (j < n) stream.ReadAhead(epoch, cold[j].loc, cold[next - 1].loc - cold[j].loc + 1);
-      const uint32_t base = cold[i].loc;
-      bool read = true;
-      for (size_t a = i; a < j && read;) {  // runs with gaps of at most `gap` records, one read each
+      span_at.push_back(i);
+      runs.emplace_back();
+      for (size_t a = i; a < j;) {
         size_t b = a + 1;
         while (b < j && cold[b].loc - cold[b - 1].loc - 1 <= gap) ++b;
-        read = stream.ReadSpan(epoch, cold[a].loc, cold[b - 1].loc - cold[a].loc + 1,
-                               buf.data() + static_cast<size_t>(cold[a].loc - base) * stride);
+        runs.back().push_back({cold[a].loc, cold[b - 1].loc - cold[a].loc + 1,
+                               static_cast<size_t>(cold[a].loc - cold[i].loc) * stride});
         a = b;
       }
+      i = j;
+    }
+    span_at.push_back(n);
+    Reader reader(stream, epoch, window * static_cast<size_t>(stride), std::move(runs));
+    std::vector<uint32_t> by_seg, seg_at(nseg_ + 1);
+    std::vector<uint64_t> hashes;
+    for (size_t sp = 0; sp + 1 < span_at.size(); ++sp) {
+      const size_t i = span_at[sp], j = span_at[sp + 1];
+      const uint32_t base = cold[i].loc;
+      bool read = false;
+      const float* buf = reader.Next(&read);
       // The span's keys by segment (counting sort), each segment locked once.
       hashes.resize(j - i);
       std::fill(seg_at.begin(), seg_at.end(), 0);
@@ -1086,11 +1096,9 @@ class Table {
           }
           uint32_t loc;
           const bool as_read = same && en->row == c.row && rows_.ColdAt(c.row, &loc) && loc == c.loc;
-          fn(x, as_read ? buf.data() + static_cast<size_t>(c.loc - base) * stride : rows_.PeekRow(en->row, scratch.data()));
+          fn(x, as_read ? buf + static_cast<size_t>(c.loc - base) * stride : rows_.PeekRow(en->row, scratch.data()));
         }
       }
-      i = j;
-      j = next;
     }
   }
 

@@ -182,6 +182,10 @@ int64_t InFile::Size() const {
   return st.st_size;
 }
 
+void InFile::WillNeed(int64_t offset, int64_t n) const {
+  if (fd_ >= 0 && n > 0) ::posix_fadvise(fd_, offset, n, POSIX_FADV_WILLNEED);
+}
+
 int64_t InFile::ReadAt(int64_t offset, char* p, int64_t n) const {
   int64_t done = 0;
   while (done < n) {
@@ -747,6 +751,10 @@ void BundleStreamReader::Column::Read(void* dst, int64_t rows) {
   char* p = static_cast<char*>(dst);
   ReadAt(p, n);
   crc_ = Crc32cExtend(crc_, p, n);
+}
+
+void BundleStreamReader::Column::WillNeed(int64_t rows) const {
+  if (file_ && lengths_.empty()) file_->WillNeed(offset_, std::min(rows * row_bytes_, end_ - offset_));
 }
 
 void BundleStreamReader::Column::Finish() {

@@ -103,6 +103,9 @@ class InFile {
   int64_t Size() const;                                   // throws
   int64_t ReadAt(int64_t offset, char* dst, int64_t n) const;  // bytes read (< n only at the end); throws
   std::string ReadAll() const;                            // the whole file; throws
+  // Asks the kernel to start reading [offset, offset + n) now (a local file;
+  // an object source's file reads ahead on its own).
+  void WillNeed(int64_t offset, int64_t n) const;
   const std::string& path() const { return path_; }
 
  private:
@@ -226,6 +229,9 @@ class BundleStreamReader {
     ~Column();
     int64_t rows() const { return rows_; }
     void Read(void* dst, int64_t rows);  // next rows; throws on short read
+    // The kernel starts reading the next `rows` rows now (a restore asks for
+    // its next chunk before it imports this one). No-op for strings.
+    void WillNeed(int64_t rows) const;
     // DT_STRING columns: the next `rows` strings, as views into `*storage`
     // (valid until the next call). The lengths are read and their checksum
     // checked when the column opens.

@@ -350,6 +350,10 @@ class RowColumn {
     }
   }
   int64_t rows() const { return values_->rows(); }
+  void WillNeed(int64_t m) const {  // the next m rows, read ahead
+    values_->WillNeed(m);
+    if (scales_) scales_->WillNeed(m);
+  }
   // The next m rows into dst (m x the table's dim words).
   void Read(float* dst, int64_t m) {
     if (!serving_) return values_->Read(dst, m);
@@ -521,6 +525,12 @@ class EvLoadBundleOp : public EvTableOp<K> {
         versions.Read(vbuf.data(), m);
         freqs.Read(fbuf.data(), m);
         for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(sbuf.data() + s * m * dim, m);
+        // The next chunk comes from the disk while this one is imported (a
+        // tiered table writes its tier meanwhile).
+        values.WillNeed(cap);
+        versions.WillNeed(cap);
+        freqs.WillNeed(cap);
+        for (const auto& s : slots) s->WillNeed(cap);
         int64_t mk = m;
         if (routed) {
           mk = Route(kbuf, m, &keep);
