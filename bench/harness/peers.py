@@ -42,10 +42,12 @@ def ensure_peer(venv, log):
     return py, None
 
 
-def run_json(cmd, log_path, timeout=None, what=None, env=None):
+def run_json(cmd, log_path, timeout=None, what=None, env=None, partial_ok=False):
     """Runs one benchmark or peer process from the repository root, its stderr to `log_path`
     (None: discarded); returns the JSON of the last stdout line starting with "{" plus its
-    wall_s, or {"error": ...} naming the log when it timed out, failed or printed no result."""
+    wall_s, or {"error": ...} naming the log when it timed out, failed or printed no result.
+    partial_ok: a process that printed its result and exited 1 (one of several systems failed,
+    recorded in the result) still gives its result, with "exit_status": 1."""
     if what is None:
         what = cmd[cmd.index("-m") + 1].rsplit(".", 1)[-1] if "-m" in cmd else os.path.basename(cmd[0])
     see = f"; see {os.path.relpath(log_path, ROOT)}" if log_path else ""
@@ -57,10 +59,12 @@ def run_json(cmd, log_path, timeout=None, what=None, env=None):
         except subprocess.TimeoutExpired:
             return {"error": f"{what} timed out after {timeout}s{see}"}
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
+    if not lines or r.returncode not in ((0, 1) if partial_ok else (0,)):
         return {"error": f"{what} exit {r.returncode}{see}"}
     res = json.loads(lines[-1])
     res["wall_s"] = time.time() - t0
+    if r.returncode:
+        res["exit_status"] = r.returncode
     return res
 
 

@@ -89,6 +89,11 @@ class ServingRows {
     }
   }
 
+  // Whether rows already in the codec (Pack's `codes`) are their packed
+  // words byte for byte: float32, or 16-bit codes of an even dim (no pad, no
+  // scale word). A caller may then store them without packing.
+  bool CodesArePacked() const { return codec_ == view::Codec::kNone || (codec_ != view::Codec::kInt8 && dim_ % 2 == 0); }
+
   // Packs n rows already in the codec (`codes`: n x dim elements of
   // ElementBytes(codec) bytes; `scales`: n floats for int8, else unused) into
   // out (n x packed_floats words).

@@ -777,32 +777,32 @@ class Table {
   // no staging copy).
   void ImportRows(const K* keys, int64_t n, const float* values, int64_t values_stride, const float* slots,
                   int64_t slots_stride, const std::vector<int>& slot_offsets, const int64_t* versions,
-                  const int64_t* freqs, bool mark_dirty) {
+                  const int64_t* freqs, bool mark_dirty, const ParallelFor& pf = SerialFor) {
     ImportRows(keys, n, values, values_stride, slots, slots_stride, dim_, slot_offsets, versions, freqs,
-               mark_dirty);
+               mark_dirty, pf);
   }
   // Same, with slot c of key i at slots + i*slots_stride + c*slot_stride
   // (slot-major chunks from a checkpoint: slot_stride = n*dim, slots_stride = dim).
+  //
+  // A batch: the keys are grouped by segment (Index::Group keeps their order
+  // within a segment, so a key given twice ends with its last row) and each
+  // segment's part is written under its lock taken once, segments through
+  // `pf`. Per part, pass 1 finds or adds the entries (index prefetched ahead)
+  // and notes the rows; the keys without one are admitted together (one
+  // AllocateMany; a tier takes their slots in the same FaultMany as the
+  // part's cold rows); pass 2 resolves every row and prefetches it; pass 3
+  // copies. A serving table's publish upserts a delta this way under its
+  // write lock (serving_loader/publisher.py). At most kImportPiece keys are
+  // grouped at once, so a tier holds at most that many rows of one segment
+  // beyond its budget while the lock is held (a one-segment table included).
   void ImportRows(const K* keys, int64_t n, const float* values, int64_t values_stride, const float* slots,
                   int64_t slots_stride, int64_t slot_stride, const std::vector<int>& slot_offsets,
-                  const int64_t* versions, const int64_t* freqs, bool mark_dirty) {
-    for (int64_t i = 0; i < n; ++i) {
-      uint64_t h = Traits::Hash(keys[i]);
-      Seg& seg = index_.SegmentFor(h);
-      std::unique_lock<std::shared_mutex> lock(seg.mu);
-      E* en = seg.FindOrAdd(keys[i], h);
-      if (!RowIsReal(en->row)) Admit(seg, en);
-      float* dst = rows_.Row(en->row);
-      const bool was_zero = IsZeroRow(dst, dim_);
-      std::memcpy(dst, values + i * values_stride, dim_ * sizeof(float));
-      ZeroCount(seg) += static_cast<int>(IsZeroRow(dst, dim_)) - static_cast<int>(was_zero);
-      for (size_t c = 0; c < slot_offsets.size(); ++c)
-        std::memcpy(dst + slot_offsets[c], slots + i * slots_stride + c * slot_stride, dim_ * sizeof(float));
-      rows_.Version(en->row) = versions[i];
-      AdvanceClock(VersionReference(versions[i]));
-      en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
-      rows_.Hint(en->row, en->freq());  // the imported frequency weighs in a tier's cache policy
-      if (mark_dirty) seg.MarkDirty(en);
+                  const int64_t* versions, const int64_t* freqs, bool mark_dirty, const ParallelFor& pf = SerialFor) {
+    for (int64_t b = 0; b < n; b += kImportPiece) {
+      const int64_t m = std::min(kImportPiece, n - b);
+      ImportPiece(keys + b, m, values + b * values_stride, values_stride,
+                  slot_offsets.empty() ? slots : slots + b * slots_stride, slots_stride, slot_stride, slot_offsets,
+                  versions + b, freqs + b, mark_dirty, pf);
     }
   }
 
@@ -1121,6 +1121,103 @@ class Table {
   static constexpr uint32_t kAdmitting = kNoRowId - 1;
   static_assert(kAdmitting == kNoRowMark - 1, "the admitting mark is the one evict_policy.h leaves free");
 
+  // Keys ImportRows groups at once (its piece of a larger batch).
+  static constexpr int64_t kImportPiece = 16384;
+
+  // ImportRows of one piece (at most kImportPiece keys): see ImportRows.
+  void ImportPiece(const K* keys, int64_t n, const float* values, int64_t values_stride, const float* slots,
+                   int64_t slots_stride, int64_t slot_stride, const std::vector<int>& slot_offsets,
+                   const int64_t* versions, const int64_t* freqs, bool mark_dirty, const ParallelFor& pf) {
+    if (n <= 0) return;
+    Grouping g;
+    index_.Group(keys, n, &g);
+    int64_t newest = -1;
+    for (int64_t i = 0; i < n; ++i) newest = std::max(newest, VersionReference(versions[i]));
+    AdvanceClock(newest);
+    const int stride = this->stride();
+    index_.template ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 150, pf, [&](Seg& seg, int64_t lo,
+                                                                                                  int64_t hi) {
+      thread_local std::vector<uint32_t> rows;     // row per position
+      thread_local std::vector<uint32_t> freq;     // the entry's frequency per position (the cache hint)
+      thread_local std::vector<float*> dst;        // resolved row per position
+      thread_local std::vector<Pending> pending;   // positions whose key had no row
+      thread_local std::vector<Pending> admitted;  // one per key admitted here (its first position)
+      thread_local std::vector<uint32_t> fresh;    // their rows
+      rows.resize(hi - lo);
+      freq.resize(hi - lo);
+      dst.resize(hi - lo);
+      pending.clear();
+      admitted.clear();
+      // Pass 1: entries, frequencies, dirty marks; rows noted (a key without
+      // one is marked kAdmitting once, however often the piece names it).
+      size_t admit = 0;
+      for (int64_t j = lo; j < hi; ++j) {
+        Idx::PrefetchAhead(seg, g, keys, j, hi);
+        const uint32_t i = g.order[j];
+        E* en = seg.FindOrAdd(keys[i], g.hash[i]);
+        en->set_freq(static_cast<uint64_t>(freqs[i] < 0 ? 0 : freqs[i]));
+        freq[j - lo] = en->freq();
+        if (mark_dirty) seg.MarkDirty(en);
+        if (RowIsReal(en->row)) {
+          rows[j - lo] = en->row;
+          __builtin_prefetch(&rows_.Version(en->row));
+          continue;
+        }
+        if (en->row != kAdmitting) {
+          en->row = kAdmitting;
+          ++admit;
+        }
+        pending.push_back({j, en, seg.rehashes()});
+      }
+      // Admissions: rows allocated together (entries found again if the
+      // segment rehashed since pass 1 took them).
+      if (admit) {
+        fresh.resize(admit);
+        rows_.AllocateMany(admit, fresh.data());
+        size_t next = 0;
+        for (Pending& p : pending) {
+          if (p.rehashes != seg.rehashes()) {
+            const uint32_t i = g.order[p.pos];
+            p.en = seg.Find(keys[i], g.hash[i]);
+            p.rehashes = seg.rehashes();
+          }
+          if (p.en->row == kAdmitting) {
+            const uint32_t r = fresh[next++];
+            rows_.Bind(r, index_.IndexOf(seg));
+            rows_.Hint(r, p.en->freq());
+            p.en->row = r;
+            admitted.push_back(p);
+          }
+          rows[p.pos - lo] = p.en->row;
+        }
+      }
+      // Pass 2: a tier makes the part's rows resident together (cold ones
+      // read in disk order, new ones given slots); every row is resolved and
+      // prefetched, and the admitted ones initialised.
+      if constexpr (!Store::kAllResident) rows_.FaultMany(rows.data(), hi - lo);
+      for (int64_t j = lo; j < hi; ++j) {
+        dst[j - lo] = rows_.Row(rows[j - lo]);
+        rows_.PrefetchRow(dst[j - lo], stride);
+      }
+      for (const Pending& p : admitted) InitRow(seg, p.en, rows[p.pos - lo], dst[p.pos - lo]);
+      // Pass 3: the rows written, versions set, zero rows counted.
+      int64_t zero_delta = 0;
+      for (int64_t j = lo; j < hi; ++j) {
+        const uint32_t i = g.order[j];
+        const uint32_t r = rows[j - lo];
+        float* row = dst[j - lo];
+        const bool was_zero = IsZeroRow(row, dim_);
+        std::memcpy(row, values + i * values_stride, dim_ * sizeof(float));
+        zero_delta += static_cast<int>(IsZeroRow(row, dim_)) - static_cast<int>(was_zero);
+        for (size_t c = 0; c < slot_offsets.size(); ++c)
+          std::memcpy(row + slot_offsets[c], slots + i * slots_stride + c * slot_stride, dim_ * sizeof(float));
+        rows_.Version(r) = versions[i];
+        rows_.Hint(r, freq[j - lo]);  // the imported frequency weighs in a tier's cache policy
+      }
+      if (zero_delta) ZeroCount(seg) += zero_delta;
+    });
+  }
+
   // A tiered store's rows of one segment's part of a batch, faulted in
   // together (FaultMany), and their positions in the batch; per thread, used
   // only when rows may be off DRAM.
@@ -1152,7 +1249,11 @@ class Table {
   void Admit(Seg& seg, E* en, uint32_t r) {
     rows_.Bind(r, index_.IndexOf(seg));
     rows_.Hint(r, en->freq());
-    float* row = rows_.Row(r);
+    InitRow(seg, en, r, rows_.Row(r));
+  }
+  // Admit's part after the store has the row resident at `row`: bank
+  // embedding, initial slots, admission version; `en` owns row r.
+  void InitRow(Seg& seg, E* en, uint32_t r, float* row) {
     const size_t b = Traits::BankHash(Traits::Load(en->key)) % bank_rows_;
     std::memcpy(row, bank_.data() + b * dim_, dim_ * sizeof(float));
     if (bank_zero_[b]) ++ZeroCount(seg);

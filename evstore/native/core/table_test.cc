@@ -870,6 +870,43 @@ static void test_import_rows_advances_the_clock() {
 }
 
 
+// An import writes a batch grouped by segment (one lock per segment, segments
+// through the ParallelFor, pieces of kImportPiece keys): a key named twice
+// ends with its last row, version and frequency and is admitted once,
+// within a piece and across pieces; a filtered key is admitted; serial and
+// threaded imports leave the same table.
+template <typename K>
+static void test_an_import_naming_a_key_twice_keeps_its_last_row_and_admits_it_once() {
+  const int64_t n = 40000;  // more than one piece
+  std::vector<K> keys;
+  std::vector<float> vals;
+  std::vector<int64_t> ver, freq;
+  auto add = [&](int64_t k, float v) {
+    keys.push_back(K(k));
+    vals.insert(vals.end(), {v, -v});
+    ver.push_back(static_cast<int64_t>(v));
+    freq.push_back(static_cast<int64_t>(v) + 1);
+  };
+  for (int64_t i = 0; i < n; ++i) add(i, static_cast<float>(i));
+  add(7, 70000.f);  // twice in the last piece
+  add(7, 70001.f);
+  add(3, 30000.f);  // first piece, then the last
+  for (const ParallelFor* pf : {&kSerial, &kThreads}) {
+    Table<K> t(Cfg(2, /*min_freq=*/2));
+    Lookup(t, std::vector<K>{K(5)}, true);  // filtered: counted once, not admitted
+    CHECK(!ReadOne(t, K(5)).admitted);
+    t.ImportRows(keys.data(), keys.size(), vals.data(), 2, nullptr, 0, {}, ver.data(), freq.data(), false, *pf);
+    CHECK_STATS(t, n, n, 0);
+    CHECK_EQ(t.clock(), 70001);
+    KeyState a = ReadOne(t, K(7)), b = ReadOne(t, K(3)), c = ReadOne(t, K(5)), d = ReadOne(t, K(n - 1));
+    CHECK(a.admitted && a.row == (std::vector<float>{70001.f, -70001.f}) && a.version == 70001 && a.freq == 70002);
+    CHECK(b.admitted && b.row == (std::vector<float>{30000.f, -30000.f}) && b.version == 30000 && b.freq == 30001);
+    CHECK(c.admitted && c.row == (std::vector<float>{5.f, -5.f}) && c.freq == 6);
+    CHECK(d.admitted && d.row == (std::vector<float>{n - 1.f, 1.f - n}));
+    CHECK_EQ(t.Stats().zero_rows, 1);  // key 0's row
+  }
+}
+
 // zero_rows counts admitted all-zero rows exactly on every path that writes
 // or frees a row; ZeroRowPredicate erases exactly those rows.
 template <typename K>
@@ -1164,6 +1201,7 @@ int main() {
   RUN(test_bloom_false_positives_early_never_late);
   RUN_K(test_bloom_clear_and_eviction);
   RUN(test_import_rows_advances_the_clock);
+  RUN_K(test_an_import_naming_a_key_twice_keeps_its_last_row_and_admits_it_once);
   RUN_K(test_counted_find_or_insert_equals_every_occurrence);
   RUN(test_shard_route_is_a_stable_hash);
   std::printf("all tests passed\n");

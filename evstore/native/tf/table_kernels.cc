@@ -229,14 +229,17 @@ class EvServeUpsertOp : public EvTableOp<K> {
     KeysIn<K> kin;
     OP_REQUIRES_OK(ctx, kin.Init(keys));
     const int w = serving->packed_floats();
-    std::vector<float> packed(static_cast<size_t>(n) * w);
-    if (encoded)
+    // Rows whose codes are their packed words are stored from the input as they are.
+    const bool in_place = encoded && serving->CodesArePacked();
+    std::vector<float> packed(in_place ? 0 : static_cast<size_t>(n) * w);
+    if (!in_place && encoded)
       serving->Pack(values.tensor_data().data(), scales.flat<float>().data(), n, packed.data());
-    else
+    else if (!in_place)
       serving->Encode(values.flat<float>().data(), n, packed.data());
+    const float* rows = in_place ? reinterpret_cast<const float*>(values.tensor_data().data()) : packed.data();
     std::vector<int64_t> versions(n, -1);
-    EV_TRY(ctx, t.ImportRows(kin.data(), n, packed.data(), w, nullptr, 0, {}, versions.data(),
-                             freqs.flat<int64_t>().data(), /*mark_dirty=*/false));
+    EV_TRY(ctx, t.ImportRows(kin.data(), n, rows, w, nullptr, 0, {}, versions.data(), freqs.flat<int64_t>().data(),
+                             /*mark_dirty=*/false, IntraOp(ctx)));
   }
 };
 
