@@ -63,11 +63,11 @@ def write_fulls(workdir, keys, dim, zipf, seed, view):
     """Exports and a source root holding two chains: a full, then a full of new values."""
     import checkpoint
     from serving_loader import export_serving_model
-    from bench.tiered.bench_tiered_serving import _signature
+    from bench.tiered.bench_tiered_serving import signature
 
     model, ev = build(dim)
     tables = os.path.join(workdir, "export-evstore")
-    export_serving_model(model, tables, input_signature=_signature(), tables="evstore")
+    export_serving_model(model, tables, input_signature=signature(), tables="evstore")
     mgr = checkpoint.CheckpointManager(os.path.join(workdir, "source"), model, serving_view=view)
     rng = np.random.default_rng(seed)
     for _ in range(2):
