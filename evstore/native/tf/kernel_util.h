@@ -134,11 +134,14 @@ class EvTableOp : public OpKernel {
     tensorflow::core::RefCountPtr<EvResource<K>> res;
     OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
     if (TieredTableT<K>* t = res->tiered()) {
-      // A write-back the disk refused kept its row in DRAM (nothing lost);
-      // the op that caused it reports it.
+      // A write-back the disk refused kept its row in DRAM (nothing lost); an
+      // op that makes room for rows reports it, as does one that runs while
+      // the store's cleaner thread fails one. Ops that only read the table
+      // (ReportsWriteBacks false) never do: their answer is whole whatever
+      // the disk refused.
       const int64_t failures = t->store().write_failures();
       ComputeOn(ctx, *res, *t);
-      if (ctx->status().ok() && t->store().write_failures() > failures)
+      if (ReportsWriteBacks() && ctx->status().ok() && t->store().write_failures() > failures)
         ctx->CtxFailure(errors::ResourceExhausted("EmbeddingVariable: ", t->store().last_failure(),
                                                   "; free disk space or raise dram_bytes"));
       return;
@@ -147,6 +150,8 @@ class EvTableOp : public OpKernel {
   }
 
  protected:
+  // False for kernels that only read the table (introspection, export).
+  virtual bool ReportsWriteBacks() const { return true; }
   virtual void ComputeOn(OpKernelContext* ctx, EvResource<K>& res, TableT<K>& t) = 0;
   virtual void ComputeOn(OpKernelContext* ctx, EvResource<K>& res, TieredTableT<K>& t) = 0;
 };
