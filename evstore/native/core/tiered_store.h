@@ -318,14 +318,16 @@ class TieredStore {
     locks_ = std::move(locks);
     if (locks_ && !cleaner_.joinable()) cleaner_ = std::thread([this] { CleanerLoop(); });
   }
-  // Waits until the cache is within its budget (the cleaner has evicted what
-  // batches took beyond it). Call with no segment lock held: the cleaner
-  // needs them. False when it cannot get there (the disk refused a write;
-  // every row stays in DRAM) or there is no cleaner (no segment locks).
+  // Waits until the cleaner has nothing left to do: the cache holds a batch
+  // of free slots below its budget and the cleaner sleeps, so nothing is
+  // evicted or written back until a fault takes a slot again. Call with no
+  // segment lock held: the cleaner needs them. False when it cannot get
+  // there (the disk refused a write; every row stays in DRAM) or there is no
+  // cleaner (no segment locks).
   bool Settle() const {
     std::unique_lock<std::mutex> l(mu_);
     const int64_t failures = write_failures_.load(std::memory_order_relaxed);
-    while (resident_ > budget_) {
+    while (!cleaner_idle_ || resident_ - evicting_ > budget_ - batch_) {
       if (!cleaner_.joinable() || write_failures_.load(std::memory_order_relaxed) != failures) return false;
       clean_cv_.notify_one();
       settled_.wait_for(l, std::chrono::milliseconds(5));
