@@ -31,6 +31,8 @@ import os
 import threading
 import uuid
 
+from checkpoint import native_callbacks
+
 __all__ = ["ObjectSink", "install", "is_sink", "sink_of", "read"]
 
 log = logging.getLogger("evstore.checkpoint")
@@ -175,29 +177,15 @@ def _discard_open(entry):
 
 
 def _split(path):
-    rest = path.decode()[len(SCHEME):]
-    sid, _, name = rest.partition("/")
-    with _LOCK:
-        return _SINKS[sid], name
+    return native_callbacks.split(path, SCHEME, _SINKS, _LOCK)
+
+
+def _owner(arg):
+    return _OPEN[arg][0] if isinstance(arg, int) and arg in _OPEN else _split(arg)[0]
 
 
 def _guard(fail):
-    def wrap(fn):
-        def run(*args):
-            sink = None
-            try:
-                return fn(*args)
-            except BaseException as e:  # noqa: BLE001 - a callback never raises into native code
-                try:
-                    sink = _OPEN[args[0]][0] if isinstance(args[0], int) and args[0] in _OPEN else _split(args[0])[0]
-                except Exception:  # noqa: BLE001
-                    pass
-                if sink is not None:
-                    sink.errors.append(f"{type(e).__name__}: {e}")
-                log.error("object sink: %s failed: %s: %s", fn.__name__.lstrip("_"), type(e).__name__, e)
-                return fail
-        return run
-    return wrap
+    return native_callbacks.guard(fail, owner_of=_owner, what="object sink", log=log)
 
 
 @_guard(-1)

@@ -40,6 +40,7 @@ import posixpath
 import threading
 import uuid
 
+from checkpoint import native_callbacks
 from checkpoint.fileio import crc32c
 
 __all__ = ["ObjectSource", "install", "is_source", "source_of", "BLOCK", "RETAIN_BYTES"]
@@ -309,31 +310,16 @@ def _addr(data, off):
 
 
 def _split(path):
-    rest = path.decode()[len(SCHEME):]
-    sid, _, name = rest.partition("/")
-    with _LOCK:
-        return _SOURCES[sid], name
+    return native_callbacks.split(path, SCHEME, _SOURCES, _LOCK)
+
+
+def _owner(arg):
+    return _OPEN[arg].source if isinstance(arg, int) and arg in _OPEN else _split(arg)[0]
 
 
 def _guard(fail):
-    def wrap(fn):
-        def run(*args):
-            try:
-                return fn(*args)
-            except BaseException as e:  # noqa: BLE001 - a callback never raises into native code
-                source = None
-                try:
-                    source = _OPEN[args[0]].source if isinstance(args[0], int) and args[0] in _OPEN else \
-                        _split(args[0])[0]
-                except Exception:  # noqa: BLE001
-                    pass
-                if source is not None:
-                    source.errors.append(f"{type(e).__name__}: {e}")
-                if not isinstance(e, FileNotFoundError):
-                    log.error("object source: %s failed: %s: %s", fn.__name__.lstrip("_"), type(e).__name__, e)
-                return fail
-        return run
-    return wrap
+    return native_callbacks.guard(fail, owner_of=_owner, what="object source", log=log,
+                                  quiet=(FileNotFoundError,))
 
 
 @_guard(-1)

@@ -18,6 +18,7 @@ from checkpoint.fetch import bundle_files, fetch
 from checkpoint.storage import Storage
 from ckpt_model import assert_same_state, make_model, probe_inputs, state, train
 from s3_server import moto_bucket
+from test_ckpt_sharded import _saved_chain
 from test_ckpt_string_keys import _assert_same, _chain, _ev
 from test_object_sink import _written, traced  # noqa: F401 - a fixture
 
@@ -34,31 +35,18 @@ def root(s3_bucket, request):
     return f"s3://{s3_bucket}/{request.node.name[:60]}"
 
 
-def _saved(root, shards):
-    """A model with a `shards`-shard user table (None: unsharded), trained, saved as full + delta (with
-    deletions)."""
-    model = make_model(user_shards=shards)
-    train(model, 0, 4)
-    mgr = checkpoint.CheckpointManager(root, model)
-    mgr.save_full()
-    train(model, 4, 8)
-    model.get_layer("user").ev.remove(np.arange(1, 6, dtype=np.int64))
-    mgr.save_delta()
-    return model, mgr
-
-
 @pytest.fixture(scope="module")
 def two_shards(s3_bucket):
     """(root, model): a chain saved from a 2-shard user table."""
     root = f"s3://{s3_bucket}/two-shards"
-    return root, _saved(root, 2)[0]
+    return root, _saved_chain(root, 2)[0]
 
 
 @pytest.fixture(scope="module")
 def unsharded(s3_bucket):
     """(root, CheckpointManager): a chain saved from unsharded tables, never changed by a test."""
     root = f"s3://{s3_bucket}/unsharded"
-    return root, _saved(root, None)[1]
+    return root, _saved_chain(root, None)[1]
 
 
 @pytest.mark.parametrize("into", [3, None])
