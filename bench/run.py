@@ -362,9 +362,11 @@ def main():
         (`--render` prints its tables)."""
         meta = {**run_meta(stamp, sys.argv[1:]), "evstore_commit": commit, "tfra": tfra_note or "available",
                 "parts_done": done, "elapsed_s": time.time() - t_start}
-        with open(partial_path, "w") as f:
+        # Written aside and renamed into place: a kill mid-write leaves the previous record whole.
+        with open(partial_path + ".tmp", "w") as f:
             json.dump({"meta": meta, "results": results, "checkpoint": ckpt, "serving": serving,
                        "cluster": cluster, "markdown_parts": [filters_md, tiered_md, e2e_md]}, f, indent=1)
+        os.replace(partial_path + ".tmp", partial_path)
     for keys, dim in configs:
         need, avail = est_peak_mib(keys, dim), mem_available_mib()
         if need > avail:
