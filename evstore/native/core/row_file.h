@@ -285,22 +285,10 @@ class RowFile {
  private:
   std::string DataPath(int which) const { return dir_ + (which == 0 ? "/rows" : "/rows.widening"); }
 
+  // Writes n records of `record_bytes` from `src` at record `loc` of file `fd`.
   bool WriteAt(int fd, uint32_t loc, size_t record_bytes, size_t n, const void* src, int* err) {
-    const size_t bytes = record_bytes * n;
-    size_t done = 0;
-    const off_t base = static_cast<off_t>(loc) * static_cast<off_t>(record_bytes);
-    while (done < bytes) {
-      ssize_t put = ::pwrite(fd, static_cast<const char*>(src) + done, bytes - done, base + done);
-      if (put < 0 && errno == EINTR) continue;
-      if (put <= 0) {
-        const int e = put < 0 ? errno : ENOSPC;
-        last_error_.store(e, std::memory_order_relaxed);
-        if (err) *err = e;
-        return false;
-      }
-      done += static_cast<size_t>(put);
-    }
-    return true;
+    iovec one{const_cast<void*>(src), record_bytes * n};
+    return WriteV(fd, static_cast<off_t>(loc) * static_cast<off_t>(record_bytes), &one, 1, err);
   }
 
   // Record `loc` in the mapping (its window mapped on first use), or null on
@@ -338,10 +326,14 @@ class RowFile {
 
   // Writes the buffers of v[0..n) as adjacent records from `loc`.
   bool WriteRun(uint32_t loc, iovec* v, size_t n, int* err) {
-    off_t at = static_cast<off_t>(loc) * static_cast<off_t>(record_bytes_);
+    return WriteV(fd_, static_cast<off_t>(loc) * static_cast<off_t>(record_bytes_), v, n, err);
+  }
+  // Writes the buffers of v[0..n) at byte `at` of `fd` (short writes resumed); on failure
+  // keeps errno in last_error_ and *err.
+  bool WriteV(int fd, off_t at, iovec* v, size_t n, int* err) {
     size_t first = 0;
     while (first < n) {
-      ssize_t put = ::pwritev(fd_, v + first, static_cast<int>(n - first), at);
+      ssize_t put = ::pwritev(fd, v + first, static_cast<int>(n - first), at);
       if (put < 0 && errno == EINTR) continue;
       if (put <= 0) {
         const int e = put < 0 ? errno : ENOSPC;
