@@ -5,7 +5,14 @@ code: an exception is recorded on the object it concerns (its `errors` list, for
 the caller's error message), logged, and turned into the callback's failure
 value, which the native side turns into a failed save or load."""
 
-__all__ = ["split", "guard"]
+__all__ = ["owner", "split", "guard"]
+
+
+def owner(path, scheme, registry, lock):
+    """The object of `path` ("<scheme><id>[/name]", str) among `registry`; KeyError if it is closed or never was."""
+    sid = str(path)[len(scheme):].split("/", 1)[0]
+    with lock:
+        return registry[sid]
 
 
 def split(path, scheme, registry, lock):

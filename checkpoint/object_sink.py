@@ -52,9 +52,7 @@ def is_sink(path):
 
 def sink_of(path):
     """The ObjectSink of `path` ("evsink://<id>[/name]"); KeyError if it is closed or never was."""
-    sid = str(path)[len(SCHEME):].split("/", 1)[0]
-    with _LOCK:
-        return _SINKS[sid]
+    return native_callbacks.owner(path, SCHEME, _SINKS, _LOCK)
 
 
 def read(directory, name):

@@ -65,9 +65,7 @@ def is_source(path):
 
 def source_of(path):
     """The ObjectSource of `path` ("evsource://<id>[/name]"); KeyError if it is closed or never was."""
-    sid = str(path)[len(SCHEME):].split("/", 1)[0]
-    with _LOCK:
-        return _SOURCES[sid]
+    return native_callbacks.owner(path, SCHEME, _SOURCES, _LOCK)
 
 
 class ObjectSource:
