@@ -88,8 +88,13 @@
 //
 // Errors: a write-back the disk refuses (full disk, RLIMIT_FSIZE) keeps the
 // victims in DRAM, counts a write failure and remembers the message; the
-// store overshoots instead of losing rows. Callers (the TF kernels) turn
-// a new failure into an op error. A failed read throws (row_file.h).
+// store overshoots instead of losing rows. The failure goes to the operation
+// whose eviction it was (write_back_report.h: the report open on the evicting
+// thread; the TF kernels turn it into an op error); one of the cleaner
+// thread, which serves no operation, goes to the next fault (or MakeRoom) on
+// a thread with a report open, once, unless a write-back has succeeded since
+// (the disk took rows again: nothing is held in DRAM for it any more). A
+// failed read throws (row_file.h).
 #pragma once
 #include <atomic>
 #include <algorithm>
@@ -110,6 +115,7 @@
 #include "log_space.h"
 #include "row_file.h"
 #include "row_store.h"
+#include "write_back_report.h"
 #include "zero_rows.h"
 
 namespace evstore {
@@ -435,6 +441,7 @@ class TieredStore {
   // caller holds no segment lock.
   void MakeRoom(int64_t n) {
     std::unique_lock<std::mutex> l(mu_);
+    DeliverUnreported();
     n = std::min(n, budget_);
     for (;;) {
       const int64_t over = resident_ - evicting_ + n - budget_, before = resident_;
@@ -443,8 +450,6 @@ class TieredStore {
       if (resident_ >= before) return;  // every candidate pinned, or the disk refused the write
     }
   }
-  // Write-backs the disk refused so far (cheap: no lock).
-  int64_t write_failures() const { return write_failures_.load(std::memory_order_relaxed); }
   // Message of the most recent write failure (empty if none).
   std::string last_failure() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -698,6 +703,19 @@ class TieredStore {
     if (!retry.empty()) Load(retry);
   }
 
+  // A refused write-back of an eviction on this thread: to the report open
+  // here, else kept for the next fault (the cleaner's: it has none). mu_ held.
+  void Refused(const std::string& message) {
+    if (WriteBackReport::Deliver(message)) return;
+    if (unreported_ == 0) unreported_message_ = message;
+    ++unreported_;
+  }
+  // Refusals no operation was told of (the cleaner's), to the report open on
+  // this thread if there is one, once. mu_ held.
+  void DeliverUnreported() {
+    if (unreported_ && WriteBackReport::Deliver(unreported_message_, unreported_)) unreported_ = 0;
+  }
+
   // `k` slots for rows being faulted in, into out[0..k): free slots within
   // the budget, after evicting a batch when the budget is reached (EvictBatch;
   // it may drop and retake mu_). Slots beyond the budget that the slot arrays
@@ -738,6 +756,7 @@ class TieredStore {
         l.lock();
       }
     }
+    DeliverUnreported();
     // Below the cleaner's mark (a batch short of the budget): wake it, so the
     // next faults find free slots instead of evicting.
     if (cleaner_idle_ && resident_ - evicting_ + static_cast<int64_t>(k) > budget_ - batch_) clean_cv_.notify_one();
@@ -812,7 +831,12 @@ class TieredStore {
         writes.push_back(s);
     }
     evicting_ += victims.size();
-    if (!WriteSlots(writes, &moves, &l) && o) o->refused = true;
+    if (!WriteSlots(writes, &moves, &l)) {
+      Refused(last_failure_);
+      if (o) o->refused = true;
+    } else if (!writes.empty()) {
+      unreported_ = 0;  // the disk takes rows again: refusals nobody was told of are past
+    }
     evicting_ -= victims.size();
     for (uint32_t s : victims) {
       SlotInfo& in = Info(s);
@@ -855,6 +879,7 @@ class TieredStore {
       } catch (const std::exception& e) {  // no slot changed; the next fault reports it
         write_failures_.fetch_add(1, std::memory_order_relaxed);
         last_failure_ = std::string("tiered storage: evicting rows failed: ") + e.what();
+        Refused(last_failure_);
       }
       if (evicted > 0) {
         pause = std::chrono::microseconds(200);
@@ -1065,6 +1090,8 @@ class TieredStore {
   mutable std::atomic<int64_t> peek_reads_{0};  // PeekRows' runs of adjacent records read (no mu_)
   std::atomic<int64_t> write_failures_{0};
   std::string last_failure_;
+  int64_t unreported_ = 0;          // refusals kept for the next fault (Refused; mu_)
+  std::string unreported_message_;  // the first of them (mu_)
 };
 
 static_assert(IsRowStore<TieredStore<>>(), "TieredStore implements the row store contract (row_store.h)");
