@@ -12,12 +12,14 @@ from a local file:
     every tensor before it changes a table, so nothing is changed); the
     loader names the byte range it will read (one tensor's), and nothing
     outside it is fetched;
-  - read_at: ranged reads (`fs.cat_file(path, start, end)`: one GET each on
-    S3) of up to BLOCK bytes within that range, read ahead: while the loader
-    applies one block of a column, the next is already being fetched in a
-    thread, and every open column (keys, values, slots, ...: one data file
-    each) has its own, so their GETs run concurrently. Memory: two blocks per
-    open file.
+  - read_at: one streamed GET of that range (checkpoint/object_stream.py; S3),
+    or, where the filesystem has no such stream, ranged reads
+    (`fs.cat_file(path, start, end)`) of BLOCK bytes; read ahead either way:
+    while the loader applies one block of a column, the next is already being
+    read in a thread, and every open column (keys, values, slots, ...: one
+    data file each) has its own, so their GETs run concurrently. A stream
+    that fails goes on with ranged reads from where it stopped. Memory: two
+    blocks per open file.
 Indexes (a few KB: one entry per tensor) are read once and kept while the
 source is open: the loader opens the index once per table it loads.
 
@@ -49,6 +51,7 @@ import uuid
 from checkpoint import native_callbacks
 from checkpoint.errors import CorruptCheckpointError
 from checkpoint.fileio import crc32c
+from checkpoint.object_stream import open_stream
 
 __all__ = ["ObjectSource", "install", "is_source", "source_of", "damaged", "BLOCK", "RETAIN_BYTES"]
 
@@ -141,6 +144,9 @@ class ObjectSource:
     def fetch(self, name, start, end):
         """Bytes [start, end) of file `name` (shorter at the file's end); counted in bytes_read."""
         b = self.storage.fs.cat_file(self.path(name), start=start, end=end) if end > start else b""
+        return self._counted(b)
+
+    def _counted(self, b):
         with self._lock:
             self.bytes_read += len(b)
         return b
@@ -309,6 +315,9 @@ class _Reader:
         self.end = self.size if end < 0 else min(end, self.size)   # blocks are never fetched past it
         self.cur = (0, b"")          # (start, bytes)
         self.ahead = None            # (start, future) of the next block
+        self.stream = None           # one GET of [stream_at, end) (object_stream.py), while reads follow it
+        self.stream_at = 0
+        self.streamed = False        # a stream was opened (never a second one)
 
     def _limit(self, pos):
         """Where a block at `pos` ends: BLOCK bytes on, not past the named range (nor the file)."""
@@ -324,11 +333,41 @@ class _Reader:
         else:
             if self.ahead is not None:
                 self.ahead[1].cancel()
-            start, data = pos, self.source.fetch(self.name, pos, self._limit(pos))
+            start, data = pos, self._read(pos)
         self.cur = (start, data)
         nxt = start + len(data)
-        self.ahead = (nxt, self.source._pool.submit(self.source.fetch, self.name, nxt, self._limit(nxt))
-                      ) if data and nxt < self.end else None
+        self.ahead = (nxt, self.source._pool.submit(self._read, nxt)) if data and nxt < self.end else None
+
+    def _read(self, pos):
+        """The block at `pos`: the next bytes of the column's stream when it is at `pos` (opened at the
+        first block of a range longer than one), else one ranged read."""
+        limit = self._limit(pos)
+        if self.stream is None and not self.streamed and limit < self.end:
+            self.streamed = True
+            try:
+                self.stream = open_stream(self.source.storage.fs, self.source.path(self.name), pos, self.end)
+                self.stream_at = pos
+            except Exception as e:  # noqa: BLE001 - ranged reads say what is wrong, if anything is
+                log.debug("object source: no stream of %s (%s); ranged reads", self.name, e)
+        if self.stream is not None and self.stream_at == pos and limit <= self.end:
+            try:
+                b = self.source._counted(self.stream.read(limit - pos))
+                self.stream_at += len(b)
+                if len(b) == limit - pos:
+                    return b
+            except Exception as e:  # noqa: BLE001 - a failed stream: ranged reads go on from here
+                log.debug("object source: the stream of %s failed (%s); ranged reads", self.name, e)
+                b = b""
+            self._drop_stream()
+            return b + self.source.fetch(self.name, pos + len(b), limit)
+        if self.stream is not None:   # read elsewhere than the stream is: it is not followed any more
+            self._drop_stream()
+        return self.source.fetch(self.name, pos, limit)
+
+    def _drop_stream(self):
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
 
     def read_into(self, dst, pos, n):
         """Copies up to n bytes at `pos` to address `dst`; returns the count (0 at the end)."""
@@ -354,6 +393,7 @@ class _Reader:
         if self.ahead is not None:
             self.ahead[1].cancel()
         self.cur, self.ahead = (0, b""), None
+        self._drop_stream()
 
 
 def _addr(data, off):

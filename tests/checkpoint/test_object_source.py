@@ -104,6 +104,7 @@ def _tensor_bytes(root, mgr, dense):
 def test_a_restore_reads_each_byte_it_needs_once_with_no_memory_budget(unsharded, traced, monkeypatch):
     root, mgr = unsharded
     monkeypatch.setattr(object_source, "RETAIN_BYTES", 0)   # nothing kept in memory for the loader
+    monkeypatch.setattr(object_source, "BLOCK", 256)       # columns of several blocks: one streamed GET each
     got = make_model()
     train(got, 20, 22)   # rows of keys the chain lacks: the restored tables replace them all
     back = checkpoint.CheckpointManager(root, got)
@@ -118,6 +119,7 @@ def test_a_restore_reads_each_byte_it_needs_once_with_no_memory_budget(unsharded
 @pytest.mark.parametrize("how", ["corrupt", "truncated", "missing"])
 def test_a_damaged_remote_part_is_refused_naming_it_before_the_model_changes(unsharded, root, traced, how, monkeypatch):
     monkeypatch.setattr(object_source, "RETAIN_BYTES", 0)   # no file kept in memory: each read once, as it loads
+    monkeypatch.setattr(object_source, "BLOCK", 256)       # the damage lies in a column streamed block by block
     fs = fsspec.filesystem("s3")
     fs.copy(Storage(unsharded[0]).path, Storage(root).path, recursive=True)   # a copy of the chain to damage
     full = unsharded[1].chain()[0]
