@@ -313,9 +313,13 @@ class CheckpointManager:
         the EV's task, nothing reads it), each tensor's crc32c checked as it
         loads, each byte read once; only when every EV of every task loaded
         does each EV adopt its staging table (one swap each), and a failure
-        drops them all. (An EV built in a graph cannot be staged: its files
-        are then checked whole first, and read again as they load.) While it
-        loads, a process holds its tables and their staging tables.
+        drops them all. While it loads, a process holds its tables and their
+        staging tables; no training step may run on the model meanwhile
+        (steps under `lock` wait for it). Read more than once, beyond what
+        fits EVSTORE_SOURCE_KEEP_MIB (512 MiB per process, where it is read
+        once and kept): a part loaded into k shards of one process (a changed
+        shard count), k times; the files of an EV built in a graph (no
+        staging table: it loads in place, its files checked whole first).
         A checkpoint removed by a concurrent writer's retention while this
         restore reads it is retried with a fresh scan (up to 3 times).
 
