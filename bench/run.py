@@ -27,7 +27,10 @@ optimizer of the same batch (bench/peers/peer_tfra_optimizers.py).
 TFRA is bench/peers/peer_tfra.py in the .peer-tfra venv (created with
 bench/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
 unavailable and everything else still runs. A run whose estimated peak memory
-exceeds MemAvailable is skipped (and reported).
+exceeds MemAvailable is skipped (and reported). With EVSTORE_BENCH_BIGMEM_LOCK=<file>
+set, each configuration or part estimated above EVSTORE_BENCH_BIGMEM_MIB (default
+6144) runs holding flock(2) on that file, the lock `flock <file> <command>` takes
+(bench/harness/bigmem.py), and MemAvailable is checked once it is held.
 
 Then bench/cluster/bench_cluster.py (parameter-server training on a loopback cluster,
 evstore vs TFRA's devices=[...]: examples/s with 1 and 2 workers, bytes and
@@ -53,6 +56,7 @@ import subprocess
 import sys
 import time
 
+from bench.harness.bigmem import big_memory
 from bench.harness.driver import log_dir, run_meta, utc_stamp
 from bench.harness.paths import RESULTS, ROOT, write_result
 from bench.harness.peers import DEFAULT_VENV, ensure_peer, module_cmd, run_json
@@ -67,6 +71,12 @@ TARGETS = {"tfra": 3.0, "dense_hash": 2.0, "numpy": 0.6, "adam": 3.0, "bytes": 3
 def est_peak_mib(keys, dim):
     """Rough peak of one run: about 6x the raw rows (keys, versions and rows), plus the process itself."""
     return keys * (4 * dim + 16) * 6 / 2**20 + 1500
+
+
+def est_checkpoint_peak_mib(keys):
+    """Rough peak of the checkpoint part (dim 16 with Adam slots): about 1 KB a key over its two
+    processes (evstore's table and saves; the TFRA peer holds its table twice while it restores)."""
+    return keys * 1024 / 2**20 + 1500
 
 
 def run_bench(keys, dim, args, tag, extra, logdir, module="bench.tables.bench_lookup"):
@@ -236,6 +246,9 @@ def tables(results, tfra_note):
     out += optimizer_table(ok)
     notes = [f"- {r['keys']}x{r['dim']}: {r['error']}" for r in results if "error" in r]
     for r in ok:
+        if r.get("bigmem_lock"):
+            notes.append(f"- {r['keys']}x{r['dim']} ran holding {r['bigmem_lock']['lock']} (waited "
+                         f"{r['bigmem_lock']['waited_s']:.0f} s for it)")
         for run in ("A", "B", "O"):
             rr = r.get(run, {})
             if "error" in rr:
@@ -251,7 +264,7 @@ def tables(results, tfra_note):
     if tfra_note:
         notes.insert(0, f"- TFRA unavailable: {tfra_note}")
     if notes:
-        out += ["\n### Errors / skipped\n"] + notes
+        out += ["\n### Errors, skips and notes\n"] + notes
     return "\n".join(out) + "\n"
 
 
@@ -368,14 +381,18 @@ def main():
                        "cluster": cluster, "markdown_parts": [filters_md, tiered_md, e2e_md]}, f, indent=1)
         os.replace(partial_path + ".tmp", partial_path)
     for keys, dim in configs:
-        need, avail = est_peak_mib(keys, dim), mem_available_mib()
-        if need > avail:
-            results.append({"keys": keys, "dim": dim,
-                            "error": f"skipped: estimated peak {need:.0f} MiB > MemAvailable {avail:.0f} MiB"})
-            print(results[-1]["error"], flush=True)
-            continue
-        print(f"[{time.time() - t_start:6.0f}s] {keys} keys x dim {dim} ...", flush=True)
-        results.append(run_config(keys, dim, args, peer_py, logdir))
+        need = est_peak_mib(keys, dim)
+        with big_memory(need, f"{keys} keys x dim {dim}") as held:
+            avail = mem_available_mib()
+            if need > avail:
+                results.append({"keys": keys, "dim": dim,
+                                "error": f"skipped: estimated peak {need:.0f} MiB > MemAvailable {avail:.0f} MiB"})
+                print(results[-1]["error"], flush=True)
+                continue
+            print(f"[{time.time() - t_start:6.0f}s] {keys} keys x dim {dim} ...", flush=True)
+            results.append(run_config(keys, dim, args, peer_py, logdir))
+        if held:
+            results[-1]["bigmem_lock"] = held
         for run in ("A", "B", "O"):
             if "error" in results[-1].get(run, {}):
                 print(f"  run {run}: " + results[-1][run]["error"], flush=True)
@@ -383,7 +400,10 @@ def main():
 
     if not args.no_checkpoint:
         print(f"[{time.time() - t_start:6.0f}s] checkpoints: {args.checkpoint_keys} keys x dim 16 ...", flush=True)
-        ckpt = run_checkpoint(args, peer_py, logdir)
+        with big_memory(est_checkpoint_peak_mib(args.checkpoint_keys), "checkpoints") as held:
+            ckpt = run_checkpoint(args, peer_py, logdir)
+        if held:
+            ckpt["bigmem_lock"] = held
         if "error" in ckpt:
             print("  " + ckpt["error"], flush=True)
         save_partial("checkpoint")
