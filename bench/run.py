@@ -52,6 +52,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -59,7 +60,7 @@ import time
 from bench.harness.bigmem import big_memory
 from bench.harness.driver import log_dir, run_meta, utc_stamp
 from bench.harness.paths import RESULTS, ROOT, write_result
-from bench.harness.peers import DEFAULT_VENV, ensure_peer, module_cmd, run_json
+from bench.harness.peers import DEFAULT_VENV, ensure_peer, last_line, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
 from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
 
@@ -133,6 +134,23 @@ def run_cluster(args, peer_py, logdir):
     cmd += (["--quick"] if args.quick else []) + (["--peer-venv", args.peer_venv] if peer_py else
                                                    ["--systems", "evstore,evstore_table"])
     return run_json(cmd, os.path.join(logdir, "bench_cluster.log"), max(args.timeout, 5400), partial_ok=True)
+
+
+def run_part(cmd, log_path, timeout):
+    """Runs one part's driver (its workers are its children) from the repository root, stderr to `log_path`.
+    Returns (stdout, None) when it exits 0, else (stdout, the reason). A part still running after `timeout`
+    seconds is killed with its whole process group, and the reason says so: the run goes on to the next part."""
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except BaseException as e:  # the time bound, or the run itself interrupted: no worker outlives it
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            return out, f"stopped after {timeout:.0f} s (the part's time bound, --part-timeout)"
+    return out, (f"failed (exit {p.returncode}{last_line(log_path)})" if p.returncode else None)
 
 
 def m(x):
@@ -319,6 +337,9 @@ def main():
     ap.add_argument("--opt-max-keys", type=int, default=1_000_000,
                     help="run the optimizer benchmark (run O) for configurations up to this many keys (default 1M)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
+    ap.add_argument("--part-timeout", type=float, default=5400,
+                    help="seconds for each of the end-to-end, filters and tiered parts, after which the part is "
+                         "stopped and the run goes on, the reason in its results (default 5400)")
     ap.add_argument("--out-dir", default=RESULTS, help="results directory")
     ap.add_argument("--render", metavar="JSON", help="only print the tables of a saved results file")
     ap.add_argument("--checkpoint-keys", type=int, default=None,
@@ -425,15 +446,13 @@ def main():
         cmd = module_cmd("bench.training.bench_e2e") + ["--out-dir", args.out_dir]
         cmd += (["--quick"] if args.quick else [])
         cmd += (["--peer-venv", args.peer_venv] if peer_py else ["--systems", "evstore,tf_hash"])
-        with open(os.path.join(logdir, "bench_e2e.log"), "w") as log:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
+        out, failed = run_part(cmd, os.path.join(logdir, "bench_e2e.log"), args.part_timeout)
         # bench_e2e prints "results: bench/results/e2e-<stamp>.json / .md"
         md = [os.path.join(ROOT, ln.split("results:", 1)[1].split()[0][:-len(".json")] + ".md")
-              for ln in r.stdout.splitlines() if ln.startswith("results:")]
+              for ln in out.splitlines() if ln.startswith("results:")]
         md = [m for m in md if os.path.exists(m)]
-        e2e_md = ("\n" + open(md[-1]).read()) if r.returncode == 0 and md else (
-            f"\n### End-to-end training\n\nfailed (exit {r.returncode}); see bench/results/logs/bench_e2e.log\n")
-
+        e2e_md = ("\n" + open(md[-1]).read()) if not failed and md else (
+            f"\n### End-to-end training\n\n{failed or 'no results file'}; see bench/results/logs/bench_e2e.log\n")
         save_partial("e2e")
 
     if not args.no_filters:
@@ -441,26 +460,23 @@ def main():
         cmd = module_cmd("bench.tables.bench_filters") + ["--out-dir", args.out_dir]
         cmd += (["--quick"] if args.quick else []) + (["--no-tfra"] if peer_py is None else
                                                        ["--peer-python", peer_py])
-        with open(os.path.join(logdir, "bench_filters.log"), "w") as log:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
-        table_lines = r.stdout.split("\n\n", 1)[-1].split("results:")[0].strip()
+        out, failed = run_part(cmd, os.path.join(logdir, "bench_filters.log"), args.part_timeout)
+        table_lines = out.split("\n\n", 1)[-1].split("results:")[0].strip()
         filters_md = ("\n### Filters and eviction on a Zipf(1.1) stream (bench_filters.py)\n\n"
-                      + (table_lines if r.returncode == 0 else f"failed (exit {r.returncode}); see "
-                         "bench/results/logs/bench_filters.log") + "\n")
-
+                      + (table_lines if not failed else f"{failed}; see bench/results/logs/bench_filters.log") + "\n")
         save_partial("filters")
 
     if not args.no_tiered:
         keys = 100_000 if args.quick else 300_000
         print(f"[{time.time() - t_start:6.0f}s] tiered row store (bench_tiered.py engine, {keys} keys) ...", flush=True)
         cmd = module_cmd("bench.tiered.bench_tiered") + ["engine", "--keys", str(keys), "--rounds", "1"]
-        with open(os.path.join(logdir, "bench_tiered.log"), "w") as log:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
-        parts = [p for p in r.stdout.split("\n\n") if " keys x dim 64" in p]
-        notes = [ln for ln in r.stdout.splitlines() if ln.startswith("RocksDB not found")]
+        out, failed = run_part(cmd, os.path.join(logdir, "bench_tiered.log"), args.part_timeout)
+        parts = [p for p in out.split("\n\n") if " keys x dim 64" in p]
+        notes = [ln for ln in out.splitlines() if ln.startswith("RocksDB not found")]
         tiered_md = ("\n### Tiered row store, core only (bench_tiered.py engine)\n\n"
-                     + ("\n".join(notes + [parts[-1].strip()]) if r.returncode == 0 and parts else
-                        f"failed (exit {r.returncode}); see bench/results/logs/bench_tiered.log") + "\n")
+                     + ("\n".join(notes + [parts[-1].strip()]) if not failed and parts else
+                        f"{failed or 'no table printed'}; see bench/results/logs/bench_tiered.log") + "\n")
+        save_partial("tiered")
 
     meta = {**run_meta(stamp, sys.argv[1:]), "evstore_commit": commit, "platform": platform.platform(),
             "python": platform.python_version(), "batch": args.batch, "batches": args.batches,
