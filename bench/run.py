@@ -9,6 +9,21 @@ bench/tables/bench_lookup.py twice, each a fresh process measuring its systems
 interleaved batch by batch (every ratio is taken within one run):
   run A  evstore, TF DenseHashTable, numpy gather   phases read, insert
   run B  evstore, TFRA                               phases read, insert, train
+Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
+bench/tables/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
+Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
+optimizer of the same batch (bench/peers/peer_tfra_optimizers.py).
+The other parts follow in this order, the shorter first (a run stopped part-way keeps
+the parts it finished): end-to-end training, filters, tiered, checkpoints, serving, cluster.
+bench/training/bench_e2e.py: a wide & deep model's examples/s, evstore vs TF hashing vs
+TFRA (--no-e2e skips it).
+Then bench/tables/bench_filters.py (admission filters and eviction on a Zipf stream,
+vs TFRA's restrict policies; skip with --no-filters) appends its table.
+Then bench/tiered/bench_tiered.py engine (the tiered row store against the all-DRAM
+table, core only, 300k keys x 64 with Adam, 10% in DRAM, one round; the RocksDB
+peer only where librocksdb-dev is installed; skip with --no-tiered).
+Each of these three is bounded by --part-timeout: one that fails or runs past it is
+stopped with its workers and its section says why.
 Then bench/checkpoints/bench_checkpoint.py (one process, --checkpoint-keys keys x dim 16 with
 Adam slots): full save vs a sequential write of the same bytes, extra memory,
 delta saves at 0.1% / 1% / 10% dirty keys, restores, and TFRA's
@@ -20,10 +35,11 @@ reload), freshness and predict p50/p99 idle vs under continuous application;
 then bench/serving/bench_serving_net.py: `evstore serve` over REST (wrk) and gRPC
 against the export's in-process signature call rate, batch 1 and 64, and p99
 while deltas apply (--no-serving skips both, --only-serving runs nothing else).
-Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
-bench/tables/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
-Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
-optimizer of the same batch (bench/peers/peer_tfra_optimizers.py).
+Then bench/cluster/bench_cluster.py (parameter-server training on a loopback cluster,
+evstore vs TFRA's devices=[...]: examples/s with 1 and 2 workers, bytes and
+gRPC calls per step, the 8/32-PS model; --no-cluster skips it, --only-cluster
+runs nothing else).
+
 TFRA is bench/peers/peer_tfra.py in the .peer-tfra venv (created with
 bench/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
 unavailable and everything else still runs. A run whose estimated peak memory
@@ -31,17 +47,6 @@ exceeds MemAvailable is skipped (and reported). With EVSTORE_BENCH_BIGMEM_LOCK=<
 set, each configuration or part estimated above EVSTORE_BENCH_BIGMEM_MIB (default
 6144) runs holding flock(2) on that file, the lock `flock <file> <command>` takes
 (bench/harness/bigmem.py), and MemAvailable is checked once it is held.
-
-Then bench/cluster/bench_cluster.py (parameter-server training on a loopback cluster,
-evstore vs TFRA's devices=[...]: examples/s with 1 and 2 workers, bytes and
-gRPC calls per step, the 8/32-PS model; --no-cluster skips it, --only-cluster
-runs nothing else).
-
-Then bench/tables/bench_filters.py (admission filters and eviction on a Zipf stream,
-vs TFRA's restrict policies; skip with --no-filters) appends its table.
-Then bench/tiered/bench_tiered.py engine (the tiered row store against the all-DRAM
-table, core only, 300k keys x 64 with Adam, 10% in DRAM, one round; the RocksDB
-peer only where librocksdb-dev is installed; skip with --no-tiered).
 
 Writes bench/results/bench-<UTC time>.json (all raw numbers) and .md (the
 tables printed to stdout); logs go to bench/results/logs/. After each part the
@@ -419,28 +424,6 @@ def main():
                 print(f"  run {run}: " + results[-1][run]["error"], flush=True)
         save_partial(f"table {keys}x{dim}")
 
-    if not args.no_checkpoint:
-        print(f"[{time.time() - t_start:6.0f}s] checkpoints: {args.checkpoint_keys} keys x dim 16 ...", flush=True)
-        with big_memory(est_checkpoint_peak_mib(args.checkpoint_keys), "checkpoints") as held:
-            ckpt = run_checkpoint(args, peer_py, logdir)
-        if held:
-            ckpt["bigmem_lock"] = held
-        if "error" in ckpt:
-            print("  " + ckpt["error"], flush=True)
-        save_partial("checkpoint")
-
-    if not args.no_serving:
-        print(f"[{time.time() - t_start:6.0f}s] serving ...", flush=True)
-        serving = run_serving(args, logdir)
-        if "error" in serving:
-            print("  " + serving["error"], flush=True)
-        save_partial("serving")
-    if not args.no_cluster:
-        print(f"[{time.time() - t_start:6.0f}s] parameter-server cluster (bench_cluster.py) ...", flush=True)
-        cluster = run_cluster(args, peer_py, logdir)
-        if "error" in cluster:
-            print("  " + cluster["error"], flush=True)
-        save_partial("cluster")
     if not args.no_e2e:
         print(f"[{time.time() - t_start:6.0f}s] end-to-end training (bench_e2e.py) ...", flush=True)
         cmd = module_cmd("bench.training.bench_e2e") + ["--out-dir", args.out_dir]
@@ -477,6 +460,29 @@ def main():
                      + ("\n".join(notes + [parts[-1].strip()]) if not failed and parts else
                         f"{failed or 'no table printed'}; see bench/results/logs/bench_tiered.log") + "\n")
         save_partial("tiered")
+
+    if not args.no_checkpoint:
+        print(f"[{time.time() - t_start:6.0f}s] checkpoints: {args.checkpoint_keys} keys x dim 16 ...", flush=True)
+        with big_memory(est_checkpoint_peak_mib(args.checkpoint_keys), "checkpoints") as held:
+            ckpt = run_checkpoint(args, peer_py, logdir)
+        if held:
+            ckpt["bigmem_lock"] = held
+        if "error" in ckpt:
+            print("  " + ckpt["error"], flush=True)
+        save_partial("checkpoint")
+
+    if not args.no_serving:
+        print(f"[{time.time() - t_start:6.0f}s] serving ...", flush=True)
+        serving = run_serving(args, logdir)
+        if "error" in serving:
+            print("  " + serving["error"], flush=True)
+        save_partial("serving")
+    if not args.no_cluster:
+        print(f"[{time.time() - t_start:6.0f}s] parameter-server cluster (bench_cluster.py) ...", flush=True)
+        cluster = run_cluster(args, peer_py, logdir)
+        if "error" in cluster:
+            print("  " + cluster["error"], flush=True)
+        save_partial("cluster")
 
     meta = {**run_meta(stamp, sys.argv[1:]), "evstore_commit": commit, "platform": platform.platform(),
             "python": platform.python_version(), "batch": args.batch, "batches": args.batches,
