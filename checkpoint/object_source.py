@@ -57,9 +57,11 @@ __all__ = ["ObjectSource", "install", "is_source", "source_of", "damaged", "BLOC
 
 log = logging.getLogger("evstore.checkpoint")
 SCHEME = "evsource://"        # bundle_stream.h kSourceScheme
-BLOCK = 8 << 20               # bytes per ranged read (one GET)
-# Verified files kept in memory by all of a process's sources, for the loader: EVSTORE_SOURCE_KEEP_MIB
-# (MiB; a task's environment) or 512 MiB. 0 keeps none: every file is read twice.
+BLOCK = 8 << 20               # bytes per block read ahead (a ranged read: one GET)
+# Verified data files kept in memory by all of a process's sources, for a loader that reads them more
+# than once (a part loaded into several shards of one process) or loads in place after a whole check:
+# EVSTORE_SOURCE_KEEP_MIB (MiB; a task's environment) or 512 MiB. 0 keeps none: those files are read
+# once per load (and once more for the whole check).
 RETAIN_BYTES = int(os.environ.get("EVSTORE_SOURCE_KEEP_MIB", "512")) << 20
 _SOURCES = {}                 # id -> ObjectSource
 _OPEN = {}                    # handle -> _Reader
