@@ -48,8 +48,9 @@ def build_parser():
     demo.add_argument("--warmup-batches", type=int, default=60,
                       help="batches trained before the first full, the frozen model compared against (default 60)")
     demo.add_argument("--poison", default=None, metavar="START:SECONDS",
-                      help="shuffle the training labels for SECONDS from START seconds after serving starts "
-                           "(the served models are scored on the true labels), e.g. 40:30")
+                      help="shuffle the training labels for SECONDS from START seconds after serving starts, "
+                           "with a commit at each edge of the stretch (the served models are scored on the true "
+                           "labels), e.g. 40:30")
     demo.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
                       help="run the serving process with `evstore serve --gate EXPR` (EXPR omitted: its default)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
