@@ -161,17 +161,18 @@ def child(cfg):
         out["populate_keys_per_s"] = side.populate()
         out["populate_cpu_us_per_key"] = (time.process_time() - c0) / cfg["keys"] * 1e6
         out["rss_populated_mb"] = _status_mib("VmRSS")
-        mgr = side.manager()
-        drop_cache(cfg["tier_dir"])   # the tier file read from the disk, as a table larger than memory is
-        a, c = time.perf_counter(), time.process_time()
-        full_seq = mgr.save_full()
-        out["save_full_s"] = time.perf_counter() - a
-        out["save_full_cpu_s"] = time.process_time() - c
-        out["full_seq"] = full_seq
-        out["full_mb"] = _dir_mb(cfg["ckpt"])
-        out["rss_saved_mb"] = _status_mib("VmRSS")
-        keys, rows = side.sample()
-        np.savez(cfg["sample"], keys=keys, rows=rows)
+        mgr = side.manager() if cfg["save"] else None
+        if mgr:
+            drop_cache(cfg["tier_dir"])   # the tier file read from the disk, as a table larger than memory is
+            a, c = time.perf_counter(), time.process_time()
+            full_seq = mgr.save_full()
+            out["save_full_s"] = time.perf_counter() - a
+            out["save_full_cpu_s"] = time.process_time() - c
+            out["full_seq"] = full_seq
+            out["full_mb"] = _dir_mb(cfg["ckpt"])
+            out["rss_saved_mb"] = _status_mib("VmRSS")
+            keys, rows = side.sample()
+            np.savez(cfg["sample"], keys=keys, rows=rows)
         for _ in range(cfg["warmup"]):
             side.train_step()
         out.update(side.train(cfg["steps"]))
@@ -184,15 +185,16 @@ def child(cfg):
         st = side.ev.stats()
         out.update(cache_rows=st["cache_rows"], disk_mb=st["disk_bytes"] / 2**20, admitted=st["admitted"],
                    index_mb=st["index_bytes"] / 2**20, meta_mb=st["meta_bytes"] / 2**20)
-        before = _dir_mb(cfg["ckpt"])
-        mgr.save_delta()
-        out["delta_mb"] = _dir_mb(cfg["ckpt"]) - before
-        for _ in range(cfg["extra_deltas"]):   # a chain for a server to follow (beyond --serve)
-            for _ in range(cfg["delta_steps"]):
-                side.train_step()
+        if mgr:
+            before = _dir_mb(cfg["ckpt"])
             mgr.save_delta()
-        out["train_steps_total"] = cfg["warmup"] + cfg["steps"] + cfg["extra_deltas"] * cfg["delta_steps"]
-        del mgr
+            out["delta_mb"] = _dir_mb(cfg["ckpt"]) - before
+            for _ in range(cfg["extra_deltas"]):   # a chain for a server to follow (beyond --serve)
+                for _ in range(cfg["delta_steps"]):
+                    side.train_step()
+                mgr.save_delta()
+            out["train_steps_total"] = cfg["warmup"] + cfg["steps"] + cfg["extra_deltas"] * cfg["delta_steps"]
+            del mgr
     if cfg["phase"] == "serve":
         serve_phase(cfg, out)
     if cfg["phase"] == "restore":
@@ -317,7 +319,7 @@ def _cfg(args, kind, phase, work):
                 tier_dir=os.path.join(work, "tier"), ckpt=os.path.join(work, "ckpt"),
                 sample=os.path.join(work, f"sample-{kind}.npz"), zipf=args.zipf,
                 batch=args.batch, warmup=args.warmup, steps=args.steps, seed=0, find1_calls=2000,
-                find1k_calls=200, extra_deltas=0, delta_steps=20)
+                find1k_calls=200, extra_deltas=0, delta_steps=20, save=not getattr(args, "no_save", False))
 
 
 def _run_child(cfg):
@@ -373,6 +375,9 @@ def ev_level(args):
                 cfg = _cfg(args, kind, "train-save", work)
                 fig = _run_child(cfg)
                 shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
+                if not cfg["save"]:   # --no-save: training and lookups only
+                    runs[kind].append(fig)
+                    continue
                 _sequential(fig, work)
                 restored = _run_child(dict(cfg, phase="restore"))
                 _print_sequential(fig, restored)
@@ -400,6 +405,8 @@ def ev_level(args):
     print(f"all-DRAM table's RSS: {d['rss_train_mb'] - d['rss_base_mb']:.0f} MiB after training, "
           f"{d['rss_restored_mb'] - d['rss_restored_base_mb']:.0f} MiB after a restore in a fresh process")
     for kind, v in runs.items():
+        if not all("restored_bit_exact" in x for x in v):
+            continue   # --no-save: nothing restored
         bad = [x for x in v if not x.get("restored_bit_exact")]
         print(f"{kind}: restored sampled rows bit-exact in {len(v) - len(bad)}/{len(v)} runs")
 
@@ -445,6 +452,8 @@ def add_arguments(ap):
     ap.add_argument("--batch", type=int, default=4096, help="ev/beyond: training batch")
     ap.add_argument("--warmup", type=int, default=200, help="ev/beyond: untimed training steps first")
     ap.add_argument("--steps", type=int, default=300, help="ev/beyond: timed training steps")
+    ap.add_argument("--no-save", action="store_true", help="ev: training and lookups only (no full or delta "
+                                                             "save, no restore: the tier file is the only disk use)")
     ap.add_argument("--serve", action="store_true", help="beyond: serve the checkpoint last (predict latency "
                                                          "idle and while deltas apply)")
     ap.add_argument("--phases", default=None, help="beyond: some of train-save,restore,serve (default: all "
