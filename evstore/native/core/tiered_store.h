@@ -9,9 +9,11 @@
 //             flagged kOnDisk), the owning segment, flags (a disk copy exists;
 //             the embedding was zero when written) and the row's heat
 //             (cache_policy.h, from the table's frequency hint). Two-level
-//             directory of 65,536-row chunks, never reallocated.
+//             directory of 65,536-row chunks, never reallocated (allocated
+//             four at a time on huge pages: kMetaSlab below).
 //   slots     the DRAM cache: `stride` floats per slot, in chunks of 4,096
-//             slots that are never reallocated (except by Relayout), plus per
+//             slots that are never reallocated (except by Relayout; slabs of
+//             whole 2 MiB pages where the stride allows: SlotSlab), plus per
 //             slot its row, weight (the policy's) and dirty byte (written
 //             through Row() since loaded: a clean row with a disk copy is
 //             dropped without a write).
@@ -55,7 +57,7 @@
 // slots are unpublished and freed, and the owner locks are released.
 //
 // Misses of one batch are read together: the table hands every row of a
-// segment's part of a batch to FaultMany, which takes all their slots at
+// segment's part of a batch to FaultMany (or AccessMany), which takes all their slots at
 // once, and reads the cold ones sorted by disk location: a memcpy each from
 // the file's mapping (row_file.h), or on the portable path one preadv per run
 // of adjacent records (rows evicted together come back together). The table
