@@ -258,12 +258,16 @@ void OutFile::Write(const void* data, size_t n) {
 }
 
 void OutFile::WriteRows(const void* data, size_t row_bytes, size_t stride_bytes, size_t rows) {
-  if (in_memory_ || stride_bytes == row_bytes) return Write(data, row_bytes * rows);
   const char* p = static_cast<const char*>(data);
+  if (stride_bytes == row_bytes) return Write(p, row_bytes * rows);
+  if (in_memory_) {
+    for (size_t i = 0; i < rows; ++i) Write(p + i * stride_bytes, row_bytes);
+    return;
+  }
   while (rows > 0) {
     const size_t fit = std::max<size_t>(1, (buf_.size() - used_) / row_bytes);
     const size_t take = std::min(rows, fit);
-    if (used_ + take * row_bytes > buf_.size()) {  // a row wider than the buffer: one at a time
+    if (used_ + take * row_bytes > buf_.size()) {  // a row that does not fit what is left: through Write
       Write(p, row_bytes);
       p += stride_bytes;
       --rows;
