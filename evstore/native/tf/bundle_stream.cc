@@ -153,12 +153,12 @@ extern "C" __attribute__((visibility("default"))) void evstore_set_object_source
   g_source = Source{open, size, read, close};
 }
 
-InFile::InFile(const std::string& path) : path_(path) {
+InFile::InFile(const std::string& path, int64_t start, int64_t end) : path_(path) {
   if (IsSourcePath(path_)) {
     if (!g_source.open)
       throw std::runtime_error("checkpoint file '" + path_ + "' is of an object source, and this process registered "
                                "none (checkpoint/object_source.py install())");
-    src_ = g_source.open(path_.c_str());
+    src_ = g_source.open(path_.c_str(), start, end);
     if (src_ < 0) throw std::runtime_error("cannot open checkpoint data file '" + path_ + "': missing or unreadable");
     return;
   }
@@ -730,7 +730,7 @@ BundleStreamReader::Column::Column(const BundleStreamReader& r, const std::strin
                                std::to_string(rows_) + " strings)");
     return;
   }
-  file_ = std::make_unique<InFile>(path_);
+  file_ = std::make_unique<InFile>(path_, offset_, end_);  // an object source reads this range only
   if (file_->Size() < end_)
     throw std::runtime_error("checkpoint data file '" + path_ + "' is truncated (tensor '" + name + "' needs " +
                              std::to_string(end_) + " bytes)");

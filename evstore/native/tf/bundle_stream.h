@@ -79,13 +79,16 @@ void SinkRemove(const std::string& path);                          // best effor
 // Object source: a bundle whose prefix starts with kSourceScheme ("evsource://<id>/<prefix>") is read
 // through callbacks the process registered with evstore_set_object_source (checkpoint/object_source.py),
 // never from a local file. open: a handle >= 0, or < 0 when the file cannot be opened (missing);
-// size: the file's bytes (< 0: error); read: up to n bytes at offset into dst, the count read (fewer
-// only at the file's end; < 0: error); close: releases the handle. Calls on one handle come from one
-// thread at a time; the source keeps the reason of a failure. A process that registered none fails.
+// [start, end) are the bytes the opener will read (end < 0: the whole file), so the source reads
+// ahead within them and never past them (a tensor's byte range: each byte of a column is fetched
+// once, and a small tensor costs its own bytes, not a block); size: the file's bytes (< 0: error);
+// read: up to n bytes at offset into dst, the count read (fewer only at the file's end; < 0: error);
+// close: releases the handle. Calls on one handle come from one thread at a time; the source keeps
+// the reason of a failure. A process that registered none fails.
 inline constexpr char kSourceScheme[] = "evsource://";
 bool IsSourcePath(const std::string& path);
 extern "C" {
-typedef int64_t (*SourceOpenFn)(const char* path);
+typedef int64_t (*SourceOpenFn)(const char* path, int64_t start, int64_t end);
 typedef int64_t (*SourceSizeFn)(int64_t handle);
 typedef int64_t (*SourceReadFn)(int64_t handle, int64_t offset, char* dst, int64_t n);
 typedef void (*SourceCloseFn)(int64_t handle);
@@ -96,7 +99,9 @@ void evstore_set_object_source(SourceOpenFn open, SourceSizeFn size, SourceReadF
 // source (IsSourcePath). Closed by its destructor.
 class InFile {
  public:
-  explicit InFile(const std::string& path);  // throws std::runtime_error naming the file
+  // Throws std::runtime_error naming the file. [start, end): the bytes this
+  // file will be read at (end < 0: anywhere), for an object source's reads.
+  explicit InFile(const std::string& path, int64_t start = 0, int64_t end = -1);
   ~InFile();
   InFile(const InFile&) = delete;
   InFile& operator=(const InFile&) = delete;
