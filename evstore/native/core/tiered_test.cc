@@ -761,6 +761,33 @@ static void test_frequency_clock_weights() {
   CHECK(!FrequencyClock::Pass(w) && !FrequencyClock::Pass(w) && !FrequencyClock::Pass(w) && FrequencyClock::Pass(w));
 }
 
+// Making room before a publish (MakeRoom, EvServeWarm) evicts even when
+// every resident row is heavy: a round of the CLOCK hand that finds no
+// victim only takes weight, so one empty round is no reason to stop. The
+// rows that follow then fit without a write.
+static void test_making_room_evicts_rows_the_hand_needs_several_rounds_for() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 128 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back(i * 5 + 3);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  std::vector<int64_t> hot(keys.begin(), keys.begin() + 100);
+  for (int i = 0; i < 16; ++i) t.FindOrInsert(hot.data(), hot.size(), out.data(), kThreads);  // weight 5 each
+  CHECK(t.store().Settle());
+  const TierStats before = t.tier_stats();
+  CHECK(before.resident + 50 > before.budget_rows);
+  t.store().MakeRoom(50);
+  const TierStats after = t.tier_stats();
+  CHECK(after.resident + 50 <= after.budget_rows);
+  CHECK(after.writebacks > before.writebacks);
+  std::vector<int64_t> fresh;
+  for (int i = 0; i < 50; ++i) fresh.push_back(1000000 + i);
+  t.FindOrInsert(fresh.data(), fresh.size(), out.data(), kThreads);
+  CHECK_EQ(t.tier_stats().writebacks, after.writebacks);
+}
+
 int main() {
   RUN(test_frequency_clock_weights);
   RUN(test_bad_config_is_refused);
@@ -781,6 +808,7 @@ int main() {
   RUN(test_misses_of_one_batch_are_read_in_runs);
   RUN(test_an_import_reads_the_cold_rows_of_a_segment_together);
   RUN(test_a_read_only_lookup_caches_nothing_and_writes_nothing_back);
+  RUN(test_making_room_evicts_rows_the_hand_needs_several_rounds_for);
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
   RUN(test_stats_count_the_per_key_dram_cost);
