@@ -24,6 +24,12 @@ then with --serve a server process (serving_loader.ServingModel on a
 `tables="evstore"` export, tiered with 10% of the values in DRAM) loads the
 full and is timed predicting one example at a time, idle and while the
 chain's deltas land one a second. Everything is deleted at the end.
+With --rounds N, `beyond` saves N fulls in the training process and restores
+N times, each in a new process, and every save and restore is followed by the
+disk's sequential write + fsync and cold read of the full's bytes (a probe
+child at the same niceness as the sides: --child-nice), so each ratio is
+against the disk's rate of that moment on a shared disk. Disk use stays at the
+tier plus one full (or the probe's file).
 """
 import json
 import os
