@@ -470,19 +470,44 @@ class TieredStore {
     SetBudget();
     clean_cv_.notify_one();  // the cleaner keeps the new budget
   }
-  // Evicts rows (their write-back included) until `n` more fit in the
-  // budget, or nothing more can be evicted now, so that the faults and
-  // admissions of n rows that follow need no write: a serving table makes
-  // room for a delta's new keys before its publish takes the write lock. The
-  // caller holds no segment lock.
+  // Evicts rows (their write-back included) until `n` more fit below the
+  // cleaner's mark (a batch short of the budget), or nothing more can be
+  // evicted now, so that the faults and admissions of n rows that follow
+  // need no write and wake no cleaner: a serving table makes room for a
+  // delta's new keys before its publish takes the write lock. Evictions
+  // already being written when it is called (the cleaner's, another
+  // fault's) end first: their victims are pinned until then, and their
+  // writes would otherwise still run while the caller publishes. The caller
+  // holds no segment lock.
+  //
+  // A round of the hand that finds no victim has still taken weight from the
+  // rows it passed, so MakeRoom goes on until the hand has gone round as
+  // often as the heaviest row can need (its weight, then a second chance)
+  // without evicting anything: then every candidate is pinned. It stops at
+  // once when the disk refuses a write (the victims stay in DRAM).
   void MakeRoom(int64_t n) {
     std::unique_lock<std::mutex> l(mu_);
-    n = std::min(n, budget_);
+    n = std::min(n + batch_, budget_);
+    const int64_t failures = write_failures_.load(std::memory_order_relaxed);
+    uint64_t swept_idle = 0;  // slots the hand passed since the last eviction
     for (;;) {
-      const int64_t over = resident_ - evicting_ + n - budget_, before = resident_;
+      if (evicting_ > 0) {
+        const uint64_t epoch = quiet_epoch_;
+        settled_.wait(l, [&] { return quiet_epoch_ != epoch; });
+        continue;
+      }
+      const int64_t over = resident_ + n - budget_, before = resident_;
       if (over <= 0) return;
-      EvictBatch(static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch)), kNoOwner, l);
-      if (resident_ >= before) return;  // every candidate pinned, or the disk refused the write
+      const uint32_t want = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch));
+      const uint64_t nslots = static_cast<uint64_t>(nslot_chunks_) * kSlotChunk;
+      EvictBatch(want, kNoOwner, l);
+      if (write_failures_.load(std::memory_order_relaxed) != failures) return;
+      if (resident_ < before) {
+        swept_idle = 0;
+        continue;
+      }
+      swept_idle += std::min<uint64_t>(static_cast<uint64_t>(want) * kSweepPerVictim, nslots);
+      if (swept_idle >= (Policy::kMaxWeight + 2ull) * nslots) return;
     }
   }
   // Write-backs the disk refused so far (cheap: no lock).
@@ -835,6 +860,10 @@ class TieredStore {
     evicting_ += victims.size();
     WriteSlots(writes, &moves, &l);
     evicting_ -= victims.size();
+    if (evicting_ == 0) {
+      ++quiet_epoch_;
+      settled_.notify_all();
+    }
     for (uint32_t s : victims) {
       SlotInfo& in = Info(s);
       RowMeta& vm = Meta(in.row);
@@ -1078,9 +1107,10 @@ class TieredStore {
   std::vector<uint32_t> free_slots_;
   int64_t resident_ = 0;
   int64_t evicting_ = 0;  // victims of batches being written now (mu_ released)
+  uint64_t quiet_epoch_ = 0;  // times evicting_ fell to 0 (mu_; MakeRoom waits for the next)
   std::thread cleaner_;              // CleanerLoop, from AttachLocks to the destructor
   mutable std::condition_variable clean_cv_;  // wakes the cleaner (mu_)
-  mutable std::condition_variable settled_;   // the cleaner finished a round (mu_)
+  mutable std::condition_variable settled_;   // the cleaner finished a round, or no batch is being written (mu_)
   bool cleaner_idle_ = false;         // the cleaner waits on clean_cv_ (mu_)
   bool stop_ = false;                 // the destructor asks the cleaner to end (mu_)
   uint32_t hand_ = 0;
