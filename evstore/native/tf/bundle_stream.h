@@ -24,7 +24,7 @@
 // string column writes its lengths and its bytes to two temporary files and
 // joins them when it ends (one sequential copy of the key bytes).
 //
-// Memory: one write buffer per open column (kBufferBytes); a column is
+// Memory: one write buffer per open column (OutFile); a column is
 // closed as soon as its EV is done. Nothing holds a copy of the table.
 // Failure: any error leaves the writer failed; its destructor deletes every
 // file it created unless Finish() succeeded.
@@ -122,12 +122,24 @@ class InFile {
 // An append-only file that keeps its size and crc32c as it goes: a local
 // file, a file of an object sink (IsSinkPath), or (`in_memory`) a buffer
 // that is never flushed anywhere (`memory()`: its bytes).
+//
+// A local file's bytes go to the disk as they are written: every
+// kWritebackBytes the writer asks the kernel to start writing them back
+// (sync_file_range, not waiting), so a large save keeps the disk busy while
+// it computes and its final fsync waits only for the tail. A Write of at
+// least a buffer's worth into an empty buffer goes to the file straight from
+// the caller's bytes (no copy into the buffer).
 class OutFile {
  public:
-  static constexpr size_t kBufferBytes = 1 << 20;
+  static constexpr size_t kBufferBytes = 1 << 20;       // an object sink's: bytes per sink call
+  static constexpr size_t kLocalBufferBytes = 256 << 10; // a local file's: stays in the core's L2 cache
+  static constexpr int64_t kWritebackBytes = 8 << 20;
   explicit OutFile(std::string path, bool in_memory = false);  // throws std::runtime_error
   ~OutFile();
   void Write(const void* data, size_t n);  // throws std::runtime_error
+  // Appends `rows` rows of `row_bytes` bytes, row i at data + i * stride_bytes
+  // (a column of interleaved rows), gathered straight into the write buffer.
+  void WriteRows(const void* data, size_t row_bytes, size_t stride_bytes, size_t rows);
   void Close(bool sync);                    // flush (+ fsync), throws
   const std::string& path() const { return path_; }
   int64_t size() const { return size_; }
@@ -136,8 +148,11 @@ class OutFile {
 
  private:
   void Flush();
+  void WriteOut(const char* p, size_t n);  // all of it to the local file; throws
   std::string path_;
   int fd_ = -1;
+  int64_t written_ = 0;  // bytes handed to the local file
+  int64_t kicked_ = 0;   // bytes whose write-back was started
   int64_t sink_ = -1;      // handle of an object sink's file
   bool in_memory_ = false;
   std::string mem_;
@@ -173,6 +188,9 @@ class BundleStreamWriter {
   int BeginStringColumn(const std::string& name);
   // Appends `rows` rows (row-major, inner_dims elements each).
   void Append(int col, const void* data, int64_t rows);
+  // Appends `rows` rows, row i at data + i * stride_bytes (a column out of
+  // interleaved rows, without a copy of its own first). Not for in_shard0 columns.
+  void AppendStrided(int col, const void* data, int64_t stride_bytes, int64_t rows);
   // Appends `n` strings to a string column.
   void AppendStrings(int col, const std::string_view* v, int64_t n);
   // Flushes and closes a column's file (frees its buffer).
