@@ -128,6 +128,8 @@ docs: $(DOCSDEPS) cli-docs
 # The load generators bench/serving/bench_serving_net.py drives `evstore serve` with
 # (wrk for REST, h2load for gRPC); as root they are installed with apt-get -y,
 # otherwise one line says what to install and that benchmark reports itself skipped.
+# On a shared machine, EVSTORE_BENCH_BIGMEM_LOCK=/tmp/<file> make bench runs each part estimated over
+# 6 GiB (EVSTORE_BENCH_BIGMEM_MIB) holding flock(2) on that file, as `flock <file> <command>` does.
 BENCH_PKGS := wrk nghttp2-client
 bench: install bench-tools
 	$(BIN)/python -m bench.run

@@ -9,6 +9,21 @@ bench/tables/bench_lookup.py twice, each a fresh process measuring its systems
 interleaved batch by batch (every ratio is taken within one run):
   run A  evstore, TF DenseHashTable, numpy gather   phases read, insert
   run B  evstore, TFRA                               phases read, insert, train
+Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
+bench/tables/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
+Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
+optimizer of the same batch (bench/peers/peer_tfra_optimizers.py).
+The other parts follow in this order, the shorter first (a run stopped part-way keeps
+the parts it finished): end-to-end training, filters, tiered, checkpoints, serving, cluster.
+bench/training/bench_e2e.py: a wide & deep model's examples/s, evstore vs TF hashing vs
+TFRA (--no-e2e skips it).
+Then bench/tables/bench_filters.py (admission filters and eviction on a Zipf stream,
+vs TFRA's restrict policies; skip with --no-filters) appends its table.
+Then bench/tiered/bench_tiered.py engine (the tiered row store against the all-DRAM
+table, core only, 300k keys x 64 with Adam, 10% in DRAM, one round; the RocksDB
+peer only where librocksdb-dev is installed; skip with --no-tiered).
+Each of these three is bounded by --part-timeout: one that fails or runs past it is
+stopped with its workers and its section says why.
 Then bench/checkpoints/bench_checkpoint.py (one process, --checkpoint-keys keys x dim 16 with
 Adam slots): full save vs a sequential write of the same bytes, extra memory,
 delta saves at 0.1% / 1% / 10% dirty keys, restores, and TFRA's
@@ -20,25 +35,18 @@ reload), freshness and predict p50/p99 idle vs under continuous application;
 then bench/serving/bench_serving_net.py: `evstore serve` over REST (wrk) and gRPC
 against the export's in-process signature call rate, batch 1 and 64, and p99
 while deltas apply (--no-serving skips both, --only-serving runs nothing else).
-Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
-bench/tables/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
-Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
-optimizer of the same batch (bench/peers/peer_tfra_optimizers.py).
-TFRA is bench/peers/peer_tfra.py in the .peer-tfra venv (created with
-bench/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
-unavailable and everything else still runs. A run whose estimated peak memory
-exceeds MemAvailable is skipped (and reported).
-
 Then bench/cluster/bench_cluster.py (parameter-server training on a loopback cluster,
 evstore vs TFRA's devices=[...]: examples/s with 1 and 2 workers, bytes and
 gRPC calls per step, the 8/32-PS model; --no-cluster skips it, --only-cluster
 runs nothing else).
 
-Then bench/tables/bench_filters.py (admission filters and eviction on a Zipf stream,
-vs TFRA's restrict policies; skip with --no-filters) appends its table.
-Then bench/tiered/bench_tiered.py engine (the tiered row store against the all-DRAM
-table, core only, 300k keys x 64 with Adam, 10% in DRAM, one round; the RocksDB
-peer only where librocksdb-dev is installed; skip with --no-tiered).
+TFRA is bench/peers/peer_tfra.py in the .peer-tfra venv (created with
+bench/peers/tfra-setup.sh if missing); if that fails, TFRA is reported as
+unavailable and everything else still runs. A run whose estimated peak memory
+exceeds MemAvailable is skipped (and reported). With EVSTORE_BENCH_BIGMEM_LOCK=<file>
+set, each configuration or part estimated above EVSTORE_BENCH_BIGMEM_MIB (default
+6144) runs holding flock(2) on that file, the lock `flock <file> <command>` takes
+(bench/harness/bigmem.py), and MemAvailable is checked once it is held.
 
 Writes bench/results/bench-<UTC time>.json (all raw numbers) and .md (the
 tables printed to stdout); logs go to bench/results/logs/. After each part the
@@ -49,13 +57,15 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
 
+from bench.harness.bigmem import big_memory
 from bench.harness.driver import log_dir, run_meta, utc_stamp
 from bench.harness.paths import RESULTS, ROOT, write_result
-from bench.harness.peers import DEFAULT_VENV, ensure_peer, module_cmd, run_json
+from bench.harness.peers import DEFAULT_VENV, ensure_peer, last_line, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
 from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
 
@@ -67,6 +77,12 @@ TARGETS = {"tfra": 3.0, "dense_hash": 2.0, "numpy": 0.6, "adam": 3.0, "bytes": 3
 def est_peak_mib(keys, dim):
     """Rough peak of one run: about 6x the raw rows (keys, versions and rows), plus the process itself."""
     return keys * (4 * dim + 16) * 6 / 2**20 + 1500
+
+
+def est_checkpoint_peak_mib(keys):
+    """Rough peak of the checkpoint part (dim 16 with Adam slots): about 1 KB a key over its two
+    processes (evstore's table and saves; the TFRA peer holds its table twice while it restores)."""
+    return keys * 1024 / 2**20 + 1500
 
 
 def run_bench(keys, dim, args, tag, extra, logdir, module="bench.tables.bench_lookup"):
@@ -123,6 +139,23 @@ def run_cluster(args, peer_py, logdir):
     cmd += (["--quick"] if args.quick else []) + (["--peer-venv", args.peer_venv] if peer_py else
                                                    ["--systems", "evstore,evstore_table"])
     return run_json(cmd, os.path.join(logdir, "bench_cluster.log"), max(args.timeout, 5400), partial_ok=True)
+
+
+def run_part(cmd, log_path, timeout):
+    """Runs one part's driver (its workers are its children) from the repository root, stderr to `log_path`.
+    Returns (stdout, None) when it exits 0, else (stdout, the reason). A part still running after `timeout`
+    seconds is killed with its whole process group, and the reason says so: the run goes on to the next part."""
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except BaseException as e:  # the time bound, or the run itself interrupted: no worker outlives it
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            return out, f"stopped after {timeout:.0f} s (the part's time bound, --part-timeout)"
+    return out, (f"failed (exit {p.returncode}{last_line(log_path)})" if p.returncode else None)
 
 
 def m(x):
@@ -236,6 +269,9 @@ def tables(results, tfra_note):
     out += optimizer_table(ok)
     notes = [f"- {r['keys']}x{r['dim']}: {r['error']}" for r in results if "error" in r]
     for r in ok:
+        if r.get("bigmem_lock"):
+            notes.append(f"- {r['keys']}x{r['dim']} ran holding {r['bigmem_lock']['lock']} (waited "
+                         f"{r['bigmem_lock']['waited_s']:.0f} s for it)")
         for run in ("A", "B", "O"):
             rr = r.get(run, {})
             if "error" in rr:
@@ -251,7 +287,7 @@ def tables(results, tfra_note):
     if tfra_note:
         notes.insert(0, f"- TFRA unavailable: {tfra_note}")
     if notes:
-        out += ["\n### Errors / skipped\n"] + notes
+        out += ["\n### Errors, skips and notes\n"] + notes
     return "\n".join(out) + "\n"
 
 
@@ -306,6 +342,9 @@ def main():
     ap.add_argument("--opt-max-keys", type=int, default=1_000_000,
                     help="run the optimizer benchmark (run O) for configurations up to this many keys (default 1M)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
+    ap.add_argument("--part-timeout", type=float, default=5400,
+                    help="seconds for each of the end-to-end, filters and tiered parts, after which the part is "
+                         "stopped and the run goes on, the reason in its results (default 5400)")
     ap.add_argument("--out-dir", default=RESULTS, help="results directory")
     ap.add_argument("--render", metavar="JSON", help="only print the tables of a saved results file")
     ap.add_argument("--checkpoint-keys", type=int, default=None,
@@ -368,22 +407,66 @@ def main():
                        "cluster": cluster, "markdown_parts": [filters_md, tiered_md, e2e_md]}, f, indent=1)
         os.replace(partial_path + ".tmp", partial_path)
     for keys, dim in configs:
-        need, avail = est_peak_mib(keys, dim), mem_available_mib()
-        if need > avail:
-            results.append({"keys": keys, "dim": dim,
-                            "error": f"skipped: estimated peak {need:.0f} MiB > MemAvailable {avail:.0f} MiB"})
-            print(results[-1]["error"], flush=True)
-            continue
-        print(f"[{time.time() - t_start:6.0f}s] {keys} keys x dim {dim} ...", flush=True)
-        results.append(run_config(keys, dim, args, peer_py, logdir))
+        need = est_peak_mib(keys, dim)
+        with big_memory(need, f"{keys} keys x dim {dim}") as held:
+            avail = mem_available_mib()
+            if need > avail:
+                results.append({"keys": keys, "dim": dim,
+                                "error": f"skipped: estimated peak {need:.0f} MiB > MemAvailable {avail:.0f} MiB"})
+                print(results[-1]["error"], flush=True)
+                continue
+            print(f"[{time.time() - t_start:6.0f}s] {keys} keys x dim {dim} ...", flush=True)
+            results.append(run_config(keys, dim, args, peer_py, logdir))
+        if held:
+            results[-1]["bigmem_lock"] = held
         for run in ("A", "B", "O"):
             if "error" in results[-1].get(run, {}):
                 print(f"  run {run}: " + results[-1][run]["error"], flush=True)
         save_partial(f"table {keys}x{dim}")
 
+    if not args.no_e2e:
+        print(f"[{time.time() - t_start:6.0f}s] end-to-end training (bench_e2e.py) ...", flush=True)
+        cmd = module_cmd("bench.training.bench_e2e") + ["--out-dir", args.out_dir]
+        cmd += (["--quick"] if args.quick else [])
+        cmd += (["--peer-venv", args.peer_venv] if peer_py else ["--systems", "evstore,tf_hash"])
+        out, failed = run_part(cmd, os.path.join(logdir, "bench_e2e.log"), args.part_timeout)
+        # bench_e2e prints "results: bench/results/e2e-<stamp>.json / .md"
+        md = [os.path.join(ROOT, ln.split("results:", 1)[1].split()[0][:-len(".json")] + ".md")
+              for ln in out.splitlines() if ln.startswith("results:")]
+        md = [m for m in md if os.path.exists(m)]
+        e2e_md = ("\n" + open(md[-1]).read()) if not failed and md else (
+            f"\n### End-to-end training\n\n{failed or 'no results file'}; see bench/results/logs/bench_e2e.log\n")
+        save_partial("e2e")
+
+    if not args.no_filters:
+        print(f"[{time.time() - t_start:6.0f}s] filters and eviction (bench_filters.py) ...", flush=True)
+        cmd = module_cmd("bench.tables.bench_filters") + ["--out-dir", args.out_dir]
+        cmd += (["--quick"] if args.quick else []) + (["--no-tfra"] if peer_py is None else
+                                                       ["--peer-python", peer_py])
+        out, failed = run_part(cmd, os.path.join(logdir, "bench_filters.log"), args.part_timeout)
+        table_lines = out.split("\n\n", 1)[-1].split("results:")[0].strip()
+        filters_md = ("\n### Filters and eviction on a Zipf(1.1) stream (bench_filters.py)\n\n"
+                      + (table_lines if not failed else f"{failed}; see bench/results/logs/bench_filters.log") + "\n")
+        save_partial("filters")
+
+    if not args.no_tiered:
+        keys = 100_000 if args.quick else 300_000
+        print(f"[{time.time() - t_start:6.0f}s] tiered row store (bench_tiered.py engine, {keys} keys) ...", flush=True)
+        cmd = module_cmd("bench.tiered.bench_tiered") + ["engine", "--keys", str(keys), "--rounds", "1"]
+        out, failed = run_part(cmd, os.path.join(logdir, "bench_tiered.log"), args.part_timeout)
+        parts = [p for p in out.split("\n\n") if " keys x dim 64" in p]
+        notes = [ln for ln in out.splitlines() if ln.startswith("RocksDB not found")]
+        tiered_md = ("\n### Tiered row store, core only (bench_tiered.py engine)\n\n"
+                     + ("\n".join(notes + [parts[-1].strip()]) if not failed and parts else
+                        f"{failed or 'no table printed'}; see bench/results/logs/bench_tiered.log") + "\n")
+        save_partial("tiered")
+
     if not args.no_checkpoint:
         print(f"[{time.time() - t_start:6.0f}s] checkpoints: {args.checkpoint_keys} keys x dim 16 ...", flush=True)
-        ckpt = run_checkpoint(args, peer_py, logdir)
+        with big_memory(est_checkpoint_peak_mib(args.checkpoint_keys), "checkpoints") as held:
+            ckpt = run_checkpoint(args, peer_py, logdir)
+        if held:
+            ckpt["bigmem_lock"] = held
         if "error" in ckpt:
             print("  " + ckpt["error"], flush=True)
         save_partial("checkpoint")
@@ -400,47 +483,6 @@ def main():
         if "error" in cluster:
             print("  " + cluster["error"], flush=True)
         save_partial("cluster")
-    if not args.no_e2e:
-        print(f"[{time.time() - t_start:6.0f}s] end-to-end training (bench_e2e.py) ...", flush=True)
-        cmd = module_cmd("bench.training.bench_e2e") + ["--out-dir", args.out_dir]
-        cmd += (["--quick"] if args.quick else [])
-        cmd += (["--peer-venv", args.peer_venv] if peer_py else ["--systems", "evstore,tf_hash"])
-        with open(os.path.join(logdir, "bench_e2e.log"), "w") as log:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
-        # bench_e2e prints "results: bench/results/e2e-<stamp>.json / .md"
-        md = [os.path.join(ROOT, ln.split("results:", 1)[1].split()[0][:-len(".json")] + ".md")
-              for ln in r.stdout.splitlines() if ln.startswith("results:")]
-        md = [m for m in md if os.path.exists(m)]
-        e2e_md = ("\n" + open(md[-1]).read()) if r.returncode == 0 and md else (
-            f"\n### End-to-end training\n\nfailed (exit {r.returncode}); see bench/results/logs/bench_e2e.log\n")
-
-        save_partial("e2e")
-
-    if not args.no_filters:
-        print(f"[{time.time() - t_start:6.0f}s] filters and eviction (bench_filters.py) ...", flush=True)
-        cmd = module_cmd("bench.tables.bench_filters") + ["--out-dir", args.out_dir]
-        cmd += (["--quick"] if args.quick else []) + (["--no-tfra"] if peer_py is None else
-                                                       ["--peer-python", peer_py])
-        with open(os.path.join(logdir, "bench_filters.log"), "w") as log:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
-        table_lines = r.stdout.split("\n\n", 1)[-1].split("results:")[0].strip()
-        filters_md = ("\n### Filters and eviction on a Zipf(1.1) stream (bench_filters.py)\n\n"
-                      + (table_lines if r.returncode == 0 else f"failed (exit {r.returncode}); see "
-                         "bench/results/logs/bench_filters.log") + "\n")
-
-        save_partial("filters")
-
-    if not args.no_tiered:
-        keys = 100_000 if args.quick else 300_000
-        print(f"[{time.time() - t_start:6.0f}s] tiered row store (bench_tiered.py engine, {keys} keys) ...", flush=True)
-        cmd = module_cmd("bench.tiered.bench_tiered") + ["engine", "--keys", str(keys), "--rounds", "1"]
-        with open(os.path.join(logdir, "bench_tiered.log"), "w") as log:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout)
-        parts = [p for p in r.stdout.split("\n\n") if " keys x dim 64" in p]
-        notes = [ln for ln in r.stdout.splitlines() if ln.startswith("RocksDB not found")]
-        tiered_md = ("\n### Tiered row store, core only (bench_tiered.py engine)\n\n"
-                     + ("\n".join(notes + [parts[-1].strip()]) if r.returncode == 0 and parts else
-                        f"failed (exit {r.returncode}); see bench/results/logs/bench_tiered.log") + "\n")
 
     meta = {**run_meta(stamp, sys.argv[1:]), "evstore_commit": commit, "platform": platform.platform(),
             "python": platform.python_version(), "batch": args.batch, "batches": args.batches,

@@ -102,7 +102,7 @@ class Fetched:
         self.close()
 
 
-def fetch(storage, manifest, tensors=None, verify=True, files=None):
+def fetch(storage, manifest, tensors=None, verify=True, files=None, index=None, reread=()):
     """These tensors of commit `manifest` from `storage`, verified.
 
     Args:
@@ -120,6 +120,11 @@ def fetch(storage, manifest, tensors=None, verify=True, files=None):
         False: nothing.
       files: whole fetches only: just these files of the main bundle
         (default: all of them), e.g. those of the tensors this process loads.
+      index: whole fetches of a remote root only: the main bundle's index,
+        already read (and checked against the manifest) by the caller, who
+        counts it: not read again.
+      reread: with verify="index": files the caller's loads read more than
+        once (ObjectSource.verify): kept in memory within its budget.
     Returns: a Fetched (close it).
     Raises:
       CorruptCheckpointError: a file or tensor is missing, truncated or does
@@ -127,7 +132,7 @@ def fetch(storage, manifest, tensors=None, verify=True, files=None):
       OSError: an I/O error of the filesystem.
     """
     if tensors is None:
-        return _fetch_whole(storage, manifest, verify, files)
+        return _fetch_whole(storage, manifest, verify, files, index, reread)
     if not isinstance(tensors, dict):
         tensors = {BUNDLE_PREFIX: list(tensors)}
     arrays, total = {}, 0
@@ -138,10 +143,10 @@ def fetch(storage, manifest, tensors=None, verify=True, files=None):
     return Fetched(manifest, arrays=arrays, bytes_read=total)
 
 
-def _fetch_whole(storage, manifest, verify, files=None):
+def _fetch_whole(storage, manifest, verify, files=None, index=None, reread=()):
     names = bundle_files(manifest) if files is None else sorted(files)
     if not storage.local:
-        return _fetch_source(storage, manifest, names, verify)
+        return _fetch_source(storage, manifest, names, verify, index, reread)
     d = storage.stage(manifest.dir, names)
     try:
         if verify:
@@ -155,12 +160,15 @@ def _fetch_whole(storage, manifest, verify, files=None):
     return Fetched(manifest, directory=d, bytes_read=size, release=lambda: storage.unstage(d))
 
 
-def _fetch_source(storage, manifest, names, verify):
-    """The whole-bundle fetch of a remote root: an object source over `names`, checked (`verify`)."""
+def _fetch_source(storage, manifest, names, verify, index=None, reread=()):
+    """The whole-bundle fetch of a remote root: an object source over `names`, checked (`verify`);
+    `index`: the main bundle's index, read by the caller."""
     source = ObjectSource(storage, manifest, names)
+    if index is not None:
+        source.keep(BUNDLE_PREFIX + ".index", index)
     try:
         if verify:
-            problems = source.verify(data=verify != "index")
+            problems = source.verify(data=verify != "index", reread=reread)
             if problems:
                 raise CorruptCheckpointError("; ".join(problems))
     except BaseException:

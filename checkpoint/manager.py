@@ -40,13 +40,16 @@ from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointErro
 from checkpoint.fetch import fetch
 from checkpoint.lease import LeaseHeldError, process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
-from checkpoint.remote_parts import bundle_subset, entry_tensors, read_index, release_on_tasks, stage_on_tasks
+from checkpoint.remote_parts import (bundle_subset, entry_tensors, read_index, release_on_tasks, reread_files,
+                                     stage_on_tasks)
 from checkpoint.serving_view import codec
 from checkpoint.shards import device_groups, load_plan, logical_name
+from checkpoint.object_source import damaged
 from checkpoint.slots import slot_initial_values, slots_to_load
 from checkpoint.storage import Storage
 from evstore import quality as _quality
 from evstore import schema
+from evstore.staging import StagingTable, adopt, can_stage
 
 __all__ = ["CheckpointManager"]
 
@@ -298,14 +301,27 @@ class CheckpointManager:
         frequencies, filtered counts and last-seen steps, the EVs' clocks and
         Bloom counters, dense variables and the global step, bit for bit.
 
-        Stage, check, publish: the chain's files are first staged (hard links
-        or downloads that no other process deletes), then checked before the
-        model changes at all: every manifest against its schema and checksum,
-        every staged file's size and crc32c, every tensor the load reads (name,
-        dtype, shape, row count), the model's compatibility. Only then are they
-        applied. A refused restore changes nothing in the model. A checkpoint
-        removed by a concurrent writer's retention while this restore stages
-        it is retried with a fresh scan (up to 3 times).
+        Stage, check, publish: a refused restore changes nothing in the model.
+        Checked before anything is loaded: every manifest against its schema
+        and checksum, every bundle index against its manifest, every tensor
+        the load reads (name, dtype, shape, row count), the model's
+        compatibility. Then, on a local root, the files are staged (hard
+        links no other process deletes), each file's size and crc32c checked,
+        and loaded into the model's tables. On any other root (an object
+        store) each file's size is checked, then every EV's rows stream from
+        the store into a staging table of its own (evstore/staging.py: on
+        the EV's task, nothing reads it), each tensor's crc32c checked as it
+        loads, each byte read once; only when every EV of every task loaded
+        does each EV adopt its staging table (one swap each), and a failure
+        drops them all. While it loads, a process holds its tables and their
+        staging tables; no training step may run on the model meanwhile
+        (steps under `lock` wait for it). Read more than once, beyond what
+        fits EVSTORE_SOURCE_KEEP_MIB (512 MiB per process, where it is read
+        once and kept): a part loaded into k shards of one process (a changed
+        shard count), k times; the files of an EV built in a graph (no
+        staging table: it loads in place, its files checked whole first).
+        A checkpoint removed by a concurrent writer's retention while this
+        restore reads it is retried with a fresh scan (up to 3 times).
 
         Optimizer slots: when the model has evstore optimizers, a checkpoint
         whose EVs hold slots none of them uses (an Adam checkpoint restored into
@@ -339,24 +355,40 @@ class CheckpointManager:
                 self._slot_filter = slots_to_load(chain, col.optimizers, drop_unused_slots, self.root)
                 groups = device_groups(col.evs)
                 # Shards on other tasks of a root that is not one local filesystem:
-                # each task stages the files it loads (checkpoint/remote_parts.py).
+                # each task opens a source over the files it loads (checkpoint/remote_parts.py).
                 remote = {} if self.storage.local else {t: names for t, names in groups.items() if t}
-                fetched, broken, on_tasks = [], None, {}
+                # An object store's files are checked as they load into staging tables (read once);
+                # a local root's (or an EV that cannot be staged: built in a graph) before, in place.
+                staging = not self.storage.local and all(can_stage(ev) for ev in col.evs.values())
+                check = ("index" if staging else verify) if verify else False
+                fetched, broken, on_tasks, tables, read = [], None, {}, {}, 0
                 try:
-                    try:   # the main bundle of each, staged privately and checked (checkpoint/fetch.py)
+                    try:   # the main bundle of each, opened privately and checked (checkpoint/fetch.py)
                         indexes = ([read_index(self.storage, m) for m in chain] if not self.storage.local
                                    else [None] * len(chain))
+                        read += sum(len(i) for i in indexes if i is not None)
                         for m, idx in zip(chain, indexes):
                             files = None
                             if idx is not None:   # only what this process loads
                                 here = self._plan_entries(m, col, groups.get("", []))
                                 files = bundle_subset(m, idx, entry_tensors(m, idx, here)
                                                       + list(col.dense) + [GLOBAL_STEP])
-                            fetched.append(fetch(self.storage, m, verify=verify, files=files))
+                            # a part loaded into several shards here (a changed shard count) is kept in memory
+                            again = reread_files(m, idx, self._loads(m, col, groups.get("", []))) if staging else ()
+                            fetched.append(fetch(self.storage, m, verify=check, files=files, index=idx, reread=again))
                         if remote:
                             on_tasks = stage_on_tasks(self.storage, chain, indexes, {
-                                t: [self._plan_entries(m, col, names) for m in chain] for t, names in remote.items()})
-                    except CorruptCheckpointError as e:
+                                t: [self._plan_entries(m, col, names) for m in chain] for t, names in remote.items()},
+                                verify=check, reread={t: [reread_files(m, idx, self._loads(m, col, names))
+                                                          for m, idx in zip(chain, indexes)]
+                                                      for t, names in remote.items()} if staging else None)
+                        staged = [f.dir for f in fetched]
+                        task_of = {n: t for t, names in remote.items() for n in names}
+                        dirs_of = {n: on_tasks[task_of[n]] if n in task_of else staged for n in col.evs}
+                        values, initial_values_held = self._check_staged(chain, staged, col)
+                        if staging:   # every EV into a table nobody reads; any failure drops them all
+                            loaded = self._load_staging(chain, dirs_of, col, tables)
+                    except (CorruptCheckpointError, tf.errors.OpError) as e:
                         broken = e
                     gone = withdrawn(self.storage, chain)
                     if gone:   # retention (manifest first, then files) removed a checkpoint meanwhile
@@ -365,18 +397,22 @@ class CheckpointManager:
                             continue
                         raise ChainError(f"cannot restore from {self.root}: checkpoints {gone} were removed while "
                                          "this restore read them (a writer's retention); retry")
+                    if isinstance(broken, tf.errors.OpError):   # a load into the staging tables failed
+                        broken = damaged(broken, self._source_names(chain, fetched, on_tasks))
                     if broken is not None:
-                        raise CorruptCheckpointError(f"cannot restore: {broken}") from None
-                    staged = [f.dir for f in fetched]
-                    values, initial_values_held = self._check_staged(chain, staged, col)
-                    # Publish: everything was checked; only local private files are read from here on.
-                    task_of = {n: t for t, names in remote.items() for n in names}
+                        if isinstance(broken, CorruptCheckpointError):
+                            raise CorruptCheckpointError(f"cannot restore: {broken}") from None
+                        raise broken
+                    # Publish: everything was checked; from here on the model changes.
                     for name, ev in col.evs.items():
-                        dirs = on_tasks[task_of[name]] if name in task_of else staged
-                        loaded = self._restore_ev(chain, dirs, name, ev, col.shard_info.get(name))
+                        if staging:
+                            adopt(ev, tables.pop(name))
+                            loaded_slots = loaded[name]
+                        else:   # in place: local private files, or a source's files checked whole
+                            loaded_slots = self._restore_ev(chain, dirs_of[name], name, ev, col.shard_info.get(name))
                         # A slot's initial value is in the checkpoint beside it. One written before that
                         # lacks it: the model's optimizer states it now, before a training lookup admits keys.
-                        unknown = loaded - initial_values_held.get(name, set())
+                        unknown = loaded_slots - initial_values_held.get(name, set())
                         inits = slot_initial_values(col.optimizers, ev) if unknown else {}
                         if unknown & set(inits):
                             ev.set_slot_initial_values({s: inits[s] for s in unknown if s in inits})
@@ -385,9 +421,11 @@ class CheckpointManager:
                     if self._global_step is not None:
                         self._global_step.assign(values[GLOBAL_STEP])
                 finally:
+                    for t in tables.values():
+                        t.close()
                     for f in fetched:
                         f.close()
-                    read = sum(f.bytes_read for f in fetched) + release_on_tasks(on_tasks)
+                    read += sum(f.bytes_read for f in fetched) + release_on_tasks(on_tasks)
                 # Bytes this restore read from the root, this process's and each task's (docs/ARCHITECTURE.md,
                 # "Restoring from an object store").
                 self.last_restore_stats = {"bytes_read": read}
@@ -397,9 +435,30 @@ class CheckpointManager:
                 return dict(last.metadata)
 
     @staticmethod
-    def _plan_entries(m, col, names):
-        """The entries of checkpoint `m` that EVs `names` load (shards.load_plan)."""
-        return sorted({src for n in names for src, _, _ in load_plan(m, n, col.shard_info.get(n))})
+    def _loads(m, col, names):
+        """The entry of checkpoint `m` each load into EVs `names` reads (shards.load_plan), one per load."""
+        return [src for n in names for src, _, _ in load_plan(m, n, col.shard_info.get(n))]
+
+    @classmethod
+    def _plan_entries(cls, m, col, names):
+        """The entries of checkpoint `m` that EVs `names` load."""
+        return sorted(set(cls._loads(m, col, names)))
+
+    def _load_staging(self, chain, dirs_of, col, tables):
+        """Loads the chain into a staging table per EV (into `tables`, {EV name: StagingTable}, which the
+        caller closes); returns {EV name: slots loaded}. Raises the loader's tf.errors.OpError."""
+        loaded = {}
+        for name, ev in col.evs.items():
+            tables[name] = StagingTable(ev)
+            loaded[name] = self._restore_ev(chain, dirs_of[name], name, tables[name], col.shard_info.get(name))
+        return loaded
+
+    def _source_names(self, chain, fetched, on_tasks):
+        """{object source directory: the root's display of its checkpoint directory}, for error messages."""
+        out = {f.dir: self.storage.display(m.dir) for m, f in zip(chain, fetched)}
+        for dirs in on_tasks.values():
+            out.update({d: self.storage.display(m.dir) for m, d in zip(chain, dirs)})
+        return out
 
     def _check_staged(self, chain, staged, col):
         """The check step of restore after the files' (fetch): tensors, shapes. Returns the dense values to
@@ -433,8 +492,8 @@ class CheckpointManager:
                 load_ev(d, ev, src, slots, clear=first, chunk_rows=self.chunk_rows, shard_index=j, num_shards=n)
                 first = False
                 loaded.update(slots)
-        if first:  # nothing saved for it in this chain (e.g. a new shard count with no rows)
-            ev.load(tf.zeros([0], ev.key_dtype), tf.zeros([0, ev.dim]), clear=True)
+        if first and not isinstance(ev, StagingTable):   # nothing saved for it in this chain (e.g. a new
+            ev.load(tf.zeros([0], ev.key_dtype), tf.zeros([0, ev.dim]), clear=True)   # shard count with no rows)
         return loaded
 
     def _check_compatible(self, chain, col):

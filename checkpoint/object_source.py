@@ -9,28 +9,36 @@ through callbacks this module registers in the process (`install`), never
 from a local file:
   - open / size: a file of the checkpoint directory, its size from one
     listing of the directory (a missing file fails the open: the loader opens
-    every tensor before it changes a table, so nothing is changed);
-  - read_at: ranged reads (`fs.cat_file(path, start, end)`: one GET each on
-    S3) of BLOCK bytes, read ahead: while the loader applies one block of a
-    column, the next is already being fetched in a thread, and every open
-    column (keys, values, slots, ...: one data file each) has its own, so
-    their GETs run concurrently. Memory: two blocks per open file.
+    every tensor before it changes a table, so nothing is changed); the
+    loader names the byte range it will read (one tensor's), and nothing
+    outside it is fetched;
+  - read_at: one streamed GET of that range (checkpoint/object_stream.py; S3),
+    or, where the filesystem has no such stream, ranged reads
+    (`fs.cat_file(path, start, end)`) of BLOCK bytes; read ahead either way:
+    while the loader applies one block of a column, the next is already being
+    read in a thread, and every open column (keys, values, slots, ...: one
+    data file each) has its own, so their GETs run concurrently. A stream
+    that fails goes on with ranged reads from where it stopped. Memory: two
+    blocks per open file.
+Indexes (a few KB: one entry per tensor) are read once and kept while the
+source is open: the loader opens the index once per table it loads.
 
-Verification (`verify`): a restore must refuse a corrupt, truncated or
-missing file before it changes anything, so every file is first read once
-and its size and crc32c checked against the manifest. A file is kept in
+Verification (`verify`): a caller that loads in place must refuse a
+corrupt, truncated or missing file before it changes anything, so every file
+is first read once and its size and crc32c checked against the manifest. A file is kept in
 memory while the files every open source of the process keeps stay within
 RETAIN_BYTES (read with one GET of the whole object, several files at once);
 the loader then reads it from there, so a restore reads each byte of those
 files once. A file beyond the budget is streamed through the check in blocks
 read ahead, as above, and read a second time by the loader, which checks
 each tensor's crc32c against the index again.
-Bytes read per restore: sum(files) + sum(files not kept); see
-docs/ARCHITECTURE.md "Restoring from an object store". A caller that loads
-into tables nobody serves yet (a serving shard's replacement tables) needs no
-verify pass: the loader's own checks (index against the manifest, every
-tensor's size at open, its crc32c at the end) refuse the same files, and a
-failure drops the replacements (each byte read once).
+Bytes read so: sum(files) + sum(files not kept). A caller that loads into
+tables nobody reads yet (CheckpointManager.restore's staging tables, a
+serving shard's replacement tables) needs no verify pass (`verify(data=False)`:
+the index checked against the manifest, every file's size from the listing):
+the loader's own checks (each tensor's size at open, its crc32c at the end)
+refuse the same files, a failure drops those tables, and each byte is read
+once; see docs/ARCHITECTURE.md "Restoring from an object store".
 """
 import concurrent.futures
 import ctypes
@@ -41,15 +49,19 @@ import threading
 import uuid
 
 from checkpoint import native_callbacks
+from checkpoint.errors import CorruptCheckpointError
 from checkpoint.fileio import crc32c
+from checkpoint.object_stream import open_stream
 
-__all__ = ["ObjectSource", "install", "is_source", "source_of", "BLOCK", "RETAIN_BYTES"]
+__all__ = ["ObjectSource", "install", "is_source", "source_of", "damaged", "BLOCK", "RETAIN_BYTES"]
 
 log = logging.getLogger("evstore.checkpoint")
 SCHEME = "evsource://"        # bundle_stream.h kSourceScheme
-BLOCK = 8 << 20               # bytes per ranged read (one GET)
-# Verified files kept in memory by all of a process's sources, for the loader: EVSTORE_SOURCE_KEEP_MIB
-# (MiB; a task's environment) or 512 MiB. 0 keeps none: every file is read twice.
+BLOCK = 8 << 20               # bytes per block read ahead (a ranged read: one GET)
+# Verified data files kept in memory by all of a process's sources, for a loader that reads them more
+# than once (a part loaded into several shards of one process) or loads in place after a whole check:
+# EVSTORE_SOURCE_KEEP_MIB (MiB; a task's environment) or 512 MiB. 0 keeps none: those files are read
+# once per load (and once more for the whole check).
 RETAIN_BYTES = int(os.environ.get("EVSTORE_SOURCE_KEEP_MIB", "512")) << 20
 _SOURCES = {}                 # id -> ObjectSource
 _OPEN = {}                    # handle -> _Reader
@@ -57,6 +69,25 @@ _LOCK = threading.Lock()
 _NEXT = [0]
 _CALLBACKS = None             # the ctypes callbacks (kept alive for the process's life)
 _KEPT = [0]                   # bytes every open source of this process keeps (under _LOCK)
+
+
+# What the native loader (bundle_stream.cc, checkpoint_kernels.cc) says of a file that does not hold
+# what its index says: a tensor's checksum, a file shorter than a tensor, an index entry or a string
+# column that cannot be, tensors of one EV that disagree.
+_DAMAGE = ("checksum mismatch", "is truncated", "is corrupt", "short read of tensor", "corrupt checkpoint index",
+           "disagree on their row count", "must hold one value")
+
+
+def damaged(error, directories):
+    """What a failed load (tf.errors.OpError `error`) means for the caller: a CorruptCheckpointError
+    naming the file when the loader found one damaged, else `error`. `directories` ({source or local
+    directory: how the root names it}) turn the loader's paths into the root's."""
+    text = error.message
+    for d, shown in directories.items():
+        text = text.replace(d + "/", shown + "/")
+    if any(m in text for m in _DAMAGE):
+        return CorruptCheckpointError(text)
+    return error
 
 
 def is_source(path):
@@ -83,6 +114,7 @@ class ObjectSource:
         self.id = uuid.uuid4().hex[:16]
         self.directory = SCHEME + self.id
         self.kept = {}          # name -> bytes (verified, read from memory by the loader)
+        self._budgeted = 0      # bytes of `kept` counted in the process's RETAIN_BYTES (not the indexes)
         self.bytes_read = 0
         self.errors = []
         self._sizes = None
@@ -114,6 +146,9 @@ class ObjectSource:
     def fetch(self, name, start, end):
         """Bytes [start, end) of file `name` (shorter at the file's end); counted in bytes_read."""
         b = self.storage.fs.cat_file(self.path(name), start=start, end=end) if end > start else b""
+        return self._counted(b)
+
+    def _counted(self, b):
         with self._lock:
             self.bytes_read += len(b)
         return b
@@ -132,12 +167,19 @@ class ObjectSource:
             yield b
             pos += len(b)
 
-    def verify(self, data=True, display=None):
+    def keep(self, name, data):
+        """Keeps `data` as file `name` (an index its caller read and checked against the manifest),
+        so neither `verify` nor the loader reads it again."""
+        self.kept[name] = data
+
+    def verify(self, data=True, display=None, reread=()):
         """Problems (strings naming the file) with this source's files against the manifest: missing,
-        size, crc32c; empty if sound. Each file is read once (concurrently, blocks read ahead) and
-        kept in memory while the process's kept files stay within RETAIN_BYTES. `data=False`: the data files'
-        sizes only (from the listing; the loader checks their tensors' crc32c as it reads them), the
-        indexes whole."""
+        size, crc32c; empty if sound. Each file is read once (concurrently, blocks read ahead); a data
+        file is kept in memory while the process's kept files stay within RETAIN_BYTES, an index always.
+        `data=False`: the data files' sizes only (from the listing; the loader checks their tensors'
+        crc32c as it reads them), the indexes whole, and the files of `reread` (files the loader reads
+        more than once) read whole, checked and kept while they fit the budget (the others the loader
+        reads, and checks, each time)."""
         display = display or (lambda n: self.storage.display(self.manifest.dir, n))
         sizes = self.sizes()
         problems = {}
@@ -151,12 +193,23 @@ class ObjectSource:
                 problems[name] = (f"{display(name)}: size {sizes[name]} bytes, manifest says {want['size']} "
                                   "(truncated or overwritten)")
                 return
-            if not data and not name.endswith(".index"):
+            index = name.endswith(".index")
+            if not data and not index and name not in reread:
                 return
+            if name in self.kept:   # given by the caller (keep): checked below, not read again
+                whole = self.kept[name]
+                crc, got = crc32c(whole), len(whole)
+                if got != want["size"] or crc != want["crc32c"]:
+                    del self.kept[name]
+                    problems[name] = f"{display(name)}: size or crc32c does not match the manifest (corrupt)"
+                return
+            budgeted = not index    # an index (one entry per tensor) is kept whatever the budget
             with _LOCK:
-                keep = _KEPT[0] + want["size"] <= RETAIN_BYTES
-                if keep:
+                keep = index or _KEPT[0] + want["size"] <= RETAIN_BYTES
+                if keep and budgeted:
                     _KEPT[0] += want["size"]
+            if not keep and not data:   # read more than once, beyond the budget: each read is checked
+                return
             try:
                 if keep:   # one GET of the whole object: it is kept whole anyway
                     whole = self.fetch(name, 0, want["size"])
@@ -167,7 +220,7 @@ class ObjectSource:
                         crc = crc32c(b, crc)
                         got += len(b)
             except BaseException as e:
-                if keep:
+                if keep and budgeted:
                     with _LOCK:
                         _KEPT[0] -= want["size"]
                 if isinstance(e, FileNotFoundError):   # removed since the listing (a writer's retention)
@@ -180,8 +233,11 @@ class ObjectSource:
                 problems[name] = f"{display(name)}: crc32c {crc:#010x}, manifest says {want['crc32c']:#010x} (corrupt)"
             elif keep:
                 self.kept[name] = whole
+                if budgeted:
+                    with self._lock:
+                        self._budgeted += want["size"]
                 return
-            if keep:   # not kept after all: its share of the budget goes back
+            if keep and budgeted:   # not kept after all: its share of the budget goes back
                 with _LOCK:
                     _KEPT[0] -= want["size"]
 
@@ -231,7 +287,8 @@ class ObjectSource:
             _SOURCES.pop(self.id, None)
             for h in [h for h, r in _OPEN.items() if r.source is self]:
                 _OPEN.pop(h).close()
-            _KEPT[0] -= sum(len(b) for b in self.kept.values())
+            _KEPT[0] -= self._budgeted
+            self._budgeted = 0
             self.kept.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -248,17 +305,25 @@ class ObjectSource:
 
 class _Reader:
     """One open file of a source: positioned reads served from the block read now and the one after it
-    (read ahead), or from the verified copy in memory."""
+    (read ahead) within the byte range [start, end) its opener named, or from the copy in memory."""
 
-    def __init__(self, source, name):
+    def __init__(self, source, name, start=0, end=-1):
         self.source, self.name = source, name
         self.kept = source.kept.get(name)
         sizes = source.sizes()
         if self.kept is None and name not in sizes:
             raise FileNotFoundError(source.path(name))
         self.size = len(self.kept) if self.kept is not None else sizes[name]
+        self.end = self.size if end < 0 else min(end, self.size)   # blocks are never fetched past it
         self.cur = (0, b"")          # (start, bytes)
         self.ahead = None            # (start, future) of the next block
+        self.stream = None           # one GET of [stream_at, end) (object_stream.py), while reads follow it
+        self.stream_at = 0
+        self.streamed = False        # a stream was opened (never a second one)
+
+    def _limit(self, pos):
+        """Where a block at `pos` ends: BLOCK bytes on, not past the named range (nor the file)."""
+        return min(self.end if pos < self.end else self.size, pos + BLOCK)
 
     def _block_at(self, pos):
         start, data = self.cur
@@ -270,11 +335,41 @@ class _Reader:
         else:
             if self.ahead is not None:
                 self.ahead[1].cancel()
-            start, data = pos, self.source.fetch(self.name, pos, min(self.size, pos + BLOCK))
+            start, data = pos, self._read(pos)
         self.cur = (start, data)
         nxt = start + len(data)
-        self.ahead = (nxt, self.source._pool.submit(self.source.fetch, self.name, nxt, min(self.size, nxt + BLOCK))
-                      ) if data and nxt < self.size else None
+        self.ahead = (nxt, self.source._pool.submit(self._read, nxt)) if data and nxt < self.end else None
+
+    def _read(self, pos):
+        """The block at `pos`: the next bytes of the column's stream when it is at `pos` (opened at the
+        first block of a range longer than one), else one ranged read."""
+        limit = self._limit(pos)
+        if self.stream is None and not self.streamed and limit < self.end:
+            self.streamed = True
+            try:
+                self.stream = open_stream(self.source.storage.fs, self.source.path(self.name), pos, self.end)
+                self.stream_at = pos
+            except Exception as e:  # noqa: BLE001 - ranged reads say what is wrong, if anything is
+                log.debug("object source: no stream of %s (%s); ranged reads", self.name, e)
+        if self.stream is not None and self.stream_at == pos and limit <= self.end:
+            try:
+                b = self.source._counted(self.stream.read(limit - pos))
+                self.stream_at += len(b)
+                if len(b) == limit - pos:
+                    return b
+            except Exception as e:  # noqa: BLE001 - a failed stream: ranged reads go on from here
+                log.debug("object source: the stream of %s failed (%s); ranged reads", self.name, e)
+                b = b""
+            self._drop_stream()
+            return b + self.source.fetch(self.name, pos + len(b), limit)
+        if self.stream is not None:   # read elsewhere than the stream is: it is not followed any more
+            self._drop_stream()
+        return self.source.fetch(self.name, pos, limit)
+
+    def _drop_stream(self):
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
 
     def read_into(self, dst, pos, n):
         """Copies up to n bytes at `pos` to address `dst`; returns the count (0 at the end)."""
@@ -300,6 +395,7 @@ class _Reader:
         if self.ahead is not None:
             self.ahead[1].cancel()
         self.cur, self.ahead = (0, b""), None
+        self._drop_stream()
 
 
 def _addr(data, off):
@@ -321,9 +417,9 @@ def _guard(fail):
 
 
 @_guard(-1)
-def _cb_open(path):
+def _cb_open(path, start, end):
     source, name = _split(path)
-    reader = _Reader(source, name)
+    reader = _Reader(source, name, start, end)
     with _LOCK:
         h = _NEXT[0]
         _NEXT[0] += 1
@@ -356,7 +452,7 @@ def install():
         return
     from evstore._ops import native_library
     lib = native_library()
-    fns = (ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p)(_cb_open),
+    fns = (ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64)(_cb_open),
            ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(_cb_size),
            ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(_cb_read),
            ctypes.CFUNCTYPE(None, ctypes.c_int64)(_cb_close))

@@ -33,10 +33,15 @@ the dense tensors and of its own EVs; each task opens one, through its
 checkpoint service, over the index and the data files of the entries its
 shards load (its own part when the layout is unchanged, every part when it
 changed: shards.load_plan) and verifies their sizes and crc32c against the
-manifest; the native loader then reads them on that task from the object
-store. Nothing is applied before every task's files are checked, and no
-task writes a checkpoint byte to its disk.
+manifest (their sizes; the chief sends each task the indexes, read once);
+the native loader then streams them on that task from the object store into
+a staging table per EV shard (evstore/staging.py), checking each tensor's
+crc32c as it loads; every EV adopts its staging table only once every task
+loaded (CheckpointManager.restore). Nothing is applied before every task's
+files are checked, each byte is read once, and no task writes a checkpoint
+byte to its disk.
 """
+import base64
 import concurrent.futures
 import dataclasses
 import os
@@ -52,7 +57,7 @@ from checkpoint.serving_view import VIEW_PREFIX
 from checkpoint.task_service import call, read_bytes
 
 __all__ = ["Part", "write_parts", "publish_parts", "discard_parts", "merge_indexes", "crc32c_bytes", "data_files_of", "read_index",
-           "entry_tensors", "bundle_subset", "stage_on_tasks", "release_on_tasks"]
+           "entry_tensors", "bundle_subset", "reread_files", "stage_on_tasks", "release_on_tasks"]
 
 
 @dataclasses.dataclass
@@ -242,10 +247,23 @@ def bundle_subset(manifest, index_bytes, tensors):
     return [BUNDLE_PREFIX + ".index"] + data_files_of(index_bytes, tensors, manifest.dir)
 
 
-def stage_on_tasks(storage, chain, indexes, wanted):
-    """Has each task open an object source over the files it loads and verify them.
+def reread_files(manifest, index_bytes, loads):
+    """The data files of `manifest`'s main bundle holding a tensor that loads `loads` (EV entry names,
+    one per load: an entry loaded into k shards of a process appears k times) read more than once."""
+    seen, again = set(), set()
+    for entry in loads:
+        for t in entry_tensors(manifest, index_bytes, [entry]):
+            (again if t in seen else seen).add(t)
+    return data_files_of(index_bytes, sorted(again), manifest.dir)
 
-    `wanted`: {task: [entry names per chain member]}. Returns {task: [its
+
+def stage_on_tasks(storage, chain, indexes, wanted, verify=True, reread=None):
+    """Has each task open an object source over the files it loads and verify them (`verify`:
+    ObjectSource.verify's check, "index" for data=False; False: none). Each task is sent the indexes
+    (`indexes`, read here and checked): it reads none of them again.
+
+    `wanted`: {task: [entry names per chain member]}; `reread`: {task: [files its loads read more than
+    once, per chain member]} (ObjectSource.verify). Returns {task: [its
     source's directory per chain member]}; release with `release_on_tasks`.
     A failure releases what was staged and raises (CorruptCheckpointError for
     a file that does not match its manifest)."""
@@ -253,7 +271,8 @@ def stage_on_tasks(storage, chain, indexes, wanted):
     restore = uuid.uuid4().hex   # a task closes the sources of any other restore (a chief that died mid-restore)
 
     def run(task):
-        for m, idx, entries in zip(chain, indexes, wanted[task]):
+        again = (reread or {}).get(task) or [()] * len(chain)
+        for m, idx, entries, twice in zip(chain, indexes, wanted[task], again):
             names = bundle_subset(m, idx, entry_tensors(m, idx, entries))
             missing = [n for n in names if n not in m.files]
             if missing:
@@ -261,7 +280,8 @@ def stage_on_tasks(storage, chain, indexes, wanted):
                 raise CorruptCheckpointError(f"{storage.display(m.dir, missing[0])}: not listed in the manifest")
             staged[task].append(call(task, {"op": "get", "url": storage.url, "options": storage.options,
                                             "dirname": m.dir, "files": {n: m.files[n] for n in names},
-                                            "restore": restore})["dir"])
+                                            "restore": restore, "verify": verify, "reread": list(twice),
+                                            "index": base64.b64encode(idx).decode()})["dir"])
 
     try:
         with concurrent.futures.ThreadPoolExecutor(max(1, len(wanted))) as pool:

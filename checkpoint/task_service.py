@@ -26,12 +26,16 @@ Requests ({"op": ...}); every directory is one this process created:
                                -> gives each written file (its size checked first) its name in the
                                   checkpoint directory, then closes the sink; {"bytes"}
   read dir, name               -> {"data": base64} of a small file of a sink (a part's index, in memory)
-  get  url, options, dirname, files{name: {size, crc32c}}, restore (an id per restore)
+  get  url, options, dirname, files{name: {size, crc32c}}, restore (an id per restore),
+       verify (ObjectSource.verify: true, "index" or false), reread (files the task's loads read more
+       than once), index (base64: the main bundle's index, read and checked by the chief)
                                -> {"dir", "bytes"}: an object source's directory over the files
-                                  (checkpoint/object_source.py), each read once and verified (size,
-                                  crc32c; kept in memory within its budget); the native loader on this
-                                  task reads them through it; nothing is written on the task's disk;
-                                  sources another restore left open (its chief died) are closed first
+                                  (checkpoint/object_source.py), verified as asked (true: each read
+                                  once, size and crc32c, kept in memory within its budget; "index":
+                                  sizes only, each tensor's crc32c checked by the loader as it
+                                  streams it); the native loader on this task reads them through it;
+                                  nothing is written on the task's disk; sources another restore
+                                  left open (its chief died) are closed first
   rm   dir                     -> closes one of its sinks (deleting what it still holds) or sources
                                   (nothing if it is gone); {"bytes"}: what a source read from the root
 Errors come back as {"error", "corrupt"} and are raised by `call` as
@@ -48,6 +52,7 @@ import tensorflow as tf
 
 from checkpoint import _failpoints
 from checkpoint.errors import CheckpointError, CorruptCheckpointError
+from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.object_sink import ObjectSink, is_sink, read, sink_of
 from checkpoint.object_source import ObjectSource, is_source, source_of
 
@@ -111,11 +116,14 @@ def _op_get(req):
     # The manifest's fields a source reads: the directory, and each file's size and crc32c.
     listed = types.SimpleNamespace(dir=req["dirname"], files=dict(req["files"]))
     source = ObjectSource(_storage(req), listed)
+    if req.get("index"):   # the main bundle's index, read and checked by the chief
+        source.keep(BUNDLE_PREFIX + ".index", base64.b64decode(req["index"]))
     with _OWNED_LOCK:
         _OWNED.add(source.directory)
         _RESTORES[source.directory] = req.get("restore")
     try:
-        problems = source.verify()
+        check = req.get("verify", True)
+        problems = source.verify(data=check != "index", reread=req.get("reread", ())) if check else []
         if problems:
             raise CorruptCheckpointError("; ".join(problems))
     except BaseException:

@@ -233,6 +233,17 @@ class ShardedEmbeddingVariable(EmbeddingVariable, tf.Module, sharded_implementat
         _, parts, _ = self._route(flat)
         return tf.add_n([ev.remove(k) for ev, k in zip(self._shards, parts)])
 
+    def keep_from(self, source, keys):
+        """`EmbeddingVariable.keep_from` routed by key: shard i keeps from
+        shard i of `source`, a ShardedEmbeddingVariable of as many shards (the
+        same route), dim and key dtype. Returns how many keys were copied."""
+        if not isinstance(source, ShardedEmbeddingVariable) or source.num_shards != self.num_shards:
+            raise ValueError(f"ShardedEmbeddingVariable '{self.name}' ({self.num_shards} shards) keeps rows only of "
+                             f"a sharded EV of as many shards, got {source!r}")
+        flat = tf.reshape(self._key_tensor(keys), [-1])
+        _, parts, _ = self._route(flat)
+        return tf.add_n([own.keep_from(src, k) for own, src, k in zip(self._shards, source.shards, parts)])
+
     def zero_row_keys(self):
         return tf.concat([ev.zero_row_keys() for ev in self._shards], 0)
 

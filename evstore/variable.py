@@ -308,12 +308,17 @@ class UnshardedEmbeddingVariable(EmbeddingVariable, tf.saved_model.experimental.
         bank = tf.convert_to_tensor(bank, tf.float32)
         if tf.executing_eagerly():
             self._bank = bank   # kept: a saved model carries it, so new keys start alike after a load
+            if self._storage is not None:
+                _storage._track(self)
+        return self._create_table_at(self.resource_handle, bank, default_value)
+
+    def _create_table_at(self, handle, bank, default_value):
+        """Creates an empty table of this EV's kind (dim, key dtype, segments, filter, storage) behind
+        `handle`, new keys starting from `bank` (also evstore/staging.py's second table)."""
         attrs = self._filter._native_attrs() if self._filter is not None else {}
         if self._storage is not None:
             attrs.update(self._storage._native_attrs())
-            if tf.executing_eagerly():
-                _storage._track(self)
-        return gen.ev_create(self.resource_handle, bank, default_value, key_dtype=self._key_dtype,
+        return gen.ev_create(handle, bank, default_value, key_dtype=self._key_dtype,
                              dim=self._dim, segments_log2=self._segments_log2, **attrs)
 
     def initializer_bank(self):

@@ -48,8 +48,9 @@ def build_parser():
     demo.add_argument("--warmup-batches", type=int, default=60,
                       help="batches trained before the first full, the frozen model compared against (default 60)")
     demo.add_argument("--poison", default=None, metavar="START:SECONDS",
-                      help="shuffle the training labels for SECONDS from START seconds after serving starts "
-                           "(the served models are scored on the true labels), e.g. 40:30")
+                      help="shuffle the training labels for SECONDS from START seconds after serving starts, "
+                           "with a commit at each edge of the stretch (the served models are scored on the true "
+                           "labels), e.g. 40:30")
     demo.add_argument("--gate", nargs="?", const="default", default=None, metavar="EXPR",
                       help="run the serving process with `evstore serve --gate EXPR` (EXPR omitted: its default)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -85,10 +86,7 @@ def build_parser():
                             "`evstore serve --gate` with `served` the last commit's (e.g. \"auc >= served - "
                             "0.05\"); exits 3 with the reason (docs/guides/quality-gate.md)")
     _min_examples_flag(train, "--guard-min-examples", "guard")
-    train.add_argument("--no-reference", dest="reference", action="store_false",
-                       help="do not score batches with the reference model (the model a commit replaces): commits "
-                            "carry no quality['reference'] and train faster; a gate's clauses on `reference` are "
-                            "then not judged (docs/guides/quality-gate.md)")
+    _reference_flag(train)
     train.add_argument("--guard-restore", action="store_true",
                        help="when the guard trips, restore the last good commit into the trainer before exiting")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -226,6 +224,7 @@ def build_parser():
                     help="checkpoint root every task can reach; the job resumes from its newest chain")
     _ctr_job_flags(tc, batch_help="examples per batch (default 256)")
     tc.add_argument("--sync", action="store_true", help="one step at a time (fixed update order)")
+    _reference_flag(tc, " (with --kafka commits never carry one: the workers read the batches)")
     _kafka_flags(tc, cluster=True)
     ts = sub.add_parser("train-sync", help="synchronous training of the CTR model on local worker processes: "
                                            "tables sharded over the workers (all-to-all), dense weights all-reduced")
@@ -239,6 +238,14 @@ def build_parser():
     ts.add_argument("--directory", default=None, help="worker logs and pids (default: a new temp directory)")
     ts.add_argument("--state-out", default=None, help="write each worker's final shard state here (npz)")
     return parser
+
+
+def _reference_flag(parser, more=""):
+    """`--no-reference` of the trainers that score batches with the reference model."""
+    parser.add_argument("--no-reference", dest="reference", action="store_false",
+                        help="do not score batches with the reference model (the model a commit replaces): commits "
+                             "carry no quality['reference'] and train faster; a gate's clauses on `reference` are "
+                             "then not judged (docs/guides/quality-gate.md)" + more)
 
 
 def _ctr_job_flags(parser, batch_help):
@@ -507,7 +514,7 @@ def _train_cluster(args):
             raise ValueError("--topic, --max-events, --until and --dead-letter-topic go with --kafka")
         res = cluster_train.run(args.cluster, args.checkpoints, steps=args.steps, batch_size=args.batch_size,
                                 seed=args.seed, learning_rate=args.learning_rate, delta_every=args.delta_every_steps,
-                                full_every=args.full_every_steps, sync=args.sync,
+                                full_every=args.full_every_steps, sync=args.sync, reference=args.reference,
                                 log=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as e:
         print(f"evstore train-cluster: {e}", file=sys.stderr)

@@ -60,12 +60,24 @@ def run_json(cmd, log_path, timeout=None, what=None, env=None, partial_ok=False)
             return {"error": f"{what} timed out after {timeout}s{see}"}
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if not lines or r.returncode not in ((0, 1) if partial_ok else (0,)):
-        return {"error": f"{what} exit {r.returncode}{see}"}
+        return {"error": f"{what} exit {r.returncode}{last_line(log_path)}{see}"}
     res = json.loads(lines[-1])
     res["wall_s"] = time.time() - t0
     if r.returncode:
         res["exit_status"] = r.returncode
     return res
+
+
+def last_line(log_path):
+    """': <the log's last non-empty line>' (a process's reason for stopping), or '' without one."""
+    if not log_path:
+        return ""
+    try:
+        with open(log_path, errors="replace") as f:
+            tail = [ln.strip() for ln in f.readlines()[-20:] if ln.strip()]
+    except OSError:
+        return ""
+    return f": {tail[-1][:300]}" if tail else ""
 
 
 class TfraProcess:

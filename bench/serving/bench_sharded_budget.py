@@ -38,7 +38,7 @@ import numpy as np
 
 from bench.harness.args import add_numbers
 from bench.harness.workload import make_keys
-from bench.serving.bench_sharded_serving import ShardProcess
+from bench.serving.bench_sharded_serving import ShardProcess, add_delta_args, next_delta
 from bench.tiered.bench_tiered_serving import IDS, Feed, build, freqs, signature
 
 INDEX_BYTES_PER_KEY = 52   # a tiered table's index + metadata per int64 key (docs/guides/tiered-storage.md)
@@ -76,12 +76,7 @@ def write_chain(workdir, args, probe_idx):
     expected = {mgr.save_full(): probe.copy()}
     for phase in range(2):
         for _ in range(args.deltas):
-            touched = np.unique((rng.zipf(args.zipf, size=20 * args.delta_rows) - 1) % args.keys)
-            idx = rng.choice(touched, size=min(args.delta_rows, len(touched)), replace=False)
-            gone = np.setdiff1d(rng.choice(args.keys, size=max(1, args.delta_rows // 100), replace=False), idx)
-            rows = rng.standard_normal((len(idx), dim), dtype=np.float32) * 0.1
-            model.emb.load(make_keys(idx), rows, freqs=freqs(idx, args.zipf))
-            model.emb.remove(make_keys(gone))
+            idx, rows, gone = next_delta(model.emb, rng, args.keys, dim, args.delta_rows, args.zipf)
             put(idx, rows)
             put(gone, np.zeros([len(gone), dim], np.float32))
             expected[mgr.save_delta()] = probe.copy()
@@ -197,19 +192,15 @@ def run(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_delta_args(ap, dim=64)
     add_numbers(ap, (("--keys", 2_000_000, "rows of the model's EV"),
-                     ("--dim", 64, "embedding dim"),
                      ("--shards", 4, "`evstore serve --shard i/N` processes"),
                      ("--deltas", 15, "deltas after each of the two fulls"),
-                     ("--delta-rows", 5_000, "rows per delta (Zipf ids)"),
-                     ("--every", 1.0, "seconds between commits landing"),
                      ("--dram-fraction", 0.3, "a shard's DRAM budget / the model's"),
                      ("--cache-fraction", 0.1, "a shard's row cache / its partition's rows"),
                      ("--disk-fraction", 0.6, "a shard's disk budget / the model's rows"),
                      ("--probe-keys", 512, "keys the probe predicts draw from, hot and cold"),
-                     ("--batch", 16, "examples per probe predict"),
-                     ("--zipf", 1.1, "Zipf exponent of the delta and probe ids"),
-                     ("--seed", 0, "RNG seed")))
+                     ("--batch", 16, "examples per probe predict")))
     ap.add_argument("--workdir", default=None, help="parent of the run's directory (default: the temp directory)")
     args = ap.parse_args()
     t0 = time.time()

@@ -52,6 +52,29 @@ def pct(xs, q):
     return round(float(np.percentile(np.asarray(xs), q)) * 1e3, 3) if len(xs) else None
 
 
+def add_delta_args(ap, dim):
+    """The flags of the deltas `next_delta` writes, which both sharded-serving
+    benchmarks serve (this one and bench_sharded_budget)."""
+    add_numbers(ap, (("--dim", dim, "embedding dim"),
+                     ("--delta-rows", 5_000, "rows per delta (Zipf ids)"),
+                     ("--every", 1.0, "seconds between commits landing"),
+                     ("--zipf", 1.1, "Zipf exponent of the delta and request ids"),
+                     ("--seed", 0, "RNG seed")))
+
+
+def next_delta(emb, rng, keys, dim, delta_rows, zipf):
+    """One delta's changes to EV `emb` of ids 0 .. keys-1: about `delta_rows`
+    Zipf-drawn ids get new rows, 1% as many others are removed. Returns (ids
+    written, their rows, ids removed)."""
+    touched = np.unique((rng.zipf(zipf, size=20 * delta_rows) - 1) % keys)
+    idx = rng.choice(touched, size=min(delta_rows, len(touched)), replace=False)
+    gone = np.setdiff1d(rng.choice(keys, size=max(1, delta_rows // 100), replace=False), idx)
+    rows = rng.standard_normal((len(idx), dim), dtype=np.float32) * 0.1
+    emb.load(make_keys(idx), rows, freqs=freqs(idx, zipf))
+    emb.remove(make_keys(gone))
+    return idx, rows, gone
+
+
 def write_chain(workdir, shards, keys, dim, deltas, delta_rows, zipf, seed):
     """(export, source root) of a writer whose EV "emb" has `shards` shards."""
     import checkpoint
@@ -66,12 +89,7 @@ def write_chain(workdir, shards, keys, dim, deltas, delta_rows, zipf, seed):
     mgr = checkpoint.CheckpointManager(os.path.join(workdir, "source"), model)
     mgr.save_full()
     for _ in range(deltas):
-        touched = np.unique((rng.zipf(zipf, size=20 * delta_rows) - 1) % keys)
-        idx = rng.choice(touched, size=min(delta_rows, len(touched)), replace=False)
-        gone = np.setdiff1d(rng.choice(keys, size=max(1, delta_rows // 100), replace=False), idx)
-        model.emb.load(make_keys(idx), rng.standard_normal((len(idx), dim), dtype=np.float32) * 0.1,
-                       freqs=freqs(idx, zipf))
-        model.emb.remove(make_keys(gone))
+        next_delta(model.emb, rng, keys, dim, delta_rows, zipf)
         mgr.save_delta()
     return export, mgr.root
 
@@ -202,18 +220,14 @@ def run(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_delta_args(ap, dim=32)
     add_numbers(ap, (("--keys", 200_000, "rows of each configuration's full"),
-                     ("--dim", 32, "embedding dim"),
                      ("--deltas", 40, "deltas written per configuration (>= its windows' s)"),
-                     ("--delta-rows", 5_000, "rows per delta (Zipf ids)"),
-                     ("--every", 1.0, "seconds between deltas landing"),
                      ("--window-s", 5.0, "seconds of one measuring window"),
                      ("--rounds", 3, "windows per configuration and batch size"),
                      ("--hz", 20.0, "predicts per second at batch 1"),
                      ("--hz-64", 10.0, "predicts per second at batch 64"),
-                     ("--dram-fraction", 0.1, "a replica's or shard's DRAM / its rows' bytes"),
-                     ("--zipf", 1.1, "Zipf exponent of the delta and predict ids"),
-                     ("--seed", 0, "RNG seed")))
+                     ("--dram-fraction", 0.1, "a replica's or shard's DRAM / its rows' bytes")))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="1: the single tiered replica")
     args = ap.parse_args()

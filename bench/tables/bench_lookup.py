@@ -51,7 +51,7 @@ import numpy as np
 from bench.harness.args import add_size_args
 from bench.harness.paths import ROOT
 from bench.harness.peers import TfraProcess
-from bench.harness.rss import rss_mib
+from bench.harness.rss import guard_available_memory, rss_mib
 from bench.harness.timing import rate, timed
 from bench.harness.workload import Batches, fill_chunks
 
@@ -216,7 +216,12 @@ def main():
     ap.add_argument("--phases", default="read,insert,train",
                     help="comma-separated phases to run, in order: read, insert, train (default: all)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 100k keys, 5 rounds, 1 warmup")
+    ap.add_argument("--min-available-mib", type=float, default=1024,
+                    help="stop (this process and its TFRA peer, exit 3, the reason on stderr) once the machine's "
+                         "MemAvailable falls under this (default 1024; 0: never)")
     args = ap.parse_args()
+    if args.min_available_mib > 0:
+        guard_available_memory(args.min_available_mib)
     if args.quick:
         args.keys, args.batches, args.warmup = 100_000, 5, 1
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]

@@ -24,6 +24,12 @@ then with --serve a server process (serving_loader.ServingModel on a
 `tables="evstore"` export, tiered with 10% of the values in DRAM) loads the
 full and is timed predicting one example at a time, idle and while the
 chain's deltas land one a second. Everything is deleted at the end.
+With --rounds N, `beyond` saves N fulls in the training process and restores
+N times, each in a new process, and every save and restore is followed by the
+disk's sequential write + fsync and cold read of the full's bytes (a probe
+child at the same niceness as the sides: --child-nice), so each ratio is
+against the disk's rate of that moment on a shared disk. Disk use stays at the
+tier plus one full (or the probe's file).
 """
 import json
 import os
@@ -154,24 +160,34 @@ def child(cfg):
     import numpy as np
     out = dict(kind=cfg["kind"], phase=cfg["phase"])
     # baseline: the runtime and an empty table, before any row exists
-    side = Side(cfg) if cfg["phase"] != "serve" else None
+    side = Side(cfg) if cfg["phase"] not in ("serve", "sequential") else None
     out["rss_base_mb"] = _status_mib("VmRSS")
+    if cfg["phase"] == "sequential":
+        out.update(sequential_rate(cfg["work"], cfg["seq_bytes"]))
     if cfg["phase"] == "train-save":
         c0 = time.process_time()
         out["populate_keys_per_s"] = side.populate()
         out["populate_cpu_us_per_key"] = (time.process_time() - c0) / cfg["keys"] * 1e6
         out["rss_populated_mb"] = _status_mib("VmRSS")
-        mgr = side.manager()
-        drop_cache(cfg["tier_dir"])   # the tier file read from the disk, as a table larger than memory is
-        a, c = time.perf_counter(), time.process_time()
-        full_seq = mgr.save_full()
-        out["save_full_s"] = time.perf_counter() - a
-        out["save_full_cpu_s"] = time.process_time() - c
-        out["full_seq"] = full_seq
-        out["full_mb"] = _dir_mb(cfg["ckpt"])
-        out["rss_saved_mb"] = _status_mib("VmRSS")
-        keys, rows = side.sample()
-        np.savez(cfg["sample"], keys=keys, rows=rows)
+        if cfg["save"]:
+            out["save_rounds"] = []
+            for r in range(cfg["save_rounds"]):
+                if r:   # the previous round's full made way for the disk's sequential rate of its bytes
+                    shutil.rmtree(cfg["ckpt"])
+                    out["save_rounds"][-1].update(_probe(cfg, out["save_rounds"][-1]["full_bytes"], renice=False))
+                mgr = side.manager()
+                drop_cache(cfg["tier_dir"])   # the tier file read from the disk, as a table larger than memory is
+                a, c = time.perf_counter(), time.process_time()
+                full_seq = mgr.save_full()
+                out["save_rounds"].append(dict(save_full_s=time.perf_counter() - a, save_full_cpu_s=time.process_time() - c,
+                                               full_bytes=int(_dir_mb(cfg["ckpt"]) * 2**20), load_avg=os.getloadavg()[0]))
+                print(json.dumps(dict(save_round=r, **out["save_rounds"][-1])), file=sys.stderr, flush=True)
+            out.update({k: out["save_rounds"][-1][k] for k in ("save_full_s", "save_full_cpu_s")})
+            out["full_seq"] = full_seq
+            out["full_mb"] = _dir_mb(cfg["ckpt"])
+            out["rss_saved_mb"] = _status_mib("VmRSS")
+            keys, rows = side.sample()
+            np.savez(cfg["sample"], keys=keys, rows=rows)
         for _ in range(cfg["warmup"]):
             side.train_step()
         out.update(side.train(cfg["steps"]))
@@ -184,15 +200,16 @@ def child(cfg):
         st = side.ev.stats()
         out.update(cache_rows=st["cache_rows"], disk_mb=st["disk_bytes"] / 2**20, admitted=st["admitted"],
                    index_mb=st["index_bytes"] / 2**20, meta_mb=st["meta_bytes"] / 2**20)
-        before = _dir_mb(cfg["ckpt"])
-        mgr.save_delta()
-        out["delta_mb"] = _dir_mb(cfg["ckpt"]) - before
-        for _ in range(cfg["extra_deltas"]):   # a chain for a server to follow (beyond --serve)
-            for _ in range(cfg["delta_steps"]):
-                side.train_step()
+        if cfg["save"]:
+            before = _dir_mb(cfg["ckpt"])
             mgr.save_delta()
-        out["train_steps_total"] = cfg["warmup"] + cfg["steps"] + cfg["extra_deltas"] * cfg["delta_steps"]
-        del mgr
+            out["delta_mb"] = _dir_mb(cfg["ckpt"]) - before
+            for _ in range(cfg["extra_deltas"]):   # a chain for a server to follow (beyond --serve)
+                for _ in range(cfg["delta_steps"]):
+                    side.train_step()
+                mgr.save_delta()
+            out["train_steps_total"] = cfg["warmup"] + cfg["steps"] + cfg["extra_deltas"] * cfg["delta_steps"]
+            del mgr
     if cfg["phase"] == "serve":
         serve_phase(cfg, out)
     if cfg["phase"] == "restore":
@@ -204,6 +221,7 @@ def child(cfg):
         mgr.restore(seq=seq)
         out["restore_full_s"] = time.perf_counter() - a
         out["restore_full_cpu_s"] = time.process_time() - c
+        out["full_bytes"] = int(_dir_mb(cfg["ckpt"]) * 2**20)
         out["rss_restored_mb"] = _status_mib("VmRSS")
         s = np.load(cfg["sample"])
         got = side.evstore.embedding_lookup(fresh, s["keys"], training=False).numpy()
@@ -306,6 +324,14 @@ def serve_phase(cfg, out):
 
 
 # ---- the parent ------------------------------------------------------------------
+def _probe(cfg, nbytes, renice=True):
+    """The disk's sequential write + fsync and cold read of `nbytes` in the work directory, measured by a
+    child process at the niceness of the save and restore children (from a parent: `renice`; from such a
+    child: its own), so that the baseline and what it is compared with wait alike for a core."""
+    fig = _run_child(dict(cfg, phase="sequential", seq_bytes=int(nbytes)), renice=renice, quiet=True)
+    return {k: fig[k] for k in ("seq_read_s", "seq_write_s", "seq_bytes")}
+
+
 def _budget(args):
     if args.dram_mib:
         return int(args.dram_mib * 2**20)
@@ -313,48 +339,70 @@ def _budget(args):
 
 
 def _cfg(args, kind, phase, work):
-    return dict(kind=kind, phase=phase, keys=args.keys, dim=args.dim, dram_bytes=_budget(args),
-                tier_dir=os.path.join(work, "tier"), ckpt=os.path.join(work, "ckpt"),
+    return dict(kind=kind, phase=phase, keys=args.keys, dim=args.dim, dram_bytes=_budget(args), work=work,
+                tier_dir=os.path.join(work, "tier"), ckpt=os.path.join(work, "ckpt"), save_rounds=1,
+                child_nice=args.child_nice,
                 sample=os.path.join(work, f"sample-{kind}.npz"), zipf=args.zipf,
                 batch=args.batch, warmup=args.warmup, steps=args.steps, seed=0, find1_calls=2000,
-                find1k_calls=200, extra_deltas=0, delta_steps=20)
+                find1k_calls=200, extra_deltas=0, delta_steps=20, save=not getattr(args, "no_save", False))
 
 
-def _run_child(cfg):
+def _run_child(cfg, renice=True, quiet=False):
+    """Runs one child (train-save, restore, serve, the sequential probe) `cfg["child_nice"]` nicer than
+    this process (`renice`; a child starting a probe passes False: it runs at the child's niceness)."""
     os.makedirs(cfg["tier_dir"], exist_ok=True)
-    p = subprocess.run(["nice", "-n", "10", *module_cmd(__spec__.name), "child", json.dumps(cfg)],
+    cmd = [*module_cmd(__spec__.name), "child", json.dumps(cfg)]
+    p = subprocess.run(["nice", "-n", str(cfg["child_nice"]), *cmd] if renice else cmd,
                        capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         sys.exit(f"{cfg['kind']} {cfg['phase']} failed (exit {p.returncode}): {p.stderr[-3000:]}")
     fig = json.loads(p.stdout.strip().splitlines()[-1])
     fig["load_avg"] = os.getloadavg()[0]
-    print(json.dumps(fig), flush=True)
+    if not quiet:
+        print(json.dumps(fig), flush=True)
     return fig
 
 
-def _sequential(fig, work):
+def _sequential(fig, cfg):
     """The disk's sequential rate for the full's bytes, in this run, into the train-save figures: a save
     reads them (the tier) and writes them (the bundle), a restore reads the bundle and writes the tier.
     Measured between the phases, when the trained table's tier is gone (the probe's bytes are on disk
-    beside the full only)."""
-    fig.update(sequential_rate(work, int(fig["full_mb"] * 2**20)))
-    fig["save_vs_sequential"] = (fig["seq_read_s"] + fig["seq_write_s"]) / fig["save_full_s"]
-    print(json.dumps({k: fig[k] for k in ("seq_read_s", "seq_write_s", "seq_bytes", "save_vs_sequential")}),
-          flush=True)
+    beside the full only), in a child at the save's niceness."""
+    fig.update(_probe(cfg, int(fig["full_mb"] * 2**20)))
+    fig["save_rounds"][-1].update({k: fig[k] for k in ("seq_read_s", "seq_write_s", "seq_bytes")})
+    for r in fig["save_rounds"]:
+        r["save_vs_sequential"] = (r["seq_read_s"] + r["seq_write_s"]) / r["save_full_s"]
+    fig["save_vs_sequential"] = fig["save_rounds"][-1]["save_vs_sequential"]
+    print(json.dumps({"save_rounds": fig["save_rounds"]}), flush=True)
 
 
-def _print_sequential(saved, restored):
-    """The save and restore against the disk's sequential read + write of the full's bytes, same run."""
+def _print_sequential(saved, restored, restore_rounds=()):
+    """The save and restore against the disk's sequential read + write of the full's bytes, same run:
+    each save round against the probe right after it, each restore round against the probe right after
+    it (`restore_rounds`; without them the restore against the last save's probe)."""
     if "seq_read_s" not in saved:
         return
-    seq = saved["seq_read_s"] + saved["seq_write_s"]
-    if "restore_full_s" in restored:
-        restored["restore_vs_sequential"] = seq / restored["restore_full_s"]
-    print(f"{saved['kind']}: the full's {saved['seq_bytes'] / 2**20:,.0f} MiB: the disk's sequential read {saved['seq_read_s']:.2f} s + "
-          f"write and fsync {saved['seq_write_s']:.2f} s = {seq:.2f} s; full save (a tier file cold) "
-          f"{saved['save_full_s']:.2f} s = {seq / saved['save_full_s']:.2f}x the sequential rate"
-          + (f"; restore (full cold) {restored['restore_full_s']:.2f} s = {seq / restored['restore_full_s']:.2f}x"
-             if "restore_full_s" in restored else ""))
+    print(f"{saved['kind']}: the full's {saved['seq_bytes'] / 2**20:,.0f} MiB; (sequential read + write and fsync) "
+          "/ (save or restore), each round against the disk's rate measured right after it:")
+    for i, r in enumerate(saved.get("save_rounds", [])):
+        seq = r["seq_read_s"] + r["seq_write_s"]
+        print(f"  save round {i + 1}: sequential {r['seq_read_s']:.2f} + {r['seq_write_s']:.2f} s = {seq:.2f} s; full save "
+              f"(a tier file cold) {r['save_full_s']:.2f} s ({r['save_full_cpu_s']:.2f} s CPU) = "
+              f"{seq / r['save_full_s']:.2f}x; load {r['load_avg']:.1f}")
+    if not restore_rounds and "restore_full_s" in restored:
+        restore_rounds = [dict(restored, **{k: saved[k] for k in ("seq_read_s", "seq_write_s")})]
+    for i, r in enumerate(restore_rounds):
+        seq = r["seq_read_s"] + r["seq_write_s"]
+        r["restore_vs_sequential"] = seq / r["restore_full_s"]
+        print(f"  restore round {i + 1}: sequential {r['seq_read_s']:.2f} + {r['seq_write_s']:.2f} s = {seq:.2f} s; "
+              f"restore (full cold) {r['restore_full_s']:.2f} s ({r['restore_full_cpu_s']:.2f} s CPU) = "
+              f"{r['restore_vs_sequential']:.2f}x; load {r['load_avg']:.1f}")
+    if "restore_full_s" in restored and restore_rounds:
+        restored["restore_vs_sequential"] = restore_rounds[-1]["restore_vs_sequential"]
+    saves = [r["save_vs_sequential"] for r in saved.get("save_rounds", []) if "save_vs_sequential" in r]
+    rest = [r["restore_vs_sequential"] for r in restore_rounds]
+    print(f"  median: save {statistics.median(saves):.2f}x" if saves else "  median: -",
+          f"restore {statistics.median(rest):.2f}x" if rest else "")
 
 
 def _header(args):
@@ -373,7 +421,10 @@ def ev_level(args):
                 cfg = _cfg(args, kind, "train-save", work)
                 fig = _run_child(cfg)
                 shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
-                _sequential(fig, work)
+                if not cfg["save"]:   # --no-save: training and lookups only
+                    runs[kind].append(fig)
+                    continue
+                _sequential(fig, cfg)
                 restored = _run_child(dict(cfg, phase="restore"))
                 _print_sequential(fig, restored)
                 fig.update({k: v for k, v in restored.items() if k.startswith(("restore", "rss_restored"))},
@@ -400,6 +451,8 @@ def ev_level(args):
     print(f"all-DRAM table's RSS: {d['rss_train_mb'] - d['rss_base_mb']:.0f} MiB after training, "
           f"{d['rss_restored_mb'] - d['rss_restored_base_mb']:.0f} MiB after a restore in a fresh process")
     for kind, v in runs.items():
+        if not all("restored_bit_exact" in x for x in v):
+            continue   # --no-save: nothing restored
         bad = [x for x in v if not x.get("restored_bit_exact")]
         print(f"{kind}: restored sampled rows bit-exact in {len(v) - len(bad)}/{len(v)} runs")
 
@@ -415,19 +468,22 @@ def beyond(args):
     done = False
     try:
         cfg = _cfg(args, "tiered", "train-save", work)
-        cfg.update(extra_deltas=12, serve_windows=2, serve_window_s=20.0,
+        cfg.update(extra_deltas=12 if args.serve else 0, serve_windows=2, serve_window_s=20.0, save_rounds=args.rounds,
                    serve_dram_bytes=int(args.serve_dram_fraction * args.keys * args.dim * 4))
-        figs = {}
+        figs, restores = {}, []
         for phase in phases:
             subprocess.run(["df", "-h", work])
-            figs[phase] = _run_child(dict(cfg, phase=phase))
-            shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
+            for r in range(args.rounds if phase == "restore" else 1):
+                figs[phase] = _run_child(dict(cfg, phase=phase))
+                shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
+                if phase == "restore":   # each restore against the disk's rate measured right after it
+                    restores.append(dict(figs[phase], **_probe(cfg, figs[phase]["full_bytes"])))
+                    if not figs[phase].get("restored_bit_exact"):
+                        sys.exit("restored rows differ from the saved ones")
             if phase == "train-save":
-                _sequential(figs[phase], work)
+                _sequential(figs[phase], cfg)
         print(json.dumps(figs))
-        _print_sequential(figs.get("train-save", {}), figs.get("restore", {}))
-        if "restore" in figs and not figs["restore"].get("restored_bit_exact"):
-            sys.exit("restored rows differ from the saved ones")
+        _print_sequential(figs.get("train-save", {}), figs.get("restore", {}), restores)
         done = phases[-1] == ("serve" if args.serve else "restore")
     finally:
         subprocess.run(["df", "-h", work])
@@ -445,6 +501,10 @@ def add_arguments(ap):
     ap.add_argument("--batch", type=int, default=4096, help="ev/beyond: training batch")
     ap.add_argument("--warmup", type=int, default=200, help="ev/beyond: untimed training steps first")
     ap.add_argument("--steps", type=int, default=300, help="ev/beyond: timed training steps")
+    ap.add_argument("--no-save", action="store_true", help="ev: training and lookups only (no full or delta "
+                                                             "save, no restore: the tier file is the only disk use)")
+    ap.add_argument("--child-nice", type=int, default=10, help="ev/beyond: how much nicer than this process "
+                    "each child runs (the sides, and the sequential probe alike)")
     ap.add_argument("--serve", action="store_true", help="beyond: serve the checkpoint last (predict latency "
                                                          "idle and while deltas apply)")
     ap.add_argument("--phases", default=None, help="beyond: some of train-save,restore,serve (default: all "

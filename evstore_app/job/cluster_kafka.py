@@ -94,7 +94,9 @@ class KafkaClusterJob(ClusterJob):
                       "properties": props, "wait": float(wait), "linger": float(linger),
                       "dead_letter_topic": dead_letter_topic}
         self.max_events, self.until, self.max_rollbacks, self.log = max_events, until, max_rollbacks, log
-        super().__init__(cluster, checkpoints=checkpoints, **kw)
+        # No reference model: the workers read the batches, so the chief cannot keep their rows before
+        # the steps that change them (ClusterJob.train); the records carry no `reference`.
+        super().__init__(cluster, checkpoints=checkpoints, reference=False, **kw)
         self.worker_addresses = ["this process"] if self.coord is None else list(load_cluster(cluster)["worker"])
         self.workers = len(self.worker_addresses)
         if self.coord is None:

@@ -34,9 +34,10 @@ import tensorflow as tf
 import checkpoint
 import evstore
 from evstore.quality import ProgressiveQuality
+from evstore_app.job.reference import Reference
 from evstore_app.job.synthetic import ClickStream
 
-__all__ = ["CtrModel", "ClusterJob", "FIELDS", "run"]
+__all__ = ["CtrModel", "CtrReference", "ClusterJob", "FIELDS", "run"]
 
 FIELDS = (("user", 8), ("item", 8), ("category", 4))
 BANK = 512
@@ -69,11 +70,12 @@ class CtrModel(tf.Module):
         self.w_hour = tf.Variable(0.1, name="w_hour")
         self.bias = tf.Variable(-0.5, name="bias")
 
-    def __call__(self, ids, hour):
+    def __call__(self, ids, hour, training=True):
         logit = self.w_hour * hour + self.bias
         # One exchange per parameter server for all tables (evstore/group.py).
         names = [f for f, _ in FIELDS]
-        rows = evstore.embedding_lookup_group([self.tables[f] for f in names], [ids[f] for f in names])
+        rows = evstore.embedding_lookup_group([self.tables[f] for f in names], [ids[f] for f in names],
+                                              training=training)
         for field, r in zip(names, rows):
             logit += tf.reduce_sum(r * self.weights[field], axis=-1)
         return logit
@@ -102,6 +104,27 @@ class CtrModel(tf.Module):
         return out
 
 
+class CtrReference(Reference):
+    """The reference of a CtrModel (evstore_app/job/reference.py): a CtrModel
+    of its own, built where the trained one is (`shards` shards, under the
+    same strategy scope, so shard i of each of its tables sits beside shard i
+    of the trained one), holding only the rows kept since its commit, in
+    DRAM. `gate` / `min_examples`: Reference's."""
+
+    def __init__(self, shards=None, seed=0, gate=None, min_examples=None):
+        self.model = CtrModel(shards=shards, seed=seed)
+        super().__init__(dict(self.model.tables), gate=gate, min_examples=min_examples)
+
+    def live_evs(self, model):
+        return dict(model.tables)
+
+    def copy_dense(self, model):
+        for field, _ in FIELDS:
+            self.model.weights[field].assign(model.weights[field])
+        self.model.w_hour.assign(model.w_hour)
+        self.model.bias.assign(model.bias)
+
+
 class ClusterJob:
     """The chief of a PS training job on the click stream (or, `local=True`, the same job in-process).
 
@@ -125,6 +148,10 @@ class ClusterJob:
         operator asserts the old chief is gone).
       serving_view: None, or the dtype of a serving view in every commit
         (CheckpointManager's; each PS streams its part's view).
+      reference: score every batch with the reference model too (a
+        CtrReference), recorded in each commit's quality['reference'] (False:
+        records carry none); `reference_gate`, `reference_min_examples`: its
+        judgement (Reference's gate and min_examples).
 
     Raises:
       ValueError: a bad cluster or argument (the message names it).
@@ -132,7 +159,8 @@ class ClusterJob:
 
     def __init__(self, cluster=None, checkpoints=None, batch_size=256, seed=0, learning_rate=0.05,
                  delta_every=20, full_every=None, keep_chains=3, shards=None, local=False, storage=None,
-                 lease_timeout=60.0, take_over=False, serving_view=None):
+                 lease_timeout=60.0, take_over=False, serving_view=None, reference=True, reference_gate=None,
+                 reference_min_examples=None):
         for name, v in (("batch_size", batch_size), ("delta_every", delta_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -166,11 +194,18 @@ class ClusterJob:
             self.optimizer.build([v.proxy if isinstance(v, evstore.EmbeddingVariable) else v
                                   for v in self.model.train_vars])
             self.global_step = tf.Variable(0, dtype=tf.int64, name="step", trainable=False)
+            # Only a job that commits has records to carry the reference's scores.
+            self.reference = (CtrReference(shards=shards, seed=seed, gate=reference_gate,
+                                           min_examples=reference_min_examples)
+                              if reference and checkpoints is not None else None)
         self.manager = None
         if checkpoints is not None:
-            self.manager = checkpoint.CheckpointManager(checkpoints, self.model, global_step=self.global_step,
-                                                        keep_chains=keep_chains, lease_timeout=lease_timeout,
-                                                        take_over=take_over, serving_view=serving_view)
+            self.manager = checkpoint.CheckpointManager(
+                checkpoints, self.model, global_step=self.global_step, keep_chains=keep_chains,
+                lease_timeout=lease_timeout, take_over=take_over, serving_view=serving_view,
+                on_evict=None if self.reference is None else self.reference.evicted)
+        if self.reference is not None:
+            self.reference.restart(self.model)
         self.position = 0
         self.commits = []          # (seq, kind, position) of this process's commits
         self.progressive = ProgressiveQuality()   # scored batches, keyed by the position after each
@@ -179,6 +214,7 @@ class ClusterJob:
 
     def _make_step(self):
         model, opt, step, strategy = self.model, self.optimizer, self.global_step, self.strategy
+        ref = None if self.reference is None else self.reference.model
 
         def fn(user, item, category, hour, label):
             ids = {"user": user, "item": item, "category": category}
@@ -187,8 +223,10 @@ class ClusterJob:
                 logits = model(ids, hour)
                 loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(label, logits))
             grads = tape.gradient(loss, variables)
+            # The reference's scores: its rows of these ids were kept before the step was scheduled (`train`).
+            ref_scores = tf.zeros([0]) if ref is None else tf.sigmoid(ref(ids, hour, training=False))
             opt.apply_gradients(zip(grads, variables), global_step=step.assign_add(1))
-            return loss, tf.sigmoid(logits)   # scores from before this step's update: progressive validation
+            return loss, tf.sigmoid(logits), ref_scores   # scores from before this step's update: progressive
 
         @tf.function
         def train_step(user, item, category, hour, label):
@@ -200,12 +238,15 @@ class ClusterJob:
         """The quality record of the batches trained since the last commit
         (called under the manager's lock by each save, after `join`)."""
         for position, labels, out in self._scored:
-            out = out.fetch() if hasattr(out, "fetch") else out   # a scheduled step's RemoteValue: (loss, scores)
-            scores = np.asarray(out[1])
-            self.progressive.record(position, labels, scores)
+            out = out.fetch() if hasattr(out, "fetch") else out   # a scheduled step's RemoteValue
+            self.progressive.record(position, labels, np.asarray(out[1]),
+                                    None if self.reference is None else np.asarray(out[2]))
         self._scored = []
         last = self.manager.last_committed
-        return self.progressive.since(None if last is None else int(last.metadata["position"]))
+        q = self.progressive.since(None if last is None else int(last.metadata["position"]))
+        if self.reference is not None:
+            self.reference.advance(q, self.model)
+        return q
 
     def batch(self, b):
         """Batch b's step arguments (user, item, category, hour, label tensors)."""
@@ -218,6 +259,8 @@ class ClusterJob:
             return self.position
         meta = self.manager.restore()
         self.position = int(meta["position"])
+        if self.reference is not None:
+            self.reference.restart(self.model)
         return self.position
 
     def join(self):
@@ -242,6 +285,10 @@ class ClusterJob:
         """
         while self.position < steps:
             args = self.batch(self.position)
+            if self.reference is not None:
+                # From the chief, in batch order, done before the step that updates them is scheduled:
+                # whatever steps still run, a row is kept before any update of it since the reference's commit.
+                self.reference.keep_ids({"user": args[0], "item": args[1], "category": args[2]})
             if self.coord is not None:
                 out = self.coord.schedule(self._step, args=args)
                 if sync:
@@ -276,11 +323,12 @@ def commit_position(manager, position, full_every, commits, quality=None):
 
 
 def run(cluster=None, checkpoints=None, steps=100, batch_size=256, seed=0, learning_rate=0.05, delta_every=20,
-        full_every=None, sync=False, log=print):
+        full_every=None, sync=False, reference=True, log=print):
     """`evstore train-cluster`: resume from `checkpoints`, train up to `steps` batches, commit; returns a summary."""
     t0 = time.time()
     job = ClusterJob(cluster, checkpoints=checkpoints, batch_size=batch_size, seed=seed,
-                     learning_rate=learning_rate, delta_every=delta_every, full_every=full_every)
+                     learning_rate=learning_rate, delta_every=delta_every, full_every=full_every,
+                     reference=reference)
     start = job.resume()
     log(f"evstore train-cluster: {job.num_ps} PS, tables in {job.num_ps} shards; resuming at batch {start}")
     job.train(steps, sync=sync, on_commit=lambda seq, pos: log(f"committed seq={seq} position={pos}"))

@@ -167,9 +167,13 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
     `poison`: (start, seconds): the training labels are shuffled within each
     batch from `start` seconds after serving starts (the first batch scored
     by the server), for `seconds` (a logging bug; the served models are
-    still scored on the true labels). The summary's "poison" gives the
-    stretch in seconds since the trainer started, the time axis of its
-    other series.
+    still scored on the true labels). A commit is made at each edge of the
+    stretch, so every commit trained either only on the stretch's examples
+    or on none of them: the stretch is what the gate judges, whatever the
+    delta schedule (a commit whose examples straddle a stretch's start, few
+    of them poisoned, ranks well and is served: docs/guides/quality-gate.md).
+    The summary's "poison" gives the stretch in seconds since the trainer
+    started, the time axis of its other series, its examples and its commits.
     `gate`: the serving process's quality gate (`evstore serve --gate`).
     `serving_view`: the trainer also writes the served rows in that precision
     (CheckpointManager's argument), which the server then serves.
@@ -221,7 +225,7 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
         deadline = time.time() + 60 * minutes
         bar = _progress(progress, minutes)
         t_train, last_stats, step = time.time(), 0.0, 0
-        poison_examples = None
+        poison_examples, in_stretch = None, False
         if poison:   # in seconds since the trainer started
             poison = (t_train - trainer.started + poison[0], poison[1])
         while time.time() < deadline and not trainer.stop_event.is_set():
@@ -234,7 +238,10 @@ def run(minutes=3.0, out=None, seed=0, batch_size=512, delta_every=5.0, full_eve
             frozen_out, _ = frozen.predict(x)
             summary.score(y, live, frozen_out["outputs"].reshape(-1))
             t = time.time() - trainer.started
-            poisoned = poison and poison[0] <= t < poison[0] + poison[1]
+            poisoned = bool(poison) and poison[0] <= t < poison[0] + poison[1]
+            if poisoned != in_stretch:   # the stretch starts or ends: a commit at its edge, before this batch
+                trainer.manager.save_delta(metadata=trainer.metadata, quality=trainer.quality)
+                in_stretch = poisoned
             y_train = shuffle.permutation(y) if poisoned else y
             if poisoned:   # the examples of the stretch, as the trainer counts them: (after, up to]
                 poison_examples = [trainer.examples if poison_examples is None else poison_examples[0],

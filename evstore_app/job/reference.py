@@ -1,5 +1,9 @@
 """The reference model of a training job: the model a commit replaces, scoring the same examples.
 
+`Reference` is the one definition (its judgement, copy-on-write and moves);
+`ReferenceModel` is that of `evstore train` / `demo` (a build_model model),
+`cluster_train.CtrReference` that of `evstore train-cluster`.
+
 A quality gate that compares a commit's progressive quality with the served
 commit's compares two windows of data, and windows differ in difficulty. The
 trainer therefore also scores every batch with a second copy of the model,
@@ -35,62 +39,64 @@ from evstore.gate import DEFAULT_GATE, Gate
 from evstore.quality import merge
 from evstore_app.job.model import build_model, field_ev
 
-__all__ = ["ReferenceModel"]
+__all__ = ["Reference", "ReferenceModel"]
 
 
-class ReferenceModel:
-    """A copy-on-write copy of a build_model model of `spec` (module
-    docstring), scoring batches; `advance` folds in each commit's record and
-    moves to the trained model's state when the run of
-    commits since the last judged one passes `gate` (a gate expression,
-    None: DEFAULT_GATE; runs of `min_examples`, None:
-    DEFAULT_MIN_EXAMPLES). GateError for a malformed one."""
+class Reference:
+    """The copy-on-write reference of a trainer's model, whatever builds the
+    model (module docstring): the reference's own EVs `own` ({name: EV},
+    each the trained model's EV of that name in dim, key dtype and shards),
+    its judgement (`advance`) and its moves. A subclass says where a model's
+    EVs and dense weights are (`live_evs`, `copy_dense`) and scores batches
+    with its own model. `gate` / `min_examples`: the judgement a run of
+    commits must pass for the reference to move to it (a gate expression,
+    None: DEFAULT_GATE; None: DEFAULT_MIN_EXAMPLES). GateError for a
+    malformed one."""
 
-    def __init__(self, spec, seed=0, gate=None, min_examples=None):
-        self.spec = spec
+    def __init__(self, own, gate=None, min_examples=None):
         self.gate = Gate.parse(DEFAULT_GATE if gate is None else gate, min_examples=min_examples)
-        self.model = build_model(spec, seed=seed)
-        self._own = {f["name"]: field_ev(self.model, f["name"]) for f in spec["sparse"]}   # the kept rows
+        self._own = own                       # the kept rows, by EV name
         self._live, self._field_of = {}, {}   # the trained model's EVs (move_to)
         self.served = None   # the record of the run that passed last (`served` of the judgement)
         self._since = []     # records of the commits since the last judged run
 
-    def predict(self, x):
-        """The reference's probabilities for model inputs `x` (keeps their rows first: `keep`)."""
-        self.keep(x)
-        return self.model.predict_on_batch(x).reshape(-1)
+    def live_evs(self, model):
+        """{name: EV} of the trained `model`, named as `own`."""
+        raise NotImplementedError
 
-    def keep(self, x):
-        """Copies into the reference the rows of the keys of inputs `x` it
-        does not hold yet, from the trained model: call it before the trained
-        model trains on `x`, so their values are still the reference commit's
-        (a key the table does not hold reads its default value, as it did)."""
-        for f in self.spec["sparse"]:   # one native op per field (a split field's padding "" too: never read)
-            self._own[f["name"]].keep_from(self._live[f["name"]], x[f"{f['name']}_ids"])
+    def copy_dense(self, model):
+        """Sets the reference's dense weights to `model`'s."""
+        raise NotImplementedError
+
+    def keep_ids(self, ids):
+        """Copies into the reference the rows of ids {name: ids} it does not
+        hold yet, from the trained model: call it before the trained model
+        trains on them, so their values are still the reference commit's (a
+        key the table does not hold reads its default value, as it did).
+        Returns how many rows were copied, once they are (remote shards too)."""
+        # One native op per EV (per shard of a sharded one).
+        return sum(int(self._own[name].keep_from(self._live[name], x)) for name, x in ids.items())
 
     def evicted(self, ev, keys, values):
         """A save's eviction removed `keys` (rows `values`) from the trained
-        model's EV `ev` (CheckpointManager's on_evict): keeps the rows of
-        those the reference does not hold yet."""
+        model's EV `ev` (or a shard of it; CheckpointManager's on_evict):
+        keeps the rows of those the reference does not hold yet."""
         name = self._field_of.get(id(ev))
         if name is None or not len(keys):
             return
         own = self._own[name]
-        fresh = np.logical_not(own.admitted(keys).numpy())
+        fresh = np.logical_not(np.asarray(own.admitted(keys)))
         if fresh.any():
             own.load(keys[fresh], values[fresh])
 
     def move_to(self, model):
         """Makes `model`'s current state the reference (training goes on
         from it): drops the kept rows, copies the dense weights."""
-        self._live = {f["name"]: field_ev(model, f["name"]) for f in self.spec["sparse"]}
-        self._field_of = {id(ev): name for name, ev in self._live.items()}
-        for name, own in self._own.items():
-            empty = tf.zeros([0], own.key_dtype)
-            own.load(empty, tf.zeros([0, own.dim]), clear=True)
-        for src_layer, dst_layer in zip(model.layers, self.model.layers):
-            if src_layer.weights and not hasattr(dst_layer, "ev") and not hasattr(dst_layer, "embedding"):
-                dst_layer.set_weights(src_layer.get_weights())   # dense layers (an Embedding's rows: above)
+        self._live = self.live_evs(model)
+        self._field_of = {id(e): name for name, ev in self._live.items() for e in [ev, *getattr(ev, "shards", ())]}
+        for own in self._own.values():
+            own.load(tf.zeros([0], own.key_dtype), tf.zeros([0, own.dim]), clear=True)
+        self.copy_dense(model)
 
     def restart(self, model):
         """Training goes on from `model` (a new job, a resume): it is the reference, nothing judged yet."""
@@ -112,3 +118,32 @@ class ReferenceModel:
         if self.gate.decide(run, self.served) is None:
             self.move_to(model)
             self.served = run
+
+
+class ReferenceModel(Reference):
+    """The reference of a build_model model of `spec`: a copy-on-write copy
+    (module docstring) scoring batches of model inputs. `gate` /
+    `min_examples`: Reference's."""
+
+    def __init__(self, spec, seed=0, gate=None, min_examples=None):
+        self.spec = spec
+        self.model = build_model(spec, seed=seed)
+        super().__init__({f["name"]: field_ev(self.model, f["name"]) for f in spec["sparse"]}, gate=gate,
+                         min_examples=min_examples)
+
+    def live_evs(self, model):
+        return {f["name"]: field_ev(model, f["name"]) for f in self.spec["sparse"]}
+
+    def copy_dense(self, model):
+        for src_layer, dst_layer in zip(model.layers, self.model.layers):
+            if src_layer.weights and not hasattr(dst_layer, "ev") and not hasattr(dst_layer, "embedding"):
+                dst_layer.set_weights(src_layer.get_weights())   # dense layers (an Embedding's rows: the EVs)
+
+    def predict(self, x):
+        """The reference's probabilities for model inputs `x` (keeps their rows first: `keep`)."""
+        self.keep(x)
+        return self.model.predict_on_batch(x).reshape(-1)
+
+    def keep(self, x):
+        """`keep_ids` of model inputs `x` (a split field's padding "" too: never read)."""
+        self.keep_ids({f["name"]: x[f"{f['name']}_ids"] for f in self.spec["sparse"]})

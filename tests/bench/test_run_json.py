@@ -17,3 +17,10 @@ def test_with_partial_ok_its_result_is_kept_with_the_exit_status():
 
 def test_with_partial_ok_a_process_that_printed_nothing_is_still_an_error():
     assert "error" in run_json([sys.executable, "-c", "raise SystemExit(1)"], None, partial_ok=True)
+
+
+def test_a_failed_process_s_error_carries_the_last_line_of_its_log(tmp_path):
+    says_why = [sys.executable, "-c", "import sys; print('MemAvailable 900 MiB < 1024 MiB: stopping', file=sys.stderr);"
+                " raise SystemExit(3)"]
+    err = run_json(says_why, str(tmp_path / "b.log"))["error"]
+    assert "exit 3: MemAvailable 900 MiB < 1024 MiB: stopping" in err

@@ -4,6 +4,8 @@ store straight into the native loader, nothing written on the restoring host
 (an inotify trace of its temp and working directories, tests/hosts.py
 WriteTrace), exact as from a local root, and a damaged part refused before the
 model changes. The root is S3 on moto's server (a process on 127.0.0.1)."""
+import zlib
+
 import fsspec
 import numpy as np
 import pytest
@@ -14,7 +16,11 @@ import evstore
 import serving_loader
 from checkpoint import object_source
 from checkpoint.errors import CorruptCheckpointError
+from checkpoint.bundle import GLOBAL_STEP
+from checkpoint.collect import collect
 from checkpoint.fetch import bundle_files, fetch
+from checkpoint.index import parse_index
+from checkpoint.remote_parts import entry_tensors, read_index
 from checkpoint.storage import Storage
 from ckpt_model import assert_same_state, make_model, probe_inputs, state, train
 from s3_server import moto_bucket
@@ -32,7 +38,8 @@ def s3_bucket(tmp_path_factory):
 
 @pytest.fixture
 def root(s3_bucket, request):
-    return f"s3://{s3_bucket}/{request.node.name[:60]}"
+    """A root of this test's own (parametrized variants differ in the hash)."""
+    return f"s3://{s3_bucket}/{request.node.name[:50]}-{zlib.crc32(request.node.name.encode()):08x}"
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +88,38 @@ def _damage(path, how):
         fs.pipe_file(path, data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
 
 
+def _tensor_bytes(root, mgr, dense):
+    """Bytes of the chain's indexes and of every tensor a restore of it needs: each EV entry's, and the
+    dense tensors and global step of the newest commit."""
+    total = 0
+    for m in mgr.chain():
+        idx = read_index(Storage(root), m)
+        _, entries = parse_index(idx, m.dir)
+        last = set(dense) | {GLOBAL_STEP} if m == mgr.chain()[-1] else set()
+        needed = set(entry_tensors(m, idx, list(m.evs))) | last
+        total += len(idx) + sum(e.size for n, e in entries.items() if n in needed)
+    return total
+
+
+def test_a_restore_reads_each_byte_it_needs_once_with_no_memory_budget(unsharded, traced, monkeypatch):
+    root, mgr = unsharded
+    monkeypatch.setattr(object_source, "RETAIN_BYTES", 0)   # nothing kept in memory for the loader
+    monkeypatch.setattr(object_source, "BLOCK", 256)       # columns of several blocks: one streamed GET each
+    got = make_model()
+    train(got, 20, 22)   # rows of keys the chain lacks: the restored tables replace them all
+    back = checkpoint.CheckpointManager(root, got)
+    back.restore()
+    assert_same_state(state(got), state(mgr.model))
+    needed = _tensor_bytes(root, back, list(collect(got).dense))
+    assert back.last_restore_stats["bytes_read"] == needed
+    assert needed <= sum(m.total_bytes for m in back.chain())
+    assert _written(traced) == {}
+
+
 @pytest.mark.parametrize("how", ["corrupt", "truncated", "missing"])
-def test_a_damaged_remote_part_is_refused_naming_it_before_the_model_changes(unsharded, root, traced, how):
+def test_a_damaged_remote_part_is_refused_naming_it_before_the_model_changes(unsharded, root, traced, how, monkeypatch):
+    monkeypatch.setattr(object_source, "RETAIN_BYTES", 0)   # no file kept in memory: each read once, as it loads
+    monkeypatch.setattr(object_source, "BLOCK", 256)       # the damage lies in a column streamed block by block
     fs = fsspec.filesystem("s3")
     fs.copy(Storage(unsharded[0]).path, Storage(root).path, recursive=True)   # a copy of the chain to damage
     full = unsharded[1].chain()[0]

@@ -46,6 +46,7 @@ def main():
     p.add_argument("--take-over", action="store_true", help="take the root's writer lease from a live-looking holder")
     p.add_argument("--lease-timeout", type=float, default=60.0)
     p.add_argument("--serving-view", default=None)
+    p.add_argument("--reference-gate", default=None, help="the reference's judgement (ClusterJob's reference_gate)")
     a = p.parse_args()
     storage = None
     if a.tiered_dram_bytes is not None:
@@ -53,7 +54,7 @@ def main():
         storage = evstore.TieredStorage(dram_bytes=a.tiered_dram_bytes, path=a.tier_path)
     job = ClusterJob(a.cluster, checkpoints=a.checkpoints, batch_size=a.batch_size, delta_every=a.delta_every,
                      shards=a.shards, storage=storage, take_over=a.take_over,
-                     lease_timeout=a.lease_timeout, serving_view=a.serving_view)
+                     lease_timeout=a.lease_timeout, serving_view=a.serving_view, reference_gate=a.reference_gate)
     resumed_at = job.resume()
     if a.dump_dir and a.checkpoints:
         save_npz(os.path.join(a.dump_dir, "restored.npz"), job.model.state())

@@ -9,8 +9,10 @@ import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from cluster_harness import run_chief
+from evstore.quality import measure
 from evstore_app.cluster import LocalCluster
 from evstore_app.job.cluster_train import FIELDS, ClusterJob
 
@@ -76,20 +78,47 @@ def _qualities(root):
     return out
 
 
+# A gate every run passes: the reference moves to each commit, so it is the commit before.
+EVERY_RUN = "examples >= 0"
+
+
 def test_each_commit_carries_the_quality_of_its_batches_as_the_single_process_job_measures_it(tmp_path):
     root = str(tmp_path / "ckpt")
     with LocalCluster(num_ps=2, num_workers=2, directory=str(tmp_path)) as lc:
         run_chief(lc, CHIEF, ["--cluster", lc.cluster_file, "--steps", 20, "--sync", "--batch-size", BATCH,
-                              "--checkpoints", root, "--delta-every", 10, "--state-out", str(tmp_path / "s.npz")])
-    one = ClusterJob(local=True, batch_size=BATCH, checkpoints=str(tmp_path / "one"), delta_every=10)
+                              "--checkpoints", root, "--delta-every", 10, "--state-out", str(tmp_path / "s.npz"),
+                              "--reference-gate", EVERY_RUN])
+    one = ClusterJob(local=True, batch_size=BATCH, checkpoints=str(tmp_path / "one"), delta_every=10,
+                     reference_gate=EVERY_RUN)
     one.train(20)
     got, want = _qualities(root), _qualities(str(tmp_path / "one"))
     assert sorted(got) == sorted(want) == [10, 20]
-    for pos, q in got.items():
-        assert q["examples"] == want[pos]["examples"] == 10 * BATCH
-        assert q["label_rate"] == want[pos]["label_rate"]
-        assert abs(q["logloss"] - want[pos]["logloss"]) < 1e-5, pos
-        assert abs(q["auc"] - want[pos]["auc"]) < 1e-3, pos   # scores equal to 1e-6: near-ties may swap
+    for pos in got:
+        for q, w in ((got[pos], want[pos]), (got[pos]["reference"], want[pos]["reference"])):
+            assert q["examples"] == w["examples"] == 10 * BATCH
+            assert q["label_rate"] == w["label_rate"]
+            assert abs(q["logloss"] - w["logloss"]) < 1e-5, pos
+            assert abs(q["auc"] - w["auc"]) < 1e-3, pos   # scores equal to 1e-6: near-ties may swap
+
+
+def test_each_commit_records_the_reference_models_scores_of_its_batches_as_the_commit_before_scores_them(
+        tmp_path):
+    job = ClusterJob(local=True, batch_size=BATCH, checkpoints=str(tmp_path / "ckpt"), delta_every=10,
+                     reference_gate=EVERY_RUN)
+    job.train(20)
+    before = ClusterJob(local=True, batch_size=BATCH)   # the state of the commit at position 10
+    before.train(10)
+    labels, scores = [], []
+    for b in range(10, 20):
+        user, item, category, hour, label = before.batch(b)
+        ids = {"user": user, "item": item, "category": category}
+        scores.append(tf.sigmoid(before.model(ids, hour, training=False)).numpy())
+        labels.append(label.numpy())
+    got = _qualities(str(tmp_path / "ckpt"))[20]["reference"]
+    want = measure(np.concatenate(labels), np.concatenate(scores))
+    assert got["examples"] == want["examples"]
+    assert got["hist"]["pos"] == want["hist"]["pos"] and got["hist"]["neg"] == want["hist"]["neg"]
+    assert abs(got["logloss"] - want["logloss"]) < 1e-6   # float32 scores: sums in another order
 
 
 def test_async_cluster_training_via_cli_has_the_single_process_keys_and_frequencies(tmp_path):

@@ -27,3 +27,25 @@ def test_keep_from_an_ev_of_another_dim_or_key_dtype_is_refused():
         dst.keep_from(evstore.EmbeddingVariable("keep_src_b", 3), [1])
     with pytest.raises(ValueError, match="cannot keep rows"):
         dst.keep_from(evstore.EmbeddingVariable("keep_src_c", 2, key_dtype=tf.string), [1])
+
+
+def test_a_sharded_ev_keeps_each_key_in_its_shard_from_the_same_shard_of_the_source():
+    src = evstore.EmbeddingVariable("keep_sh_src", 2, shards=3, default_value=[-1.0, -1.0])
+    dst = evstore.EmbeddingVariable("keep_sh_dst", 2, shards=3)
+    keys = np.arange(40, dtype=np.int64)
+    src.load(keys, np.stack([keys, -keys], axis=1).astype(np.float32))
+    dst.load([5], [[9.0, 9.0]])
+    assert int(dst.keep_from(src, np.concatenate([keys, [40, 40]]))) == 40   # 5 held; 40 once, absent
+    want = dst.shard_index(np.arange(41)).numpy()
+    for i, shard in enumerate(dst.shards):
+        np.testing.assert_array_equal(np.sort(shard.export()["keys"].numpy()), np.flatnonzero(want == i))
+    rows = evstore.embedding_lookup(dst, tf.constant([3, 5, 40], tf.int64), training=False).numpy()
+    assert rows.tolist() == [[3.0, -3.0], [9.0, 9.0], [-1.0, -1.0]]
+
+
+def test_a_sharded_ev_keeps_rows_only_of_a_sharded_ev_of_as_many_shards():
+    dst = evstore.EmbeddingVariable("keep_sh_dst_b", 2, shards=3)
+    with pytest.raises(ValueError, match="as many shards"):
+        dst.keep_from(evstore.EmbeddingVariable("keep_sh_src_b", 2, shards=2), [1])
+    with pytest.raises(ValueError, match="as many shards"):
+        dst.keep_from(evstore.EmbeddingVariable("keep_sh_src_c", 2), [1])

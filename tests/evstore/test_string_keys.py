@@ -303,3 +303,18 @@ def test_tf_train_checkpoint_round_trips_string_keys_as_dt_string(tmp_path):
     _assert_rows_equal(ev, back)
     keys = [b"a", b"", b"\xff\xfe", b"once"]
     np.testing.assert_array_equal(back.frequency(keys).numpy(), ev.frequency(keys).numpy())
+
+
+def test_an_over_long_key_read_or_written_as_rows_declares_no_slots():
+    # EvReadRows / EvWriteRows declare the named slots; a refused key refuses them too.
+    from evstore._ops import gen
+    ev = evstore.EmbeddingVariable("toolong_rows", DIM, key_dtype=tf.string)
+    evstore.embedding_lookup(ev, tf.constant([b"a"]))
+    keys = tf.constant([b"a", b"z" * (evstore.MAX_STRING_KEY_BYTES + 1)])
+    names, inits = tf.constant(["m"]), tf.constant([0.5])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at most 65535 bytes"):
+        gen.ev_read_rows(ev.resource_handle, keys, names, inits, dim=DIM)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at most 65535 bytes"):
+        gen.ev_write_rows(ev.resource_handle, keys, tf.zeros([2, DIM]), tf.zeros([1, 2, DIM]), names, inits,
+                          tf.constant(1, tf.int64))
+    assert ev.export()["slots"] == {}

@@ -1,5 +1,6 @@
 """`evstore demo --poison START:SECONDS --gate`: the demo's training labels shuffled for a
-stretch, served by a gated `evstore serve`; every commit carries its quality."""
+stretch, served by a gated `evstore serve`; every commit carries its quality. The demo commits at the
+stretch's edges, so which commits are poisoned does not depend on where the delta schedule falls."""
 import json
 import os
 import subprocess
@@ -16,11 +17,11 @@ def _evstore(*args):
 def test_a_poisoned_gated_demo_reports_the_stretch_and_the_gate_and_commits_carry_quality(tmp_path):
     out = tmp_path / "demo"
     p = _evstore("demo", "--minutes", "0.5", "--out", str(out), "--delta-every", "2", "--warmup-batches", "30",
-                 "--poison", "10:10", "--gate", "--no-progress")
+                 "--poison", "9:10", "--gate", "--no-progress")   # both edges between scheduled deltas
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
-    p0 = s["poison"]   # in seconds since the trainer started; the stretch starts 10 s after serving does
-    assert p0["start_s"] >= 10.0 and abs(p0["end_s"] - p0["start_s"] - 10.0) < 0.02
+    p0 = s["poison"]   # in seconds since the trainer started; the stretch starts 9 s after serving does
+    assert p0["start_s"] >= 9.0 and abs(p0["end_s"] - p0["start_s"] - 10.0) < 0.02
     g = s["serving"]["gate"]
     assert g["gate"] == DEFAULT_GATE and g["held_back_total"] >= 1
     assert p0["commits"] and not set(p0["commits"]) & set(g["served_versions"])   # no poisoned commit served
@@ -29,6 +30,7 @@ def test_a_poisoned_gated_demo_reports_the_stretch_and_the_gate_and_commits_carr
     ms = {m["seq"]: m for m in (json.loads((roots / d / "MANIFEST.json").read_text()) for d in os.listdir(roots)
                                 if d.startswith(("full-", "delta-")))}
     deltas = [m for m in ms.values() if m["kind"] == "delta"]
+    assert set(p0["examples"]) <= {m["metadata"]["examples"] for m in ms.values()}   # it starts and ends at commits
     assert deltas and all(m["quality"]["examples"] == m["metadata"]["examples"] - ms[m["parent"]]["metadata"]
                           ["examples"] for m in deltas if m["parent"] in ms)   # the examples since its parent
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

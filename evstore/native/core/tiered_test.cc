@@ -64,6 +64,11 @@ static TableConfig TierCfg(TableConfig c, const std::string& dir, int64_t dram_b
   c.tier.path = dir;
   return c;
 }
+// A tiered config in a new temporary directory whose DRAM budget is `rows`
+// rows of `c.dim * (1 + slots)` floats and 8 bytes each.
+static TableConfig TierRows(const TableConfig& c, int64_t rows, int slots = 0) {
+  return TierCfg(c, TempDir(), rows * (c.dim * (1 + slots) * 4 + 8));
+}
 
 // Zipf(1.1) ids over [0, n): what CTR ids look like.
 struct Zipf {
@@ -176,9 +181,8 @@ static void test_tiered_table_equals_all_dram_table_bit_for_bit() {
 
 static void test_resident_rows_stay_near_the_budget() {
   const int dim = 16;
-  std::string dir = TempDir();
   const int64_t budget_rows = 100;
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, budget_rows * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), budget_rows));
   CHECK_EQ(t.tier_stats().budget_rows, budget_rows);
   for (int b = 0; b < 50; ++b) {
     std::vector<int64_t> keys;
@@ -197,11 +201,10 @@ static void test_resident_rows_stay_near_the_budget() {
 // the cleaner thread evicts them between batches. Exact, like any tier.
 static void test_one_segment_table_stays_within_its_budget() {
   const int dim = 8;
-  std::string dir = TempDir();
   TableConfig c = Cfg(dim);
   c.segments_log2 = 0;
   Table<int64_t> dram(c);
-  Tiered<int64_t> t(TierCfg(c, dir, 200 * (dim * 3 * 4 + 8)));
+  Tiered<int64_t> t(TierRows(c, 200, 2));
   CHECK_EQ(t.num_segments(), 1);
   Zipf z(5000, 1.1, 7);
   for (int64_t step = 1; step <= 40; ++step) {
@@ -220,9 +223,8 @@ static void test_one_segment_table_stays_within_its_budget() {
 
 static void test_full_walk_streams_cold_rows_without_caching_them() {
   const int dim = 8;
-  std::string dir = TempDir();
   Table<int64_t> dram(Cfg(dim));
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 50 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 50));
   std::vector<int64_t> keys;
   for (int i = 0; i < 3000; ++i) keys.push_back(i * 5);
   std::vector<float> out(keys.size() * dim);
@@ -266,10 +268,9 @@ struct ContentSink : ExportSink<K> {
 // of them, and holds exactly the all-DRAM export's content.
 static void test_full_export_streams_cold_rows_in_file_order_in_long_reads() {
   const int dim = 8;
-  std::string dir = TempDir();
   TableConfig cfg = Cfg(dim, 2);
   Table<int64_t> dram(cfg);
-  Tiered<int64_t> t(TierCfg(cfg, dir, 60 * (dim * 3 * 4 + 8)));
+  Tiered<int64_t> t(TierRows(cfg, 60, 2));
   std::vector<int64_t> all;
   for (int i = 0; i < 3000; ++i) all.push_back(i * 31 + 5);
   TrainStep(t, dram, all, 1, false);  // counted (the filter admits at the second sight)
@@ -302,8 +303,7 @@ static void test_full_export_streams_cold_rows_in_file_order_in_long_reads() {
 // while rows are rewritten, evicted, compacted and keys erased meanwhile.
 static void test_full_export_racing_writers_gives_each_key_once_untorn() {
   const int dim = 8;
-  std::string dir = TempDir();
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 80 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 80));
   const int n = 4000;
   std::vector<int64_t> keys(n);
   for (int i = 0; i < n; ++i) keys[i] = i * 3 + 1;
@@ -338,8 +338,7 @@ static void test_full_export_racing_writers_gives_each_key_once_untorn() {
 
 static void test_eviction_by_step_reads_no_cold_row() {
   const int dim = 4;
-  std::string dir = TempDir();
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 50 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 50));
   std::vector<int64_t> keys;
   for (int i = 0; i < 2000; ++i) keys.push_back(i);
   std::vector<float> out(keys.size() * dim);
@@ -358,9 +357,8 @@ static void test_eviction_by_step_reads_no_cold_row() {
 
 static void test_rows_widen_on_disk_when_slots_are_added() {
   const int dim = 3;
-  std::string dir = TempDir();
   Table<int64_t> dram(Cfg(dim));
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 20 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 20));
   std::vector<int64_t> keys;
   for (int i = 0; i < 500; ++i) keys.push_back(i * 13);
   std::vector<float> out(keys.size() * dim);
@@ -375,9 +373,8 @@ static void test_rows_widen_on_disk_when_slots_are_added() {
 
 static void test_string_keys_on_a_tiered_table() {
   const int dim = 4;
-  std::string dir = TempDir();
   Table<std::string_view, StringKeyTraits> dram(Cfg(dim));
-  Table<std::string_view, StringKeyTraits, TieredStore<>> t(TierCfg(Cfg(dim), dir, 30 * (dim * 4 + 8)));
+  Table<std::string_view, StringKeyTraits, TieredStore<>> t(TierRows(Cfg(dim), 30));
   std::vector<std::string> owned;
   for (int i = 0; i < 600; ++i) owned.push_back("user-" + std::to_string(i * 7));
   std::vector<std::string_view> keys(owned.begin(), owned.end());
@@ -434,9 +431,8 @@ static void ServeFind(const T& t, const int64_t* keys, size_t n, float* out) {
 // shared): one reads it from disk, the other waits for it; both get the row.
 static void test_two_readers_missing_the_same_row_both_get_it() {
   const int dim = 8;
-  std::string dir = TempDir();
   Table<int64_t> dram(Cfg(dim));
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 8 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 8));
   std::vector<int64_t> keys;
   for (int i = 0; i < 400; ++i) keys.push_back(i * 11 + 1);
   std::vector<float> out(keys.size() * dim);
@@ -477,9 +473,8 @@ static void test_two_readers_missing_the_same_row_both_get_it() {
 // the right row, and the trained state equals the all-DRAM table's.
 static void test_eviction_racing_lookups_loses_nothing() {
   const int dim = 8;
-  std::string dir = TempDir();
   Table<int64_t> dram(Cfg(dim));
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 24 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 24));
   std::vector<int64_t> read_keys, train_keys;
   for (int i = 0; i < 150; ++i) read_keys.push_back(i * 2);
   for (int i = 0; i < 300; ++i) train_keys.push_back(i * 2 + 1);
@@ -512,7 +507,6 @@ static void test_eviction_racing_lookups_loses_nothing() {
 // A disk that refuses writes (RLIMIT_FSIZE, in a child so the limit stays
 // there): every write-back fails, rows stay in DRAM, nothing is lost.
 static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
-  std::string dir = TempDir();
   pid_t pid = ::fork();
   if (pid == 0) {
     ::signal(SIGXFSZ, SIG_IGN);
@@ -520,7 +514,7 @@ static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
     ::setrlimit(RLIMIT_FSIZE, &rl);
     const int dim = 8;
     Table<int64_t> dram(Cfg(dim));
-    Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 10 * (dim * 4 + 8)));
+    Tiered<int64_t> t(TierRows(Cfg(dim), 10));
     t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
     dram.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
     for (int64_t step = 1; step <= 4; ++step) {
@@ -552,8 +546,7 @@ static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
 // victims (a run of adjacent records), not one per row.
 static void test_evicted_rows_are_written_in_batches() {
   const int dim = 8;
-  std::string dir = TempDir();
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 512 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 512));
   std::vector<int64_t> keys;
   for (int i = 0; i < 20000; ++i) keys.push_back(i * 3 + 1);
   std::vector<float> out(keys.size() * dim);
@@ -568,11 +561,10 @@ static void test_evicted_rows_are_written_in_batches() {
 // records in one read: rows that were evicted together come back in runs.
 static void test_misses_of_one_batch_are_read_in_runs() {
   const int dim = 8;
-  std::string dir = TempDir();
   TableConfig c = Cfg(dim);
   c.segments_log2 = 1;  // two segments: a batch's victims are the other segment's rows
   Table<int64_t> dram(c);
-  Tiered<int64_t> t(TierCfg(c, dir, 256 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(c, 256));
   std::vector<int64_t> keys;
   for (int i = 0; i < 6000; ++i) keys.push_back(i * 7 + 2);
   std::vector<float> out(keys.size() * dim), want(keys.size() * dim);
@@ -595,11 +587,10 @@ static void test_misses_of_one_batch_are_read_in_runs() {
 // budget once the cleaner has caught up.
 static void test_an_import_reads_the_cold_rows_of_a_segment_together() {
   const int dim = 8;
-  std::string dir = TempDir();
   TableConfig c = Cfg(dim);
   c.segments_log2 = 1;
   Table<int64_t> dram(c);
-  Tiered<int64_t> t(TierCfg(c, dir, 256 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(c, 256));
   const int64_t n = 6000;
   std::vector<int64_t> keys, ver(n), freq(n);
   std::vector<float> vals(n * dim);
@@ -630,9 +621,8 @@ static void test_an_import_reads_the_cold_rows_of_a_segment_together() {
 // it answers what the all-DRAM table answers.
 static void test_a_read_only_lookup_caches_nothing_and_writes_nothing_back() {
   const int dim = 8;
-  std::string dir = TempDir();
   Table<int64_t> dram(Cfg(dim));
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 128 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 128));
   std::vector<int64_t> keys;
   for (int i = 0; i < 3000; ++i) keys.push_back(i * 5 + 3);
   std::vector<float> out(keys.size() * dim), want(keys.size() * dim);
@@ -655,9 +645,8 @@ static void test_a_read_only_lookup_caches_nothing_and_writes_nothing_back() {
 // exact.
 static void test_compaction_keeps_the_file_near_its_live_rows() {
   const int dim = 8;
-  std::string dir = TempDir();
   Table<int64_t> dram(Cfg(dim));
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 300 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 300));
   Zipf z(6000, 1.1, 11);
   for (int64_t step = 1; step <= 120; ++step) {
     std::vector<int64_t> keys;
@@ -676,9 +665,8 @@ static void test_compaction_keeps_the_file_near_its_live_rows() {
 // build runs this.
 static void test_concurrent_training_and_lookups_equal_all_dram() {
   const int dim = 8;
-  std::string dir = TempDir();
   Table<int64_t> dram(Cfg(dim));
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 64 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 64));
   auto offs = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
   dram.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
   AdamUpdate adam{0.01f, 0.9f, 0.999f, 1e-7f, dim, offs[0], offs[1]};
@@ -745,8 +733,7 @@ static void test_record_file_reads_records_across_mapped_windows_and_without_the
 // id (allocated in chunks of 65,536) and 4 bytes per disk record.
 static void test_stats_count_the_per_key_dram_cost() {
   const int dim = 4;
-  std::string dir = TempDir();
-  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 64 * (dim * 4 + 8)));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 64));
   std::vector<int64_t> keys;
   for (int i = 0; i < 5000; ++i) keys.push_back(i);
   std::vector<float> out(keys.size() * dim);
@@ -774,6 +761,33 @@ static void test_frequency_clock_weights() {
   CHECK(!FrequencyClock::Pass(w) && !FrequencyClock::Pass(w) && !FrequencyClock::Pass(w) && FrequencyClock::Pass(w));
 }
 
+// Making room before a publish (MakeRoom, EvServeWarm) evicts even when
+// every resident row is heavy: a round of the CLOCK hand that finds no
+// victim only takes weight, so one empty round is no reason to stop. The
+// rows that follow then fit without a write.
+static void test_making_room_evicts_rows_the_hand_needs_several_rounds_for() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 128 * (dim * 4 + 8)));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 3000; ++i) keys.push_back(i * 5 + 3);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  std::vector<int64_t> hot(keys.begin(), keys.begin() + 100);
+  for (int i = 0; i < 16; ++i) t.FindOrInsert(hot.data(), hot.size(), out.data(), kThreads);  // weight 5 each
+  CHECK(t.store().Settle());
+  const TierStats before = t.tier_stats();
+  CHECK(before.resident + 50 > before.budget_rows);
+  t.store().MakeRoom(50);
+  const TierStats after = t.tier_stats();
+  CHECK(after.resident + 50 <= after.budget_rows);
+  CHECK(after.writebacks > before.writebacks);
+  std::vector<int64_t> fresh;
+  for (int i = 0; i < 50; ++i) fresh.push_back(1000000 + i);
+  t.FindOrInsert(fresh.data(), fresh.size(), out.data(), kThreads);
+  CHECK_EQ(t.tier_stats().writebacks, after.writebacks);
+}
+
 int main() {
   RUN(test_frequency_clock_weights);
   RUN(test_bad_config_is_refused);
@@ -794,6 +808,7 @@ int main() {
   RUN(test_misses_of_one_batch_are_read_in_runs);
   RUN(test_an_import_reads_the_cold_rows_of_a_segment_together);
   RUN(test_a_read_only_lookup_caches_nothing_and_writes_nothing_back);
+  RUN(test_making_room_evicts_rows_the_hand_needs_several_rounds_for);
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
   RUN(test_stats_count_the_per_key_dram_cost);

@@ -39,7 +39,7 @@ class EvApplyBase : public EvTableOp<K> {
     }
   }
   EV_TABLE_KERNEL(ctx, res, t) {
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     EV_INPUT(ctx, grads, schema::kGradsInput);
     EV_INPUT(ctx, step, schema::kGlobalStepInput);
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector, got ", keys.shape().DebugString()));
@@ -56,8 +56,6 @@ class EvApplyBase : public EvTableOp<K> {
     }
     const int64_t n = keys.dim_size(0);
     const int dim = t.dim();
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     const CoreKey<K>* k = kin.data();
     const float* g = grads.flat<float>().data();
     // NaN/Inf policy (core/finite.h): refuse the whole batch, change nothing.

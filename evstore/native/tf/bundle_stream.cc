@@ -153,12 +153,12 @@ extern "C" __attribute__((visibility("default"))) void evstore_set_object_source
   g_source = Source{open, size, read, close};
 }
 
-InFile::InFile(const std::string& path) : path_(path) {
+InFile::InFile(const std::string& path, int64_t start, int64_t end) : path_(path) {
   if (IsSourcePath(path_)) {
     if (!g_source.open)
       throw std::runtime_error("checkpoint file '" + path_ + "' is of an object source, and this process registered "
                                "none (checkpoint/object_source.py install())");
-    src_ = g_source.open(path_.c_str());
+    src_ = g_source.open(path_.c_str(), start, end);
     if (src_ < 0) throw std::runtime_error("cannot open checkpoint data file '" + path_ + "': missing or unreadable");
     return;
   }
@@ -214,7 +214,9 @@ std::string InFile::ReadAll() const {
 // ------------------------------------------------------------------ OutFile
 
 OutFile::OutFile(std::string path, bool in_memory)
-    : path_(std::move(path)), in_memory_(in_memory), buf_(in_memory ? 0 : kBufferBytes) {
+    : path_(std::move(path)),
+      in_memory_(in_memory),
+      buf_(in_memory ? 0 : IsSinkPath(path_) ? kBufferBytes : kLocalBufferBytes) {
   if (in_memory_) return;
   if (IsSinkPath(path_)) {
     sink_ = TheSink(path_).open(path_.c_str());
@@ -239,12 +241,45 @@ void OutFile::Write(const void* data, size_t n) {
     return;
   }
   while (n > 0) {
+    if (used_ == 0 && n >= buf_.size() && fd_ >= 0) {  // whole buffers' worth: written from the caller's bytes
+      const size_t whole = n - n % buf_.size();
+      WriteOut(p, whole);
+      p += whole;
+      n -= whole;
+      continue;
+    }
     size_t take = std::min(n, buf_.size() - used_);
     std::memcpy(buf_.data() + used_, p, take);
     used_ += take;
     p += take;
     n -= take;
     if (used_ == buf_.size()) Flush();
+  }
+}
+
+void OutFile::WriteRows(const void* data, size_t row_bytes, size_t stride_bytes, size_t rows) {
+  const char* p = static_cast<const char*>(data);
+  if (stride_bytes == row_bytes) return Write(p, row_bytes * rows);
+  if (in_memory_) {
+    for (size_t i = 0; i < rows; ++i) Write(p + i * stride_bytes, row_bytes);
+    return;
+  }
+  while (rows > 0) {
+    const size_t fit = std::max<size_t>(1, (buf_.size() - used_) / row_bytes);
+    const size_t take = std::min(rows, fit);
+    if (used_ + take * row_bytes > buf_.size()) {  // a row that does not fit what is left: through Write
+      Write(p, row_bytes);
+      p += stride_bytes;
+      --rows;
+      continue;
+    }
+    char* dst = buf_.data() + used_;
+    for (size_t i = 0; i < take; ++i, p += stride_bytes) std::memcpy(dst + i * row_bytes, p, row_bytes);
+    crc_ = Crc32cExtend(crc_, dst, take * row_bytes);  // while the gathered rows are in the cache
+    used_ += take * row_bytes;
+    size_ += static_cast<int64_t>(take * row_bytes);
+    rows -= take;
+    if (buf_.size() - used_ < row_bytes) Flush();
   }
 }
 
@@ -255,16 +290,32 @@ void OutFile::Flush() {
     used_ = 0;
     return;
   }
+  WriteOut(buf_.data(), used_);
+  used_ = 0;
+}
+
+void OutFile::WriteOut(const char* p, size_t n) {
   size_t off = 0;
-  while (off < used_) {
-    ssize_t w = ::write(fd_, buf_.data() + off, used_ - off);
+  while (off < n) {
+    ssize_t w = ::write(fd_, p + off, n - off);
     if (w < 0) {
       if (errno == EINTR) continue;
       throw IoError("cannot write checkpoint file", path_);
     }
     off += static_cast<size_t>(w);
   }
-  used_ = 0;
+  written_ += static_cast<int64_t>(n);
+#if defined(__linux__)
+  // Start the disk writing what this file holds so far, without waiting for
+  // it: the save's CPU work and the disk's writes then overlap, where the
+  // kernel would otherwise start only at its dirty-page threshold and leave
+  // the rest to Close's fsync. Best effort: a filesystem without it (or a
+  // failure) leaves the write-back to the kernel and the fsync.
+  if (written_ - kicked_ >= kWritebackBytes) {
+    ::sync_file_range(fd_, kicked_, written_ - kicked_, SYNC_FILE_RANGE_WRITE);
+    kicked_ = written_;
+  }
+#endif
 }
 
 void OutFile::Close(bool sync) {
@@ -422,6 +473,14 @@ void BundleStreamWriter::Append(int col, const void* data, int64_t rows) {
   } else {
     c.file->Write(data, rows * c.row_bytes);
   }
+  c.rows += rows;
+}
+
+void BundleStreamWriter::AppendStrided(int col, const void* data, int64_t stride_bytes, int64_t rows) {
+  Column& c = cols_.at(col);
+  if (c.ended) throw std::logic_error("column '" + c.name + "' already ended");
+  if (c.is_string || c.in_shard0) throw std::logic_error("column '" + c.name + "' takes no strided rows");
+  c.file->WriteRows(data, c.row_bytes, stride_bytes, rows);
   c.rows += rows;
 }
 
@@ -671,7 +730,7 @@ BundleStreamReader::Column::Column(const BundleStreamReader& r, const std::strin
                                std::to_string(rows_) + " strings)");
     return;
   }
-  file_ = std::make_unique<InFile>(path_);
+  file_ = std::make_unique<InFile>(path_, offset_, end_);  // an object source reads this range only
   if (file_->Size() < end_)
     throw std::runtime_error("checkpoint data file '" + path_ + "' is truncated (tensor '" + name + "' needs " +
                              std::to_string(end_) + " bytes)");

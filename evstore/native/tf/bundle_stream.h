@@ -24,7 +24,7 @@
 // string column writes its lengths and its bytes to two temporary files and
 // joins them when it ends (one sequential copy of the key bytes).
 //
-// Memory: one write buffer per open column (kBufferBytes); a column is
+// Memory: one write buffer per open column (OutFile); a column is
 // closed as soon as its EV is done. Nothing holds a copy of the table.
 // Failure: any error leaves the writer failed; its destructor deletes every
 // file it created unless Finish() succeeded.
@@ -79,13 +79,16 @@ void SinkRemove(const std::string& path);                          // best effor
 // Object source: a bundle whose prefix starts with kSourceScheme ("evsource://<id>/<prefix>") is read
 // through callbacks the process registered with evstore_set_object_source (checkpoint/object_source.py),
 // never from a local file. open: a handle >= 0, or < 0 when the file cannot be opened (missing);
-// size: the file's bytes (< 0: error); read: up to n bytes at offset into dst, the count read (fewer
-// only at the file's end; < 0: error); close: releases the handle. Calls on one handle come from one
-// thread at a time; the source keeps the reason of a failure. A process that registered none fails.
+// [start, end) are the bytes the opener will read (end < 0: the whole file), so the source reads
+// ahead within them and never past them (a tensor's byte range: each byte of a column is fetched
+// once, and a small tensor costs its own bytes, not a block); size: the file's bytes (< 0: error);
+// read: up to n bytes at offset into dst, the count read (fewer only at the file's end; < 0: error);
+// close: releases the handle. Calls on one handle come from one thread at a time; the source keeps
+// the reason of a failure. A process that registered none fails.
 inline constexpr char kSourceScheme[] = "evsource://";
 bool IsSourcePath(const std::string& path);
 extern "C" {
-typedef int64_t (*SourceOpenFn)(const char* path);
+typedef int64_t (*SourceOpenFn)(const char* path, int64_t start, int64_t end);
 typedef int64_t (*SourceSizeFn)(int64_t handle);
 typedef int64_t (*SourceReadFn)(int64_t handle, int64_t offset, char* dst, int64_t n);
 typedef void (*SourceCloseFn)(int64_t handle);
@@ -96,7 +99,9 @@ void evstore_set_object_source(SourceOpenFn open, SourceSizeFn size, SourceReadF
 // source (IsSourcePath). Closed by its destructor.
 class InFile {
  public:
-  explicit InFile(const std::string& path);  // throws std::runtime_error naming the file
+  // Throws std::runtime_error naming the file. [start, end): the bytes this
+  // file will be read at (end < 0: anywhere), for an object source's reads.
+  explicit InFile(const std::string& path, int64_t start = 0, int64_t end = -1);
   ~InFile();
   InFile(const InFile&) = delete;
   InFile& operator=(const InFile&) = delete;
@@ -117,12 +122,24 @@ class InFile {
 // An append-only file that keeps its size and crc32c as it goes: a local
 // file, a file of an object sink (IsSinkPath), or (`in_memory`) a buffer
 // that is never flushed anywhere (`memory()`: its bytes).
+//
+// A local file's bytes go to the disk as they are written: every
+// kWritebackBytes the writer asks the kernel to start writing them back
+// (sync_file_range, not waiting), so a large save keeps the disk busy while
+// it computes and its final fsync waits only for the tail. A Write of at
+// least a buffer's worth into an empty buffer goes to the file straight from
+// the caller's bytes (no copy into the buffer).
 class OutFile {
  public:
-  static constexpr size_t kBufferBytes = 1 << 20;
+  static constexpr size_t kBufferBytes = 1 << 20;       // an object sink's: bytes per sink call
+  static constexpr size_t kLocalBufferBytes = 256 << 10; // a local file's: stays in the core's L2 cache
+  static constexpr int64_t kWritebackBytes = 8 << 20;
   explicit OutFile(std::string path, bool in_memory = false);  // throws std::runtime_error
   ~OutFile();
   void Write(const void* data, size_t n);  // throws std::runtime_error
+  // Appends `rows` rows of `row_bytes` bytes, row i at data + i * stride_bytes
+  // (a column of interleaved rows), gathered straight into the write buffer.
+  void WriteRows(const void* data, size_t row_bytes, size_t stride_bytes, size_t rows);
   void Close(bool sync);                    // flush (+ fsync), throws
   const std::string& path() const { return path_; }
   int64_t size() const { return size_; }
@@ -131,8 +148,11 @@ class OutFile {
 
  private:
   void Flush();
+  void WriteOut(const char* p, size_t n);  // all of it to the local file; throws
   std::string path_;
   int fd_ = -1;
+  int64_t written_ = 0;  // bytes handed to the local file
+  int64_t kicked_ = 0;   // bytes whose write-back was started
   int64_t sink_ = -1;      // handle of an object sink's file
   bool in_memory_ = false;
   std::string mem_;
@@ -168,6 +188,9 @@ class BundleStreamWriter {
   int BeginStringColumn(const std::string& name);
   // Appends `rows` rows (row-major, inner_dims elements each).
   void Append(int col, const void* data, int64_t rows);
+  // Appends `rows` rows, row i at data + i * stride_bytes (a column out of
+  // interleaved rows, without a copy of its own first). Not for in_shard0 columns.
+  void AppendStrided(int col, const void* data, int64_t stride_bytes, int64_t rows);
   // Appends `n` strings to a string column.
   void AppendStrings(int col, const std::string_view* v, int64_t n);
   // Flushes and closes a column's file (frees its buffer).

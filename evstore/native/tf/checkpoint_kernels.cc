@@ -105,19 +105,19 @@ class BundleSink : public ExportSink<CoreKey<T>> {
     AppendKeys(keys_, keys, n);
     w_->Append(versions_, versions, n);
     w_->Append(freqs_, freqs, n);
-    // Split [embedding | slots...] rows into one contiguous column each.
-    buf_.resize(static_cast<size_t>(n) * dim_);
-    for (int c = 0; c <= static_cast<int>(slot_cols_.size()); ++c) {
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(buf_.data() + i * dim_, rows + i * stride + c * dim_, dim_ * sizeof(float));
-      w_->Append(c == 0 ? values_ : slot_cols_[c - 1], buf_.data(), n);
-      if (c == 0 && view_) {
-        vbuf_.resize(static_cast<size_t>(n) * dim_ * view::ElementBytes(codec_));
-        const size_t had = scales_.size();
-        if (codec_ == view::Codec::kInt8) scales_.resize(had + n);  // kept until the values end (4 bytes a row)
-        view::EncodeRows(codec_, buf_.data(), n, dim_, vbuf_.data(), scales_.data() + had);
-        view_->Append(view_values_, vbuf_.data(), n);
-      }
+    // [embedding | slots...] rows: each column gathered from them straight
+    // into its file's write buffer (the serving view encodes a copy of the
+    // embeddings).
+    for (int c = 0; c <= static_cast<int>(slot_cols_.size()); ++c)
+      w_->AppendStrided(c == 0 ? values_ : slot_cols_[c - 1], rows + c * dim_, stride * sizeof(float), n);
+    if (view_) {
+      buf_.resize(static_cast<size_t>(n) * dim_);
+      for (int64_t i = 0; i < n; ++i) std::memcpy(buf_.data() + i * dim_, rows + i * stride, dim_ * sizeof(float));
+      vbuf_.resize(static_cast<size_t>(n) * dim_ * view::ElementBytes(codec_));
+      const size_t had = scales_.size();
+      if (codec_ == view::Codec::kInt8) scales_.resize(had + n);  // kept until the values end (4 bytes a row)
+      view::EncodeRows(codec_, buf_.data(), n, dim_, vbuf_.data(), scales_.data() + had);
+      view_->Append(view_values_, vbuf_.data(), n);
     }
     MaybePauseMidData();
   }
@@ -618,9 +618,12 @@ class EvCrc32cExtendOp : public OpKernel {
   }
 };
 
-// crc32c and size of each local file of `path`, read in chunks of up to 4 MiB
-// through one buffer, allocated once per call and not cleared (a zero-filled
-// 4 MiB per file cost more than reading a small delta's files).
+// crc32c and size of each local file of `path`, read in chunks of up to
+// 256 KiB through one buffer, allocated once per call and not cleared (a
+// zero-filled buffer per file cost more than reading a small delta's files).
+// The buffer stays in the core's L2 cache, so the checksum reads what the
+// kernel just copied from the cache, not from memory (a restore checks every
+// file of a full this way before it loads them).
 class EvFileCrc32cOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -632,7 +635,7 @@ class EvFileCrc32cOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, path_t.shape(), &s));
     auto crcs = c->flat<int64_t>();
     auto sizes = s->flat<int64_t>();
-    constexpr size_t kChunk = 4 << 20;
+    constexpr size_t kChunk = 256 << 10;
     std::unique_ptr<char[]> buf(new char[kChunk]);
     for (int64_t i = 0; i < paths.size(); ++i) {
       const std::string path(paths(i));

@@ -85,6 +85,15 @@ class KeysIn<tensorflow::tstring> {
   std::vector<std::string_view> v_;
 };
 
+// The keys input (schema::kKeysInput) of a kernel templated on K, as the
+// tensor and as core keys; a kernel reads it before it changes anything, so a
+// key KeysIn refuses leaves the table as it was:
+//   EV_KEYS_INPUT(ctx, keys, kin);   // const Tensor& keys; KeysIn<K> kin
+#define EV_KEYS_INPUT(ctx, var, kin)         \
+  EV_INPUT(ctx, var, schema::kKeysInput);    \
+  KeysIn<K> kin;                             \
+  OP_REQUIRES_OK(ctx, kin.Init(var))
+
 // Writes core keys (Key or Owned values) [begin, end) to a keys tensor.
 template <typename T, typename It>
 void CopyKeysOut(It begin, It end, Tensor* out) {

@@ -48,7 +48,7 @@ class EvReadRowsOp : public EvTableOp<K> {
   explicit EvReadRowsOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
   EV_TABLE_KERNEL(ctx, res, t) {
     OP_REQUIRES(ctx, t.dim() == dim_, errors::InvalidArgument("expects dim ", dim_, " but the table has dim ", t.dim()));
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
     SlotSpecs specs;
     OP_REQUIRES_OK(ctx, SlotSpecsOf(ctx, &specs));
@@ -69,8 +69,6 @@ class EvReadRowsOp : public EvTableOp<K> {
     float* v = values->flat<float>().data();
     float* s = slots->flat<float>().data();
     bool* a = admitted->flat<bool>().data();
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     const CoreKey<K>* k = kin.data();
     const size_t row_bytes = dim_ * sizeof(float);
     // Chunks of keys read in parallel (Table::Read takes a shared lock per key).
@@ -115,7 +113,7 @@ class EvWriteRowsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     EV_INPUT(ctx, values, "values");
     EV_INPUT(ctx, slots, "slots");
     EV_INPUT(ctx, step, schema::kGlobalStepInput);
@@ -140,8 +138,6 @@ class EvWriteRowsOp : public EvTableOp<K> {
     if (n == 0) return;
     const float* v = values.flat<float>().data();
     CopyRow copy{v, slots.flat<float>().data(), &offs, n, t.dim()};
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     EV_TRY(ctx, out->scalar<int64_t>()() = t.Apply(kin.data(), v, n, step.scalar<int64_t>()(), copy,
                                                    IntraOp(ctx)));
   }
@@ -152,14 +148,12 @@ class EvUniqueSumOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     EV_INPUT(ctx, grads, schema::kGradsInput);
     OP_REQUIRES(ctx, keys.dims() == 1 && grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0),
                 errors::InvalidArgument("keys [n] and grads [n, dim] expected, got ", keys.shape().DebugString(),
                                         " and ", grads.shape().DebugString()));
     const int dim = static_cast<int>(grads.dim_size(1));
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     std::vector<CoreKey<K>> ukeys;
     std::vector<float> ugrads;
     const int64_t un = UniqueSum(kin.data(), grads.flat<float>().data(), keys.dim_size(0), dim, &ukeys,

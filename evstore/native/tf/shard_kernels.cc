@@ -13,11 +13,9 @@ class EvShardIndexOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("num_shards", &num_shards_));
   }
   void Compute(OpKernelContext* ctx) override {
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &out));
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     const CoreKey<K>* k = kin.data();
     int32_t* o = out->flat<int32_t>().data();
     const int64_t n = keys.NumElements();
@@ -37,7 +35,7 @@ class EvFindOrInsertCountedOp : public EvTableOp<K> {
   EV_TABLE_KERNEL(ctx, res, t) {
     OP_REQUIRES(ctx, t.dim() == dim_,
                 errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     EV_INPUT(ctx, counts, "counts");
     OP_REQUIRES(ctx, keys.dims() == 1 && counts.dims() == 1 && counts.dim_size(0) == keys.dim_size(0),
                 errors::InvalidArgument("keys and counts must be vectors of one length, got ",
@@ -49,8 +47,6 @@ class EvFindOrInsertCountedOp : public EvTableOp<K> {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &out));
     if (n == 0) return;
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     EV_TRY(ctx, t.FindOrInsert(kin.data(), n, out->flat<float>().data(), IntraOp(ctx), c));
   }
 

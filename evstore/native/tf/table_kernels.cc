@@ -138,15 +138,13 @@ class EvKeyInfoOp : public EvTableOp<K> {
   bool ReportsWriteBacks() const override { return false; }
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     Tensor *freqs, *versions, *admitted;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &freqs));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &versions));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, keys.shape(), &admitted));
     const int64_t n = keys.NumElements();
     std::vector<uint8_t> present(n), adm(n);
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     t.Read(kin.data(), n, t.stride(), present.data(), adm.data(), versions->flat<int64_t>().data(),
            freqs->flat<int64_t>().data(), /*rows=*/nullptr);
     auto a = admitted->flat<bool>();
@@ -165,11 +163,9 @@ class EvKeepRowsOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     tensorflow::core::RefCountPtr<EvResource<K>> src;
     OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &src, "source"));
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     int64_t kept = 0;
@@ -183,11 +179,9 @@ class EvRemoveOp : public EvTableOp<K> {
  public:
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     // A serving table exports nothing: it keeps no deleted set.
     out->scalar<int64_t>()() = t.Erase(kin.data(), keys.NumElements(), /*track_deleted=*/!res.serving());
   }
@@ -201,7 +195,7 @@ class EvServeUpsertOp : public EvTableOp<K> {
   EV_TABLE_KERNEL(ctx, res, t) {
     const ServingRows* serving = res.serving();
     OP_REQUIRES(ctx, serving, errors::FailedPrecondition("EvServeUpsert needs a serving table (EvCreate's serving_rows)"));
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     EV_INPUT(ctx, values, "values");
     EV_INPUT(ctx, scales, "scales");
     EV_INPUT(ctx, freqs, "freqs");
@@ -226,8 +220,6 @@ class EvServeUpsertOp : public EvTableOp<K> {
     OP_REQUIRES(ctx, !(encoded && c == view::Codec::kInt8) || scales.NumElements() == n,
                 errors::InvalidArgument("int8 rows need one scale per row"));
     if (n == 0) return;
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     const int w = serving->packed_floats();
     // Rows whose codes are their packed words are stored from the input as they are.
     const bool in_place = encoded && serving->CodesArePacked();
@@ -253,9 +245,7 @@ class EvServeWarmOp : public EvTableOp<K> {
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
     if constexpr (std::is_same_v<TableType, TieredTableT<K>>) {
-      EV_INPUT(ctx, keys, schema::kKeysInput);
-      KeysIn<K> kin;
-      OP_REQUIRES_OK(ctx, kin.Init(keys));
+      EV_KEYS_INPUT(ctx, keys, kin);
       EV_TRY(ctx, {
         t.store().MakeRoom(keys.NumElements());
         t.FindEach(kin.data(), keys.NumElements(), /*count=*/false, IntraOp(ctx), [](int64_t, const float*) {});
@@ -335,7 +325,7 @@ class EvImportOp : public EvTableOp<K> {
   explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
   EV_TABLE_KERNEL(ctx, res, t) {
     const int dim = t.dim();
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     EV_INPUT(ctx, vals, "values");
     EV_INPUT(ctx, slots, "slots");
     EV_INPUT(ctx, names, "slot_names");
@@ -364,8 +354,7 @@ class EvImportOp : public EvTableOp<K> {
         if (h.first == std::string(nm(i))) init = h.second;
       want.emplace_back(std::string(nm(i)), init);
     }
-    KeysIn<K> kin, fkin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
+    KeysIn<K> fkin;
     OP_REQUIRES_OK(ctx, fkin.Init(fkeys));
     EV_TRY(ctx, {
       std::vector<int> offs = t.EnsureSlots(want);

@@ -25,15 +25,13 @@ class EvLookupOp : public EvTableOp<K> {
     const ServingRows* serving = res.serving();
     OP_REQUIRES(ctx, !(kTrain && serving),
                 errors::FailedPrecondition("a serving table takes no training lookups (EvFindOrInsert)"));
-    EV_INPUT(ctx, keys, schema::kKeysInput);
+    EV_KEYS_INPUT(ctx, keys, kin);
     TensorShape shape = keys.shape();
     shape.AddDim(dim_);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
     const int64_t n = keys.NumElements();
     if (n == 0) return;
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     const CoreKey<K>* k = kin.data();
     float* o = out->flat<float>().data();
     if (kTrain) {
@@ -121,14 +119,12 @@ class EvCheckFiniteOp : public OpKernel {
  public:
   explicit EvCheckFiniteOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("ev_name", &name_)); }
   void Compute(OpKernelContext* ctx) override {
-    EV_INPUT(ctx, keys, "keys");
+    EV_KEYS_INPUT(ctx, keys, kin);
     EV_INPUT(ctx, grads, "grads");
     const int64_t n = keys.NumElements();
     const int64_t total = grads.NumElements();
     const int64_t dim = n > 0 ? total / n : 0;
     const float* g = grads.flat<float>().data();
-    KeysIn<K> kin;
-    OP_REQUIRES_OK(ctx, kin.Init(keys));
     const CoreKey<K>* k = kin.data();
     // NaN/Inf policy (core/finite.h), checked before any variable changes.
     const int64_t bad = FirstNonFinite(g, total);
