@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.tiered.bench_tiered engine --keys 1000000 --rounds 3
     .venv/bin/python -m bench.tiered.bench_tiered ev --keys 10000000 --dram-mib 768 --rounds 1
     .venv/bin/python -m bench.tiered.bench_tiered beyond --keys 17500000 --dim 128 --dram-mib 1536
+    .venv/bin/python -m bench.tiered.bench_tiered beyond --keys 10000000 --steps 20 --warmup 10 --rounds 2
     .venv/bin/python -m bench.tiered.bench_tiered serving --keys 1000000   # bench/tiered/bench_tiered_serving.py
 
 `engine`: builds bench/tiered/tiered_engine_bench.cc (core only, no TensorFlow) and

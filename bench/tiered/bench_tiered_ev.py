@@ -24,6 +24,12 @@ then with --serve a server process (serving_loader.ServingModel on a
 `tables="evstore"` export, tiered with 10% of the values in DRAM) loads the
 full and is timed predicting one example at a time, idle and while the
 chain's deltas land one a second. Everything is deleted at the end.
+With --rounds N, `beyond` saves N fulls in the training process and restores
+N times, each in a new process, and every save and restore is followed by the
+disk's sequential write + fsync and cold read of the full's bytes (a probe
+child at the same niceness as the sides: --child-nice), so each ratio is
+against the disk's rate of that moment on a shared disk. Disk use stays at the
+tier plus one full (or the probe's file).
 """
 import json
 import os
@@ -163,24 +169,25 @@ def child(cfg):
         out["populate_keys_per_s"] = side.populate()
         out["populate_cpu_us_per_key"] = (time.process_time() - c0) / cfg["keys"] * 1e6
         out["rss_populated_mb"] = _status_mib("VmRSS")
-        out["save_rounds"] = []
-        for r in range(cfg["save_rounds"]):
-            if r:   # the previous round's full made way for the disk's sequential rate of its bytes
-                shutil.rmtree(cfg["ckpt"])
-                out["save_rounds"][-1].update(_probe(cfg, out["save_rounds"][-1]["full_bytes"], renice=False))
-            mgr = side.manager()
-            drop_cache(cfg["tier_dir"])   # the tier file read from the disk, as a table larger than memory is
-            a, c = time.perf_counter(), time.process_time()
-            full_seq = mgr.save_full()
-            out["save_rounds"].append(dict(save_full_s=time.perf_counter() - a, save_full_cpu_s=time.process_time() - c,
-                                           full_bytes=int(_dir_mb(cfg["ckpt"]) * 2**20), load_avg=os.getloadavg()[0]))
-            print(json.dumps(dict(save_round=r, **out["save_rounds"][-1])), file=sys.stderr, flush=True)
-        out.update({k: out["save_rounds"][-1][k] for k in ("save_full_s", "save_full_cpu_s")})
-        out["full_seq"] = full_seq
-        out["full_mb"] = _dir_mb(cfg["ckpt"])
-        out["rss_saved_mb"] = _status_mib("VmRSS")
-        keys, rows = side.sample()
-        np.savez(cfg["sample"], keys=keys, rows=rows)
+        if cfg["save"]:
+            out["save_rounds"] = []
+            for r in range(cfg["save_rounds"]):
+                if r:   # the previous round's full made way for the disk's sequential rate of its bytes
+                    shutil.rmtree(cfg["ckpt"])
+                    out["save_rounds"][-1].update(_probe(cfg, out["save_rounds"][-1]["full_bytes"], renice=False))
+                mgr = side.manager()
+                drop_cache(cfg["tier_dir"])   # the tier file read from the disk, as a table larger than memory is
+                a, c = time.perf_counter(), time.process_time()
+                full_seq = mgr.save_full()
+                out["save_rounds"].append(dict(save_full_s=time.perf_counter() - a, save_full_cpu_s=time.process_time() - c,
+                                               full_bytes=int(_dir_mb(cfg["ckpt"]) * 2**20), load_avg=os.getloadavg()[0]))
+                print(json.dumps(dict(save_round=r, **out["save_rounds"][-1])), file=sys.stderr, flush=True)
+            out.update({k: out["save_rounds"][-1][k] for k in ("save_full_s", "save_full_cpu_s")})
+            out["full_seq"] = full_seq
+            out["full_mb"] = _dir_mb(cfg["ckpt"])
+            out["rss_saved_mb"] = _status_mib("VmRSS")
+            keys, rows = side.sample()
+            np.savez(cfg["sample"], keys=keys, rows=rows)
         for _ in range(cfg["warmup"]):
             side.train_step()
         out.update(side.train(cfg["steps"]))
@@ -193,15 +200,16 @@ def child(cfg):
         st = side.ev.stats()
         out.update(cache_rows=st["cache_rows"], disk_mb=st["disk_bytes"] / 2**20, admitted=st["admitted"],
                    index_mb=st["index_bytes"] / 2**20, meta_mb=st["meta_bytes"] / 2**20)
-        before = _dir_mb(cfg["ckpt"])
-        mgr.save_delta()
-        out["delta_mb"] = _dir_mb(cfg["ckpt"]) - before
-        for _ in range(cfg["extra_deltas"]):   # a chain for a server to follow (beyond --serve)
-            for _ in range(cfg["delta_steps"]):
-                side.train_step()
+        if cfg["save"]:
+            before = _dir_mb(cfg["ckpt"])
             mgr.save_delta()
-        out["train_steps_total"] = cfg["warmup"] + cfg["steps"] + cfg["extra_deltas"] * cfg["delta_steps"]
-        del mgr
+            out["delta_mb"] = _dir_mb(cfg["ckpt"]) - before
+            for _ in range(cfg["extra_deltas"]):   # a chain for a server to follow (beyond --serve)
+                for _ in range(cfg["delta_steps"]):
+                    side.train_step()
+                mgr.save_delta()
+            out["train_steps_total"] = cfg["warmup"] + cfg["steps"] + cfg["extra_deltas"] * cfg["delta_steps"]
+            del mgr
     if cfg["phase"] == "serve":
         serve_phase(cfg, out)
     if cfg["phase"] == "restore":
@@ -336,7 +344,7 @@ def _cfg(args, kind, phase, work):
                 child_nice=args.child_nice,
                 sample=os.path.join(work, f"sample-{kind}.npz"), zipf=args.zipf,
                 batch=args.batch, warmup=args.warmup, steps=args.steps, seed=0, find1_calls=2000,
-                find1k_calls=200, extra_deltas=0, delta_steps=20)
+                find1k_calls=200, extra_deltas=0, delta_steps=20, save=not getattr(args, "no_save", False))
 
 
 def _run_child(cfg, renice=True, quiet=False):
@@ -413,6 +421,9 @@ def ev_level(args):
                 cfg = _cfg(args, kind, "train-save", work)
                 fig = _run_child(cfg)
                 shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
+                if not cfg["save"]:   # --no-save: training and lookups only
+                    runs[kind].append(fig)
+                    continue
                 _sequential(fig, cfg)
                 restored = _run_child(dict(cfg, phase="restore"))
                 _print_sequential(fig, restored)
@@ -440,6 +451,8 @@ def ev_level(args):
     print(f"all-DRAM table's RSS: {d['rss_train_mb'] - d['rss_base_mb']:.0f} MiB after training, "
           f"{d['rss_restored_mb'] - d['rss_restored_base_mb']:.0f} MiB after a restore in a fresh process")
     for kind, v in runs.items():
+        if not all("restored_bit_exact" in x for x in v):
+            continue   # --no-save: nothing restored
         bad = [x for x in v if not x.get("restored_bit_exact")]
         print(f"{kind}: restored sampled rows bit-exact in {len(v) - len(bad)}/{len(v)} runs")
 
@@ -488,6 +501,8 @@ def add_arguments(ap):
     ap.add_argument("--batch", type=int, default=4096, help="ev/beyond: training batch")
     ap.add_argument("--warmup", type=int, default=200, help="ev/beyond: untimed training steps first")
     ap.add_argument("--steps", type=int, default=300, help="ev/beyond: timed training steps")
+    ap.add_argument("--no-save", action="store_true", help="ev: training and lookups only (no full or delta "
+                                                             "save, no restore: the tier file is the only disk use)")
     ap.add_argument("--child-nice", type=int, default=10, help="ev/beyond: how much nicer than this process "
                     "each child runs (the sides, and the sequential probe alike)")
     ap.add_argument("--serve", action="store_true", help="beyond: serve the checkpoint last (predict latency "

@@ -10,6 +10,7 @@
 // or, where librocksdb-dev is not installed, with -DEVSTORE_BENCH_NO_ROCKSDB
 // (no peer: the dram and rowfile stores only).
 // Usage: tiered_engine_bench <store> <keys> <dram_fraction> <dir>
+//    or: tiered_engine_bench pair <keys> <dram_fraction> <dir>
 // Workload: <keys> int64 keys at dim 64 with Adam's two slots (768 bytes a row),
 // the cache budget <dram_fraction> of the rows' bytes; fill every key, then
 // training steps of 4,096 Zipf(1.1) ids (lookup + Adam apply, two threads),
@@ -17,6 +18,12 @@
 // again with the tier's file dropped from the page cache: cold_export_s),
 // and the disk's sequential write and cold read of the rows' bytes
 // (seq_write_s, seq_read_s) for the save target.
+// `pair`: the dram and rowfile tables in one process, filled alike, then
+// trained and looked up in alternation, batch by batch (each batch drawn
+// once and given to both), so that a shared machine's load falls on both
+// alike: CPU per key of each table's own work (the draws apart) and their
+// ratio. A tier's batch ends when its cleaner has caught up (Settle), so the
+// write-backs it caused are counted in its own batch.
 // Prints one line of `name value` pairs.
 #ifndef EVSTORE_BENCH_NO_ROCKSDB
 #include <rocksdb/cache.h>
@@ -27,6 +34,7 @@
 #endif
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -176,6 +184,11 @@ static int64_t StatusBytes(const char* field) {
   return 0;
 }
 static int64_t RssBytes() { return StatusBytes("VmRSS"); }
+static long MajorFaults() {
+  rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_majflt;
+}
 
 struct Zipf {  // ranks 1..n with P(k) ~ k^-s, by inverse CDF over a table
   std::vector<double> cdf;
@@ -233,43 +246,71 @@ static void SequentialRate(const std::string& dir, int64_t bytes, double* write_
   ::unlink(path.c_str());
 }
 
+static int64_t KeyOf(int64_t rank) { return (rank * 0x9E3779B97F4A7C15LL) & ((1LL << 62) - 1); }
+constexpr int kBatch = 4096, kWarmSteps = 50, kSteps = 200;
+
+// One table's workload: the fill, and a training step (lookup, gradient
+// sums, Adam) on a given batch of keys.
+template <typename T>
+struct Trainer {
+  T& t;
+  const int dim;
+  ParallelFor pf = TwoThreads;
+  std::vector<int> off;
+  std::vector<float> out, g, ug;
+  std::vector<int64_t> uk;
+  explicit Trainer(T& table) : t(table), dim(table.dim()) {
+    off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
+    g.resize(static_cast<size_t>(kBatch) * dim);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.001f * static_cast<float>(i % 13);
+  }
+  // Every key once (a restore-sized load), batches of 65,536; returns seconds.
+  double Fill(int64_t nkeys) {
+    const int64_t FB = 65536;
+    std::vector<int64_t> keys(FB);
+    out.resize(FB * dim);
+    auto t0 = Clock::now();
+    for (int64_t s = 0; s < nkeys; s += FB) {
+      int64_t n = std::min(FB, nkeys - s);
+      for (int64_t i = 0; i < n; ++i) keys[i] = KeyOf(s + i);
+      t.FindOrInsert(keys.data(), n, out.data(), pf);
+    }
+    return Secs(t0);
+  }
+  void Step(const int64_t* batch, int64_t step) {
+    t.FindOrInsert(batch, kBatch, out.data(), pf);
+    int64_t un = UniqueSum(batch, g.data(), kBatch, dim, &uk, &ug);
+    t.Apply(uk.data(), ug.data(), un, step, AdamUpdate{0.001f, 0.9f, 0.999f, 1e-7f, dim, off[0], off[1]}, pf);
+  }
+  int64_t Bytes() const { return Cap(out) + Cap(g) + Cap(uk) + Cap(ug); }
+};
+
 template <typename T>
 static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const std::string& dir) {
   const int dim = t.dim();
   ParallelFor pf = TwoThreads;
-  auto off = t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
-  auto key_of = [](int64_t rank) { return (rank * 0x9E3779B97F4A7C15LL) & ((1LL << 62) - 1); };
-  // Fill: every key once (a restore-sized load), batches of 65,536.
-  const int64_t FB = 65536;
-  std::vector<int64_t> keys(FB);
-  std::vector<float> out(FB * dim);
-  auto t0 = Clock::now();
-  for (int64_t s = 0; s < nkeys; s += FB) {
-    int64_t n = std::min(FB, nkeys - s);
-    for (int64_t i = 0; i < n; ++i) keys[i] = key_of(s + i);
-    t.FindOrInsert(keys.data(), n, out.data(), pf);
-  }
-  const double fill_s = Secs(t0);
-  // Training: Zipf(1.1) batches of 4,096, lookup + Adam.
+  Trainer<T> tr(t);
+  const double fill_s = tr.Fill(nkeys);
+  std::vector<float>& out = tr.out;
+  // Training: Zipf(1.1) batches of 4,096, lookup + Adam (the draws counted in).
   Zipf z(nkeys, 1.1, 42);
-  const int B = 4096, steps = 200;
+  const int B = kBatch, steps = kSteps;
   std::vector<int64_t> batch(B);
-  std::vector<float> g(static_cast<size_t>(B) * dim);
-  std::vector<int64_t> uk;
-  std::vector<float> ug;
-  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.001f * static_cast<float>(i % 13);
   auto one_step = [&](int64_t step) {
-    for (auto& k : batch) k = key_of(z.Next());
-    t.FindOrInsert(batch.data(), B, out.data(), pf);
-    int64_t un = UniqueSum(batch.data(), g.data(), B, dim, &uk, &ug);
-    t.Apply(uk.data(), ug.data(), un, step, AdamUpdate{0.001f, 0.9f, 0.999f, 1e-7f, dim, off[0], off[1]}, pf);
+    for (auto& k : batch) k = KeyOf(z.Next());
+    tr.Step(batch.data(), step);
   };
-  for (int s = 0; s < 50; ++s) one_step(s);  // warm the cache
+  for (int s = 0; s < kWarmSteps; ++s) one_step(s);  // warm the cache
   TierStats ts0 = t.tier_stats();
-  t0 = Clock::now();
+  auto t0 = Clock::now();
   const double cpu0 = CpuSecs();
-  for (int s = 50; s < 50 + steps; ++s) one_step(s);
+  const long majflt0 = MajorFaults();
+  for (int s = kWarmSteps; s < kWarmSteps + steps; ++s) one_step(s);
   const double train_s = Secs(t0);
+  // Page faults that read the disk while training: the tier file's pages
+  // were not in the page cache (reclaimed under memory pressure), so the
+  // run measured the disk as well as the engine.
+  const long train_majflt = MajorFaults() - majflt0;
   const double train_cpu_ns = (CpuSecs() - cpu0) / (static_cast<double>(steps) * B) * 1e9;
   TierStats ts1 = t.tier_stats();
   const double accesses = static_cast<double>((ts1.hits - ts0.hits) + (ts1.misses - ts0.misses));
@@ -278,7 +319,7 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const 
   std::vector<double> lat1, lat1k;
   std::vector<float> o1(dim);
   for (int i = 0; i < 5000; ++i) {
-    int64_t k = key_of(z.Next());
+    int64_t k = KeyOf(z.Next());
     auto a = Clock::now();
     t.Find(&k, 1, o1.data(), SerialFor);
     lat1.push_back(Secs(a));
@@ -286,7 +327,7 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const 
   double sum1k = 0;
   const double cpu_find = CpuSecs();
   for (int i = 0; i < 200; ++i) {
-    for (int j = 0; j < 1024; ++j) batch[j] = key_of(z.Next());
+    for (int j = 0; j < 1024; ++j) batch[j] = KeyOf(z.Next());
     auto a = Clock::now();
     t.Find(batch.data(), 1024, out.data(), pf);
     double d = Secs(a);
@@ -319,16 +360,15 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const 
   // thread overhead). RSS also counts mapped file pages (rss_file_mb: the
   // binary, and the tier file's pages that reads mapped, row_file.h).
   const int64_t rss = RssBytes(), rss_anon = StatusBytes("RssAnon"), rss_file = StatusBytes("RssFile");
-  const int64_t buffers = Cap(keys) + Cap(out) + Cap(batch) + Cap(g) + Cap(uk) + Cap(ug) + Cap(z.cdf) + Cap(lat1) +
-                          Cap(lat1k) + Cap(o1);
+  const int64_t buffers = tr.Bytes() + Cap(batch) + Cap(z.cdf) + Cap(lat1) + Cap(lat1k) + Cap(o1);
   const double other_mb = (rss_anon - rss_base - buffers - st.index_bytes - st.meta_bytes - st.row_bytes) / 1048576.0;
   std::printf(
-      "store %s keys %lld fill_s %.3f train_keys_per_s %.0f train_cpu_ns_per_key %.1f hit_rate %.4f find1_keys_per_s %.0f find1_p99_us %.1f "
+      "store %s keys %lld fill_s %.3f train_keys_per_s %.0f train_cpu_ns_per_key %.1f hit_rate %.4f train_majflt %ld find1_keys_per_s %.0f find1_p99_us %.1f "
       "find1k_keys_per_s %.0f find1k_cpu_ns_per_key %.1f find1k_p99_ms %.3f export_s %.3f export_cpu_s %.3f cold_export_s %.3f seq_write_s %.3f "
       "seq_read_s %.3f rss_mb %.1f rss_anon_mb %.1f rss_file_mb %.1f index_mb %.1f meta_mb %.1f row_mb %.1f "
       "cache_rows %lld disk_mb %.1f writebacks %lld write_batches %lld compacted %lld misses %lld read_calls %lld "
       "disk_records %lld live_records %lld rss_base_mb %.1f bench_buffers_mb %.1f rss_other_mb %.1f\n",
-      store, static_cast<long long>(nkeys), fill_s, steps * B / train_s, train_cpu_ns, hit, lat1.size() / [&] {
+      store, static_cast<long long>(nkeys), fill_s, steps * B / train_s, train_cpu_ns, hit, train_majflt, lat1.size() / [&] {
         double s = 0;
         for (double x : lat1) s += x;
         return s;
@@ -341,9 +381,72 @@ static void Run(T& t, int64_t nkeys, const char* store, int64_t rss_base, const 
       other_mb);
 }
 
+// `pair`: both tables in one process, each batch drawn once and run on the
+// all-DRAM table, then on the tier (its cleaner settled inside its window).
+// CPU per key of each table's own work; the draws' CPU apart (the single-store
+// runs' train_cpu_ns_per_key includes them).
+template <typename D, typename R>
+static void Pair(D& dram, R& tier, int64_t nkeys) {
+  Trainer<D> a(dram);
+  Trainer<R> b(tier);
+  const double fill_dram_s = a.Fill(nkeys), fill_tier_s = b.Fill(nkeys);
+  tier.store().Settle();
+  Zipf z(nkeys, 1.1, 42);
+  std::vector<int64_t> batch(kBatch);
+  double draw = 0, cpu_a = 0, cpu_b = 0;
+  auto settled_step = [&](int64_t step) {
+    b.Step(batch.data(), step);
+    tier.store().Settle();
+  };
+  TierStats ts0;
+  long majflt0 = 0;
+  for (int s = 0; s < kWarmSteps + kSteps; ++s) {
+    if (s == kWarmSteps) {
+      ts0 = tier.tier_stats();
+      majflt0 = MajorFaults();
+      draw = cpu_a = cpu_b = 0;
+    }
+    double c0 = CpuSecs();
+    for (auto& k : batch) k = KeyOf(z.Next());
+    double c1 = CpuSecs();
+    a.Step(batch.data(), s);
+    double c2 = CpuSecs();
+    settled_step(s);
+    double c3 = CpuSecs();
+    draw += c1 - c0;
+    cpu_a += c2 - c1;
+    cpu_b += c3 - c2;
+  }
+  const long majflt = MajorFaults() - majflt0;
+  const TierStats ts1 = tier.tier_stats();
+  const double hits = static_cast<double>(ts1.hits - ts0.hits), misses = static_cast<double>(ts1.misses - ts0.misses);
+  // Read-only lookups at batch 1,024, alternating likewise.
+  double find_a = 0, find_b = 0;
+  std::vector<float> out(static_cast<size_t>(1024) * dram.dim());
+  for (int i = 0; i < 200; ++i) {
+    for (int j = 0; j < 1024; ++j) batch[j] = KeyOf(z.Next());
+    double c0 = CpuSecs();
+    dram.Find(batch.data(), 1024, out.data(), TwoThreads);
+    double c1 = CpuSecs();
+    tier.Find(batch.data(), 1024, out.data(), TwoThreads);
+    find_a += c1 - c0;
+    find_b += CpuSecs() - c1;
+  }
+  const double keys = static_cast<double>(kSteps) * kBatch, fkeys = 200.0 * 1024;
+  std::printf(
+      "store pair keys %lld fill_dram_s %.3f fill_tier_s %.3f draw_cpu_ns_per_key %.1f dram_train_cpu_ns_per_key %.1f "
+      "tier_train_cpu_ns_per_key %.1f train_ratio %.3f train_ratio_with_draws %.3f dram_find1k_cpu_ns_per_key %.1f "
+      "tier_find1k_cpu_ns_per_key %.1f find1k_ratio %.3f hit_rate %.4f train_majflt %ld misses %lld writebacks %lld "
+      "write_batches %lld\n",
+      static_cast<long long>(nkeys), fill_dram_s, fill_tier_s, draw / keys * 1e9, cpu_a / keys * 1e9, cpu_b / keys * 1e9,
+      cpu_a / cpu_b, (cpu_a + draw) / (cpu_b + draw), find_a / fkeys * 1e9, find_b / fkeys * 1e9, find_a / find_b,
+      hits / (hits + misses), majflt, static_cast<long long>(ts1.misses - ts0.misses),
+      static_cast<long long>(ts1.writebacks - ts0.writebacks), static_cast<long long>(ts1.write_batches - ts0.write_batches));
+}
+
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: %s dram|rowfile|rocksdb <keys> <dram_fraction> <dir>\n", argv[0]);
+    std::fprintf(stderr, "usage: %s dram|rowfile|rocksdb|pair <keys> <dram_fraction> <dir>\n", argv[0]);
     return 2;
   }
   const std::string store = argv[1];
@@ -359,6 +462,10 @@ int main(int argc, char** argv) {
   if (store == "dram") {
     Table<int64_t> t(c);
     Run(t, nkeys, "dram", rss_base, argv[4]);
+  } else if (store == "pair") {
+    Table<int64_t> d(c);
+    Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RowFile>> t(c);
+    Pair(d, t, nkeys);
   } else if (store == "rowfile") {
     Table<int64_t, KeyTraits<int64_t>, TieredStore<FrequencyClock, RowFile>> t(c);
     Run(t, nkeys, "rowfile", rss_base, argv[4]);

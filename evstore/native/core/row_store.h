@@ -61,6 +61,11 @@
 //    any other segment to evict its rows.
 //  * Rows are built by MakeRowStore(stride, TierConfig): a store that takes
 //    a TierConfig gets it, the others only the stride.
+// A store with kAllResident false also has the batch calls the table makes
+// only under `if constexpr (!Store::kAllResident)` (tiered_store.h):
+// PeekRows (a read-only lookup's rows, not cached), AccessMany (a training
+// kernel's rows of one segment, faulted and accessed together) and
+// PrefetchMeta.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -365,6 +365,7 @@ class Table {
       pending.clear();
       if constexpr (!Store::kAllResident) {
         TierRows().clear();
+        TierFreqs().clear();
         TierPositions().clear();
       }
       bool bloom_pending = false;
@@ -387,12 +388,16 @@ class Table {
         en->add_freq(counts ? Occurrences(counts[i]) : 1);
         seg.MarkDirty(en);
         if (RowIsReal(en->row)) {
-          rows_.Hint(en->row, en->freq());
           if constexpr (Store::kAllResident) {
+            rows_.Hint(en->row, en->freq());
             src[j - lo] = rows_.ReadRow(en->row);
             rows_.PrefetchRow(src[j - lo], dim_);
           } else {
+            // Hinted with the rest of the part (AccessMany), its metadata
+            // prefetched now.
+            rows_.PrefetchMeta(en->row);
             TierRows().push_back(en->row);
+            TierFreqs().push_back(en->freq());
             TierPositions().push_back(j);
           }
         } else {
@@ -401,12 +406,10 @@ class Table {
       }
       if constexpr (!Store::kAllResident) {
         const std::vector<uint32_t>& want = TierRows();
-        rows_.FaultMany(want.data(), want.size());
-        for (size_t k = 0; k < want.size(); ++k) {
-          const float* p = rows_.ReadRow(want[k]);
-          rows_.PrefetchRow(p, dim_);
-          src[TierPositions()[k] - lo] = p;
-        }
+        std::vector<float*>& got = TierPointers();
+        got.resize(want.size());
+        rows_.AccessMany(want.data(), want.size(), false, got.data(), TierFreqs().data(), dim_);
+        for (size_t k = 0; k < want.size(); ++k) src[TierPositions()[k] - lo] = got[k];
       }
       // Pass 2a (Bloom): a key without an entry is admitted (entry + row)
       // once the filter's batch-complete estimate reaches min_freq.
@@ -510,17 +513,14 @@ class Table {
       // A tier: fault the cold rows in together, then resolve every row's
       // slot and prefetch it (the resident store prefetched in pass 1).
       if constexpr (!Store::kAllResident) {
-        rows_.FaultMany(TierRows().data(), TierRows().size());
-        TierPointers().resize(hi - lo);
-        for (int64_t j = lo; j < hi; ++j) {
-          if (!hit[j - lo]) continue;
-          float* row = rows_.Row(hit[j - lo]->row);
-          rows_.PrefetchRow(row, stride);
-          TierPointers()[j - lo] = row;
-        }
+        std::vector<float*>& got = TierPointers();
+        got.resize(TierRows().size());
+        rows_.AccessMany(TierRows().data(), TierRows().size(), true, got.data(), nullptr, stride);
       }
       // Pass 2: fused update, version stamp, dirty mark.
       int64_t local = 0, zero_delta = 0;
+      [[maybe_unused]] float* const* tier_rows = nullptr;  // a tier's rows noted in pass 1, in order
+      if constexpr (!Store::kAllResident) tier_rows = TierPointers().data();
       for (int64_t j = lo; j < hi; ++j) {
         E* en = hit[j - lo];
         if (!en) continue;
@@ -528,7 +528,7 @@ class Table {
         if constexpr (Store::kAllResident) {
           row = rows_.Row(en->row);
         } else {
-          row = TierPointers()[j - lo];
+          row = tier_rows[local];
         }
         const bool was_zero = IsZeroRow(row, dim_);
         update(row, grads + static_cast<int64_t>(g.order[j]) * dim_);
@@ -1225,11 +1225,16 @@ class Table {
     thread_local std::vector<uint32_t> v;
     return v;
   }
+  // Each TierRows entry's lookup count (FindOrInsert hints the tier with it).
+  static std::vector<uint32_t>& TierFreqs() {
+    thread_local std::vector<uint32_t> v;
+    return v;
+  }
   static std::vector<int64_t>& TierPositions() {
     thread_local std::vector<int64_t> v;
     return v;
   }
-  // Apply's row per position of one segment's part, resolved after the fault.
+  // The row of each TierRows entry, resolved after the fault.
   static std::vector<float*>& TierPointers() {
     thread_local std::vector<float*> v;
     return v;

@@ -9,9 +9,11 @@
 //             flagged kOnDisk), the owning segment, flags (a disk copy exists;
 //             the embedding was zero when written) and the row's heat
 //             (cache_policy.h, from the table's frequency hint). Two-level
-//             directory of 65,536-row chunks, never reallocated.
+//             directory of 65,536-row chunks, never reallocated (allocated
+//             four at a time on huge pages: kMetaSlab below).
 //   slots     the DRAM cache: `stride` floats per slot, in chunks of 4,096
-//             slots that are never reallocated (except by Relayout), plus per
+//             slots that are never reallocated (except by Relayout; slabs of
+//             whole 2 MiB pages where the stride allows: SlotSlab), plus per
 //             slot its row, weight (the policy's) and dirty byte (written
 //             through Row() since loaded: a clean row with a disk copy is
 //             dropped without a write).
@@ -55,7 +57,7 @@
 // slots are unpublished and freed, and the owner locks are released.
 //
 // Misses of one batch are read together: the table hands every row of a
-// segment's part of a batch to FaultMany, which takes all their slots at
+// segment's part of a batch to FaultMany (or AccessMany), which takes all their slots at
 // once, and reads the cold ones sorted by disk location: a memcpy each from
 // the file's mapping (row_file.h), or on the portable path one preadv per run
 // of adjacent records (rows evicted together come back together). The table
@@ -103,6 +105,7 @@
 
 #include "cache_policy.h"
 #include "log_space.h"
+#include "memory.h"
 #include "row_file.h"
 #include "row_store.h"
 #include "zero_rows.h"
@@ -125,12 +128,13 @@ class TieredStore {
     if (cfg.dram_bytes <= 0) throw std::invalid_argument("tiered storage needs dram_bytes > 0");
     dram_bytes_ = cfg.dram_bytes;
     SetBudget();
-    row_dir_.reset(new std::unique_ptr<RowMeta[]>[kRowChunks]);
+    row_dir_.reset(new RowMeta*[kRowChunks]());
     slot_dir_.reset(new SlotChunk[kSlotChunks]);
   }
   ~TieredStore() {
     StopCleaner();
-    for (uint32_t c = 0; c < nslot_chunks_; ++c) std::free(slot_dir_[c].data);
+    FreeSlotChunks();
+    for (uint32_t c = 0; c < kRowChunks; c += kMetaSlab) std::free(row_dir_[c]);
   }
   TieredStore(const TieredStore&) = delete;
   TieredStore& operator=(const TieredStore&) = delete;
@@ -160,6 +164,51 @@ class TieredStore {
     miss.erase(std::unique(miss.begin(), miss.end()), miss.end());
     const_cast<TieredStore*>(this)->Load(miss);
   }
+  // A training kernel's rows of one segment's part of a batch (the caller
+  // holds that segment's lock): rows[0..n) made resident together (the cold
+  // ones read as FaultMany reads them), then each one's row in out[i],
+  // accessed as Row (`write`) or ReadRow would one by one (a hit each, the
+  // policy's weight raised to the row's heat, the slot marked dirty when
+  // written), but in passes over the batch that prefetch each resident
+  // row's slot bookkeeping and first `prefetch_floats` floats, and with the
+  // hits counted once. With `freqs`, row rows[i] is hinted with freqs[i]
+  // first (Hint). Duplicates are allowed.
+  void AccessMany(const uint32_t* rows, size_t n, bool write, float** out, const uint32_t* freqs,
+                  int prefetch_floats) const {
+    if (n == 0) return;
+    thread_local std::vector<uint32_t> slots, miss;
+    slots.resize(n);
+    miss.clear();
+    for (size_t i = 0; i < n; ++i) {
+      RowMeta& m = Meta(rows[i]);
+      if (freqs) m.heat.store(Policy::HeatOf(freqs[i]), std::memory_order_relaxed);
+      const uint32_t s = m.slot.load(std::memory_order_acquire);
+      slots[i] = s;
+      if (s == kNoSlot) {
+        miss.push_back(rows[i]);
+        continue;
+      }
+      __builtin_prefetch(&Info(s));
+      PrefetchRow(SlotData(s), prefetch_floats);
+    }
+    if (!miss.empty()) {
+      std::sort(miss.begin(), miss.end());
+      miss.erase(std::unique(miss.begin(), miss.end()), miss.end());
+      const_cast<TieredStore*>(this)->Load(miss);
+      for (size_t i = 0; i < n; ++i)
+        if (slots[i] == kNoSlot) slots[i] = Meta(rows[i]).slot.load(std::memory_order_acquire);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      SlotInfo& in = Info(slots[i]);
+      Policy::OnAccess(in.weight, freqs ? Policy::HeatOf(freqs[i]) : Meta(rows[i]).heat.load(std::memory_order_relaxed));
+      if (write && !in.dirty.load(std::memory_order_relaxed)) in.dirty.store(1, std::memory_order_relaxed);
+      out[i] = SlotData(slots[i]);
+    }
+    CountHits(Meta(rows[0]).owner, static_cast<int64_t>(n));
+  }
+  // Starts loading row r's metadata into the CPU cache (a batch about to
+  // hint or access r).
+  void PrefetchMeta(uint32_t r) const { __builtin_prefetch(&Meta(r)); }
   // A row for reading once (a full export, Table::Read, an L2 eviction pass):
   // a resident row in place, a cold one copied into `scratch` from disk
   // without taking a slot, so streaming every row keeps DRAM at the budget.
@@ -351,8 +400,12 @@ class TieredStore {
       }
       if (next_ >= kMaxRowIds) throw std::length_error("table is full (2^31 rows)");
       if ((next_ & (kRowChunk - 1)) == 0) {
-        std::unique_ptr<RowMeta[]> chunk(new RowMeta[kRowChunk]);
-        row_dir_[next_ >> kRowChunkShift] = std::move(chunk);
+        const uint32_t c = next_ >> kRowChunkShift;
+        RowMeta* chunk = c % kMetaSlab == 0
+                             ? static_cast<RowMeta*>(AllocLarge(kMetaSlab * kRowChunk * sizeof(RowMeta)))
+                             : row_dir_[c - 1] + kRowChunk;
+        std::uninitialized_default_construct_n(chunk, kRowChunk);
+        row_dir_[c] = chunk;
       }
       out[k] = next_++;
     }
@@ -508,12 +561,7 @@ class TieredStore {
       SlotInfo& in = Info(s);
       if (in.row != kNoRowId) Meta(in.row).slot.store(kNoSlot, std::memory_order_release);
     }
-    for (uint32_t c = 0; c < nslot_chunks_; ++c) {
-      std::free(slot_dir_[c].data);
-      slot_dir_[c].data = nullptr;
-      slot_dir_[c].info.reset();
-    }
-    nslot_chunks_ = 0;
+    FreeSlotChunks();
     free_slots_.clear();
     resident_ = 0;
     hand_ = 0;
@@ -545,6 +593,7 @@ class TieredStore {
   struct SlotChunk {
     float* data = nullptr;
     std::unique_ptr<SlotInfo[]> info;
+    bool owns = false;  // data is an allocation (the first chunk of its slab)
   };
   static constexpr uint32_t kRowChunkShift = 16;
   static constexpr uint32_t kRowChunk = 1u << kRowChunkShift;
@@ -553,10 +602,38 @@ class TieredStore {
   static constexpr uint32_t kSlotChunk = 1u << kSlotChunkShift;
   static constexpr uint32_t kSlotChunks = 1u << 16;  // 2^28 resident rows at most
   static_assert(static_cast<uint64_t>(kRowChunks) * kRowChunk == kMaxRowIds, "the directory covers every row id");
+  // Huge pages (memory.h AllocLarge): every access of a row reads its
+  // metadata and its slot, at random over megabytes, as the all-DRAM table
+  // reads its rows from huge-page blocks; with 4 KiB pages most of those
+  // reads would also miss the TLB. So metadata chunks are allocated in slabs
+  // of kMetaSlab chunks, a whole number of 2 MiB pages, and slot chunks in
+  // slabs of SlotSlab(stride) chunks when that is a whole number of 2 MiB
+  // pages of at most kMaxSlotSlabBytes (else one chunk at a time, cache-line
+  // aligned: a 2 MiB rounding of each chunk would add up to a third to the
+  // DRAM the budget allows). A slab's later chunks are handed out as the
+  // store grows: pages never touched are not resident.
+  static constexpr uint32_t kMetaSlab = 4;
+  static_assert(kMetaSlab * kRowChunk * sizeof(RowMeta) % (size_t{2} << 20) == 0, "a metadata slab is whole 2 MiB pages");
+  static_assert(kRowChunks % kMetaSlab == 0, "slabs tile the directory");
+  static constexpr size_t kMaxSlotSlabBytes = size_t{16} << 20;
+  static uint32_t SlotSlab(int stride) {
+    const size_t chunk = static_cast<size_t>(kSlotChunk) * stride * sizeof(float);
+    constexpr size_t kHuge = size_t{2} << 20;
+    size_t g = kHuge, b = chunk;  // gcd(chunk, 2 MiB)
+    while (b) {
+      const size_t t = g % b;
+      g = b;
+      b = t;
+    }
+    const size_t m = kHuge / g;  // chunks in the smallest slab of whole 2 MiB pages
+    return m * chunk <= kMaxSlotSlabBytes ? static_cast<uint32_t>(m) : 1;
+  }
   // Slots the CLOCK hand may visit per victim wanted, under mu_: the bound on
   // one batch's victim search (a hand that finds too few lets the cache
   // overshoot, and the next fault goes on from where it stopped).
   static constexpr uint32_t kSweepPerVictim = 64;
+  // Slots ahead of the hand whose candidates' metadata the sweep prefetches.
+  static constexpr uint32_t kSweepAhead = 16;
   // Victims one batch takes at most (a cache far over its budget shrinks
   // back over several faults).
   static constexpr int64_t kMaxBatch = 4 * LogSpace::kExtent;
@@ -940,6 +1017,14 @@ class TieredStore {
     for (uint64_t step = 0; step < limit && out->size() < want; ++step) {
       uint32_t s = hand_;
       hand_ = (hand_ + 1 == nslots) ? 0 : hand_ + 1;
+      {
+        // The metadata of a candidate a few slots ahead (its weight is out
+        // now), so the visit below finds it in the CPU cache: the sweep runs
+        // under mu_.
+        const uint64_t a = s + kSweepAhead < nslots ? s + kSweepAhead : s + kSweepAhead - nslots;
+        const SlotInfo& ahead = Info(static_cast<uint32_t>(a));
+        if (ahead.row != kNoRowId && ahead.weight.load(std::memory_order_relaxed) == 0) PrefetchMeta(ahead.row);
+      }
       SlotInfo& in = Info(s);
       if (in.row == kNoRowId) continue;
       if (!Policy::Pass(in.weight)) continue;
@@ -957,14 +1042,24 @@ class TieredStore {
     }
   }
 
-  // One chunk of slots, cache-line aligned. Not AllocLarge: its 2 MiB
-  // rounding of a chunk (3 MiB at dim 64 with Adam) would add a third to
-  // the DRAM the budget allows.
-  static float* AllocSlots(int stride) {
-    size_t bytes = (static_cast<size_t>(kSlotChunk) * stride * sizeof(float) + 63) / 64 * 64;
-    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+  // `chunks` chunks of slots: one slab of whole 2 MiB pages (huge pages,
+  // AllocLarge) or, for one chunk that is not, a cache-line aligned block.
+  static float* AllocSlots(int stride, uint32_t chunks) {
+    const size_t chunk = static_cast<size_t>(kSlotChunk) * stride * sizeof(float);
+    if (chunks * chunk % (size_t{2} << 20) == 0) return static_cast<float*>(AllocLarge(chunks * chunk));
+    float* p = static_cast<float*>(std::aligned_alloc(64, (chunk + 63) / 64 * 64));
     if (!p) throw std::bad_alloc();
     return p;
+  }
+  // Frees every slot chunk (no slot in use, or the store ending). mu_ held or no other thread.
+  void FreeSlotChunks() {
+    for (uint32_t c = 0; c < nslot_chunks_; ++c) {
+      if (slot_dir_[c].owns) std::free(slot_dir_[c].data);
+      slot_dir_[c].data = nullptr;
+      slot_dir_[c].owns = false;
+      slot_dir_[c].info.reset();
+    }
+    nslot_chunks_ = 0;
   }
   void ReleaseSlot(uint32_t s) {  // mu_ held
     Info(s).row = kNoRowId;
@@ -974,8 +1069,15 @@ class TieredStore {
   void GrowSlots() {  // mu_ held
     if (nslot_chunks_ >= kSlotChunks) throw std::length_error("tiered storage: too many resident rows");
     SlotChunk& ch = slot_dir_[nslot_chunks_];
-    ch.data = AllocSlots(stride_);
-    ch.info.reset(new SlotInfo[kSlotChunk]);
+    const uint32_t slab = SlotSlab(stride_);
+    std::unique_ptr<SlotInfo[]> info(new SlotInfo[kSlotChunk]);
+    if (nslot_chunks_ % slab == 0) {
+      ch.data = AllocSlots(stride_, slab);
+      ch.owns = true;
+    } else {
+      ch.data = slot_dir_[nslot_chunks_ - 1].data + static_cast<size_t>(kSlotChunk) * stride_;
+    }
+    ch.info = std::move(info);
     uint32_t base = nslot_chunks_ * kSlotChunk;
     for (uint32_t i = kSlotChunk; i-- > 0;) free_slots_.push_back(base + i);
     ++nslot_chunks_;
@@ -999,7 +1101,7 @@ class TieredStore {
   std::vector<char> buf_;           // compaction's moved records
   uint32_t next_ = 0;
   std::vector<uint32_t> free_ids_;
-  std::unique_ptr<std::unique_ptr<RowMeta[]>[]> row_dir_;
+  std::unique_ptr<RowMeta*[]> row_dir_;  // chunk -> its metadata (kMetaSlab chunks per allocation)
   std::unique_ptr<SlotChunk[]> slot_dir_;
   uint32_t nslot_chunks_ = 0;
   std::vector<uint32_t> free_slots_;
