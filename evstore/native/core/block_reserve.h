@@ -6,22 +6,10 @@
 // advised as transparent huge pages (memory.h), may first compact memory to
 // find a free 2 MiB page: on a shared VM that is most of an insert's cost
 // (perf: clear_page_erms, isolate_freepages_block under the row memcpy), and
-// it swings by 50x with the machine's memory state. The prefaulter pays the
-// faults outside the inserting thread, between batches; an insert finds the
-// block mapped. If the reserve is empty when a block is needed (the
-// prefaulter fell behind), the arena allocates the block itself, exactly as
-// without a reserve.
-//
-// Base pages first, huge pages later: the prefaulter maps a block with base
-// pages (no compaction, no 2 MiB page to find) and only then advises it as
-// huge pages, so that khugepaged, the kernel's own thread, may collapse it
-// later. Faulting huge pages here instead compacted memory on the process's
-// CPU (all threads of a process share one scheduler group under autogroup,
-// so a background thread's compaction is taken from the inserting threads
-// on a busy machine), and a fresh 2 MiB page is the slowest memory a VM
-// hands out. Blocks the arena allocates on demand (loads, a reserve fallen
-// behind) keep huge pages at first touch: random row reads then miss the
-// TLB less (BENCHMARKS.md, the table section).
+// it swings by 50x with the machine's memory state. The prefaulter pays it
+// outside the inserting thread, between batches; an insert finds the block
+// mapped. If the reserve is empty when a block is needed (the prefaulter fell
+// behind), the arena allocates the block itself, exactly as without a reserve.
 //
 // Layout
 //   ReserveState (shared by the arena and the prefaulter through a shared_ptr,
@@ -139,8 +127,8 @@ class Prefaulter {
       }
       ReservedBlock b;
       try {
-        b.data = AllocLarge(db, false);
-        b.versions = AllocLarge(vb, false);
+        b.data = AllocLarge(db);
+        b.versions = AllocLarge(vb);
       } catch (const std::bad_alloc&) {  // no memory to spare: the arena allocates on demand
         std::free(b.data);
         std::lock_guard<std::mutex> l(s.mu);
@@ -149,8 +137,6 @@ class Prefaulter {
       }
       FaultIn(b.data, db);
       FaultIn(b.versions, vb);
-      AdviseHuge(b.data, db);
-      AdviseHuge(b.versions, vb);
       std::lock_guard<std::mutex> l(s.mu);
       if (s.NeedsMore() && s.data_bytes == db && s.version_bytes == vb) {
         s.ready.push_back(b);

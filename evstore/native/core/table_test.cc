@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -339,46 +338,6 @@ static void test_reserved_blocks_hold_rows_and_follow_relayout() {
     CHECK_EQ(a.Row(r)[2], 7.f);
     CHECK_EQ(a.Version(r), static_cast<int64_t>(r));
   }
-}
-
-// Whether the mapping holding address p is advised as huge pages
-// (MADV_HUGEPAGE: "hg" among its VmFlags in /proc/self/smaps); -1 where
-// the kernel does not say (no smaps, or no such mapping).
-static int AdvisedHuge(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    unsigned long lo, hi;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
-      inside = lo <= a && a < hi;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-      return line.find(" hg") != std::string::npos ? 1 : 0;
-    }
-  }
-  return -1;
-}
-
-// The reserve's order (block_reserve.h): a block is allocated without the
-// huge-page advice, mapped with base pages, and advised only then.
-static void test_a_large_block_is_advised_as_huge_pages_only_when_asked() {
-#ifdef MADV_HUGEPAGE
-  const size_t bytes = 4 * kHugePage;
-  void* p = AllocLarge(bytes, false);
-  CHECK_EQ(reinterpret_cast<uintptr_t>(p) % kHugePage, uintptr_t{0});
-  const int before = AdvisedHuge(p);
-  FaultIn(p, bytes);
-  AdviseHuge(p, bytes);
-  const int after = AdvisedHuge(p);
-  std::free(p);
-  if (after >= 0) {  // the kernel reports VmFlags
-    CHECK_EQ(before, 0);
-    CHECK_EQ(after, 1);
-  }
-  void* q = AllocLarge(bytes);
-  if (after >= 0) CHECK_EQ(AdvisedHuge(q), 1);
-  std::free(q);
-#endif
 }
 
 // Two threads inserting new keys into one table while the prefaulter fills
@@ -1224,7 +1183,6 @@ int main() {
   RUN(test_ensure_slots_relayout);
   RUN(test_reserved_blocks_hold_rows_and_follow_relayout);
   RUN(test_concurrent_inserts_with_block_reserve);
-  RUN(test_a_large_block_is_advised_as_huge_pages_only_when_asked);
   RUN(test_concurrent_shared_for_covers_every_unit_once);
   RUN_K(test_erase_recycles_row_and_tracks_deleted);
   RUN_K(test_two_phase_export);
