@@ -113,9 +113,14 @@ class Segment {
   // one entry whose H2 matches (PrefetchSlot, nearer). A group's 16 entries
   // span four cache lines, so prefetching "the group" would miss 3 times in 4.
   void PrefetchCtrl(uint64_t h) const { __builtin_prefetch(ctrl_ + HomeGroup(h) * kGroup); }
-  void PrefetchSlot(uint64_t h) const {   // no tag match: the group's first entry (where an insert may go)
-    const E* e = HomeCandidate(h);
-    PrefetchT0(e ? e : slots_ + HomeGroup(h) * kGroup);
+  // With no tag match (a new key, most likely), the entry of the home
+  // group's first free slot: where Place() puts the key.
+  void PrefetchSlot(uint64_t h) const {
+    const size_t g = HomeGroup(h);
+    const GroupProbe c(ctrl_ + g * kGroup);
+    uint32_t m = c.Match(static_cast<uint8_t>(h & 0x7F));
+    if (!m) m = c.MatchEmptyOrDeleted();
+    PrefetchT0(slots_ + g * kGroup + (m ? __builtin_ctz(m) : 0));
   }
   // Third stage, for keys stored outside the entry (strings): once the entry
   // is cached, the key bytes it points to (Equal reads them). A no-op for
