@@ -2,6 +2,7 @@
 one place the benchmarks read it.
 
     rss_mib()               # VmRSS now
+    rss_split_mib()         # (VmRSS, RssAnon, RssFile) now
     hwm_mib()               # VmHWM: the peak so far
     mem_available_mib()     # MemAvailable of the machine
     TreeUsage               # peak memory and disk of this process and its descendants (a `with` block)
@@ -47,6 +48,18 @@ def status_kib(field, pid="self"):
 def rss_mib(pid="self"):
     """Resident set size of this process (or of `pid`) in MiB (VmRSS)."""
     return status_kib("VmRSS", pid) / 1024
+
+
+def rss_split_mib(pid="self"):
+    """(VmRSS, RssAnon, RssFile) of this process (or of `pid`) in MiB, from one read of its status:
+    anonymous memory (heap, tables) apart from mapped files' pages (libraries, a tier file's mapping)."""
+    got = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name = line.split(":", 1)[0]
+            if name in ("VmRSS", "RssAnon", "RssFile"):
+                got[name] = int(line.split()[1]) / 1024
+    return got.get("VmRSS", 0.0), got.get("RssAnon", 0.0), got.get("RssFile", 0.0)
 
 
 def hwm_mib():

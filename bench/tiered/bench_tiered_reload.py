@@ -26,10 +26,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
-from bench.harness.rss import malloc_trim, rss_mib
+from bench.harness.rss import malloc_trim, rss_mib, rss_split_mib
 from bench.tiered.bench_tiered_serving import CHUNK, IDS, Feed, build, freqs, make_keys
 
 MIB = 2 ** 20
+SLOT_CHUNK = 4096            # slots per slot array chunk (tiered_store.h kSlotChunk)
+SLOT_INFO_BYTES = 8          # per slot bookkeeping (tiered_store.h SlotInfo)
+# The process's own allocations beside the tables while a reload runs and predicts are served (Python
+# objects, TensorFlow's eager tensors, the manifest, the stager; pages of libraries first touched): twice the
+# 8.4 MiB measured at 2M keys (RssFile +5.8, anonymous memory beyond the tables' +2.6; BENCHMARKS.md).
+PROCESS_ALLOWANCE_MIB = 16
 
 
 def log(*a):
@@ -37,7 +43,7 @@ def log(*a):
 
 
 class Sampler:
-    """VmRSS every `interval` s, labelled with the phase set last."""
+    """VmRSS (RssAnon, RssFile) every `interval` s, labelled with the phase set last."""
 
     def __init__(self, interval=0.01):
         self.interval, self.phase, self.samples = interval, "start", []
@@ -48,11 +54,12 @@ class Sampler:
 
     def _run(self):
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter() - self._t0, rss_mib(), self.phase))
+            self.samples.append((time.perf_counter() - self._t0, *rss_split_mib(), self.phase))
             self._stop.wait(self.interval)
 
-    def peak(self, phase):
-        return max((r for _, r, p in self.samples if p == phase), default=0.0)
+    def peak(self, phase, part=1):
+        """The phase's largest VmRSS (part 1), RssAnon (2) or RssFile (3)."""
+        return max((x[part] for x in self.samples if x[-1] == phase), default=0.0)
 
     def stop(self):
         self._stop.set()
@@ -82,6 +89,25 @@ def write_fulls(workdir, keys, dim, zipf, seed, view):
     return tables, root
 
 
+def bound_parts(st, dram_bytes, dim, view):
+    """The guide's bound on a reload's RSS above the RSS after the load, by part (MiB), from the
+    served table's stats (`st`, after its load: the new chain has the same keys) and the budget."""
+    from checkpoint.bundle import CHUNK_ROWS
+    from serving_loader.ev_table import loading_dram_bytes
+
+    slot = dram_bytes // max(1, st["cache_capacity"])        # bytes per cache slot (row + bookkeeping)
+    row = slot - SLOT_INFO_BYTES
+    chunk = SLOT_CHUNK * slot                                  # slot arrays grow a chunk at a time
+    served_slots = st["row_bytes"]                             # the served table's slot arrays now
+    loader = CHUNK_ROWS * (row + 3 * 8)                        # a chunk's rows, keys, versions, frequencies
+    if view:                                                   # and its codes (and scales) read from the view
+        loader += CHUNK_ROWS * (dim * {"int8": 1}.get(view, 2) + 4)
+    return {"replacement_index": st["index_bytes"] / MIB, "replacement_meta": st["meta_bytes"] / MIB,
+            "replacement_cache": (loading_dram_bytes(dram_bytes) + chunk) / MIB,
+            "served_cache_growth": max(0, dram_bytes + chunk - served_slots) / MIB,
+            "loader_buffers": loader / MIB, "process_allowance": PROCESS_ALLOWANCE_MIB}
+
+
 def run(keys=2_000_000, dim=64, dram_fraction=0.1, zipf=1.1, seed=0, view=None, workdir=None, trace=None):
     import logging
 
@@ -106,8 +132,10 @@ def run(keys=2_000_000, dim=64, dram_fraction=0.1, zipf=1.1, seed=0, view=None, 
         load_s = time.perf_counter() - t0
         sampler.phase = "serving"
         time.sleep(0.5)
-        after_load = rss_mib()
-        st = sm.publisher.table_stats(("index_bytes", "meta_bytes", "row_bytes", "admitted", "cache_capacity"))["emb"]
+        after_load, after_load_anon, after_load_file = rss_split_mib()
+        fields = ("index_bytes", "meta_bytes", "row_bytes", "admitted", "cache_capacity", "cache_rows")
+        st = sm.publisher.table_stats(fields)["emb"]
+        parts = bound_parts(st, dram_bytes, dim, view)
         stop, rng = threading.Event(), np.random.default_rng(seed + 1)
 
         def predicts():
@@ -123,6 +151,7 @@ def run(keys=2_000_000, dim=64, dram_fraction=0.1, zipf=1.1, seed=0, view=None, 
         sm.poll()
         reload_s = time.perf_counter() - t0
         sampler.phase = "served"
+        st2 = sm.publisher.table_stats(fields)["emb"]
         time.sleep(0.5)
         stop.set()
         p.join()
@@ -135,6 +164,14 @@ def run(keys=2_000_000, dim=64, dram_fraction=0.1, zipf=1.1, seed=0, view=None, 
                    index_mib=st["index_bytes"] / MIB, meta_mib=st["meta_bytes"] / MIB, row_mib=st["row_bytes"] / MIB,
                    cache_capacity=st.get("cache_capacity"), served=sm.version)
         out["reload_extra_mib"] = out["peak_reload_mib"] - out["rss_after_load_mib"]
+        out["reload_extra_anon_mib"] = sampler.peak("reload", 2) - after_load_anon
+        out["reload_extra_file_mib"] = sampler.peak("reload", 3) - after_load_file
+        out["served_cache_rows"] = st["cache_rows"]
+        out["replacement_mib"] = {k.replace("_bytes", ""): st2[k] / MIB for k in ("index_bytes", "meta_bytes", "row_bytes")}
+        out["replacement_cache_rows"] = st2["cache_rows"]
+        out["bound_parts_mib"] = parts
+        out["bound_mib"] = sum(parts.values())
+        out["margin_mib"] = out["bound_mib"] - out["reload_extra_mib"]
         if trace:
             with open(trace, "w") as f:
                 json.dump(sampler.samples, f)

@@ -441,6 +441,15 @@ FULL_DISK = textwrap.dedent("""
             tier.stats()
         print("READS OK")
         sys.exit(0)
+    if sys.argv[2:] == ["resident"]:
+        # Batch 7's rows were trained under the limit: dirty, they cannot leave DRAM, so training them
+        # again faults no row in and is not an error, while the store's cleaner keeps failing to write
+        # other rows back. Its failures go to the next op that faults a row in: new keys' lookup.
+        for _ in range(30):
+            assert not step(tier, 7), "an op that faulted nothing in reported another's write-back"
+        assert step(tier, 100), "the next op faulting rows in reported nothing"
+        print("RESIDENT OK")
+        sys.exit(0)
     assert_same(state(tier), state(dram))   # nothing lost: the rows stayed in DRAM
     # Space again: training goes on without errors and still agrees.
     resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
@@ -465,6 +474,14 @@ def test_reading_a_table_whose_disk_refuses_write_backs_is_not_an_error(tmp_path
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert "READS OK" in p.stdout
+
+
+def test_training_rows_all_in_dram_beside_a_disk_refusing_write_backs_is_not_an_error(tmp_path):
+    script = FULL_DISK.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path), "resident"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "RESIDENT OK" in p.stdout
 
 
 def test_storage_arguments_are_checked():

@@ -36,7 +36,12 @@
 // candidates can be evicted (every other segment busy, or one batch touching
 // more rows of one segment than the budget), the store takes slots beyond the
 // budget and gives them back later: the budget is a target that one batch may
-// overshoot, never a correctness limit.
+// overshoot, never a correctness limit. It does so only then: a fault whose
+// sweep found too few victims sweeps again (bounded sweeps, mu_ let go in
+// between) and one that finds the candidates held by another thread's batch
+// waits for that batch's slots (TakeSlots). So the slot arrays, which are
+// never returned, hold at most the budget, the victims of the batches being
+// written and the rows the batches hold pinned.
 //
 // The cleaner. One thread per store (started by AttachLocks) keeps a batch
 // of slots free below the budget, so most misses take a free slot and evict
@@ -85,8 +90,13 @@
 //
 // Errors: a write-back the disk refuses (full disk, RLIMIT_FSIZE) keeps the
 // victims in DRAM, counts a write failure and remembers the message; the
-// store overshoots instead of losing rows. Callers (the TF kernels) turn
-// a new failure into an op error. A failed read throws (row_file.h).
+// store overshoots instead of losing rows. The failure goes to the operation
+// whose eviction it was (write_back_report.h: the report open on the evicting
+// thread; the TF kernels turn it into an op error); one of the cleaner
+// thread, which serves no operation, goes to the next fault (or MakeRoom) on
+// a thread with a report open, once, unless a write-back has succeeded since
+// (the disk took rows again: nothing is held in DRAM for it any more). A
+// failed read throws (row_file.h).
 #pragma once
 #include <atomic>
 #include <algorithm>
@@ -108,6 +118,7 @@
 #include "memory.h"
 #include "row_file.h"
 #include "row_store.h"
+#include "write_back_report.h"
 #include "zero_rows.h"
 
 namespace evstore {
@@ -436,6 +447,12 @@ class TieredStore {
     return static_cast<int64_t>(nslot_chunks_) * kSlotChunk * (stride_ * 4 + sizeof(SlotInfo)) + MetaBytesLocked() +
            static_cast<int64_t>(free_ids_.capacity() + free_slots_.capacity()) * 4;
   }
+  // Slots the cache's arrays hold (resident or free): they grow a chunk at a
+  // time and are never returned.
+  int64_t slots() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return static_cast<int64_t>(nslot_chunks_) * kSlotChunk;
+  }
   // The DRAM cost per key that the tier does not move to disk: per-row
   // metadata (version, slot, disk location, owner, flags, heat) and the log's
   // row id per disk record.
@@ -487,6 +504,7 @@ class TieredStore {
   // once when the disk refuses a write (the victims stay in DRAM).
   void MakeRoom(int64_t n) {
     std::unique_lock<std::mutex> l(mu_);
+    DeliverUnreported();
     n = std::min(n + batch_, budget_);
     const int64_t failures = write_failures_.load(std::memory_order_relaxed);
     uint64_t swept_idle = 0;  // slots the hand passed since the last eviction
@@ -507,11 +525,9 @@ class TieredStore {
         continue;
       }
       swept_idle += std::min<uint64_t>(static_cast<uint64_t>(want) * kSweepPerVictim, nslots);
-      if (swept_idle >= (Policy::kMaxWeight + 2ull) * nslots) return;
+      if (swept_idle >= kMaxRotations * nslots) return;
     }
   }
-  // Write-backs the disk refused so far (cheap: no lock).
-  int64_t write_failures() const { return write_failures_.load(std::memory_order_relaxed); }
   // Message of the most recent write failure (empty if none).
   std::string last_failure() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -632,6 +648,13 @@ class TieredStore {
   // one batch's victim search (a hand that finds too few lets the cache
   // overshoot, and the next fault goes on from where it stopped).
   static constexpr uint32_t kSweepPerVictim = 64;
+  // What one fault (or MakeRoom) sweeps at most before it takes slots beyond the budget, in
+  // turns of the hand over the cache (a sweep takes a unit of weight from
+  // each candidate it passes: enough for a cache whose every row has the
+  // policy's largest weight and a second chance), and the other threads'
+  // batches it waits for at most.
+  static constexpr uint64_t kMaxRotations = Policy::kMaxWeight + 2;
+  static constexpr int kMaxWaits = 64;
   // Slots ahead of the hand whose candidates' metadata the sweep prefetches.
   static constexpr uint32_t kSweepAhead = 16;
   // Victims one batch takes at most (a cache far over its budget shrinks
@@ -782,14 +805,60 @@ class TieredStore {
     if (!retry.empty()) Load(retry);
   }
 
+  // A refused write-back of an eviction on this thread: to the report open
+  // here, else kept for the next fault (the cleaner's: it has none). mu_ held.
+  void Refused(const std::string& message) {
+    if (WriteBackReport::Deliver(message)) return;
+    if (unreported_ == 0) unreported_message_ = message;
+    ++unreported_;
+  }
+  // Refusals no operation was told of (the cleaner's), to the report open on
+  // this thread if there is one, once. mu_ held.
+  void DeliverUnreported() {
+    if (unreported_ && WriteBackReport::Deliver(unreported_message_, unreported_)) unreported_ = 0;
+  }
+
   // `k` slots for rows being faulted in, into out[0..k): free slots within
   // the budget, after evicting a batch when the budget is reached (EvictBatch;
-  // it may drop and retake mu_), or slots beyond the budget when too few rows
-  // can be evicted now (every candidate pinned, or the disk refused the
-  // write: the victims stay). mu_ held on entry and on return (`l`).
+  // it may drop and retake mu_). Slots beyond the budget that the slot arrays
+  // do not hold yet (new memory, never returned) are taken only when no row
+  // can be evicted: every candidate pinned (its owner segment busy, or this
+  // thread's own) or the disk refused the write (the victims stay). Until
+  // then the fault evicts again (each sweep is bounded; one that found too
+  // few victims took weight from the rest, so the next finds more) and, while
+  // another thread's batch is being written (its victims' owner locks, often
+  // most segments for the cleaner's batch, are the ones this sweep could not
+  // take, and its slots come free when it ends), waits for it. A cleaner
+  // short of CPU, or a load's hottest rows filling the cache, otherwise grew
+  // a loading table's cache by a part per fault (to twice its budget).
+  // mu_ held on entry and on return (`l`).
   void TakeSlots(size_t k, uint16_t self, std::unique_lock<std::mutex>& l, uint32_t* out) {
-    const int64_t over = resident_ - evicting_ + static_cast<int64_t>(k) - budget_;
-    if (over > 0) EvictBatch(static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch)), self, l);
+    const int64_t need = static_cast<int64_t>(k);
+    auto within = [&] {
+      return resident_ - evicting_ + need <= budget_ || static_cast<int64_t>(free_slots_.size()) >= need;
+    };
+    if (resident_ - evicting_ + need > budget_) {
+      uint64_t swept = 0;
+      for (int waits = 0;;) {
+        const int64_t over = resident_ - evicting_ + need - budget_;
+        Outcome o;
+        EvictBatch(static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch)), self, l, &o);
+        swept += o.visited;
+        if (within() || o.refused) break;
+        if (evicting_ > 0 && waits++ < kMaxWaits) {  // another thread's batch frees its slots when written
+          ++evict_waiters_;
+          evicted_.wait(l);
+          --evict_waiters_;
+          continue;
+        }
+        // Each sweep is bounded under mu_ (other threads get it in between);
+        // a fault sweeps at most enough to take every weight to zero.
+        if (!o.weighed || swept >= kMaxRotations * static_cast<uint64_t>(nslot_chunks_) * kSlotChunk) break;
+        l.unlock();
+        l.lock();
+      }
+    }
+    DeliverUnreported();
     // Below the cleaner's mark (a batch short of the budget): wake it, so the
     // next faults find free slots instead of evicting.
     if (cleaner_idle_ && resident_ - evicting_ + static_cast<int64_t>(k) > budget_ - batch_) clean_cv_.notify_one();
@@ -824,11 +893,17 @@ class TieredStore {
   // wants compacting, as runs of adjacent records outside mu_; then the
   // victims' slots freed. mu_ held on entry and on return.
   // Returns the rows evicted.
-  size_t EvictBatch(uint32_t want, uint16_t self, std::unique_lock<std::mutex>& l) {
+  // What one EvictBatch found besides the rows it evicted.
+  struct Outcome {
+    bool weighed = false;  // it passed candidates it could have taken but for their weight or second chance
+    bool refused = false;  // the disk refused its write (the victims stay)
+    uint64_t visited = 0;  // slots its sweep visited
+  };
+  size_t EvictBatch(uint32_t want, uint16_t self, std::unique_lock<std::mutex>& l, Outcome* o = nullptr) {
     if (!locks_) return 0;
     HeldLocks held;
     std::vector<uint32_t> victims;  // slots
-    PickVictims(self, want, &held, &victims);
+    PickVictims(self, want, &held, &victims, o);
     if (victims.empty()) return 0;
     std::vector<uint32_t> moves;  // rows whose live cold record moves (compaction)
     const uint32_t sparse = log_.PickSparse();
@@ -858,7 +933,12 @@ class TieredStore {
         writes.push_back(s);
     }
     evicting_ += victims.size();
-    WriteSlots(writes, &moves, &l);
+    if (!WriteSlots(writes, &moves, &l)) {
+      Refused(last_failure_);
+      if (o) o->refused = true;
+    } else if (!writes.empty()) {
+      unreported_ = 0;  // the disk takes rows again: refusals nobody was told of are past
+    }
     evicting_ -= victims.size();
     if (evicting_ == 0) {
       ++quiet_epoch_;
@@ -874,6 +954,7 @@ class TieredStore {
       ReleaseSlot(s);
       ++evicted;
     }
+    if (evict_waiters_) evicted_.notify_all();
     return evicted;
   }
 
@@ -904,6 +985,7 @@ class TieredStore {
       } catch (const std::exception& e) {  // no slot changed; the next fault reports it
         write_failures_.fetch_add(1, std::memory_order_relaxed);
         last_failure_ = std::string("tiered storage: evicting rows failed: ") + e.what();
+        Refused(last_failure_);
       }
       if (evicted > 0) {
         pause = std::chrono::microseconds(200);
@@ -1010,11 +1092,13 @@ class TieredStore {
   // locked now is chosen (its lock kept in `held` until the victims are
   // written and unpublished). At most kSweepPerVictim slots visited per
   // victim wanted. mu_ held.
-  void PickVictims(uint16_t self, uint32_t want, HeldLocks* held, std::vector<uint32_t>* out) {
+  void PickVictims(uint16_t self, uint32_t want, HeldLocks* held, std::vector<uint32_t>* out,
+                   Outcome* o = nullptr) {
     const uint64_t nslots = static_cast<uint64_t>(nslot_chunks_) * kSlotChunk;
     if (nslots == 0) return;
     const uint64_t limit = std::min<uint64_t>(static_cast<uint64_t>(want) * kSweepPerVictim, nslots);
-    for (uint64_t step = 0; step < limit && out->size() < want; ++step) {
+    uint64_t step = 0;
+    for (; step < limit && out->size() < want; ++step) {
       uint32_t s = hand_;
       hand_ = (hand_ + 1 == nslots) ? 0 : hand_ + 1;
       {
@@ -1027,19 +1111,27 @@ class TieredStore {
       }
       SlotInfo& in = Info(s);
       if (in.row == kNoRowId) continue;
-      if (!Policy::Pass(in.weight)) continue;
       // A slot being filled (its row not yet published) is owned by a
       // segment its loader holds: the try-lock below fails (or it is `self`).
+      if (!Policy::Pass(in.weight)) {
+        if (o && !o->weighed) {  // a candidate a later sweep may take (its metadata read until one is seen)
+          const uint16_t w = Meta(in.row).owner;
+          o->weighed = w != self && w != kNoOwner;
+        }
+        continue;
+      }
       RowMeta& m = Meta(in.row);
       if (m.owner == self || m.owner == kNoOwner) continue;
       if (!held->Take(m.owner, locks_)) continue;
       if (m.version > newest_) newest_ = m.version;
       if (!in.second_chance && Policy::Recent(m.version, newest_)) {
         in.second_chance = 1;
+        if (o) o->weighed = true;
         continue;
       }
       out->push_back(s);
     }
+    if (o) o->visited = step;
   }
 
   // `chunks` chunks of slots: one slab of whole 2 MiB pages (huge pages,
@@ -1094,6 +1186,8 @@ class TieredStore {
   mutable std::mutex mu_;
   std::condition_variable loaded_;  // a row's kLoading cleared
   int waiters_ = 0;                 // threads waiting on loaded_ (mu_)
+  std::condition_variable evicted_;  // a batch's write ended (evicting_ fell)
+  int evict_waiters_ = 0;            // faults waiting on evicted_ (mu_)
   mutable std::shared_mutex layout_mu_;           // exclusive: Relayout; shared: a ColdStream span read
   std::atomic<uint64_t> layout_epoch_{0};         // Relayouts so far
   mutable std::atomic<int64_t> stream_reads_{0};  // ColdStream spans read
@@ -1130,6 +1224,8 @@ class TieredStore {
   mutable std::atomic<int64_t> peek_reads_{0};  // PeekRows' runs of adjacent records read (no mu_)
   std::atomic<int64_t> write_failures_{0};
   std::string last_failure_;
+  int64_t unreported_ = 0;          // refusals kept for the next fault (Refused; mu_)
+  std::string unreported_message_;  // the first of them (mu_)
 };
 
 static_assert(IsRowStore<TieredStore<>>(), "TieredStore implements the row store contract (row_store.h)");

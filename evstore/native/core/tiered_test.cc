@@ -10,12 +10,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <string_view>
@@ -548,6 +550,158 @@ static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
   CHECK_EQ(WEXITSTATUS(status), 0);
 }
 
+// A refused write-back goes to the operation whose eviction it was: of two
+// operations running at once on a disk that refuses every write, the one
+// that evicts reports it and the one whose rows are all in DRAM (hits only,
+// no fault) does not, whenever its report was open. In a child, for the limit.
+static void test_a_refused_write_back_goes_to_the_op_whose_eviction_it_was() {
+  std::string dir = TempDir();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const int dim = 8;
+    TableConfig c = Cfg(dim);
+    c.segments_log2 = 3;
+    Tiered<int64_t> t(TierCfg(c, dir, 256 * (dim * 4 + 8)));
+    std::vector<int64_t> mine, theirs;
+    for (int i = 0; i < 64; ++i) mine.push_back(i * 7 + 1);
+    for (int i = 0; i < 2000; ++i) theirs.push_back(100000 + i);
+    std::vector<float> out(theirs.size() * dim);
+    t.FindOrInsert(mine.data(), mine.size(), out.data(), SerialFor);  // resident: within the budget
+    struct rlimit rl = {0, 0};  // from here every write-back is refused: no row ever leaves DRAM
+    ::setrlimit(RLIMIT_FSIZE, &rl);
+    std::mutex mu;
+    std::condition_variable cv;
+    int stage = 0;  // 1: the hits-only op's report is open; 2: the evicting op has finished
+    auto wait_for = [&](int s) {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return stage >= s; });
+    };
+    auto reach = [&](int s) {
+      std::lock_guard<std::mutex> l(mu);
+      stage = s;
+      cv.notify_all();
+    };
+    int64_t hits_only = -1, evicting = -1;
+    std::string message;
+    std::thread reader([&] {
+      WriteBackReport report;
+      reach(1);
+      wait_for(2);
+      std::vector<float> o(mine.size() * dim);
+      t.FindOrInsert(mine.data(), mine.size(), o.data(), SerialFor);
+      hits_only = report.failures();
+    });
+    wait_for(1);
+    {
+      WriteBackReport report;
+      t.FindOrInsert(theirs.data(), theirs.size(), out.data(), SerialFor);
+      evicting = report.failures();
+      message = report.message();
+    }
+    reach(2);
+    reader.join();
+    const bool ok = evicting > 0 && message.find("stays in memory") != std::string::npos && hits_only == 0 &&
+                    t.tier_stats().resident >= static_cast<int64_t>(mine.size() + theirs.size());
+    std::_Exit(ok ? 0 : 3);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+}
+
+// A write-back the cleaner thread fails (it serves no operation) goes to the
+// next fault made with a report open, once: not to the operation running
+// while it failed (a one-segment table: the cleaner alone evicts, between
+// batches), not to a read, not to the fault after. The disk keeps refusing;
+// the rows beyond the budget are erased so that the cleaner has nothing left
+// to try. In a child, for the limit.
+static void test_a_refused_write_back_of_the_cleaner_goes_to_the_next_fault_once() {
+  std::string dir = TempDir();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const int dim = 8;
+    TableConfig c = Cfg(dim);
+    c.segments_log2 = 0;
+    Tiered<int64_t> t(TierCfg(c, dir, 100 * (dim * 4 + 8)));
+    struct rlimit rl = {0, 0};
+    ::setrlimit(RLIMIT_FSIZE, &rl);
+    std::vector<int64_t> keys;
+    for (int i = 0; i < 300; ++i) keys.push_back(i * 3 + 2);
+    std::vector<float> out(keys.size() * dim);
+    int64_t during = -1, read = -1, next = -1, after = -1;
+    std::string message;
+    {
+      WriteBackReport report;  // one lock hold: the cleaner cannot evict while it runs
+      t.FindOrInsert(keys.data(), keys.size(), out.data(), SerialFor);
+      during = report.failures();
+    }
+    const bool failed = !t.store().Settle();  // the cleaner tries the rows beyond the budget: refused
+    t.Erase(keys.data() + 40, keys.size() - 40, false);
+    while (!t.store().Settle()) {
+    }  // within the cleaner's mark: it sleeps, and tries nothing more
+    {
+      WriteBackReport report;
+      t.Find(keys.data(), 40, out.data(), SerialFor);
+      read = report.failures();
+    }
+    int64_t k = 1000001;
+    {
+      WriteBackReport report;
+      t.FindOrInsert(&k, 1, out.data(), SerialFor);  // a new key: a fault within the budget
+      next = report.failures();
+      message = report.message();
+    }
+    k = 1000002;
+    {
+      WriteBackReport report;
+      t.FindOrInsert(&k, 1, out.data(), SerialFor);
+      after = report.failures();
+    }
+    const bool ok = failed && during == 0 && read == 0 && next > 0 && after == 0 &&
+                    message.find("stays in memory") != std::string::npos;
+    if (!ok)
+      std::fprintf(stderr, "failed %d during %lld read %lld next %lld after %lld\n", failed, (long long)during,
+                   (long long)read, (long long)next, (long long)after);
+    std::_Exit(ok ? 0 : 3);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+}
+
+// A load of more rows than the budget, every one of them hot (the policy's
+// largest weight, so a bounded sweep finds no victim until the hand has
+// passed the cache many times): the cache's slot arrays, which are never
+// returned, stay within the budget plus one batch being written (the
+// cleaner's), one part and a chunk of rounding, however the cleaner runs.
+static void test_a_load_of_hot_rows_keeps_the_cache_within_its_budget() {
+  const int dim = 8;
+  std::string dir = TempDir();
+  TableConfig c = Cfg(dim);
+  c.segments_log2 = 4;
+  const int64_t slot = dim * 4 + 8, budget = 200000, piece = 4096, n = 100 * piece;
+  Tiered<int64_t> t(TierCfg(c, dir, budget * slot));
+  CHECK_EQ(t.tier_stats().budget_rows, budget);
+  std::vector<int64_t> keys(piece), versions(piece, 1), freqs(piece, int64_t{1} << 20);
+  std::vector<float> vals(piece * dim, 0.5f);
+  for (int64_t lo = 0; lo < n; lo += piece) {
+    for (int64_t i = 0; i < piece; ++i) keys[i] = lo + i;
+    t.ImportRows(keys.data(), piece, vals.data(), dim, nullptr, 0, {}, versions.data(), freqs.data(), false);
+  }
+  CHECK_EQ(t.size(), n);
+  // The batch being written is the cleaner's (at most four extents); a part is at most the piece.
+  const int64_t bound = (budget + 4 * LogSpace::kExtent + piece + 4095) / 4096 * 4096;
+  if (t.store().slots() > bound)
+    std::fprintf(stderr, "slot arrays of %lld slots, more than %lld\n", static_cast<long long>(t.store().slots()),
+                 static_cast<long long>(bound));
+  CHECK(t.store().slots() <= bound);
+  CHECK(t.tier_stats().writebacks > 0);
+}
+
 // Rows evicted together are written together: one write per batch of
 // victims (a run of adjacent records), not one per row.
 static void test_evicted_rows_are_written_in_batches() {
@@ -807,6 +961,9 @@ int main() {
   RUN(test_string_keys_on_a_tiered_table);
   RUN(test_private_directory_is_removed_and_stale_ones_cleared);
   RUN(test_full_disk_keeps_rows_in_dram_and_counts_failures);
+  RUN(test_a_refused_write_back_goes_to_the_op_whose_eviction_it_was);
+  RUN(test_a_refused_write_back_of_the_cleaner_goes_to_the_next_fault_once);
+  RUN(test_a_load_of_hot_rows_keeps_the_cache_within_its_budget);
   RUN(test_two_readers_missing_the_same_row_both_get_it);
   RUN(test_eviction_racing_lookups_loses_nothing);
   RUN(test_evicted_rows_are_written_in_batches);

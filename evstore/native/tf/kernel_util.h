@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../core/schema.h"
+#include "../core/write_back_report.h"
 #include "ev_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -29,12 +30,19 @@ namespace errors = tensorflow::errors;
 
 // Runs the core's batch work on TensorFlow's intra-op thread pool, the
 // calling thread included (core/parallel.h: SharedFor never waits for a pool
-// thread that has not started).
+// thread that has not started). A pool thread joins the calling op's
+// write-back report for the chunks it runs, so a refused write-back of an
+// eviction there is the op's (core/write_back_report.h).
 inline ParallelFor IntraOp(OpKernelContext* ctx) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
+    WriteBackReport* report = WriteBackReport::Current();
+    const std::function<void(int64_t, int64_t)> joined = [report, &fn](int64_t b, int64_t e) {
+      WriteBackReport::Join join(report);
+      fn(b, e);
+    };
     SharedFor(total, cost, pool->NumThreads() - 1, [pool](std::function<void()> task) { pool->Schedule(std::move(task)); },
-              fn);
+              report ? joined : fn);
   };
 }
 
@@ -143,15 +151,15 @@ class EvTableOp : public OpKernel {
     tensorflow::core::RefCountPtr<EvResource<K>> res;
     OP_REQUIRES_OK(ctx, GetTable<K>(ctx, &res));
     if (TieredTableT<K>* t = res->tiered()) {
-      // A write-back the disk refused kept its row in DRAM (nothing lost); an
-      // op that makes room for rows reports it, as does one that runs while
-      // the store's cleaner thread fails one. Ops that only read the table
-      // (ReportsWriteBacks false) never do: their answer is whole whatever
-      // the disk refused.
-      const int64_t failures = t->store().write_failures();
+      // A write-back the disk refused kept its rows in DRAM (nothing lost).
+      // The store hands each refusal to the op whose eviction it was (and one
+      // of its cleaner thread to the next op that faults a row in): this op
+      // reports those, never another op's. An op that only reads evicts
+      // nothing, so its answer is never an error for the disk.
+      WriteBackReport report;
       ComputeOn(ctx, *res, *t);
-      if (ReportsWriteBacks() && ctx->status().ok() && t->store().write_failures() > failures)
-        ctx->CtxFailure(errors::ResourceExhausted("EmbeddingVariable: ", t->store().last_failure(),
+      if (report.failures() > 0 && ctx->status().ok())
+        ctx->CtxFailure(errors::ResourceExhausted("EmbeddingVariable: ", report.message(),
                                                   "; free disk space or raise dram_bytes"));
       return;
     }
@@ -159,8 +167,6 @@ class EvTableOp : public OpKernel {
   }
 
  protected:
-  // False for kernels that only read the table (introspection, export).
-  virtual bool ReportsWriteBacks() const { return true; }
   virtual void ComputeOn(OpKernelContext* ctx, EvResource<K>& res, TableT<K>& t) = 0;
   virtual void ComputeOn(OpKernelContext* ctx, EvResource<K>& res, TieredTableT<K>& t) = 0;
 };

@@ -88,7 +88,6 @@ class EvCreateOp : public OpKernel {
 template <typename K>
 class EvSizeOp : public EvTableOp<K> {
  public:
-  bool ReportsWriteBacks() const override { return false; }
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
     Tensor* out;
@@ -100,7 +99,6 @@ class EvSizeOp : public EvTableOp<K> {
 template <typename K>
 class EvSlotsOp : public EvTableOp<K> {
  public:
-  bool ReportsWriteBacks() const override { return false; }
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
     const SlotSpecs slots = t.slots();
@@ -118,7 +116,6 @@ class EvSlotsOp : public EvTableOp<K> {
 template <typename K>
 class EvStatsOp : public EvTableOp<K> {
  public:
-  bool ReportsWriteBacks() const override { return false; }
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
     TableStats s = t.Stats();
@@ -135,7 +132,6 @@ class EvStatsOp : public EvTableOp<K> {
 template <typename K>
 class EvKeyInfoOp : public EvTableOp<K> {
  public:
-  bool ReportsWriteBacks() const override { return false; }
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
     EV_KEYS_INPUT(ctx, keys, kin);
@@ -272,7 +268,6 @@ class EvSetDramBytesOp : public EvTableOp<K> {
 template <typename K>
 class EvExportOp : public EvTableOp<K> {
  public:
-  bool ReportsWriteBacks() const override { return false; }
   using EvTableOp<K>::EvTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
     const int dim = t.dim();
@@ -375,7 +370,6 @@ class EvImportOp : public EvTableOp<K> {
 template <typename K>
 class EvBeginExportOp : public EvTableOp<K> {
  public:
-  bool ReportsWriteBacks() const override { return false; }
   explicit EvBeginExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("return_keys", &return_keys_));
   }
@@ -400,7 +394,6 @@ class EvBeginExportOp : public EvTableOp<K> {
 template <typename K>
 class EvEndExportOp : public EvTableOp<K> {
  public:
-  bool ReportsWriteBacks() const override { return false; }
   explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
   EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, snapshot_id, "snapshot_id");
