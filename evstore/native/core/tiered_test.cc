@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -47,9 +48,13 @@ static bool Exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;
 }
+// Each test's tier directory; main removes them all once every test passed
+// (a failed run keeps them to look at).
+static std::vector<std::string> temp_dirs;
 static std::string TempDir() {
   char tmpl[] = "/tmp/evstore-tiered-test-XXXXXX";
   CHECK(::mkdtemp(tmpl) != nullptr);
+  temp_dirs.push_back(tmpl);
   return tmpl;
 }
 
@@ -509,6 +514,7 @@ static void test_eviction_racing_lookups_loses_nothing() {
 // A disk that refuses writes (RLIMIT_FSIZE, in a child so the limit stays
 // there): every write-back fails, rows stay in DRAM, nothing is lost.
 static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
+  const std::string dir = TempDir();  // made here, so main removes it
   pid_t pid = ::fork();
   if (pid == 0) {
     ::signal(SIGXFSZ, SIG_IGN);
@@ -516,7 +522,7 @@ static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
     ::setrlimit(RLIMIT_FSIZE, &rl);
     const int dim = 8;
     Table<int64_t> dram(Cfg(dim));
-    Tiered<int64_t> t(TierRows(Cfg(dim), 10));
+    Tiered<int64_t> t(TierCfg(Cfg(dim), dir, 10 * (dim * 4 + 8)));
     t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
     dram.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
     for (int64_t step = 1; step <= 4; ++step) {
@@ -969,6 +975,7 @@ int main() {
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
   RUN(test_stats_count_the_per_key_dram_cost);
   RUN(test_record_file_reads_records_across_mapped_windows_and_without_the_mapping);
+  for (const std::string& d : temp_dirs) std::filesystem::remove_all(d);
   std::printf("all tests passed\n");
   return 0;
 }
