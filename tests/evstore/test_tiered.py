@@ -460,28 +460,25 @@ FULL_DISK = textwrap.dedent("""
 """)
 
 
-def test_a_full_disk_is_a_clear_error_that_loses_no_row(tmp_path):
+def _on_a_full_disk(tmp_path, *mode):
+    """Runs FULL_DISK (in its own process: the file-size limit stays there) in `mode`; returns its stdout."""
     script = FULL_DISK.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    p = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path), *mode], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert "ERROR:" in p.stdout
+    return p.stdout
+
+
+def test_a_full_disk_is_a_clear_error_that_loses_no_row(tmp_path):
+    assert "ERROR:" in _on_a_full_disk(tmp_path)
 
 
 def test_reading_a_table_whose_disk_refuses_write_backs_is_not_an_error(tmp_path):
-    script = FULL_DISK.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    p = subprocess.run([sys.executable, "-c", script, str(tmp_path), "reads"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert "READS OK" in p.stdout
+    assert "READS OK" in _on_a_full_disk(tmp_path, "reads")
 
 
 def test_training_rows_all_in_dram_beside_a_disk_refusing_write_backs_is_not_an_error(tmp_path):
-    script = FULL_DISK.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    p = subprocess.run([sys.executable, "-c", script, str(tmp_path), "resident"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert "RESIDENT OK" in p.stdout
+    assert "RESIDENT OK" in _on_a_full_disk(tmp_path, "resident")
 
 
 def test_storage_arguments_are_checked():

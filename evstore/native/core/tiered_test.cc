@@ -58,6 +58,21 @@ static std::string TempDir() {
   return tmpl;
 }
 
+// Runs `body` in a child process (so a file-size limit it sets stays there;
+// SIGXFSZ is ignored, so a write past it fails instead of killing it) and
+// checks that it returned true.
+static void InChild(const std::function<bool()>& body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    std::_Exit(body() ? 0 : 3);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+}
+
 static TableConfig Cfg(int dim, uint32_t min_freq = 1) {
   TableConfig c;
   c.dim = dim;
@@ -515,9 +530,7 @@ static void test_eviction_racing_lookups_loses_nothing() {
 // there): every write-back fails, rows stay in DRAM, nothing is lost.
 static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
   const std::string dir = TempDir();  // made here, so main removes it
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);
+  InChild([&] {
     struct rlimit rl = {4096, 4096};
     ::setrlimit(RLIMIT_FSIZE, &rl);
     const int dim = 8;
@@ -533,7 +546,7 @@ static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
     TierStats ts = t.tier_stats();
     bool ok = ts.write_failures > 0 && ts.resident > 200 && Dump(t) == Dump(dram) &&
               t.store().last_failure().find("stays in memory") != std::string::npos;
-    if (!ok) std::_Exit(3);
+    if (!ok) return false;
     // Widening rows on a full disk: a clear error, the table unchanged.
     auto before = Dump(t);
     bool thrown = false;
@@ -542,12 +555,8 @@ static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
     } catch (const std::runtime_error& e) {
       thrown = std::string(e.what()).find("widening rows on disk failed") != std::string::npos;
     }
-    std::_Exit(thrown && t.stride() == 3 * dim && Dump(t) == before ? 0 : 4);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  CHECK(WIFEXITED(status));
-  CHECK_EQ(WEXITSTATUS(status), 0);
+    return thrown && t.stride() == 3 * dim && Dump(t) == before;
+  });
 }
 
 // A refused write-back goes to the operation whose eviction it was: of two
@@ -556,9 +565,7 @@ static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
 // no fault) does not, whenever its report was open. In a child, for the limit.
 static void test_a_refused_write_back_goes_to_the_op_whose_eviction_it_was() {
   std::string dir = TempDir();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);
+  InChild([&] {
     const int dim = 8;
     TableConfig c = Cfg(dim);
     c.segments_log2 = 3;
@@ -603,12 +610,8 @@ static void test_a_refused_write_back_goes_to_the_op_whose_eviction_it_was() {
     reader.join();
     const bool ok = evicting > 0 && message.find("stays in memory") != std::string::npos && hits_only == 0 &&
                     t.tier_stats().resident >= static_cast<int64_t>(mine.size() + theirs.size());
-    std::_Exit(ok ? 0 : 3);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  CHECK(WIFEXITED(status));
-  CHECK_EQ(WEXITSTATUS(status), 0);
+    return ok;
+  });
 }
 
 // A write-back the cleaner thread fails (it serves no operation) goes to the
@@ -619,9 +622,7 @@ static void test_a_refused_write_back_goes_to_the_op_whose_eviction_it_was() {
 // to try. In a child, for the limit.
 static void test_a_refused_write_back_of_the_cleaner_goes_to_the_next_fault_once() {
   std::string dir = TempDir();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);
+  InChild([&] {
     const int dim = 8;
     TableConfig c = Cfg(dim);
     c.segments_log2 = 0;
@@ -665,12 +666,8 @@ static void test_a_refused_write_back_of_the_cleaner_goes_to_the_next_fault_once
     if (!ok)
       std::fprintf(stderr, "failed %d during %lld read %lld next %lld after %lld\n", failed, (long long)during,
                    (long long)read, (long long)next, (long long)after);
-    std::_Exit(ok ? 0 : 3);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  CHECK(WIFEXITED(status));
-  CHECK_EQ(WEXITSTATUS(status), 0);
+    return ok;
+  });
 }
 
 // A load of more rows than the budget, every one of them hot (the policy's
