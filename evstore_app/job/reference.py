@@ -32,6 +32,8 @@ seal, after the save's eviction, so the reference is the committed state. A
 second forward pass per batch remains; scoring admits no key and changes no
 frequency of either model (inference lookups).
 """
+import abc
+
 import numpy as np
 import tensorflow as tf
 
@@ -42,7 +44,7 @@ from evstore_app.job.model import build_model, field_ev
 __all__ = ["Reference", "ReferenceModel"]
 
 
-class Reference:
+class Reference(abc.ABC):
     """The copy-on-write reference of a trainer's model, whatever builds the
     model (module docstring): the reference's own EVs `own` ({name: EV},
     each the trained model's EV of that name in dim, key dtype and shards),
@@ -60,13 +62,13 @@ class Reference:
         self.served = None   # the record of the run that passed last (`served` of the judgement)
         self._since = []     # records of the commits since the last judged run
 
+    @abc.abstractmethod
     def live_evs(self, model):
         """{name: EV} of the trained `model`, named as `own`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def copy_dense(self, model):
         """Sets the reference's dense weights to `model`'s."""
-        raise NotImplementedError
 
     def keep_ids(self, ids):
         """Copies into the reference the rows of ids {name: ids} it does not
