@@ -902,6 +902,28 @@ static void test_stats_count_the_per_key_dram_cost() {
   CHECK(st.meta_bytes <= 65536 * 24 + ts.disk_records * 4 + 64 * 1024);  // + the log's extent table
 }
 
+// The cleaner thread carries a name (what profilers show, and what the EV
+// benchmark reads to give its CPU to the tiered side), one per tiered table.
+static int CleanerThreads() {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::FILE* f = std::fopen((task.path() / "comm").c_str(), "r");
+    if (!f) continue;
+    char name[32] = {};
+    if (std::fgets(name, sizeof(name), f)) n += std::string_view(name).substr(0, 15) == TieredStore<>::kCleanerName;
+    std::fclose(f);
+  }
+  return n;
+}
+static void test_each_tiered_table_has_one_cleaner_thread_named_evstore_cleaner() {
+  const int before = CleanerThreads();
+  {
+    Tiered<int64_t> t(TierRows(Cfg(4), 64));
+    CHECK_EQ(CleanerThreads(), before + 1);
+  }
+  CHECK_EQ(CleanerThreads(), before);
+}
+
 static void test_bad_config_is_refused() {
   CHECK_THROWS((TieredStore<>(4, TierConfig{0, "/tmp"})), std::invalid_argument);
   CHECK_THROWS((TieredStore<>(4, TierConfig{1024, ""})), std::invalid_argument);
@@ -971,6 +993,7 @@ int main() {
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
   RUN(test_stats_count_the_per_key_dram_cost);
+  RUN(test_each_tiered_table_has_one_cleaner_thread_named_evstore_cleaner);
   RUN(test_record_file_reads_records_across_mapped_windows_and_without_the_mapping);
   for (const std::string& d : temp_dirs) std::filesystem::remove_all(d);
   std::printf("all tests passed\n");
