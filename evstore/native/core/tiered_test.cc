@@ -2,6 +2,7 @@
 // log_space.h, cache_policy.h) under the table. Built and run by
 // tests/native/CMakeLists.txt (make test-native: -O3, ASan, TSan). Exits
 // non-zero on the first failure.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -886,6 +888,54 @@ static void test_record_file_reads_records_across_mapped_windows_and_without_the
   }
 }
 
+// A directory on the file system holding the working directory (the
+// repository, under CTest), not /tmp: the test below needs a file system
+// whose pages the kernel drops on request, which a tmpfs /tmp is not.
+static std::string DiskDir() {
+  char tmpl[] = "evstore-tiered-test-XXXXXX";
+  CHECK(::mkdtemp(tmpl) != nullptr);
+  temp_dirs.push_back(std::filesystem::absolute(tmpl));
+  return temp_dirs.back();
+}
+
+// Mapped reads of pages that are not in the page cache fault them in from
+// disk one at a time; after a batch that took such faults, the next batches
+// ask the kernel for all their records first, and read the same bytes.
+static void test_mapped_reads_after_major_faults_ask_the_kernel_for_the_batch_first() {
+  const size_t rb = 768;  // a dim-64 Adam row
+  RowFile f(DiskDir(), rb);
+  const uint32_t n = 2048;  // 1.5 MiB, 384 pages
+  std::vector<char> rec(rb);
+  for (uint32_t loc = 0; loc < n; ++loc) {
+    std::memset(rec.data(), static_cast<int>(loc * 7 + 1), rb);
+    const void* src = rec.data();
+    CHECK(f.Write(loc, &src, 1));
+  }
+  // Written back, then dropped from the page cache (no page is mapped yet).
+  const std::string path = f.dir() + "/rows";
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  CHECK(fd >= 0);
+  CHECK_EQ(::fdatasync(fd), 0);
+  CHECK_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+  auto read_batch = [&](uint32_t first) {  // every 16th record: a page of its own each
+    std::vector<uint32_t> locs;
+    for (uint32_t loc = first; loc < n; loc += 16) locs.push_back(loc);
+    std::vector<std::vector<char>> got(locs.size(), std::vector<char>(rb));
+    std::vector<void*> dsts;
+    for (auto& g : got) dsts.push_back(g.data());
+    f.ReadMany(locs.data(), dsts.data(), locs.size());
+    for (size_t i = 0; i < locs.size(); ++i)
+      for (size_t b = 0; b < rb; ++b) CHECK_EQ(got[i][b], static_cast<char>(locs[i] * 7 + 1));
+  };
+  read_batch(0);  // from the disk, a fault per page
+  CHECK_EQ(f.hinted_batches(), 0);
+  read_batch(8);  // other pages: asked for together first
+  CHECK_EQ(f.hinted_batches(), 1);
+  read_batch(8);  // the same pages again: still within the hinted batches
+  CHECK_EQ(f.hinted_batches(), 2);
+}
+
 // stats() counts the tier's per-key DRAM cost: 24 bytes of metadata per row
 // id (allocated in chunks of 65,536) and 4 bytes per disk record.
 static void test_stats_count_the_per_key_dram_cost() {
@@ -995,6 +1045,7 @@ int main() {
   RUN(test_stats_count_the_per_key_dram_cost);
   RUN(test_each_tiered_table_has_one_cleaner_thread_named_evstore_cleaner);
   RUN(test_record_file_reads_records_across_mapped_windows_and_without_the_mapping);
+  RUN(test_mapped_reads_after_major_faults_ask_the_kernel_for_the_batch_first);
   for (const std::string& d : temp_dirs) std::filesystem::remove_all(d);
   std::printf("all tests passed\n");
   return 0;
