@@ -40,7 +40,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench.harness.args import add_size_args
-from bench.harness.rss import rss_mib
+from bench.harness.rss import hwm_mib, rss_mib
 from bench.harness.timing import rate
 from bench.harness.workload import Batches, fill_chunks
 
@@ -113,7 +113,7 @@ class TfraPeer:
         return t0, t1, time.perf_counter()
 
     def stats(self):
-        return dict(self.meta, size=int(self.table.size().numpy()), rss_mib=rss_mib())
+        return dict(self.meta, size=int(self.table.size().numpy()), rss_mib=rss_mib(), rss_peak_mib=hwm_mib())
 
 
 def serve(peer):

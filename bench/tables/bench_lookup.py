@@ -51,7 +51,7 @@ import numpy as np
 from bench.harness.args import add_size_args
 from bench.harness.paths import ROOT
 from bench.harness.peers import TfraProcess
-from bench.harness.rss import guard_available_memory, rss_mib
+from bench.harness.rss import guard_available_memory, hwm_mib, rss_mib
 from bench.harness.timing import rate, timed
 from bench.harness.workload import Batches, fill_chunks
 
@@ -195,13 +195,21 @@ def run_phase(name, systems, results, args):
             elif r == 0:
                 results.setdefault(s, {})[w + "_first_s"] = t[0]
     for (s, w), ts in times.items():
-        res = results.setdefault(s, {})
-        res[w] = rate(args.batch, [t[0] for t in ts])
-        if ts:  # per-batch seconds: min / median / max (spikes show up in max)
-            sec = sorted(t[0] for t in ts)
-            res[w + "_s_min_med_max"] = [sec[0], sec[len(sec) // 2], sec[-1]]
-        if len(ts) and len(ts[0]) > 1:
-            res[w.replace("step", "apply")] = rate(args.batch, [t[1] for t in ts])
+        summarize(results.setdefault(s, {}), w, ts, args.batch)
+
+
+def summarize(res, w, ts, batch):
+    """Sets workload `w`'s figures in `res` from its timed batches `ts` (each [seconds] or, for a
+    training step, [step seconds, apply seconds]): the median rate, the min / median / max batch
+    seconds (spikes show up in max), the apply's rate, and the batches themselves (`<w>_batch_s`,
+    so runs of one system in several processes can be pooled: bench/tables/solo_runs.py)."""
+    res[w] = rate(batch, [t[0] for t in ts])
+    res[w + "_batch_s"] = [list(t) for t in ts]
+    if ts:
+        sec = sorted(t[0] for t in ts)
+        res[w + "_s_min_med_max"] = [sec[0], sec[len(sec) // 2], sec[-1]]
+    if len(ts) and len(ts[0]) > 1:
+        res[w.replace("step", "apply")] = rate(batch, [t[1] for t in ts])
 
 
 def main():
@@ -278,6 +286,7 @@ def main():
             gc.collect()
             progress(f"{drop} freed")
     out["rss_end_mib"] = rss_mib()
+    out["rss_peak_mib"] = hwm_mib()
     for s, obj in systems.items():
         try:
             results.setdefault(s, {}).update(obj.stats())
