@@ -76,6 +76,13 @@ from bench.tables.solo_runs import run_solo
 DEFAULT_MATRIX = "1000000x16,1000000x64,10000000x16,10000000x64"
 QUICK_MATRIX = "100000x16,100000x64"
 TARGETS = {"tfra": 3.0, "dense_hash": 2.0, "numpy": 0.6, "adam": 3.0, "bytes": 32}
+# The cells a configuration run one system per process also gives by CPU time per key, its systems
+# having run at different times: (label, run, evstore's workload, the peer, the peer's workload).
+CPU_CELLS = (("find vs TFRA", "B", "find", "tfra", "find"),
+             ("find vs DenseHashTable", "A", "find", "dense_hash", "find"),
+             ("new-key insert vs DenseHashTable", "A", "foi_new", "dense_hash", "insert_new"),
+             ("new-key insert vs TFRA", "B", "foi_new", "tfra", "insert_new"),
+             ("training step vs TFRA's", "B", "train_step", "tfra", "train_step"))
 
 
 def est_peak_mib(keys, dim):
@@ -303,6 +310,11 @@ def tables(results, tfra_note):
                          + ", ".join(f"{p['process']} (round {p['round']}) {p['rss_peak_mib']:.0f}"
                                      for p in so["processes"]
                                      if p.get("rss_peak_mib") is not None))
+            cpu = [(what, ratio(g(r, run, "evstore", ours + "_cpu"), g(r, run, peer, theirs + "_cpu")))
+                   for what, run, ours, peer, theirs in CPU_CELLS]
+            notes.append(f"- {r['keys']}x{r['dim']} by CPU time per key (the median batch's CPU seconds of the "
+                         "process doing the work, all its threads): "
+                         + ", ".join(f"{what} {x}" for what, x in cpu))
             notes += [f"- {r['keys']}x{r['dim']} {e}" for e in so["errors"]]
         if r.get("bigmem_lock"):
             notes.append(f"- {r['keys']}x{r['dim']} ran holding {r['bigmem_lock']['lock']} (waited "

@@ -41,7 +41,8 @@ def pool(runs, batch):
     merged = dict(runs[0])
     for key in [k for k in merged if k.endswith("_batch_s")]:
         w = key[:-len("_batch_s")]
-        summarize(merged, w, [t for r in runs for t in r.get(key) or []], batch)
+        summarize(merged, w, [t for r in runs for t in r.get(key) or []], batch,
+                  [c for r in runs for c in r.get(w + "_batch_cpu_s") or []])
     merged["rounds_pooled"] = len(runs)
     return merged
 

@@ -18,6 +18,12 @@ def test_a_system_s_rate_is_the_median_of_its_batches_pooled_over_its_rounds():
     assert merged["fill_s"] == 7.0 and merged["rounds_pooled"] == 2
 
 
+def test_keys_per_cpu_second_are_pooled_over_the_rounds_as_the_rates_are():
+    merged = pool([{"find_batch_s": [[1.0]], "find_batch_cpu_s": [2.0]},
+                   {"find_batch_s": [[1.0], [1.0]], "find_batch_cpu_s": [6.0, 4.0]}], batch=8)
+    assert merged["find_cpu"] == 2.0 and merged["find_batch_cpu_s"] == [2.0, 6.0, 4.0]
+
+
 def test_a_training_step_s_apply_rate_is_pooled_beside_the_step_s():
     merged = pool([{"train_step_batch_s": [[2.0, 1.0]]}, {"train_step_batch_s": [[4.0, 0.5]]}], batch=6)
     assert merged["train_step"] == 2.0 and merged["train_apply"] == 8.0
@@ -41,4 +47,6 @@ def test_a_configuration_over_the_solo_bound_runs_one_system_per_process_and_ren
     assert res["A"]["evstore"] is not None and res["A"]["evstore"] == res["B"]["evstore"]
     assert res["A"]["evstore"]["rounds_pooled"] == res["A"]["dense_hash"]["rounds_pooled"] == 2
     assert res["A"]["numpy"]["gather"] > 0 and res["A"]["dense_hash"]["insert_new"] > 0
+    assert res["A"]["evstore"]["find_cpu"] > 0 and len(res["A"]["dense_hash"]["find_batch_cpu_s"]) == 2
     assert "| 0.003M | 16 |" in out and "3000x16 ran one system per process" in out
+    assert "3000x16 by CPU time per key" in out
