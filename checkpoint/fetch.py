@@ -18,12 +18,15 @@ leave the root, and a byte changed in them cannot make the read fail. Bytes
 travel once, straight into memory (ranged GETs on object stores).
 
 The whole main bundle (restore): on a local root its files are staged
-privately (Storage.stage: hard links) and each is checked against the
-manifest; on any other root nothing is written locally: the files are read
-through an object source (checkpoint/object_source.py: ranged reads, read
-ahead), each checked against the manifest before the result is returned
-(read once; kept in memory within a budget so the loader need not read it
-again). The result has `dir` for the native loader either way.
+privately (Storage.stage: hard links); on any other root nothing is written
+locally: the files are read through an object source
+(checkpoint/object_source.py: ranged reads, read ahead). Either way each is
+checked against the manifest before the result is returned: whole (size and
+crc32c: a second read by the loader, from memory within a budget on an object
+store), or, for a caller that loads into tables nobody reads yet
+(verify="index": restores and serving reloads), every size and the index's
+crc32c, the data files' tensors by the native loader as it reads them, so
+each byte is read once. The result has `dir` for the native loader either way.
 
 Every failure is a CorruptCheckpointError naming the file (and the tensor):
 missing, truncated, a checksum mismatch, a wanted tensor the index lacks, a
@@ -115,9 +118,8 @@ def fetch(storage, manifest, tensors=None, verify=True, files=None, index=None, 
         returns; "index": for a caller that loads into tables nobody serves
         yet, which it drops if the load fails: every file's size and the
         index's crc32c before this returns, the data files' bytes by the
-        native loader tensor by tensor as it reads them (on a remote root
-        each byte is then read once; a local root checks everything first);
-        False: nothing.
+        native loader tensor by tensor as it reads them (each byte is then
+        read once, on a local root as on a remote one); False: nothing.
       files: whole fetches only: just these files of the main bundle
         (default: all of them), e.g. those of the tensors this process loads.
       index: whole fetches of a remote root only: the main bundle's index,
@@ -150,7 +152,8 @@ def _fetch_whole(storage, manifest, verify, files=None, index=None, reread=()):
     d = storage.stage(manifest.dir, names)
     try:
         if verify:
-            problems = verify_staged(d, manifest, lambda n: storage.display(manifest.dir, n), names=names)
+            problems = verify_staged(d, manifest, lambda n: storage.display(manifest.dir, n), names=names,
+                                     data=verify != "index")
             if problems:
                 raise CorruptCheckpointError("; ".join(problems))
     except BaseException:

@@ -357,37 +357,38 @@ class CheckpointManager:
                 # Shards on other tasks of a root that is not one local filesystem:
                 # each task opens a source over the files it loads (checkpoint/remote_parts.py).
                 remote = {} if self.storage.local else {t: names for t, names in groups.items() if t}
-                # An object store's files are checked as they load into staging tables (read once);
-                # a local root's (or an EV that cannot be staged: built in a graph) before, in place.
-                staging = not self.storage.local and all(can_stage(ev) for ev in col.evs.values())
-                check = ("index" if staging else verify) if verify else False
-                fetched, broken, on_tasks, tables, read = [], None, {}, {}, 0
+                # Every EV loads into a staging table nobody reads, its files checked as they load (each
+                # byte read once), and adopts it once all loaded. An EV built while a graph was traced has
+                # no staging table (can_stage): it loads in place, last, every file checked whole first.
+                in_place = {n for n, ev in col.evs.items() if not can_stage(ev)}
+                check = verify and (True if in_place else "index")
+                fetched, broken, on_tasks, tables, loaded, read = [], None, {}, {}, {}, 0
                 try:
                     try:   # the main bundle of each, opened privately and checked (checkpoint/fetch.py)
                         indexes = ([read_index(self.storage, m) for m in chain] if not self.storage.local
                                    else [None] * len(chain))
                         read += sum(len(i) for i in indexes if i is not None)
                         for m, idx in zip(chain, indexes):
-                            files = None
+                            files, again = None, ()
                             if idx is not None:   # only what this process loads
                                 here = self._plan_entries(m, col, groups.get("", []))
                                 files = bundle_subset(m, idx, entry_tensors(m, idx, here)
                                                       + list(col.dense) + [GLOBAL_STEP])
-                            # a part loaded into several shards here (a changed shard count) is kept in memory
-                            again = reread_files(m, idx, self._loads(m, col, groups.get("", []))) if staging else ()
+                                # a part loaded into several shards here (a changed shard count) is kept in memory
+                                again = reread_files(m, idx, self._loads(m, col, groups.get("", [])))
                             fetched.append(fetch(self.storage, m, verify=check, files=files, index=idx, reread=again))
                         if remote:
                             on_tasks = stage_on_tasks(self.storage, chain, indexes, {
                                 t: [self._plan_entries(m, col, names) for m in chain] for t, names in remote.items()},
                                 verify=check, reread={t: [reread_files(m, idx, self._loads(m, col, names))
                                                           for m, idx in zip(chain, indexes)]
-                                                      for t, names in remote.items()} if staging else None)
+                                                      for t, names in remote.items()})
                         staged = [f.dir for f in fetched]
                         task_of = {n: t for t, names in remote.items() for n in names}
                         dirs_of = {n: on_tasks[task_of[n]] if n in task_of else staged for n in col.evs}
                         values, initial_values_held = self._check_staged(chain, staged, col)
-                        if staging:   # every EV into a table nobody reads; any failure drops them all
-                            loaded = self._load_staging(chain, dirs_of, col, tables)
+                        # every EV but those in place into a table nobody reads; any failure drops them all
+                        loaded = self._load_staging(chain, dirs_of, col, tables, skip=in_place)
                     except (CorruptCheckpointError, tf.errors.OpError) as e:
                         broken = e
                     gone = withdrawn(self.storage, chain)
@@ -405,14 +406,13 @@ class CheckpointManager:
                         raise broken
                     # Publish: everything was checked; from here on the model changes.
                     for name, ev in col.evs.items():
-                        if staging:
+                        if name in in_place:   # its files were checked whole
+                            loaded[name] = self._restore_ev(chain, dirs_of[name], name, ev, col.shard_info.get(name))
+                        else:
                             adopt(ev, tables.pop(name))
-                            loaded_slots = loaded[name]
-                        else:   # in place: local private files, or a source's files checked whole
-                            loaded_slots = self._restore_ev(chain, dirs_of[name], name, ev, col.shard_info.get(name))
                         # A slot's initial value is in the checkpoint beside it. One written before that
                         # lacks it: the model's optimizer states it now, before a training lookup admits keys.
-                        unknown = loaded_slots - initial_values_held.get(name, set())
+                        unknown = loaded[name] - initial_values_held.get(name, set())
                         inits = slot_initial_values(col.optimizers, ev) if unknown else {}
                         if unknown & set(inits):
                             ev.set_slot_initial_values({s: inits[s] for s in unknown if s in inits})
@@ -444,11 +444,14 @@ class CheckpointManager:
         """The entries of checkpoint `m` that EVs `names` load."""
         return sorted(set(cls._loads(m, col, names)))
 
-    def _load_staging(self, chain, dirs_of, col, tables):
-        """Loads the chain into a staging table per EV (into `tables`, {EV name: StagingTable}, which the
-        caller closes); returns {EV name: slots loaded}. Raises the loader's tf.errors.OpError."""
+    def _load_staging(self, chain, dirs_of, col, tables, skip=()):
+        """Loads the chain into a staging table per EV but those of `skip` (into `tables`, {EV name:
+        StagingTable}, which the caller closes); returns {EV name: slots loaded}. Raises the loader's
+        tf.errors.OpError."""
         loaded = {}
         for name, ev in col.evs.items():
+            if name in skip:
+                continue
             tables[name] = StagingTable(ev)
             loaded[name] = self._restore_ev(chain, dirs_of[name], name, tables[name], col.shard_info.get(name))
         return loaded

@@ -45,6 +45,7 @@ import ctypes
 import logging
 import os
 import posixpath
+import re
 import threading
 import uuid
 
@@ -82,7 +83,7 @@ def damaged(error, directories):
     """What a failed load (tf.errors.OpError `error`) means for the caller: a CorruptCheckpointError
     naming the file when the loader found one damaged, else `error`. `directories` ({source or local
     directory: how the root names it}) turn the loader's paths into the root's."""
-    text = error.message
+    text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", error.message))
     for d, shown in directories.items():
         text = text.replace(d + "/", shown + "/")
     if any(m in text for m in _DAMAGE):
