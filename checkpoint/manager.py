@@ -40,13 +40,13 @@ from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointErro
 from checkpoint.fetch import fetch
 from checkpoint.lease import LeaseHeldError, process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
-from checkpoint.remote_parts import (bundle_subset, entry_tensors, read_index, release_on_tasks, reread_files,
-                                     stage_on_tasks)
+from checkpoint.remote_parts import bundle_subset, entry_tensors, release_on_tasks, reread_files, stage_on_tasks
 from checkpoint.serving_view import codec
 from checkpoint.shards import device_groups, load_plan, logical_name
 from checkpoint.object_source import damaged
 from checkpoint.slots import slot_initial_values, slots_to_load
 from checkpoint.storage import Storage
+from checkpoint.tensor_read import read_index
 from evstore import quality as _quality
 from evstore import schema
 from evstore.staging import StagingTable, adopt, can_stage

@@ -52,7 +52,9 @@ import uuid
 from checkpoint import native_callbacks
 from checkpoint.errors import CorruptCheckpointError
 from checkpoint.fileio import crc32c
+from checkpoint.index import parse_index
 from checkpoint.object_stream import open_stream
+from checkpoint.tensor_read import read_index, read_named
 
 __all__ = ["ObjectSource", "install", "is_source", "source_of", "damaged", "BLOCK", "RETAIN_BYTES"]
 
@@ -254,7 +256,6 @@ class ObjectSource:
     def tensors(self, names, prefix="ckpt"):
         """{name: np.ndarray} of whole tensors `names` of bundle `prefix` (dense weights: their byte
         ranges only, each checked against the index, which is checked against the manifest)."""
-        from checkpoint.fetch import read_named
         got, _ = read_named(self.storage, self.manifest, prefix, list(names), read_ranges=self._ranges)
         return got
 
@@ -276,8 +277,6 @@ class ObjectSource:
         checked against the manifest)."""
         import tensorflow as tf
 
-        from checkpoint.index import parse_index
-        from checkpoint.remote_parts import read_index
         _, entries = parse_index(read_index(self.storage, self.manifest, prefix, read_ranges=self._ranges),
                                  self.storage.display(self.manifest.dir, prefix + ".index"))
         return ({n: list(e.shape) for n, e in entries.items()},

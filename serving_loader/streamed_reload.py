@@ -36,7 +36,8 @@ rows in it and the deltas are read in it (stager.py).
 """
 from checkpoint.fetch import bundle_files, fetch
 from checkpoint.index import parse_index
-from checkpoint.remote_parts import bundle_subset, read_index
+from checkpoint.remote_parts import bundle_subset
+from checkpoint.tensor_read import read_index
 from checkpoint.serving_view import VIEW_PREFIX
 from evstore import schema
 from serving_loader.ev_table import FLOAT32
