@@ -38,7 +38,7 @@ serving shard's replacement tables) needs no verify pass (`verify(data=False)`:
 the index checked against the manifest, every file's size from the listing):
 the loader's own checks (each tensor's size at open, its crc32c at the end)
 refuse the same files, a failure drops those tables, and each byte is read
-once; see docs/ARCHITECTURE.md "Restoring from an object store".
+once; see docs/ARCHITECTURE.md "Restoring: each byte read once".
 """
 import concurrent.futures
 import ctypes

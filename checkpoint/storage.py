@@ -20,7 +20,7 @@ within object_source.RETAIN_BYTES (512 MiB per restoring process), so it is
 read once; a larger one is read again by the loader (which checks each tensor's
 crc32c against the index as it reads). A serving shard streaming a new full
 into replacement tables reads each byte once (docs/ARCHITECTURE.md,
-"Restoring from an object store").
+"Restoring: each byte read once").
 """
 import copy
 import os

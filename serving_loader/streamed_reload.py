@@ -11,12 +11,12 @@ so; here it is streamed into a second table instead:
     (`EvTable.replacement()`, tiered like the served one, in chunks, a
     shard's keeping only keys routed to it when it reads other parts: DRAM
     stays at the cache budget) and the deltas applied to it. The files
-    (checkpoint.fetch, verify="index"): a local root's hard-linked privately
-    and checked against the manifest first; an object store's read straight
-    from it by the native loader (checkpoint/object_source.py), the index
-    checked against the manifest and every file's size first, each tensor's
-    crc32c as it loads (a failure drops the replacements): each byte read
-    once, nothing written locally;
+    (checkpoint.fetch, verify="index"): a local root's hard-linked privately,
+    an object store's read straight from it by the native loader
+    (checkpoint/object_source.py, nothing written locally); either way the
+    index checked against the manifest and every file's size first, each
+    tensor's crc32c as it loads (a failure drops the replacements): each
+    byte read once;
   * publish (write lock): each served table adopts its replacement (one swap
     of tables), the dense weights and the version as for any commit.
 
