@@ -9,6 +9,13 @@ bench/tables/bench_lookup.py twice, each a fresh process measuring its systems
 interleaved batch by batch (every ratio is taken within one run):
   run A  evstore, TF DenseHashTable, numpy gather   phases read, insert
   run B  evstore, TFRA                               phases read, insert, train
+and then bench/tables/bench_insert_build.py:
+  run I  evstore, TF DenseHashTable, each built from empty to the configuration's keys by
+         batches of new keys, every batch timed (growth and first touch included on both
+         sides: the new-key insert comparison; run A's insert phase is its steady batches)
+A configuration whose run A would not fit in memory (estimated over --solo-above-mib, default
+8 GiB: 10M x 64) runs each system in a process of its own instead, one after another in
+--solo-rounds rounds (bench/tables/solo_runs.py); its tables read as the others'.
 Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
 bench/tables/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
 Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
@@ -68,10 +75,18 @@ from bench.harness.paths import RESULTS, ROOT, write_result
 from bench.harness.peers import DEFAULT_VENV, ensure_peer, last_line, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
 from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
+from bench.tables.solo_runs import run_solo
 
 DEFAULT_MATRIX = "1000000x16,1000000x64,10000000x16,10000000x64"
 QUICK_MATRIX = "100000x16,100000x64"
 TARGETS = {"tfra": 3.0, "dense_hash": 2.0, "numpy": 0.6, "adam": 3.0, "bytes": 32}
+# The cells a configuration run one system per process also gives by CPU time per key, its systems
+# having run at different times: (label, run, evstore's workload, the peer, the peer's workload).
+CPU_CELLS = (("find vs TFRA", "B", "find", "tfra", "find"),
+             ("find vs DenseHashTable", "A", "find", "dense_hash", "find"),
+             ("new-key insert vs DenseHashTable", "A", "foi_new", "dense_hash", "insert_new"),
+             ("new-key insert vs TFRA", "B", "foi_new", "tfra", "insert_new"),
+             ("training step vs TFRA's", "B", "train_step", "tfra", "train_step"))
 
 
 def est_peak_mib(keys, dim):
@@ -94,15 +109,45 @@ def run_bench(keys, dim, args, tag, extra, logdir, module="bench.tables.bench_lo
     return run_json(cmd, os.path.join(logdir, f"{script}_{keys}x{dim}_{tag}.log"), args.timeout)
 
 
+def est_solo_peak_mib(keys, dim, batch, inserted_batches):
+    """Rough peak of the largest process of a configuration run one system per process
+    (bench/tables/solo_runs.py): evstore's, in its first Adam apply, which prepares rows three
+    times as wide (weights, m, v) for every key beside the rows it has (the table holds the keys
+    the insert phase added by then), plus its index and metadata and the process itself."""
+    n = keys + inserted_batches * batch
+    return n * (16 * dim + 48) / 2**20 + 1500
+
+
+def solo(keys, dim, args):
+    """Whether a configuration runs one system per process: run A's estimated peak, three tables
+    in one process, over --solo-above-mib."""
+    return est_peak_mib(keys, dim) > args.solo_above_mib
+
+
+def run_build(keys, dim, args, logdir):
+    """Run I: bench_insert_build, both tables built from empty by new keys (its own process)."""
+    return run_json(module_cmd("bench.tables.bench_insert_build") + [
+        "--keys", str(keys), "--dim", str(dim), "--batch", str(args.batch)],
+        os.path.join(logdir, f"bench_insert_build_{keys}x{dim}_I.log"), args.timeout)
+
+
 def run_config(keys, dim, args, peer_py, logdir):
     """Run A: evstore vs DenseHashTable and numpy (read, insert). Run B: evstore
     vs TFRA (read, insert, train). Separate processes keep the peak memory of
-    10M x 64 in bounds; every ratio is taken within one run."""
+    10M x 64 in bounds; every ratio is taken within one run. A configuration
+    whose run A would not fit (solo()) runs one system per process instead."""
     out = {"keys": keys, "dim": dim}
+    if solo(keys, dim, args):
+        def run_one(tag, extra, peer):
+            return run_bench(keys, dim, args, tag, extra + (["--peer-python", peer_py] if peer else []), logdir)
+        out.update(run_solo(run_one, args.solo_rounds, args.batch, peer_py is not None))
+        out["I"] = run_build(keys, dim, args, logdir)
+        return out
     out["A"] = run_bench(keys, dim, args, "A", ["--systems", "evstore,dense_hash,numpy",
                                                 "--phases", "read,insert"], logdir)
     out["B"] = run_bench(keys, dim, args, "B", ["--systems", "evstore", "--phases", "read,insert,train"]
                          + (["--peer-python", peer_py] if peer_py else []), logdir)
+    out["I"] = run_build(keys, dim, args, logdir)
     if keys <= args.opt_max_keys:
         out["O"] = run_bench(keys, dim, args, "O", (["--peer-python", peer_py] if peer_py else []), logdir,
                              module="bench.tables.bench_optimizers")
@@ -215,8 +260,35 @@ def tables(results, tfra_note):
                  "find-or-insert) and TFRA's training read `de.Variable.lookup` (find + initializer rows).",
                  rate_cols("foi_hit", "find", "foi_hit", "lookup_init", gather=False))
     out += table(ok, "Find-or-insert, new keys (every key inserted; M keys/s)",
-                 "evstore EvFindOrInsert of never-seen keys vs `insert` of the same keys with supplied rows.",
+                 "evstore EvFindOrInsert of never-seen keys vs `insert` of the same keys with supplied rows, into "
+                 "tables already holding the configuration's keys; medians of the batches. DenseHashTable grows by "
+                 "doubling inside one batch (at 10M keys, in none of these), so its median batch writes memory its "
+                 "last doubling already touched: run I below is the like-for-like insert comparison.",
                  rate_cols("foi_new", "insert_new", "foi_new", "insert_new", gather=False))
+    def build(system, key):
+        return lambda r: m((r.get("I", {}).get(system) or {}).get(key))
+
+    def build_ratio(key):
+        def cell(r):
+            ev, dh = ((r.get("I", {}).get(s) or {}).get(key) for s in ("evstore", "dense_hash"))
+            return ratio(ev, dh, 1.0)
+        return cell
+
+    out += table(ok, "New keys, amortized: each table built from empty (run I; M keys/s)",
+                 "bench_insert_build: evstore EvFindOrInsert and DenseHashTable.insert (supplied rows) of the same "
+                 "batches of new keys until each holds the configuration's keys, unsized, in turns; keys / the sum "
+                 "of every batch's time, so both pay their growth and the first touch of their memory. CPU: the "
+                 "process's, all threads. Bytes per key: what each table holds at the end.",
+                 [("evstore wall", build("evstore", "rate_wall")),
+                  ("DenseHashTable wall", build("dense_hash", "rate_wall")),
+                  ("vs (≥1x)", build_ratio("rate_wall")),
+                  ("evstore CPU", build("evstore", "rate_cpu")),
+                  ("DenseHashTable CPU", build("dense_hash", "rate_cpu")),
+                  ("vs CPU (≥1x)", build_ratio("rate_cpu")),
+                  ("bytes/key evstore", lambda r: f1((r.get("I", {}).get("evstore") or {}).get("bytes_per_key"), 0)),
+                  ("bytes/key DenseHashTable",
+                   lambda r: f1((r.get("I", {}).get("dense_hash") or {}).get("bytes_per_key"), 0))])
+
     def worst(run, system, key):
         def cell(r):
             spread = (r.get(run, {}).get(system) or {}).get(key + "_s_min_med_max")
@@ -269,10 +341,25 @@ def tables(results, tfra_note):
     out += optimizer_table(ok)
     notes = [f"- {r['keys']}x{r['dim']}: {r['error']}" for r in results if "error" in r]
     for r in ok:
+        if r.get("solo"):
+            so = r["solo"]
+            notes.append(f"- {r['keys']}x{r['dim']} ran one system per process (runs A and B's three tables "
+                         f"would not fit in one), {so['rounds']} rounds in the order "
+                         + "; ".join(", ".join(o) for o in so["order"])
+                         + ", each system's batches pooled over its rounds; peak RSS per process (MiB): "
+                         + ", ".join(f"{p['process']} (round {p['round']}) {p['rss_peak_mib']:.0f}"
+                                     for p in so["processes"]
+                                     if p.get("rss_peak_mib") is not None))
+            cpu = [(what, ratio(g(r, run, "evstore", ours + "_cpu"), g(r, run, peer, theirs + "_cpu")))
+                   for what, run, ours, peer, theirs in CPU_CELLS]
+            notes.append(f"- {r['keys']}x{r['dim']} by CPU time per key (the median batch's CPU seconds of the "
+                         "process doing the work, all its threads): "
+                         + ", ".join(f"{what} {x}" for what, x in cpu))
+            notes += [f"- {r['keys']}x{r['dim']} {e}" for e in so["errors"]]
         if r.get("bigmem_lock"):
             notes.append(f"- {r['keys']}x{r['dim']} ran holding {r['bigmem_lock']['lock']} (waited "
                          f"{r['bigmem_lock']['waited_s']:.0f} s for it)")
-        for run in ("A", "B", "O"):
+        for run in ("A", "B", "I", "O"):
             rr = r.get(run, {})
             if "error" in rr:
                 notes.append(f"- {r['keys']}x{r['dim']} run {run}: {rr['error']}")
@@ -341,6 +428,11 @@ def main():
     ap.add_argument("--no-tfra", action="store_true", help="skip the TFRA peer")
     ap.add_argument("--opt-max-keys", type=int, default=1_000_000,
                     help="run the optimizer benchmark (run O) for configurations up to this many keys (default 1M)")
+    ap.add_argument("--solo-above-mib", type=float, default=8192,
+                    help="run a configuration one system per process, in rounds, when run A's estimated peak "
+                         "(its three tables in one process) is over this many MiB (default 8192: 10M x 64 only)")
+    ap.add_argument("--solo-rounds", type=int, default=2,
+                    help="rounds of a configuration run one system per process (default 2)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
     ap.add_argument("--part-timeout", type=float, default=5400,
                     help="seconds for each of the end-to-end, filters and tiered parts, after which the part is "
@@ -407,7 +499,8 @@ def main():
                        "cluster": cluster, "markdown_parts": [filters_md, tiered_md, e2e_md]}, f, indent=1)
         os.replace(partial_path + ".tmp", partial_path)
     for keys, dim in configs:
-        need = est_peak_mib(keys, dim)
+        need = (est_solo_peak_mib(keys, dim, args.batch, args.warmup + args.batches) if solo(keys, dim, args)
+                else est_peak_mib(keys, dim))
         with big_memory(need, f"{keys} keys x dim {dim}") as held:
             avail = mem_available_mib()
             if need > avail:
@@ -419,7 +512,7 @@ def main():
             results.append(run_config(keys, dim, args, peer_py, logdir))
         if held:
             results[-1]["bigmem_lock"] = held
-        for run in ("A", "B", "O"):
+        for run in ("A", "B", "I", "O"):
             if "error" in results[-1].get(run, {}):
                 print(f"  run {run}: " + results[-1][run]["error"], flush=True)
         save_partial(f"table {keys}x{dim}")
@@ -491,7 +584,9 @@ def main():
     md = (f"## evstore benchmark {stamp}\n\n`{meta['command']}` — evstore {commit}, {meta['cpus']} CPUs, "
           + (f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
              "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
-             "ratios are within a run.\n" if results else f"{meta['total_s']:.0f} s total.\n")
+             "ratios are within a run"
+             + (" (configurations run one system per process excepted: see the notes)"
+                if any(r.get("solo") for r in results) else "") + ".\n" if results else f"{meta['total_s']:.0f} s total.\n")
           + (tables(results, tfra_note) if results else "") + filters_md + tiered_md + e2e_md + checkpoint_tables(ckpt)
           + serving_tables(serving) + cluster_tables(cluster))
     write_result(f"bench-{stamp}",

@@ -82,7 +82,7 @@ def last_line(log_path):
 
 class TfraProcess:
     """A peer module's --serve mode (bench.peers.peer_tfra's protocol: `<workload> <i>`
-    answered by "@@ <seconds...>", `stats`, `quit`) in the peer venv, spoken to over pipes;
+    answered by "@@ <seconds...> | <CPU seconds>", `stats`, `quit`) in the peer venv, spoken to over pipes;
     `args` carries the size flags (bench.harness.args), peer_python and log_dir."""
 
     def __init__(self, args, module="bench.peers.peer_tfra"):
@@ -95,6 +95,7 @@ class TfraProcess:
         self.p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=self.stderr, text=True, bufsize=1)
         self.info = None
+        self.last_cpu_s = None
 
     def _reply(self):
         for line in self.p.stdout:
@@ -117,7 +118,11 @@ class TfraProcess:
         return r
 
     def run(self, w, i):
-        return [float(x) for x in self.ask(f"{w} {i}").split()]
+        """Batch i of workload w: its seconds (a training step's, then its apply's); the peer's CPU
+        seconds over the batch (all its threads) are left in last_cpu_s."""
+        wall, _, cpu = self.ask(f"{w} {i}").partition("|")
+        self.last_cpu_s = float(cpu) if cpu.strip() else None
+        return [float(x) for x in wall.split()]
 
     def stats(self):
         return json.loads(self.ask("stats"))

@@ -27,7 +27,8 @@ CuckooHashTable shard, not pre-sized), filled with N keys by
 
 Standalone mode runs every workload in sequence and prints one JSON line.
 --serve mode fills the table, prints "@@READY <json>", then answers stdin
-commands "<workload> <batch index>" with "@@ <seconds> [<apply seconds>]",
+commands "<workload> <batch index>" with "@@ <seconds> [<apply seconds>] | <CPU seconds>" (this
+process's CPU time, all threads, over the batch),
 "stats" with "@@ <json>", and exits on "quit" or EOF; protocol lines start
 with "@@" (TF/TFRA may print other lines on stdout).
 """
@@ -40,7 +41,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench.harness.args import add_size_args
-from bench.harness.rss import rss_mib
+from bench.harness.rss import hwm_mib, rss_mib
 from bench.harness.timing import rate
 from bench.harness.workload import Batches, fill_chunks
 
@@ -113,7 +114,7 @@ class TfraPeer:
         return t0, t1, time.perf_counter()
 
     def stats(self):
-        return dict(self.meta, size=int(self.table.size().numpy()), rss_mib=rss_mib())
+        return dict(self.meta, size=int(self.table.size().numpy()), rss_mib=rss_mib(), rss_peak_mib=hwm_mib())
 
 
 def serve(peer):
@@ -128,7 +129,9 @@ def serve(peer):
             if parts[0] == "stats":
                 reply = json.dumps(peer.stats())
             else:
-                reply = " ".join(f"{t:.9f}" for t in peer.run(parts[0], int(parts[1])))
+                c0 = time.process_time()
+                times = peer.run(parts[0], int(parts[1]))
+                reply = " ".join(f"{t:.9f}" for t in times) + f" | {time.process_time() - c0:.9f}"
         except Exception as e:  # report, keep serving
             reply = "ERR " + f"{type(e).__name__}: {e}".replace("\n", " ")
         print("@@ " + reply, flush=True)

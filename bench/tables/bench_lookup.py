@@ -51,7 +51,7 @@ import numpy as np
 from bench.harness.args import add_size_args
 from bench.harness.paths import ROOT
 from bench.harness.peers import TfraProcess
-from bench.harness.rss import guard_available_memory, rss_mib
+from bench.harness.rss import guard_available_memory, hwm_mib, rss_mib
 from bench.harness.timing import rate, timed
 from bench.harness.workload import Batches, fill_chunks
 
@@ -179,29 +179,46 @@ def run_phase(name, systems, results, args):
     """Interleaved rounds over the phase's (system, workload) pairs present in `systems`."""
     ops = [(s, w) for s, w in PHASES[name] if s in systems]
     times = {op: [] for op in ops}
+    cpus = {op: [] for op in ops}
     for r in range(args.warmup + args.batches):
         k = r % max(1, len(ops))
         for s, w in ops[k:] + ops[:k]:
             if (s, w) not in times:
                 continue
+            c0 = time.process_time()
             try:
                 t = systems[s].run(w, r)
             except Exception as e:  # record and drop this workload, keep the rest running
                 results.setdefault(s, {})[w + "_error"] = f"{type(e).__name__}: {e}"[:2000]
                 del times[(s, w)]
                 continue
+            # CPU seconds of the process doing the work, all its threads (the peer measures its own)
+            cpu = systems[s].last_cpu_s if isinstance(systems[s], TfraProcess) else time.process_time() - c0
             if r >= args.warmup:
                 times[(s, w)].append(t)
+                cpus[(s, w)].append(cpu)
             elif r == 0:
                 results.setdefault(s, {})[w + "_first_s"] = t[0]
     for (s, w), ts in times.items():
-        res = results.setdefault(s, {})
-        res[w] = rate(args.batch, [t[0] for t in ts])
-        if ts:  # per-batch seconds: min / median / max (spikes show up in max)
-            sec = sorted(t[0] for t in ts)
-            res[w + "_s_min_med_max"] = [sec[0], sec[len(sec) // 2], sec[-1]]
-        if len(ts) and len(ts[0]) > 1:
-            res[w.replace("step", "apply")] = rate(args.batch, [t[1] for t in ts])
+        summarize(results.setdefault(s, {}), w, ts, args.batch, cpus[(s, w)])
+
+
+def summarize(res, w, ts, batch, cpu=()):
+    """Sets workload `w`'s figures in `res` from its timed batches `ts` (each [seconds] or, for a
+    training step, [step seconds, apply seconds]) and their CPU seconds `cpu`: the median rate, the
+    min / median / max batch seconds (spikes show up in max), the apply's rate, keys per CPU second
+    (`<w>_cpu`, the median batch's), and the batches themselves (`<w>_batch_s`, `<w>_batch_cpu_s`,
+    so runs of one system in several processes can be pooled: bench/tables/solo_runs.py)."""
+    res[w] = rate(batch, [t[0] for t in ts])
+    res[w + "_batch_s"] = [list(t) for t in ts]
+    cpu = [c for c in cpu if c is not None]
+    res[w + "_batch_cpu_s"] = cpu
+    res[w + "_cpu"] = rate(batch, cpu) if cpu and min(cpu) > 0 else None
+    if ts:
+        sec = sorted(t[0] for t in ts)
+        res[w + "_s_min_med_max"] = [sec[0], sec[len(sec) // 2], sec[-1]]
+    if len(ts) and len(ts[0]) > 1:
+        res[w.replace("step", "apply")] = rate(batch, [t[1] for t in ts])
 
 
 def main():
@@ -278,6 +295,7 @@ def main():
             gc.collect()
             progress(f"{drop} freed")
     out["rss_end_mib"] = rss_mib()
+    out["rss_peak_mib"] = hwm_mib()
     for s, obj in systems.items():
         try:
             results.setdefault(s, {}).update(obj.stats())
