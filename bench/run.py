@@ -9,6 +9,10 @@ bench/tables/bench_lookup.py twice, each a fresh process measuring its systems
 interleaved batch by batch (every ratio is taken within one run):
   run A  evstore, TF DenseHashTable, numpy gather   phases read, insert
   run B  evstore, TFRA                               phases read, insert, train
+and then bench/tables/bench_insert_build.py:
+  run I  evstore, TF DenseHashTable, each built from empty to the configuration's keys by
+         batches of new keys, every batch timed (growth and first touch included on both
+         sides: the new-key insert comparison; run A's insert phase is its steady batches)
 A configuration whose run A would not fit in memory (estimated over --solo-above-mib, default
 8 GiB: 10M x 64) runs each system in a process of its own instead, one after another in
 --solo-rounds rounds (bench/tables/solo_runs.py); its tables read as the others'.
@@ -120,6 +124,13 @@ def solo(keys, dim, args):
     return est_peak_mib(keys, dim) > args.solo_above_mib
 
 
+def run_build(keys, dim, args, logdir):
+    """Run I: bench_insert_build, both tables built from empty by new keys (its own process)."""
+    return run_json(module_cmd("bench.tables.bench_insert_build") + [
+        "--keys", str(keys), "--dim", str(dim), "--batch", str(args.batch)],
+        os.path.join(logdir, f"bench_insert_build_{keys}x{dim}_I.log"), args.timeout)
+
+
 def run_config(keys, dim, args, peer_py, logdir):
     """Run A: evstore vs DenseHashTable and numpy (read, insert). Run B: evstore
     vs TFRA (read, insert, train). Separate processes keep the peak memory of
@@ -130,11 +141,13 @@ def run_config(keys, dim, args, peer_py, logdir):
         def run_one(tag, extra, peer):
             return run_bench(keys, dim, args, tag, extra + (["--peer-python", peer_py] if peer else []), logdir)
         out.update(run_solo(run_one, args.solo_rounds, args.batch, peer_py is not None))
+        out["I"] = run_build(keys, dim, args, logdir)
         return out
     out["A"] = run_bench(keys, dim, args, "A", ["--systems", "evstore,dense_hash,numpy",
                                                 "--phases", "read,insert"], logdir)
     out["B"] = run_bench(keys, dim, args, "B", ["--systems", "evstore", "--phases", "read,insert,train"]
                          + (["--peer-python", peer_py] if peer_py else []), logdir)
+    out["I"] = run_build(keys, dim, args, logdir)
     if keys <= args.opt_max_keys:
         out["O"] = run_bench(keys, dim, args, "O", (["--peer-python", peer_py] if peer_py else []), logdir,
                              module="bench.tables.bench_optimizers")
@@ -247,8 +260,35 @@ def tables(results, tfra_note):
                  "find-or-insert) and TFRA's training read `de.Variable.lookup` (find + initializer rows).",
                  rate_cols("foi_hit", "find", "foi_hit", "lookup_init", gather=False))
     out += table(ok, "Find-or-insert, new keys (every key inserted; M keys/s)",
-                 "evstore EvFindOrInsert of never-seen keys vs `insert` of the same keys with supplied rows.",
+                 "evstore EvFindOrInsert of never-seen keys vs `insert` of the same keys with supplied rows, into "
+                 "tables already holding the configuration's keys; medians of the batches. DenseHashTable grows by "
+                 "doubling inside one batch (at 10M keys, in none of these), so its median batch writes memory its "
+                 "last doubling already touched: run I below is the like-for-like insert comparison.",
                  rate_cols("foi_new", "insert_new", "foi_new", "insert_new", gather=False))
+    def build(system, key):
+        return lambda r: m((r.get("I", {}).get(system) or {}).get(key))
+
+    def build_ratio(key):
+        def cell(r):
+            ev, dh = ((r.get("I", {}).get(s) or {}).get(key) for s in ("evstore", "dense_hash"))
+            return ratio(ev, dh, 1.0)
+        return cell
+
+    out += table(ok, "New keys, amortized: each table built from empty (run I; M keys/s)",
+                 "bench_insert_build: evstore EvFindOrInsert and DenseHashTable.insert (supplied rows) of the same "
+                 "batches of new keys until each holds the configuration's keys, unsized, in turns; keys / the sum "
+                 "of every batch's time, so both pay their growth and the first touch of their memory. CPU: the "
+                 "process's, all threads. Bytes per key: what each table holds at the end.",
+                 [("evstore wall", build("evstore", "rate_wall")),
+                  ("DenseHashTable wall", build("dense_hash", "rate_wall")),
+                  ("vs (≥1x)", build_ratio("rate_wall")),
+                  ("evstore CPU", build("evstore", "rate_cpu")),
+                  ("DenseHashTable CPU", build("dense_hash", "rate_cpu")),
+                  ("vs CPU (≥1x)", build_ratio("rate_cpu")),
+                  ("bytes/key evstore", lambda r: f1((r.get("I", {}).get("evstore") or {}).get("bytes_per_key"), 0)),
+                  ("bytes/key DenseHashTable",
+                   lambda r: f1((r.get("I", {}).get("dense_hash") or {}).get("bytes_per_key"), 0))])
+
     def worst(run, system, key):
         def cell(r):
             spread = (r.get(run, {}).get(system) or {}).get(key + "_s_min_med_max")
@@ -319,7 +359,7 @@ def tables(results, tfra_note):
         if r.get("bigmem_lock"):
             notes.append(f"- {r['keys']}x{r['dim']} ran holding {r['bigmem_lock']['lock']} (waited "
                          f"{r['bigmem_lock']['waited_s']:.0f} s for it)")
-        for run in ("A", "B", "O"):
+        for run in ("A", "B", "I", "O"):
             rr = r.get(run, {})
             if "error" in rr:
                 notes.append(f"- {r['keys']}x{r['dim']} run {run}: {rr['error']}")
@@ -472,7 +512,7 @@ def main():
             results.append(run_config(keys, dim, args, peer_py, logdir))
         if held:
             results[-1]["bigmem_lock"] = held
-        for run in ("A", "B", "O"):
+        for run in ("A", "B", "I", "O"):
             if "error" in results[-1].get(run, {}):
                 print(f"  run {run}: " + results[-1][run]["error"], flush=True)
         save_partial(f"table {keys}x{dim}")
