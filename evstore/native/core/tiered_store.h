@@ -25,7 +25,9 @@
 // Pinning (the contract's central invariant). Row(r) is called under the
 // segment lock of the key owning r, and the row must stay resident until that
 // lock is released. The store learns each row's owner from Bind(r, segment)
-// (the table calls it when it admits a key). A slot's row may be evicted, and
+// (the table calls it when it admits a key), and keeps which segments ever
+// had a row (bound_, a bit each): a fault whose segment is the only one can
+// evict nothing, and does not sweep. A slot's row may be evicted, and
 // a row's disk location may change, only by a thread holding the owner's
 // segment lock exclusively: an evicting thread try-locks the candidate's
 // owner (never blocking, so no lock-order cycle with threads waiting for the
@@ -907,17 +909,17 @@ class TieredStore {
     }
   };
 
-  // Evicts up to `want` rows (at least one batch when it can): victims from
-  // a bounded sweep of the hand, their owner locks held; the ones that need
-  // it written, with the live cold records of one sparse extent when the log
-  // wants compacting, as runs of adjacent records outside mu_; then the
-  // victims' slots freed. mu_ held on entry and on return.
-  // Returns the rows evicted.
   // What one EvictBatch found besides the rows it evicted.
   struct Outcome {
     bool refused = false;  // the disk refused its write (the victims stay)
     uint64_t visited = 0;  // slots its sweep visited
   };
+  // Evicts up to `want` rows (at least one batch when it can): victims from
+  // a bounded sweep of the hand, their owner locks held; the ones that need
+  // it written, with the live cold records of one sparse extent when the log
+  // wants compacting, as runs of adjacent records outside mu_; then the
+  // victims' slots freed. mu_ held on entry and on return. Returns the rows
+  // evicted; in `o`, what else it found.
   size_t EvictBatch(uint32_t want, uint16_t self, std::unique_lock<std::mutex>& l, Outcome* o = nullptr) {
     if (!locks_) return 0;
     HeldLocks held;
