@@ -186,10 +186,24 @@ def run_cluster(args, peer_py, logdir):
     return run_json(cmd, os.path.join(logdir, "bench_cluster.log"), max(args.timeout, 5400), partial_ok=True)
 
 
+def _group_alive(pgid):
+    """Whether a process of group `pgid` still runs (a zombie, dead and awaiting its reaper, does not)."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError):   # not a process, or gone meanwhile
+            continue
+        if int(pgrp) == pgid and state not in "ZX":
+            return True
+    return False
+
+
 def run_part(cmd, log_path, timeout):
     """Runs one part's driver (its workers are its children) from the repository root, stderr to `log_path`.
     Returns (stdout, None) when it exits 0, else (stdout, the reason). A part still running after `timeout`
-    seconds is killed with its whole process group, and the reason says so: the run goes on to the next part."""
+    seconds is killed with its whole process group, and the reason says so: the run goes on to the next part
+    once every process of the group has exited (a SIGKILLed worker holds its memory until it has)."""
     with open(log_path, "w") as log:
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
         try:
@@ -197,6 +211,8 @@ def run_part(cmd, log_path, timeout):
         except BaseException as e:  # the time bound, or the run itself interrupted: no worker outlives it
             os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
+            while _group_alive(p.pid):   # the driver is reaped; its workers die on their own CPU time
+                time.sleep(0.01)
             if not isinstance(e, subprocess.TimeoutExpired):
                 raise
             return out, f"stopped after {timeout:.0f} s (the part's time bound, --part-timeout)"

@@ -18,12 +18,15 @@ leave the root, and a byte changed in them cannot make the read fail. Bytes
 travel once, straight into memory (ranged GETs on object stores).
 
 The whole main bundle (restore): on a local root its files are staged
-privately (Storage.stage: hard links) and each is checked against the
-manifest; on any other root nothing is written locally: the files are read
-through an object source (checkpoint/object_source.py: ranged reads, read
-ahead), each checked against the manifest before the result is returned
-(read once; kept in memory within a budget so the loader need not read it
-again). The result has `dir` for the native loader either way.
+privately (Storage.stage: hard links); on any other root nothing is written
+locally: the files are read through an object source
+(checkpoint/object_source.py: ranged reads, read ahead). Either way each is
+checked against the manifest before the result is returned: whole (size and
+crc32c: a second read by the loader, from memory within a budget on an object
+store), or, for a caller that loads into tables nobody reads yet
+(verify="index": restores and serving reloads), every size and the index's
+crc32c, the data files' tensors by the native loader as it reads them, so
+each byte is read once. The result has `dir` for the native loader either way.
 
 Every failure is a CorruptCheckpointError naming the file (and the tensor):
 missing, truncated, a checksum mismatch, a wanted tensor the index lacks, a
@@ -32,17 +35,15 @@ they may be transient.
 """
 import os
 
-import numpy as np
 import tensorflow as tf
 
 from checkpoint.chain import verify_staged
 from checkpoint.errors import CorruptCheckpointError
-from checkpoint.fileio import crc32c as _crc
-from checkpoint.index import data_file, parse_index
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.object_source import ObjectSource
+from checkpoint.tensor_read import read_named
 
-__all__ = ["fetch", "Fetched", "bundle_files", "read_named"]
+__all__ = ["fetch", "Fetched", "bundle_files"]
 
 
 def bundle_files(manifest, prefix=BUNDLE_PREFIX):
@@ -115,9 +116,8 @@ def fetch(storage, manifest, tensors=None, verify=True, files=None, index=None, 
         returns; "index": for a caller that loads into tables nobody serves
         yet, which it drops if the load fails: every file's size and the
         index's crc32c before this returns, the data files' bytes by the
-        native loader tensor by tensor as it reads them (on a remote root
-        each byte is then read once; a local root checks everything first);
-        False: nothing.
+        native loader tensor by tensor as it reads them (each byte is then
+        read once, on a local root as on a remote one); False: nothing.
       files: whole fetches only: just these files of the main bundle
         (default: all of them), e.g. those of the tensors this process loads.
       index: whole fetches of a remote root only: the main bundle's index,
@@ -150,7 +150,8 @@ def _fetch_whole(storage, manifest, verify, files=None, index=None, reread=()):
     d = storage.stage(manifest.dir, names)
     try:
         if verify:
-            problems = verify_staged(d, manifest, lambda n: storage.display(manifest.dir, n), names=names)
+            problems = verify_staged(d, manifest, lambda n: storage.display(manifest.dir, n), names=names,
+                                     data=verify != "index")
             if problems:
                 raise CorruptCheckpointError("; ".join(problems))
     except BaseException:
@@ -175,132 +176,3 @@ def _fetch_source(storage, manifest, names, verify, index=None, reread=()):
         source.close()
         raise
     return Fetched(manifest, directory=source.directory, source=source)
-
-
-def _listed(storage, manifest, name):
-    want = manifest.files.get(name)
-    if want is None:
-        raise CorruptCheckpointError(f"{storage.display(manifest.dir, name)}: not listed in the manifest")
-    return want
-
-
-def _read(storage, manifest, ranges, read_ranges=None):
-    """[bytes] of [(file, start, end)] (read by `read_ranges(dir, ranges)`, default the storage's),
-    each checked for length."""
-    try:
-        out = (read_ranges or storage.read_ranges)(manifest.dir, ranges)
-    except FileNotFoundError as e:
-        missing = next((n for n, _, _ in ranges if n in str(e)), ranges[0][0])
-        raise CorruptCheckpointError(f"{storage.display(manifest.dir, missing)}: missing") from None
-    for (name, start, end), b in zip(ranges, out):
-        if len(b) != end - start:
-            raise CorruptCheckpointError(f"{storage.display(manifest.dir, name)}: {len(b)} bytes at offset {start}, "
-                                         f"the index says {end - start} (truncated)")
-    return out
-
-
-def read_named(storage, manifest, prefix, names, read_ranges=None):
-    """({name: np.ndarray}, bytes read) of tensors `names` of bundle `prefix` of commit `manifest`,
-    each verified (the module docstring, "Named tensors"); `read_ranges(dir, [(file, start, end)])`
-    reads the bytes (default: the storage's). Raises CorruptCheckpointError."""
-    index_name = prefix + ".index"
-    where = storage.display(manifest.dir, index_name)
-    want = _listed(storage, manifest, index_name)
-    (index,) = _read(storage, manifest, [(index_name, 0, want["size"])], read_ranges)
-    if _crc(index) != want["crc32c"]:
-        raise CorruptCheckpointError(f"{where}: crc32c does not match the manifest (corrupt)")
-    num_shards, entries = parse_index(index, where)
-    missing = [n for n in names if n not in entries]
-    if missing:
-        raise CorruptCheckpointError(f"{where}: the bundle holds no tensor {missing}")
-    by_file = {}
-    for e in entries.values():
-        if e.size:
-            by_file.setdefault(e.shard_id, []).append(e)
-    wanted = set(names)
-    whole, ranged = [], []
-    for shard, held in sorted(by_file.items()):
-        mine = [e for e in held if e.name in wanted]
-        if not mine:
-            continue
-        f = data_file(prefix, shard, num_shards)
-        info = _listed(storage, manifest, f)
-        if len(mine) == len(held):
-            whole.append((f, info, mine))
-        else:
-            for e in mine:
-                if e.offset + e.size > info["size"]:
-                    raise CorruptCheckpointError(f"{storage.display(manifest.dir, f)}: tensor {e.name!r} lies "
-                                                 f"outside the file's {info['size']} bytes")
-                ranged.append((f, e))
-    reads = [(f, 0, info["size"]) for f, info, _ in whole] + [(f, e.offset, e.offset + e.size) for f, e in ranged]
-    blobs = _read(storage, manifest, reads, read_ranges) if reads else []
-    raw = {}
-    for (f, info, mine), b in zip(whole, blobs):
-        if _crc(b) != info["crc32c"]:
-            raise CorruptCheckpointError(f"{storage.display(manifest.dir, f)}: crc32c does not match the manifest "
-                                         "(corrupt)")
-        view = memoryview(b)
-        for e in mine:
-            raw[e.name] = view[e.offset:e.offset + e.size]
-    for (f, e), b in zip(ranged, blobs[len(whole):]):
-        raw[e.name] = memoryview(b)
-        if _entry_crc(e, b) != e.crc32c:
-            raise CorruptCheckpointError(f"{storage.display(manifest.dir, f)}: tensor {e.name!r} crc32c does not "
-                                         "match the index (corrupt)")
-    out = {}
-    for n in names:
-        e = entries[n]
-        try:
-            out[n] = _decode(e, raw.get(n, b""))
-        except ValueError as err:
-            raise CorruptCheckpointError(f"{where}: tensor {n!r} cannot be decoded ({err})") from None
-    return out, len(index) + sum(len(b) for b in blobs)
-
-
-def _entry_crc(e, data):
-    """The crc32c an index entry records for `data`: of the bytes as stored,
-    except for strings, whose crc covers each length as a uint32 instead of
-    its varint (TensorFlow's BundleWriter)."""
-    if e.dtype != tf.string.as_datatype_enum:
-        return _crc(data)
-    lengths, start = _string_lengths(data, int(np.prod(e.shape, dtype=np.int64)))
-    return _crc(data[start:], _crc(lengths.astype("<u4").tobytes()))
-
-
-def _string_lengths(data, n):
-    """(lengths, offset of the length checksum) of a string tensor's bytes."""
-    b = np.frombuffer(data, np.uint8, count=min(len(data), 10 * n))
-    ends = np.flatnonzero(b < 0x80)[:n]
-    if len(ends) < n:
-        raise ValueError("truncated string lengths")
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    if np.any(ends - starts > 9):
-        raise ValueError("bad string length")
-    pos = np.arange(ends[-1] + 1) if n else np.zeros(0, np.int64)
-    group = np.repeat(np.arange(n), ends - starts + 1)
-    shift = (pos - starts[group]) * 7
-    vals = (b[:len(pos)].astype(np.uint64) & np.uint64(0x7F)) << shift.astype(np.uint64)
-    lengths = np.zeros(n, np.uint64)
-    np.add.at(lengths, group, vals)
-    return lengths, (int(ends[-1]) + 1 if n else 0)
-
-
-def _decode(e, data):
-    dtype = tf.dtypes.as_dtype(e.dtype)
-    if dtype == tf.string:
-        n = int(np.prod(e.shape, dtype=np.int64))
-        if n == 0:
-            return np.empty(e.shape, object)
-        lengths, start = _string_lengths(data, n)
-        body = data[start + 4:]
-        cuts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-        if cuts[-1] != len(body):
-            raise ValueError(f"string bytes {len(body)}, lengths say {cuts[-1]}")
-        raw = bytes(body)
-        return np.array([raw[cuts[i]:cuts[i + 1]] for i in range(n)], dtype=object).reshape(e.shape)
-    npd = np.dtype(dtype.as_numpy_dtype)
-    count = int(np.prod(e.shape, dtype=np.int64))
-    if len(data) != count * npd.itemsize:
-        raise ValueError(f"{len(data)} bytes for {count} elements of {dtype.name}")
-    return np.frombuffer(data, npd, count=count).reshape(e.shape)

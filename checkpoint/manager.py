@@ -40,13 +40,13 @@ from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointErro
 from checkpoint.fetch import fetch
 from checkpoint.lease import LeaseHeldError, process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
-from checkpoint.remote_parts import (bundle_subset, entry_tensors, read_index, release_on_tasks, reread_files,
-                                     stage_on_tasks)
+from checkpoint.remote_parts import bundle_subset, entry_tensors, release_on_tasks, reread_files, stage_on_tasks
 from checkpoint.serving_view import codec
 from checkpoint.shards import device_groups, load_plan, logical_name
 from checkpoint.object_source import damaged
 from checkpoint.slots import slot_initial_values, slots_to_load
 from checkpoint.storage import Storage
+from checkpoint.tensor_read import read_index
 from evstore import quality as _quality
 from evstore import schema
 from evstore.staging import StagingTable, adopt, can_stage
@@ -303,23 +303,27 @@ class CheckpointManager:
 
         Stage, check, publish: a refused restore changes nothing in the model.
         Checked before anything is loaded: every manifest against its schema
-        and checksum, every bundle index against its manifest, every tensor
-        the load reads (name, dtype, shape, row count), the model's
-        compatibility. Then, on a local root, the files are staged (hard
-        links no other process deletes), each file's size and crc32c checked,
-        and loaded into the model's tables. On any other root (an object
-        store) each file's size is checked, then every EV's rows stream from
-        the store into a staging table of its own (evstore/staging.py: on
-        the EV's task, nothing reads it), each tensor's crc32c checked as it
-        loads, each byte read once; only when every EV of every task loaded
-        does each EV adopt its staging table (one swap each), and a failure
-        drops them all. While it loads, a process holds its tables and their
-        staging tables; no training step may run on the model meanwhile
-        (steps under `lock` wait for it). Read more than once, beyond what
-        fits EVSTORE_SOURCE_KEEP_MIB (512 MiB per process, where it is read
-        once and kept): a part loaded into k shards of one process (a changed
-        shard count), k times; the files of an EV built in a graph (no
-        staging table: it loads in place, its files checked whole first).
+        and checksum, every bundle index against its manifest (size and
+        crc32c), every file's size, every tensor the load reads (name, dtype,
+        shape, row count), the model's compatibility. The files are opened
+        privately (a local root's hard-linked; an object store's read through
+        an object source, nothing written locally). Then every EV's rows
+        stream into a staging table of its own (evstore/staging.py: on the
+        EV's task, nothing reads it; a tiered EV's is tiered, in a tier
+        directory of its own), each tensor's crc32c checked as it loads, each
+        byte read once; only when every EV of every task loaded does each EV
+        adopt its staging table (one swap each; the replaced table is
+        dropped), and a failure drops them all. While it loads, a process
+        holds its tables and their staging tables (a rollback of a running
+        process: a second copy of every restored table, for a tiered EV a
+        second DRAM cache and tier file; a fresh process's tables are empty);
+        no training step may run on the model meanwhile (steps under `lock`
+        wait for it). Read more than once: a part loaded into k shards of one
+        process (a changed shard count), k times (on an object store, beyond
+        what fits EVSTORE_SOURCE_KEEP_MIB, 512 MiB per process, where it is
+        read once and kept). `verify=False` skips the checks before the load
+        (the loader still checks each tensor's crc32c). Eager only: an EV
+        built in a graph (tf.compat.v1) is refused (ValueError).
         A checkpoint removed by a concurrent writer's retention while this
         restore reads it is retried with a fresh scan (up to 3 times).
 
@@ -344,7 +348,8 @@ class CheckpointManager:
           CorruptCheckpointError: a manifest or file is missing, truncated,
             corrupt or does not match the schema.
           ValueError: the checkpoint does not match the model (EV names, dims,
-            key dtypes, optimizer slots, dense variable names or shapes).
+            key dtypes, optimizer slots, dense variable names or shapes), or
+            an EV was built in a graph.
         """
         with self._save_lock, self.lock:
             for attempt in range(WITHDRAWN_RESCANS):
@@ -357,37 +362,35 @@ class CheckpointManager:
                 # Shards on other tasks of a root that is not one local filesystem:
                 # each task opens a source over the files it loads (checkpoint/remote_parts.py).
                 remote = {} if self.storage.local else {t: names for t, names in groups.items() if t}
-                # An object store's files are checked as they load into staging tables (read once);
-                # a local root's (or an EV that cannot be staged: built in a graph) before, in place.
-                staging = not self.storage.local and all(can_stage(ev) for ev in col.evs.values())
-                check = ("index" if staging else verify) if verify else False
-                fetched, broken, on_tasks, tables, read = [], None, {}, {}, 0
+                # Every EV loads into a staging table nobody reads, its files checked as they load (each
+                # byte read once; fetch's verify="index"), and adopts it once all loaded.
+                check = "index" if verify else False
+                fetched, broken, on_tasks, tables, loaded, read = [], None, {}, {}, {}, 0
                 try:
                     try:   # the main bundle of each, opened privately and checked (checkpoint/fetch.py)
                         indexes = ([read_index(self.storage, m) for m in chain] if not self.storage.local
                                    else [None] * len(chain))
                         read += sum(len(i) for i in indexes if i is not None)
                         for m, idx in zip(chain, indexes):
-                            files = None
+                            files, again = None, ()
                             if idx is not None:   # only what this process loads
                                 here = self._plan_entries(m, col, groups.get("", []))
                                 files = bundle_subset(m, idx, entry_tensors(m, idx, here)
                                                       + list(col.dense) + [GLOBAL_STEP])
-                            # a part loaded into several shards here (a changed shard count) is kept in memory
-                            again = reread_files(m, idx, self._loads(m, col, groups.get("", []))) if staging else ()
+                                # a part loaded into several shards here (a changed shard count) is kept in memory
+                                again = reread_files(m, idx, self._loads(m, col, groups.get("", [])))
                             fetched.append(fetch(self.storage, m, verify=check, files=files, index=idx, reread=again))
                         if remote:
                             on_tasks = stage_on_tasks(self.storage, chain, indexes, {
                                 t: [self._plan_entries(m, col, names) for m in chain] for t, names in remote.items()},
                                 verify=check, reread={t: [reread_files(m, idx, self._loads(m, col, names))
                                                           for m, idx in zip(chain, indexes)]
-                                                      for t, names in remote.items()} if staging else None)
+                                                      for t, names in remote.items()})
                         staged = [f.dir for f in fetched]
                         task_of = {n: t for t, names in remote.items() for n in names}
                         dirs_of = {n: on_tasks[task_of[n]] if n in task_of else staged for n in col.evs}
                         values, initial_values_held = self._check_staged(chain, staged, col)
-                        if staging:   # every EV into a table nobody reads; any failure drops them all
-                            loaded = self._load_staging(chain, dirs_of, col, tables)
+                        loaded = self._load_staging(chain, dirs_of, col, tables)   # any failure drops them all
                     except (CorruptCheckpointError, tf.errors.OpError) as e:
                         broken = e
                     gone = withdrawn(self.storage, chain)
@@ -405,14 +408,10 @@ class CheckpointManager:
                         raise broken
                     # Publish: everything was checked; from here on the model changes.
                     for name, ev in col.evs.items():
-                        if staging:
-                            adopt(ev, tables.pop(name))
-                            loaded_slots = loaded[name]
-                        else:   # in place: local private files, or a source's files checked whole
-                            loaded_slots = self._restore_ev(chain, dirs_of[name], name, ev, col.shard_info.get(name))
+                        adopt(ev, tables.pop(name))
                         # A slot's initial value is in the checkpoint beside it. One written before that
                         # lacks it: the model's optimizer states it now, before a training lookup admits keys.
-                        unknown = loaded_slots - initial_values_held.get(name, set())
+                        unknown = loaded[name] - initial_values_held.get(name, set())
                         inits = slot_initial_values(col.optimizers, ev) if unknown else {}
                         if unknown & set(inits):
                             ev.set_slot_initial_values({s: inits[s] for s in unknown if s in inits})
@@ -427,7 +426,7 @@ class CheckpointManager:
                         f.close()
                     read += sum(f.bytes_read for f in fetched) + release_on_tasks(on_tasks)
                 # Bytes this restore read from the root, this process's and each task's (docs/ARCHITECTURE.md,
-                # "Restoring from an object store").
+                # "Restoring: each byte read once").
                 self.last_restore_stats = {"bytes_read": read}
                 last = chain[-1]
                 self._last = last
@@ -492,11 +491,13 @@ class CheckpointManager:
                 load_ev(d, ev, src, slots, clear=first, chunk_rows=self.chunk_rows, shard_index=j, num_shards=n)
                 first = False
                 loaded.update(slots)
-        if first and not isinstance(ev, StagingTable):   # nothing saved for it in this chain (e.g. a new
-            ev.load(tf.zeros([0], ev.key_dtype), tf.zeros([0, ev.dim]), clear=True)   # shard count with no rows)
-        return loaded
+        return loaded   # a chain holding nothing for it (a new shard count with no rows) leaves its table empty
 
     def _check_compatible(self, chain, col):
+        for name, ev in col.evs.items():
+            if not can_stage(ev):
+                raise ValueError(f"EmbeddingVariable {name!r} was built in a graph: restore() loads eagerly, into "
+                                 "a staging table made like it; restore a graph's EVs with tf.compat.v1.train.Saver")
         full, last = chain[0], chain[-1]
         saved = {}
         for name, e in full.evs.items():

@@ -38,20 +38,23 @@ serving shard's replacement tables) needs no verify pass (`verify(data=False)`:
 the index checked against the manifest, every file's size from the listing):
 the loader's own checks (each tensor's size at open, its crc32c at the end)
 refuse the same files, a failure drops those tables, and each byte is read
-once; see docs/ARCHITECTURE.md "Restoring from an object store".
+once; see docs/ARCHITECTURE.md "Restoring: each byte read once".
 """
 import concurrent.futures
 import ctypes
 import logging
 import os
 import posixpath
+import re
 import threading
 import uuid
 
 from checkpoint import native_callbacks
 from checkpoint.errors import CorruptCheckpointError
 from checkpoint.fileio import crc32c
+from checkpoint.index import parse_index
 from checkpoint.object_stream import open_stream
+from checkpoint.tensor_read import read_index, read_named
 
 __all__ = ["ObjectSource", "install", "is_source", "source_of", "damaged", "BLOCK", "RETAIN_BYTES"]
 
@@ -82,7 +85,7 @@ def damaged(error, directories):
     """What a failed load (tf.errors.OpError `error`) means for the caller: a CorruptCheckpointError
     naming the file when the loader found one damaged, else `error`. `directories` ({source or local
     directory: how the root names it}) turn the loader's paths into the root's."""
-    text = error.message
+    text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", error.message))
     for d, shown in directories.items():
         text = text.replace(d + "/", shown + "/")
     if any(m in text for m in _DAMAGE):
@@ -253,7 +256,6 @@ class ObjectSource:
     def tensors(self, names, prefix="ckpt"):
         """{name: np.ndarray} of whole tensors `names` of bundle `prefix` (dense weights: their byte
         ranges only, each checked against the index, which is checked against the manifest)."""
-        from checkpoint.fetch import read_named
         got, _ = read_named(self.storage, self.manifest, prefix, list(names), read_ranges=self._ranges)
         return got
 
@@ -275,8 +277,6 @@ class ObjectSource:
         checked against the manifest)."""
         import tensorflow as tf
 
-        from checkpoint.index import parse_index
-        from checkpoint.remote_parts import read_index
         _, entries = parse_index(read_index(self.storage, self.manifest, prefix, read_ranges=self._ranges),
                                  self.storage.display(self.manifest.dir, prefix + ".index"))
         return ({n: list(e.shape) for n, e in entries.items()},

@@ -56,7 +56,7 @@ from checkpoint.object_sink import read, sink_of
 from checkpoint.serving_view import VIEW_PREFIX
 from checkpoint.task_service import call, read_bytes
 
-__all__ = ["Part", "write_parts", "publish_parts", "discard_parts", "merge_indexes", "crc32c_bytes", "data_files_of", "read_index",
+__all__ = ["Part", "write_parts", "publish_parts", "discard_parts", "merge_indexes", "crc32c_bytes", "data_files_of",
            "entry_tensors", "bundle_subset", "reread_files", "stage_on_tasks", "release_on_tasks"]
 
 
@@ -215,24 +215,6 @@ def data_files_of(index_bytes, tensor_names, where):
 
 
 # ---- restoring: each task opens a source over the files its shards load ------
-def read_index(storage, manifest, prefix=BUNDLE_PREFIX, read_ranges=None):
-    """The index of bundle `prefix` (default the main one) of commit `manifest`, checked against the
-    manifest; read by `read_ranges(dir, ranges)` (default the storage's)."""
-    from checkpoint.errors import CorruptCheckpointError
-    name = prefix + ".index"
-    want = manifest.files.get(name)
-    where = storage.display(manifest.dir, name)
-    if want is None:
-        raise CorruptCheckpointError(f"{where}: not listed in the manifest")
-    try:
-        (data,) = (read_ranges or storage.read_ranges)(manifest.dir, [(name, 0, want["size"])])
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{where}: missing") from None
-    if len(data) != want["size"] or crc32c_bytes(data) != want["crc32c"]:
-        raise CorruptCheckpointError(f"{where}: size or crc32c does not match the manifest (corrupt)")
-    return data
-
-
 def entry_tensors(manifest, index_bytes, entries):
     """Names of the main bundle's tensors of EV entries `entries` of `manifest`."""
     from evstore import schema

@@ -13,14 +13,12 @@ sink; checkpoint/fetch.py opens it and checks the files first), and a serving
 replica reads the byte ranges of the tensors it serves into memory
 (`read_ranges`). Only a local root is staged (`stage`: hard links).
 
-Bytes read per restore from a remote root: every file the process loads is
-read once to check its size and crc32c against the manifest before anything
-changes; a file is kept in memory for the loader while the kept files stay
-within object_source.RETAIN_BYTES (512 MiB per restoring process), so it is
-read once; a larger one is read again by the loader (which checks each tensor's
-crc32c against the index as it reads). A serving shard streaming a new full
-into replacement tables reads each byte once (docs/ARCHITECTURE.md,
-"Restoring from an object store").
+Bytes read per restore, from any root: the indexes (checked against the
+manifest) and every tensor the restore loads, each once, checked (crc32c) by
+the native loader as it streams into staging tables; a restore of a local root
+reads its hard links so. A serving shard streaming a new full into replacement
+tables reads each byte once too (docs/ARCHITECTURE.md, "Restoring: each byte
+read once"; what is read more than once is stated there).
 """
 import copy
 import os

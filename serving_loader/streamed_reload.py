@@ -11,12 +11,12 @@ so; here it is streamed into a second table instead:
     (`EvTable.replacement()`, tiered like the served one, in chunks, a
     shard's keeping only keys routed to it when it reads other parts: DRAM
     stays at the cache budget) and the deltas applied to it. The files
-    (checkpoint.fetch, verify="index"): a local root's hard-linked privately
-    and checked against the manifest first; an object store's read straight
-    from it by the native loader (checkpoint/object_source.py), the index
-    checked against the manifest and every file's size first, each tensor's
-    crc32c as it loads (a failure drops the replacements): each byte read
-    once, nothing written locally;
+    (checkpoint.fetch, verify="index"): a local root's hard-linked privately,
+    an object store's read straight from it by the native loader
+    (checkpoint/object_source.py, nothing written locally); either way the
+    index checked against the manifest and every file's size first, each
+    tensor's crc32c as it loads (a failure drops the replacements): each
+    byte read once;
   * publish (write lock): each served table adopts its replacement (one swap
     of tables), the dense weights and the version as for any commit.
 
@@ -36,7 +36,8 @@ rows in it and the deltas are read in it (stager.py).
 """
 from checkpoint.fetch import bundle_files, fetch
 from checkpoint.index import parse_index
-from checkpoint.remote_parts import bundle_subset, read_index
+from checkpoint.remote_parts import bundle_subset
+from checkpoint.tensor_read import read_index
 from checkpoint.serving_view import VIEW_PREFIX
 from evstore import schema
 from serving_loader.ev_table import FLOAT32

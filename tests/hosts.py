@@ -112,6 +112,9 @@ API
     .keys(prefix="") -> [keys]   the bucket's keys (ListObjectsV2, from inside
                                  the store's host)
     .objects(prefix="") -> [(key, size)]
+    .get(key) -> bytes, .put(key, data), .delete(key)
+                                 one object's bytes read, written, removed
+                                 (what a test does to damage a commit)
 
 Where processes see what (inside a host): the checkout at its own path,
 read-only (so tests/ scripts and `python -m evstore_app` work as usual; a
@@ -531,9 +534,20 @@ class ObjectStore:
     def root(self, prefix):
         return f"s3://{self.bucket}/{prefix.strip('/')}"
 
-    def _request(self, method, path):
+    def _request(self, method, path, data=None):
+        """One request, signed as an S3 client with the store's credentials signs it (moto refuses an
+        unsigned read of an object a signed client wrote)."""
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        signed = AWSRequest(method=method, url=self.endpoint + path, data=data or b"")
+        S3SigV4Auth(Credentials(self.env["AWS_ACCESS_KEY_ID"], self.env["AWS_SECRET_ACCESS_KEY"]), "s3",
+                    self.env["AWS_DEFAULT_REGION"]).add_auth(signed)
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        req = urllib.request.Request(self.endpoint + path, method=method)
+        # (urllib would label a body a form, which moto then parses as one)
+        headers = dict(signed.headers, **({"Content-Type": "application/octet-stream"} if data else {}))
+        req = urllib.request.Request(self.endpoint + path, method=method, data=data, headers=headers)
         with self.host.inside():
             with opener.open(req, timeout=60) as r:
                 return r.read()
@@ -555,6 +569,21 @@ class ObjectStore:
     def keys(self, prefix=""):
         """Every key under `prefix` in the bucket."""
         return [k for k, _ in self.objects(prefix)]
+
+    def _path(self, key):
+        return f"/{self.bucket}/{urllib.parse.quote(key)}"
+
+    def get(self, key):
+        """The bytes of object `key` (urllib.error.HTTPError 404 if there is none)."""
+        return self._request("GET", self._path(key))
+
+    def put(self, key, data):
+        """Writes object `key` whole (replacing it)."""
+        self._request("PUT", self._path(key), data=bytes(data))
+
+    def delete(self, key):
+        """Removes object `key` (none: nothing happens, as S3 does)."""
+        self._request("DELETE", self._path(key))
 
 
 def _is_checkpoint_path(rel):

@@ -1,5 +1,5 @@
 """The module graph: evstore_app -> serving_loader -> checkpoint -> evstore,
-and no import cycle inside evstore.
+and no import cycle inside evstore or inside checkpoint.
 
 The contracts live in pyproject.toml ([tool.importlinter], docs/ARCHITECTURE.md,
 "Layout"); import-linter checks them from the source, lazy imports inside
@@ -26,3 +26,7 @@ def test_no_package_imports_a_layer_above_it():
 
 def test_no_module_inside_evstore_imports_one_that_imports_it_back():
     _lint("evstore-acyclic")
+
+
+def test_no_module_inside_checkpoint_imports_one_that_imports_it_back():
+    _lint("checkpoint-acyclic")

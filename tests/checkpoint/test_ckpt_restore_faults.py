@@ -58,3 +58,14 @@ def test_adam_checkpoint_into_an_sgd_model_is_refused_or_drops_the_slots_when_as
     x = ev(sgd, "user").export()
     assert x["slots"] == {}
     np.testing.assert_array_equal(np.sort(x["keys"].numpy()), np.sort(ev(model, "user").export()["keys"].numpy()))
+
+
+def test_an_ev_built_in_a_graph_is_refused_by_restore_naming_it(tmp_path):
+    import tensorflow as tf
+    saved = evstore.EmbeddingVariable("g", 4)
+    saved.load(np.arange(10, dtype=np.int64), np.ones((10, 4), np.float32))
+    checkpoint.CheckpointManager(str(tmp_path), {"g": saved}, lease=False).save_full()
+    with tf.Graph().as_default():
+        built = evstore.EmbeddingVariable("g", 4)
+        with pytest.raises(ValueError, match="'g' was built in a graph.*tf.compat.v1.train.Saver"):
+            checkpoint.CheckpointManager(str(tmp_path), {"g": built}, lease=False).restore()

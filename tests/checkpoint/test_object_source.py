@@ -20,7 +20,8 @@ from checkpoint.bundle import GLOBAL_STEP
 from checkpoint.collect import collect
 from checkpoint.fetch import bundle_files, fetch
 from checkpoint.index import parse_index
-from checkpoint.remote_parts import entry_tensors, read_index
+from checkpoint.remote_parts import entry_tensors
+from checkpoint.tensor_read import read_index
 from checkpoint.storage import Storage
 from ckpt_model import assert_same_state, make_model, probe_inputs, state, train
 from s3_server import moto_bucket

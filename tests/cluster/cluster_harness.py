@@ -36,8 +36,9 @@ def run_chief(lc, script, args, timeout=180.0, log_path=None, actions=None, stop
 
     `script` is a file in this directory, or a list (an argv prefix, e.g.
     `["-m", "evstore_app", "train-cluster"]`; then the RESULT is the last stdout
-    line, parsed as JSON). `ACTION kill|restart <job> <task>` lines are
-    carried out on `lc` and answered with `ok`; `actions` (a list) records
+    line, parsed as JSON). `ACTION <verb> <job> <task>` lines are carried
+    out as `lc.<verb>(job, task)` (kill, restart, or a method a test's own
+    wrapper of `lc` adds) and answered with `ok`; `actions` (a list) records
     them. `stop_on`: a line on which the chief is SIGKILLed (returns None).
     `lines_out` (a list) receives every stdout line. Raises AssertionError
     with the chief's stderr tail when it times out, fails or prints no RESULT.

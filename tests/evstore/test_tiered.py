@@ -359,6 +359,50 @@ def test_restore_of_a_chain_bigger_than_the_budget(tmp_path):
     assert_same(state(fresh), state(big))
 
 
+def tier_dirs(tmp_path):
+    return sorted(d for d in os.listdir(tmp_path / "tier") if d.startswith("evstore-tier-"))
+
+
+def _trained_then_committed(tmp_path):
+    """A tiered EV with a committed full and steps after it; returns (ev, manager, committed state)."""
+    ev, opt = make(tmp_path, True), evstore.optimizers.Adam(0.05)
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "c"), {"t": ev}, lease=False)
+    for step in range(5):
+        train_step(ev, opt, step)
+    mgr.save_full()
+    committed = state(ev)
+    for step in range(5, 8):
+        train_step(ev, opt, step)
+    return ev, mgr, committed
+
+
+def test_a_rollback_of_a_running_tiered_ev_loads_a_tiered_table_and_leaves_one_tier_directory(tmp_path):
+    ev, mgr, committed = _trained_then_committed(tmp_path)
+    live = tier_dirs(tmp_path)
+    mgr.restore()   # the chain loads into a staging table (its own tier directory), then the EV takes it
+    assert_same(state(ev), committed)
+    assert_went_to_disk(ev)
+    after = tier_dirs(tmp_path)
+    assert len(after) == 1 and after != live, (live, after)   # the replaced table's directory went with it
+    mgr.close()
+
+
+def test_a_refused_rollback_of_a_tiered_ev_leaves_its_table_and_tier_directory(tmp_path):
+    ev, mgr, _ = _trained_then_committed(tmp_path)
+    before, live = state(ev), tier_dirs(tmp_path)
+    full = mgr.chain()[0]
+    biggest = max((n for n in full.files if ".data-" in n), key=lambda n: full.files[n]["size"])
+    values = tmp_path / "c" / full.dir / biggest
+    b = bytearray(values.read_bytes())
+    b[len(b) // 2] ^= 0x10
+    values.write_bytes(bytes(b))
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=values.name + ".*corrupt"):
+        mgr.restore()
+    assert_same(state(ev), before)
+    assert tier_dirs(tmp_path) == live   # the staging table's directory is gone, the EV's kept
+    mgr.close()
+
+
 KILLED_TRAINER = textwrap.dedent("""
     import os, signal, sys
     import numpy as np

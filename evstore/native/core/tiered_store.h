@@ -25,7 +25,9 @@
 // Pinning (the contract's central invariant). Row(r) is called under the
 // segment lock of the key owning r, and the row must stay resident until that
 // lock is released. The store learns each row's owner from Bind(r, segment)
-// (the table calls it when it admits a key). A slot's row may be evicted, and
+// (the table calls it when it admits a key), and keeps which segments ever
+// had a row (bound_, a bit each): a fault whose segment is the only one can
+// evict nothing, and does not sweep. A slot's row may be evicted, and
 // a row's disk location may change, only by a thread holding the owner's
 // segment lock exclusively: an evicting thread try-locks the candidate's
 // owner (never blocking, so no lock-order cycle with threads waiting for the
@@ -39,7 +41,7 @@
 // overshoot, never a correctness limit. It does so only then: a fault whose
 // sweep found too few victims sweeps again (bounded sweeps, mu_ let go in
 // between) and one that finds the candidates held by another thread's batch
-// waits for that batch's slots (TakeSlots). So the slot arrays, which are
+// waits for that batch's slots (EvictUntil). So the slot arrays, which are
 // never returned, hold at most the budget, the victims of the batches being
 // written and the rows the batches hold pinned.
 //
@@ -107,6 +109,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <pthread.h>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
@@ -130,6 +133,8 @@ class TieredStore {
  public:
   static constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
   static constexpr uint16_t kNoOwner = 0xFFFFu;
+  // The cleaner thread's name (/proc/<pid>/task/<tid>/comm: at most 15 characters).
+  static constexpr const char* kCleanerName = "evstore-cleaner";
 
   // A store without a tier config is not usable (IsRowStore asks for the
   // (int) constructor: the table passes its TierConfig through MakeRowStore).
@@ -360,7 +365,12 @@ class TieredStore {
   int64_t& Version(uint32_t r) const { return Meta(r).version; }
   // Readers of a serving table hint under a shared segment lock (Table::FindEach): the heat is atomic.
   void Hint(uint32_t r, uint32_t freq) const { Meta(r).heat.store(Policy::HeatOf(freq), std::memory_order_relaxed); }
-  void Bind(uint32_t r, int segment) { Meta(r).owner = static_cast<uint16_t>(segment); }
+  void Bind(uint32_t r, int segment) {
+    Meta(r).owner = static_cast<uint16_t>(segment);
+    std::atomic<uint64_t>& w = bound_[segment >> 6];
+    const uint64_t bit = uint64_t{1} << (segment & 63);
+    if (!(w.load(std::memory_order_relaxed) & bit)) w.fetch_or(bit, std::memory_order_relaxed);
+  }
   // Whether row r's embedding (first `dim` floats) is all zero, without
   // reading a row that is on disk only (its flag was set when written).
   bool RowIsZero(uint32_t r, int dim) const {
@@ -376,7 +386,10 @@ class TieredStore {
   void AttachLocks(SegmentLocks locks) {
     std::lock_guard<std::mutex> l(mu_);
     locks_ = std::move(locks);
-    if (locks_ && !cleaner_.joinable()) cleaner_ = std::thread([this] { CleanerLoop(); });
+    if (locks_ && !cleaner_.joinable()) {
+      cleaner_ = std::thread([this] { CleanerLoop(); });
+      ::pthread_setname_np(cleaner_.native_handle(), kCleanerName);  // how profilers and benchmarks find it
+    }
   }
   // Waits until the cleaner has nothing left to do: the cache holds a batch
   // of free slots below its budget and the cleaner sleeps, so nothing is
@@ -489,44 +502,19 @@ class TieredStore {
   }
   // Evicts rows (their write-back included) until `n` more fit below the
   // cleaner's mark (a batch short of the budget), or nothing more can be
-  // evicted now, so that the faults and admissions of n rows that follow
-  // need no write and wake no cleaner: a serving table makes room for a
-  // delta's new keys before its publish takes the write lock. Evictions
-  // already being written when it is called (the cleaner's, another
-  // fault's) end first: their victims are pinned until then, and their
-  // writes would otherwise still run while the caller publishes. The caller
-  // holds no segment lock.
-  //
-  // A round of the hand that finds no victim has still taken weight from the
-  // rows it passed, so MakeRoom goes on until the hand has gone round as
-  // often as the heaviest row can need (its weight, then a second chance)
-  // without evicting anything: then every candidate is pinned. It stops at
-  // once when the disk refuses a write (the victims stay in DRAM).
+  // evicted now (EvictUntil), so that the faults and admissions of n rows
+  // that follow need no write and wake no cleaner: a serving table makes room
+  // for a delta's new keys before its publish takes the write lock. Then the
+  // batches still being written (the cleaner's, another fault's) end before
+  // it returns: their writes hold their victims' owner locks, which the
+  // publish would wait for. The caller holds no segment lock.
   void MakeRoom(int64_t n) {
     std::unique_lock<std::mutex> l(mu_);
     DeliverUnreported();
-    n = std::min(n + batch_, budget_);
-    const int64_t failures = write_failures_.load(std::memory_order_relaxed);
-    uint64_t swept_idle = 0;  // slots the hand passed since the last eviction
-    for (;;) {
-      if (evicting_ > 0) {
-        const uint64_t epoch = quiet_epoch_;
-        settled_.wait(l, [&] { return quiet_epoch_ != epoch; });
-        continue;
-      }
-      const int64_t over = resident_ + n - budget_, before = resident_;
-      if (over <= 0) return;
-      const uint32_t want = static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch));
-      const uint64_t nslots = static_cast<uint64_t>(nslot_chunks_) * kSlotChunk;
-      EvictBatch(want, kNoOwner, l);
-      if (write_failures_.load(std::memory_order_relaxed) != failures) return;
-      if (resident_ < before) {
-        swept_idle = 0;
-        continue;
-      }
-      swept_idle += std::min<uint64_t>(static_cast<uint64_t>(want) * kSweepPerVictim, nslots);
-      if (swept_idle >= kMaxRotations * nslots) return;
-    }
+    const int64_t mark = budget_ - batch_;
+    EvictUntil(std::min(n, mark), mark, kNoOwner, l, /*spare_slots=*/false);
+    const uint64_t epoch = quiet_epoch_;
+    if (evicting_ > 0) WaitForWrites(l, [&] { return quiet_epoch_ != epoch; });
   }
   // Message of the most recent write failure (empty if none).
   std::string last_failure() const {
@@ -648,11 +636,12 @@ class TieredStore {
   // one batch's victim search (a hand that finds too few lets the cache
   // overshoot, and the next fault goes on from where it stopped).
   static constexpr uint32_t kSweepPerVictim = 64;
-  // What one fault (or MakeRoom) sweeps at most before it takes slots beyond the budget, in
-  // turns of the hand over the cache (a sweep takes a unit of weight from
-  // each candidate it passes: enough for a cache whose every row has the
-  // policy's largest weight and a second chance), and the other threads'
-  // batches it waits for at most.
+  // What EvictUntil (a fault, MakeRoom) sweeps at most without evicting
+  // before it gives up (a fault then takes slots beyond the budget), in turns
+  // of the hand over the cache (a sweep takes a unit of weight from each
+  // candidate it passes: enough for a cache whose every row has the policy's
+  // largest weight and a second chance), and the other threads' batches it
+  // waits for at most.
   static constexpr uint64_t kMaxRotations = Policy::kMaxWeight + 2;
   static constexpr int kMaxWaits = 64;
   // Slots ahead of the hand whose candidates' metadata the sweep prefetches.
@@ -819,45 +808,16 @@ class TieredStore {
   }
 
   // `k` slots for rows being faulted in, into out[0..k): free slots within
-  // the budget, after evicting a batch when the budget is reached (EvictBatch;
-  // it may drop and retake mu_). Slots beyond the budget that the slot arrays
-  // do not hold yet (new memory, never returned) are taken only when no row
-  // can be evicted: every candidate pinned (its owner segment busy, or this
-  // thread's own) or the disk refused the write (the victims stay). Until
-  // then the fault evicts again (each sweep is bounded; one that found too
-  // few victims took weight from the rest, so the next finds more) and, while
-  // another thread's batch is being written (its victims' owner locks, often
-  // most segments for the cleaner's batch, are the ones this sweep could not
-  // take, and its slots come free when it ends), waits for it. A cleaner
+  // the budget, after evicting when the budget is reached (EvictUntil, which
+  // may drop and retake mu_). Slots beyond the budget that the slot arrays do
+  // not hold yet (new memory, never returned) are taken only when no row can
+  // be evicted now: every candidate pinned (its owner segment busy, or this
+  // thread's own) or the disk refused the write (the victims stay). A cleaner
   // short of CPU, or a load's hottest rows filling the cache, otherwise grew
   // a loading table's cache by a part per fault (to twice its budget).
   // mu_ held on entry and on return (`l`).
   void TakeSlots(size_t k, uint16_t self, std::unique_lock<std::mutex>& l, uint32_t* out) {
-    const int64_t need = static_cast<int64_t>(k);
-    auto within = [&] {
-      return resident_ - evicting_ + need <= budget_ || static_cast<int64_t>(free_slots_.size()) >= need;
-    };
-    if (resident_ - evicting_ + need > budget_) {
-      uint64_t swept = 0;
-      for (int waits = 0;;) {
-        const int64_t over = resident_ - evicting_ + need - budget_;
-        Outcome o;
-        EvictBatch(static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch)), self, l, &o);
-        swept += o.visited;
-        if (within() || o.refused) break;
-        if (evicting_ > 0 && waits++ < kMaxWaits) {  // another thread's batch frees its slots when written
-          ++evict_waiters_;
-          evicted_.wait(l);
-          --evict_waiters_;
-          continue;
-        }
-        // Each sweep is bounded under mu_ (other threads get it in between);
-        // a fault sweeps at most enough to take every weight to zero.
-        if (!o.weighed || swept >= kMaxRotations * static_cast<uint64_t>(nslot_chunks_) * kSlotChunk) break;
-        l.unlock();
-        l.lock();
-      }
-    }
+    EvictUntil(static_cast<int64_t>(k), budget_, self, l, /*spare_slots=*/true);
     DeliverUnreported();
     // Below the cleaner's mark (a batch short of the budget): wake it, so the
     // next faults find free slots instead of evicting.
@@ -868,6 +828,68 @@ class TieredStore {
       free_slots_.pop_back();
       ++resident_;
     }
+  }
+
+  // Evicts rows, a batch at a time (EvictBatch), until `n` more fit under
+  // `mark`: the resident rows, less the victims of batches being written
+  // (their slots come free when the write ends), plus n. `self` is the
+  // segment whose lock the caller holds (its rows are pinned for it;
+  // kNoOwner: none); when no other segment ever had a row (a one-segment
+  // table), it sweeps nothing: it could evict nothing. With `spare_slots`
+  // it also stops when the slot arrays hold n free slots (a fault: taking
+  // them overshoots the budget but allocates nothing). A batch short of room:
+  //   - while another thread's batch is being written, waits for a batch's
+  //     write to end, kMaxWaits times at most: that batch's victims' owner
+  //     locks are the ones this sweep could not take, and its slots come free;
+  //   - else sweeps again (each sweep bounded under mu_, which other threads
+  //     get in between): a round of the hand that finds no victim still
+  //     takes weight, so rows read more than once need several rounds. Once
+  //     the hand has gone round kMaxRotations times without evicting, every
+  //     candidate is pinned: it stops.
+  // It stops at once when the disk refuses its write (the victims stay in
+  // DRAM). mu_ held on entry and on return (`l`).
+  void EvictUntil(int64_t n, int64_t mark, uint16_t self, std::unique_lock<std::mutex>& l, bool spare_slots) {
+    uint64_t idle = 0;  // slots the hand passed since this call last evicted
+    for (int waits = 0;;) {
+      const int64_t over = resident_ - evicting_ + n - mark;
+      if (over <= 0) return;
+      const bool others = locks_ && OthersBound(self);
+      Outcome o;
+      size_t evicted = 0;
+      if (others) {
+        evicted = EvictBatch(static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(over, batch_), kMaxBatch)), self,
+                             l, &o);
+        if (o.refused || resident_ - evicting_ + n <= mark) return;
+      }
+      if (spare_slots && static_cast<int64_t>(free_slots_.size()) >= n) return;
+      if (evicting_ > 0 && waits++ < kMaxWaits) {
+        WaitForWrites(l, [] { return true; });
+        continue;
+      }
+      idle = evicted > 0 ? 0 : idle + o.visited;
+      if (!others || o.visited == 0 || idle >= kMaxRotations * static_cast<uint64_t>(nslot_chunks_) * kSlotChunk)
+        return;
+      l.unlock();
+      l.lock();
+    }
+  }
+  // Whether a segment other than `self` (kNoOwner: any segment) has ever had a row (Bind).
+  bool OthersBound(uint16_t self) const {
+    for (uint32_t i = 0; i < kBoundWords; ++i) {
+      uint64_t w = bound_[i].load(std::memory_order_relaxed);
+      if (i == static_cast<uint32_t>(self >> 6)) w &= ~(uint64_t{1} << (self & 63));
+      if (w) return true;
+    }
+    return false;
+  }
+  // Waits (mu_ held, through `l`) for the end of a batch's write after which `done()` holds.
+  template <typename Done>
+  void WaitForWrites(std::unique_lock<std::mutex>& l, Done done) {
+    ++write_waiters_;
+    do {
+      written_.wait(l);
+    } while (!done());
+    --write_waiters_;
   }
 
   // The owner segment locks one batch holds (a segment's lock taken once even
@@ -887,18 +909,17 @@ class TieredStore {
     }
   };
 
+  // What one EvictBatch found besides the rows it evicted.
+  struct Outcome {
+    bool refused = false;  // the disk refused its write (the victims stay)
+    uint64_t visited = 0;  // slots its sweep visited
+  };
   // Evicts up to `want` rows (at least one batch when it can): victims from
   // a bounded sweep of the hand, their owner locks held; the ones that need
   // it written, with the live cold records of one sparse extent when the log
   // wants compacting, as runs of adjacent records outside mu_; then the
-  // victims' slots freed. mu_ held on entry and on return.
-  // Returns the rows evicted.
-  // What one EvictBatch found besides the rows it evicted.
-  struct Outcome {
-    bool weighed = false;  // it passed candidates it could have taken but for their weight or second chance
-    bool refused = false;  // the disk refused its write (the victims stay)
-    uint64_t visited = 0;  // slots its sweep visited
-  };
+  // victims' slots freed. mu_ held on entry and on return. Returns the rows
+  // evicted; in `o`, what else it found.
   size_t EvictBatch(uint32_t want, uint16_t self, std::unique_lock<std::mutex>& l, Outcome* o = nullptr) {
     if (!locks_) return 0;
     HeldLocks held;
@@ -940,10 +961,7 @@ class TieredStore {
       unreported_ = 0;  // the disk takes rows again: refusals nobody was told of are past
     }
     evicting_ -= victims.size();
-    if (evicting_ == 0) {
-      ++quiet_epoch_;
-      settled_.notify_all();
-    }
+    if (evicting_ == 0) ++quiet_epoch_;
     for (uint32_t s : victims) {
       SlotInfo& in = Info(s);
       RowMeta& vm = Meta(in.row);
@@ -954,7 +972,7 @@ class TieredStore {
       ReleaseSlot(s);
       ++evicted;
     }
-    if (evict_waiters_) evicted_.notify_all();
+    if (write_waiters_) written_.notify_all();
     return evicted;
   }
 
@@ -1113,20 +1131,13 @@ class TieredStore {
       if (in.row == kNoRowId) continue;
       // A slot being filled (its row not yet published) is owned by a
       // segment its loader holds: the try-lock below fails (or it is `self`).
-      if (!Policy::Pass(in.weight)) {
-        if (o && !o->weighed) {  // a candidate a later sweep may take (its metadata read until one is seen)
-          const uint16_t w = Meta(in.row).owner;
-          o->weighed = w != self && w != kNoOwner;
-        }
-        continue;
-      }
+      if (!Policy::Pass(in.weight)) continue;
       RowMeta& m = Meta(in.row);
       if (m.owner == self || m.owner == kNoOwner) continue;
       if (!held->Take(m.owner, locks_)) continue;
       if (m.version > newest_) newest_ = m.version;
       if (!in.second_chance && Policy::Recent(m.version, newest_)) {
         in.second_chance = 1;
-        if (o) o->weighed = true;
         continue;
       }
       out->push_back(s);
@@ -1186,8 +1197,8 @@ class TieredStore {
   mutable std::mutex mu_;
   std::condition_variable loaded_;  // a row's kLoading cleared
   int waiters_ = 0;                 // threads waiting on loaded_ (mu_)
-  std::condition_variable evicted_;  // a batch's write ended (evicting_ fell)
-  int evict_waiters_ = 0;            // faults waiting on evicted_ (mu_)
+  std::condition_variable written_;  // a batch's write ended (evicting_ fell; EvictUntil, MakeRoom)
+  int write_waiters_ = 0;            // threads waiting on written_ (mu_)
   mutable std::shared_mutex layout_mu_;           // exclusive: Relayout; shared: a ColdStream span read
   std::atomic<uint64_t> layout_epoch_{0};         // Relayouts so far
   mutable std::atomic<int64_t> stream_reads_{0};  // ColdStream spans read
@@ -1204,11 +1215,14 @@ class TieredStore {
   uint64_t quiet_epoch_ = 0;  // times evicting_ fell to 0 (mu_; MakeRoom waits for the next)
   std::thread cleaner_;              // CleanerLoop, from AttachLocks to the destructor
   mutable std::condition_variable clean_cv_;  // wakes the cleaner (mu_)
-  mutable std::condition_variable settled_;   // the cleaner finished a round, or no batch is being written (mu_)
+  mutable std::condition_variable settled_;   // the cleaner finished a round (mu_; Settle)
   bool cleaner_idle_ = false;         // the cleaner waits on clean_cv_ (mu_)
   bool stop_ = false;                 // the destructor asks the cleaner to end (mu_)
   uint32_t hand_ = 0;
   int64_t newest_ = -1;
+  // Segments that have had a row (Bind), a bit each: segments_log2 is at most 12.
+  static constexpr uint32_t kBoundWords = 4096 / 64;
+  std::atomic<uint64_t> bound_[kBoundWords] = {};
   int64_t writebacks_ = 0, write_batches_ = 0, compacted_ = 0, read_calls_ = 0;
   // Hits are counted per owner segment stripe, one cache line each: a single
   // counter bumped by every thread on every row access cost more than the
