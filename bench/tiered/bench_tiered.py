@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 
-from bench.tiered import bench_tiered_ev
+from bench.tiered import bench_tiered_ev, bench_tiered_ev_pair
 
 from bench.harness.paths import ROOT
 
@@ -127,15 +127,17 @@ def main():
         bench_tiered_serving.add_args(sp)
         sys.exit(bench_tiered_serving.main(sp.parse_args(sys.argv[2:])))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["engine", "ev", "beyond"])
+    ap.add_argument("what", choices=["engine", "ev", "ev-pair", "beyond"])
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--dram-fraction", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the tier's files go (default: the temp directory)")
     bench_tiered_ev.add_arguments(ap)
+    bench_tiered_ev_pair.add_arguments(ap)
     args = ap.parse_args()
     t0 = time.time()
-    {"engine": engine, "ev": bench_tiered_ev.ev_level, "beyond": bench_tiered_ev.beyond}[args.what](args)
+    {"engine": engine, "ev": bench_tiered_ev.ev_level, "ev-pair": bench_tiered_ev_pair.run,
+     "beyond": bench_tiered_ev.beyond}[args.what](args)
     print(f"\n({time.time() - t0:.0f} s)")
 
 

@@ -19,6 +19,15 @@
 // where mmap is refused (an address-space limit, a file system without it)
 // or the store asks for it (TierConfig::mapped_reads = false), records are
 // read with one preadv per run of adjacent records, as before the mapping.
+// A page not in the page cache (reclaimed under memory pressure, or a file
+// larger than memory) is read by the fault that touches it: one synchronous
+// 4 KiB read (MADV_RANDOM: no readahead window), one after another through a
+// batch. So ReadMany counts this thread's major faults (getrusage) around its
+// copies; after a batch that took any, the next kHintBatches batches first
+// hand the kernel all their records (WillNeed, one fadvise per run of
+// adjacent records), which reads them together, and their faults find the
+// pages in the cache. A batch whose pages are all cached pays only the two
+// getrusage calls.
 //
 // The file belongs to the process: it lives in a private directory
 //   <parent>/evstore-tier-<pid>-<n>/rows
@@ -47,6 +56,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -148,13 +158,22 @@ class RowFile {
   // (so rows written by one eviction batch come back in one call). Throws
   // std::runtime_error on failure (preadv).
   void ReadMany(const uint32_t* locs, void* const* dsts, size_t n) const {
-    if (mapped_.load(std::memory_order_relaxed)) {
+    if (mapped_.load(std::memory_order_relaxed) && n > 0) {
+      // Pages reclaimed from the page cache: the batch's reads asked for
+      // together (see "Reads" above), while earlier batches faulted.
+      if (hint_batches_.load(std::memory_order_relaxed) > 0) {
+        hint_batches_.fetch_sub(1, std::memory_order_relaxed);
+        hinted_batches_.fetch_add(1, std::memory_order_relaxed);
+        WillNeed(locs, n);
+      }
+      const long faults = MajorFaults();
       size_t i = 0;
       for (; i < n; ++i) {
         const char* rec = Mapped(locs[i]);
         if (!rec) break;  // mmap refused: the rest on the portable path
         std::memcpy(dsts[i], rec, record_bytes_);
       }
+      if (MajorFaults() != faults) hint_batches_.store(kHintBatches, std::memory_order_relaxed);
       locs += i;
       dsts += i;
       n -= i;
@@ -200,6 +219,10 @@ class RowFile {
       i = j;
     }
   }
+
+  // Batches of ReadMany that asked the kernel for their records first
+  // (WillNeed) because an earlier batch's mapped reads took major faults.
+  int64_t hinted_batches() const { return hinted_batches_.load(std::memory_order_relaxed); }
 
   // Bytes the file occupies on disk (allocated blocks, not its apparent size).
   int64_t disk_bytes() const {
@@ -316,6 +339,12 @@ class RowFile {
     return base;
   }
   size_t WindowBytes() const { return static_cast<size_t>(kWindowRecords) * record_bytes_; }
+  // Page faults of this thread that read the disk (getrusage: the kernel's count).
+  static long MajorFaults() {
+    rusage ru;
+    ::getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_majflt;
+  }
   // Unmaps every window (the file is being replaced or closed: no reader runs).
   void Unmap() {
     for (uint32_t w = 0; w < kWindows; ++w) {
@@ -401,6 +430,11 @@ class RowFile {
   mutable std::atomic<bool> mapped_;                   // reads through the mapping
   mutable std::mutex map_mu_;                          // maps a window
   std::unique_ptr<std::atomic<char*>[]> windows_;      // per window: its mapping, or null
+  // ReadMany batches still to hint (WillNeed) since the last one that took a
+  // major fault; and the batches hinted so far.
+  static constexpr int kHintBatches = 256;
+  mutable std::atomic<int> hint_batches_{0};
+  mutable std::atomic<int64_t> hinted_batches_{0};
 };
 
 }  // namespace evstore

@@ -2,6 +2,7 @@
 // log_space.h, cache_policy.h) under the table. Built and run by
 // tests/native/CMakeLists.txt (make test-native: -O3, ASan, TSan). Exits
 // non-zero on the first failure.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -106,6 +108,17 @@ struct Zipf {
     return static_cast<int64_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
   }
 };
+
+// One training step of `keys` on both tables: a lookup, then SGD with a constant gradient.
+template <typename A, typename B>
+static void SgdStep(A& a, B& b, const std::vector<int64_t>& keys, int64_t step) {
+  const int dim = a.dim();
+  std::vector<float> o(keys.size() * dim), g(keys.size() * dim, 0.125f);
+  a.FindOrInsert(keys.data(), keys.size(), o.data(), kThreads);
+  b.FindOrInsert(keys.data(), keys.size(), o.data(), kThreads);
+  a.Apply(keys.data(), g.data(), keys.size(), step, SgdUpdate{0.5f, dim}, kThreads);
+  b.Apply(keys.data(), g.data(), keys.size(), step, SgdUpdate{0.5f, dim}, kThreads);
+}
 
 // Every key's full state, from the table's own export walk (sorted by key).
 struct State {
@@ -500,7 +513,7 @@ static void test_eviction_racing_lookups_loses_nothing() {
   std::vector<int64_t> read_keys, train_keys;
   for (int i = 0; i < 150; ++i) read_keys.push_back(i * 2);
   for (int i = 0; i < 300; ++i) train_keys.push_back(i * 2 + 1);
-  std::vector<float> want(read_keys.size() * dim), o(train_keys.size() * dim);
+  std::vector<float> want(read_keys.size() * dim);
   t.FindOrInsert(read_keys.data(), read_keys.size(), want.data(), kThreads);
   dram.FindOrInsert(read_keys.data(), read_keys.size(), want.data(), kThreads);
   std::atomic<bool> done{false};
@@ -512,13 +525,7 @@ static void test_eviction_racing_lookups_loses_nothing() {
       if (got != want) wrong.fetch_add(1);
     }
   });
-  for (int64_t step = 1; step <= 30; ++step) {
-    t.FindOrInsert(train_keys.data(), train_keys.size(), o.data(), kThreads);
-    dram.FindOrInsert(train_keys.data(), train_keys.size(), o.data(), kThreads);
-    std::vector<float> g(train_keys.size() * dim, 0.125f);
-    t.Apply(train_keys.data(), g.data(), train_keys.size(), step, SgdUpdate{0.5f, dim}, kThreads);
-    dram.Apply(train_keys.data(), g.data(), train_keys.size(), step, SgdUpdate{0.5f, dim}, kThreads);
-  }
+  for (int64_t step = 1; step <= 30; ++step) SgdStep(t, dram, train_keys, step);
   done.store(true);
   reader.join();
   CHECK_EQ(wrong.load(), 0);
@@ -886,6 +893,54 @@ static void test_record_file_reads_records_across_mapped_windows_and_without_the
   }
 }
 
+// A directory on the file system holding the working directory (the
+// repository, under CTest), not /tmp: the test below needs a file system
+// whose pages the kernel drops on request, which a tmpfs /tmp is not.
+static std::string DiskDir() {
+  char tmpl[] = "evstore-tiered-test-XXXXXX";
+  CHECK(::mkdtemp(tmpl) != nullptr);
+  temp_dirs.push_back(std::filesystem::absolute(tmpl));
+  return temp_dirs.back();
+}
+
+// Mapped reads of pages that are not in the page cache fault them in from
+// disk one at a time; after a batch that took such faults, the next batches
+// ask the kernel for all their records first, and read the same bytes.
+static void test_mapped_reads_after_major_faults_ask_the_kernel_for_the_batch_first() {
+  const size_t rb = 768;  // a dim-64 Adam row
+  RowFile f(DiskDir(), rb);
+  const uint32_t n = 2048;  // 1.5 MiB, 384 pages
+  std::vector<char> rec(rb);
+  for (uint32_t loc = 0; loc < n; ++loc) {
+    std::memset(rec.data(), static_cast<int>(loc * 7 + 1), rb);
+    const void* src = rec.data();
+    CHECK(f.Write(loc, &src, 1));
+  }
+  // Written back, then dropped from the page cache (no page is mapped yet).
+  const std::string path = f.dir() + "/rows";
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  CHECK(fd >= 0);
+  CHECK_EQ(::fdatasync(fd), 0);
+  CHECK_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+  auto read_batch = [&](uint32_t first) {  // every 16th record: a page of its own each
+    std::vector<uint32_t> locs;
+    for (uint32_t loc = first; loc < n; loc += 16) locs.push_back(loc);
+    std::vector<std::vector<char>> got(locs.size(), std::vector<char>(rb));
+    std::vector<void*> dsts;
+    for (auto& g : got) dsts.push_back(g.data());
+    f.ReadMany(locs.data(), dsts.data(), locs.size());
+    for (size_t i = 0; i < locs.size(); ++i)
+      for (size_t b = 0; b < rb; ++b) CHECK_EQ(got[i][b], static_cast<char>(locs[i] * 7 + 1));
+  };
+  read_batch(0);  // from the disk, a fault per page
+  CHECK_EQ(f.hinted_batches(), 0);
+  read_batch(8);  // other pages: asked for together first
+  CHECK_EQ(f.hinted_batches(), 1);
+  read_batch(8);  // the same pages again: still within the hinted batches
+  CHECK_EQ(f.hinted_batches(), 2);
+}
+
 // stats() counts the tier's per-key DRAM cost: 24 bytes of metadata per row
 // id (allocated in chunks of 65,536) and 4 bytes per disk record.
 static void test_stats_count_the_per_key_dram_cost() {
@@ -900,6 +955,28 @@ static void test_stats_count_the_per_key_dram_cost() {
   CHECK(ts.disk_records >= 4000);
   CHECK(st.meta_bytes >= 65536 * 24 + ts.disk_records * 4);
   CHECK(st.meta_bytes <= 65536 * 24 + ts.disk_records * 4 + 64 * 1024);  // + the log's extent table
+}
+
+// The cleaner thread carries a name (what profilers show, and what the EV
+// benchmark reads to give its CPU to the tiered side), one per tiered table.
+static int CleanerThreads() {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::FILE* f = std::fopen((task.path() / "comm").c_str(), "r");
+    if (!f) continue;
+    char name[32] = {};
+    if (std::fgets(name, sizeof(name), f)) n += std::string_view(name).substr(0, 15) == TieredStore<>::kCleanerName;
+    std::fclose(f);
+  }
+  return n;
+}
+static void test_each_tiered_table_has_one_cleaner_thread_named_evstore_cleaner() {
+  const int before = CleanerThreads();
+  {
+    Tiered<int64_t> t(TierRows(Cfg(4), 64));
+    CHECK_EQ(CleanerThreads(), before + 1);
+  }
+  CHECK_EQ(CleanerThreads(), before);
 }
 
 static void test_bad_config_is_refused() {
@@ -944,6 +1021,36 @@ static void test_making_room_evicts_rows_the_hand_needs_several_rounds_for() {
   CHECK_EQ(t.tier_stats().writebacks, after.writebacks);
 }
 
+// Making room (MakeRoom) while two threads train and the cleaner evicts:
+// four evictors share the eviction routine and its wake-up (a fault waiting
+// for a batch, MakeRoom for the batches still being written). Every call
+// returns, the trained state equals the all-DRAM table's, and once training
+// has stopped making room leaves n rows of room under the cleaner's mark.
+static void test_making_room_racing_training_loses_nothing() {
+  const int dim = 8;
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 64));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 600; ++i) keys.push_back(i * 3 + 2);
+  std::atomic<bool> done{false};
+  std::atomic<int> calls{0};
+  std::thread warm([&] {
+    do {
+      t.store().MakeRoom(16);
+      calls.fetch_add(1);
+    } while (!done.load());
+  });
+  for (int64_t step = 1; step <= 20; ++step) SgdStep(t, dram, keys, step);
+  done.store(true);
+  warm.join();
+  CHECK(calls.load() > 0);
+  CHECK(t.tier_stats().writebacks > 0);
+  CHECK(Dump(t) == Dump(dram));
+  t.store().MakeRoom(16);
+  const TierStats ts = t.tier_stats();
+  CHECK(ts.resident + 16 <= ts.budget_rows - ts.budget_rows / 8);
+}
+
 int main() {
   RUN(test_frequency_clock_weights);
   RUN(test_bad_config_is_refused);
@@ -968,10 +1075,13 @@ int main() {
   RUN(test_an_import_reads_the_cold_rows_of_a_segment_together);
   RUN(test_a_read_only_lookup_caches_nothing_and_writes_nothing_back);
   RUN(test_making_room_evicts_rows_the_hand_needs_several_rounds_for);
+  RUN(test_making_room_racing_training_loses_nothing);
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
   RUN(test_stats_count_the_per_key_dram_cost);
+  RUN(test_each_tiered_table_has_one_cleaner_thread_named_evstore_cleaner);
   RUN(test_record_file_reads_records_across_mapped_windows_and_without_the_mapping);
+  RUN(test_mapped_reads_after_major_faults_ask_the_kernel_for_the_batch_first);
   for (const std::string& d : temp_dirs) std::filesystem::remove_all(d);
   std::printf("all tests passed\n");
   return 0;
