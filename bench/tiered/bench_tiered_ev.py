@@ -380,9 +380,10 @@ def _print_sequential(saved, restored, restore_rounds=()):
     """The save and restore against the disk's sequential read + write of the full's bytes, same run:
     each save round against the probe right after it, each restore round against the probe right after
     it (`restore_rounds`; without them the restore against the last save's probe)."""
-    if "seq_read_s" not in saved:
+    head = saved if "seq_read_s" in saved else (restore_rounds[0] if restore_rounds else None)
+    if head is None:   # no probe ran (a --phases run of serve alone)
         return
-    print(f"{saved['kind']}: the full's {saved['seq_bytes'] / 2**20:,.0f} MiB; (sequential read + write and fsync) "
+    print(f"{head['kind']}: the full's {head['seq_bytes'] / 2**20:,.0f} MiB; (sequential read + write and fsync) "
           "/ (save or restore), each round against the disk's rate measured right after it:")
     for i, r in enumerate(saved.get("save_rounds", [])):
         seq = r["seq_read_s"] + r["seq_write_s"]
