@@ -77,7 +77,8 @@ def test_a_damaged_part_of_a_ps_on_its_own_host_is_refused_naming_it_and_no_ps_t
             r = run_chief(Damaging(hc, damage), [os.path.join(HERE, "try_restores.py")],
                           ["--cluster", hc.cluster_file, "--checkpoints", store.root("job"), "--steps", 4,
                            "--delta-every", 2, "--batch-size", BATCH, "--out", "/tmp",
-                           *[store.root(how) for how in DAMAGE + ("intact",)]])
+                           *[store.root(how) for how in DAMAGE + ("intact",)]],
+                          timeout=2 * hosts.STARTUP_S)   # commits and four restores: a bound for a hung run only
             out = hc.chief.tmp
         before = load(os.path.join(out, "before.npz"))
         assert all(len(before[f"{f}/keys"]) for f in ("user", "item"))   # rows on both PS to lose

@@ -26,10 +26,14 @@
 //    in a group that still has an empty slot may mark it empty; otherwise it
 //    becomes a tombstone, cleared by the next rehash.
 //  * Load (full + tombstones) stays <= 7/8 of capacity. Growth picks the
-//    capacity that brings the load back to ~0.7 (growth factor ~1.25), which
-//    keeps index bytes per key between 17/0.875 and 17/0.7 (index + metadata
-//    stay within 32 bytes per key: BENCHMARKS.md, memory table). Growth
-//    rehashes this segment only; rows never move.
+//    capacity that brings the load back to 7/12 (kGrowNum / kGrowDen: growth
+//    factor 1.5), so index bytes per key stay between 17/0.875 and 17/0.583
+//    (19.4-29.1). A segment grown from empty has moved 2-3 entries per key
+//    (3x its size at its last growth) and allocated about 3x its final
+//    arrays; with the factor 1.25 used before, 4-5 entries per key and 5x,
+//    about a third of the CPU of inserting new keys (BENCHMARKS.md). A bulk
+//    import sizes segments at load 0.7 instead (Reserve). Growth rehashes
+//    this segment only; rows never move.
 //  * `dirty` holds every key whose entry has the dirty bit set (plus, possibly,
 //    keys erased since); `deleted` holds every key erased since the last
 //    sealed export, re-inserted since or not (a re-inserted key is also
@@ -81,6 +85,9 @@ class Segment {
   static constexpr uint8_t kEmpty = kCtrlEmpty;
   static constexpr uint8_t kDeleted = kCtrlDeleted;
   static constexpr int kGroup = kGroupWidth;
+  // Growth: capacity becomes size * kGrowNum / kGrowDen (load 7/12 = 0.583).
+  static constexpr size_t kGrowNum = 12, kGrowDen = 7;
+  static_assert(kGrowNum * 7 >= kGrowDen * 8 * 3 / 2, "growth from load 7/8 is at least 1.5x");
 
   Segment() { Reset(1); }
   ~Segment() {
@@ -264,8 +271,8 @@ class Segment {
   }
 
   void Grow() {
-    // Target load 0.7 after the rehash (a table full of tombstones keeps its size).
-    size_t want = (size_ + 1) * 10 / 7 / kGroup + 1;
+    // Target load kGrowDen / kGrowNum after the rehash (a table full of tombstones keeps its size).
+    size_t want = (size_ + 1) * kGrowNum / kGrowDen / kGroup + 1;
     Rehash(want < ngroups_ ? ngroups_ : want);
   }
 
