@@ -26,14 +26,21 @@
 //   records into its next write batch (each under its owner's segment lock),
 //   which frees the extent. The work per batch is one extent, so compaction
 //   never holds anything for long.
+// Capacity
+//   At most max_extents extents (the format's limit, kMaxExtents: 2^32
+//   records, or a smaller cap from the tier's config). When every extent is
+//   taken and none is free, AllocRun throws std::length_error and hands out
+//   nothing more; the store refuses that write-back as it would a full disk.
 // Invariants
 //   live <= used <= kExtent per extent; the sum of live = rows with a disk copy;
-//   free and held extents have used == live == 0; the open extent is never free.
+//   free and held extents have used == live == 0; the open extent is never free;
+//   ext_.size() <= max_extents_.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace evstore {
@@ -45,6 +52,14 @@ class LogSpace {
   static constexpr uint32_t kNone = 0xFFFFFFFFu;
   static constexpr uint32_t kMaxExtents = 1u << (32 - kExtentShift);
   static_assert(kExtent <= 0xFFFF, "per-extent counts are 16 bits");
+  static_assert(uint64_t{kMaxExtents} << kExtentShift == uint64_t{1} << 32, "locations are 32-bit record numbers");
+
+  // max_records: the cap on the file's records, rounded up to whole extents
+  // (0 or anything beyond the format's limit: the limit).
+  explicit LogSpace(uint64_t max_records = 0)
+      : max_extents_(max_records == 0 || max_records >= (uint64_t{kMaxExtents} << kExtentShift)
+                         ? kMaxExtents
+                         : static_cast<uint32_t>((max_records + kExtent - 1) >> kExtentShift)) {}
 
   // Up to `want` adjacent records from the open extent, for row ids
   // rows[0..n): *first is the first location, the return value n >= 1.
@@ -149,7 +164,9 @@ class LogSpace {
       free_.pop_back();
       return;
     }
-    if (ext_.size() >= kMaxExtents) throw std::length_error("tiered storage: the tier file is full (2^32 records)");
+    if (ext_.size() >= max_extents_)
+      throw std::length_error("tiered storage: the tier file is full (" +
+                              std::to_string(uint64_t{max_extents_} << kExtentShift) + " records)");
     ext_.emplace_back();
     ext_.back().rows.reset(new uint32_t[kExtent]);
     open_ = static_cast<uint32_t>(ext_.size() - 1);
@@ -159,6 +176,7 @@ class LogSpace {
     (holds_ > 0 ? held_ : free_).push_back(x);
   }
 
+  uint32_t max_extents_;
   std::vector<Extent> ext_;
   std::vector<uint32_t> free_;  // extents with nothing live, reused first
   std::vector<uint32_t> held_;  // extents freed while held: free at the last Unhold

@@ -90,6 +90,10 @@ struct TierConfig {
   // Reads through a mapping of the tier file (row_file.h); false: one preadv
   // per run of records, where a disk read error must be an exception.
   bool mapped_reads = true;
+  // Records the tier file may span (0: the format's limit, 2^32). A write-back
+  // that finds the file full is refused as on a full disk: its rows stay in
+  // DRAM and the failure is reported (TierStats::write_failures).
+  int64_t max_disk_records = 0;
 };
 // A tier's cache figures (all zero for an all-DRAM store).
 struct TierStats {

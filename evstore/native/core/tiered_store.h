@@ -140,8 +140,10 @@ class TieredStore {
   // (int) constructor: the table passes its TierConfig through MakeRowStore).
   explicit TieredStore(int stride) : TieredStore(stride, TierConfig{}) {}
   TieredStore(int stride, const TierConfig& cfg)
-      : stride_(stride), dim_(stride), file_(cfg.path, static_cast<size_t>(stride) * sizeof(float), cfg.mapped_reads) {
+      : stride_(stride), dim_(stride), file_(cfg.path, static_cast<size_t>(stride) * sizeof(float), cfg.mapped_reads),
+        log_(static_cast<uint64_t>(std::max<int64_t>(cfg.max_disk_records, 0))) {
     if (cfg.dram_bytes <= 0) throw std::invalid_argument("tiered storage needs dram_bytes > 0");
+    if (cfg.max_disk_records < 0) throw std::invalid_argument("tiered storage needs max_disk_records >= 0");
     dram_bytes_ = cfg.dram_bytes;
     SetBudget();
     row_dir_.reset(new RowMeta*[kRowChunks]());
@@ -1039,8 +1041,15 @@ class TieredStore {
     for (size_t i = 0; i < nw; ++i) rows[i] = Info(slots[i]).row;
     for (size_t i = 0; i < nm; ++i) rows[nw + i] = (*moves)[i];
     for (size_t i = 0; i < n;) {  // runs of adjacent records
-      uint32_t first;
-      const uint32_t got = log_.AllocRun(rows.data() + i, static_cast<uint32_t>(std::min<size_t>(n - i, LogSpace::kExtent)), &first);
+      uint32_t first, got;
+      try {
+        got = log_.AllocRun(rows.data() + i, static_cast<uint32_t>(std::min<size_t>(n - i, LogSpace::kExtent)), &first);
+      } catch (const std::length_error& e) {  // the file is full: refused like a full disk, nothing written
+        for (size_t j = 0; j < i; ++j) log_.Kill(locs[j]);
+        write_failures_.fetch_add(1, std::memory_order_relaxed);
+        last_failure_ = std::string(e.what()) + "; every row stays in memory";
+        return false;
+      }
       for (uint32_t j = 0; j < got; ++j) locs[i + j] = first + j;
       i += got;
     }

@@ -566,6 +566,32 @@ static void test_full_disk_keeps_rows_in_dram_and_counts_failures() {
   });
 }
 
+// A tier file at its record cap refuses the write-back as a full disk does:
+// the rows stay in DRAM, the table equals the all-DRAM one, the failure says
+// the file is full, and making room returns instead of waiting on a batch
+// that never ends.
+static void test_a_tier_file_at_its_record_cap_keeps_rows_in_dram_and_says_so() {
+  const int dim = 8;
+  Table<int64_t> dram(Cfg(dim));
+  TableConfig c = TierRows(Cfg(dim), 10, 2);
+  c.tier.max_disk_records = 2 * LogSpace::kExtent;
+  Tiered<int64_t> t(c);
+  for (int64_t step = 1; step <= 4; ++step) {
+    std::vector<int64_t> keys;
+    for (int i = 0; i < 400; ++i) keys.push_back(i * 3 + step);
+    TrainStep(t, dram, keys, step, false);
+  }
+  const TierStats ts = t.tier_stats();
+  CHECK(ts.write_failures > 0);
+  CHECK(ts.disk_records <= 2 * static_cast<int64_t>(LogSpace::kExtent));
+  CHECK(ts.resident > ts.budget_rows);
+  CHECK(Dump(t) == Dump(dram));
+  CHECK(t.store().last_failure().find("the tier file is full (512 records); every row stays in memory") !=
+        std::string::npos);
+  t.store().MakeRoom(50);
+  CHECK(Dump(t) == Dump(dram));
+}
+
 // A refused write-back goes to the operation whose eviction it was: of two
 // operations running at once on a disk that refuses every write, the one
 // that evicts reports it and the one whose rows are all in DRAM (hits only,
@@ -983,6 +1009,7 @@ static void test_bad_config_is_refused() {
   CHECK_THROWS((TieredStore<>(4, TierConfig{0, "/tmp"})), std::invalid_argument);
   CHECK_THROWS((TieredStore<>(4, TierConfig{1024, ""})), std::invalid_argument);
   CHECK_THROWS((TieredStore<>(4, TierConfig{1024, "/proc/evstore-no-such/dir"})), std::runtime_error);
+  CHECK_THROWS((TieredStore<>(4, TierConfig{1024, "/tmp", true, -1})), std::invalid_argument);
 }
 
 static void test_frequency_clock_weights() {
@@ -1075,6 +1102,7 @@ int main() {
   RUN(test_an_import_reads_the_cold_rows_of_a_segment_together);
   RUN(test_a_read_only_lookup_caches_nothing_and_writes_nothing_back);
   RUN(test_making_room_evicts_rows_the_hand_needs_several_rounds_for);
+  RUN(test_a_tier_file_at_its_record_cap_keeps_rows_in_dram_and_says_so);
   RUN(test_making_room_racing_training_loses_nothing);
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
