@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.tiered.bench_tiered engine --keys 1000000 --rounds 3
     .venv/bin/python -m bench.tiered.bench_tiered ev --keys 10000000 --dram-mib 768 --rounds 1
+    .venv/bin/python -m bench.tiered.bench_tiered ev-pair --keys 3000000 --warmup 100 --steps 200
     .venv/bin/python -m bench.tiered.bench_tiered beyond --keys 17500000 --dim 128 --dram-mib 1536
     .venv/bin/python -m bench.tiered.bench_tiered beyond --keys 10000000 --steps 20 --warmup 10 --rounds 2
     .venv/bin/python -m bench.tiered.bench_tiered serving --keys 1000000   # bench/tiered/bench_tiered_serving.py
@@ -30,6 +31,13 @@ lookups at batch 1 and 1,024, RSS against the budget, full save and restore
 time, delta size. `beyond`: a tiered table larger than this machine's memory
 trains, saves a full, and restores it bit for bit in a new process.
 Both: bench/tiered/bench_tiered_ev.py.
+
+`ev-pair`: both EVs in one process, each Zipf batch trained on one and then
+the other (the first side alternating), every window timed by CPU (user and
+system), wall time and page faults (minor, major); the cleaner thread's CPU
+counted on the tiered side; read-only lookups at batch 1,024 alternating
+likewise; `--perf PREFIX` records each side's windows with perf.
+bench/tiered/bench_tiered_ev_pair.py.
 """
 import argparse
 import json

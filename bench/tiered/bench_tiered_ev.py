@@ -49,7 +49,7 @@ SAMPLE = 4096          # rows checked bit for bit after a restore
 FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "restore_full_s", "save_full_cpu_s", "restore_full_cpu_s",
           "seq_read_s", "seq_write_s",
           "save_vs_sequential", "restore_vs_sequential", "train_keys_per_s", "train_cpu_us_per_key",
-          "hit_rate", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
+          "hit_rate", "train_majflt", "train_minflt_per_1k_keys", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
           "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
           "rss_restored_peak_mb", "delta_mb", "full_mb", "cache_rows", "disk_mb"]
 
@@ -117,18 +117,23 @@ class Side:
         self.opt.apply_gradients(zip(tape.gradient(loss, ev.trainable_variables), ev.trainable_variables))
 
     def train(self, steps):
-        """Timed Zipf training steps: keys/s, CPU microseconds per key, DRAM hit rate."""
+        """Timed Zipf training steps: keys/s, CPU microseconds per key, DRAM hit rate, page faults
+        (major: read from disk; minor per 1,000 keys)."""
+        import resource
         s0 = self.ev.stats()
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         c0, t0 = time.process_time(), time.perf_counter()
         for _ in range(steps):
             self.train_step()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
         s1 = self.ev.stats()
         hits = s1["cache_hits"] - s0["cache_hits"]
         acc = hits + s1["cache_misses"] - s0["cache_misses"]
         keys = steps * self.cfg["batch"]
         return dict(train_keys_per_s=keys / wall, train_cpu_us_per_key=cpu / keys * 1e6,
-                    hit_rate=hits / acc if acc else 1.0)
+                    hit_rate=hits / acc if acc else 1.0, train_majflt=r1.ru_majflt - r0.ru_majflt,
+                    train_minflt_per_1k_keys=(r1.ru_minflt - r0.ru_minflt) / keys * 1e3)
 
     def lookups(self, batch, calls):
         """Read-only lookups of Zipf batches: keys/s and p99 seconds."""

@@ -319,3 +319,18 @@ def test_a_local_restore_reads_each_byte_it_needs_once(tmp_path):
     # Every tensor is loaded, so each byte is read at least once; a check of whole files before the
     # load would read the chain twice.
     assert chain_bytes <= read < 1.5 * chain_bytes, (read, chain_bytes)
+
+
+def test_a_local_fetch_for_staging_tables_reads_the_indexes_and_no_data_file_before_the_load(tmp_path, model):
+    from checkpoint.fetch import fetch
+    from checkpoint.storage import Storage
+    mgr = checkpoint.CheckpointManager(str(tmp_path), model)
+    train(model, 0, 3)
+    mgr.save_full()
+    full = mgr.chain()[0]
+    index_bytes = sum(i["size"] for n, i in full.files.items() if n.endswith(".index"))
+    before = _bytes_this_process_read()
+    with fetch(Storage(str(tmp_path)), full, verify="index") as f:   # sizes and the index's crc32c
+        read = _bytes_this_process_read() - before
+        assert f.dir is not None
+    assert index_bytes <= read < full.total_bytes - index_bytes, (read, index_bytes, full.total_bytes)
