@@ -23,11 +23,13 @@
 // larger than memory) is read by the fault that touches it: one synchronous
 // 4 KiB read (MADV_RANDOM: no readahead window), one after another through a
 // batch. So ReadMany counts this thread's major faults (getrusage) around its
-// copies; after a batch that took any, the next kHintBatches batches first
+// copies, on one call in kFaultSample while it is not hinting (the count is
+// two system calls; a cached batch's copies are far cheaper than a disk's
+// reads); after a batch that took any, the next kHintBatches batches first
 // hand the kernel all their records (WillNeed, one fadvise per run of
 // adjacent records), which reads them together, and their faults find the
-// pages in the cache. A batch whose pages are all cached pays only the two
-// getrusage calls.
+// pages in the cache. Batches whose pages are all cached pay the two
+// getrusage calls once in kFaultSample.
 //
 // The file belongs to the process: it lives in a private directory
 //   <parent>/evstore-tier-<pid>-<n>/rows
@@ -161,19 +163,24 @@ class RowFile {
     if (mapped_.load(std::memory_order_relaxed) && n > 0) {
       // Pages reclaimed from the page cache: the batch's reads asked for
       // together (see "Reads" above), while earlier batches faulted.
-      if (hint_batches_.load(std::memory_order_relaxed) > 0) {
+      const bool hinting = hint_batches_.load(std::memory_order_relaxed) > 0;
+      if (hinting) {
         hint_batches_.fetch_sub(1, std::memory_order_relaxed);
         hinted_batches_.fetch_add(1, std::memory_order_relaxed);
         WillNeed(locs, n);
       }
-      const long faults = MajorFaults();
+      // Faults are counted (two getrusage calls) on one call in kFaultSample
+      // of those that do not hint, the file's first included: a run of faults
+      // is noticed within a few batches, and a cached file costs little.
+      const bool sample = !hinting && reads_.fetch_add(1, std::memory_order_relaxed) % kFaultSample == 0;
+      const long faults = sample ? MajorFaults() : 0;
       size_t i = 0;
       for (; i < n; ++i) {
         const char* rec = Mapped(locs[i]);
         if (!rec) break;  // mmap refused: the rest on the portable path
         std::memcpy(dsts[i], rec, record_bytes_);
       }
-      if (MajorFaults() != faults) hint_batches_.store(kHintBatches, std::memory_order_relaxed);
+      if (sample && MajorFaults() != faults) hint_batches_.store(kHintBatches, std::memory_order_relaxed);
       locs += i;
       dsts += i;
       n -= i;
@@ -433,7 +440,10 @@ class RowFile {
   // ReadMany batches still to hint (WillNeed) since the last one that took a
   // major fault; and the batches hinted so far.
   static constexpr int kHintBatches = 256;
+  static constexpr uint32_t kFaultSample = 8;
+  static_assert(kFaultSample < kHintBatches, "a run of faults is noticed well within one hinted window");
   mutable std::atomic<int> hint_batches_{0};
+  mutable std::atomic<uint32_t> reads_{0};  // mapped ReadMany calls that did not hint (fault sampling)
   mutable std::atomic<int64_t> hinted_batches_{0};
 };
 
