@@ -12,10 +12,12 @@ interleaved batch by batch (every ratio is taken within one run):
 and then bench/tables/bench_insert_build.py:
   run I  evstore, TF DenseHashTable, each built from empty to the configuration's keys by
          batches of new keys, every batch timed (growth and first touch included on both
-         sides: the new-key insert comparison; run A's insert phase is its steady batches)
+         sides: the new-key insert comparison; run A's insert phase is its steady batches;
+         --no-insert-build skips it)
 A configuration whose run A would not fit in memory (estimated over --solo-above-mib, default
 8 GiB: 10M x 64) runs each system in a process of its own instead, one after another in
---solo-rounds rounds (bench/tables/solo_runs.py); its tables read as the others'.
+--solo-rounds rounds (bench/tables/solo_runs.py), run I's two tables too; its tables read as
+the others', and its notes give its cells by CPU time per key.
 Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
 bench/tables/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
 Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
@@ -75,7 +77,7 @@ from bench.harness.paths import RESULTS, ROOT, write_result
 from bench.harness.peers import DEFAULT_VENV, ensure_peer, last_line, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
 from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
-from bench.tables.solo_runs import run_solo
+from bench.tables.solo_runs import build_solo, run_solo
 
 DEFAULT_MATRIX = "1000000x16,1000000x64,10000000x16,10000000x64"
 QUICK_MATRIX = "100000x16,100000x64"
@@ -87,6 +89,9 @@ CPU_CELLS = (("find vs TFRA", "B", "find", "tfra", "find"),
              ("new-key insert vs DenseHashTable", "A", "foi_new", "dense_hash", "insert_new"),
              ("new-key insert vs TFRA", "B", "foi_new", "tfra", "insert_new"),
              ("training step vs TFRA's", "B", "train_step", "tfra", "train_step"))
+
+
+BUILD_SKIPPED = {"skipped": "--no-insert-build"}
 
 
 def est_peak_mib(keys, dim):
@@ -125,10 +130,15 @@ def solo(keys, dim, args):
 
 
 def run_build(keys, dim, args, logdir):
-    """Run I: bench_insert_build, both tables built from empty by new keys (its own process)."""
-    return run_json(module_cmd("bench.tables.bench_insert_build") + [
-        "--keys", str(keys), "--dim", str(dim), "--batch", str(args.batch)],
-        os.path.join(logdir, f"bench_insert_build_{keys}x{dim}_I.log"), args.timeout)
+    """Run I: bench_insert_build, both tables built from empty by new keys, in one process; or, for a
+    configuration run one system per process (solo()), one table per process in --solo-rounds rounds."""
+    def run_one(tag, systems):
+        return run_json(module_cmd("bench.tables.bench_insert_build") + [
+            "--keys", str(keys), "--dim", str(dim), "--batch", str(args.batch), "--systems", systems],
+            os.path.join(logdir, f"bench_insert_build_{keys}x{dim}_{tag}.log"), args.timeout)
+    if solo(keys, dim, args):
+        return build_solo(run_one, args.solo_rounds)
+    return run_one("I", "evstore,dense_hash")
 
 
 def run_config(keys, dim, args, peer_py, logdir):
@@ -141,13 +151,13 @@ def run_config(keys, dim, args, peer_py, logdir):
         def run_one(tag, extra, peer):
             return run_bench(keys, dim, args, tag, extra + (["--peer-python", peer_py] if peer else []), logdir)
         out.update(run_solo(run_one, args.solo_rounds, args.batch, peer_py is not None))
-        out["I"] = run_build(keys, dim, args, logdir)
+        out["I"] = BUILD_SKIPPED if args.no_insert_build else run_build(keys, dim, args, logdir)
         return out
     out["A"] = run_bench(keys, dim, args, "A", ["--systems", "evstore,dense_hash,numpy",
                                                 "--phases", "read,insert"], logdir)
     out["B"] = run_bench(keys, dim, args, "B", ["--systems", "evstore", "--phases", "read,insert,train"]
                          + (["--peer-python", peer_py] if peer_py else []), logdir)
-    out["I"] = run_build(keys, dim, args, logdir)
+    out["I"] = BUILD_SKIPPED if args.no_insert_build else run_build(keys, dim, args, logdir)
     if keys <= args.opt_max_keys:
         out["O"] = run_bench(keys, dim, args, "O", (["--peer-python", peer_py] if peer_py else []), logdir,
                              module="bench.tables.bench_optimizers")
@@ -372,6 +382,20 @@ def tables(results, tfra_note):
                          "process doing the work, all its threads): "
                          + ", ".join(f"{what} {x}" for what, x in cpu))
             notes += [f"- {r['keys']}x{r['dim']} {e}" for e in so["errors"]]
+        built = r.get("I") or {}
+        if built.get("skipped"):
+            notes.append(f"- {r['keys']}x{r['dim']} run I skipped ({built['skipped']})")
+        if built.get("solo") and "ratio_cpu" in built:
+            so = built["solo"]
+            notes.append(f"- {r['keys']}x{r['dim']} run I built one table per process, {so['rounds']} rounds in the "
+                         "order " + "; ".join(", ".join(o) for o in so["order"]) + "; evstore / DenseHashTable by "
+                         "CPU time per key (each process's CPU, all its threads), per round: "
+                         + ", ".join(f"{x:.2f}x" for x in built["ratio_cpu"]) + " (wall: "
+                         + ", ".join(f"{x:.2f}x" for x in built["ratio_wall"]) + "); peak RSS per process (MiB): "
+                         + ", ".join(f"{p['process']} (round {p['round']}) {p['rss_peak_mib']:.0f}"
+                                     for p in so["processes"] if p.get("rss_peak_mib") is not None))
+        if built.get("solo"):
+            notes += [f"- {r['keys']}x{r['dim']} run I {e}" for e in built["solo"]["errors"]]
         if r.get("bigmem_lock"):
             notes.append(f"- {r['keys']}x{r['dim']} ran holding {r['bigmem_lock']['lock']} (waited "
                          f"{r['bigmem_lock']['waited_s']:.0f} s for it)")
@@ -447,6 +471,8 @@ def main():
     ap.add_argument("--solo-above-mib", type=float, default=8192,
                     help="run a configuration one system per process, in rounds, when run A's estimated peak "
                          "(its three tables in one process) is over this many MiB (default 8192: 10M x 64 only)")
+    ap.add_argument("--no-insert-build", action="store_true",
+                    help="skip run I (bench_insert_build: each table built from empty by new keys)")
     ap.add_argument("--solo-rounds", type=int, default=2,
                     help="rounds of a configuration run one system per process (default 2)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
