@@ -13,7 +13,7 @@ and then bench/tables/bench_insert_build.py:
   run I  evstore, TF DenseHashTable, each built from empty to the configuration's keys by
          batches of new keys, every batch timed (growth and first touch included on both
          sides: the new-key insert comparison; run A's insert phase is its steady batches;
-         --no-insert-build skips it)
+         --no-insert-build skips it, --only-insert-build runs only it)
 A configuration whose run A would not fit in memory (estimated over --solo-above-mib, default
 8 GiB: 10M x 64) runs each system in a process of its own instead, one after another in
 --solo-rounds rounds (bench/tables/solo_runs.py), run I's two tables too; its tables read as
@@ -77,6 +77,7 @@ from bench.harness.paths import RESULTS, ROOT, write_result
 from bench.harness.peers import DEFAULT_VENV, ensure_peer, last_line, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
 from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
+from bench.tables.bench_insert_build import dense_hash_buckets
 from bench.tables.solo_runs import build_solo, run_solo
 
 DEFAULT_MATRIX = "1000000x16,1000000x64,10000000x16,10000000x64"
@@ -123,6 +124,15 @@ def est_solo_peak_mib(keys, dim, batch, inserted_batches):
     return n * (16 * dim + 48) / 2**20 + 1500
 
 
+def est_build_peak_mib(keys, dim, batch, one_per_process):
+    """Rough peak of run I: DenseHashTable holds its old and doubled buckets (key + row each) while it
+    grows; evstore its rows, versions, index and metadata (about 40 bytes a key) and a reserved block.
+    One process holds both tables, or (one_per_process) the larger."""
+    dense = dense_hash_buckets(keys, batch) * (8 + 4 * dim) * 1.5
+    ev = keys * (4 * dim + 8 + 40) * 1.2
+    return (max(dense, ev) if one_per_process else dense + ev) / 2**20 + 1500
+
+
 def solo(keys, dim, args):
     """Whether a configuration runs one system per process: run A's estimated peak, three tables
     in one process, over --solo-above-mib."""
@@ -147,6 +157,9 @@ def run_config(keys, dim, args, peer_py, logdir):
     10M x 64 in bounds; every ratio is taken within one run. A configuration
     whose run A would not fit (solo()) runs one system per process instead."""
     out = {"keys": keys, "dim": dim}
+    if args.only_insert_build:
+        out["I"] = run_build(keys, dim, args, logdir)
+        return out
     if solo(keys, dim, args):
         def run_one(tag, extra, peer):
             return run_bench(keys, dim, args, tag, extra + (["--peer-python", peer_py] if peer else []), logdir)
@@ -247,7 +260,9 @@ def g(res, run, sys_name, key):
 
 
 def table(results, title, note, cols):
-    """cols: (header, fn(result) -> cell) pairs after the keys / dim columns."""
+    """cols: (header, fn(result) -> cell) pairs after the keys / dim columns. No results: no table."""
+    if not results:
+        return []
     out = [f"\n### {title}\n", note + "\n" if note else "",
            "| keys | dim | " + " | ".join(h for h, _ in cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for r in results:
@@ -258,6 +273,8 @@ def table(results, title, note, cols):
 def tables(results, tfra_note):
     T = TARGETS
     ok = [r for r in results if "error" not in r]
+    ab = [r for r in ok if "A" in r or "B" in r]       # --only-insert-build runs neither
+    built = [r for r in ok if "I" in r]
     out = []
 
     def f1(x, p=1):
@@ -279,13 +296,13 @@ def tables(results, tfra_note):
                   lambda r: ratio(g(r, "B", "evstore", ev_b), g(r, "B", "tfra", tfra), T["tfra"]))]
         return cols
 
-    out += table(ok, "Read-only find (M keys/s)", "evstore EvFind; DenseHashTable.lookup; TFRA "
+    out += table(ab, "Read-only find (M keys/s)", "evstore EvFind; DenseHashTable.lookup; TFRA "
                  "CuckooHashTable.lookup.", rate_cols("find", "find", "find", "find"))
-    out += table(ok, "Find-or-insert, existing keys (training-lookup hit; M keys/s)",
+    out += table(ab, "Find-or-insert, existing keys (training-lookup hit; M keys/s)",
                  "evstore EvFindOrInsert (counts frequency) vs DenseHashTable.lookup (it has no "
                  "find-or-insert) and TFRA's training read `de.Variable.lookup` (find + initializer rows).",
                  rate_cols("foi_hit", "find", "foi_hit", "lookup_init", gather=False))
-    out += table(ok, "Find-or-insert, new keys (every key inserted; M keys/s)",
+    out += table(ab, "Find-or-insert, new keys (every key inserted; M keys/s)",
                  "evstore EvFindOrInsert of never-seen keys vs `insert` of the same keys with supplied rows, into "
                  "tables already holding the configuration's keys; medians of the batches. DenseHashTable grows by "
                  "doubling inside one batch (at 10M keys, in none of these), so its median batch writes memory its "
@@ -300,7 +317,7 @@ def tables(results, tfra_note):
             return ratio(ev, dh, 1.0)
         return cell
 
-    out += table(ok, "New keys, amortized: each table built from empty (run I; M keys/s)",
+    out += table(built, "New keys, amortized: each table built from empty (run I; M keys/s)",
                  "bench_insert_build: evstore EvFindOrInsert and DenseHashTable.insert (supplied rows) of the same "
                  "batches of new keys until each holds the configuration's keys, unsized, in turns; keys / the sum "
                  "of every batch's time, so both pay their growth and the first touch of their memory. CPU: the "
@@ -321,13 +338,13 @@ def tables(results, tfra_note):
             return f1(spread[-1] * 1e3, 0) if spread else "n/a"
         return cell
 
-    out += table(ok, "Insert phase: slowest of the timed batches (ms)",
+    out += table(ab, "Insert phase: slowest of the timed batches (ms)",
                  "Medians hide growth pauses: a table that rehashes all at once shows one slow batch.",
                  [("evstore (A)", worst("A", "evstore", "foi_new")),
                   ("DenseHashTable (A)", worst("A", "dense_hash", "insert_new")),
                   ("evstore (B)", worst("B", "evstore", "foi_new")),
                   ("TFRA (B)", worst("B", "tfra", "insert_new"))])
-    out += table(ok, "Adam (run B; M keys/s)",
+    out += table(ab, "Adam (run B; M keys/s)",
                  "apply = EvApplyAdam alone; step = lookup + gradient + apply_gradients (its "
                  "apply_gradients part alone in the next columns). DESIGN target: fused apply ≥ 3x TFRA's step.",
                  [("evstore apply", lambda r: m(g(r, "B", "evstore", "adam_apply"))),
@@ -353,7 +370,7 @@ def tables(results, tfra_note):
         st = r.get("B", {}).get("evstore", {}).get("stats_final") or {}
         return f1(st["row_bytes"] / st["size"]) if st.get("size") else "n/a"
 
-    out += table(ok, "evstore memory (bytes per key)",
+    out += table(ab, "evstore memory (bytes per key)",
                  f"index + meta target ≤ {T['bytes']} (4*dim+32 in total without slots). 'all dirty': right after "
                  "the fill, every key on the dirty list (8 B/key of index_bytes); 'sealed': after a committed "
                  "export. RSS: growth of the process during the fill (run B).",
@@ -364,7 +381,7 @@ def tables(results, tfra_note):
                   ("rows after Adam (w, m, v)", rows_after_adam),
                   ("evstore RSS (MiB)", lambda r: f1(g(r, "B", "evstore", "rss_fill_mib"), 0)),
                   ("TFRA RSS (MiB)", lambda r: f1(g(r, "B", "tfra", "rss_fill_mib"), 0))])
-    out += optimizer_table(ok)
+    out += optimizer_table(ab)
     notes = [f"- {r['keys']}x{r['dim']}: {r['error']}" for r in results if "error" in r]
     for r in ok:
         if r.get("solo"):
@@ -473,6 +490,8 @@ def main():
                          "(its three tables in one process) is over this many MiB (default 8192: 10M x 64 only)")
     ap.add_argument("--no-insert-build", action="store_true",
                     help="skip run I (bench_insert_build: each table built from empty by new keys)")
+    ap.add_argument("--only-insert-build", action="store_true",
+                    help="run only run I for each configuration of the matrix (nothing else)")
     ap.add_argument("--solo-rounds", type=int, default=2,
                     help="rounds of a configuration run one system per process (default 2)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
@@ -506,6 +525,9 @@ def main():
     args.batches = args.batches or (5 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     configs = [tuple(int(x) for x in c.lower().split("x")) for c in matrix.split(",") if c]
+    if args.only_insert_build:
+        args.no_filters = args.no_e2e = args.no_tiered = args.no_checkpoint = args.no_serving = True
+        args.no_cluster = args.no_tfra = True
     only = [o for o in ("checkpoint", "serving", "cluster") if getattr(args, "only_" + o)]
     if only:
         configs = []
@@ -541,7 +563,8 @@ def main():
                        "cluster": cluster, "markdown_parts": [filters_md, tiered_md, e2e_md]}, f, indent=1)
         os.replace(partial_path + ".tmp", partial_path)
     for keys, dim in configs:
-        need = (est_solo_peak_mib(keys, dim, args.batch, args.warmup + args.batches) if solo(keys, dim, args)
+        need = (est_build_peak_mib(keys, dim, args.batch, solo(keys, dim, args)) if args.only_insert_build
+                else est_solo_peak_mib(keys, dim, args.batch, args.warmup + args.batches) if solo(keys, dim, args)
                 else est_peak_mib(keys, dim))
         with big_memory(need, f"{keys} keys x dim {dim}") as held:
             avail = mem_available_mib()
@@ -624,7 +647,9 @@ def main():
             "warmup": args.warmup, "seed": args.seed, "tfra": tfra_note or "available",
             "total_s": time.time() - t_start}
     md = (f"## evstore benchmark {stamp}\n\n`{meta['command']}` — evstore {commit}, {meta['cpus']} CPUs, "
-          + (f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
+          + (f"batch {args.batch}, run I only (--only-insert-build), {meta['total_s']:.0f} s total.\n"
+             if results and args.only_insert_build else
+             f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
              "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
              "ratios are within a run"
              + (" (configurations run one system per process excepted: see the notes)"

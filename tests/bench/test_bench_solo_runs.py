@@ -96,3 +96,16 @@ def test_run_i_is_skipped_by_its_flag_and_the_notes_say_so(tmp_path):
         (res,) = json.load(f)["results"]
     assert res["I"] == {"skipped": "--no-insert-build"} and res["A"]["evstore"]["find"] > 0
     assert "3000x16 run I skipped (--no-insert-build)" in out
+
+
+def test_only_run_i_runs_with_its_flag_and_only_its_table_is_printed(tmp_path):
+    cmd = [sys.executable, "-m", "bench.run", "--matrix", "3000x64", "--out-dir", str(tmp_path), "--batch", "256",
+           "--only-insert-build", "--solo-above-mib", "0", "--solo-rounds", "1"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    (path,) = glob.glob(str(tmp_path / "bench-*.json"))
+    with open(path) as f:
+        data = json.load(f)
+    (res,) = data["results"]
+    assert set(res) == {"keys", "dim", "I"} and data["checkpoint"] is None and data["cluster"] is None
+    assert [p["process"] for p in res["I"]["solo"]["processes"]] == ["evstore", "dense_hash"]
+    assert "(run I; M keys/s)" in out and "Read-only find" not in out
