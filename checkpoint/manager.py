@@ -49,7 +49,7 @@ from checkpoint.storage import Storage
 from checkpoint.tensor_read import read_index
 from evstore import quality as _quality
 from evstore import schema
-from evstore.staging import StagingTable, adopt, can_stage
+from evstore.staging import StagingTable, adopt, can_stage, check_room
 
 __all__ = ["CheckpointManager"]
 
@@ -316,7 +316,8 @@ class CheckpointManager:
         dropped), and a failure drops them all. While it loads, a process
         holds its tables and their staging tables (a rollback of a running
         process: a second copy of every restored table, for a tiered EV a
-        second DRAM cache and tier file; a fresh process's tables are empty);
+        second DRAM cache and tier file, whose disk room is checked first;
+        a fresh process's tables are empty);
         no training step may run on the model meanwhile (steps under `lock`
         wait for it). Read more than once: a part loaded into k shards of one
         process (a changed shard count), k times (on an object store, beyond
@@ -350,6 +351,9 @@ class CheckpointManager:
           ValueError: the checkpoint does not match the model (EV names, dims,
             key dtypes, optimizer slots, dense variable names or shapes), or
             an EV was built in a graph.
+          evstore.storage.TierSpaceError: the tier directory of a tiered EV of this process lacks the
+            free space the staging table's tier file needs for the full's rows beyond its DRAM budget
+            (an OSError, ENOSPC; evstore/staging.py, "Disk"), found before anything is read.
         """
         with self._save_lock, self.lock:
             for attempt in range(WITHDRAWN_RESCANS):
@@ -359,6 +363,10 @@ class CheckpointManager:
                 self._check_compatible(chain, col)
                 self._slot_filter = slots_to_load(chain, col.optimizers, drop_unused_slots, self.root)
                 groups = device_groups(col.evs)
+                # A tiered staging table's tier file must fit its disk beside the live one's: refused here,
+                # before anything is read, when the full's rows alone cannot (evstore/staging.py, "Disk").
+                check_room(self._staging_loads(chain[0], col, groups.get("", [])),
+                           what=f"the restore of {self.storage.display(chain[-1].dir)}")
                 # Shards on other tasks of a root that is not one local filesystem:
                 # each task opens a source over the files it loads (checkpoint/remote_parts.py).
                 remote = {} if self.storage.local else {t: names for t, names in groups.items() if t}
@@ -451,6 +459,18 @@ class CheckpointManager:
             tables[name] = StagingTable(ev)
             loaded[name] = self._restore_ev(chain, dirs_of[name], name, tables[name], col.shard_info.get(name))
         return loaded
+
+    def _staging_loads(self, full, col, names):
+        """[(EV, rows, slot names)]: what the chain's full brings into the staging table of each EV `names`
+        (staging.check_room); a part of another shard count brings its even share."""
+        out = []
+        for name in names:
+            rows, slots = 0, set()
+            for src, _, n in load_plan(full, name, col.shard_info.get(name)):
+                rows += full.evs[src]["rows"] // n
+                slots.update(s for s in full.evs[src]["slots"] if self._slot_filter is None or s in self._slot_filter)
+            out.append((col.evs[name], rows, slots))
+        return out
 
     def _source_names(self, chain, fetched, on_tasks):
         """{object source directory: the root's display of its checkpoint directory}, for error messages."""

@@ -8,7 +8,7 @@ import tempfile
 import warnings
 import weakref
 
-__all__ = ["TieredStorage", "RamTierWarning"]
+__all__ = ["TieredStorage", "RamTierWarning", "TierSpaceError", "free_bytes"]
 
 _RAM_FILESYSTEMS = ("tmpfs", "ramfs")
 
@@ -31,6 +31,22 @@ def _filesystem_of(path):
         if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
             best, fs = mount, kind
     return fs
+
+class TierSpaceError(OSError):
+    """A tier directory's file system lacks the free space a load into a new tiered table needs
+    (errno ENOSPC), found before the load starts: nothing was changed."""
+
+
+def free_bytes(path):
+    """(bytes this process may still write on the file system of `path`, the directory it was measured
+    at): `path` or, if missing, its nearest existing parent (os.statvfs; root may also write the
+    blocks a file system reserves for it)."""
+    path = os.path.abspath(os.fspath(path))
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    st = os.statvfs(path)
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize, path
+
 
 # Tiered tables still alive, dropped at interpreter exit: a table object that
 # a reference cycle or a distribution strategy keeps alive to the end is never
