@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -300,23 +301,54 @@ class KeyReader {
  public:
   KeyReader(const BundleStreamReader& r, const std::string& name) : col_(r, name, DataTypeToEnum<T>::v(), 1) {}
   int64_t rows() const { return col_.rows(); }
+  // The next m keys, valid until the read after next (two buffers in turn:
+  // a chunk is imported while the next one is read).
   CoreKey<T>* Read(int64_t m) {
+    const int b = turn_;
+    turn_ ^= 1;
     if constexpr (std::is_same_v<T, tensorflow::tstring>) {
-      col_.ReadStrings(m, &bytes_, &views_);
-      return views_.data();
+      col_.ReadStrings(m, &bytes_[b], &views_[b]);
+      return views_[b].data();
     } else {
-      buf_.resize(m);
-      col_.Read(buf_.data(), m);
-      return buf_.data();
+      buf_[b].resize(m);
+      col_.Read(buf_[b].data(), m);
+      return buf_[b].data();
     }
   }
   void Finish() { col_.Finish(); }
 
  private:
   BundleStreamReader::Column col_;
-  std::vector<T> buf_;
-  std::string bytes_;
-  std::vector<std::string_view> views_;
+  int turn_ = 0;
+  std::vector<T> buf_[2];
+  std::string bytes_[2];
+  std::vector<std::string_view> views_[2];
+};
+
+// Floats from one slot's rows to the next's in a chunk's slot buffer: m rows
+// rounded up to whole blocks of InFile::kDirectAlign, so that every slot's
+// rows start aligned for a direct read, the last chunk's too.
+inline int64_t SlotStride(int64_t m, int dim) {
+  constexpr int64_t kBlock = InFile::kDirectAlign / sizeof(float);
+  return (m * dim + kBlock - 1) / kBlock * kBlock;
+}
+
+// A float buffer aligned for direct reads (InFile::kDirectAlign), not zeroed.
+class AlignedFloats {
+ public:
+  explicit AlignedFloats(size_t n = 0) {
+    if (n == 0) return;
+    const size_t a = InFile::kDirectAlign, bytes = (n * sizeof(float) + a - 1) / a * a;
+    p_.reset(static_cast<float*>(std::aligned_alloc(a, bytes)));
+    if (!p_) throw std::bad_alloc();
+  }
+  float* data() { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> p_;
 };
 
 // An EV's rows read from a bundle in the table's layout: the float32
@@ -503,7 +535,7 @@ class EvLoadBundleOp : public EvTableOp<K> {
       t.Reserve(t.Stats().size + (routed ? incoming / num_shards_ + incoming / (8 * num_shards_) + 1024 : incoming));
       std::vector<int64_t> keep;
       const int64_t cap = chunk_rows_;
-      std::vector<int64_t> vbuf(cap), fbuf(cap), sbuf_seen(cap);
+      std::vector<int64_t> fbuf(cap), sbuf_seen(cap);
       if (deleted) {
         for (int64_t lo = 0; lo < deleted->rows(); lo += cap) {
           int64_t m = std::min(cap, deleted->rows() - lo);
@@ -517,36 +549,64 @@ class EvLoadBundleOp : public EvTableOp<K> {
         }
         deleted->Finish();
       }
-      // The chunk's rows and its slots (none for a serving table or a restore
+      // Chunks are read one ahead of the import, by a thread of their own
+      // (std::async, one per chunk): the reads (direct where aligned:
+      // InFile) and their checksums run while the previous chunk is imported
+      // (a tiered table writing its tier meanwhile). Two chunks' buffers, each
+      // the rows and their slots (none for a serving table or a restore
       // without optimizer slots: a zeroed buffer of a chunk's rows for nothing
-      // was 16 MiB of a reload's memory at dim 64).
-      std::vector<float> rows(cap * dim), sbuf(cap * dim * slots.size());
-      for (int64_t lo = 0; lo < n; lo += cap) {
-        int64_t m = std::min(cap, n - lo);
-        CoreKey<K>* kbuf = keys.Read(m);
-        values.Read(rows.data(), m);
-        versions.Read(vbuf.data(), m);
-        freqs.Read(fbuf.data(), m);
-        for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(sbuf.data() + s * m * dim, m);
-        // The next chunk comes from the disk while this one is imported (a
-        // tiered table writes its tier meanwhile).
+      // was 16 MiB of a reload's memory at dim 64), aligned for direct reads.
+      struct Chunk {
+        int64_t m = 0;
+        CoreKey<K>* keys = nullptr;  // KeyReader's: valid until its read after next
+        AlignedFloats rows, sbuf;
+        std::vector<int64_t> v, f;
+      };
+      Chunk bufs[2];
+      for (Chunk& b : bufs) {
+        b.rows = AlignedFloats(cap * dim);
+        b.sbuf = AlignedFloats(SlotStride(cap, dim) * slots.size());
+        b.v.resize(cap);
+        b.f.resize(cap);
+      }
+      auto read = [&](int64_t lo, Chunk* b) {
+        const int64_t m = std::min(cap, n - lo);
+        b->m = m;
+        b->keys = keys.Read(m);
+        values.Read(b->rows.data(), m);
+        versions.Read(b->v.data(), m);
+        freqs.Read(b->f.data(), m);
+        for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(b->sbuf.data() + s * SlotStride(m, dim), m);
+        // Reads through the page cache (not direct) ask the kernel for the chunk after.
         values.WillNeed(cap);
         versions.WillNeed(cap);
         freqs.WillNeed(cap);
         for (const auto& s : slots) s->WillNeed(cap);
+      };
+      if (n > 0) read(0, &bufs[0]);
+      for (int64_t lo = 0, k = 0; lo < n; lo += cap, ++k) {
+        Chunk& cur = bufs[k & 1];
+        // Destroyed before `cur` is read into again: a throwing import waits for it.
+        std::future<void> next;
+        if (lo + cap < n) next = std::async(std::launch::async, read, lo + cap, &bufs[(k + 1) & 1]);
+        const int64_t m = cur.m;
+        CoreKey<K>* kbuf = cur.keys;
+        float* rows = cur.rows.data();
+        float* sbuf = cur.sbuf.data();
         int64_t mk = m;
         if (routed) {
           mk = Route(kbuf, m, &keep);
           Compact(kbuf, 1, keep);
-          Compact(rows.data(), dim, keep);
-          Compact(vbuf.data(), 1, keep);
-          Compact(fbuf.data(), 1, keep);
-          for (size_t s = 0; s < slots.size(); ++s) Compact(sbuf.data() + s * m * dim, dim, keep);
+          Compact(rows, dim, keep);
+          Compact(cur.v.data(), 1, keep);
+          Compact(cur.f.data(), 1, keep);
+          for (size_t s = 0; s < slots.size(); ++s) Compact(sbuf + s * SlotStride(m, dim), dim, keep);
         }
-        // Slot s of kept row j is at sbuf[s * m * dim + j * dim] (the stride stays m * dim).
-        t.ImportRows(kbuf, mk, rows.data(), dim, sbuf.data(), dim, m * dim, offs, vbuf.data(), fbuf.data(),
+        // Slot s of kept row j is at sbuf[s * SlotStride(m, dim) + j * dim].
+        t.ImportRows(kbuf, mk, rows, dim, sbuf, dim, SlotStride(m, dim), offs, cur.v.data(), cur.f.data(),
                      /*mark_dirty=*/false);
         c.rows += mk;
+        if (next.valid()) next.get();
       }
       keys.Finish();
       values.Finish();
