@@ -39,12 +39,18 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from evstore._ops import gen
 from evstore.storage import TierSpaceError, free_bytes
 
-__all__ = ["StagingTable", "adopt", "can_stage", "check_room"]
+__all__ = ["StagingTable", "adopt", "can_stage", "check_room", "place"]
 
 
 def can_stage(ev):
     """Whether a staging table can be made for `ev` (an EV built eagerly: its bank is known)."""
     return getattr(ev, "_bank", None) is not None
+
+
+def place(ev):
+    """Where `ev`'s staging table lives, as a routed load (EvLoadBundleRouted) needs its targets
+    together: (device, tiered or not)."""
+    return ev.device, getattr(ev, "_storage", None) is not None
 
 
 class StagingTable:
