@@ -353,7 +353,7 @@ class CheckpointManager:
           ValueError: the checkpoint does not match the model (EV names, dims,
             key dtypes, optimizer slots, dense variable names or shapes), or
             an EV was built in a graph.
-          evstore.storage.TierSpaceError: the tier directory of a tiered EV of this process lacks the
+          evstore.storage.TierSpaceError: the tier directory of a tiered EV (on its task) lacks the
             free space the staging table's tier file needs for the full's rows beyond its DRAM budget
             (an OSError, ENOSPC; evstore/staging.py, "Disk"), found before anything is read.
         """
@@ -367,7 +367,7 @@ class CheckpointManager:
                 groups = device_groups(col.evs)
                 # A tiered staging table's tier file must fit its disk beside the live one's: refused here,
                 # before anything is read, when the full's rows alone cannot (evstore/staging.py, "Disk").
-                check_room(self._staging_loads(chain[0], col, groups.get("", [])),
+                check_room(self._staging_loads(chain[0], col, list(col.evs)),
                            what=f"the restore of {self.storage.display(chain[-1].dir)}")
                 # Shards on other tasks of a root that is not one local filesystem:
                 # each task opens a source over the files it loads (checkpoint/remote_parts.py).

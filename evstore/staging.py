@@ -30,7 +30,6 @@ out of disk still fails as before, with ResourceExhaustedError, before any
 table is adopted.
 """
 import errno
-import os
 
 import tensorflow as tf
 from tensorflow.python.eager import context as _context
@@ -98,9 +97,11 @@ def check_room(loads, what="this load"):
     """Refuses loads whose tiered staging tables' tier files cannot fit the free space of their file
     systems (the module docstring, "Disk"), before any table is made or any row read.
 
+    Each EV's tier directory is measured on the task holding it (a parameter server's own disk).
+
     Args:
-      loads: [(ev, rows, slots)]: an EV of this process (not tiered: nothing to check), the rows a load
-        into its staging table brings in at least, and the slot names they carry (besides the EV's own).
+      loads: [(ev, rows, slots)]: an EV (not tiered: nothing to check), the rows a load into its
+        staging table brings in at least, and the slot names they carry (besides the EV's own).
       what: the load, as the error names it.
     Raises:
       TierSpaceError: naming, per file system short of space, the bytes needed and free, each EV's
@@ -117,9 +118,11 @@ def check_room(loads, what="this load"):
         need = rows * record - storage.dram_bytes
         if need <= 0:
             continue
-        free, at = free_bytes(storage.path)
-        fs = per_fs.setdefault(os.stat(at).st_dev, {"free": free, "path": storage.path, "need": 0, "held": 0,
-                                                    "evs": []})
+        free, fs_id = free_bytes(storage.path, ev.device)
+        spec = tf.DeviceSpec.from_string(ev.device or "")
+        where = f" on /job:{spec.job}/task:{spec.task or 0}" if spec.job else ""
+        fs = per_fs.setdefault((spec.job, spec.replica, spec.task, fs_id),
+                               {"free": free, "path": storage.path + where, "need": 0, "held": 0, "evs": []})
         fs["need"] += need
         fs["held"] += int(ev.stats()["disk_bytes"])
         fs["evs"].append(f"{ev.name!r}: {rows:,} rows x {record:,} bytes - {storage.dram_bytes:,} of DRAM")

@@ -37,15 +37,17 @@ class TierSpaceError(OSError):
     (errno ENOSPC), found before the load starts: nothing was changed."""
 
 
-def free_bytes(path):
-    """(bytes this process may still write on the file system of `path`, the directory it was measured
-    at): `path` or, if missing, its nearest existing parent (os.statvfs; root may also write the
-    blocks a file system reserves for it)."""
-    path = os.path.abspath(os.fspath(path))
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    st = os.statvfs(path)
-    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize, path
+def free_bytes(path, device=None):
+    """(bytes the process of `device` may still write on the file system of `path` or, if missing, of
+    its nearest existing parent, that file system's id), measured on the host of `device` (a task's,
+    as a tiered table there sees its `path`; None: this process) by EvDiskFree (statvfs; root may also
+    write the blocks a file system reserves for it)."""
+    import tensorflow as tf
+
+    from evstore._ops import gen
+    with tf.device(device or None):
+        free, fs = gen.ev_disk_free(os.path.abspath(os.fspath(path)))
+    return int(free), int(fs)
 
 
 # Tiered tables still alive, dropped at interpreter exit: a table object that

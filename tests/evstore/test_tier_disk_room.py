@@ -103,3 +103,63 @@ def test_a_refused_rollback_reads_no_row_and_leaves_the_live_table_and_its_tier_
 def test_the_same_rollback_loads_once_the_disk_has_room_for_both_tier_files(rollback_on_a_small_disk):
     r = rollback_on_a_small_disk
     assert r["restored_with_room"] and r["tier_dirs_after"] == 1, r   # the replaced table's directory went
+
+
+CHIEF = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    import checkpoint, evstore
+    from evstore.storage import free_bytes
+    from evstore_app.cluster import load_cluster
+
+    cluster, tier, root = sys.argv[1:4]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(load_cluster(cluster)), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    with strategy.scope(), tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
+        ev = evstore.EmbeddingVariable("t", 8, storage=evstore.TieredStorage(dram_bytes=40 * 40, path=tier))
+    keys = np.arange(20000, dtype=np.int64) * 13
+    ev.load(keys, np.random.default_rng(0).normal(size=(len(keys), 8)).astype(np.float32))
+    mgr = checkpoint.CheckpointManager(root, {"t": ev}, lease=False)
+    mgr.save_full()
+    before = ev.export()["values"].numpy()
+    result = {"rows": mgr.chain()[0].evs["t"]["rows"], "chief_free": free_bytes(tier)[0],
+              "ps_free": free_bytes(tier, ev.device)[0]}
+    try:
+        mgr.restore()
+        result["refused"] = None
+    except evstore.TierSpaceError as e:
+        result["refused"] = str(e)
+    result["unchanged"] = bool(np.array_equal(ev.export()["values"].numpy(), before))
+    print("RESULT " + json.dumps(result), flush=True)
+""")
+
+
+def test_a_parameter_server_s_tier_disk_is_measured_on_its_own_host(tmp_path):
+    """The PS task runs in a mount namespace of its own whose tier directory is a 1 MiB tmpfs; the chief
+    sees the same path on the machine's disk. The restore is refused by what the PS's disk holds."""
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"a private mount namespace is refused here (unshare -m: {probe.stderr.strip()})")
+    from evstore_app.cluster import LocalCluster
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    python = tmp_path / "python-with-a-small-tier-disk"   # every task's interpreter, in its own namespace
+    python.write_text("#!/bin/sh\nexec unshare -m --propagation private sh -c "
+                      "'mount -t tmpfs -o size=1m evstore-ps-tier \"$0\" && exec \"$@\"' "
+                      f"'{tier}' '{sys.executable}' \"$@\"\n")
+    python.chmod(0o755)
+    (tmp_path / "chief.py").write_text(CHIEF)
+    with LocalCluster(num_ps=1, num_workers=1, directory=str(tmp_path / "cluster"), python=str(python)) as lc:
+        p = subprocess.run([sys.executable, str(tmp_path / "chief.py"), lc.cluster_file, str(tier),
+                            str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    need = r["rows"] * 32 - 40 * 40   # rows of 8 floats, no slots, less the DRAM budget
+    assert r["ps_free"] < need < r["chief_free"], r   # only the PS's own disk is too small
+    assert r["refused"] is not None and f"needs at least {need:,} bytes of disk under {tier} on /job:ps/task:0" \
+        in r["refused"], r
+    assert r["unchanged"], r

@@ -211,8 +211,9 @@ class Table {
       }
     }
     if (!missing.empty() || changed) {
-      // New memory for wider rows is obtained before any segment lock is
-      // taken (arena.h: PrepareWiden), so lookups continue meanwhile.
+      // The store starts preparing wider rows before any segment lock is
+      // taken (arena.h: PrepareWiden, a bounded number of blocks ahead), so
+      // lookups continue meanwhile; Relayout widens the rest under the locks.
       int new_stride = dim_ * (1 + static_cast<int>(slots_.size() + missing.size()));
       std::unique_ptr<typename Store::Widened> prepared;
       if (!missing.empty()) prepared = rows_.PrepareWiden(new_stride);

@@ -2,6 +2,8 @@
 // core/export.h into a BundleStreamWriter, or from a BundleStreamReader into
 // the table. No table logic here.
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -802,6 +804,31 @@ class EvLoadBundleRoutedOp : public OpKernel {
   Routing routing_;
 };
 
+// EvDiskFree: statvfs of `path` (absolute) or of its nearest existing parent.
+class EvDiskFreeOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    EV_INPUT(ctx, path_t, "path");
+    std::string path(path_t.scalar<tensorflow::tstring>()());
+    struct stat st;
+    OP_REQUIRES(ctx, !path.empty() && path[0] == '/', errors::InvalidArgument("EvDiskFree: an absolute path, got ", path));
+    while (::stat(path.c_str(), &st) != 0 && errno == ENOENT && path != "/") {
+      const size_t slash = path.find_last_of('/');
+      path = slash == 0 ? "/" : path.substr(0, slash);
+    }
+    struct statvfs fs;
+    OP_REQUIRES(ctx, ::stat(path.c_str(), &st) == 0 && ::statvfs(path.c_str(), &fs) == 0,
+                errors::FailedPrecondition("EvDiskFree: cannot stat ", path, ": ", std::strerror(errno)));
+    const uint64_t blocks = ::geteuid() == 0 ? fs.f_bfree : fs.f_bavail;
+    Tensor *free_t, *dev_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &free_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &dev_t));
+    free_t->scalar<int64_t>()() = static_cast<int64_t>(blocks * fs.f_frsize);
+    dev_t->scalar<int64_t>()() = static_cast<int64_t>(st.st_dev);
+  }
+};
+
 class EvCrc32cExtendOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -850,6 +877,7 @@ REGISTER_KERNEL_BUILDER(Name("EvSaveBundle").Device(DEVICE_CPU), EvSaveBundleOp)
 EV_REGISTER_KEYED("EvLoadBundle", EvLoadBundleOp);
 EV_REGISTER_KEYED("EvLoadBundleRouted", EvLoadBundleRoutedOp);
 REGISTER_KERNEL_BUILDER(Name("EvCrc32cExtend").Device(DEVICE_CPU), EvCrc32cExtendOp);
+REGISTER_KERNEL_BUILDER(Name("EvDiskFree").Device(DEVICE_CPU), EvDiskFreeOp);
 REGISTER_KERNEL_BUILDER(Name("EvFileCrc32c").Device(DEVICE_CPU), EvFileCrc32cOp);
 
 }  // namespace

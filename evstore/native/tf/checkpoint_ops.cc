@@ -108,6 +108,25 @@ another shard count restored into the shards one process holds). Outputs
 [rows, filtered, deleted] per handle.
 )doc");
 
+REGISTER_OP("EvDiskFree")
+    .Input("path: string")
+    .Output("free_bytes: int64")
+    .Output("filesystem: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The bytes this process may still write on the file system of `path` (absolute; or of its
+nearest existing parent), on the host of the device the op runs on: statvfs's
+available blocks (also the blocks reserved for root when the process runs as
+root) times the fragment size; and the file system's device number (st_dev), to
+tell file systems apart. A tiered staging table's disk room is checked with it
+on the task that holds the table (evstore/staging.py).
+)doc");
+
 REGISTER_OP("EvCrc32cExtend")
     .Input("crc: int64")
     .Input("data: string")
