@@ -29,10 +29,12 @@
 //    lock of the key that owns the row.
 //  * bytes() and version_bytes() count the reserve's blocks: memory held for
 //    rows is reported whether or not rows live in it yet.
-//  * Widening holds at most the new rows + WidenBoundBytes() (kWidenAhead
-//    new big blocks and one old one) of row memory at any moment: each old
+//  * Widening holds at most the new rows + WidenBoundBytes() (`ahead` new
+//    big blocks, as many as the memory headroom allows and at least
+//    kWidenAhead, and one old one) of row memory at any moment: each old
 //    block is freed as soon as its rows are copied (RowMeter counts it).
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -46,6 +48,7 @@
 #include <vector>
 
 #include "block_reserve.h"
+#include "headroom.h"
 #include "memory.h"
 #include "row_store.h"
 #include "zero_rows.h"
@@ -196,31 +199,54 @@ class RowArena {
   // extra memory. Each block's rows are copied into a new block of the new
   // stride, and the old block is freed as soon as they are; new blocks are
   // allocated and faulted in (the kernel's page faults and zeroing, most of a
-  // widening's cost) by a helper thread at most kWidenAhead blocks ahead of
-  // the copy. So the arena's rows never hold more than
-  //     new rows + WidenBoundBytes(old, new) = kWidenAhead new big blocks
-  //                                            + one old big block
-  // (checked by held_bytes()'s high-water mark), instead of old + new rows.
-  //   PrepareWiden(new_stride)   no table lock: starts the helper, which
-  //                              prepares the first kWidenAhead blocks while
-  //                              the table waits for its segment locks;
+  // widening's cost) by a helper thread at most `ahead` blocks ahead of the
+  // copy, where `ahead` is every block that fits in the memory headroom
+  // PrepareWiden is given (headroom.h: what the machine and the cgroup have
+  // free, less a margin), never fewer than kWidenAhead. So the arena's rows
+  // never hold more than
+  //     new rows + WidenBoundBytes(old, new, ahead) = `ahead` new big blocks
+  //                                                   + one old big block
+  // (checked by held_bytes()'s high-water mark), and never more than old +
+  // new rows.
+  //   PrepareWiden(new_stride[, headroom_bytes])
+  //                              no table lock: starts the helper, which
+  //                              prepares the first `ahead` blocks while the
+  //                              table waits for its segment locks (with
+  //                              ample memory: every block);
   //   Relayout(new_stride, ...)  every segment lock held: copies block by
   //                              block, the helper faulting the next blocks
   //                              meanwhile (a block the helper has not begun
   //                              is allocated by the copying thread itself;
   //                              blocks created since PrepareWiden too).
-  // The trade: only the first kWidenAhead blocks are faulted before the locks
-  // are taken; the rest is faulted while they are held, beside the copy.
+  // The trade, only where memory is short: blocks past the first `ahead` are
+  // faulted while the locks are held, beside the copy.
   static constexpr uint32_t kWidenAhead = 4;
-  static int64_t WidenBoundBytes(int old_stride, int new_stride) {
-    return static_cast<int64_t>(kWidenAhead) * (int64_t{1} << kBigShift) * new_stride * 4 +
+  static int64_t WidenBoundBytes(int old_stride, int new_stride, uint32_t ahead = kWidenAhead) {
+    return static_cast<int64_t>(ahead) * (int64_t{1} << kBigShift) * new_stride * 4 +
            (int64_t{1} << kBigShift) * old_stride * 4;
+  }
+  // Blocks to prepare ahead of the copy: every block when all the new rows
+  // fit in `headroom_bytes`, else as many new big blocks as fit (any window
+  // of that many blocks fits: small blocks are smaller), at least
+  // kWidenAhead, at most nblocks.
+  static uint32_t WidenAhead(uint32_t nblocks, int new_stride, int64_t headroom_bytes) {
+    int64_t all = 0;
+    for (uint32_t b = 0; b < nblocks; ++b) all += static_cast<int64_t>(BlockRows(b)) * new_stride * 4;
+    if (all <= headroom_bytes) return nblocks;
+    const int64_t big = (int64_t{1} << kBigShift) * new_stride * 4;
+    const int64_t fit = std::max<int64_t>(0, headroom_bytes) / big;
+    return static_cast<uint32_t>(std::min<int64_t>(nblocks, std::max<int64_t>(fit, kWidenAhead)));
   }
 
   class Widened {
    public:
-    Widened(int stride, uint32_t nblocks, std::shared_ptr<RowMeter> meter)
-        : stride_(stride), nblocks_(nblocks), meter_(std::move(meter)), data_(nblocks, nullptr), ready_(nblocks, 0) {
+    Widened(int stride, uint32_t nblocks, uint32_t ahead, std::shared_ptr<RowMeter> meter)
+        : stride_(stride),
+          nblocks_(nblocks),
+          ahead_(std::max(ahead, kWidenAhead)),
+          meter_(std::move(meter)),
+          data_(nblocks, nullptr),
+          ready_(nblocks, 0) {
       if (nblocks_ > 0) helper_ = std::thread([this] { Run(); });
     }
     ~Widened() {
@@ -236,46 +262,75 @@ class RowArena {
     Widened(const Widened&) = delete;
     Widened& operator=(const Widened&) = delete;
     int stride() const { return stride_; }
+    // Blocks prepared ahead of the copy at most (WidenAhead).
+    uint32_t ahead() const { return ahead_; }
     // Blocks the helper has prepared that Relayout has not taken yet: it
-    // stops at kWidenAhead (or every block) until Relayout takes some.
+    // stops at ahead() (or every block) until Relayout takes some.
     uint32_t ready() const {
       std::lock_guard<std::mutex> l(mu_);
       uint32_t n = 0;
       for (uint32_t b = taken_; b < claimed_; ++b) n += ready_[b];
       return n;
     }
+    // Waits until the helper has done all it may before Relayout takes a
+    // block (min(ahead(), blocks) prepared, or tried); returns ready().
+    uint32_t WaitPrepared() {
+      std::unique_lock<std::mutex> l(mu_);
+      const uint32_t want = std::min(nblocks_, ahead_);
+      cv_.wait(l, [&] {
+        if (taken_ > 0) return true;
+        if (claimed_ < want) return false;
+        for (uint32_t b = 0; b < want; ++b)
+          if (!ready_[b]) return false;
+        return true;
+      });
+      uint32_t n = 0;
+      for (uint32_t b = taken_; b < claimed_; ++b) n += ready_[b];
+      return n;
+    }
+    // Blocks Relayout had to allocate itself, under the locks (not prepared).
+    uint32_t allocated_in_copy() const {
+      std::lock_guard<std::mutex> l(mu_);
+      return in_copy_;
+    }
 
     // Block b's new memory, prepared or (the helper has not begun it, could
     // not allocate it, or it is a block created since) allocated here; null
     // only when the allocation fails. Blocks are taken in ascending order.
     float* Take(uint32_t b) {
-      if (b >= nblocks_) return meter_->Alloc(BlockRows(b), stride_, std::nothrow);
-      float* p;
+      float* p = nullptr;
+      if (b >= nblocks_) {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          ++in_copy_;
+        }
+        return meter_->Alloc(BlockRows(b), stride_, std::nothrow);
+      }
       {
         std::unique_lock<std::mutex> l(mu_);
         if (b >= claimed_) {
           claimed_ = b + 1;  // the helper skips it
-          p = nullptr;
         } else {
           cv_.wait(l, [&] { return ready_[b] != 0; });
           p = data_[b];
           data_[b] = nullptr;
         }
         taken_ = b + 1;
+        if (!p) ++in_copy_;
       }
       cv_.notify_all();
       return p ? p : meter_->Alloc(BlockRows(b), stride_, std::nothrow);
     }
 
    private:
-    // The helper: claims blocks in order while fewer than kWidenAhead are
+    // The helper: claims blocks in order while fewer than ahead_ are
     // claimed and not taken; allocates and faults each outside the mutex.
     void Run() {
       for (;;) {
         uint32_t b;
         {
           std::unique_lock<std::mutex> l(mu_);
-          cv_.wait(l, [&] { return stop_ || claimed_ >= nblocks_ || claimed_ < taken_ + kWidenAhead; });
+          cv_.wait(l, [&] { return stop_ || claimed_ >= nblocks_ || claimed_ < taken_ + ahead_; });
           if (stop_ || claimed_ >= nblocks_) return;
           b = claimed_++;
         }
@@ -293,6 +348,7 @@ class RowArena {
 
     const int stride_;
     const uint32_t nblocks_;  // blocks when PrepareWiden ran
+    const uint32_t ahead_;    // blocks prepared ahead of the copy at most
     std::shared_ptr<RowMeter> meter_;
     mutable std::mutex mu_;
     std::condition_variable cv_;
@@ -300,16 +356,22 @@ class RowArena {
     std::vector<uint8_t> ready_;  // per block: the helper is done with it
     uint32_t claimed_ = 0;       // blocks [0, claimed_) begun by the helper or Take
     uint32_t taken_ = 0;         // blocks [0, taken_) handed to Relayout
+    uint32_t in_copy_ = 0;       // blocks Take allocated itself
     bool stop_ = false;
     std::thread helper_;
   };
+  // `headroom_bytes`: memory the widening may take beyond what the arena
+  // holds (the table passes none: MemoryHeadroomBytes(), read now).
   std::unique_ptr<Widened> PrepareWiden(int new_stride) const {
+    return PrepareWiden(new_stride, MemoryHeadroomBytes());
+  }
+  std::unique_ptr<Widened> PrepareWiden(int new_stride, int64_t headroom_bytes) const {
     uint32_t nblocks;
     {
       std::lock_guard<std::mutex> l(mu_);
       nblocks = nblocks_;
     }
-    return std::make_unique<Widened>(new_stride, nblocks, meter_);
+    return std::make_unique<Widened>(new_stride, nblocks, WidenAhead(nblocks, new_stride, headroom_bytes), meter_);
   }
 
   // Widens every row from `stride_` to `new_stride` floats: the first
@@ -322,7 +384,7 @@ class RowArena {
     std::lock_guard<std::mutex> l(mu_);
     std::unique_ptr<Widened> own;
     if (!prepared || prepared->stride() != new_stride) {
-      own = std::make_unique<Widened>(new_stride, 0, meter_);
+      own = std::make_unique<Widened>(new_stride, 0, 0, meter_);
       prepared = own.get();
     }
     reserve_.Want(0, 0, 0);  // blocks of the old stride are of no use now

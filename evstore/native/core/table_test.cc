@@ -423,34 +423,59 @@ static bool ArenaRowsExact(const RowArena& a, const std::vector<uint32_t>& ids, 
   return true;
 }
 
-// Widening every row for new optimizer slots holds at most the new rows plus
-// RowArena::WidenBoundBytes() of row memory at any moment (each old block is
-// freed as soon as its rows are copied; only a few new blocks are prepared
+// Widening every row for new optimizer slots, with memory headroom for only
+// six new big blocks, holds at most the new rows plus
+// RowArena::WidenBoundBytes(.., 6) of row memory at any moment (each old
+// block is freed as soon as its rows are copied; six new blocks are prepared
 // ahead), prepared or not, and leaves every row's values, slot tail and
 // version exact.
 static void test_widening_holds_at_most_the_new_rows_plus_its_bound() {
   const uint32_t rows = 24 * 65536 + 1000;  // 24 big blocks past the small ones
+  const int64_t headroom = 6 * int64_t{65536} * 6 * 4;  // six new big blocks
   for (bool prepare : {true, false}) {
     RowArena a(2);
     const std::vector<uint32_t> ids = FillArena(a, rows);
     const int64_t old_bytes = a.held_bytes();
-    CHECK(old_bytes > RowArena::WidenBoundBytes(2, 6));  // old and new rows together would exceed it
+    CHECK(old_bytes > RowArena::WidenBoundBytes(2, 6, 6));  // old and new rows together would exceed it
     a.ResetHeldPeak();
     std::unique_ptr<RowArena::Widened> w;
     if (prepare) {
-      w = a.PrepareWiden(6);
-      // The helper prepares kWidenAhead blocks and waits (a minute at most).
-      for (int i = 0; i < 6000 && w->ready() < RowArena::kWidenAhead; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      CHECK_EQ(w->ready(), RowArena::kWidenAhead);
+      w = a.PrepareWiden(6, headroom);
+      CHECK_EQ(w->ahead(), 6u);
+      CHECK_EQ(w->WaitPrepared(), 6u);  // and the helper waits for the copy
     }
     a.Relayout(6, {1.f, 2.f, 3.f, 4.f}, w.get());
     w.reset();
     const int64_t new_bytes = a.held_bytes();
     CHECK_EQ(new_bytes, old_bytes / (2 * 4 + 8) * (6 * 4 + 8));  // nothing left over
-    CHECK(a.held_peak() <= new_bytes + RowArena::WidenBoundBytes(2, 6));
+    CHECK(a.held_peak() <= new_bytes + RowArena::WidenBoundBytes(2, 6, 6));
     CHECK(ArenaRowsExact(a, ids, 2, {1.f, 2.f, 3.f, 4.f}));
   }
+}
+
+// With memory headroom for all the new rows, every new block is allocated
+// and faulted in by PrepareWiden's helper before Relayout (which the table
+// calls with every segment lock held) takes its first block: the arena then
+// holds the old and the new rows together, and Relayout allocates nothing.
+static void test_with_headroom_for_every_block_all_are_prepared_before_the_locks() {
+  const uint32_t rows = 24 * 65536 + 1000;
+  RowArena a(2);
+  const std::vector<uint32_t> ids = FillArena(a, rows);
+  const int64_t old_bytes = a.held_bytes();
+  const int64_t new_data_bytes = old_bytes / (2 * 4 + 8) * (6 * 4);
+  std::unique_ptr<RowArena::Widened> w = a.PrepareWiden(6, new_data_bytes);  // exactly enough
+  const uint32_t prepared = w->WaitPrepared();
+  CHECK_EQ(prepared, w->ahead());
+  CHECK(prepared > 24u);                                 // every block, not the floor of four
+  CHECK_EQ(a.held_bytes(), old_bytes + new_data_bytes);  // all of the new rows' memory
+  a.Relayout(6, {1.f, 2.f, 3.f, 4.f}, w.get());
+  CHECK(w->allocated_in_copy() == 0);
+  w.reset();
+  CHECK_EQ(a.held_bytes(), old_bytes / (2 * 4 + 8) * (6 * 4 + 8));
+  CHECK(ArenaRowsExact(a, ids, 2, {1.f, 2.f, 3.f, 4.f}));
+  // One byte less: not every block fits, so the helper keeps to the new big
+  // blocks that fit (no more than it was given).
+  CHECK(RowArena::WidenAhead(prepared, 6, new_data_bytes - 1) < prepared);
 }
 
 // A widening that runs out of memory part-way throws std::bad_alloc and
@@ -1368,6 +1393,7 @@ int main() {
   RUN(test_ensure_slots_relayout);
   RUN(test_reserved_blocks_hold_rows_and_follow_relayout);
   RUN(test_widening_holds_at_most_the_new_rows_plus_its_bound);
+  RUN(test_with_headroom_for_every_block_all_are_prepared_before_the_locks);
   RUN(test_a_widening_out_of_memory_leaves_every_row_as_it_was);
   RUN(test_concurrent_lookups_and_inserts_racing_a_widening_see_exact_rows);
   RUN(test_concurrent_inserts_with_block_reserve);
