@@ -210,9 +210,10 @@ class RowArena {
   // new rows.
   //   PrepareWiden(new_stride[, headroom_bytes])
   //                              no table lock: starts the helper, which
-  //                              prepares the first `ahead` blocks while the
-  //                              table waits for its segment locks (with
-  //                              ample memory: every block);
+  //                              prepares the first `ahead` blocks (with
+  //                              ample memory: every block); the table waits
+  //                              for them (Widened::WaitPrepared) before it
+  //                              takes its segment locks;
   //   Relayout(new_stride, ...)  every segment lock held: copies block by
   //                              block, the helper faulting the next blocks
   //                              meanwhile (a block the helper has not begun

@@ -42,6 +42,9 @@
 //   void AttachLocks(SegmentLocks);            how to reach segment locks
 //   TierStats tier_stats() const;              cache figures (zeros: no tier)
 //   std::unique_ptr<Widened> PrepareWiden(int new_stride) const;
+//                                              (Widened::WaitPrepared(): waits
+//                                              for what it prepares before the
+//                                              table takes its locks)
 //   void Relayout(int new_stride, const std::vector<float>& tail, Widened*);
 //                                              widen every row (new slots)
 //
@@ -151,6 +154,7 @@ constexpr bool IsRowStore() {
          std::is_same<decltype(std::declval<const S&>().bytes()), int64_t>::value &&
          std::is_same<decltype(std::declval<const S&>().version_bytes()), int64_t>::value &&
          std::is_same<decltype(std::declval<const S&>().PrepareWiden(int{})), std::unique_ptr<W>>::value &&
+         std::is_same<decltype(std::declval<W&>().WaitPrepared()), uint32_t>::value &&
          std::is_same<decltype(std::declval<S&>().Relayout(int{}, std::declval<const std::vector<float>&>(),
                                                            std::declval<W*>())),
                       void>::value &&

@@ -211,12 +211,16 @@ class Table {
       }
     }
     if (!missing.empty() || changed) {
-      // The store starts preparing wider rows before any segment lock is
-      // taken (arena.h: PrepareWiden, a bounded number of blocks ahead), so
-      // lookups continue meanwhile; Relayout widens the rest under the locks.
+      // The store prepares wider rows before any segment lock is taken
+      // (arena.h: PrepareWiden, as many blocks as the memory headroom allows,
+      // at least a few), and the table waits for that part with lookups
+      // running; Relayout copies, and prepares the rest, under the locks.
       int new_stride = dim_ * (1 + static_cast<int>(slots_.size() + missing.size()));
       std::unique_ptr<typename Store::Widened> prepared;
-      if (!missing.empty()) prepared = rows_.PrepareWiden(new_stride);
+      if (!missing.empty()) {
+        prepared = rows_.PrepareWiden(new_stride);
+        prepared->WaitPrepared();
+      }
       // Rows and the slot-init row change only with every segment lock held.
       std::vector<std::unique_lock<std::shared_mutex>> locks;
       locks.reserve(nseg_);

@@ -525,7 +525,9 @@ class TieredStore {
   }
 
   // ---- widening (every segment lock held by the caller) ---------------------
-  struct Widened {};
+  struct Widened {
+    uint32_t WaitPrepared() { return 0; }  // nothing is prepared ahead
+  };
   std::unique_ptr<Widened> PrepareWiden(int) const { return std::make_unique<Widened>(); }
   // Widening empties the cache: every resident row that needs it is written
   // at the old width, the file is rewritten at the new one (compacted: the
