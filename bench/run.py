@@ -116,11 +116,13 @@ def run_bench(keys, dim, args, tag, extra, logdir, module="bench.tables.bench_lo
 
 
 def est_solo_peak_mib(keys, dim, batch, inserted_batches):
-    """Rough peak of the largest process of a configuration run one system per process
+    """Rough memory the largest process of a configuration run one system per process needs
     (bench/tables/solo_runs.py): evstore's after its first Adam apply, which widens every row to three
     times its width (weights, m, v) block by block for the keys the insert phase added by then, holding
-    the new rows and at most the widening's bound beside them (arena.h WidenBoundBytes: four new blocks
-    of 65,536 rows and one old); plus the rows' versions, its index and metadata, and the process."""
+    the new rows and at least the widening's smallest bound beside them (arena.h WidenBoundBytes: four
+    new blocks of 65,536 rows and one old); plus the rows' versions, its index and metadata, and the
+    process. With more memory free the widening prepares more blocks ahead and peaks higher, up to the
+    old and new rows together (headroom.h)."""
     n = keys + inserted_batches * batch
     widen_bound = (4 * 3 + 1) * 65536 * 4 * dim
     return (n * (12 * dim + 56) + widen_bound) / 2**20 + 1500
