@@ -101,6 +101,26 @@ def build_round(args, tf, ops, evstore, r):
     return tot
 
 
+# The kernel's direct-compaction counters (/proc/vmstat, the whole machine's): a huge-page fault that finds
+# no free 2 MiB page compacts memory in the faulting thread, which can cost that batch tenths of a second.
+# Summed per table over its batches, they tell a round slowed by compaction from one that was not.
+COMPACTION = ("compact_stall", "compact_free_scanned")
+
+
+def compaction():
+    """The COMPACTION counters now (zeros where /proc/vmstat lacks them)."""
+    got = dict.fromkeys(COMPACTION, 0)
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name in got:
+                    got[name] = int(value)
+    except OSError:
+        pass
+    return got
+
+
 def build_batches(args, tf, run, tot):
     """Every batch of new keys into each table of `run`, in turns (the order alternating), each timed, with
     the interpreter's garbage collector off (as timeit does): a full collection of TensorFlow's objects
@@ -111,12 +131,16 @@ def build_batches(args, tf, run, tot):
         for i, s in enumerate(range(0, args.keys, args.batch)):
             k = tf.constant(make_keys(range(s, min(args.keys, s + args.batch))))
             for name in (list(run) if i % 2 == 0 else list(run)[::-1]):
+                v0 = compaction()
                 c0, t0 = time.process_time(), time.perf_counter()
                 run[name](k)
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                v1 = compaction()
                 tot[name]["wall_s"] += wall
                 tot[name]["cpu_s"] += cpu
                 tot[name]["batches_s"].append(wall)
+                for field in COMPACTION:
+                    tot[name][field] = tot[name].get(field, 0) + v1[field] - v0[field]
     finally:
         gc.enable()
 
@@ -147,6 +171,10 @@ def render(out):
     if "ratio_cpu" in out:
         lines.append("evstore / DenseHashTable per round: wall " + ", ".join(f"{x:.2f}x" for x in out["ratio_wall"])
                      + "; CPU " + ", ".join(f"{x:.2f}x" for x in out["ratio_cpu"]))
+    stalls = {s: [r[s].get("compact_stall") for r in out["rounds"]] for s in SYSTEMS if s in out}
+    if all(None not in v for v in stalls.values()):
+        lines.append("direct compactions during each table's batches (the machine's), per round: "
+                     + "; ".join(f"{s} " + ", ".join(map(str, v)) for s, v in stalls.items()))
     return "\n".join(lines)
 
 
