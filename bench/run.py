@@ -117,11 +117,13 @@ def run_bench(keys, dim, args, tag, extra, logdir, module="bench.tables.bench_lo
 
 def est_solo_peak_mib(keys, dim, batch, inserted_batches):
     """Rough peak of the largest process of a configuration run one system per process
-    (bench/tables/solo_runs.py): evstore's, in its first Adam apply, which prepares rows three
-    times as wide (weights, m, v) for every key beside the rows it has (the table holds the keys
-    the insert phase added by then), plus its index and metadata and the process itself."""
+    (bench/tables/solo_runs.py): evstore's after its first Adam apply, which widens every row to three
+    times its width (weights, m, v) block by block for the keys the insert phase added by then, holding
+    the new rows and at most the widening's bound beside them (arena.h WidenBoundBytes: four new blocks
+    of 65,536 rows and one old); plus the rows' versions, its index and metadata, and the process."""
     n = keys + inserted_batches * batch
-    return n * (16 * dim + 48) / 2**20 + 1500
+    widen_bound = (4 * 3 + 1) * 65536 * 4 * dim
+    return (n * (12 * dim + 56) + widen_bound) / 2**20 + 1500
 
 
 def est_build_peak_mib(keys, dim, batch, one_per_process):

@@ -116,14 +116,20 @@ def test_each_applied_commit_logs_its_seq_apply_time_and_rows(job, caplog):
     assert int(m[1].replace(",", "")) > 0 and int(m[2]) == 2
 
 
-def test_corrupt_delta_keeps_the_last_good_state_and_a_new_full_recovers(job):
+def _served_then_a_delta(job):
+    """Serves a full of `job`, then trains and commits a delta, unread; returns (the ServingModel, the
+    served predictions, the delta's directory)."""
     model, export, mgr = job
     mgr.save_full()
     sm = serving_loader.ServingModel(export, mgr.root)
     good = _want(model)
     train(model, 3, 5)
-    bad = mgr.save_delta()
-    d = os.path.join(mgr.root, f"delta-{bad:010d}")
+    return sm, good, os.path.join(mgr.root, f"delta-{mgr.save_delta():010d}")
+
+
+def test_corrupt_delta_keeps_the_last_good_state_and_a_new_full_recovers(job):
+    model, export, mgr = job
+    sm, good, d = _served_then_a_delta(job)
     f = max((os.path.join(d, n) for n in os.listdir(d) if ".data-" in n), key=os.path.getsize)
     b = bytearray(open(f, "rb").read())
     b[len(b) // 2] ^= 0x01
@@ -176,13 +182,7 @@ def test_staging_a_commit_on_a_local_root_reads_each_byte_it_serves_once(job):
 def test_a_changed_byte_in_a_served_tensor_beside_unserved_ones_is_refused_naming_it(job):
     from checkpoint.index import data_file, parse_index
 
-    model, export, mgr = job
-    mgr.save_full()
-    sm = serving_loader.ServingModel(export, mgr.root)
-    good = _want(model)
-    train(model, 3, 5)
-    bad = mgr.save_delta()
-    d = os.path.join(mgr.root, f"delta-{bad:010d}")
+    sm, good, d = _served_then_a_delta(job)
     with open(os.path.join(d, "ckpt.index"), "rb") as f:
         num_shards, entries = parse_index(f.read(), "ckpt.index")
     name = sm.stager.dense_names[0]
