@@ -34,6 +34,7 @@ def _filesystem_of(path):
             best, fs = mount, kind
     return fs
 
+
 class TierSpaceError(OSError):
     """A tier directory's file system lacks the free space a load into a new tiered table needs
     (errno ENOSPC), found before the load starts: nothing was changed."""
