@@ -12,10 +12,12 @@ interleaved batch by batch (every ratio is taken within one run):
 and then bench/tables/bench_insert_build.py:
   run I  evstore, TF DenseHashTable, each built from empty to the configuration's keys by
          batches of new keys, every batch timed (growth and first touch included on both
-         sides: the new-key insert comparison; run A's insert phase is its steady batches)
+         sides: the new-key insert comparison; run A's insert phase is its steady batches;
+         --no-insert-build skips it, --only-insert-build runs only it)
 A configuration whose run A would not fit in memory (estimated over --solo-above-mib, default
 8 GiB: 10M x 64) runs each system in a process of its own instead, one after another in
---solo-rounds rounds (bench/tables/solo_runs.py); its tables read as the others'.
+--solo-rounds rounds (bench/tables/solo_runs.py), run I's two tables too; its tables read as
+the others', and its notes give its cells by CPU time per key.
 Then, for configurations of at most --opt-max-keys keys (default 1M), run O:
 bench/tables/bench_optimizers.py, each fused optimizer apply (SGD, Adagrad, Adam, AdamW,
 Ftrl, GroupAdam, GroupAdagrad) against TFRA's apply_gradients with TF's
@@ -75,7 +77,8 @@ from bench.harness.paths import RESULTS, ROOT, write_result
 from bench.harness.peers import DEFAULT_VENV, ensure_peer, last_line, module_cmd, run_json
 from bench.harness.rss import mem_available_mib
 from bench.section_tables import checkpoint_tables, cluster_tables, serving_tables
-from bench.tables.solo_runs import run_solo
+from bench.tables.bench_insert_build import dense_hash_buckets
+from bench.tables.solo_runs import build_solo, run_solo
 
 DEFAULT_MATRIX = "1000000x16,1000000x64,10000000x16,10000000x64"
 QUICK_MATRIX = "100000x16,100000x64"
@@ -87,6 +90,9 @@ CPU_CELLS = (("find vs TFRA", "B", "find", "tfra", "find"),
              ("new-key insert vs DenseHashTable", "A", "foi_new", "dense_hash", "insert_new"),
              ("new-key insert vs TFRA", "B", "foi_new", "tfra", "insert_new"),
              ("training step vs TFRA's", "B", "train_step", "tfra", "train_step"))
+
+
+BUILD_SKIPPED = {"skipped": "--no-insert-build"}
 
 
 def est_peak_mib(keys, dim):
@@ -111,11 +117,23 @@ def run_bench(keys, dim, args, tag, extra, logdir, module="bench.tables.bench_lo
 
 def est_solo_peak_mib(keys, dim, batch, inserted_batches):
     """Rough peak of the largest process of a configuration run one system per process
-    (bench/tables/solo_runs.py): evstore's, in its first Adam apply, which prepares rows three
-    times as wide (weights, m, v) for every key beside the rows it has (the table holds the keys
-    the insert phase added by then), plus its index and metadata and the process itself."""
+    (bench/tables/solo_runs.py): evstore's after its first Adam apply, which widens every row to three
+    times its width (weights, m, v) block by block for the keys the insert phase added by then, holding
+    the new rows and at most the widening's bound beside them (arena.h WidenBoundBytes: four new blocks
+    of 65,536 rows and one old); plus the rows' versions, its index and metadata, and the process."""
     n = keys + inserted_batches * batch
-    return n * (16 * dim + 48) / 2**20 + 1500
+    widen_bound = (4 * 3 + 1) * 65536 * 4 * dim
+    return (n * (12 * dim + 56) + widen_bound) / 2**20 + 1500
+
+
+def est_build_peak_mib(keys, dim, batch, one_per_process):
+    """Rough peak of run I: DenseHashTable about twice its final buckets (key + row each; its last doubling
+    holds the old and the new buckets, and its process peaked at 9.3 GiB at 10M x 64); evstore its rows,
+    versions, index and metadata (about 40 bytes a key) and a reserved block. One process holds both
+    tables, or (one_per_process) the larger."""
+    dense = dense_hash_buckets(keys, batch) * (8 + 4 * dim) * 2.1
+    ev = keys * (4 * dim + 8 + 40) * 1.2
+    return (max(dense, ev) if one_per_process else dense + ev) / 2**20 + 1500
 
 
 def solo(keys, dim, args):
@@ -125,10 +143,15 @@ def solo(keys, dim, args):
 
 
 def run_build(keys, dim, args, logdir):
-    """Run I: bench_insert_build, both tables built from empty by new keys (its own process)."""
-    return run_json(module_cmd("bench.tables.bench_insert_build") + [
-        "--keys", str(keys), "--dim", str(dim), "--batch", str(args.batch)],
-        os.path.join(logdir, f"bench_insert_build_{keys}x{dim}_I.log"), args.timeout)
+    """Run I: bench_insert_build, both tables built from empty by new keys, in one process; or, for a
+    configuration run one system per process (solo()), one table per process in --solo-rounds rounds."""
+    def run_one(tag, systems):
+        return run_json(module_cmd("bench.tables.bench_insert_build") + [
+            "--keys", str(keys), "--dim", str(dim), "--batch", str(args.batch), "--systems", systems],
+            os.path.join(logdir, f"bench_insert_build_{keys}x{dim}_{tag}.log"), args.timeout)
+    if solo(keys, dim, args):
+        return build_solo(run_one, args.solo_rounds)
+    return run_one("I", "evstore,dense_hash")
 
 
 def run_config(keys, dim, args, peer_py, logdir):
@@ -137,17 +160,20 @@ def run_config(keys, dim, args, peer_py, logdir):
     10M x 64 in bounds; every ratio is taken within one run. A configuration
     whose run A would not fit (solo()) runs one system per process instead."""
     out = {"keys": keys, "dim": dim}
+    if args.only_insert_build:
+        out["I"] = run_build(keys, dim, args, logdir)
+        return out
     if solo(keys, dim, args):
         def run_one(tag, extra, peer):
             return run_bench(keys, dim, args, tag, extra + (["--peer-python", peer_py] if peer else []), logdir)
         out.update(run_solo(run_one, args.solo_rounds, args.batch, peer_py is not None))
-        out["I"] = run_build(keys, dim, args, logdir)
+        out["I"] = BUILD_SKIPPED if args.no_insert_build else run_build(keys, dim, args, logdir)
         return out
     out["A"] = run_bench(keys, dim, args, "A", ["--systems", "evstore,dense_hash,numpy",
                                                 "--phases", "read,insert"], logdir)
     out["B"] = run_bench(keys, dim, args, "B", ["--systems", "evstore", "--phases", "read,insert,train"]
                          + (["--peer-python", peer_py] if peer_py else []), logdir)
-    out["I"] = run_build(keys, dim, args, logdir)
+    out["I"] = BUILD_SKIPPED if args.no_insert_build else run_build(keys, dim, args, logdir)
     if keys <= args.opt_max_keys:
         out["O"] = run_bench(keys, dim, args, "O", (["--peer-python", peer_py] if peer_py else []), logdir,
                              module="bench.tables.bench_optimizers")
@@ -237,7 +263,9 @@ def g(res, run, sys_name, key):
 
 
 def table(results, title, note, cols):
-    """cols: (header, fn(result) -> cell) pairs after the keys / dim columns."""
+    """cols: (header, fn(result) -> cell) pairs after the keys / dim columns. No results: no table."""
+    if not results:
+        return []
     out = [f"\n### {title}\n", note + "\n" if note else "",
            "| keys | dim | " + " | ".join(h for h, _ in cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for r in results:
@@ -248,6 +276,8 @@ def table(results, title, note, cols):
 def tables(results, tfra_note):
     T = TARGETS
     ok = [r for r in results if "error" not in r]
+    ab = [r for r in ok if "A" in r or "B" in r]       # --only-insert-build runs neither
+    built = [r for r in ok if "I" in r]
     out = []
 
     def f1(x, p=1):
@@ -269,13 +299,13 @@ def tables(results, tfra_note):
                   lambda r: ratio(g(r, "B", "evstore", ev_b), g(r, "B", "tfra", tfra), T["tfra"]))]
         return cols
 
-    out += table(ok, "Read-only find (M keys/s)", "evstore EvFind; DenseHashTable.lookup; TFRA "
+    out += table(ab, "Read-only find (M keys/s)", "evstore EvFind; DenseHashTable.lookup; TFRA "
                  "CuckooHashTable.lookup.", rate_cols("find", "find", "find", "find"))
-    out += table(ok, "Find-or-insert, existing keys (training-lookup hit; M keys/s)",
+    out += table(ab, "Find-or-insert, existing keys (training-lookup hit; M keys/s)",
                  "evstore EvFindOrInsert (counts frequency) vs DenseHashTable.lookup (it has no "
                  "find-or-insert) and TFRA's training read `de.Variable.lookup` (find + initializer rows).",
                  rate_cols("foi_hit", "find", "foi_hit", "lookup_init", gather=False))
-    out += table(ok, "Find-or-insert, new keys (every key inserted; M keys/s)",
+    out += table(ab, "Find-or-insert, new keys (every key inserted; M keys/s)",
                  "evstore EvFindOrInsert of never-seen keys vs `insert` of the same keys with supplied rows, into "
                  "tables already holding the configuration's keys; medians of the batches. DenseHashTable grows by "
                  "doubling inside one batch (at 10M keys, in none of these), so its median batch writes memory its "
@@ -290,7 +320,7 @@ def tables(results, tfra_note):
             return ratio(ev, dh, 1.0)
         return cell
 
-    out += table(ok, "New keys, amortized: each table built from empty (run I; M keys/s)",
+    out += table(built, "New keys, amortized: each table built from empty (run I; M keys/s)",
                  "bench_insert_build: evstore EvFindOrInsert and DenseHashTable.insert (supplied rows) of the same "
                  "batches of new keys until each holds the configuration's keys, unsized, in turns; keys / the sum "
                  "of every batch's time, so both pay their growth and the first touch of their memory. CPU: the "
@@ -311,13 +341,13 @@ def tables(results, tfra_note):
             return f1(spread[-1] * 1e3, 0) if spread else "n/a"
         return cell
 
-    out += table(ok, "Insert phase: slowest of the timed batches (ms)",
+    out += table(ab, "Insert phase: slowest of the timed batches (ms)",
                  "Medians hide growth pauses: a table that rehashes all at once shows one slow batch.",
                  [("evstore (A)", worst("A", "evstore", "foi_new")),
                   ("DenseHashTable (A)", worst("A", "dense_hash", "insert_new")),
                   ("evstore (B)", worst("B", "evstore", "foi_new")),
                   ("TFRA (B)", worst("B", "tfra", "insert_new"))])
-    out += table(ok, "Adam (run B; M keys/s)",
+    out += table(ab, "Adam (run B; M keys/s)",
                  "apply = EvApplyAdam alone; step = lookup + gradient + apply_gradients (its "
                  "apply_gradients part alone in the next columns). DESIGN target: fused apply ≥ 3x TFRA's step.",
                  [("evstore apply", lambda r: m(g(r, "B", "evstore", "adam_apply"))),
@@ -343,7 +373,7 @@ def tables(results, tfra_note):
         st = r.get("B", {}).get("evstore", {}).get("stats_final") or {}
         return f1(st["row_bytes"] / st["size"]) if st.get("size") else "n/a"
 
-    out += table(ok, "evstore memory (bytes per key)",
+    out += table(ab, "evstore memory (bytes per key)",
                  f"index + meta target ≤ {T['bytes']} (4*dim+32 in total without slots). 'all dirty': right after "
                  "the fill, every key on the dirty list (8 B/key of index_bytes); 'sealed': after a committed "
                  "export. RSS: growth of the process during the fill (run B).",
@@ -354,7 +384,7 @@ def tables(results, tfra_note):
                   ("rows after Adam (w, m, v)", rows_after_adam),
                   ("evstore RSS (MiB)", lambda r: f1(g(r, "B", "evstore", "rss_fill_mib"), 0)),
                   ("TFRA RSS (MiB)", lambda r: f1(g(r, "B", "tfra", "rss_fill_mib"), 0))])
-    out += optimizer_table(ok)
+    out += optimizer_table(ab)
     notes = [f"- {r['keys']}x{r['dim']}: {r['error']}" for r in results if "error" in r]
     for r in ok:
         if r.get("solo"):
@@ -372,6 +402,20 @@ def tables(results, tfra_note):
                          "process doing the work, all its threads): "
                          + ", ".join(f"{what} {x}" for what, x in cpu))
             notes += [f"- {r['keys']}x{r['dim']} {e}" for e in so["errors"]]
+        built = r.get("I") or {}
+        if built.get("skipped"):
+            notes.append(f"- {r['keys']}x{r['dim']} run I skipped ({built['skipped']})")
+        if built.get("solo") and "ratio_cpu" in built:
+            so = built["solo"]
+            notes.append(f"- {r['keys']}x{r['dim']} run I built one table per process, {so['rounds']} rounds in the "
+                         "order " + "; ".join(", ".join(o) for o in so["order"]) + "; evstore / DenseHashTable by "
+                         "CPU time per key (each process's CPU, all its threads), per round: "
+                         + ", ".join(f"{x:.2f}x" for x in built["ratio_cpu"]) + " (wall: "
+                         + ", ".join(f"{x:.2f}x" for x in built["ratio_wall"]) + "); peak RSS per process (MiB): "
+                         + ", ".join(f"{p['process']} (round {p['round']}) {p['rss_peak_mib']:.0f}"
+                                     for p in so["processes"] if p.get("rss_peak_mib") is not None))
+        if built.get("solo"):
+            notes += [f"- {r['keys']}x{r['dim']} run I {e}" for e in built["solo"]["errors"]]
         if r.get("bigmem_lock"):
             notes.append(f"- {r['keys']}x{r['dim']} ran holding {r['bigmem_lock']['lock']} (waited "
                          f"{r['bigmem_lock']['waited_s']:.0f} s for it)")
@@ -447,6 +491,10 @@ def main():
     ap.add_argument("--solo-above-mib", type=float, default=8192,
                     help="run a configuration one system per process, in rounds, when run A's estimated peak "
                          "(its three tables in one process) is over this many MiB (default 8192: 10M x 64 only)")
+    ap.add_argument("--no-insert-build", action="store_true",
+                    help="skip run I (bench_insert_build: each table built from empty by new keys)")
+    ap.add_argument("--only-insert-build", action="store_true",
+                    help="run only run I for each configuration of the matrix (nothing else)")
     ap.add_argument("--solo-rounds", type=int, default=2,
                     help="rounds of a configuration run one system per process (default 2)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per bench_lookup.py process (default 1800)")
@@ -480,6 +528,9 @@ def main():
     args.batches = args.batches or (5 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     configs = [tuple(int(x) for x in c.lower().split("x")) for c in matrix.split(",") if c]
+    if args.only_insert_build:
+        args.no_filters = args.no_e2e = args.no_tiered = args.no_checkpoint = args.no_serving = True
+        args.no_cluster = args.no_tfra = True
     only = [o for o in ("checkpoint", "serving", "cluster") if getattr(args, "only_" + o)]
     if only:
         configs = []
@@ -515,7 +566,8 @@ def main():
                        "cluster": cluster, "markdown_parts": [filters_md, tiered_md, e2e_md]}, f, indent=1)
         os.replace(partial_path + ".tmp", partial_path)
     for keys, dim in configs:
-        need = (est_solo_peak_mib(keys, dim, args.batch, args.warmup + args.batches) if solo(keys, dim, args)
+        need = (est_build_peak_mib(keys, dim, args.batch, solo(keys, dim, args)) if args.only_insert_build
+                else est_solo_peak_mib(keys, dim, args.batch, args.warmup + args.batches) if solo(keys, dim, args)
                 else est_peak_mib(keys, dim))
         with big_memory(need, f"{keys} keys x dim {dim}") as held:
             avail = mem_available_mib()
@@ -598,7 +650,9 @@ def main():
             "warmup": args.warmup, "seed": args.seed, "tfra": tfra_note or "available",
             "total_s": time.time() - t_start}
     md = (f"## evstore benchmark {stamp}\n\n`{meta['command']}` — evstore {commit}, {meta['cpus']} CPUs, "
-          + (f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
+          + (f"batch {args.batch}, run I only (--only-insert-build), {meta['total_s']:.0f} s total.\n"
+             if results and args.only_insert_build else
+             f"batch {args.batch}, median of {args.batches} interleaved rounds, {meta['total_s']:.0f} s total. "
              "Run A: evstore, DenseHashTable, numpy in one process; run B: evstore and TFRA (subprocess); "
              "ratios are within a run"
              + (" (configurations run one system per process excepted: see the notes)"

@@ -89,6 +89,25 @@ def load_ev(directory, ev, name, slots, clear, chunk_rows=CHUNK_ROWS, shard_inde
     return tuple(int(x) for x in out.numpy())
 
 
+def load_ev_routed(directory, evs, name, slots, clear, shard_indices, num_shards, chunk_rows=CHUNK_ROWS):
+    """Applies EV `name` of the bundle in `directory` to the tables `evs` (shards of one EV on one device,
+    all tiered or all in DRAM) at once, each key to evs[i] when it routes to shard shard_indices[i] of
+    `num_shards` (EvLoadBundleRouted): the bundle's tensors are read once for all of them. Returns
+    [(rows, filtered, deleted)] per table."""
+    from evstore import ops
+    try:
+        out = ops.ev_load_bundle_routed([e.resource_handle for e in evs], os.path.join(directory, BUNDLE_PREFIX),
+                                        name, tf.constant(list(slots), tf.string, shape=[len(slots)]),
+                                        key_dtype=evs[0].key_dtype, clear=clear, chunk_rows=chunk_rows,
+                                        shard_indices=list(shard_indices), num_shards=num_shards)
+    except tf.errors.OpError as e:
+        why = _source_error(directory)
+        if why:   # the object store's answer (a source in this process), which the loader cannot name
+            raise type(e)(e.node_def, e.op, f"{e.message} (object source: {why})") from None
+        raise
+    return [tuple(int(x) for x in row) for row in out.numpy()]
+
+
 def _source_error(directory):
     """Why the reads of an object source in this process failed ('' if none, or not one here)."""
     try:

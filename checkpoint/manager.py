@@ -32,7 +32,7 @@ import threading
 
 import tensorflow as tf
 
-from checkpoint.bundle import GLOBAL_STEP, bundle_signature, load_ev, read_dense
+from checkpoint.bundle import GLOBAL_STEP, bundle_signature, load_ev, load_ev_routed, read_dense
 from checkpoint.chain import WITHDRAWN_RESCANS, resolve_chain, scan, withdrawn
 from checkpoint.collect import collect
 from checkpoint.commit import commit_checkpoint
@@ -42,14 +42,14 @@ from checkpoint.lease import LeaseHeldError, process_lease
 from checkpoint.manifest import BUNDLE_PREFIX
 from checkpoint.remote_parts import bundle_subset, entry_tensors, release_on_tasks, reread_files, stage_on_tasks
 from checkpoint.serving_view import codec
-from checkpoint.shards import device_groups, load_plan, logical_name
+from checkpoint.shards import device_groups, load_plan, load_units, logical_name
 from checkpoint.object_source import damaged
 from checkpoint.slots import slot_initial_values, slots_to_load
 from checkpoint.storage import Storage
 from checkpoint.tensor_read import read_index
 from evstore import quality as _quality
 from evstore import schema
-from evstore.staging import StagingTable, adopt, can_stage
+from evstore.staging import StagingTable, adopt, can_stage, check_room, place
 
 __all__ = ["CheckpointManager"]
 
@@ -316,12 +316,15 @@ class CheckpointManager:
         dropped), and a failure drops them all. While it loads, a process
         holds its tables and their staging tables (a rollback of a running
         process: a second copy of every restored table, for a tiered EV a
-        second DRAM cache and tier file; a fresh process's tables are empty);
+        second DRAM cache and tier file, whose disk room is checked first;
+        a fresh process's tables are empty);
         no training step may run on the model meanwhile (steps under `lock`
-        wait for it). Read more than once: a part loaded into k shards of one
-        process (a changed shard count), k times (on an object store, beyond
-        what fits EVSTORE_SOURCE_KEEP_MIB, 512 MiB per process, where it is
-        read once and kept). `verify=False` skips the checks before the load
+        wait for it). A part of another shard count is loaded once into the
+        shards of one process that share a device and table kind, each key to
+        its shard. Read more than once: a part loaded into shards of one
+        process on several devices (or of both table kinds), once per place
+        (on an object store, beyond what fits EVSTORE_SOURCE_KEEP_MIB, 512 MiB
+        per process, where it is read once and kept). `verify=False` skips the checks before the load
         (the loader still checks each tensor's crc32c). Eager only: an EV
         built in a graph (tf.compat.v1) is refused (ValueError).
         A checkpoint removed by a concurrent writer's retention while this
@@ -350,6 +353,9 @@ class CheckpointManager:
           ValueError: the checkpoint does not match the model (EV names, dims,
             key dtypes, optimizer slots, dense variable names or shapes), or
             an EV was built in a graph.
+          evstore.storage.TierSpaceError: the tier directory of a tiered EV (on its task) lacks the
+            free space the staging table's tier file needs for the full's rows beyond its DRAM budget
+            (an OSError, ENOSPC; evstore/staging.py, "Disk"), found before anything is read.
         """
         with self._save_lock, self.lock:
             for attempt in range(WITHDRAWN_RESCANS):
@@ -359,6 +365,10 @@ class CheckpointManager:
                 self._check_compatible(chain, col)
                 self._slot_filter = slots_to_load(chain, col.optimizers, drop_unused_slots, self.root)
                 groups = device_groups(col.evs)
+                # A tiered staging table's tier file must fit its disk beside the live one's: refused here,
+                # before anything is read, when the full's rows alone cannot (evstore/staging.py, "Disk").
+                check_room(self._staging_loads(chain[0], col, list(col.evs)),
+                           what=f"the restore of {self.storage.display(chain[-1].dir)}")
                 # Shards on other tasks of a root that is not one local filesystem:
                 # each task opens a source over the files it loads (checkpoint/remote_parts.py).
                 remote = {} if self.storage.local else {t: names for t, names in groups.items() if t}
@@ -434,9 +444,15 @@ class CheckpointManager:
                 return dict(last.metadata)
 
     @staticmethod
-    def _loads(m, col, names):
-        """The entry of checkpoint `m` each load into EVs `names` reads (shards.load_plan), one per load."""
-        return [src for n in names for src, _, _ in load_plan(m, n, col.shard_info.get(n))]
+    def _units(m, col, names):
+        """The loads of checkpoint `m` into EVs `names` (shards.load_units: a part of another shard count
+        once into the shards of one place)."""
+        return load_units(m, names, col.shard_info, lambda n: place(col.evs[n]))
+
+    @classmethod
+    def _loads(cls, m, col, names):
+        """The entry of checkpoint `m` each load into EVs `names` reads, one per load."""
+        return [src for src, _, _ in cls._units(m, col, names)]
 
     @classmethod
     def _plan_entries(cls, m, col, names):
@@ -446,11 +462,38 @@ class CheckpointManager:
     def _load_staging(self, chain, dirs_of, col, tables):
         """Loads the chain into a staging table per EV (into `tables`, {EV name: StagingTable}, which the
         caller closes); returns {EV name: slots loaded}. Raises the loader's tf.errors.OpError."""
-        loaded = {}
         for name, ev in col.evs.items():
             tables[name] = StagingTable(ev)
-            loaded[name] = self._restore_ev(chain, dirs_of[name], name, tables[name], col.shard_info.get(name))
+        loaded = {name: set() for name in col.evs}
+        started = set()
+        for i, m in enumerate(chain):
+            for src, targets, n in self._units(m, col, list(col.evs)):
+                slots = [s for s in m.evs[src]["slots"] if self._slot_filter is None or s in self._slot_filter]
+                names = [t for t, _ in targets]
+                d, clear = dirs_of[names[0]][i], names[0] not in started   # one place: one directory
+                if len(targets) == 1:
+                    load_ev(d, tables[names[0]], src, slots, clear=clear, chunk_rows=self.chunk_rows,
+                            shard_index=targets[0][1], num_shards=n)
+                else:   # the part read once, each key to its shard
+                    load_ev_routed(d, [tables[t] for t in names], src, slots, clear, [j for _, j in targets], n,
+                                   chunk_rows=self.chunk_rows)
+                for t in names:
+                    loaded[t].update(slots)
+                started.update(names)
+        # A chain holding nothing for an EV (a new shard count with no rows) leaves its table empty.
         return loaded
+
+    def _staging_loads(self, full, col, names):
+        """[(EV, rows, slot names)]: what the chain's full brings into the staging table of each EV `names`
+        (staging.check_room); a part of another shard count brings its even share."""
+        out = []
+        for name in names:
+            rows, slots = 0, set()
+            for src, _, n in load_plan(full, name, col.shard_info.get(name)):
+                rows += full.evs[src]["rows"] // n
+                slots.update(s for s in full.evs[src]["slots"] if self._slot_filter is None or s in self._slot_filter)
+            out.append((col.evs[name], rows, slots))
+        return out
 
     def _source_names(self, chain, fetched, on_tasks):
         """{object source directory: the root's display of its checkpoint directory}, for error messages."""
@@ -479,19 +522,6 @@ class CheckpointManager:
                 raise CorruptCheckpointError(f"{self.storage.display(chain[-1].dir)}: tensor {name!r} has shape "
                                              f"{list(values[name].shape)}, the model's variable {list(v.shape)}")
         return values, held_by
-
-    def _restore_ev(self, chain, dirs, name, ev, shard):
-        """Loads the chain into EV `name` (a shard when `shard` is its info):
-        from the same part, or from every part keeping its keys (shards.load_plan).
-        Returns the names of the slots loaded."""
-        first, loaded = True, set()
-        for m, d in zip(chain, dirs):
-            for src, j, n in load_plan(m, name, shard):
-                slots = [s for s in m.evs[src]["slots"] if self._slot_filter is None or s in self._slot_filter]
-                load_ev(d, ev, src, slots, clear=first, chunk_rows=self.chunk_rows, shard_index=j, num_shards=n)
-                first = False
-                loaded.update(slots)
-        return loaded   # a chain holding nothing for it (a new shard count with no rows) leaves its table empty
 
     def _check_compatible(self, chain, col):
         for name, ev in col.evs.items():

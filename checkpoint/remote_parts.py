@@ -231,7 +231,7 @@ def bundle_subset(manifest, index_bytes, tensors):
 
 def reread_files(manifest, index_bytes, loads):
     """The data files of `manifest`'s main bundle holding a tensor that loads `loads` (EV entry names,
-    one per load: an entry loaded into k shards of a process appears k times) read more than once."""
+    one per load: an entry loaded into shards of a process in k places appears k times) read more than once."""
     seen, again = set(), set()
     for entry in loads:
         for t in entry_tensors(manifest, index_bytes, [entry]):

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from evstore.schema import SHARD_ROUTE
 
-__all__ = ["logical_name", "logical_entries", "load_plan", "device_groups"]
+__all__ = ["logical_name", "logical_entries", "load_plan", "load_units", "device_groups"]
 
 
 def logical_name(name, entry):
@@ -67,6 +67,26 @@ def load_plan(manifest, target, target_shard=None):
     if len(same) == 1 and all((manifest.evs[n].get("shard") or {}).get("count") == m for n in names):
         return [(same[0], 0, 1)]
     return [(n, j, m) for n in names]
+
+
+def load_units(manifest, names, shard_info, place):
+    """[(entry name, [(target EV, shard_index)], num_shards)]: the loads that bring EVs `names` (in
+    order; `shard_info`: {name: shard info} of the sharded ones) their entries of `manifest`. An entry of
+    another shard count (num_shards > 1) is loaded once into every shard of its EV that `place(name)`
+    puts in one place (a device and a table kind), each key to its shard: a process holding k shards
+    reads each part once, not k times. Every other entry is loaded into its one EV."""
+    units, merged = [], {}
+    for name in names:
+        for src, j, n in load_plan(manifest, name, shard_info.get(name)):
+            if n == 1:
+                units.append((src, [(name, j)], n))
+                continue
+            key = (shard_info[name]["ev"], place(name), src, n)
+            if key not in merged:
+                merged[key] = (src, [], n)
+                units.append(merged[key])
+            merged[key][1].append((name, j))
+    return units
 
 
 def _task_of(device):

@@ -24,7 +24,7 @@ from evstore.filters import BloomFilter, CounterFilter
 from evstore.group import embedding_lookup_group
 from evstore.lookup import embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse
 from evstore.sharded import ShardedEmbeddingVariable, shard_index
-from evstore.storage import TieredStorage
+from evstore.storage import TieredStorage, TierSpaceError
 from evstore.substitution import substitute_lookups
 from evstore.schema import MAX_STRING_KEY_BYTES
 from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
@@ -37,6 +37,6 @@ _device_probe.probe_quietly()   # no "failed call to cuInit" error line on a mac
 __version__ = "0.1.0"
 
 __all__ = ["EmbeddingVariable", "ShardedEmbeddingVariable", "UnshardedEmbeddingVariable", "CollectiveEmbeddingVariable",
-           "shard_index", "CounterFilter", "BloomFilter", "TieredStorage", "GlobalStepEvict", "L2WeightEvict",
+           "shard_index", "CounterFilter", "BloomFilter", "TieredStorage", "TierSpaceError", "GlobalStepEvict", "L2WeightEvict",
            "embedding_lookup", "embedding_lookup_group", "embedding_lookup_sparse", "safe_embedding_lookup_sparse", "optimizers", "keras",
            "summary", "ops", "substitute_lookups", "MAX_STRING_KEY_BYTES"]

@@ -16,20 +16,40 @@ admission filter, tiered storage with a private directory of its own, the
 EV's initializer bank and default value) and declares the EV's optimizer
 slots at their initial values, so after `adopt` the EV is what loading into
 its cleared table would have made it. Memory: until `adopt`, both tables
-(for a tiered EV, both DRAM caches).
+(for a tiered EV, both DRAM caches, and both tier files on disk).
+
+Disk: `check_room` refuses, before any staging table is made, loads whose
+tiered staging tables cannot fit their tier files on their file systems'
+free space. What it counts is a lower bound of what the loads write: each
+row a load brings in that the staging table's DRAM budget cannot hold is
+written once (4 bytes x dim x (1 + slots) a record, native/core/row_file.h),
+so a refusal never stops a load that could fit. More is written than it
+counts when later loads rewrite rows (a chain's deltas: dead records until
+compaction, at most about as many as the live ones); such a load that runs
+out of disk still fails as before, with ResourceExhaustedError, before any
+table is adopted.
 """
+import errno
+
 import tensorflow as tf
 from tensorflow.python.eager import context as _context
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from evstore._ops import gen
+from evstore.storage import TierSpaceError, free_bytes
 
-__all__ = ["StagingTable", "adopt", "can_stage"]
+__all__ = ["StagingTable", "adopt", "can_stage", "check_room", "place"]
 
 
 def can_stage(ev):
     """Whether a staging table can be made for `ev` (an EV built eagerly: its bank is known)."""
     return getattr(ev, "_bank", None) is not None
+
+
+def place(ev):
+    """Where `ev`'s staging table lives, as a routed load (EvLoadBundleRouted) needs its targets
+    together: (device, tiered or not)."""
+    return ev.device, getattr(ev, "_storage", None) is not None
 
 
 class StagingTable:
@@ -71,3 +91,45 @@ def adopt(ev, staging):
     it held. No other op may run on `ev` meanwhile (a restore holds its manager's lock)."""
     gen.ev_swap_tables(ev.resource_handle, staging.resource_handle, key_dtype=ev.key_dtype)
     staging.close()
+
+
+def check_room(loads, what="this load"):
+    """Refuses loads whose tiered staging tables' tier files cannot fit the free space of their file
+    systems (the module docstring, "Disk"), before any table is made or any row read.
+
+    Each EV's tier directory is measured on the task holding it (a parameter server's own disk).
+
+    Args:
+      loads: [(ev, rows, slots)]: an EV (not tiered: nothing to check), the rows a load into its
+        staging table brings in at least, and the slot names they carry (besides the EV's own).
+      what: the load, as the error names it.
+    Raises:
+      TierSpaceError: naming, per file system short of space, the bytes needed and free, each EV's
+        rows x record bytes less its DRAM budget, and what its live table's tier file holds.
+    """
+    per_fs = {}
+    for ev, rows, slots in loads:
+        storage = getattr(ev, "_storage", None)
+        if storage is None or rows <= 0:
+            continue
+        names, _ = gen.ev_slots(ev.resource_handle, key_dtype=ev.key_dtype)
+        width = 1 + len({n.decode() for n in names.numpy()} | set(slots))
+        record = 4 * ev.dim * width
+        need = rows * record - storage.dram_bytes
+        if need <= 0:
+            continue
+        free, fs_id = free_bytes(storage.path, ev.device)
+        spec = tf.DeviceSpec.from_string(ev.device or "")
+        where = f" on /job:{spec.job}/task:{spec.task or 0}" if spec.job else ""
+        fs = per_fs.setdefault((spec.job, spec.replica, spec.task, fs_id),
+                               {"free": free, "path": storage.path + where, "need": 0, "held": 0, "evs": []})
+        fs["need"] += need
+        fs["held"] += int(ev.stats()["disk_bytes"])
+        fs["evs"].append(f"{ev.name!r}: {rows:,} rows x {record:,} bytes - {storage.dram_bytes:,} of DRAM")
+    short = [fs for fs in per_fs.values() if fs["need"] > fs["free"]]
+    if short:
+        raise TierSpaceError(errno.ENOSPC, "; ".join(
+            f"{what} needs at least {fs['need']:,} bytes of disk under {fs['path']} for the tier files of its "
+            f"staging tables ({', '.join(fs['evs'])}), and that file system has {fs['free']:,} bytes free (the "
+            f"live tables' tier files there hold {fs['held']:,} until the swap): nothing was loaded or changed; "
+            "free disk space there or raise dram_bytes" for fs in short))

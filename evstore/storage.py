@@ -8,7 +8,7 @@ import tempfile
 import warnings
 import weakref
 
-__all__ = ["TieredStorage", "RamTierWarning"]
+__all__ = ["TieredStorage", "RamTierWarning", "TierSpaceError", "free_bytes"]
 
 _RAM_FILESYSTEMS = ("tmpfs", "ramfs")
 
@@ -31,6 +31,24 @@ def _filesystem_of(path):
         if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
             best, fs = mount, kind
     return fs
+
+class TierSpaceError(OSError):
+    """A tier directory's file system lacks the free space a load into a new tiered table needs
+    (errno ENOSPC), found before the load starts: nothing was changed."""
+
+
+def free_bytes(path, device=None):
+    """(bytes the process of `device` may still write on the file system of `path` or, if missing, of
+    its nearest existing parent, that file system's id), measured on the host of `device` (a task's,
+    as a tiered table there sees its `path`; None: this process) by EvDiskFree (statvfs; root may also
+    write the blocks a file system reserves for it)."""
+    import tensorflow as tf
+
+    from evstore._ops import gen
+    with tf.device(device or None):
+        free, fs = gen.ev_disk_free(os.path.abspath(os.fspath(path)))
+    return int(free), int(fs)
+
 
 # Tiered tables still alive, dropped at interpreter exit: a table object that
 # a reference cycle or a distribution strategy keeps alive to the end is never

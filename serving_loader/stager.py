@@ -63,7 +63,15 @@ class Stager:
         served tables'). A table in a view's precision gets the view's rows
         undecoded when the commit's view is that precision, else the float32
         rows (which it encodes as the view would); a float32 table gets the
-        view's rows decoded when `use_serving_view`."""
+        view's rows decoded when `use_serving_view`.
+
+        Each byte staged is read once, on a local root too: fetch reads the
+        named tensors into memory and checks them there (a data file of
+        served tensors whole against the manifest, a tensor beside unserved
+        ones against its index entry) before anything here returns, so a
+        changed byte is refused naming the file (and tensor) and no served
+        table changes; the whole-bundle `verify` modes of restores do not
+        apply to named reads."""
         plans = self.plans(m)
         precision = precision or self.precision()
         view = (m.serving_view or {}).get("dtype")

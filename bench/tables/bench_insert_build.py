@@ -32,6 +32,9 @@ Memory: evstore's bytes per key from its stats(); DenseHashTable's from TF's
 growth rule (buckets double from 131,072 while entries + batch > 0.8 x buckets;
 each bucket holds an int64 key and dim float32 values), checked against
 size(). --rounds N builds N pairs of fresh tables, one pair at a time.
+--systems evstore (or dense_hash) builds one table alone: `make bench` runs a
+configuration too large for one process so, one table per process, and pairs
+the processes of a round (bench/tables/solo_runs.py: build_solo).
 Prints a table and one JSON line (the last line of stdout).
 """
 import argparse
@@ -43,11 +46,12 @@ import sys
 import time
 
 from bench.harness.args import add_numbers
-from bench.harness.rss import guard_available_memory, rss_mib
+from bench.harness.rss import guard_available_memory, hwm_mib, rss_mib
 from bench.harness.workload import make_keys
 
 TF_INITIAL_BUCKETS = 131072  # tf.lookup.experimental.DenseHashTable's default initial_num_buckets
 TF_MAX_LOAD = 0.8            # and its max_load_factor
+SYSTEMS = ("evstore", "dense_hash")
 
 
 def dense_hash_buckets(keys, batch):
@@ -62,14 +66,17 @@ def dense_hash_buckets(keys, batch):
 
 
 def build_round(args, tf, ops, evstore, r):
-    """One pair of tables built from empty, batch by batch in turns; returns per-system totals."""
-    ev = evstore.EmbeddingVariable(f"build{r}", dim=args.dim, key_dtype=tf.int64)
-    dht = tf.lookup.experimental.DenseHashTable(key_dtype=tf.int64, value_dtype=tf.float32,
-                                                default_value=tf.zeros([args.dim]), empty_key=-1, deleted_key=-2)
-    no_proxy = tf.zeros([0])
-    supplied = tf.random.normal([args.batch, args.dim], stddev=0.01)
-    run = {"evstore": lambda k: ops.ev_find_or_insert(ev.resource_handle, k, no_proxy, dim=args.dim).numpy(),
-           "dense_hash": lambda k: dht.insert(k, supplied[:k.shape[0]])}
+    """One table of each of args.systems built from empty, batch by batch in turns; returns per-system totals."""
+    run, ev, dht = {}, None, None
+    if "evstore" in args.systems:
+        ev = evstore.EmbeddingVariable(f"build{r}", dim=args.dim, key_dtype=tf.int64)
+        no_proxy = tf.zeros([0])
+        run["evstore"] = lambda k: ops.ev_find_or_insert(ev.resource_handle, k, no_proxy, dim=args.dim).numpy()
+    if "dense_hash" in args.systems:
+        dht = tf.lookup.experimental.DenseHashTable(key_dtype=tf.int64, value_dtype=tf.float32,
+                                                    default_value=tf.zeros([args.dim]), empty_key=-1, deleted_key=-2)
+        supplied = tf.random.normal([args.batch, args.dim], stddev=0.01)
+        run["dense_hash"] = lambda k: dht.insert(k, supplied[:k.shape[0]])
     tot = {s: {"wall_s": 0.0, "cpu_s": 0.0, "batches_s": []} for s in run}
     for i, s in enumerate(range(0, args.keys, args.batch)):
         k = tf.constant(make_keys(range(s, min(args.keys, s + args.batch))))
@@ -80,22 +87,54 @@ def build_round(args, tf, ops, evstore, r):
             tot[name]["wall_s"] += wall
             tot[name]["cpu_s"] += cpu
             tot[name]["batches_s"].append(wall)
-    st = ev.stats()
-    size = int(dht.size().numpy())
-    buckets = dense_hash_buckets(args.keys, args.batch)
-    tot["evstore"]["bytes_per_key"] = (st["index_bytes"] + st["meta_bytes"] + st["row_bytes"]) / max(1, st["size"])
-    tot["evstore"]["size"] = st["size"]
-    tot["dense_hash"]["bytes_per_key"] = buckets * (8 + 4 * args.dim) / max(1, size)
-    tot["dense_hash"]["size"] = size
-    tot["dense_hash"]["buckets"] = buckets
+    if "evstore" in run:
+        st = ev.stats()
+        tot["evstore"]["bytes_per_key"] = (st["index_bytes"] + st["meta_bytes"] + st["row_bytes"]) / max(1, st["size"])
+        tot["evstore"]["size"] = st["size"]
+    if "dense_hash" in run:
+        size = int(dht.size().numpy())
+        buckets = dense_hash_buckets(args.keys, args.batch)
+        tot["dense_hash"]["bytes_per_key"] = buckets * (8 + 4 * args.dim) / max(1, size)
+        tot["dense_hash"]["size"] = size
+        tot["dense_hash"]["buckets"] = buckets
     tot["rss_mib"] = rss_mib()
     for name in run:
         b = sorted(tot[name].pop("batches_s"))
         tot[name].update(rate_wall=args.keys / tot[name]["wall_s"], rate_cpu=args.keys / tot[name]["cpu_s"],
                          batch_s_median=b[len(b) // 2], batch_s_max=b[-1])
-    del ev, dht, run
+    run.clear()
+    ev = dht = None
     gc.collect()
     return tot
+
+
+def summarize(rounds, systems=SYSTEMS):
+    """Each system's figures, medians over `rounds` (dicts holding one entry per system), and the ratios of
+    evstore to DenseHashTable per round (wall and CPU) when both systems ran."""
+    out = {s: {k: statistics.median(r[s][k] for r in rounds)
+               for k in ("rate_wall", "rate_cpu", "bytes_per_key", "batch_s_median", "batch_s_max")}
+           for s in systems}
+    if set(SYSTEMS) <= set(systems):
+        out["ratio_wall"] = [r["evstore"]["rate_wall"] / r["dense_hash"]["rate_wall"] for r in rounds]
+        out["ratio_cpu"] = [r["evstore"]["rate_cpu"] / r["dense_hash"]["rate_cpu"] for r in rounds]
+    return out
+
+
+def render(out):
+    """The table and per-round ratios of a result (main's, or one a solo run paired)."""
+    lines = [f"{out['keys']:,} keys x dim {out['dim']} built from empty in batches of {out['batch']:,}, "
+             f"{len(out['rounds'])} round(s); rates over every batch, growth included (medians of rounds)",
+             "| system | M keys/s wall | M keys/s CPU | bytes/key | median batch ms | slowest batch ms |",
+             "|---|---|---|---|---|---|"]
+    for s in SYSTEMS:
+        if s in out:
+            o = out[s]
+            lines.append(f"| {s} | {o['rate_wall'] / 1e6:.2f} | {o['rate_cpu'] / 1e6:.2f} | {o['bytes_per_key']:.0f} "
+                         f"| {o['batch_s_median'] * 1e3:.1f} | {o['batch_s_max'] * 1e3:.0f} |")
+    if "ratio_cpu" in out:
+        lines.append("evstore / DenseHashTable per round: wall " + ", ".join(f"{x:.2f}x" for x in out["ratio_wall"])
+                     + "; CPU " + ", ".join(f"{x:.2f}x" for x in out["ratio_cpu"]))
+    return "\n".join(lines)
 
 
 def main():
@@ -105,9 +144,14 @@ def main():
                      ("--dim", 16, "embedding dim"),
                      ("--batch", 65536, "new keys per insert"),
                      ("--rounds", 1, "pairs of tables built, one pair at a time")))
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help="comma-separated tables to build, in turns (default evstore,dense_hash)")
     ap.add_argument("--min-available-mib", type=float, default=1024,
                     help="stop (exit 3, the reason on stderr) once MemAvailable falls under this (0: never)")
     args = ap.parse_args()
+    args.systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    if not args.systems:
+        ap.error(f"--systems names none of {', '.join(SYSTEMS)}")
     if args.min_available_mib > 0:
         guard_available_memory(args.min_available_mib)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -117,22 +161,9 @@ def main():
     from evstore import ops
 
     rounds = [build_round(args, tf, ops, evstore, r) for r in range(args.rounds)]
-    out = {"keys": args.keys, "dim": args.dim, "batch": args.batch, "rounds": rounds, "tf_version": tf.__version__}
-    for s in ("evstore", "dense_hash"):
-        out[s] = {k: statistics.median(r[s][k] for r in rounds)
-                  for k in ("rate_wall", "rate_cpu", "bytes_per_key", "batch_s_median", "batch_s_max")}
-    out["ratio_wall"] = [r["evstore"]["rate_wall"] / r["dense_hash"]["rate_wall"] for r in rounds]
-    out["ratio_cpu"] = [r["evstore"]["rate_cpu"] / r["dense_hash"]["rate_cpu"] for r in rounds]
-    print(f"{args.keys:,} keys x dim {args.dim} built from empty in batches of {args.batch:,}, {args.rounds} round(s); "
-          "rates over every batch, growth included (medians of rounds)")
-    print("| system | M keys/s wall | M keys/s CPU | bytes/key | median batch ms | slowest batch ms |\n"
-          "|---|---|---|---|---|---|")
-    for s in ("evstore", "dense_hash"):
-        o = out[s]
-        print(f"| {s} | {o['rate_wall'] / 1e6:.2f} | {o['rate_cpu'] / 1e6:.2f} | {o['bytes_per_key']:.0f} | "
-              f"{o['batch_s_median'] * 1e3:.1f} | {o['batch_s_max'] * 1e3:.0f} |")
-    print("evstore / DenseHashTable per round: wall " + ", ".join(f"{x:.2f}x" for x in out["ratio_wall"])
-          + "; CPU " + ", ".join(f"{x:.2f}x" for x in out["ratio_cpu"]))
+    out = {"keys": args.keys, "dim": args.dim, "batch": args.batch, "systems": list(args.systems), "rounds": rounds,
+           "tf_version": tf.__version__, "rss_peak_mib": hwm_mib(), **summarize(rounds, args.systems)}
+    print(render(out))
     print(json.dumps(out), flush=True)
 
 

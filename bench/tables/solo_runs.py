@@ -19,7 +19,14 @@ figures (memory, fill time, stats) are its first round's. The result has the sha
 "A" holds evstore, dense_hash and numpy, "B" evstore and tfra (the same evstore figures in both), so
 the tables render as for the smaller configurations; "solo" records the order, each process's wall
 time and peak RSS, and any process that failed.
+
+Run I (bench_insert_build.py: each table built from empty by new keys) of such a configuration
+runs likewise (build_solo): one process per table, evstore then DenseHashTable, the order
+reversed every other round. The processes of one round are paired: its ratios, by CPU time per
+key (each process's CPU, all its threads) with wall time beside it, are the round's.
 """
+from bench.tables.bench_insert_build import SYSTEMS as BUILD_SYSTEMS
+from bench.tables.bench_insert_build import summarize as summarize_builds
 from bench.tables.bench_lookup import summarize
 
 PROCESSES = (
@@ -29,9 +36,10 @@ PROCESSES = (
 )
 
 
-def order(rounds, with_tfra):
-    """The processes of each round, by name: the order of PROCESSES, reversed every other round."""
-    names = [name for name, _, _ in PROCESSES if with_tfra or name != "tfra"]
+def order(rounds, with_tfra, names=None):
+    """The processes of each round, by name: the order of PROCESSES (or of `names`), reversed every other
+    round."""
+    names = list(names or [name for name, _, _ in PROCESSES if with_tfra or name != "tfra"])
     return [names if r % 2 == 0 else names[::-1] for r in range(rounds)]
 
 
@@ -79,3 +87,28 @@ def run_solo(run_one, rounds, batch, with_tfra):
             if s not in out[run]:
                 out[run][s] = {"error": f"no process measured {s}"}
     return out
+
+
+def build_solo(run_one, rounds):
+    """Run I one table per process: run_one(tag, system) -> bench_insert_build's JSON result for that
+    system alone (or {"error": ...}). Returns bench_insert_build's result shape over the rounds in which
+    both tables were built (their figures paired round by round), plus "solo": the order, each
+    process's wall time and peak RSS, and any process that failed."""
+    solo = {"rounds": rounds, "order": order(rounds, False, BUILD_SYSTEMS), "processes": [], "errors": []}
+    paired, meta = [], {}
+    for r, names in enumerate(solo["order"]):
+        got = {}
+        for name in names:
+            res = run_one(f"{name}{r + 1}", name)
+            solo["processes"].append({"round": r + 1, "process": name, "wall_s": res.get("wall_s"),
+                                      "rss_peak_mib": res.get("rss_peak_mib")})
+            if "error" in res:
+                solo["errors"].append(f"round {r + 1} {name}: {res['error']}")
+                continue
+            got[name] = res["rounds"][0][name]
+            meta = {k: res[k] for k in ("keys", "dim", "batch", "tf_version")}
+        if len(got) == len(BUILD_SYSTEMS):
+            paired.append(got)
+    if not paired:
+        return {"error": "no round built both tables", "solo": solo}
+    return {**meta, "rounds": paired, **summarize_builds(paired), "solo": solo}

@@ -94,3 +94,42 @@ def test_compact_keeps_the_shard_layout(tmp_path):
     assert manifest.evs["user/part_1"]["shard"]["count"] == 2
     got, _ = _restored(str(tmp_path), 3)
     assert_same_state(state(got, logical=True), state(model, logical=True))
+
+
+def _bytes_this_process_read():
+    """Bytes this process's read calls returned so far (every thread's: /proc/self/io rchar)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def _logical(ev):
+    """{tensor: array} of a (sharded) EV's export as one table, keys sorted."""
+    x = ev.export()
+    order = np.argsort(x["keys"].numpy())
+    return {n: x[n].numpy()[order] for n in ("keys", "values", "versions", "freqs")}
+
+
+def test_a_restore_into_another_shard_count_in_one_process_reads_each_part_once(tmp_path):
+    import evstore
+    keys = np.arange(60_000, dtype=np.int64) * 7
+    rows = np.random.default_rng(0).normal(size=(len(keys), 16)).astype(np.float32)
+    saved = evstore.EmbeddingVariable("t", 16, shards=2)
+    saved.load(keys, rows)
+    mgr = checkpoint.CheckpointManager(str(tmp_path), {"t": saved}, lease=False)
+    mgr.save_full()
+    saved.load(keys[:10_000], rows[:10_000] * 2)
+    saved.remove(keys[-5:])
+    mgr.save_delta()
+    chain_bytes = sum(m.total_bytes for m in mgr.chain())
+    got = evstore.EmbeddingVariable("t", 16, shards=4)
+    before = _bytes_this_process_read()
+    checkpoint.CheckpointManager(str(tmp_path), {"t": got}, lease=False).restore()
+    read = _bytes_this_process_read() - before
+    want, have = _logical(saved), _logical(got)
+    for n in want:
+        np.testing.assert_array_equal(have[n], want[n], err_msg=n)
+    for i, shard in enumerate(got.shards):   # every key sits in the shard its route names
+        assert (got.shard_index(shard.export()["keys"].numpy()).numpy() == i).all()
+    # Each of the 4 shards takes its keys from both saved parts: one load per part routes each key to its
+    # shard, so the chain is read once; a load per shard would read every part 4 times.
+    assert chain_bytes <= read < 1.5 * chain_bytes, (read, chain_bytes)

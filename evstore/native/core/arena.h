@@ -29,13 +29,20 @@
 //    lock of the key that owns the row.
 //  * bytes() and version_bytes() count the reserve's blocks: memory held for
 //    rows is reported whether or not rows live in it yet.
+//  * Widening holds at most the new rows + WidenBoundBytes() (kWidenAhead
+//    new big blocks and one old one) of row memory at any moment: each old
+//    block is freed as soon as its rows are copied (RowMeter counts it).
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "block_reserve.h"
@@ -44,6 +51,44 @@
 #include "zero_rows.h"
 
 namespace evstore {
+
+// Row memory an arena holds (the data and version arrays it allocated) and
+// its high-water mark; shared with a widening's helper thread (which
+// allocates blocks for it) so that each outlives the other safely.
+class RowMeter {
+ public:
+  // Cache-line aligned (a 16-float row is exactly one line); huge-page
+  // backed for large blocks (memory.h). Throws std::bad_alloc.
+  float* Alloc(size_t n, int stride) {
+    const size_t bytes = n * stride * sizeof(float);
+    float* p = static_cast<float*>(AllocLarge(bytes));
+    Add(static_cast<int64_t>(bytes));
+    return p;
+  }
+  float* Alloc(size_t n, int stride, std::nothrow_t) {
+    try {
+      return Alloc(n, stride);
+    } catch (const std::bad_alloc&) {
+      return nullptr;
+    }
+  }
+  void Add(int64_t bytes) {
+    const int64_t now = held_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    int64_t top = peak_.load(std::memory_order_relaxed);
+    while (now > top && !peak_.compare_exchange_weak(top, now, std::memory_order_relaxed)) {
+    }
+  }
+  void Free(void* p, size_t bytes) {
+    std::free(p);
+    held_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  }
+  int64_t held() const { return held_.load(std::memory_order_relaxed); }
+  int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  void ResetPeak() { peak_.store(held(), std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> held_{0}, peak_{0};
+};
 
 class RowArena {
  public:
@@ -147,21 +192,116 @@ class RowArena {
     return total;
   }
 
-  // Widening rows for new optimizer slots happens in two steps so that the
-  // expensive part, getting fresh memory from the kernel (page faults and
-  // zeroing, most of a widening's cost), runs while lookups and
-  // applies continue:
-  //   PrepareWiden(new_stride)   no table lock: allocates and pre-faults a
-  //                              wider buffer for every existing block;
-  //   Relayout(new_stride, ...)  every segment lock held: copies rows into the
-  //                              prepared buffers (blocks created since are
-  //                              allocated here) and swaps them in.
-  struct Widened {
-    int stride = 0;
-    std::vector<float*> data;  // per block, or empty
-    ~Widened() {
-      for (float* p : data) std::free(p);
+  // Widening rows for new optimizer slots (a one-time relayout), in bounded
+  // extra memory. Each block's rows are copied into a new block of the new
+  // stride, and the old block is freed as soon as they are; new blocks are
+  // allocated and faulted in (the kernel's page faults and zeroing, most of a
+  // widening's cost) by a helper thread at most kWidenAhead blocks ahead of
+  // the copy. So the arena's rows never hold more than
+  //     new rows + WidenBoundBytes(old, new) = kWidenAhead new big blocks
+  //                                            + one old big block
+  // (checked by held_bytes()'s high-water mark), instead of old + new rows.
+  //   PrepareWiden(new_stride)   no table lock: starts the helper, which
+  //                              prepares the first kWidenAhead blocks while
+  //                              the table waits for its segment locks;
+  //   Relayout(new_stride, ...)  every segment lock held: copies block by
+  //                              block, the helper faulting the next blocks
+  //                              meanwhile (a block the helper has not begun
+  //                              is allocated by the copying thread itself;
+  //                              blocks created since PrepareWiden too).
+  // The trade: only the first kWidenAhead blocks are faulted before the locks
+  // are taken; the rest is faulted while they are held, beside the copy.
+  static constexpr uint32_t kWidenAhead = 4;
+  static int64_t WidenBoundBytes(int old_stride, int new_stride) {
+    return static_cast<int64_t>(kWidenAhead) * (int64_t{1} << kBigShift) * new_stride * 4 +
+           (int64_t{1} << kBigShift) * old_stride * 4;
+  }
+
+  class Widened {
+   public:
+    Widened(int stride, uint32_t nblocks, std::shared_ptr<RowMeter> meter)
+        : stride_(stride), nblocks_(nblocks), meter_(std::move(meter)), data_(nblocks, nullptr), ready_(nblocks, 0) {
+      if (nblocks_ > 0) helper_ = std::thread([this] { Run(); });
     }
+    ~Widened() {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      if (helper_.joinable()) helper_.join();
+      for (uint32_t b = 0; b < nblocks_; ++b)
+        if (data_[b]) meter_->Free(data_[b], BlockRows(b) * stride_ * sizeof(float));
+    }
+    Widened(const Widened&) = delete;
+    Widened& operator=(const Widened&) = delete;
+    int stride() const { return stride_; }
+    // Blocks the helper has prepared that Relayout has not taken yet: it
+    // stops at kWidenAhead (or every block) until Relayout takes some.
+    uint32_t ready() const {
+      std::lock_guard<std::mutex> l(mu_);
+      uint32_t n = 0;
+      for (uint32_t b = taken_; b < claimed_; ++b) n += ready_[b];
+      return n;
+    }
+
+    // Block b's new memory, prepared or (the helper has not begun it, could
+    // not allocate it, or it is a block created since) allocated here; null
+    // only when the allocation fails. Blocks are taken in ascending order.
+    float* Take(uint32_t b) {
+      if (b >= nblocks_) return meter_->Alloc(BlockRows(b), stride_, std::nothrow);
+      float* p;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        if (b >= claimed_) {
+          claimed_ = b + 1;  // the helper skips it
+          p = nullptr;
+        } else {
+          cv_.wait(l, [&] { return ready_[b] != 0; });
+          p = data_[b];
+          data_[b] = nullptr;
+        }
+        taken_ = b + 1;
+      }
+      cv_.notify_all();
+      return p ? p : meter_->Alloc(BlockRows(b), stride_, std::nothrow);
+    }
+
+   private:
+    // The helper: claims blocks in order while fewer than kWidenAhead are
+    // claimed and not taken; allocates and faults each outside the mutex.
+    void Run() {
+      for (;;) {
+        uint32_t b;
+        {
+          std::unique_lock<std::mutex> l(mu_);
+          cv_.wait(l, [&] { return stop_ || claimed_ >= nblocks_ || claimed_ < taken_ + kWidenAhead; });
+          if (stop_ || claimed_ >= nblocks_) return;
+          b = claimed_++;
+        }
+        const size_t bytes = BlockRows(b) * stride_ * sizeof(float);
+        float* p = meter_->Alloc(BlockRows(b), stride_, std::nothrow);
+        if (p) FaultIn(p, bytes);  // no memory: Take() finds null and tries itself
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          data_[b] = p;
+          ready_[b] = 1;
+        }
+        cv_.notify_all();
+      }
+    }
+
+    const int stride_;
+    const uint32_t nblocks_;  // blocks when PrepareWiden ran
+    std::shared_ptr<RowMeter> meter_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<float*> data_;   // per block: prepared and not yet taken
+    std::vector<uint8_t> ready_;  // per block: the helper is done with it
+    uint32_t claimed_ = 0;       // blocks [0, claimed_) begun by the helper or Take
+    uint32_t taken_ = 0;         // blocks [0, taken_) handed to Relayout
+    bool stop_ = false;
+    std::thread helper_;
   };
   std::unique_ptr<Widened> PrepareWiden(int new_stride) const {
     uint32_t nblocks;
@@ -169,48 +309,56 @@ class RowArena {
       std::lock_guard<std::mutex> l(mu_);
       nblocks = nblocks_;
     }
-    auto w = std::make_unique<Widened>();
-    w->stride = new_stride;
-    for (uint32_t b = 0; b < nblocks; ++b) {
-      size_t bytes = BlockRows(b) * new_stride * sizeof(float);
-      float* p = AllocRows(BlockRows(b), new_stride);
-      FaultIn(p, bytes);
-      w->data.push_back(p);
-    }
-    return w;
+    return std::make_unique<Widened>(new_stride, nblocks, meter_);
   }
 
   // Widens every row from `stride_` to `new_stride` floats: the first
   // `stride_` floats are copied, the rest filled from `tail_init`
-  // (new_stride - stride_ values). Caller holds every segment lock.
+  // (new_stride - stride_ values). Caller holds every segment lock. Throws
+  // std::bad_alloc when a block's new memory cannot be had; the rows are then
+  // as before, at the old stride (blocks already widened are narrowed back in
+  // place and keep their wider memory until the next widening or the end).
   void Relayout(int new_stride, const std::vector<float>& tail_init, Widened* prepared) {
     std::lock_guard<std::mutex> l(mu_);
+    std::unique_ptr<Widened> own;
+    if (!prepared || prepared->stride() != new_stride) {
+      own = std::make_unique<Widened>(new_stride, 0, meter_);
+      prepared = own.get();
+    }
+    reserve_.Want(0, 0, 0);  // blocks of the old stride are of no use now
+    const size_t tail_bytes = (new_stride - stride_) * sizeof(float);
     for (uint32_t b = 0; b < nblocks_; ++b) {
       BlockRec* blk = Block(b);
-      size_t n = BlockRows(b);
-      float* nd;
-      if (prepared && prepared->stride == new_stride && b < prepared->data.size()) {
-        nd = prepared->data[b];
-        prepared->data[b] = nullptr;
-      } else {
-        nd = AllocRows(n, new_stride);
+      const size_t n = BlockRows(b);
+      float* nd = prepared->Take(b);
+      if (!nd) {
+        Narrow(b, new_stride);
+        throw std::bad_alloc();
       }
       for (size_t i = 0; i < n; ++i) {
         std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
-        std::memcpy(nd + i * new_stride + stride_, tail_init.data(),
-                    (new_stride - stride_) * sizeof(float));
+        std::memcpy(nd + i * new_stride + stride_, tail_init.data(), tail_bytes);
       }
-      std::free(blk->data);
+      meter_->Free(blk->data, n * blk->alloc_stride * sizeof(float));
       blk->data = nd;
+      blk->alloc_stride = new_stride;
     }
     stride_ = new_stride;
-    if (nblocks_ > kFirstBig) RefillReserve();  // frees blocks of the old stride
+    if (nblocks_ > kFirstBig) RefillReserve();
   }
+
+  // Bytes of row memory (data and versions) the arena holds now, not counting
+  // the reserve's blocks (bytes() does) but counting a widening's prepared
+  // blocks; and its high-water mark since ResetHeldPeak().
+  int64_t held_bytes() const { return meter_->held(); }
+  int64_t held_peak() const { return meter_->peak(); }
+  void ResetHeldPeak() { meter_->ResetPeak(); }
 
  private:
   struct BlockRec {
     float* data = nullptr;
     int64_t* versions = nullptr;
+    int alloc_stride = 0;  // floats per row the data was allocated for (>= stride_)
   };
   static constexpr uint32_t kSmall = 256;           // rows in block 0
   static constexpr uint32_t kBigShift = 16;         // later blocks: 65,536 rows
@@ -249,10 +397,19 @@ class RowArena {
     if (b >= kFirstBig && reserve_.Take(BigDataBytes(), BigVersionBytes(), &r)) {
       blk->data = static_cast<float*>(r.data);
       blk->versions = static_cast<int64_t*>(r.versions);
+      meter_->Add(static_cast<int64_t>(BigDataBytes() + BigVersionBytes()));
     } else {
-      blk->data = AllocRows(n, stride_);
-      blk->versions = static_cast<int64_t*>(AllocLarge(n * sizeof(int64_t)));
+      blk->data = meter_->Alloc(n, stride_);
+      try {
+        blk->versions = static_cast<int64_t*>(AllocLarge(n * sizeof(int64_t)));
+      } catch (const std::bad_alloc&) {
+        meter_->Free(blk->data, n * stride_ * sizeof(float));
+        blk->data = nullptr;
+        throw;
+      }
+      meter_->Add(static_cast<int64_t>(n * sizeof(int64_t)));
     }
+    blk->alloc_stride = stride_;
     nblocks_ = b + 1;
     if (b >= kFirstBig) RefillReserve();
   }
@@ -264,10 +421,15 @@ class RowArena {
   }
   size_t BigDataBytes() const { return (size_t{1} << kBigShift) * stride_ * sizeof(float); }
   static size_t BigVersionBytes() { return (size_t{1} << kBigShift) * sizeof(int64_t); }
-  // Cache-line aligned (a 16-float row is exactly one line); huge-page
-  // backed for large blocks (memory.h).
-  static float* AllocRows(size_t n, int stride) {
-    return static_cast<float*>(AllocLarge(n * stride * sizeof(float)));
+  // Undoes a Relayout that widened blocks [0, upto) to `wide` floats a row
+  // and then failed: their rows are narrowed back to stride_ in place (row i
+  // moves from i * wide to i * stride_, never forward). mu_ held.
+  void Narrow(uint32_t upto, int wide) {
+    for (uint32_t b = 0; b < upto; ++b) {
+      float* d = Block(b)->data;
+      for (size_t i = 1; i < BlockRows(b); ++i)
+        std::memmove(d + i * stride_, d + i * wide, stride_ * sizeof(float));
+    }
   }
   void ReleaseAll() {
     for (uint32_t b = 0; b < nblocks_; ++b) {
@@ -277,6 +439,7 @@ class RowArena {
   }
 
   int stride_;
+  std::shared_ptr<RowMeter> meter_ = std::make_shared<RowMeter>();
   mutable std::mutex mu_;
   uint32_t next_ = 0;
   uint32_t nblocks_ = 0;

@@ -211,8 +211,9 @@ class Table {
       }
     }
     if (!missing.empty() || changed) {
-      // New memory for wider rows is obtained before any segment lock is
-      // taken (arena.h: PrepareWiden), so lookups continue meanwhile.
+      // The store starts preparing wider rows before any segment lock is
+      // taken (arena.h: PrepareWiden, a bounded number of blocks ahead), so
+      // lookups continue meanwhile; Relayout widens the rest under the locks.
       int new_stride = dim_ * (1 + static_cast<int>(slots_.size() + missing.size()));
       std::unique_ptr<typename Store::Widened> prepared;
       if (!missing.empty()) prepared = rows_.PrepareWiden(new_stride);
@@ -999,6 +1000,10 @@ class Table {
   // frequency are read with it.
   static constexpr size_t kStreamBytes = size_t{16} << 20;
   static constexpr size_t kGapBytes = size_t{64} << 10;
+  // Pass 2 prefetches a row's metadata (version, slot, location) this many
+  // keys ahead: nearer than the index's entry (Idx::PrefetchAhead), as it
+  // needs one load, not two.
+  static constexpr int64_t kMetaAhead = 8;
   struct ColdKey {
     Owned key;
     uint32_t loc, row;
@@ -1056,36 +1061,34 @@ class Table {
     }
     span_at.push_back(n);
     Reader reader(stream, epoch, window * static_cast<size_t>(stride), std::move(runs));
-    std::vector<uint32_t> by_seg, seg_at(nseg_ + 1);
-    std::vector<uint64_t> hashes;
+    Grouping g;
+    std::vector<K> span_keys;
     for (size_t sp = 0; sp + 1 < span_at.size(); ++sp) {
       const size_t i = span_at[sp], j = span_at[sp + 1];
       const uint32_t base = cold[i].loc;
       bool read = false;
       const float* buf = reader.Next(&read);
-      // The span's keys by segment (counting sort), each segment locked once.
-      hashes.resize(j - i);
-      std::fill(seg_at.begin(), seg_at.end(), 0);
-      for (size_t k = i; k < j; ++k) {
-        hashes[k - i] = Traits::Hash(Traits::View(cold[k].key));
-        ++seg_at[index_.SegmentOf(hashes[k - i]) + 1];
-      }
-      for (int s = 0; s < nseg_; ++s) seg_at[s + 1] += seg_at[s];
-      by_seg.resize(j - i);
-      {
-        std::vector<uint32_t> fill(seg_at.begin(), seg_at.end() - 1);
-        for (size_t k = i; k < j; ++k) by_seg[fill[index_.SegmentOf(hashes[k - i])]++] = static_cast<uint32_t>(k);
-      }
+      // The span's keys by segment, each segment locked once, and found again
+      // as a batch lookup is (the index's prefetch pipeline, and each row's
+      // metadata ahead): at random over the index, each key's probe would
+      // otherwise wait for two cache misses in turn.
+      span_keys.resize(j - i);
+      for (size_t k = i; k < j; ++k) span_keys[k - i] = Traits::View(cold[k].key);
+      index_.Group(span_keys.data(), static_cast<int64_t>(j - i), &g);
       for (int s = 0; s < nseg_; ++s) {
-        if (seg_at[s] == seg_at[s + 1]) continue;
+        const int64_t lo = g.start[s], hi = g.start[s + 1];
+        if (lo == hi) continue;
         const Seg& seg = index_.segment(s);
         std::shared_lock<std::shared_mutex> lock(seg.mu);
         const bool same = read && rows_.layout_epoch() == epoch;
         scratch.resize(rows_.stride());
-        for (uint32_t q = seg_at[s]; q < seg_at[s + 1]; ++q) {
-          const ColdKey& c = cold[by_seg[q]];
-          const K key = Traits::View(c.key);
-          const E* en = seg.Find(key, hashes[by_seg[q] - i]);
+        for (int64_t q = lo; q < hi; ++q) {
+          Idx::PrefetchAhead(seg, g, span_keys.data(), q, hi);
+          if (q + kMetaAhead < hi) rows_.PrefetchMeta(cold[i + g.order[q + kMetaAhead]].row);
+          const uint32_t p = g.order[q];
+          const ColdKey& c = cold[i + p];
+          const K key = span_keys[p];
+          const E* en = seg.Find(key, g.hash[p]);
           if (!en) continue;  // erased since pass 1
           const bool adm = RowIsReal(en->row);
           ExportedKey<K> x{key, adm, adm ? rows_.Version(en->row) : -1, static_cast<int64_t>(en->freq()),

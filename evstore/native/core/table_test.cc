@@ -3,6 +3,10 @@
 //   g++ -std=c++17 -O2 -g -pthread -fsanitize=address,undefined
 //       -I evstore/native/core evstore/native/core/table_test.cc -o table_test
 // Driven by tests/native/CMakeLists.txt (make test-native). Exits non-zero on the first failure.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -389,6 +394,158 @@ static void test_concurrent_shared_for_covers_every_unit_once() {
   CHECK(threw);
   for (auto& t : late) t.join();  // late helpers find nothing left to claim
   for (auto& f : never) f();
+}
+
+// Fills `rows` rows of the arena: [r, -r, 0, ...] and version r.
+static std::vector<uint32_t> FillArena(RowArena& a, uint32_t rows) {
+  std::vector<uint32_t> ids(rows);
+  a.AllocateMany(rows, ids.data());
+  for (uint32_t r : ids) {
+    float* row = a.Row(r);
+    std::fill(row, row + a.stride(), 0.f);
+    row[0] = static_cast<float>(r);
+    row[1] = -static_cast<float>(r);
+    a.Version(r) = r;
+  }
+  return ids;
+}
+// Whether every row FillArena wrote at stride `old` is intact, followed by
+// `tail` (the arena's stride old + tail.size()).
+static bool ArenaRowsExact(const RowArena& a, const std::vector<uint32_t>& ids, int old,
+                           const std::vector<float>& tail) {
+  if (a.stride() != old + static_cast<int>(tail.size())) return false;
+  for (uint32_t r : ids) {
+    const float* row = a.Row(r);
+    if (row[0] != static_cast<float>(r) || row[1] != -static_cast<float>(r) || a.Version(r) != r) return false;
+    for (int j = 2; j < a.stride(); ++j)
+      if (row[j] != (j < old ? 0.f : tail[j - old])) return false;
+  }
+  return true;
+}
+
+// Widening every row for new optimizer slots holds at most the new rows plus
+// RowArena::WidenBoundBytes() of row memory at any moment (each old block is
+// freed as soon as its rows are copied; only a few new blocks are prepared
+// ahead), prepared or not, and leaves every row's values, slot tail and
+// version exact.
+static void test_widening_holds_at_most_the_new_rows_plus_its_bound() {
+  const uint32_t rows = 24 * 65536 + 1000;  // 24 big blocks past the small ones
+  for (bool prepare : {true, false}) {
+    RowArena a(2);
+    const std::vector<uint32_t> ids = FillArena(a, rows);
+    const int64_t old_bytes = a.held_bytes();
+    CHECK(old_bytes > RowArena::WidenBoundBytes(2, 6));  // old and new rows together would exceed it
+    a.ResetHeldPeak();
+    std::unique_ptr<RowArena::Widened> w;
+    if (prepare) {
+      w = a.PrepareWiden(6);
+      // The helper prepares kWidenAhead blocks and waits (a minute at most).
+      for (int i = 0; i < 6000 && w->ready() < RowArena::kWidenAhead; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      CHECK_EQ(w->ready(), RowArena::kWidenAhead);
+    }
+    a.Relayout(6, {1.f, 2.f, 3.f, 4.f}, w.get());
+    w.reset();
+    const int64_t new_bytes = a.held_bytes();
+    CHECK_EQ(new_bytes, old_bytes / (2 * 4 + 8) * (6 * 4 + 8));  // nothing left over
+    CHECK(a.held_peak() <= new_bytes + RowArena::WidenBoundBytes(2, 6));
+    CHECK(ArenaRowsExact(a, ids, 2, {1.f, 2.f, 3.f, 4.f}));
+  }
+}
+
+// A widening that runs out of memory part-way throws std::bad_alloc and
+// leaves every row as it was, at the old stride (the blocks already widened
+// are narrowed back in place); a later widening with memory succeeds. The
+// child process limits its address space to 40 MiB over what it maps: less
+// than one new block of 65,536 rows at stride 192 (48 MiB, always its own
+// mapping), more than the new small blocks need beyond the old ones they
+// free. No reserve (fewer than 8 big blocks). ASan's allocator reserves its
+// space up front, so that build compiles the check out.
+static void test_a_widening_out_of_memory_leaves_every_row_as_it_was() {
+#if !defined(__SANITIZE_ADDRESS__)
+  const uint32_t rows = 8 * 65536;  // the small blocks' 65,536 rows and 7 big blocks
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    RowArena a(64);
+    const std::vector<uint32_t> ids = FillArena(a, rows);
+    const std::vector<float> tail(128, 7.f);
+    struct rlimit was;
+    getrlimit(RLIMIT_AS, &was);
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    long vm_kib = 0;
+    while (std::getline(status, line))
+      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::atol(line.c_str() + 7);
+    struct rlimit low = was;
+    low.rlim_cur = static_cast<rlim_t>(vm_kib + 40 * 1024) * 1024;
+    bool threw = false;
+    setrlimit(RLIMIT_AS, &low);
+    try {
+      a.Relayout(192, tail, nullptr);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    setrlimit(RLIMIT_AS, &was);
+    const bool kept = ArenaRowsExact(a, ids, 64, {});
+    a.Relayout(192, tail, nullptr);
+    _exit(!threw ? 2 : !kept ? 3 : !ArenaRowsExact(a, ids, 64, tail) ? 4 : 0);
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);  // 2: no bad_alloc, 3: rows changed, 4: the second widening wrong
+#endif
+}
+
+// Lookups and inserts of new keys racing a widening (Adam's two slots
+// arriving) read exact rows before, during and after it: embeddings never
+// change, new keys get their bank rows (some in blocks made after the
+// widening was prepared), and afterwards every row carries both slots'
+// initial values. ThreadSanitizer runs this.
+static void test_concurrent_lookups_and_inserts_racing_a_widening_see_exact_rows() {
+  const int dim = 4, n = 3 * 65536, batch = 512, fresh = 2 * 65536;
+  Table<int64_t> t(Cfg(dim));
+  std::vector<int64_t> keys(n);
+  for (int i = 0; i < n; ++i) keys[i] = int64_t(i) * 7919 + 3;
+  t.FindOrInsert(keys.data(), n, std::vector<float>(size_t(n) * dim).data(), kThreads);
+  std::atomic<bool> widened{false};
+  std::atomic<int> reads{0};
+  std::thread reader([&] {
+    std::vector<int64_t> b(batch);
+    std::vector<float> out(batch * dim);
+    uint64_t x = 1;
+    for (int round = 0; !widened.load() || round < 4; ++round) {
+      for (auto& k : b) k = keys[(x = Mix64(x)) % n];
+      t.Find(b.data(), batch, out.data(), kSerial);
+      for (int i = 0; i < batch; ++i) CHECK(std::vector<float>(out.begin() + i * dim, out.begin() + (i + 1) * dim) == BankRow(b[i], dim));
+      reads.fetch_add(1);
+    }
+  });
+  std::vector<int64_t> added;
+  std::thread inserter([&] {
+    std::vector<int64_t> b(batch);
+    std::vector<float> out(batch * dim);
+    for (int64_t s = 0; s < fresh; s += batch) {
+      for (int i = 0; i < batch; ++i) b[i] = -1 - (s + i);
+      t.FindOrInsert(b.data(), batch, out.data(), kSerial);
+      for (int i = 0; i < batch; ++i) CHECK(std::vector<float>(out.begin() + i * dim, out.begin() + (i + 1) * dim) == BankRow(b[i], dim));
+      added.insert(added.end(), b.begin(), b.end());
+    }
+  });
+  while (reads.load() < 2) std::this_thread::yield();  // the reader is under way
+  CHECK((t.EnsureSlots({{"m", 0.25f}, {"v", 0.5f}}) == std::vector<int>{dim, 2 * dim}));
+  widened.store(true);
+  reader.join();
+  inserter.join();
+  keys.insert(keys.end(), added.begin(), added.end());
+  std::vector<KeyState> after = ReadAll(t, keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::vector<float> want = BankRow(keys[i], dim);
+    want.insert(want.end(), dim, 0.25f);
+    want.insert(want.end(), dim, 0.5f);
+    CHECK(after[i].admitted && after[i].row == want);
+  }
 }
 
 static void test_ensure_slots_relayout() {
@@ -1210,6 +1367,9 @@ int main() {
   RUN(test_growth_million_keys_values_intact);
   RUN(test_ensure_slots_relayout);
   RUN(test_reserved_blocks_hold_rows_and_follow_relayout);
+  RUN(test_widening_holds_at_most_the_new_rows_plus_its_bound);
+  RUN(test_a_widening_out_of_memory_leaves_every_row_as_it_was);
+  RUN(test_concurrent_lookups_and_inserts_racing_a_widening_see_exact_rows);
   RUN(test_concurrent_inserts_with_block_reserve);
   RUN(test_concurrent_shared_for_covers_every_unit_once);
   RUN_K(test_erase_recycles_row_and_tracks_deleted);

@@ -2,6 +2,8 @@
 // core/export.h into a BundleStreamWriter, or from a BundleStreamReader into
 // the table. No table logic here.
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -381,6 +383,244 @@ class RowColumn {
   std::vector<char> codes_;
 };
 
+// Which target each key of a load goes to: with num_shards 1 every key to
+// target 0; otherwise the key's shard (core/shard.h) names it: to[shard], or
+// -1 for a shard no target of this load holds (its keys are skipped).
+struct Routing {
+  int32_t num_shards = 1;
+  std::vector<int> to{0};
+  bool routed() const { return num_shards > 1; }
+};
+
+// Moves the kept positions of a block of rows of `width` values to `dst`
+// (dst == src: in place; keep is ascending, so a row never overwrites one
+// still to be moved).
+template <typename T>
+void Gather(const T* src, T* dst, int64_t width, const std::vector<int64_t>& keep) {
+  for (size_t w = 0; w < keep.size(); ++w)
+    if (dst != src || static_cast<int64_t>(w) != keep[w])
+      std::memmove(dst + w * width, src + keep[w] * width, sizeof(T) * width);
+}
+
+// Applies EV `name` of the bundle at `prefix` to `targets` (tables of one
+// kind and dim), each key to the target `routing` names; counts[i]: what
+// target i got. One target: EvLoadBundle; several: EvLoadBundleRouted (the
+// shards of one process that a part of another shard count routes its keys
+// to, the part read once for all of them). Every tensor is opened (and
+// checked against the index) before any table changes, so a wrong dim, dtype
+// or a missing file changes nothing; each tensor's crc32c is checked as it
+// ends (DataLoss naming the file).
+template <typename K, typename TableType>
+void LoadBundle(const std::vector<TableType*>& targets, const Routing& routing, const std::string& prefix,
+                const std::string& name, const std::vector<std::string>& slot_names, const ServingRows* serving,
+                const std::string& view_name, const std::string& view_prefix, bool clear, int64_t cap,
+                std::vector<ExportCounts>* counts) {
+  const size_t nt = targets.size();
+  const bool single = nt == 1, routed = routing.routed();
+  const int dim = targets[0]->dim();  // a serving table's packed width (core/serving_rows.h)
+  for (TableType* t : targets)
+    if (t->dim() != dim) throw std::runtime_error("EvLoadBundleRouted: the target tables' dims differ");
+  counts->assign(nt, ExportCounts{});
+  BundleStreamReader r(prefix);
+  std::unique_ptr<BundleStreamReader> vr;
+  if (!view_name.empty()) vr = std::make_unique<BundleStreamReader>(ViewPrefix(prefix, view_prefix));
+  using Col = BundleStreamReader::Column;
+  using schema::TensorName;  // tensor names: core/schema.h
+  KeyReader<K> keys(r, TensorName(name, schema::kKeys)), fkeys(r, TensorName(name, schema::kKeysFiltered));
+  RowColumn values(r, vr.get(), name, serving, dim);
+  Col versions(r, TensorName(name, schema::kVersions), tensorflow::DT_INT64, 1),
+      freqs(r, TensorName(name, schema::kFreqs), tensorflow::DT_INT64, 1),
+      ffreqs(r, TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, 1);
+  std::vector<std::unique_ptr<Col>> slots;
+  std::vector<SlotSpecs> want(nt);
+  for (const std::string& s : slot_names) {
+    slots.push_back(std::make_unique<Col>(r, schema::SlotTensor(name, s), tensorflow::DT_FLOAT, dim));
+    const std::string init_name = schema::SlotInitialValueTensor(name, s);
+    const bool held = r.Has(init_name);  // the saved table's initial value (older checkpoints lack it)
+    float saved_init = 0.f;
+    if (held) {
+      Col saved(r, init_name, tensorflow::DT_FLOAT, 1);
+      if (saved.rows() != 1)
+        throw std::runtime_error("checkpoint " + prefix + ": '" + init_name + "' must hold one value");
+      saved.Read(&saved_init, 1);
+      saved.Finish();
+    }
+    for (size_t i = 0; i < nt; ++i) {
+      float init = 0.f;
+      for (const auto& h : targets[i]->slots())
+        if (h.first == s) init = h.second;
+      want[i].emplace_back(s, held ? saved_init : init);
+    }
+  }
+  std::unique_ptr<KeyReader<K>> deleted;
+  std::unique_ptr<Col> fseen, clock, bblocks, bcounters;
+  const std::string deleted_name = TensorName(name, schema::kDeletedKeys),
+                    seen_name = TensorName(name, schema::kSeenFiltered), clock_name = TensorName(name, schema::kClock),
+                    geometry_name = TensorName(name, schema::kBloomGeometry);
+  if (r.Has(deleted_name)) deleted = std::make_unique<KeyReader<K>>(r, deleted_name);
+  if (r.Has(seen_name)) fseen = std::make_unique<Col>(r, seen_name, tensorflow::DT_INT64, 1);
+  if (r.Has(clock_name)) clock = std::make_unique<Col>(r, clock_name, tensorflow::DT_INT64, 1);
+  // Bloom counters restore into a filter of the same geometry (same
+  // capacity, fp_rate and segments) holding the same keys (not re-routed).
+  TableType& t0 = *targets[0];
+  if (single && t0.has_bloom() && !routed && r.Has(geometry_name)) {
+    Col geo(r, geometry_name, tensorflow::DT_INT64, 1);
+    std::vector<int64_t> saved(geo.rows());
+    geo.Read(saved.data(), geo.rows());
+    geo.Finish();
+    if (saved == t0.bloom()->Geometry()) {
+      bblocks = std::make_unique<Col>(r, TensorName(name, schema::kBloomBlocks), tensorflow::DT_INT64, 1);
+      bcounters =
+          std::make_unique<Col>(r, TensorName(name, schema::kBloomCounters), tensorflow::DT_UINT8, CountingBloom::kBlock);
+      if (bblocks->rows() != bcounters->rows())
+        throw std::runtime_error("checkpoint " + prefix + ": Bloom tensors of '" + name +
+                                 "' disagree on their row count");
+    }
+  }
+  if (fseen && fseen->rows() != fkeys.rows())
+    throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
+  if (clock && clock->rows() != 1)
+    throw std::runtime_error("checkpoint " + prefix + ": '" + clock_name + "' must hold one value");
+  const int64_t n = keys.rows();
+  if (values.rows() != n || versions.rows() != n || freqs.rows() != n || fkeys.rows() != ffreqs.rows())
+    throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
+  for (const auto& s : slots)
+    if (s->rows() != n)
+      throw std::runtime_error("checkpoint " + prefix + ": a slot of '" + name + "' has the wrong row count");
+  std::vector<std::vector<int>> offs(nt);
+  for (size_t i = 0; i < nt; ++i) offs[i] = targets[i]->EnsureSlots(want[i]);
+  const int64_t incoming = n + fkeys.rows();
+  for (TableType* t : targets) {
+    if (clear) t->Clear();
+    t->Reserve(t->Stats().size +
+               (routed ? incoming / routing.num_shards + incoming / (8 * routing.num_shards) + 1024 : incoming));
+  }
+  // keep[i]: the positions of a chunk's keys that go to target i (routed
+  // loads only), ascending. One target gathers them in place; several into
+  // scratch buffers of a chunk each, the chunk read once for all.
+  std::vector<std::vector<int64_t>> keep(nt);
+  const auto split = [&](const CoreKey<K>* kbuf, int64_t m) {
+    for (auto& k : keep) k.clear();
+    for (int64_t j = 0; j < m; ++j) {
+      const int to = routing.to[ShardOf(kbuf[j], routing.num_shards)];
+      if (to >= 0) keep[to].push_back(j);
+    }
+  };
+  std::vector<CoreKey<K>> kscratch(single ? 0 : cap);
+  std::vector<int64_t> vbuf(cap), fbuf(cap), sbuf_seen(cap);
+  std::vector<int64_t> vscratch(single ? 0 : cap), fscratch(single ? 0 : cap), seen_scratch(single ? 0 : cap);
+  // Each target's part of a chunk of keys: (keys, count) of target i, gathered (routed) or all of them.
+  const auto part = [&](CoreKey<K>* kbuf, int64_t m, size_t i) -> std::pair<CoreKey<K>*, int64_t> {
+    if (!routed) return {kbuf, m};
+    CoreKey<K>* dst = single ? kbuf : kscratch.data();
+    Gather(kbuf, dst, 1, keep[i]);
+    return {dst, static_cast<int64_t>(keep[i].size())};
+  };
+  if (deleted) {
+    for (int64_t lo = 0; lo < deleted->rows(); lo += cap) {
+      const int64_t m = std::min(cap, deleted->rows() - lo);
+      CoreKey<K>* kbuf = deleted->Read(m);
+      if (routed) split(kbuf, m);
+      for (size_t i = 0; i < nt; ++i) {
+        auto [kd, mk] = part(kbuf, m, i);
+        targets[i]->Erase(kd, mk, /*track_deleted=*/false);
+        (*counts)[i].deleted += mk;
+      }
+    }
+    deleted->Finish();
+  }
+  // The chunk's rows and its slots (none for a serving table or a restore
+  // without optimizer slots: a zeroed buffer of a chunk's rows for nothing
+  // was 16 MiB of a reload's memory at dim 64).
+  std::vector<float> rows(cap * dim), sbuf(cap * dim * slots.size());
+  std::vector<float> rscratch(single ? 0 : cap * dim), sscratch(single ? 0 : cap * dim * slots.size());
+  for (int64_t lo = 0; lo < n; lo += cap) {
+    const int64_t m = std::min(cap, n - lo);
+    CoreKey<K>* kbuf = keys.Read(m);
+    values.Read(rows.data(), m);
+    versions.Read(vbuf.data(), m);
+    freqs.Read(fbuf.data(), m);
+    for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(sbuf.data() + s * m * dim, m);
+    // The next chunk comes from the disk while this one is imported (a
+    // tiered table writes its tier meanwhile).
+    values.WillNeed(cap);
+    versions.WillNeed(cap);
+    freqs.WillNeed(cap);
+    for (const auto& s : slots) s->WillNeed(cap);
+    if (routed) split(kbuf, m);
+    for (size_t i = 0; i < nt; ++i) {
+      auto [kd, mk] = part(kbuf, m, i);
+      float *rd = rows.data(), *sd = sbuf.data();
+      int64_t *vd = vbuf.data(), *fd = fbuf.data();
+      if (routed && !single) rd = rscratch.data(), sd = sscratch.data(), vd = vscratch.data(), fd = fscratch.data();
+      if (routed) {
+        Gather(rows.data(), rd, dim, keep[i]);
+        Gather(vbuf.data(), vd, 1, keep[i]);
+        Gather(fbuf.data(), fd, 1, keep[i]);
+        for (size_t s = 0; s < slots.size(); ++s) Gather(sbuf.data() + s * m * dim, sd + s * m * dim, dim, keep[i]);
+      }
+      // Slot s of kept row j is at sd[s * m * dim + j * dim] (the stride stays m * dim).
+      targets[i]->ImportRows(kd, mk, rd, dim, sd, dim, m * dim, offs[i], vd, fd, /*mark_dirty=*/false);
+      (*counts)[i].rows += mk;
+    }
+  }
+  keys.Finish();
+  values.Finish();
+  for (Col* col : {&versions, &freqs}) col->Finish();
+  for (const auto& s : slots) s->Finish();
+  for (int64_t lo = 0; lo < fkeys.rows(); lo += cap) {
+    const int64_t m = std::min(cap, fkeys.rows() - lo);
+    CoreKey<K>* kbuf = fkeys.Read(m);
+    ffreqs.Read(fbuf.data(), m);
+    if (fseen) fseen->Read(sbuf_seen.data(), m);
+    if (routed) split(kbuf, m);
+    for (size_t i = 0; i < nt; ++i) {
+      auto [kd, mk] = part(kbuf, m, i);
+      int64_t *fd = fbuf.data(), *sd = sbuf_seen.data();
+      if (routed && !single) fd = fscratch.data(), sd = seen_scratch.data();
+      if (routed) {
+        Gather(fbuf.data(), fd, 1, keep[i]);
+        Gather(sbuf_seen.data(), sd, 1, keep[i]);
+      }
+      targets[i]->ImportFiltered(kd, mk, fd, /*mark_dirty=*/false, /*demote=*/true, fseen ? sd : nullptr);
+      (*counts)[i].filtered += mk;
+    }
+  }
+  fkeys.Finish();
+  ffreqs.Finish();
+  if (fseen) fseen->Finish();
+  if (bblocks) {
+    const int64_t B = CountingBloom::kBlock, bcap = std::max<int64_t>(1, (16 << 20) / B);
+    std::vector<int64_t> ids(bcap);
+    std::vector<uint8_t> cnt(bcap * B);
+    for (int64_t lo = 0; lo < bblocks->rows(); lo += bcap) {
+      const int64_t m = std::min(bcap, bblocks->rows() - lo);
+      bblocks->Read(ids.data(), m);
+      bcounters->Read(cnt.data(), m);
+      for (int64_t j = 0; j < m; ++j) t0.WriteBloomBlock(ids[j], cnt.data() + j * B);
+    }
+    bblocks->Finish();
+    bcounters->Finish();
+  }
+  if (clock) {
+    int64_t saved = -1;
+    clock->Read(&saved, 1);
+    clock->Finish();
+    for (TableType* t : targets) {
+      if (clear)
+        t->SetClock(saved);  // a full restore: exactly the saved table's clock
+      else
+        t->AdvanceClock(saved);
+    }
+  }
+}
+
+std::vector<std::string> Strings(const Tensor& t) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < t.NumElements(); ++i) out.emplace_back(t.flat<tensorflow::tstring>()(i));
+  return out;
+}
+
 template <typename K>
 class EvLoadBundleOp : public EvTableOp<K> {
  public:
@@ -388,223 +628,147 @@ class EvLoadBundleOp : public EvTableOp<K> {
     OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_));
     OP_REQUIRES_OK(c, c->GetAttr("chunk_rows", &chunk_rows_));
     OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
-    OP_REQUIRES_OK(c, c->GetAttr("shard_index", &shard_index_));
-    OP_REQUIRES_OK(c, c->GetAttr("num_shards", &num_shards_));
-    OP_REQUIRES(c, num_shards_ >= 1 && shard_index_ >= 0 && shard_index_ < num_shards_,
-                errors::InvalidArgument("need 0 <= shard_index < num_shards, got ", shard_index_, " of ",
-                                        num_shards_));
+    int32_t shard_index, num_shards;
+    OP_REQUIRES_OK(c, c->GetAttr("shard_index", &shard_index));
+    OP_REQUIRES_OK(c, c->GetAttr("num_shards", &num_shards));
+    OP_REQUIRES(c, num_shards >= 1 && shard_index >= 0 && shard_index < num_shards,
+                errors::InvalidArgument("need 0 <= shard_index < num_shards, got ", shard_index, " of ", num_shards));
+    routing_.num_shards = num_shards;
+    routing_.to.assign(num_shards, -1);
+    routing_.to[shard_index] = 0;
     OP_REQUIRES_OK(c, c->GetAttr("view", &view_));
     OP_REQUIRES_OK(c, c->GetAttr("view_prefix", &view_prefix_));
-  }
-
-  // Keeps the positions of keys[0, m) routed to this shard: returns how many
-  // and fills `keep` (ascending). Without sharding every position is kept.
-  int64_t Route(const CoreKey<K>* keys, int64_t m, std::vector<int64_t>* keep) const {
-    keep->clear();
-    for (int64_t j = 0; j < m; ++j)
-      if (ShardOf(keys[j], num_shards_) == shard_index_) keep->push_back(j);
-    return static_cast<int64_t>(keep->size());
-  }
-
-  // Moves the kept positions to the front of a block of rows of `width`
-  // values (in place: keep is ascending, so a row never overwrites one still
-  // to be moved).
-  template <typename T>
-  static void Compact(T* data, int64_t width, const std::vector<int64_t>& keep) {
-    for (size_t w = 0; w < keep.size(); ++w)
-      if (static_cast<int64_t>(w) != keep[w])
-        std::memmove(data + w * width, data + keep[w] * width, sizeof(T) * width);
   }
 
   EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, prefix_t, "prefix");
     EV_INPUT(ctx, name_t, "ev_name");
     EV_INPUT(ctx, slot_names, "slot_names");
-    const std::string prefix(prefix_t.scalar<tensorflow::tstring>()());
-    const std::string name(name_t.scalar<tensorflow::tstring>()());
-    const int dim = t.dim();  // a serving table's packed width (core/serving_rows.h)
     const ServingRows* serving = res.serving();
     OP_REQUIRES(ctx, view_.empty() || (serving && serving->name() == view_),
                 errors::InvalidArgument("EvLoadBundle: a ", view_, " serving view loads only into a serving table "
                                         "in that precision"));
     OP_REQUIRES(ctx, !serving || slot_names.NumElements() == 0,
                 errors::InvalidArgument("EvLoadBundle: a serving table holds no optimizer slots"));
-    ExportCounts c;
-    EV_TRY(ctx, {
-      BundleStreamReader r(prefix);
-      std::unique_ptr<BundleStreamReader> vr;
-      if (!view_.empty()) vr = std::make_unique<BundleStreamReader>(ViewPrefix(prefix, view_prefix_));
-      // Every tensor is opened (and checked against the index) before the
-      // table changes, so a wrong dim, dtype or a missing file changes nothing.
-      using Col = BundleStreamReader::Column;
-      using schema::TensorName;  // tensor names: core/schema.h
-      KeyReader<K> keys(r, TensorName(name, schema::kKeys)), fkeys(r, TensorName(name, schema::kKeysFiltered));
-      RowColumn values(r, vr.get(), name, serving, dim);
-      Col versions(r, TensorName(name, schema::kVersions), tensorflow::DT_INT64, 1),
-          freqs(r, TensorName(name, schema::kFreqs), tensorflow::DT_INT64, 1),
-          ffreqs(r, TensorName(name, schema::kFreqsFiltered), tensorflow::DT_INT64, 1);
-      std::vector<std::unique_ptr<Col>> slots;
-      SlotSpecs want, have = t.slots();
-      for (int64_t i = 0; i < slot_names.NumElements(); ++i) {
-        std::string s(slot_names.flat<tensorflow::tstring>()(i));
-        slots.push_back(std::make_unique<Col>(r, schema::SlotTensor(name, s), tensorflow::DT_FLOAT, dim));
-        float init = 0.f;
-        for (const auto& h : have)
-          if (h.first == s) init = h.second;
-        const std::string init_name = schema::SlotInitialValueTensor(name, s);
-        if (r.Has(init_name)) {  // the saved table's initial value (older checkpoints lack it)
-          Col saved(r, init_name, tensorflow::DT_FLOAT, 1);
-          if (saved.rows() != 1)
-            throw std::runtime_error("checkpoint " + prefix + ": '" + init_name + "' must hold one value");
-          saved.Read(&init, 1);
-          saved.Finish();
-        }
-        want.emplace_back(s, init);
-      }
-      std::unique_ptr<KeyReader<K>> deleted;
-      std::unique_ptr<Col> fseen, clock, bblocks, bcounters;
-      const std::string deleted_name = TensorName(name, schema::kDeletedKeys),
-                        seen_name = TensorName(name, schema::kSeenFiltered),
-                        clock_name = TensorName(name, schema::kClock),
-                        geometry_name = TensorName(name, schema::kBloomGeometry);
-      if (r.Has(deleted_name)) deleted = std::make_unique<KeyReader<K>>(r, deleted_name);
-      if (r.Has(seen_name)) fseen = std::make_unique<Col>(r, seen_name, tensorflow::DT_INT64, 1);
-      if (r.Has(clock_name)) clock = std::make_unique<Col>(r, clock_name, tensorflow::DT_INT64, 1);
-      const bool routed = num_shards_ > 1;
-      // Bloom counters restore into a filter of the same geometry (same
-      // capacity, fp_rate and segments) holding the same keys (not re-routed).
-      if (t.has_bloom() && !routed && r.Has(geometry_name)) {
-        Col geo(r, geometry_name, tensorflow::DT_INT64, 1);
-        std::vector<int64_t> saved(geo.rows());
-        geo.Read(saved.data(), geo.rows());
-        geo.Finish();
-        if (saved == t.bloom()->Geometry()) {
-          bblocks = std::make_unique<Col>(r, TensorName(name, schema::kBloomBlocks), tensorflow::DT_INT64, 1);
-          bcounters = std::make_unique<Col>(r, TensorName(name, schema::kBloomCounters), tensorflow::DT_UINT8,
-                                            CountingBloom::kBlock);
-          if (bblocks->rows() != bcounters->rows())
-            throw std::runtime_error("checkpoint " + prefix + ": Bloom tensors of '" + name +
-                                     "' disagree on their row count");
-        }
-      }
-      if (fseen && fseen->rows() != fkeys.rows())
-        throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
-      if (clock && clock->rows() != 1)
-        throw std::runtime_error("checkpoint " + prefix + ": '" + clock_name + "' must hold one value");
-      const int64_t n = keys.rows();
-      if (values.rows() != n || versions.rows() != n || freqs.rows() != n || fkeys.rows() != ffreqs.rows())
-        throw std::runtime_error("checkpoint " + prefix + ": tensors of '" + name + "' disagree on their row count");
-      for (const auto& s : slots)
-        if (s->rows() != n)
-          throw std::runtime_error("checkpoint " + prefix + ": a slot of '" + name + "' has the wrong row count");
-      std::vector<int> offs = t.EnsureSlots(want);
-      if (clear_) t.Clear();
-      const int64_t incoming = n + fkeys.rows();
-      t.Reserve(t.Stats().size + (routed ? incoming / num_shards_ + incoming / (8 * num_shards_) + 1024 : incoming));
-      std::vector<int64_t> keep;
-      const int64_t cap = chunk_rows_;
-      std::vector<int64_t> vbuf(cap), fbuf(cap), sbuf_seen(cap);
-      if (deleted) {
-        for (int64_t lo = 0; lo < deleted->rows(); lo += cap) {
-          int64_t m = std::min(cap, deleted->rows() - lo);
-          CoreKey<K>* kbuf = deleted->Read(m);
-          if (routed) {
-            m = Route(kbuf, m, &keep);
-            Compact(kbuf, 1, keep);
-          }
-          t.Erase(kbuf, m, /*track_deleted=*/false);
-          c.deleted += m;
-        }
-        deleted->Finish();
-      }
-      // The chunk's rows and its slots (none for a serving table or a restore
-      // without optimizer slots: a zeroed buffer of a chunk's rows for nothing
-      // was 16 MiB of a reload's memory at dim 64).
-      std::vector<float> rows(cap * dim), sbuf(cap * dim * slots.size());
-      for (int64_t lo = 0; lo < n; lo += cap) {
-        int64_t m = std::min(cap, n - lo);
-        CoreKey<K>* kbuf = keys.Read(m);
-        values.Read(rows.data(), m);
-        versions.Read(vbuf.data(), m);
-        freqs.Read(fbuf.data(), m);
-        for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(sbuf.data() + s * m * dim, m);
-        // The next chunk comes from the disk while this one is imported (a
-        // tiered table writes its tier meanwhile).
-        values.WillNeed(cap);
-        versions.WillNeed(cap);
-        freqs.WillNeed(cap);
-        for (const auto& s : slots) s->WillNeed(cap);
-        int64_t mk = m;
-        if (routed) {
-          mk = Route(kbuf, m, &keep);
-          Compact(kbuf, 1, keep);
-          Compact(rows.data(), dim, keep);
-          Compact(vbuf.data(), 1, keep);
-          Compact(fbuf.data(), 1, keep);
-          for (size_t s = 0; s < slots.size(); ++s) Compact(sbuf.data() + s * m * dim, dim, keep);
-        }
-        // Slot s of kept row j is at sbuf[s * m * dim + j * dim] (the stride stays m * dim).
-        t.ImportRows(kbuf, mk, rows.data(), dim, sbuf.data(), dim, m * dim, offs, vbuf.data(), fbuf.data(),
-                     /*mark_dirty=*/false);
-        c.rows += mk;
-      }
-      keys.Finish();
-      values.Finish();
-      for (Col* col : {&versions, &freqs}) col->Finish();
-      for (const auto& s : slots) s->Finish();
-      for (int64_t lo = 0; lo < fkeys.rows(); lo += cap) {
-        int64_t m = std::min(cap, fkeys.rows() - lo);
-        CoreKey<K>* kbuf = fkeys.Read(m);
-        ffreqs.Read(fbuf.data(), m);
-        if (fseen) fseen->Read(sbuf_seen.data(), m);
-        if (routed) {
-          m = Route(kbuf, m, &keep);
-          Compact(kbuf, 1, keep);
-          Compact(fbuf.data(), 1, keep);
-          Compact(sbuf_seen.data(), 1, keep);
-        }
-        t.ImportFiltered(kbuf, m, fbuf.data(), /*mark_dirty=*/false, /*demote=*/true,
-                         fseen ? sbuf_seen.data() : nullptr);
-        c.filtered += m;
-      }
-      fkeys.Finish();
-      ffreqs.Finish();
-      if (fseen) fseen->Finish();
-      if (bblocks) {
-        const int64_t B = CountingBloom::kBlock, bcap = std::max<int64_t>(1, (16 << 20) / B);
-        std::vector<int64_t> ids(bcap);
-        std::vector<uint8_t> cnt(bcap * B);
-        for (int64_t lo = 0; lo < bblocks->rows(); lo += bcap) {
-          const int64_t m = std::min(bcap, bblocks->rows() - lo);
-          bblocks->Read(ids.data(), m);
-          bcounters->Read(cnt.data(), m);
-          for (int64_t j = 0; j < m; ++j) t.WriteBloomBlock(ids[j], cnt.data() + j * B);
-        }
-        bblocks->Finish();
-        bcounters->Finish();
-      }
-      if (clock) {
-        int64_t saved = -1;
-        clock->Read(&saved, 1);
-        clock->Finish();
-        if (clear_)
-          t.SetClock(saved);  // a full restore: exactly the saved table's clock
-        else
-          t.AdvanceClock(saved);
-      }
-    });
+    std::vector<ExportCounts> c;
+    EV_TRY(ctx, LoadBundle<K>(std::vector<std::remove_reference_t<decltype(t)>*>{&t}, routing_,
+                              std::string(prefix_t.scalar<tensorflow::tstring>()()),
+                              std::string(name_t.scalar<tensorflow::tstring>()()), Strings(slot_names), serving, view_,
+                              view_prefix_, clear_, chunk_rows_, &c));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({3}), &out));
-    out->flat<int64_t>()(0) = c.rows;
-    out->flat<int64_t>()(1) = c.filtered;
-    out->flat<int64_t>()(2) = c.deleted;
+    out->flat<int64_t>()(0) = c[0].rows;
+    out->flat<int64_t>()(1) = c[0].filtered;
+    out->flat<int64_t>()(2) = c[0].deleted;
   }
 
  private:
   bool clear_;
   int64_t chunk_rows_;
-  int32_t shard_index_, num_shards_;
+  Routing routing_;
   std::string view_, view_prefix_;  // the serving view to read rows from ("": the float32 values)
+};
+
+// EvLoadBundleRouted: one load into the tables of several shards of one EV on
+// this device, each key to the table of its shard (shard_indices[i] of
+// num_shards: handles[i]), the bundle's tensors read once for all of them.
+// The tables are of one kind (all in DRAM, or all tiered); no serving tables.
+template <typename K>
+class EvLoadBundleRoutedOp : public OpKernel {
+ public:
+  explicit EvLoadBundleRoutedOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_));
+    OP_REQUIRES_OK(c, c->GetAttr("chunk_rows", &chunk_rows_));
+    OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
+    std::vector<int32_t> shards;
+    OP_REQUIRES_OK(c, c->GetAttr("shard_indices", &shards));
+    OP_REQUIRES_OK(c, c->GetAttr("num_shards", &routing_.num_shards));
+    OP_REQUIRES(c, routing_.num_shards >= 2, errors::InvalidArgument("num_shards must be >= 2"));
+    routing_.to.assign(routing_.num_shards, -1);
+    for (size_t i = 0; i < shards.size(); ++i) {
+      OP_REQUIRES(c, shards[i] >= 0 && shards[i] < routing_.num_shards && routing_.to[shards[i]] < 0,
+                  errors::InvalidArgument("shard_indices must be distinct shards of num_shards, got ", shards[i]));
+      routing_.to[shards[i]] = static_cast<int>(i);
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    EV_INPUT(ctx, prefix_t, "prefix");
+    EV_INPUT(ctx, name_t, "ev_name");
+    EV_INPUT(ctx, slot_names, "slot_names");
+    tensorflow::OpInputList handles;
+    OP_REQUIRES_OK(ctx, ctx->input_list("handles", &handles));
+    const int nt = handles.size();
+    OP_REQUIRES(ctx, nt >= 1 && static_cast<size_t>(nt) == CountTargets(),
+                errors::InvalidArgument("one handle per shard index"));
+    std::vector<tensorflow::core::RefCountPtr<EvResource<K>>> res(nt);
+    std::vector<TableT<K>*> dram;
+    std::vector<TieredTableT<K>*> tiered;
+    for (int i = 0; i < nt; ++i) {
+      OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, handles[i].scalar<ResourceHandle>()(), &res[i]));
+      OP_REQUIRES(ctx, !res[i]->serving(), errors::InvalidArgument("EvLoadBundleRouted: a serving table"));
+      if (res[i]->tiered())
+        tiered.push_back(res[i]->tiered());
+      else
+        dram.push_back(res[i]->dram());
+    }
+    OP_REQUIRES(ctx, tiered.empty() || dram.empty(),
+                errors::InvalidArgument("EvLoadBundleRouted: the tables are not all tiered or all in DRAM"));
+    const std::string prefix(prefix_t.scalar<tensorflow::tstring>()()), name(name_t.scalar<tensorflow::tstring>()());
+    std::vector<ExportCounts> c;
+    WriteBackReport report;  // as EvTableOp: refused write-backs of this op's evictions (rows kept in DRAM)
+    EV_TRY(ctx, {
+      if (!tiered.empty())
+        LoadBundle<K>(tiered, routing_, prefix, name, Strings(slot_names), nullptr, "", "", clear_, chunk_rows_, &c);
+      else
+        LoadBundle<K>(dram, routing_, prefix, name, Strings(slot_names), nullptr, "", "", clear_, chunk_rows_, &c);
+    });
+    if (report.failures() > 0)
+      return ctx->CtxFailure(errors::ResourceExhausted("EmbeddingVariable: ", report.message(),
+                                                       "; free disk space or raise dram_bytes"));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nt, 3}), &out));
+    for (int i = 0; i < nt; ++i) {
+      out->matrix<int64_t>()(i, 0) = c[i].rows;
+      out->matrix<int64_t>()(i, 1) = c[i].filtered;
+      out->matrix<int64_t>()(i, 2) = c[i].deleted;
+    }
+  }
+
+ private:
+  size_t CountTargets() const {
+    size_t n = 0;
+    for (int to : routing_.to) n += to >= 0;
+    return n;
+  }
+  bool clear_;
+  int64_t chunk_rows_;
+  Routing routing_;
+};
+
+// EvDiskFree: statvfs of `path` (absolute) or of its nearest existing parent.
+class EvDiskFreeOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    EV_INPUT(ctx, path_t, "path");
+    std::string path(path_t.scalar<tensorflow::tstring>()());
+    struct stat st;
+    OP_REQUIRES(ctx, !path.empty() && path[0] == '/', errors::InvalidArgument("EvDiskFree: an absolute path, got ", path));
+    while (::stat(path.c_str(), &st) != 0 && errno == ENOENT && path != "/") {
+      const size_t slash = path.find_last_of('/');
+      path = slash == 0 ? "/" : path.substr(0, slash);
+    }
+    struct statvfs fs;
+    OP_REQUIRES(ctx, ::stat(path.c_str(), &st) == 0 && ::statvfs(path.c_str(), &fs) == 0,
+                errors::FailedPrecondition("EvDiskFree: cannot stat ", path, ": ", std::strerror(errno)));
+    const uint64_t blocks = ::geteuid() == 0 ? fs.f_bfree : fs.f_bavail;
+    Tensor *free_t, *dev_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &free_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &dev_t));
+    free_t->scalar<int64_t>()() = static_cast<int64_t>(blocks * fs.f_frsize);
+    dev_t->scalar<int64_t>()() = static_cast<int64_t>(st.st_dev);
+  }
 };
 
 class EvCrc32cExtendOp : public OpKernel {
@@ -653,7 +817,9 @@ class EvFileCrc32cOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("EvSaveBundle").Device(DEVICE_CPU), EvSaveBundleOp);
 EV_REGISTER_KEYED("EvLoadBundle", EvLoadBundleOp);
+EV_REGISTER_KEYED("EvLoadBundleRouted", EvLoadBundleRoutedOp);
 REGISTER_KERNEL_BUILDER(Name("EvCrc32cExtend").Device(DEVICE_CPU), EvCrc32cExtendOp);
+REGISTER_KERNEL_BUILDER(Name("EvDiskFree").Device(DEVICE_CPU), EvDiskFreeOp);
 REGISTER_KERNEL_BUILDER(Name("EvFileCrc32c").Device(DEVICE_CPU), EvFileCrc32cOp);
 
 }  // namespace

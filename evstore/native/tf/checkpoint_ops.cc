@@ -81,6 +81,52 @@ the view bundle `<dir of prefix>/<view_prefix>`; without, the float32 values
 encoded as the view encodes them (core/serving_rows.h).
 )doc");
 
+REGISTER_OP("EvLoadBundleRouted")
+    .Input("handles: N * resource")
+    .Input("prefix: string")
+    .Input("ev_name: string")
+    .Input("slot_names: string")
+    .Attr("N: int >= 1")
+    .Attr("key_dtype: {int32, int64, string}")
+    .Attr("clear: bool")
+    .Attr("chunk_rows: int = 65536")
+    .Attr("shard_indices: list(int) >= 1")
+    .Attr("num_shards: int >= 2")
+    .Output("counts: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->num_inputs() - 3, 3));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+EvLoadBundle into the tables of several shards of one EV at once (all on this
+device, all in DRAM or all tiered, none a serving table): each key of EV
+`ev_name` of the bundle goes to handles[i] when it routes to shard
+shard_indices[i] of `num_shards` (core/shard.h), keys of other shards are
+skipped, and each tensor is read and checked once for all of them (a part of
+another shard count restored into the shards one process holds). Outputs
+[rows, filtered, deleted] per handle.
+)doc");
+
+REGISTER_OP("EvDiskFree")
+    .Input("path: string")
+    .Output("free_bytes: int64")
+    .Output("filesystem: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The bytes this process may still write on the file system of `path` (absolute; or of its
+nearest existing parent), on the host of the device the op runs on: statvfs's
+available blocks (also the blocks reserved for root when the process runs as
+root) times the fragment size; and the file system's device number (st_dev), to
+tell file systems apart. A tiered staging table's disk room is checked with it
+on the task that holds the table (evstore/staging.py).
+)doc");
+
 REGISTER_OP("EvCrc32cExtend")
     .Input("crc: int64")
     .Input("data: string")
