@@ -99,7 +99,8 @@ def bound_parts(st, dram_bytes, dim, view):
     row = slot - SLOT_INFO_BYTES
     chunk = SLOT_CHUNK * slot                                  # slot arrays grow a chunk at a time
     served_slots = st["row_bytes"]                             # the served table's slot arrays now
-    loader = CHUNK_ROWS * (row + 3 * 8)                        # a chunk's rows, keys, versions, frequencies
+    loader = 2 * CHUNK_ROWS * (row + 3 * 8)                    # two chunks' rows, keys, versions, frequencies
+                                                               # (the next one is read while one is imported)
     if view:                                                   # and its codes (and scales) read from the view
         loader += CHUNK_ROWS * (dim * {"int8": 1}.get(view, 2) + 4)
     return {"replacement_index": st["index_bytes"] / MIB, "replacement_meta": st["meta_bytes"] / MIB,

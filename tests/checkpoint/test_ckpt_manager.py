@@ -321,6 +321,57 @@ def test_a_local_restore_reads_each_byte_it_needs_once(tmp_path):
     assert chain_bytes <= read < 1.5 * chain_bytes, (read, chain_bytes)
 
 
+def _resident_pages(path):
+    """(pages of `path` in the page cache, pages of the file): mincore over a mapping that touches none."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size, page = os.path.getsize(path), os.sysconf("SC_PAGE_SIZE")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, 1, 1, fd, 0)   # PROT_READ, MAP_SHARED
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+        try:
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vec), len(vec)
+
+
+def test_a_restore_reads_row_and_slot_columns_around_the_page_cache_and_exactly(tmp_path):
+    # Three chunks of 65,536 rows, the last one's bytes not a whole number of 4 KiB blocks; Adam's two slots.
+    keys = np.arange(150_000, dtype=np.int64) * 3 + 1
+    rng = np.random.default_rng(1)
+    rows, m, v = (rng.normal(size=(len(keys), 16)).astype(np.float32) for _ in range(3))
+    saved = evstore.EmbeddingVariable("t", 16)
+    saved.load(keys, rows, slots={"m": m, "v": v})
+    mgr = checkpoint.CheckpointManager(str(tmp_path / "ckpt"), {"t": saved}, lease=False)
+    mgr.save_full()
+    data = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "ckpt") for f in fs if ".data-" in f]
+    for path in data:   # written back by the save; now out of the page cache
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    got = evstore.EmbeddingVariable("t", 16)
+    checkpoint.CheckpointManager(str(tmp_path / "ckpt"), {"t": got}, lease=False).restore()
+    assert_same_state(state({"t": got}), state({"t": saved}))
+    try:   # where the file system refuses direct reads (tmpfs), the page cache serves them: exact all the same
+        os.close(os.open(data[0], os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return
+    columns = [p for p in data if os.path.getsize(p) == len(keys) * 16 * 4]   # the rows and the two slots
+    assert len(columns) == 3, [os.path.getsize(p) for p in data]
+    for path in columns:
+        resident, pages = _resident_pages(path)
+        assert resident <= 8, (path, resident, pages)   # the last chunk's tail, read through the cache
+
+
 def test_a_local_fetch_for_staging_tables_reads_the_indexes_and_no_data_file_before_the_load(tmp_path, model):
     from checkpoint.fetch import fetch
     from checkpoint.storage import Storage

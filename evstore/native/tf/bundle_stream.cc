@@ -164,10 +164,12 @@ InFile::InFile(const std::string& path, int64_t start, int64_t end) : path_(path
   }
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw IoError("cannot open checkpoint data file", path_);
+  direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);  // -1 where the file system refuses it
 }
 
 InFile::~InFile() {
   if (fd_ >= 0) ::close(fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
   if (src_ >= 0) g_source.close(src_);
 }
 
@@ -183,11 +185,32 @@ int64_t InFile::Size() const {
 }
 
 void InFile::WillNeed(int64_t offset, int64_t n) const {
-  if (fd_ >= 0 && n > 0) ::posix_fadvise(fd_, offset, n, POSIX_FADV_WILLNEED);
+  // A direct read would not use what the kernel read ahead into its cache.
+  if (fd_ >= 0 && n > 0 && !(direct_fd_ >= 0 && offset % kDirectAlign == 0))
+    ::posix_fadvise(fd_, offset, n, POSIX_FADV_WILLNEED);
+}
+
+int64_t InFile::ReadDirect(int64_t offset, char* p, int64_t n) const {
+  if (direct_fd_ < 0 || offset % kDirectAlign != 0 || reinterpret_cast<uintptr_t>(p) % kDirectAlign != 0) return 0;
+  const int64_t whole = n - n % kDirectAlign;
+  int64_t done = 0;
+  while (done < whole) {
+    const ssize_t r = ::pread(direct_fd_, p + done, whole - done, offset + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno == EINVAL) {  // the device's alignment is coarser: the page cache from here on
+      ::close(direct_fd_);
+      direct_fd_ = -1;
+      break;
+    }
+    if (r < 0) throw IoError("cannot read checkpoint file", path_);
+    done += r;
+    if (r == 0 || r % kDirectAlign != 0) break;  // the end of the file: the rest (none) through the cache
+  }
+  return done;
 }
 
 int64_t InFile::ReadAt(int64_t offset, char* p, int64_t n) const {
-  int64_t done = 0;
+  int64_t done = src_ >= 0 ? 0 : ReadDirect(offset, p, n);
   while (done < n) {
     int64_t r;
     if (src_ >= 0) {

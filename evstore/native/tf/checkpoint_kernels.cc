@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -302,23 +303,54 @@ class KeyReader {
  public:
   KeyReader(const BundleStreamReader& r, const std::string& name) : col_(r, name, DataTypeToEnum<T>::v(), 1) {}
   int64_t rows() const { return col_.rows(); }
+  // The next m keys, valid until the read after next (two buffers in turn:
+  // a chunk is imported while the next one is read).
   CoreKey<T>* Read(int64_t m) {
+    const int b = turn_;
+    turn_ ^= 1;
     if constexpr (std::is_same_v<T, tensorflow::tstring>) {
-      col_.ReadStrings(m, &bytes_, &views_);
-      return views_.data();
+      col_.ReadStrings(m, &bytes_[b], &views_[b]);
+      return views_[b].data();
     } else {
-      buf_.resize(m);
-      col_.Read(buf_.data(), m);
-      return buf_.data();
+      buf_[b].resize(m);
+      col_.Read(buf_[b].data(), m);
+      return buf_[b].data();
     }
   }
   void Finish() { col_.Finish(); }
 
  private:
   BundleStreamReader::Column col_;
-  std::vector<T> buf_;
-  std::string bytes_;
-  std::vector<std::string_view> views_;
+  int turn_ = 0;
+  std::vector<T> buf_[2];
+  std::string bytes_[2];
+  std::vector<std::string_view> views_[2];
+};
+
+// Floats from one slot's rows to the next's in a chunk's slot buffer: m rows
+// rounded up to whole blocks of InFile::kDirectAlign, so that every slot's
+// rows start aligned for a direct read, the last chunk's too.
+inline int64_t SlotStride(int64_t m, int dim) {
+  constexpr int64_t kBlock = InFile::kDirectAlign / sizeof(float);
+  return (m * dim + kBlock - 1) / kBlock * kBlock;
+}
+
+// A float buffer aligned for direct reads (InFile::kDirectAlign), not zeroed.
+class AlignedFloats {
+ public:
+  explicit AlignedFloats(size_t n = 0) {
+    if (n == 0) return;
+    const size_t a = InFile::kDirectAlign, bytes = (n * sizeof(float) + a - 1) / a * a;
+    p_.reset(static_cast<float*>(std::aligned_alloc(a, bytes)));
+    if (!p_) throw std::bad_alloc();
+  }
+  float* data() { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> p_;
 };
 
 // An EV's rows read from a bundle in the table's layout: the float32
@@ -507,7 +539,7 @@ void LoadBundle(const std::vector<TableType*>& targets, const Routing& routing, 
     }
   };
   std::vector<CoreKey<K>> kscratch(single ? 0 : cap);
-  std::vector<int64_t> vbuf(cap), fbuf(cap), sbuf_seen(cap);
+  std::vector<int64_t> fbuf(cap), sbuf_seen(cap);
   std::vector<int64_t> vscratch(single ? 0 : cap), fscratch(single ? 0 : cap), seen_scratch(single ? 0 : cap);
   // Each target's part of a chunk of keys: (keys, count) of target i, gathered (routed) or all of them.
   const auto part = [&](CoreKey<K>* kbuf, int64_t m, size_t i) -> std::pair<CoreKey<K>*, int64_t> {
@@ -529,40 +561,66 @@ void LoadBundle(const std::vector<TableType*>& targets, const Routing& routing, 
     }
     deleted->Finish();
   }
-  // The chunk's rows and its slots (none for a serving table or a restore
-  // without optimizer slots: a zeroed buffer of a chunk's rows for nothing
-  // was 16 MiB of a reload's memory at dim 64).
-  std::vector<float> rows(cap * dim), sbuf(cap * dim * slots.size());
-  std::vector<float> rscratch(single ? 0 : cap * dim), sscratch(single ? 0 : cap * dim * slots.size());
-  for (int64_t lo = 0; lo < n; lo += cap) {
+  // Chunks are read one ahead of the import, by a thread of their own
+  // (std::async, one per chunk): the reads (direct where aligned: InFile)
+  // and their checksums run while the previous chunk is imported (a tiered
+  // table writing its tier meanwhile). Two chunks' buffers, each the rows and
+  // their slots (none for a serving table or a restore without optimizer
+  // slots: a zeroed buffer of a chunk's rows for nothing was 16 MiB of a
+  // reload's memory at dim 64), aligned for direct reads.
+  struct Chunk {
+    int64_t m = 0;
+    CoreKey<K>* keys = nullptr;  // KeyReader's: valid until its read after next
+    AlignedFloats rows, sbuf;
+    std::vector<int64_t> v, f;
+  };
+  Chunk bufs[2];
+  for (Chunk& b : bufs) {
+    b.rows = AlignedFloats(cap * dim);
+    b.sbuf = AlignedFloats(SlotStride(cap, dim) * slots.size());
+    b.v.resize(cap);
+    b.f.resize(cap);
+  }
+  const auto read = [&](int64_t lo, Chunk* b) {
     const int64_t m = std::min(cap, n - lo);
-    CoreKey<K>* kbuf = keys.Read(m);
-    values.Read(rows.data(), m);
-    versions.Read(vbuf.data(), m);
-    freqs.Read(fbuf.data(), m);
-    for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(sbuf.data() + s * m * dim, m);
-    // The next chunk comes from the disk while this one is imported (a
-    // tiered table writes its tier meanwhile).
+    b->m = m;
+    b->keys = keys.Read(m);
+    values.Read(b->rows.data(), m);
+    versions.Read(b->v.data(), m);
+    freqs.Read(b->f.data(), m);
+    for (size_t s = 0; s < slots.size(); ++s) slots[s]->Read(b->sbuf.data() + s * SlotStride(m, dim), m);
+    // Reads through the page cache (not direct) ask the kernel for the chunk after.
     values.WillNeed(cap);
     versions.WillNeed(cap);
     freqs.WillNeed(cap);
     for (const auto& s : slots) s->WillNeed(cap);
+  };
+  std::vector<float> rscratch(single ? 0 : cap * dim), sscratch(single ? 0 : SlotStride(cap, dim) * slots.size());
+  if (n > 0) read(0, &bufs[0]);
+  for (int64_t lo = 0, k = 0; lo < n; lo += cap, ++k) {
+    Chunk& cur = bufs[k & 1];
+    // Destroyed before `cur` is read into again: a throwing import waits for it.
+    std::future<void> next;
+    if (lo + cap < n) next = std::async(std::launch::async, read, lo + cap, &bufs[(k + 1) & 1]);
+    const int64_t m = cur.m, ss = SlotStride(m, dim);
+    CoreKey<K>* kbuf = cur.keys;
     if (routed) split(kbuf, m);
     for (size_t i = 0; i < nt; ++i) {
       auto [kd, mk] = part(kbuf, m, i);
-      float *rd = rows.data(), *sd = sbuf.data();
-      int64_t *vd = vbuf.data(), *fd = fbuf.data();
+      float *rd = cur.rows.data(), *sd = cur.sbuf.data();
+      int64_t *vd = cur.v.data(), *fd = cur.f.data();
       if (routed && !single) rd = rscratch.data(), sd = sscratch.data(), vd = vscratch.data(), fd = fscratch.data();
       if (routed) {
-        Gather(rows.data(), rd, dim, keep[i]);
-        Gather(vbuf.data(), vd, 1, keep[i]);
-        Gather(fbuf.data(), fd, 1, keep[i]);
-        for (size_t s = 0; s < slots.size(); ++s) Gather(sbuf.data() + s * m * dim, sd + s * m * dim, dim, keep[i]);
+        Gather(cur.rows.data(), rd, dim, keep[i]);
+        Gather(cur.v.data(), vd, 1, keep[i]);
+        Gather(cur.f.data(), fd, 1, keep[i]);
+        for (size_t s = 0; s < slots.size(); ++s) Gather(cur.sbuf.data() + s * ss, sd + s * ss, dim, keep[i]);
       }
-      // Slot s of kept row j is at sd[s * m * dim + j * dim] (the stride stays m * dim).
-      targets[i]->ImportRows(kd, mk, rd, dim, sd, dim, m * dim, offs[i], vd, fd, /*mark_dirty=*/false);
+      // Slot s of kept row j is at sd[s * ss + j * dim].
+      targets[i]->ImportRows(kd, mk, rd, dim, sd, dim, ss, offs[i], vd, fd, /*mark_dirty=*/false);
       (*counts)[i].rows += mk;
     }
+    if (next.valid()) next.get();
   }
   keys.Finish();
   values.Finish();
