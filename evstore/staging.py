@@ -29,14 +29,12 @@ compaction, at most about as many as the live ones); such a load that runs
 out of disk still fails as before, with ResourceExhaustedError, before any
 table is adopted.
 """
-import errno
-
 import tensorflow as tf
 from tensorflow.python.eager import context as _context
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from evstore._ops import gen
-from evstore.storage import TierSpaceError, free_bytes
+from evstore.storage import TierNeed, check_tier_room
 
 __all__ = ["StagingTable", "adopt", "can_stage", "check_room", "place"]
 
@@ -107,29 +105,13 @@ def check_room(loads, what="this load"):
       TierSpaceError: naming, per file system short of space, the bytes needed and free, each EV's
         rows x record bytes less its DRAM budget, and what its live table's tier file holds.
     """
-    per_fs = {}
+    needs = []
     for ev, rows, slots in loads:
         storage = getattr(ev, "_storage", None)
         if storage is None or rows <= 0:
             continue
         names, _ = gen.ev_slots(ev.resource_handle, key_dtype=ev.key_dtype)
-        width = 1 + len({n.decode() for n in names.numpy()} | set(slots))
-        record = 4 * ev.dim * width
-        need = rows * record - storage.dram_bytes
-        if need <= 0:
-            continue
-        free, fs_id = free_bytes(storage.path, ev.device)
-        spec = tf.DeviceSpec.from_string(ev.device or "")
-        where = f" on /job:{spec.job}/task:{spec.task or 0}" if spec.job else ""
-        fs = per_fs.setdefault((spec.job, spec.replica, spec.task, fs_id),
-                               {"free": free, "path": storage.path + where, "need": 0, "held": 0, "evs": []})
-        fs["need"] += need
-        fs["held"] += int(ev.stats()["disk_bytes"])
-        fs["evs"].append(f"{ev.name!r}: {rows:,} rows x {record:,} bytes - {storage.dram_bytes:,} of DRAM")
-    short = [fs for fs in per_fs.values() if fs["need"] > fs["free"]]
-    if short:
-        raise TierSpaceError(errno.ENOSPC, "; ".join(
-            f"{what} needs at least {fs['need']:,} bytes of disk under {fs['path']} for the tier files of its "
-            f"staging tables ({', '.join(fs['evs'])}), and that file system has {fs['free']:,} bytes free (the "
-            f"live tables' tier files there hold {fs['held']:,} until the swap): nothing was loaded or changed; "
-            "free disk space there or raise dram_bytes" for fs in short))
+        record = 4 * ev.dim * (1 + len({n.decode() for n in names.numpy()} | set(slots)))
+        needs.append(TierNeed(ev.name, storage.path, ev.device, rows, record, storage.dram_bytes,
+                              lambda ev=ev: int(ev.stats()["disk_bytes"])))
+    check_tier_room(needs, what)

@@ -3,12 +3,14 @@ DRAM cache over a disk tier (`TieredStorage`). See docs/guides/tiered-storage.md
 """
 
 import atexit
+import collections
+import errno
 import os
 import tempfile
 import warnings
 import weakref
 
-__all__ = ["TieredStorage", "RamTierWarning", "TierSpaceError", "free_bytes"]
+__all__ = ["TieredStorage", "RamTierWarning", "TierSpaceError", "TierNeed", "free_bytes", "check_tier_room"]
 
 _RAM_FILESYSTEMS = ("tmpfs", "ramfs")
 
@@ -32,6 +34,7 @@ def _filesystem_of(path):
             best, fs = mount, kind
     return fs
 
+
 class TierSpaceError(OSError):
     """A tier directory's file system lacks the free space a load into a new tiered table needs
     (errno ENOSPC), found before the load starts: nothing was changed."""
@@ -48,6 +51,43 @@ def free_bytes(path, device=None):
     with tf.device(device or None):
         free, fs = gen.ev_disk_free(os.path.abspath(os.fspath(path)))
     return int(free), int(fs)
+
+
+TierNeed = collections.namedtuple("TierNeed", "name path device rows record dram_bytes held")
+TierNeed.__doc__ = """A load into a new tiered table: `rows` of `record` bytes each beyond its cache of `dram_bytes`
+go to a tier file under `path` on the task of `device`; `held()`: what the table it replaces holds there."""
+
+
+def check_tier_room(needs, what):
+    """Raises TierSpaceError (ENOSPC, naming `what`) when the TierNeeds `needs` whose tier directories
+    share a file system (measured on each one's task: free_bytes) need more than its free space:
+    rows x record bytes less each DRAM budget, summed. Nothing is created or written."""
+    per_fs = {}
+    for n in needs:
+        need = n.rows * n.record - n.dram_bytes
+        if need <= 0:
+            continue
+        free, fs_id = free_bytes(n.path, n.device)
+        task = _task_name(n.device)
+        fs = per_fs.setdefault((task, fs_id), {"free": free, "path": n.path + (f" on {task}" if task else ""),
+                                                "need": 0, "held": 0, "tables": []})
+        fs["need"] += need
+        fs["held"] += n.held()
+        fs["tables"].append(f"{n.name!r}: {n.rows:,} rows x {n.record:,} bytes - {n.dram_bytes:,} of DRAM")
+    short = [fs for fs in per_fs.values() if fs["need"] > fs["free"]]
+    if short:
+        raise TierSpaceError(errno.ENOSPC, "; ".join(
+            f"{what} needs at least {fs['need']:,} bytes of disk under {fs['path']} for the tier files of its "
+            f"new tables ({', '.join(fs['tables'])}), and that file system has {fs['free']:,} bytes free (the "
+            f"tables they replace hold {fs['held']:,} there until the swap): nothing was loaded or changed; "
+            "free disk space there or raise dram_bytes" for fs in short))
+
+
+def _task_name(device):
+    """"/job:J/task:T" of a device string ("" for this process's)."""
+    import tensorflow as tf
+    spec = tf.DeviceSpec.from_string(device or "")
+    return f"/job:{spec.job}/task:{spec.task or 0}" if spec.job else ""
 
 
 # Tiered tables still alive, dropped at interpreter exit: a table object that

@@ -40,6 +40,7 @@ from checkpoint.remote_parts import bundle_subset
 from checkpoint.tensor_read import read_index
 from checkpoint.serving_view import VIEW_PREFIX
 from evstore import schema
+from evstore.storage import check_tier_room
 from serving_loader.ev_table import FLOAT32
 from serving_loader.stager import Staged
 
@@ -113,7 +114,9 @@ def stream_chain(stager, tables, chain, check=lambda rows: None):
     streamed into the replacements in chunks (DRAM stays at the tables'
     cache budget and a chunk's rows) and the deltas applied. `check({EV:
     rows})`, with the rows the full brings here by its index, runs before
-    any row is read (it may raise to stop: a budget).
+    any row is read (it may raise to stop: a budget), then the tier disk room
+    of the tiered replacements (evstore.storage.check_tier_room: TierSpaceError,
+    an OSError).
     Returns ({EV: replacement}, [Staged] of the chain); the caller adopts or
     closes the replacements. Raises (the stager's errors, CheckpointError,
     OSError, tf.errors.OpError) with nothing left behind."""
@@ -127,7 +130,11 @@ def stream_chain(stager, tables, chain, check=lambda rows: None):
     try:
         index = read_index(stager.storage, full)
         _, held = parse_index(index, full.dir)
-        check({n: _rows_of(held, p) for n, p in plans.items()})
+        rows = {n: _rows_of(held, p) for n, p in plans.items()}
+        check(rows)
+        # Each replacement's tier file beside the served one's: refused here when it cannot fit the disk.
+        check_tier_room([need for need in (t.tier_need(n, rows.get(n, 0), precision) for n, t in tables.items())
+                         if need is not None], f"the reload of {stager.storage.display(full.dir)}")
         own = _own_tensors(held, entries)
         if view:   # rows from the view's bundle (one data file for every EV, and its index), not `-values`
             own = [t for t in own if not any(t == schema.tensor(e, schema.VALUES) for e in entries)]

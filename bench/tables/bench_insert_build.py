@@ -22,7 +22,8 @@ defaults) and receive the same batches of never-seen keys until they hold
 the growing ones included: the rate is keys / the sum of all batches' time,
 in wall seconds and in CPU seconds of the whole process (every thread:
 evstore's block-reserve thread and TF's pool threads included; prefer CPU
-where the machine's load varies). Each side does what its training path does:
+where the machine's load varies). The interpreter's garbage collector is off
+while batches are timed (build_batches). Each side does what its training path does:
 evstore EvFindOrInsert (each new key gets an index entry, its version and
 frequency, a dirty mark and a row from the initializer bank, and the rows are
 copied out and materialised as numpy, as a training lookup returns them);
@@ -78,15 +79,7 @@ def build_round(args, tf, ops, evstore, r):
         supplied = tf.random.normal([args.batch, args.dim], stddev=0.01)
         run["dense_hash"] = lambda k: dht.insert(k, supplied[:k.shape[0]])
     tot = {s: {"wall_s": 0.0, "cpu_s": 0.0, "batches_s": []} for s in run}
-    for i, s in enumerate(range(0, args.keys, args.batch)):
-        k = tf.constant(make_keys(range(s, min(args.keys, s + args.batch))))
-        for name in (list(run) if i % 2 == 0 else list(run)[::-1]):
-            c0, t0 = time.process_time(), time.perf_counter()
-            run[name](k)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            tot[name]["wall_s"] += wall
-            tot[name]["cpu_s"] += cpu
-            tot[name]["batches_s"].append(wall)
+    build_batches(args, tf, run, tot)
     if "evstore" in run:
         st = ev.stats()
         tot["evstore"]["bytes_per_key"] = (st["index_bytes"] + st["meta_bytes"] + st["row_bytes"]) / max(1, st["size"])
@@ -106,6 +99,50 @@ def build_round(args, tf, ops, evstore, r):
     ev = dht = None
     gc.collect()
     return tot
+
+
+# The kernel's direct-compaction counters (/proc/vmstat, the whole machine's): a huge-page fault that finds
+# no free 2 MiB page compacts memory in the faulting thread, which can cost that batch tenths of a second.
+# Summed per table over its batches, they tell a round slowed by compaction from one that was not.
+COMPACTION = ("compact_stall", "compact_free_scanned")
+
+
+def compaction():
+    """The COMPACTION counters now (zeros where /proc/vmstat lacks them)."""
+    got = dict.fromkeys(COMPACTION, 0)
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name in got:
+                    got[name] = int(value)
+    except OSError:
+        pass
+    return got
+
+
+def build_batches(args, tf, run, tot):
+    """Every batch of new keys into each table of `run`, in turns (the order alternating), each timed, with
+    the interpreter's garbage collector off (as timeit does): a full collection of TensorFlow's objects
+    takes a large fraction of a second and would be charged to whichever table's batch set it off."""
+    gc.collect()
+    gc.disable()
+    try:
+        for i, s in enumerate(range(0, args.keys, args.batch)):
+            k = tf.constant(make_keys(range(s, min(args.keys, s + args.batch))))
+            for name in (list(run) if i % 2 == 0 else list(run)[::-1]):
+                v0 = compaction()
+                c0, t0 = time.process_time(), time.perf_counter()
+                run[name](k)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                v1 = compaction()
+                tot[name]["wall_s"] += wall
+                tot[name]["cpu_s"] += cpu
+                tot[name]["batches_s"].append(wall)
+                for field in COMPACTION:
+                    tot[name][field] = tot[name].get(field, 0) + v1[field] - v0[field]
+    finally:
+        gc.enable()
 
 
 def summarize(rounds, systems=SYSTEMS):
@@ -134,6 +171,10 @@ def render(out):
     if "ratio_cpu" in out:
         lines.append("evstore / DenseHashTable per round: wall " + ", ".join(f"{x:.2f}x" for x in out["ratio_wall"])
                      + "; CPU " + ", ".join(f"{x:.2f}x" for x in out["ratio_cpu"]))
+    stalls = {s: [r[s].get("compact_stall") for r in out["rounds"]] for s in SYSTEMS if s in out}
+    if all(None not in v for v in stalls.values()):
+        lines.append("direct compactions during each table's batches (the machine's), per round: "
+                     + "; ".join(f"{s} " + ", ".join(map(str, v)) for s, v in stalls.items()))
     return "\n".join(lines)
 
 

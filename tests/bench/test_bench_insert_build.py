@@ -4,15 +4,17 @@ times every batch (growth included).
 One tiny run; no timing thresholds: only that both tables end with every key and the fields are there,
 and that the DenseHashTable memory it reports follows TF's doubling rule.
 """
+import gc
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.tables.bench_insert_build import dense_hash_buckets  # noqa: E402
+from bench.tables.bench_insert_build import build_batches, dense_hash_buckets  # noqa: E402
 
 
 def test_a_tiny_build_gives_both_tables_every_key_and_reports_wall_cpu_and_bytes():
@@ -34,3 +36,12 @@ def test_dense_hash_buckets_double_before_a_batch_would_pass_four_fifths_full():
     assert dense_hash_buckets(65536, 65536) == 131072
     assert dense_hash_buckets(1_000_000, 65536) == 2 ** 21
     assert dense_hash_buckets(10_000_000, 65536) == 2 ** 24
+
+
+def test_every_batch_is_timed_with_the_garbage_collector_off_and_it_is_on_again_after():
+    seen = []
+    run = {"evstore": lambda k: seen.append(gc.isenabled()), "dense_hash": lambda k: seen.append(gc.isenabled())}
+    tot = {s: {"wall_s": 0.0, "cpu_s": 0.0, "batches_s": []} for s in run}
+    build_batches(SimpleNamespace(keys=10, batch=3), SimpleNamespace(constant=list), run, tot)
+    assert seen == [False] * 8 and gc.isenabled()
+    assert len(tot["evstore"]["batches_s"]) == len(tot["dense_hash"]["batches_s"]) == 4

@@ -29,7 +29,8 @@ TRAINER = textwrap.dedent("""
     def same(a, b):
         return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
-    tier, root, out = sys.argv[1:4]
+    tier, tmp, out = sys.argv[1:4]
+    root = os.path.join(tmp, "ckpt")
     warnings.simplefilter("ignore", evstore.storage.RamTierWarning)   # a tmpfs: the only small disk at hand
     ev = evstore.EmbeddingVariable("t", DIM, storage=evstore.TieredStorage(dram_bytes=40 * 104, path=tier))
     train_step(ev, evstore.optimizers.Adam(0.05), 0)   # rows of 3 x DIM floats: embedding, m, v
@@ -62,23 +63,32 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def rollback_on_a_small_disk(tmp_path_factory):
-    """Runs the trainer in a private mount namespace with a 1 MiB tier disk; returns its findings."""
+def _namespaces_or_skip():
     probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"a private mount namespace is refused here (unshare -m: {probe.stderr.strip()})")
-    tmp = tmp_path_factory.mktemp("tier-room")
+
+
+def _run_on_a_small_tier_disk(tmp, script):
+    """Runs `script` (python source; argv: tier directory, scratch directory, result file) in a private
+    mount namespace whose tier directory is a 1 MiB tmpfs; returns the JSON it wrote."""
+    _namespaces_or_skip()
     tier = tmp / "tier"
     tier.mkdir()
-    (tmp / "trainer.py").write_text(TRAINER.format(here=HERE))
+    (tmp / "script.py").write_text(script)
     out = tmp / "result.json"
     p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
                         'mount -t tmpfs -o size=1m evstore-tier-room "$1" && shift && exec "$@"', "sh",
-                        str(tier), sys.executable, str(tmp / "trainer.py"), str(tier), str(tmp / "ckpt"), str(out)],
+                        str(tier), sys.executable, str(tmp / "script.py"), str(tier), str(tmp), str(out)],
                        capture_output=True, text=True, timeout=300, cwd=str(tmp))
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def rollback_on_a_small_disk(tmp_path_factory):
+    """Runs the trainer in a private mount namespace with a 1 MiB tier disk; returns its findings."""
+    return _run_on_a_small_tier_disk(tmp_path_factory.mktemp("tier-room"), TRAINER.format(here=HERE))
 
 
 def test_a_rollback_whose_staging_tier_file_cannot_fit_the_disk_is_refused_naming_the_bytes(rollback_on_a_small_disk):
@@ -139,9 +149,7 @@ CHIEF = textwrap.dedent("""
 def test_a_parameter_server_s_tier_disk_is_measured_on_its_own_host(tmp_path):
     """The PS task runs in a mount namespace of its own whose tier directory is a 1 MiB tmpfs; the chief
     sees the same path on the machine's disk. The restore is refused by what the PS's disk holds."""
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"a private mount namespace is refused here (unshare -m: {probe.stderr.strip()})")
+    _namespaces_or_skip()
     from evstore_app.cluster import LocalCluster
     tier = tmp_path / "tier"
     tier.mkdir()
@@ -163,3 +171,43 @@ def test_a_parameter_server_s_tier_disk_is_measured_on_its_own_host(tmp_path):
     assert r["refused"] is not None and f"needs at least {need:,} bytes of disk under {tier} on /job:ps/task:0" \
         in r["refused"], r
     assert r["unchanged"], r
+
+
+SERVER = textwrap.dedent("""
+    import json, os, sys, warnings
+    import numpy as np
+    sys.path.insert(0, {checkpoint_tests!r})
+    import checkpoint, evstore, serving_loader
+    from ckpt_model import make_model, probe_inputs, train
+
+    tier, tmp, out = sys.argv[1:4]
+    warnings.simplefilter("ignore", evstore.storage.RamTierWarning)   # a tmpfs: the only small disk at hand
+    model = make_model()
+    train(model, 0, 3)
+    serving_loader.export_serving_model(model, os.path.join(tmp, "export"), tables="evstore")
+    keys = np.arange(20000, dtype=np.int64) * 7 + 1000
+    model.get_layer("user").ev.load(keys, np.random.default_rng(0).normal(size=(len(keys), 8)).astype(np.float32))
+    mgr = checkpoint.CheckpointManager(os.path.join(tmp, "ckpt"), model, lease=False)
+    served = mgr.save_full()
+    sm = serving_loader.ServingModel(os.path.join(tmp, "export"), mgr.root,
+                                     storage=evstore.TieredStorage(dram_bytes=512, path=tier))
+    users, items = probe_inputs()
+    before, _ = sm.predict({{"users": users, "items": items}})
+    newer = mgr.save_full()   # a new full: streamed into replacement tables beside the served ones
+    sm.poll()
+    after, version = sm.predict({{"users": users, "items": items}})
+    json.dump({{"served": served, "newer": newer, "version": version, "error": sm.last_error,
+               "rows": mgr.chain()[0].evs["user"]["rows"],
+               "same_answers": bool(np.array_equal(before["outputs"], after["outputs"]))}}, open(out, "w"))
+    sm.close()
+""")
+
+
+def test_a_tiered_serving_reload_that_cannot_fit_the_disk_is_refused_and_the_served_version_stays(tmp_path):
+    r = _run_on_a_small_tier_disk(tmp_path, SERVER.format(checkpoint_tests=os.path.join(os.path.dirname(HERE),
+                                                                                         "checkpoint")))
+    assert r["version"] == r["served"] != r["newer"] and r["same_answers"], r
+    # The user table's rows of 8 floats beyond the reload's cache (the item table's 50 rows of 4 add 288).
+    assert f"'user': {r['rows']:,} rows x 32 bytes - 512 of DRAM" in r["error"], r["error"]
+    need = r["rows"] * 32 - 512 + 50 * 16 - 512
+    assert f"needs at least {need:,} bytes of disk under " in r["error"] and "bytes free" in r["error"], r["error"]

@@ -71,6 +71,28 @@ class Index {
     for (int64_t i = 0; i < n; ++i) g->order[pos[SegmentOf(g->hash[i])]++] = static_cast<uint32_t>(i);
   }
 
+  // A batch grouped as by Group(), with each position's hash and key also
+  // copied into segment order: hash_in_order[j] = hash[order[j]], and
+  // key_in_order[j] = keys[order[j]]. Group() leaves them to be read through
+  // `order`, at a stride of about the number of segments, each read a cache
+  // miss that the probe waits for; an inserting first pass (Table::
+  // FindOrInsert) reads them in order instead, one gather pass ahead.
+  struct OrderedGrouping : Grouping {
+    std::vector<uint64_t> hash_in_order;
+    std::vector<Key> key_in_order;
+  };
+
+  void GroupInOrder(const Key* keys, int64_t n, OrderedGrouping* g) const {
+    Group(keys, n, g);
+    g->hash_in_order.resize(n);
+    g->key_in_order.resize(n);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t i = g->order[j];
+      g->hash_in_order[j] = g->hash[i];
+      g->key_in_order[j] = keys[i];
+    }
+  }
+
   // Runs fn(segment, lo, hi) for every segment that holds batch positions
   // [lo, hi) of g.order, segments in parallel, each under its lock (`Lock`:
   // shared for reads, unique for writes), taken once per batch.
@@ -108,6 +130,23 @@ class Index {
     } else {
       if (j + kCtrlAhead < hi) seg.PrefetchCtrl(g.hash[g.order[j + kCtrlAhead]]);
       if (j + kSlotAhead < hi) seg.PrefetchSlot(g.hash[g.order[j + kSlotAhead]]);
+    }
+  }
+
+  // PrefetchAhead for a batch grouped in order (GroupInOrder): the same
+  // stages, reading the hashes and keys at j + distance directly.
+  static void PrefetchAheadInOrder(const Seg& seg, const OrderedGrouping& g, int64_t j, int64_t hi) {
+    const uint64_t* h = g.hash_in_order.data();
+    if constexpr (Traits::kKeyOutOfLine) {
+      if (j + 3 * kKeyAhead < hi) seg.PrefetchCtrl(h[j + 3 * kKeyAhead]);
+      if (j + 2 * kKeyAhead < hi) seg.PrefetchSlot(h[j + 2 * kKeyAhead]);
+      if (j + kKeyAhead < hi) {
+        seg.PrefetchKey(h[j + kKeyAhead]);
+        Traits::PrefetchQuery(g.key_in_order[j + kKeyAhead]);
+      }
+    } else {
+      if (j + kCtrlAhead < hi) seg.PrefetchCtrl(h[j + kCtrlAhead]);
+      if (j + kSlotAhead < hi) seg.PrefetchSlot(h[j + kSlotAhead]);
     }
   }
 

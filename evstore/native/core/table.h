@@ -354,8 +354,10 @@ class Table {
   // the full batch.
   void FindOrInsert(const K* keys, int64_t n, float* out, const ParallelFor& pf,
                     const int64_t* counts = nullptr) {
-    Grouping g;
-    index_.Group(keys, n, &g);
+    OrderedGrouping g;
+    index_.GroupInOrder(keys, n, &g);
+    const uint64_t* const hash = g.hash_in_order.data();  // by position in segment order (j)
+    const auto* const key = g.key_in_order.data();
     const int64_t clock = this->clock();
     const uint32_t seen_mark = FilteredMark(clock);
     AdmissionPolicy& adm = *admission_;
@@ -377,20 +379,19 @@ class Table {
       // Pass 1: count every occurrence (inserting unseen keys, or counting
       // them in the Bloom filter), note rows.
       for (int64_t j = lo; j < hi; ++j) {
-        Idx::PrefetchAhead(seg, g, keys, j, hi);
-        uint32_t i = g.order[j];
+        Idx::PrefetchAheadInOrder(seg, g, j, hi);
         E* en;
         if (count_outside) {
-          en = seg.Find(keys[i], g.hash[i]);
+          en = seg.Find(key[j], hash[j]);
           if (!en) {  // counted in the filter below (prefetched, so misses overlap)
             pending.push_back({j, nullptr, 0});
             bloom_pending = true;
             continue;
           }
         } else {
-          en = seg.FindOrAdd(keys[i], g.hash[i]);
+          en = seg.FindOrAdd(key[j], hash[j]);
         }
-        en->add_freq(counts ? Occurrences(counts[i]) : 1);
+        en->add_freq(counts ? Occurrences(counts[g.order[j]]) : 1);
         seg.MarkDirty(en);
         if (RowIsReal(en->row)) {
           if constexpr (Store::kAllResident) {
@@ -422,23 +423,22 @@ class Table {
         constexpr size_t kBloomAhead = 6;
         for (size_t q = 0; q < pending.size(); ++q) {
           if (q + kBloomAhead < pending.size() && !pending[q + kBloomAhead].en)
-            adm.Prefetch(s, g.hash[g.order[pending[q + kBloomAhead].pos]]);
+            adm.Prefetch(s, hash[pending[q + kBloomAhead].pos]);
           if (!pending[q].en) {
-            const uint32_t i = g.order[pending[q].pos];
-            adm.Add(s, g.hash[i], counts ? Occurrences(counts[i]) : 1);
+            const int64_t j = pending[q].pos;
+            adm.Add(s, hash[j], counts ? Occurrences(counts[g.order[j]]) : 1);
           }
         }
         for (const Pending& p : pending) {
           if (p.en) continue;
-          uint32_t i = g.order[p.pos];
-          E* en = seg.Find(keys[i], g.hash[i]);  // admitted by an earlier occurrence?
+          E* en = seg.Find(key[p.pos], hash[p.pos]);  // admitted by an earlier occurrence?
           if (!en) {
-            uint32_t est = adm.Estimate(s, g.hash[i]);
+            uint32_t est = adm.Estimate(s, hash[p.pos]);
             if (!adm.Admits(est)) {
               src[p.pos - lo] = default_.data();
               continue;
             }
-            en = seg.FindOrAdd(keys[i], g.hash[i]);
+            en = seg.FindOrAdd(key[p.pos], hash[p.pos]);
             en->set_freq(est);
             seg.MarkDirty(en);
             Admit(seg, en, rows_.Allocate());
@@ -455,8 +455,7 @@ class Table {
       for (Pending& p : pending) {
         if (!p.en) continue;
         if (p.rehashes != seg.rehashes()) {
-          uint32_t i = g.order[p.pos];
-          p.en = seg.Find(keys[i], g.hash[i]);
+          p.en = seg.Find(key[p.pos], hash[p.pos]);
           p.rehashes = seg.rehashes();
         }
         if (p.en->row == kAdmitting || RowIsReal(p.en->row)) continue;
@@ -983,6 +982,7 @@ class Table {
 
  private:
   using Grouping = typename Idx::Grouping;
+  using OrderedGrouping = typename Idx::OrderedGrouping;
 
   // ForEachKey over a tiered store (its ColdStream, tiered_store.h).
   //   Pass 1, each segment under its shared lock: filtered keys and rows in

@@ -1377,9 +1377,41 @@ static void test_group_probe_answers_exactly() {
   }
 }
 
+// A batch grouped in order (index.h: GroupInOrder) is Group()'s grouping with
+// each position's hash and key also laid out in segment order, duplicates and
+// all, for integer and string keys.
+template <typename Traits>
+static void CheckGroupedInOrder(const std::vector<typename Traits::Key>& keys) {
+  Index<Traits> idx(4);
+  typename Index<Traits>::Grouping plain;
+  typename Index<Traits>::OrderedGrouping g;
+  idx.Group(keys.data(), static_cast<int64_t>(keys.size()), &plain);
+  idx.GroupInOrder(keys.data(), static_cast<int64_t>(keys.size()), &g);
+  CHECK(g.order == plain.order && g.start == plain.start && g.hash == plain.hash);
+  CHECK_EQ(g.hash_in_order.size(), keys.size());
+  CHECK_EQ(g.key_in_order.size(), keys.size());
+  for (int s = 0; s < idx.num_segments(); ++s)
+    for (int64_t j = g.start[s]; j < g.start[s + 1]; ++j) {
+      CHECK_EQ(g.hash_in_order[j], Traits::Hash(keys[g.order[j]]));
+      CHECK(g.key_in_order[j] == keys[g.order[j]]);
+      CHECK_EQ(idx.SegmentOf(g.hash_in_order[j]), s);
+    }
+}
+
+static void test_a_batch_grouped_in_order_holds_each_position_s_hash_and_key_in_segment_order() {
+  std::vector<int64_t> ints;
+  for (int64_t i = 0; i < 5000; ++i) ints.push_back((i * 7919) % 3001);  // repeats
+  CheckGroupedInOrder<IntegerKeyTraits<int64_t>>(ints);
+  std::vector<std::string> owned;
+  for (int i = 0; i < 700; ++i) owned.push_back("key-" + std::to_string(i % 500));
+  CheckGroupedInOrder<StringKeyTraits>(std::vector<std::string_view>(owned.begin(), owned.end()));
+  CheckGroupedInOrder<IntegerKeyTraits<int64_t>>({});
+}
+
 int main() {
   RUN(test_group_probe_answers_exactly);
   RUN(test_a_growing_segment_grows_by_half_and_moves_each_key_two_to_three_times);
+  RUN(test_a_batch_grouped_in_order_holds_each_position_s_hash_and_key_in_segment_order);
   RUN(test_string_keys);
   RUN(test_string_dirty_keys_outlive_their_entries);
   RUN(test_bytes_equal_matches_memcmp);
