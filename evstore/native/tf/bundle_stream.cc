@@ -239,7 +239,9 @@ std::string InFile::ReadAll() const {
 OutFile::OutFile(std::string path, bool in_memory)
     : path_(std::move(path)),
       in_memory_(in_memory),
-      buf_(in_memory ? 0 : IsSinkPath(path_) ? kBufferBytes : kLocalBufferBytes) {
+      buf_(in_memory ? 0 : IsSinkPath(path_) ? kBufferBytes : kLocalBufferBytes),
+      cur_(buf_.data()),
+      cap_(buf_.size()) {
   if (in_memory_) return;
   if (IsSinkPath(path_)) {
     sink_ = TheSink(path_).open(path_.c_str());
@@ -248,9 +250,20 @@ OutFile::OutFile(std::string path, bool in_memory)
   }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("cannot create checkpoint file", path_);
+  direct_fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1 where the file system refuses it
+  if (direct_fd_ < 0) return;
+  for (auto& b : direct_) {
+    b.reset(static_cast<char*>(std::aligned_alloc(InFile::kDirectAlign, kDirectBufferBytes)));
+    if (!b) throw std::bad_alloc();
+  }
+  std::vector<char>().swap(buf_);
+  cur_ = direct_[0].get();
+  cap_ = kDirectBufferBytes;
 }
 
 OutFile::~OutFile() {
+  if (inflight_.valid()) inflight_.wait();  // its thread writes to direct_fd_ from direct_
+  if (direct_fd_ >= 0) ::close(direct_fd_);
   if (fd_ >= 0) ::close(fd_);
   if (sink_ >= 0) g_sink.close(sink_, /*keep=*/0);  // not closed: a failed save, nothing of it is kept
 }
@@ -264,19 +277,19 @@ void OutFile::Write(const void* data, size_t n) {
     return;
   }
   while (n > 0) {
-    if (used_ == 0 && n >= buf_.size() && fd_ >= 0) {  // whole buffers' worth: written from the caller's bytes
-      const size_t whole = n - n % buf_.size();
+    if (used_ == 0 && n >= cap_ && fd_ >= 0 && direct_fd_ < 0) {  // whole buffers' worth: from the caller's bytes
+      const size_t whole = n - n % cap_;
       WriteOut(p, whole);
       p += whole;
       n -= whole;
       continue;
     }
-    size_t take = std::min(n, buf_.size() - used_);
-    std::memcpy(buf_.data() + used_, p, take);
+    size_t take = std::min(n, cap_ - used_);
+    std::memcpy(cur_ + used_, p, take);
     used_ += take;
     p += take;
     n -= take;
-    if (used_ == buf_.size()) Flush();
+    if (used_ == cap_) Flush();
   }
 }
 
@@ -288,33 +301,73 @@ void OutFile::WriteRows(const void* data, size_t row_bytes, size_t stride_bytes,
     return;
   }
   while (rows > 0) {
-    const size_t fit = std::max<size_t>(1, (buf_.size() - used_) / row_bytes);
+    const size_t fit = std::max<size_t>(1, (cap_ - used_) / row_bytes);
     const size_t take = std::min(rows, fit);
-    if (used_ + take * row_bytes > buf_.size()) {  // a row that does not fit what is left: through Write
+    if (used_ + take * row_bytes > cap_) {  // a row that does not fit what is left: through Write
       Write(p, row_bytes);
       p += stride_bytes;
       --rows;
       continue;
     }
-    char* dst = buf_.data() + used_;
+    char* dst = cur_ + used_;
     for (size_t i = 0; i < take; ++i, p += stride_bytes) std::memcpy(dst + i * row_bytes, p, row_bytes);
     crc_ = Crc32cExtend(crc_, dst, take * row_bytes);  // while the gathered rows are in the cache
     used_ += take * row_bytes;
     size_ += static_cast<int64_t>(take * row_bytes);
     rows -= take;
-    if (buf_.size() - used_ < row_bytes) Flush();
+    if (cap_ - used_ < row_bytes) Flush();  // a direct file's waits for a whole buffer (the row through Write)
   }
 }
 
 void OutFile::Flush() {
   if (sink_ >= 0) {
-    if (used_ > 0 && g_sink.write(sink_, buf_.data(), static_cast<int64_t>(used_)) != 0)
+    if (used_ > 0 && g_sink.write(sink_, cur_, static_cast<int64_t>(used_)) != 0)
       throw std::runtime_error("object sink: cannot write checkpoint file '" + path_ + "'");
     used_ = 0;
     return;
   }
-  WriteOut(buf_.data(), used_);
+  if (direct_fd_ >= 0) {
+    if (used_ == cap_) SubmitDirect();  // else the bytes wait for the rest of their buffer (or Close)
+    return;
+  }
+  WriteOut(cur_, used_);
   used_ = 0;
+}
+
+void OutFile::SubmitDirect() {
+  WaitDirect();
+  const int dfd = direct_fd_, fd = fd_;
+  const char* p = cur_;
+  const size_t n = used_;
+  const int64_t at = written_;
+  inflight_ = std::async(std::launch::async, [dfd, fd, p, n, at] {
+    size_t off = 0;
+    bool direct = true;
+    while (off < n) {
+      const ssize_t w = ::pwrite(direct ? dfd : fd, p + off, n - off, at + static_cast<int64_t>(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EINVAL && direct) {  // the device's alignment is coarser: this buffer through the cache
+        direct = false;
+        continue;
+      }
+      if (w < 0) return errno;
+      off += static_cast<size_t>(w);
+    }
+    return 0;
+  });
+  written_ += static_cast<int64_t>(n);
+  filling_ ^= 1;
+  cur_ = direct_[filling_].get();
+  used_ = 0;
+}
+
+void OutFile::WaitDirect() {
+  if (!inflight_.valid()) return;
+  const int err = inflight_.get();
+  if (err != 0) {
+    errno = err;
+    throw IoError("cannot write checkpoint file", path_);
+  }
 }
 
 void OutFile::WriteOut(const char* p, size_t n) {
@@ -352,7 +405,21 @@ void OutFile::Close(bool sync) {
     return;
   }
   if (fd_ < 0) return;
-  Flush();
+  if (direct_fd_ >= 0) {  // the buffer in flight, then the tail through the page cache
+    WaitDirect();
+    for (size_t off = 0; off < used_;) {
+      const ssize_t w = ::pwrite(fd_, cur_ + off, used_ - off, written_ + static_cast<int64_t>(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) throw IoError("cannot write checkpoint file", path_);
+      off += static_cast<size_t>(w);
+    }
+    written_ += static_cast<int64_t>(used_);
+    used_ = 0;
+    ::close(direct_fd_);
+    direct_fd_ = -1;
+  } else {
+    Flush();
+  }
   if (sync && ::fsync(fd_) != 0) throw IoError("cannot fsync checkpoint file", path_);
   if (::close(fd_) != 0) {
     fd_ = -1;
