@@ -321,6 +321,19 @@ def test_a_local_restore_reads_each_byte_it_needs_once(tmp_path):
     assert chain_bytes <= read < 1.5 * chain_bytes, (read, chain_bytes)
 
 
+def _row_and_slot_columns(data, rows):
+    """The data files holding the rows and Adam's two slots of `rows` x 16 floats, or [] where the file
+    system refuses direct I/O (tmpfs): there the page cache carries the bytes, exact all the same, and
+    there is no page-cache claim to check."""
+    try:
+        os.close(os.open(data[0], os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return []
+    columns = [p for p in data if os.path.getsize(p) == rows * 16 * 4]
+    assert len(columns) == 3, [os.path.getsize(p) for p in data]
+    return columns
+
+
 def _resident_pages(path):
     """(pages of `path` in the page cache, pages of the file): mincore over a mapping that touches none."""
     import ctypes
@@ -361,13 +374,7 @@ def test_a_restore_reads_row_and_slot_columns_around_the_page_cache_and_exactly(
     got = evstore.EmbeddingVariable("t", 16)
     checkpoint.CheckpointManager(str(tmp_path / "ckpt"), {"t": got}, lease=False).restore()
     assert_same_state(state({"t": got}), state({"t": saved}))
-    try:   # where the file system refuses direct reads (tmpfs), the page cache serves them: exact all the same
-        os.close(os.open(data[0], os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        return
-    columns = [p for p in data if os.path.getsize(p) == len(keys) * 16 * 4]   # the rows and the two slots
-    assert len(columns) == 3, [os.path.getsize(p) for p in data]
-    for path in columns:
+    for path in _row_and_slot_columns(data, len(keys)):
         resident, pages = _resident_pages(path)
         assert resident <= 8, (path, resident, pages)   # the last chunk's tail, read through the cache
 
@@ -387,13 +394,7 @@ def test_a_full_save_writes_its_columns_around_the_page_cache_and_restores_exact
     checkpoint.CheckpointManager(str(tmp_path / "ckpt"), {"t": got, "s": got_names}, lease=False).restore()
     assert_same_state(state({"t": got, "s": got_names}), state({"t": saved, "s": names}))
     data = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "ckpt") for f in fs if ".data-" in f]
-    try:   # where the file system refuses direct writes (tmpfs), the page cache takes them: exact all the same
-        os.close(os.open(data[0], os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        return
-    columns = [p for p in data if os.path.getsize(p) == len(keys) * 16 * 4]   # the rows and the two slots
-    assert len(columns) == 3, [os.path.getsize(p) for p in data]
-    for path in columns:
+    for path in _row_and_slot_columns(data, len(keys)):
         resident, pages = _resident_pages(path)
         # The tail (less than one 1 MiB write buffer) is written through the cache; every byte was before.
         assert resident <= (1 << 20) // 4096 + 8 < pages, (path, resident, pages)
