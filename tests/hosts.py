@@ -31,6 +31,9 @@ API
   available() -> None | str
       None when this machine can run a Network, else why not (not root, no
       `ip`/`unshare`/`setpriv`, `ip netns add` refused, ...).
+  mounts_available() -> None | str, mount_namespace_or_skip()
+      The same for a private mount namespace alone (a test that needs a
+      small file system of its own, no network).
   network_or_skip(workdir, **kw)
       A context manager yielding a Network; calls pytest.skip(<the reason>)
       where `available()` says no (a skipped test with its reason, never a
@@ -220,11 +223,35 @@ def _start_time(pid):
         return None
 
 
+def mounts_available():
+    """None when a process can be given a private mount namespace and mount a tmpfs in it, else why not."""
+    if os.geteuid() != 0:
+        return "not root: mount namespaces need CAP_SYS_ADMIN"
+    for tool in ("unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"no `{tool}` command"
+    p = _run("unshare", "--mount", "--propagation", "private", "--",
+             "mount", "-t", "tmpfs", "tmpfs", "/mnt", check=False)
+    if p.returncode != 0:
+        return f"a mount namespace cannot be made (`unshare -m` then `mount`): {p.stderr.strip()}"
+    return None
+
+
+def mount_namespace_or_skip():
+    """pytest.skip with the reason where `mounts_available()` says no (never a silent pass)."""
+    import pytest
+
+    why = mounts_available()
+    if why is not None:
+        pytest.skip(f"needs a private mount namespace: {why}")
+
+
 def available():
     """None when namespaces work here, else the reason they do not."""
-    if os.geteuid() != 0:
-        return "not root: network and mount namespaces need CAP_SYS_ADMIN"
-    for tool in ("ip", "unshare", "setpriv", "mount"):
+    why = mounts_available()
+    if why is not None:
+        return why
+    for tool in ("ip", "setpriv"):
         if shutil.which(tool) is None:
             return f"no `{tool}` command"
     probe = f"{_PREFIX}probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+import hosts  # noqa: E402  (tests/hosts.py: the one probe for namespaces)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 TRAINER = textwrap.dedent("""
@@ -63,16 +65,10 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def _namespaces_or_skip():
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"a private mount namespace is refused here (unshare -m: {probe.stderr.strip()})")
-
-
 def _run_on_a_small_tier_disk(tmp, script):
     """Runs `script` (python source; argv: tier directory, scratch directory, result file) in a private
     mount namespace whose tier directory is a 1 MiB tmpfs; returns the JSON it wrote."""
-    _namespaces_or_skip()
+    hosts.mount_namespace_or_skip()
     tier = tmp / "tier"
     tier.mkdir()
     (tmp / "script.py").write_text(script)
@@ -149,7 +145,7 @@ CHIEF = textwrap.dedent("""
 def test_a_parameter_server_s_tier_disk_is_measured_on_its_own_host(tmp_path):
     """The PS task runs in a mount namespace of its own whose tier directory is a 1 MiB tmpfs; the chief
     sees the same path on the machine's disk. The restore is refused by what the PS's disk holds."""
-    _namespaces_or_skip()
+    hosts.mount_namespace_or_skip()
     from evstore_app.cluster import LocalCluster
     tier = tmp_path / "tier"
     tier.mkdir()
