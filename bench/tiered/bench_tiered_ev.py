@@ -44,7 +44,7 @@ from bench.harness.disk import drop_cache, sequential_rate
 from bench.harness.paths import ROOT
 from bench.harness.peers import module_cmd
 from bench.harness.perf import PerfRecord
-from bench.harness.rss import malloc_trim, status_kib
+from bench.harness.rss import malloc_trim, smaps_rollup_kib, status_kib
 from bench.harness.vmstat import vmstat, vmstat_delta
 
 SAMPLE = 4096          # rows checked bit for bit after a restore
@@ -52,8 +52,10 @@ FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "rest
           "seq_read_s", "seq_write_s",
           "save_vs_sequential", "restore_vs_sequential", "train_keys_per_s", "train_cpu_us_per_key",
           "train_user_us_per_key", "train_sys_us_per_key", "train_wall_us_per_key",
+          "train_write_bytes_per_key", "train_write_calls_per_1k_keys", "train_file_growth_bytes_per_key",
           "hit_rate", "train_majflt", "train_minflt_per_1k_keys", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
-          "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
+          "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_train_anon_huge_mb",
+          "rss_train_file_pmd_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
           "rss_restored_peak_mb", "delta_mb", "full_mb", "cache_rows", "disk_mb"]
 
 
@@ -72,6 +74,29 @@ def _status_mib(field):
     """VmRSS / VmHWM of this process in MiB; freed heap goes back to the OS first."""
     malloc_trim()
     return status_kib(field) / 1024
+
+
+def _proc_io():
+    """This process's I/O counters (/proc/self/io: wchar, bytes handed to write calls; syscw, the calls)."""
+    try:
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, v in (line.split(": ") for line in f)}
+    except OSError:
+        return {}
+
+
+def _tier_file_bytes(tier_dir):
+    """The apparent size of the tier's record file(s) under `tier_dir` (row_file.h: <dir>/evstore-tier-*/rows):
+    what the log has grown to. A growing file takes new page-cache pages for its writes."""
+    total = 0
+    for d, _, fs in os.walk(tier_dir):
+        for f in fs:
+            if f == "rows":
+                try:
+                    total += os.path.getsize(os.path.join(d, f))
+                except OSError:
+                    pass
+    return total
 
 
 def _dir_mb(path):
@@ -128,6 +153,7 @@ class Side:
         s0 = self.ev.stats()
         v0 = vmstat()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
+        io0, f0 = _proc_io(), _tier_file_bytes(self.cfg["tier_dir"])
         if perf:
             perf.on()
         c0, t0 = time.process_time(), time.perf_counter()
@@ -137,6 +163,7 @@ class Side:
         if perf:
             perf.off()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
+        io1, f1 = _proc_io(), _tier_file_bytes(self.cfg["tier_dir"])
         vm = vmstat_delta(v0)
         s1 = self.ev.stats()
         hits = s1["cache_hits"] - s0["cache_hits"]
@@ -147,7 +174,10 @@ class Side:
                     train_sys_us_per_key=(r1.ru_stime - r0.ru_stime) / keys * 1e6,
                     train_wall_us_per_key=wall / keys * 1e6,
                     hit_rate=hits / acc if acc else 1.0, train_majflt=r1.ru_majflt - r0.ru_majflt,
-                    train_minflt_per_1k_keys=(r1.ru_minflt - r0.ru_minflt) / keys * 1e3, train_vm=vm)
+                    train_minflt_per_1k_keys=(r1.ru_minflt - r0.ru_minflt) / keys * 1e3, train_vm=vm,
+                    train_write_bytes_per_key=(io1.get("wchar", 0) - io0.get("wchar", 0)) / keys,
+                    train_write_calls_per_1k_keys=(io1.get("syscw", 0) - io0.get("syscw", 0)) / keys * 1e3,
+                    train_file_growth_bytes_per_key=(f1 - f0) / keys)
 
     def lookups(self, batch, calls):
         """Read-only lookups of Zipf batches: keys/s and p99 seconds."""
@@ -219,6 +249,9 @@ def child(cfg):
         out["find1k_p99_ms"] = p99 * 1e3
         out["rss_train_mb"] = _status_mib("VmRSS")
         out["rss_train_file_mb"] = _status_mib("RssFile")  # mapped file pages: the tier file's that reads mapped
+        # how much of it the TLB sees in 2 MiB pages: the tier's own memory, and its file's mapping
+        out["rss_train_anon_huge_mb"] = smaps_rollup_kib("AnonHugePages") / 1024
+        out["rss_train_file_pmd_mb"] = smaps_rollup_kib("FilePmdMapped") / 1024
         st = side.ev.stats()
         out.update(cache_rows=st["cache_rows"], disk_mb=st["disk_bytes"] / 2**20, admitted=st["admitted"],
                    index_mb=st["index_bytes"] / 2**20, meta_mb=st["meta_bytes"] / 2**20)
@@ -443,7 +476,9 @@ def _train_line(kind, fig):
             f"{fig['train_sys_us_per_key']:.3f} sys), {fig['train_wall_us_per_key']:.3f} us wall; kernel meanwhile: "
             f"compact_stall {vm.get('compact_stall', 0)}, pgscan_direct {vm.get('pgscan_direct', 0)}, "
             f"pgscan_kswapd {vm.get('pgscan_kswapd', 0)}, thp_fault_alloc {vm.get('thp_fault_alloc', 0)}, "
-            f"dirty pages {vm.get('nr_dirty_start', 0)} -> {vm.get('nr_dirty_end', 0)}")
+            f"dirty pages {vm.get('nr_dirty_start', 0)} -> {vm.get('nr_dirty_end', 0)}; written "
+            f"{fig.get('train_write_bytes_per_key', 0):.0f} B a key, of which the file grew by "
+            f"{fig.get('train_file_growth_bytes_per_key', 0):.0f} B (new page-cache pages)")
 
 
 def _print_rounds(rounds):
