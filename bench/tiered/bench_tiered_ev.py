@@ -379,6 +379,11 @@ def serve_phase(cfg, out):
 
 
 # ---- the parent ------------------------------------------------------------------
+# A child that imports evstore from the directory argv[1] ahead of the repository's (run with cwd=ROOT).
+OVERLAY_BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); module = sys.argv[2]; "
+                "sys.argv = [module] + sys.argv[3:]; runpy.run_module(module, run_name='__main__')")
+
+
 def _probe(cfg, nbytes, renice=True):
     """The disk's sequential write + fsync and cold read of `nbytes` in the work directory, measured by a
     child process at the niceness of the save and restore children (from a parent: `renice`; from such a
@@ -407,6 +412,8 @@ def _run_child(cfg, renice=True, quiet=False):
     this process (`renice`; a child starting a probe passes False: it runs at the child's niceness)."""
     os.makedirs(cfg["tier_dir"], exist_ok=True)
     cmd = [*module_cmd(__spec__.name), "child", json.dumps(cfg)]
+    if cfg.get("overlay"):   # evstore imported from another tree (ab_oplib.py: another build's op library)
+        cmd = [sys.executable, "-c", OVERLAY_BOOT, cfg["overlay"], __spec__.name, "child", json.dumps(cfg)]
     p = subprocess.run(["nice", "-n", str(cfg["child_nice"]), *cmd] if renice else cmd,
                        capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
