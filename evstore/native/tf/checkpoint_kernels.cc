@@ -829,6 +829,35 @@ class EvDiskFreeOp : public OpKernel {
   }
 };
 
+// EvTierRecordBytes: the core's record size (row_store.h, serving_rows.h).
+class EvTierRecordBytesOp : public OpKernel {
+ public:
+  explicit EvTierRecordBytesOp(OpKernelConstruction* c) : OpKernel(c) {
+    int dim, slots;
+    std::string precision;
+    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim));
+    OP_REQUIRES_OK(c, c->GetAttr("slots", &slots));
+    OP_REQUIRES_OK(c, c->GetAttr("precision", &precision));
+    OP_REQUIRES(c, precision == "float32" || slots == 0,
+                errors::InvalidArgument("EvTierRecordBytes: a serving table's rows (precision ", precision,
+                                        ") have no slots, got slots=", slots));
+    try {
+      bytes_ = RecordBytes(precision == "float32" ? RowFloats(dim, slots)
+                                                  : ServingRows::PackedFloats(view::Parse(precision), dim));
+    } catch (const std::invalid_argument& e) {
+      c->CtxFailure(errors::InvalidArgument("EvTierRecordBytes: ", e.what()));
+    }
+  }
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = bytes_;
+  }
+
+ private:
+  int64_t bytes_ = 0;
+};
+
 class EvCrc32cExtendOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -878,6 +907,7 @@ EV_REGISTER_KEYED("EvLoadBundle", EvLoadBundleOp);
 EV_REGISTER_KEYED("EvLoadBundleRouted", EvLoadBundleRoutedOp);
 REGISTER_KERNEL_BUILDER(Name("EvCrc32cExtend").Device(DEVICE_CPU), EvCrc32cExtendOp);
 REGISTER_KERNEL_BUILDER(Name("EvDiskFree").Device(DEVICE_CPU), EvDiskFreeOp);
+REGISTER_KERNEL_BUILDER(Name("EvTierRecordBytes").Device(DEVICE_CPU), EvTierRecordBytesOp);
 REGISTER_KERNEL_BUILDER(Name("EvFileCrc32c").Device(DEVICE_CPU), EvFileCrc32cOp);
 
 }  // namespace
