@@ -22,7 +22,7 @@ Disk: `check_room` refuses, before any staging table is made, loads whose
 tiered staging tables cannot fit their tier files on their file systems'
 free space. What it counts is a lower bound of what the loads write: each
 row a load brings in that the staging table's DRAM budget cannot hold is
-written once (4 bytes x dim x (1 + slots) a record, native/core/row_file.h),
+written once (a record of dim x (1 + slots) floats: evstore.storage.record_bytes),
 so a refusal never stops a load that could fit. More is written than it
 counts when later loads rewrite rows (a chain's deltas: dead records until
 compaction, at most about as many as the live ones); such a load that runs
@@ -34,7 +34,7 @@ from tensorflow.python.eager import context as _context
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from evstore._ops import gen
-from evstore.storage import TierNeed, check_tier_room
+from evstore.storage import TierNeed, check_tier_room, record_bytes
 
 __all__ = ["StagingTable", "adopt", "can_stage", "check_room", "place"]
 
@@ -111,7 +111,7 @@ def check_room(loads, what="this load"):
         if storage is None or rows <= 0:
             continue
         names, _ = gen.ev_slots(ev.resource_handle, key_dtype=ev.key_dtype)
-        record = 4 * ev.dim * (1 + len({n.decode() for n in names.numpy()} | set(slots)))
+        record = record_bytes(ev.dim, len({n.decode() for n in names.numpy()} | set(slots)))
         needs.append(TierNeed(ev.name, storage.path, ev.device, rows, record, storage.dram_bytes,
                               lambda ev=ev: int(ev.stats()["disk_bytes"])))
     check_tier_room(needs, what)

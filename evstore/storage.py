@@ -10,7 +10,8 @@ import tempfile
 import warnings
 import weakref
 
-__all__ = ["TieredStorage", "RamTierWarning", "TierSpaceError", "TierNeed", "free_bytes", "check_tier_room"]
+__all__ = ["TieredStorage", "RamTierWarning", "TierSpaceError", "TierNeed", "free_bytes", "check_tier_room",
+           "record_bytes"]
 
 _RAM_FILESYSTEMS = ("tmpfs", "ramfs")
 
@@ -51,6 +52,19 @@ def free_bytes(path, device=None):
     with tf.device(device or None):
         free, fs = gen.ev_disk_free(os.path.abspath(os.fspath(path)))
     return int(free), int(fs)
+
+
+def record_bytes(dim, slots=0, precision="float32"):
+    """The bytes of one row on a tier's disk (one record), as the native core lays it out
+    (EvTierRecordBytes: core/row_store.h, core/serving_rows.h): a training table's row of `dim`
+    floats and `slots` optimizer slots of as many ("float32"), or a serving table's row packed in
+    `precision` ("float32", "bfloat16", "float16" or "int8"; no slots).
+
+    Raises:
+      tf.errors.InvalidArgumentError: an unknown precision, or slots with a serving precision.
+    """
+    from evstore._ops import gen
+    return int(gen.ev_tier_record_bytes(dim=int(dim), slots=int(slots), precision=precision))
 
 
 TierNeed = collections.namedtuple("TierNeed", "name path device rows record dram_bytes held")

@@ -2,7 +2,8 @@
 
 A shard's tables (tiered: rows in a DRAM cache over a file on local disk,
 evstore.TieredStorage) hold its partition's rows; a row is `dim` float32
-values (4 * dim bytes; serving tables hold no optimizer slots). The budget
+values (one tier record: evstore.storage.record_bytes(dim); serving tables
+hold no optimizer slots). The budget
 counts every row the shard holds at once: the served version's, plus, while
 a new chain (a full, a rollback) is streamed into replacement tables, the
 new version's, which exist together until the swap. A commit that would
@@ -16,6 +17,7 @@ between compactions, dead records of rows rewritten by deltas (at most about
 as many again, native/core/log_space.h).
 """
 from checkpoint.errors import CheckpointError
+from evstore.storage import record_bytes
 
 __all__ = ["DiskBudget"]
 
@@ -31,10 +33,11 @@ class DiskBudget:
         self.disk_bytes = disk_bytes
         self.dims = dict(dims)
         self.who = who
+        self._record = {name: record_bytes(dim) for name, dim in self.dims.items()}
 
     def row_bytes(self, rows):
         """Bytes of `rows` ({EV: row count})."""
-        return sum(int(n) * 4 * self.dims[name] for name, n in rows.items())
+        return sum(int(n) * self._record[name] for name, n in rows.items())
 
     def check(self, m, held, incoming, what):
         """Raises CheckpointError when `held` ({EV: rows kept}) and `incoming`

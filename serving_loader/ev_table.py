@@ -26,7 +26,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from checkpoint.bundle import load_ev
 from checkpoint.serving_view import CODECS
 from evstore import ops, schema
-from evstore.storage import TierNeed
+from evstore.storage import TierNeed, record_bytes
 from serving_loader.served_table import ReplaceableTable
 from serving_loader.served_tensors import ViewRows
 
@@ -261,11 +261,11 @@ class EvTable(ReplaceableTable):
 
     def tier_need(self, name, rows, precision=FLOAT32):
         """What a replacement() in `precision` filled with `rows` of EV `name` writes to its tier at least
-        (evstore.storage.TierNeed: each row beyond its loading cache, of at least dim values of the
-        precision's size: packing adds at most a word); None for a table all in DRAM."""
+        (evstore.storage.TierNeed: each row beyond its loading cache, one record of the row packed in
+        the precision: evstore.storage.record_bytes); None for a table all in DRAM."""
         if self.storage is None:
             return None
-        return TierNeed(name, self.storage.path, None, rows, self.dim * tf.as_dtype(precision).size,
+        return TierNeed(name, self.storage.path, None, rows, record_bytes(self.dim, precision=precision),
                         loading_dram_bytes(self.storage.dram_bytes), lambda: self.stats()["disk_bytes"])
 
     def adopt(self, replacement):

@@ -45,6 +45,19 @@ def status_kib(field, pid="self"):
     return 0
 
 
+def smaps_rollup_kib(field, pid="self"):
+    """A kB field of /proc/<pid>/smaps_rollup (AnonHugePages: anonymous memory on huge pages;
+    FilePmdMapped: file pages mapped 2 MiB at a time); 0 if absent."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def rss_mib(pid="self"):
     """Resident set size of this process (or of `pid`) in MiB (VmRSS)."""
     return status_kib("VmRSS", pid) / 1024

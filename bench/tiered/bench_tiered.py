@@ -28,7 +28,15 @@ table's reported index, metadata and row bytes.
 evstore.TieredStorage vs an all-DRAM one, each in its own process: populate
 rate, training lookup + Adam apply rate (and the DRAM hit rate), read-only
 lookups at batch 1 and 1,024, RSS against the budget, full save and restore
-time, delta size. `beyond`: a tiered table larger than this machine's memory
+time, delta size. Each round runs the two children back to back (the first side
+alternating) and prints its training ratio by CPU and by wall, each child's CPU
+split into user and system time and what the kernel's memory manager did over
+its training steps (direct compaction stalls, direct and kswapd reclaim, huge
+page faults, dirty pages at the start and the end: bench/harness/vmstat.py);
+the verdict on a training target is the median of the rounds' own ratios
+(printed last), not one round. `--perf PREFIX` records each child's training
+steps with `perf record -g` (PREFIX-<side>-<round>.data).
+`beyond`: a tiered table larger than this machine's memory
 trains, saves a full, and restores it bit for bit in a new process.
 Both: bench/tiered/bench_tiered_ev.py.
 

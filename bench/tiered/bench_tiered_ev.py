@@ -43,14 +43,19 @@ import time
 from bench.harness.disk import drop_cache, sequential_rate
 from bench.harness.paths import ROOT
 from bench.harness.peers import module_cmd
-from bench.harness.rss import malloc_trim, status_kib
+from bench.harness.perf import PerfRecord
+from bench.harness.rss import malloc_trim, smaps_rollup_kib, status_kib
+from bench.harness.vmstat import vmstat, vmstat_delta
 
 SAMPLE = 4096          # rows checked bit for bit after a restore
 FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "restore_full_s", "save_full_cpu_s", "restore_full_cpu_s",
           "seq_read_s", "seq_write_s",
           "save_vs_sequential", "restore_vs_sequential", "train_keys_per_s", "train_cpu_us_per_key",
+          "train_user_us_per_key", "train_sys_us_per_key", "train_wall_us_per_key",
+          "train_write_bytes_per_key", "train_write_calls_per_1k_keys", "train_file_growth_bytes_per_key",
           "hit_rate", "train_majflt", "train_minflt_per_1k_keys", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
-          "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
+          "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_train_anon_huge_mb",
+          "rss_train_file_pmd_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
           "rss_restored_peak_mb", "delta_mb", "full_mb", "cache_rows", "disk_mb"]
 
 
@@ -69,6 +74,29 @@ def _status_mib(field):
     """VmRSS / VmHWM of this process in MiB; freed heap goes back to the OS first."""
     malloc_trim()
     return status_kib(field) / 1024
+
+
+def _proc_io():
+    """This process's I/O counters (/proc/self/io: wchar, bytes handed to write calls; syscw, the calls)."""
+    try:
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, v in (line.split(": ") for line in f)}
+    except OSError:
+        return {}
+
+
+def _tier_file_bytes(tier_dir):
+    """The apparent size of the tier's record file(s) under `tier_dir` (row_file.h: <dir>/evstore-tier-*/rows):
+    what the log has grown to. A growing file takes new page-cache pages for its writes."""
+    total = 0
+    for d, _, fs in os.walk(tier_dir):
+        for f in fs:
+            if f == "rows":
+                try:
+                    total += os.path.getsize(os.path.join(d, f))
+                except OSError:
+                    pass
+    return total
 
 
 def _dir_mb(path):
@@ -116,24 +144,40 @@ class Side:
             loss = tf.reduce_sum(e * e)
         self.opt.apply_gradients(zip(tape.gradient(loss, ev.trainable_variables), ev.trainable_variables))
 
-    def train(self, steps):
-        """Timed Zipf training steps: keys/s, CPU microseconds per key, DRAM hit rate, page faults
-        (major: read from disk; minor per 1,000 keys)."""
+    def train(self, steps, perf=None):
+        """Timed Zipf training steps: keys/s, CPU microseconds per key (and its user / system split),
+        DRAM hit rate, page faults (major: read from disk; minor per 1,000 keys), the machine's
+        memory-management counters over the steps (train_vm: harness/vmstat.py). `perf`: a
+        PerfRecord switched on around the steps."""
         import resource
         s0 = self.ev.stats()
+        v0 = vmstat()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
+        io0, f0 = _proc_io(), _tier_file_bytes(self.cfg["tier_dir"])
+        if perf:
+            perf.on()
         c0, t0 = time.process_time(), time.perf_counter()
         for _ in range(steps):
             self.train_step()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if perf:
+            perf.off()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
+        io1, f1 = _proc_io(), _tier_file_bytes(self.cfg["tier_dir"])
+        vm = vmstat_delta(v0)
         s1 = self.ev.stats()
         hits = s1["cache_hits"] - s0["cache_hits"]
         acc = hits + s1["cache_misses"] - s0["cache_misses"]
         keys = steps * self.cfg["batch"]
         return dict(train_keys_per_s=keys / wall, train_cpu_us_per_key=cpu / keys * 1e6,
+                    train_user_us_per_key=(r1.ru_utime - r0.ru_utime) / keys * 1e6,
+                    train_sys_us_per_key=(r1.ru_stime - r0.ru_stime) / keys * 1e6,
+                    train_wall_us_per_key=wall / keys * 1e6,
                     hit_rate=hits / acc if acc else 1.0, train_majflt=r1.ru_majflt - r0.ru_majflt,
-                    train_minflt_per_1k_keys=(r1.ru_minflt - r0.ru_minflt) / keys * 1e3)
+                    train_minflt_per_1k_keys=(r1.ru_minflt - r0.ru_minflt) / keys * 1e3, train_vm=vm,
+                    train_write_bytes_per_key=(io1.get("wchar", 0) - io0.get("wchar", 0)) / keys,
+                    train_write_calls_per_1k_keys=(io1.get("syscw", 0) - io0.get("syscw", 0)) / keys * 1e3,
+                    train_file_growth_bytes_per_key=(f1 - f0) / keys)
 
     def lookups(self, batch, calls):
         """Read-only lookups of Zipf batches: keys/s and p99 seconds."""
@@ -195,13 +239,19 @@ def child(cfg):
             np.savez(cfg["sample"], keys=keys, rows=rows)
         for _ in range(cfg["warmup"]):
             side.train_step()
-        out.update(side.train(cfg["steps"]))
+        perf = PerfRecord(cfg["perf"]) if cfg.get("perf") else None
+        out.update(side.train(cfg["steps"], perf))
+        if perf:
+            perf.close()
         out["find1_keys_per_s"], p99 = side.lookups(1, cfg["find1_calls"])
         out["find1_p99_us"] = p99 * 1e6
         out["find1k_keys_per_s"], p99 = side.lookups(1024, cfg["find1k_calls"])
         out["find1k_p99_ms"] = p99 * 1e3
         out["rss_train_mb"] = _status_mib("VmRSS")
         out["rss_train_file_mb"] = _status_mib("RssFile")  # mapped file pages: the tier file's that reads mapped
+        # how much of it the TLB sees in 2 MiB pages: the tier's own memory, and its file's mapping
+        out["rss_train_anon_huge_mb"] = smaps_rollup_kib("AnonHugePages") / 1024
+        out["rss_train_file_pmd_mb"] = smaps_rollup_kib("FilePmdMapped") / 1024
         st = side.ev.stats()
         out.update(cache_rows=st["cache_rows"], disk_mb=st["disk_bytes"] / 2**20, admitted=st["admitted"],
                    index_mb=st["index_bytes"] / 2**20, meta_mb=st["meta_bytes"] / 2**20)
@@ -329,6 +379,11 @@ def serve_phase(cfg, out):
 
 
 # ---- the parent ------------------------------------------------------------------
+# A child that imports evstore from the directory argv[1] ahead of the repository's (run with cwd=ROOT).
+OVERLAY_BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); module = sys.argv[2]; "
+                "sys.argv = [module] + sys.argv[3:]; runpy.run_module(module, run_name='__main__')")
+
+
 def _probe(cfg, nbytes, renice=True):
     """The disk's sequential write + fsync and cold read of `nbytes` in the work directory, measured by a
     child process at the niceness of the save and restore children (from a parent: `renice`; from such a
@@ -357,6 +412,8 @@ def _run_child(cfg, renice=True, quiet=False):
     this process (`renice`; a child starting a probe passes False: it runs at the child's niceness)."""
     os.makedirs(cfg["tier_dir"], exist_ok=True)
     cmd = [*module_cmd(__spec__.name), "child", json.dumps(cfg)]
+    if cfg.get("overlay"):   # evstore imported from another tree (ab_oplib.py: another build's op library)
+        cmd = [sys.executable, "-c", OVERLAY_BOOT, cfg["overlay"], __spec__.name, "child", json.dumps(cfg)]
     p = subprocess.run(["nice", "-n", str(cfg["child_nice"]), *cmd] if renice else cmd,
                        capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
@@ -418,13 +475,41 @@ def _header(args):
             f"Zipf({args.zipf}) batches of {args.batch}")
 
 
+def _train_line(kind, fig):
+    """One side's training in one round: CPU (user + system), wall, and what the machine's memory
+    manager did meanwhile, so that a round slowed by the kernel shows as such."""
+    vm = fig.get("train_vm", {})
+    return (f"{kind} {fig['train_cpu_us_per_key']:.3f} us CPU a key ({fig['train_user_us_per_key']:.3f} user + "
+            f"{fig['train_sys_us_per_key']:.3f} sys), {fig['train_wall_us_per_key']:.3f} us wall; kernel meanwhile: "
+            f"compact_stall {vm.get('compact_stall', 0)}, pgscan_direct {vm.get('pgscan_direct', 0)}, "
+            f"pgscan_kswapd {vm.get('pgscan_kswapd', 0)}, thp_fault_alloc {vm.get('thp_fault_alloc', 0)}, "
+            f"dirty pages {vm.get('nr_dirty_start', 0)} -> {vm.get('nr_dirty_end', 0)}; written "
+            f"{fig.get('train_write_bytes_per_key', 0):.0f} B a key, of which the file grew by "
+            f"{fig.get('train_file_growth_bytes_per_key', 0):.0f} B (new page-cache pages)")
+
+
+def _print_rounds(rounds):
+    """Each round's training ratio (all-DRAM CPU / tiered CPU: higher is better for the tier), by CPU and
+    by wall, and their medians over the rounds: the figure a target is judged by."""
+    by_cpu = [d["train_cpu_us_per_key"] / t["train_cpu_us_per_key"] for d, t in rounds]
+    by_wall = [d["train_wall_us_per_key"] / t["train_wall_us_per_key"] for d, t in rounds]
+    print(f"\ntraining, tiered / all-DRAM by round: by CPU {', '.join(f'{x:.2f}x' for x in by_cpu)}; "
+          f"by wall {', '.join(f'{x:.2f}x' for x in by_wall)}")
+    print(f"median of {len(rounds)} round(s): **{statistics.median(by_cpu):.2f}x by CPU**, "
+          f"{statistics.median(by_wall):.2f}x by wall")
+    return by_cpu, by_wall
+
+
 def ev_level(args):
     runs = {"dram": [], "tiered": []}
     for r in range(args.rounds):
-        for kind in (["dram", "tiered"] if r % 2 == 0 else ["tiered", "dram"]):
+        order = ["dram", "tiered"] if r % 2 == 0 else ["tiered", "dram"]
+        for kind in order:
             work = tempfile.mkdtemp(prefix="tiered-ev-", dir=args.dir)
             try:
                 cfg = _cfg(args, kind, "train-save", work)
+                if args.perf:
+                    cfg["perf"] = os.path.abspath(f"{args.perf}-{kind}-{r + 1}.data")
                 fig = _run_child(cfg)
                 shutil.rmtree(cfg["tier_dir"], ignore_errors=True)
                 if not cfg["save"]:   # --no-save: training and lookups only
@@ -438,8 +523,14 @@ def ev_level(args):
                 runs[kind].append(fig)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
+        d, t = runs["dram"][-1], runs["tiered"][-1]
+        print(f"round {r + 1} ({' first, '.join(order)} second), load {os.getloadavg()[0]:.1f}: "
+              f"ratio by CPU {d['train_cpu_us_per_key'] / t['train_cpu_us_per_key']:.2f}x, by wall "
+              f"{d['train_wall_us_per_key'] / t['train_wall_us_per_key']:.2f}x\n  {_train_line('all-DRAM', d)}\n  "
+              f"{_train_line('tiered', t)}", flush=True)
+    _print_rounds(list(zip(runs["dram"], runs["tiered"])))
     med = {k: {f: statistics.median(x.get(f, 0) for x in v) for f in FIELDS} for k, v in runs.items()}
-    print(f"\nEV level: {_header(args)}; {args.rounds} round(s), medians")
+    print(f"\nEV level: {_header(args)}; {args.rounds} round(s), medians of each figure")
     print("| figure | all-DRAM EV | tiered EV | tiered / all-DRAM |")
     print("|---|---|---|---|")
     for f in FIELDS:

@@ -31,9 +31,10 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
+
+from bench.harness.perf import PerfRecord
 
 FIND_BATCH = 1024
 
@@ -106,39 +107,6 @@ class _Tally:
                     minflt_per_1k_keys=self.minflt / k * 1e3, majflt=self.majflt)
 
 
-class _Perf:
-    """`perf record -g` of this process, enabled only inside `on()` blocks (a control FIFO)."""
-
-    def __init__(self, out):
-        self.dir = tempfile.mkdtemp(prefix="perf-ctl-")
-        self.ctl, self.ack = os.path.join(self.dir, "ctl"), os.path.join(self.dir, "ack")
-        os.mkfifo(self.ctl)
-        os.mkfifo(self.ack)
-        self.proc = subprocess.Popen(["perf", "record", "-g", "-D", "-1", "--control", f"fifo:{self.ctl},{self.ack}",
-                                      "-o", out, "-p", str(os.getpid())],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.ctl_f = open(self.ctl, "w")
-        self.ack_f = open(self.ack, "r")
-
-    def _cmd(self, c):
-        self.ctl_f.write(c + "\n")
-        self.ctl_f.flush()
-        self.ack_f.readline()
-
-    def on(self):
-        self._cmd("enable")
-
-    def off(self):
-        self._cmd("disable")
-
-    def close(self):
-        self.ctl_f.close()
-        self.ack_f.close()
-        self.proc.send_signal(2)
-        self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def run(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
@@ -176,7 +144,7 @@ def run(args):
         def find(name, ids):
             evstore.embedding_lookup(sides[name], ids, training=False).numpy()
 
-        perf = {k: _Perf(f"{args.perf}-{k}.data") for k in sides} if args.perf else {}
+        perf = {k: PerfRecord(f"{args.perf}-{k}.data") for k in sides} if args.perf else {}
         tiered = sides["tiered"]
 
         def alternate(fn, batch, steps, tallies, report=0, label=""):
@@ -248,4 +216,5 @@ def add_arguments(ap):
     ap.add_argument("--report", type=int, default=0, help="ev-pair: print the figures of every N steps too")
     ap.add_argument("--find-calls", type=int, default=200, help="ev-pair: read-only lookups of 1,024 ids per side")
     ap.add_argument("--perf", default=None, help="ev-pair: perf record -g each side's training windows into "
-                                                 "PREFIX-tiered.data and PREFIX-dram.data")
+                                                 "PREFIX-tiered.data and PREFIX-dram.data; ev: each child's "
+                                                 "training steps into PREFIX-<side>-<round>.data")

@@ -323,8 +323,11 @@ def test_a_local_restore_reads_each_byte_it_needs_once(tmp_path):
 
 def _row_and_slot_columns(data, rows):
     """The data files holding the rows and Adam's two slots of `rows` x 16 floats, or [] where the file
-    system refuses direct I/O (tmpfs): there the page cache carries the bytes, exact all the same, and
-    there is no page-cache claim to check."""
+    system refuses direct I/O, or lives in RAM (tmpfs, ramfs: since Linux 6.6 a tmpfs takes O_DIRECT,
+    but its files are their page-cache pages): there the page cache carries the bytes, exact all the
+    same, and there is no page-cache claim to check."""
+    if evstore.storage._filesystem_of(data[0]) in evstore.storage._RAM_FILESYSTEMS:
+        return []
     try:
         os.close(os.open(data[0], os.O_RDONLY | os.O_DIRECT))
     except OSError:

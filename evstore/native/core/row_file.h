@@ -1,7 +1,7 @@
 // RowFile: the disk engine of the tiered row store (tiered_store.h). No TensorFlow.
 //
 // Layout: one flat file of fixed-size records, record `loc` at byte offset
-// loc * record_bytes. The store decides where each row goes (log_space.h: a
+// loc * record_bytes (a row's floats as in DRAM: RecordBytes, row_store.h). The store decides where each row goes (log_space.h: a
 // log-structured layout, where a batch of evicted rows is one contiguous run
 // of records written by one pwritev); this class only moves records: runs of
 // adjacent records written in one call, records read one memcpy each from a

@@ -86,6 +86,16 @@ inline constexpr uint32_t kNoRowId = 0xFFFFFFFFu;   // an entry without a row
 inline constexpr uint32_t kMaxRowIds = 0x80000000u;  // row ids are < 2^31
 static_assert(kNoRowId >= kMaxRowIds, "the no-row mark is not a row id");
 
+// A row's width, defined once: RowFloats(dim, slots) floats (the Row layout
+// above: the table's stride, table.h), and its tier record RecordBytes(floats)
+// bytes (tiered_store.h, row_file.h: one record per row, the row's floats as
+// they are in DRAM). A serving table's row is ServingRows::PackedFloats
+// (serving_rows.h) floats instead. Python asks these (EvTierRecordBytes,
+// evstore/storage.py record_bytes) for what a load writes to a tier.
+constexpr int RowFloats(int dim, int slots) { return dim * (1 + slots); }
+constexpr int64_t RecordBytes(int floats) { return static_cast<int64_t>(floats) * static_cast<int64_t>(sizeof(float)); }
+static_assert(RecordBytes(RowFloats(8, 2)) == 96, "an Adam row of dim 8 (embedding, m, v) is a 96-byte record");
+
 // Where a tiered store keeps rows (tiered_store.h); unused by RowArena.
 struct TierConfig {
   int64_t dram_bytes = 0;  // cache budget for rows (embedding + slots)

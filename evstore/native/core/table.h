@@ -215,7 +215,7 @@ class Table {
       // (arena.h: PrepareWiden, as many blocks as the memory headroom allows,
       // at least a few), and the table waits for that part with lookups
       // running; Relayout copies, and prepares the rest, under the locks.
-      int new_stride = dim_ * (1 + static_cast<int>(slots_.size() + missing.size()));
+      int new_stride = RowFloats(dim_, static_cast<int>(slots_.size() + missing.size()));
       std::unique_ptr<typename Store::Widened> prepared;
       if (!missing.empty()) {
         prepared = rows_.PrepareWiden(new_stride);
@@ -246,10 +246,10 @@ class Table {
     std::lock_guard<std::mutex> l(slots_mu_);
     return slots_;
   }
-  // Floats per row: dim * (1 + number of slots).
+  // Floats per row: RowFloats(dim, number of slots) (row_store.h).
   int stride() const {
     std::lock_guard<std::mutex> l(slots_mu_);
-    return dim_ * (1 + static_cast<int>(slots_.size()));
+    return RowFloats(dim_, static_cast<int>(slots_.size()));
   }
 
   // ---- lookups -------------------------------------------------------------
@@ -1042,7 +1042,7 @@ class Table {
     }
     if (cold.empty()) return;
     std::sort(cold.begin(), cold.end(), [](const ColdKey& a, const ColdKey& b) { return a.loc < b.loc; });
-    const size_t rb = static_cast<size_t>(stride) * sizeof(float), n = cold.size();
+    const size_t rb = static_cast<size_t>(RecordBytes(stride)), n = cold.size();
     const size_t window = std::max<size_t>(1, kStreamBytes / rb), gap = kGapBytes / rb;
     // Spans of at most `window` records from a kept row's record; in each,
     // runs with gaps of at most `gap` records, one read each.

@@ -140,7 +140,7 @@ class TieredStore {
   // (int) constructor: the table passes its TierConfig through MakeRowStore).
   explicit TieredStore(int stride) : TieredStore(stride, TierConfig{}) {}
   TieredStore(int stride, const TierConfig& cfg)
-      : stride_(stride), dim_(stride), file_(cfg.path, static_cast<size_t>(stride) * sizeof(float), cfg.mapped_reads),
+      : stride_(stride), dim_(stride), file_(cfg.path, static_cast<size_t>(RecordBytes(stride)), cfg.mapped_reads),
         log_(static_cast<uint64_t>(std::max<int64_t>(cfg.max_disk_records, 0))) {
     if (cfg.dram_bytes <= 0) throw std::invalid_argument("tiered storage needs dram_bytes > 0");
     if (cfg.max_disk_records < 0) throw std::invalid_argument("tiered storage needs max_disk_records >= 0");
@@ -250,7 +250,7 @@ class TieredStore {
   // location (the kernel is told of them all first, so it reads ahead while
   // the copies run), none cached. A full export's read of a segment.
   void PeekMany(const uint32_t* rows, size_t n, float* out) const {
-    const size_t rb = static_cast<size_t>(stride_) * sizeof(float);
+    const size_t rb = static_cast<size_t>(RecordBytes(stride_));
     ColdReads& cold = Cold();
     for (size_t i = 0; i < n; ++i) {
       const RowMeta& m = Meta(rows[i]);
@@ -559,7 +559,7 @@ class TieredStore {
       if (Meta(r).flags.load(std::memory_order_relaxed) & kOnDisk) recs.emplace_back(Meta(r).loc, r);
     std::sort(recs.begin(), recs.end());
     std::unique_lock<std::shared_mutex> layout(layout_mu_);  // no ColdStream span read meanwhile
-    if (!file_.Widen(static_cast<size_t>(new_stride) * sizeof(float), static_cast<uint32_t>(recs.size()),
+    if (!file_.Widen(static_cast<size_t>(RecordBytes(new_stride)), static_cast<uint32_t>(recs.size()),
                      [&](uint32_t i) { return recs[i].first; }, tail))
       fail();
     layout_epoch_.fetch_add(1, std::memory_order_relaxed);
@@ -1055,7 +1055,7 @@ class TieredStore {
       for (uint32_t j = 0; j < got; ++j) locs[i + j] = first + j;
       i += got;
     }
-    const size_t rb = static_cast<size_t>(stride_) * sizeof(float);
+    const size_t rb = static_cast<size_t>(RecordBytes(stride_));
     if (l) l->unlock();
     // The victims' rows are written from their slots (pinned: their owner
     // locks are held), the moved records from one buffer.

@@ -164,12 +164,11 @@ InFile::InFile(const std::string& path, int64_t start, int64_t end) : path_(path
   }
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw IoError("cannot open checkpoint data file", path_);
-  direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);  // -1 where the file system refuses it
+  direct_ = std::make_unique<DirectReader>(path_);
 }
 
 InFile::~InFile() {
   if (fd_ >= 0) ::close(fd_);
-  if (direct_fd_ >= 0) ::close(direct_fd_);
   if (src_ >= 0) g_source.close(src_);
 }
 
@@ -186,31 +185,12 @@ int64_t InFile::Size() const {
 
 void InFile::WillNeed(int64_t offset, int64_t n) const {
   // A direct read would not use what the kernel read ahead into its cache.
-  if (fd_ >= 0 && n > 0 && !(direct_fd_ >= 0 && offset % kDirectAlign == 0))
-    ::posix_fadvise(fd_, offset, n, POSIX_FADV_WILLNEED);
-}
-
-int64_t InFile::ReadDirect(int64_t offset, char* p, int64_t n) const {
-  if (direct_fd_ < 0 || offset % kDirectAlign != 0 || reinterpret_cast<uintptr_t>(p) % kDirectAlign != 0) return 0;
-  const int64_t whole = n - n % kDirectAlign;
-  int64_t done = 0;
-  while (done < whole) {
-    const ssize_t r = ::pread(direct_fd_, p + done, whole - done, offset + done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && errno == EINVAL) {  // the device's alignment is coarser: the page cache from here on
-      ::close(direct_fd_);
-      direct_fd_ = -1;
-      break;
-    }
-    if (r < 0) throw IoError("cannot read checkpoint file", path_);
-    done += r;
-    if (r == 0 || r % kDirectAlign != 0) break;  // the end of the file: the rest (none) through the cache
-  }
-  return done;
+  if (fd_ >= 0 && n > 0 && !direct_->Takes(offset)) ::posix_fadvise(fd_, offset, n, POSIX_FADV_WILLNEED);
 }
 
 int64_t InFile::ReadAt(int64_t offset, char* p, int64_t n) const {
-  int64_t done = src_ >= 0 ? 0 : ReadDirect(offset, p, n);
+  int64_t done = src_ >= 0 ? 0 : direct_->Read(offset, p, n);
+  if (done < 0) throw IoError("cannot read checkpoint file", path_);
   while (done < n) {
     int64_t r;
     if (src_ >= 0) {
@@ -250,20 +230,18 @@ OutFile::OutFile(std::string path, bool in_memory)
   }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError("cannot create checkpoint file", path_);
-  direct_fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1 where the file system refuses it
-  if (direct_fd_ < 0) return;
-  for (auto& b : direct_) {
-    b.reset(static_cast<char*>(std::aligned_alloc(InFile::kDirectAlign, kDirectBufferBytes)));
-    if (!b) throw std::bad_alloc();
+  direct_ = std::make_unique<DirectWriter>(path_, fd_);
+  if (!direct_->direct()) {
+    direct_.reset();
+    return;
   }
   std::vector<char>().swap(buf_);
-  cur_ = direct_[0].get();
-  cap_ = kDirectBufferBytes;
+  cur_ = direct_->buffer();
+  cap_ = direct_->capacity();
 }
 
 OutFile::~OutFile() {
-  if (inflight_.valid()) inflight_.wait();  // its thread writes to direct_fd_ from direct_
-  if (direct_fd_ >= 0) ::close(direct_fd_);
+  direct_.reset();  // waits for its write in flight, which writes to fd_
   if (fd_ >= 0) ::close(fd_);
   if (sink_ >= 0) g_sink.close(sink_, /*keep=*/0);  // not closed: a failed save, nothing of it is kept
 }
@@ -277,7 +255,7 @@ void OutFile::Write(const void* data, size_t n) {
     return;
   }
   while (n > 0) {
-    if (used_ == 0 && n >= cap_ && fd_ >= 0 && direct_fd_ < 0) {  // whole buffers' worth: from the caller's bytes
+    if (used_ == 0 && n >= cap_ && fd_ >= 0 && !direct_) {  // whole buffers' worth: from the caller's bytes
       const size_t whole = n - n % cap_;
       WriteOut(p, whole);
       p += whole;
@@ -326,7 +304,7 @@ void OutFile::Flush() {
     used_ = 0;
     return;
   }
-  if (direct_fd_ >= 0) {
+  if (direct_) {
     if (used_ == cap_) SubmitDirect();  // else the bytes wait for the rest of their buffer (or Close)
     return;
   }
@@ -335,39 +313,13 @@ void OutFile::Flush() {
 }
 
 void OutFile::SubmitDirect() {
-  WaitDirect();
-  const int dfd = direct_fd_, fd = fd_;
-  const char* p = cur_;
-  const size_t n = used_;
-  const int64_t at = written_;
-  inflight_ = std::async(std::launch::async, [dfd, fd, p, n, at] {
-    size_t off = 0;
-    bool direct = true;
-    while (off < n) {
-      const ssize_t w = ::pwrite(direct ? dfd : fd, p + off, n - off, at + static_cast<int64_t>(off));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0 && errno == EINVAL && direct) {  // the device's alignment is coarser: this buffer through the cache
-        direct = false;
-        continue;
-      }
-      if (w < 0) return errno;
-      off += static_cast<size_t>(w);
-    }
-    return 0;
-  });
-  written_ += static_cast<int64_t>(n);
-  filling_ ^= 1;
-  cur_ = direct_[filling_].get();
-  used_ = 0;
-}
-
-void OutFile::WaitDirect() {
-  if (!inflight_.valid()) return;
-  const int err = inflight_.get();
-  if (err != 0) {
+  if (const int err = direct_->Submit(written_)) {
     errno = err;
     throw IoError("cannot write checkpoint file", path_);
   }
+  written_ += static_cast<int64_t>(used_);
+  cur_ = direct_->buffer();
+  used_ = 0;
 }
 
 void OutFile::WriteOut(const char* p, size_t n) {
@@ -405,18 +357,15 @@ void OutFile::Close(bool sync) {
     return;
   }
   if (fd_ < 0) return;
-  if (direct_fd_ >= 0) {  // the buffer in flight, then the tail through the page cache
-    WaitDirect();
-    for (size_t off = 0; off < used_;) {
-      const ssize_t w = ::pwrite(fd_, cur_ + off, used_ - off, written_ + static_cast<int64_t>(off));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) throw IoError("cannot write checkpoint file", path_);
-      off += static_cast<size_t>(w);
+  if (direct_) {  // the buffer in flight, then the tail through the page cache
+    const int err = direct_->Finish(used_, written_);
+    direct_.reset();
+    if (err != 0) {
+      errno = err;
+      throw IoError("cannot write checkpoint file", path_);
     }
     written_ += static_cast<int64_t>(used_);
     used_ = 0;
-    ::close(direct_fd_);
-    direct_fd_ = -1;
   } else {
     Flush();
   }

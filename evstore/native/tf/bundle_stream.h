@@ -48,6 +48,8 @@
 #include <string_view>
 #include <vector>
 
+#include "../core/direct_reader.h"
+#include "../core/direct_writer.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/protobuf/tensor_bundle.pb.h"
@@ -99,17 +101,12 @@ void evstore_set_object_source(SourceOpenFn open, SourceSizeFn size, SourceReadF
 
 // A file opened for positioned reads: a local file, or a file of an object
 // source (IsSourcePath). Closed by its destructor.
-// Direct reads: a local file's reads whose offset and buffer are aligned to
-// kDirectAlign bytes go around the page cache (O_DIRECT) for their whole
-// blocks: the disk writes them straight into the caller's buffer. A restore
-// reads each byte of a checkpoint once, so caching it only cost the kernel's
-// copy of every byte (the largest part of a 10M-key tiered restore's CPU)
-// and evicted pages that are read again, the tier's among them. Where the
-// file system refuses O_DIRECT (tmpfs), or a read is not aligned, reads go
-// through the page cache as before. The kernel keeps the two coherent.
+// Direct reads: a local file's reads whose offset and buffer are aligned
+// (core/direct_io.h) go around the page cache for their whole blocks
+// (core/direct_reader.h); the rest, and every read where the file system
+// refuses O_DIRECT, through the page cache.
 class InFile {
  public:
-  static constexpr int64_t kDirectAlign = 4096;
   // Throws std::runtime_error naming the file. [start, end): the bytes this
   // file will be read at (end < 0: anywhere), for an object source's reads.
   explicit InFile(const std::string& path, int64_t start = 0, int64_t end = -1);
@@ -119,7 +116,7 @@ class InFile {
   int64_t Size() const;                                   // throws
   int64_t ReadAt(int64_t offset, char* dst, int64_t n) const;  // bytes read (< n only at the end); throws
   // Whether reads at aligned offsets into aligned buffers go around the page cache.
-  bool direct() const { return direct_fd_ >= 0; }
+  bool direct() const { return direct_ && direct_->direct(); }
   std::string ReadAll() const;                            // the whole file; throws
   // Asks the kernel to start reading [offset, offset + n) now (a local file;
   // an object source's file reads ahead on its own).
@@ -127,12 +124,9 @@ class InFile {
   const std::string& path() const { return path_; }
 
  private:
-  // The whole blocks of [offset, offset + n) read directly when offset and p
-  // are aligned: the bytes read (0: none, read them through the cache).
-  int64_t ReadDirect(int64_t offset, char* p, int64_t n) const;
   std::string path_;
   int fd_ = -1;
-  mutable int direct_fd_ = -1;  // the same file opened O_DIRECT (-1: refused, or given up on)
+  std::unique_ptr<DirectReader> direct_;  // a local file's direct reads
   int64_t src_ = -1;  // handle of an object source's file
 };
 
@@ -147,16 +141,12 @@ class InFile {
 // least a buffer's worth into an empty buffer goes to the file straight from
 // the caller's bytes (no copy into the buffer).
 // Direct writes: where the file system takes O_DIRECT, a local file's bytes
-// go to the disk around the page cache instead, in whole aligned buffers of
-// kDirectBufferBytes, each written by a thread of its own (std::async) while
-// the next one fills (two buffers); the tail (less than a buffer) goes
-// through the page cache at Close, and Close's fsync makes all of it
-// durable. A full save writes each byte once and nobody reads it back soon,
-// so the page cache only cost the kernel's copy of every byte and its
-// delayed allocation (the largest part of a 10M-key tiered save's CPU).
+// go to the disk around the page cache instead (core/direct_writer.h: whole
+// aligned buffers, each written by a thread while the next one fills); the
+// tail (less than a buffer) goes through the page cache at Close, and Close's
+// fsync makes all of it durable.
 class OutFile {
  public:
-  static constexpr size_t kDirectBufferBytes = 1 << 20;   // a direct file's: two of them, 4 KiB-aligned
   static constexpr size_t kBufferBytes = 1 << 20;       // an object sink's: bytes per sink call
   static constexpr size_t kLocalBufferBytes = 256 << 10; // a local file's: stays in the core's L2 cache
   static constexpr int64_t kWritebackBytes = 8 << 20;
@@ -176,27 +166,20 @@ class OutFile {
   void Flush();
   void WriteOut(const char* p, size_t n);  // all of it to the local file; throws
   void SubmitDirect();                     // the full buffer to the disk, by a thread; the other one next
-  void WaitDirect();                       // the buffer in flight written; throws its error
-  struct FreeBlock {
-    void operator()(char* p) const { std::free(p); }
-  };
   std::string path_;
   int fd_ = -1;
-  int direct_fd_ = -1;                      // the file opened O_DIRECT (-1: no direct writes)
-  std::unique_ptr<char, FreeBlock> direct_[2];
-  int filling_ = 0;                         // which of direct_ is being filled
+  std::unique_ptr<DirectWriter> direct_;    // a local file's direct writes (null: none)
   int64_t written_ = 0;  // bytes handed to the local file
   int64_t kicked_ = 0;   // bytes whose write-back was started
   int64_t sink_ = -1;      // handle of an object sink's file
   bool in_memory_ = false;
   std::string mem_;
   std::vector<char> buf_;
-  char* cur_ = nullptr;                     // the buffer being filled: buf_'s or direct_[filling_]
+  char* cur_ = nullptr;                     // the buffer being filled: buf_'s or direct_->buffer()
   size_t cap_ = 0;                          // its size
   size_t used_ = 0;
   int64_t size_ = 0;
   uint32_t crc_ = 0;
-  std::future<int> inflight_;  // the direct write of the other buffer: 0 or its errno (last: destroyed first)
 };
 
 struct BundleFile {

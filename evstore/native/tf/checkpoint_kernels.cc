@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../core/direct_io.h"
 #include "../core/export.h"
 #include "../core/shard.h"
 #include "../core/view_codec.h"
@@ -328,30 +329,11 @@ class KeyReader {
 };
 
 // Floats from one slot's rows to the next's in a chunk's slot buffer: m rows
-// rounded up to whole blocks of InFile::kDirectAlign, so that every slot's
-// rows start aligned for a direct read, the last chunk's too.
+// rounded up to whole blocks of kDirectAlign (core/direct_io.h), so that every
+// slot's rows start aligned for a direct read, the last chunk's too.
 inline int64_t SlotStride(int64_t m, int dim) {
-  constexpr int64_t kBlock = InFile::kDirectAlign / sizeof(float);
-  return (m * dim + kBlock - 1) / kBlock * kBlock;
+  return RoundUpToDirect(m * dim * static_cast<int64_t>(sizeof(float))) / static_cast<int64_t>(sizeof(float));
 }
-
-// A float buffer aligned for direct reads (InFile::kDirectAlign), not zeroed.
-class AlignedFloats {
- public:
-  explicit AlignedFloats(size_t n = 0) {
-    if (n == 0) return;
-    const size_t a = InFile::kDirectAlign, bytes = (n * sizeof(float) + a - 1) / a * a;
-    p_.reset(static_cast<float*>(std::aligned_alloc(a, bytes)));
-    if (!p_) throw std::bad_alloc();
-  }
-  float* data() { return p_.get(); }
-
- private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> p_;
-};
 
 // An EV's rows read from a bundle in the table's layout: the float32
 // `<ev>-values` as they are; for a serving table in a lower precision
@@ -571,13 +553,13 @@ void LoadBundle(const std::vector<TableType*>& targets, const Routing& routing, 
   struct Chunk {
     int64_t m = 0;
     CoreKey<K>* keys = nullptr;  // KeyReader's: valid until its read after next
-    AlignedFloats rows, sbuf;
+    AlignedBuffer<float> rows, sbuf;
     std::vector<int64_t> v, f;
   };
   Chunk bufs[2];
   for (Chunk& b : bufs) {
-    b.rows = AlignedFloats(cap * dim);
-    b.sbuf = AlignedFloats(SlotStride(cap, dim) * slots.size());
+    b.rows = AlignedBuffer<float>(cap * dim);
+    b.sbuf = AlignedBuffer<float>(SlotStride(cap, dim) * slots.size());
     b.v.resize(cap);
     b.f.resize(cap);
   }
@@ -829,6 +811,35 @@ class EvDiskFreeOp : public OpKernel {
   }
 };
 
+// EvTierRecordBytes: the core's record size (row_store.h, serving_rows.h).
+class EvTierRecordBytesOp : public OpKernel {
+ public:
+  explicit EvTierRecordBytesOp(OpKernelConstruction* c) : OpKernel(c) {
+    int dim, slots;
+    std::string precision;
+    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim));
+    OP_REQUIRES_OK(c, c->GetAttr("slots", &slots));
+    OP_REQUIRES_OK(c, c->GetAttr("precision", &precision));
+    OP_REQUIRES(c, precision == "float32" || slots == 0,
+                errors::InvalidArgument("EvTierRecordBytes: a serving table's rows (precision ", precision,
+                                        ") have no slots, got slots=", slots));
+    try {
+      bytes_ = RecordBytes(precision == "float32" ? RowFloats(dim, slots)
+                                                  : ServingRows::PackedFloats(view::Parse(precision), dim));
+    } catch (const std::invalid_argument& e) {
+      c->CtxFailure(errors::InvalidArgument("EvTierRecordBytes: ", e.what()));
+    }
+  }
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = bytes_;
+  }
+
+ private:
+  int64_t bytes_ = 0;
+};
+
 class EvCrc32cExtendOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -878,6 +889,7 @@ EV_REGISTER_KEYED("EvLoadBundle", EvLoadBundleOp);
 EV_REGISTER_KEYED("EvLoadBundleRouted", EvLoadBundleRoutedOp);
 REGISTER_KERNEL_BUILDER(Name("EvCrc32cExtend").Device(DEVICE_CPU), EvCrc32cExtendOp);
 REGISTER_KERNEL_BUILDER(Name("EvDiskFree").Device(DEVICE_CPU), EvDiskFreeOp);
+REGISTER_KERNEL_BUILDER(Name("EvTierRecordBytes").Device(DEVICE_CPU), EvTierRecordBytesOp);
 REGISTER_KERNEL_BUILDER(Name("EvFileCrc32c").Device(DEVICE_CPU), EvFileCrc32cOp);
 
 }  // namespace

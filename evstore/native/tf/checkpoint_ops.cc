@@ -127,6 +127,21 @@ tell file systems apart. A tiered staging table's disk room is checked with it
 on the task that holds the table (evstore/staging.py).
 )doc");
 
+REGISTER_OP("EvTierRecordBytes")
+    .Attr("dim: int >= 1")
+    .Attr("slots: int >= 0 = 0")
+    .Attr("precision: string = 'float32'")
+    .Output("record_bytes: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+The bytes of one tier record (one row on disk) of a table of width `dim`: a
+training table's row with `slots` optimizer slots (precision 'float32'), or a
+serving table's row in `precision` ('float32', 'bfloat16', 'float16' or 'int8';
+slots 0), as the core lays them out (core/row_store.h RowFloats and
+RecordBytes, core/serving_rows.h PackedFloats). What a load into a new tiered
+table writes to its tier is counted with it (evstore/storage.py record_bytes).
+)doc");
+
 REGISTER_OP("EvCrc32cExtend")
     .Input("crc: int64")
     .Input("data: string")
