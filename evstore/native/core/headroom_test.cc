@@ -1,10 +1,17 @@
 // MemoryHeadroomBytes (headroom.h): the machine's MemAvailable, and every
 // limiting level of our cgroup in either version, wherever mountinfo says its
 // hierarchy is mounted, read from trees of fixture files shaped like
-// /proc and /sys/fs/cgroup (the `root` parameter); and the running system's
-// figure is the machine's or below it.
+// /proc and /sys/fs/cgroup (the `root` parameter); the running system's
+// figure is the machine's or below it; and a child in a real cgroup v1 with a
+// limit reads that limit (where the hierarchy is there and writable: root).
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -162,6 +169,40 @@ void test_the_running_system_s_figure_is_at_most_the_machine_s_available_memory(
   CHECK(got <= kib * 1024 + 64 * kMiB);  // MemAvailable moves between the two reads
 }
 
+// A real cgroup v1 memory hierarchy (this machine's kind; root may create
+// cgroups in it): a child moved into a new cgroup with a 256 MiB limit reads
+// at most that. Where there is no v1 memory hierarchy, or it is not writable
+// (not root, a read-only mount), says so and checks nothing more: the fixture
+// trees above are the specification.
+void test_a_child_in_a_real_cgroup_v1_with_a_limit_reads_at_most_that_limit() {
+  const std::string dir = "/sys/fs/cgroup/memory/evstore-headroom-test-" + std::to_string(::getpid());
+  if (!fs::exists("/sys/fs/cgroup/memory/memory.limit_in_bytes") || ::mkdir(dir.c_str(), 0755) != 0) {
+    std::printf("  no writable cgroup v1 memory hierarchy here (%s): fixture trees only\n", std::strerror(errno));
+    return;
+  }
+  std::ofstream(dir + "/memory.limit_in_bytes") << 256 * kMiB << "\n";
+  int fds[2];
+  CHECK(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    std::ofstream(dir + "/cgroup.procs") << ::getpid() << std::endl;
+    const int64_t got = MemoryAvailableBytes();
+    const ssize_t w = ::write(fds[1], &got, sizeof(got));
+    ::_exit(w == sizeof(got) ? 0 : 1);
+  }
+  int64_t got = -1;
+  const ssize_t r = ::read(fds[0], &got, sizeof(got));
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  const bool removed = ::rmdir(dir.c_str()) == 0;  // empty once the child has exited
+  std::printf("  a child in a 256 MiB cgroup: %lld MiB available\n", static_cast<long long>(got / kMiB));
+  CHECK(removed);
+  CHECK(r == sizeof(got) && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(got > 0 && got <= 256 * kMiB);
+}
+
 }  // namespace
 
 int main() {
@@ -176,6 +217,7 @@ int main() {
   RUN(test_a_cgroup2_hierarchy_beside_v1_controllers_is_read_where_it_is_mounted);
   RUN(test_nothing_readable_gives_no_headroom_and_a_malformed_file_keeps_what_was_read);
   RUN(test_the_running_system_s_figure_is_at_most_the_machine_s_available_memory);
+  RUN(test_a_child_in_a_real_cgroup_v1_with_a_limit_reads_at_most_that_limit);
   fs::remove_all(g_base);
   std::printf("all tests passed\n");
   return 0;
