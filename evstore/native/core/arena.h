@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "block_reserve.h"
+#include "first_touch.h"
 #include "headroom.h"
 #include "memory.h"
 #include "row_store.h"
@@ -61,16 +62,19 @@ namespace evstore {
 class RowMeter {
  public:
   // Cache-line aligned (a 16-float row is exactly one line); huge-page
-  // backed for large blocks (memory.h). Throws std::bad_alloc.
-  float* Alloc(size_t n, int stride) {
+  // backed for large blocks where the kernel has huge pages cheap, else
+  // small pages (memory.h, first_touch.h PlaceRows; with `all`, every page is
+  // mapped on return). Throws std::bad_alloc.
+  float* Alloc(size_t n, int stride, bool all = false) {
     const size_t bytes = n * stride * sizeof(float);
     float* p = static_cast<float*>(AllocLarge(bytes));
+    PlaceRows(p, bytes, all);
     Add(static_cast<int64_t>(bytes));
     return p;
   }
-  float* Alloc(size_t n, int stride, std::nothrow_t) {
+  float* Alloc(size_t n, int stride, std::nothrow_t, bool all = false) {
     try {
-      return Alloc(n, stride);
+      return Alloc(n, stride, all);
     } catch (const std::bad_alloc&) {
       return nullptr;
     }
@@ -335,9 +339,8 @@ class RowArena {
           if (stop_ || claimed_ >= nblocks_) return;
           b = claimed_++;
         }
-        const size_t bytes = BlockRows(b) * stride_ * sizeof(float);
-        float* p = meter_->Alloc(BlockRows(b), stride_, std::nothrow);
-        if (p) FaultIn(p, bytes);  // no memory: Take() finds null and tries itself
+        // Every page mapped now; no memory: Take() finds null and tries itself.
+        float* p = meter_->Alloc(BlockRows(b), stride_, std::nothrow, true);
         {
           std::lock_guard<std::mutex> l(mu_);
           data_[b] = p;

@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "first_touch.h"
 #include "memory.h"
 
 namespace evstore {
@@ -135,7 +136,7 @@ class Prefaulter {
         s.queued = false;
         return;
       }
-      FaultIn(b.data, db);
+      PlaceRows(b.data, db, true);  // huge pages where cheap (first_touch.h), every page mapped
       FaultIn(b.versions, vb);
       std::lock_guard<std::mutex> l(s.mu);
       if (s.NeedsMore() && s.data_bytes == db && s.version_bytes == vb) {

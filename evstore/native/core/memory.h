@@ -3,6 +3,8 @@
 // pages (Linux, where THP is in "madvise" mode): random row and index access
 // over gigabytes then misses the TLB far less, and first touch faults once per
 // 2 MiB instead of once per 4 KiB. Smaller blocks are cache-line aligned.
+// Row blocks are then placed by first_touch.h, which keeps them in small pages
+// where huge pages are not cheap to fault.
 // Everything is released with std::free. FaultIn maps a block's pages now
 // (one madvise where the kernel has MADV_POPULATE_WRITE, else a write per
 // page), so that later writers find them mapped.
