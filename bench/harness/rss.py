@@ -36,26 +36,27 @@ def malloc_trim():
         pass
 
 
-def status_kib(field, pid="self"):
-    """A kB field of /proc/<pid>/status (VmRSS, VmHWM, ...) of this process or of `pid`; 0 if absent."""
-    with open(f"/proc/{pid}/status") as f:
+def _kib_field(path, field):
+    """The kB value of the line `field:` of a /proc file laid out as /proc/<pid>/status is; 0 if absent."""
+    with open(path) as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
 
+def status_kib(field, pid="self"):
+    """A kB field of /proc/<pid>/status (VmRSS, VmHWM, ...) of this process or of `pid`; 0 if absent."""
+    return _kib_field(f"/proc/{pid}/status", field)
+
+
 def smaps_rollup_kib(field, pid="self"):
     """A kB field of /proc/<pid>/smaps_rollup (AnonHugePages: anonymous memory on huge pages;
-    FilePmdMapped: file pages mapped 2 MiB at a time); 0 if absent."""
+    FilePmdMapped: file pages mapped 2 MiB at a time); 0 if absent or unreadable."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
+        return _kib_field(f"/proc/{pid}/smaps_rollup", field)
     except OSError:
-        pass
-    return 0
+        return 0
 
 
 def rss_mib(pid="self"):
