@@ -490,6 +490,9 @@ class TieredStore {
     t.disk_bytes = file_.disk_bytes();
     t.disk_records = log_.records();
     t.live_records = log_.live();
+    t.free_records = log_.free_records();
+    t.reserve_records = log_.reserve_records();
+    t.grown_by_rewrites = log_.grown_by_rewrites();
     return t;
   }
   // Sets the DRAM budget (a serving table loaded with a small one, then
@@ -565,6 +568,12 @@ class TieredStore {
     layout_epoch_.fetch_add(1, std::memory_order_relaxed);
     for (uint32_t i = 0; i < recs.size(); ++i) Meta(recs[i].second).loc = i;
     log_.Rebuild(static_cast<uint32_t>(recs.size()), [&](uint32_t i) { return recs[i].second; });
+    // The new file is dense: its reserve for the rewrites that follow
+    // (log_space.h), written now as a load's would be.
+    for (uint32_t first, k; (k = log_.ReserveGrowth(&first)) > 0;) {
+      file_.WriteZeros(LogSpace::FirstOf(first), size_t{k} * LogSpace::kExtent);
+      log_.AddReserve(first, k);
+    }
     for (uint32_t s = 0; s < nslots; ++s) {
       SlotInfo& in = Info(s);
       if (in.row != kNoRowId) Meta(in.row).slot.store(kNoSlot, std::memory_order_release);
@@ -930,11 +939,29 @@ class TieredStore {
     std::vector<uint32_t> victims;  // slots
     PickVictims(self, want, &held, &victims, o);
     if (victims.empty()) return 0;
-    std::vector<uint32_t> moves;  // rows whose live cold record moves (compaction)
-    const uint32_t sparse = log_.PickSparse();
-    if (sparse != LogSpace::kNone) {
-      const uint32_t first = LogSpace::FirstOf(sparse);
-      for (uint32_t loc = first; loc < first + log_.used(sparse); ++loc) {
+    size_t evicted = 0;
+    std::vector<uint32_t> writes;  // victims (slots) whose row needs a write
+    int64_t rewrites = 0;          // of which rows with a disk copy (they take free room)
+    for (uint32_t s : victims) {
+      SlotInfo& in = Info(s);
+      const bool on_disk = Meta(in.row).flags.load(std::memory_order_relaxed) & kOnDisk;
+      if (in.dirty.load(std::memory_order_relaxed) || !on_disk) {
+        writes.push_back(s);
+        rewrites += on_disk;
+      }
+    }
+    // Compaction (log_space.h): while free extents are short, the sparsest
+    // extents' live cold records move with this batch, until the dead records
+    // freed cover the free room the batch's rewrites take.
+    std::vector<uint32_t> moves;     // rows whose live cold record moves
+    std::vector<uint32_t> cleaning;  // the extents they leave
+    for (int64_t freed = 0; freed < std::max<int64_t>(rewrites, 1);) {
+      const uint32_t x = log_.PickToClean();
+      if (x == LogSpace::kNone) break;
+      cleaning.push_back(x);
+      freed += log_.used(x) - log_.live_in(x);
+      const uint32_t first = LogSpace::FirstOf(x);
+      for (uint32_t loc = first; loc < first + log_.used(x); ++loc) {
         const uint32_t r = log_.row_of(loc);
         if (r >= next_) continue;
         RowMeta& m = Meta(r);
@@ -949,16 +976,12 @@ class TieredStore {
         }
         moves.push_back(r);
       }
-    }
-    size_t evicted = 0;
-    std::vector<uint32_t> writes;  // victims (slots) whose row needs a write
-    for (uint32_t s : victims) {
-      SlotInfo& in = Info(s);
-      if (in.dirty.load(std::memory_order_relaxed) || !(Meta(in.row).flags.load(std::memory_order_relaxed) & kOnDisk))
-        writes.push_back(s);
+      if (moves.size() + LogSpace::kMaxCleanLive > LogSpace::kMaxMoves) break;
     }
     evicting_ += victims.size();
-    if (!WriteSlots(writes, &moves, &l)) {
+    const bool written = WriteSlots(writes, &moves, &l);
+    for (uint32_t x : cleaning) log_.DoneCleaning(x);
+    if (!written) {
       Refused(last_failure_);
       if (o) o->refused = true;
     } else if (!writes.empty()) {
@@ -1035,17 +1058,34 @@ class TieredStore {
   // marked clean. With `l`, the I/O runs without mu_ (the caller pins the rows:
   // their owner locks are held); without, under it (Relayout). False when the
   // disk refused a write (counted, the message kept; those rows unchanged).
-  bool WriteSlots(const std::vector<uint32_t>& slots, std::vector<uint32_t>* moves,
+  //
+  // Each kind of write goes to its own stream (log_space.h): rows never
+  // written (kNew), rows written before (kHot), moved records (kCold). A
+  // batch whose first writes grow the live records past the reserve's share
+  // also appends the reserve's next chunk, written with zeros in the same
+  // unlocked stretch (one large write).
+  bool WriteSlots(const std::vector<uint32_t>& victims, std::vector<uint32_t>* moves,
                   std::unique_lock<std::mutex>* l = nullptr) {
-    const size_t nw = slots.size(), nm = moves ? moves->size() : 0, n = nw + nm;
+    const size_t nw = victims.size(), nm = moves ? moves->size() : 0, n = nw + nm;
     if (n == 0) return true;
+    // The victims in stream order: first writes, then rewrites.
+    thread_local std::vector<uint32_t> slots;
+    slots.clear();
+    for (uint32_t s : victims)
+      if (!(Meta(Info(s).row).flags.load(std::memory_order_relaxed) & kOnDisk)) slots.push_back(s);
+    const size_t nnew = slots.size();
+    for (uint32_t s : victims)
+      if (Meta(Info(s).row).flags.load(std::memory_order_relaxed) & kOnDisk) slots.push_back(s);
     std::vector<uint32_t> rows(n), locs(n);
     for (size_t i = 0; i < nw; ++i) rows[i] = Info(slots[i]).row;
     for (size_t i = 0; i < nm; ++i) rows[nw + i] = (*moves)[i];
-    for (size_t i = 0; i < n;) {  // runs of adjacent records
+    for (size_t i = 0; i < n;) {  // runs of adjacent records, within one stream each
+      const LogSpace::Stream stream = i < nnew ? LogSpace::kNew : i < nw ? LogSpace::kHot : LogSpace::kCold;
+      const size_t end = i < nnew ? nnew : i < nw ? nw : n;
       uint32_t first, got;
       try {
-        got = log_.AllocRun(rows.data() + i, static_cast<uint32_t>(std::min<size_t>(n - i, LogSpace::kExtent)), &first);
+        got = log_.AllocRun(stream, rows.data() + i, static_cast<uint32_t>(std::min<size_t>(end - i, LogSpace::kExtent)),
+                            &first);
       } catch (const std::length_error& e) {  // the file is full: refused like a full disk, nothing written
         for (size_t j = 0; j < i; ++j) log_.Kill(locs[j]);
         write_failures_.fetch_add(1, std::memory_order_relaxed);
@@ -1055,6 +1095,8 @@ class TieredStore {
       for (uint32_t j = 0; j < got; ++j) locs[i + j] = first + j;
       i += got;
     }
+    uint32_t reserve_first = 0, reserve_n = 0;
+    if (nnew > 0) reserve_n = log_.ReserveGrowth(&reserve_first);
     const size_t rb = static_cast<size_t>(RecordBytes(stride_));
     if (l) l->unlock();
     // The victims' rows are written from their slots (pinned: their owner
@@ -1074,7 +1116,7 @@ class TieredStore {
           from[i] = Meta((*moves)[i]).loc;
           dst[i] = buf_.data() + i * rb;
         }
-        file_.ReadMany(from.data(), dst.data(), nm);  // one extent, ascending
+        file_.ReadMany(from.data(), dst.data(), nm);  // a few extents, each ascending
       }
     } catch (const std::runtime_error&) {
       ok = false;
@@ -1092,8 +1134,12 @@ class TieredStore {
     }
     std::vector<uint8_t> zero(written);
     for (size_t i = 0; i < written; ++i) zero[i] = IsZeroRow(static_cast<const float*>(src[i]), dim_);
+    // The reserve's chunk: free whether or not the disk took the zeros (a
+    // write into it later fails, and is refused, as any other would).
+    if (reserve_n) file_.WriteZeros(LogSpace::FirstOf(reserve_first), size_t{reserve_n} * LogSpace::kExtent);
     buf_mu_.unlock();
     if (l) l->lock();
+    if (reserve_n) log_.AddReserve(reserve_first, reserve_n);
     for (size_t i = 0; i < n; ++i) {
       if (i >= written) {
         log_.Kill(locs[i]);
