@@ -521,6 +521,35 @@ class TieredStore {
     const uint64_t epoch = quiet_epoch_;
     if (evicting_ > 0) WaitForWrites(l, [&] { return quiet_epoch_ != epoch; });
   }
+  // Ends a bulk load (ev.load, a restore): every resident row that has no
+  // disk copy yet is written now, in runs of adjacent records (kNew: the
+  // file grows, its reserve with it), and stays resident and clean. Without
+  // this, the load's last rows (up to a cache's worth) were written the first
+  // time training evicted them, growing the file then, at a new page-cache
+  // page per 4 KiB, where the trained rows' rewrites now take the reserve
+  // (log_space.h). A table that fits its budget writes nothing (its rows
+  // need no disk). Rows whose segment is busy right now are left to be
+  // written when evicted, as before; a write the disk refuses leaves its rows
+  // as they were (written when evicted, where a refusal is reported). The
+  // caller holds no segment lock.
+  void WriteNewRows() {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!locks_ || static_cast<int64_t>(next_ - free_ids_.size()) <= budget_) return;
+    const uint32_t nslots = nslot_chunks_ * kSlotChunk;
+    for (uint32_t s = 0; s < nslots;) {
+      HeldLocks held;
+      std::vector<uint32_t> batch;
+      for (; s < nslots && batch.size() < LogSpace::kExtent; ++s) {
+        const SlotInfo& in = Info(s);
+        if (in.row == kNoRowId) continue;
+        RowMeta& m = Meta(in.row);
+        if ((m.flags.load(std::memory_order_relaxed) & kOnDisk) || m.slot.load(std::memory_order_relaxed) != s) continue;
+        if (m.owner == kNoOwner || !held.Take(m.owner, locks_)) continue;
+        batch.push_back(s);
+      }
+      if (!batch.empty() && !WriteSlots(batch, nullptr, &l)) return;
+    }
+  }
   // Message of the most recent write failure (empty if none).
   std::string last_failure() const {
     std::lock_guard<std::mutex> l(mu_);
