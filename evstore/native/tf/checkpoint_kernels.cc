@@ -653,6 +653,7 @@ void LoadBundle(const std::vector<TableType*>& targets, const Routing& routing, 
         t->AdvanceClock(saved);
     }
   }
+  for (TableType* t : targets) t->WriteNewRows();  // a tier's rows in DRAM only: on disk now (tiered_store.h)
 }
 
 std::vector<std::string> Strings(const Tensor& t) {

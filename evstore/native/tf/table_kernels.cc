@@ -358,6 +358,7 @@ class EvImportOp : public EvTableOp<K> {
       t.ImportRows(kin.data(), n, vals.flat<float>().data(), dim, slots.flat<float>().data(), ns * dim,
                    offs, vers.flat<int64_t>().data(), freqs.flat<int64_t>().data(), /*mark_dirty=*/!clear_);
       t.ImportFiltered(fkin.data(), fkeys.NumElements(), ffreqs.flat<int64_t>().data(), !clear_);
+      t.WriteNewRows();
     });
   }
 
