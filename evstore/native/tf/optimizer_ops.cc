@@ -5,13 +5,14 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "op_util.h"
 
 #define EV_OPT_APPLY_COMMON               \
   Input("handle: resource")               \
       .Input("keys: key_dtype")           \
       .Input("grads: float")              \
       .Input("global_step: int64")        \
-      .Attr("key_dtype: {int32, int64, string}")  \
+      .Attr(EV_KEY_DTYPE_ATTR)  \
       .SetShapeFn(tensorflow::shape_inference::NoOutputs)
 
 REGISTER_OP("EvApplyFtrl")
@@ -53,7 +54,7 @@ REGISTER_OP("EvApplyGroupAdagrad")
 
 REGISTER_OP("EvZeroRowKeys")
     .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("keys: key_dtype")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       c->set_output(0, c->Vector(c->UnknownDim()));
