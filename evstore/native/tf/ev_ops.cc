@@ -108,14 +108,6 @@ REGISTER_OP("EvFindOrInsert")
     .SetShapeFn(RowsShape)
     .Doc("Training lookup: counts, admits, inserts. `proxy` carries the gradient path.");
 
-#define EV_APPLY_COMMON                   \
-  Input("handle: resource")               \
-      .Input("keys: key_dtype")           \
-      .Input("grads: float")              \
-      .Input("global_step: int64")        \
-      .Attr(EV_KEY_DTYPE_ATTR)  \
-      .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-
 REGISTER_OP("EvApplySgd").EV_APPLY_COMMON.Input("lr: float");
 REGISTER_OP("EvApplyMomentum")
     .EV_APPLY_COMMON.Input("lr: float")
