@@ -134,13 +134,9 @@ static void test_extents_freed_while_held_wait_for_the_last_unhold() {
   CHECK_EQ(log.free_records(), int64_t{E});
 }
 
-int main() {
-  RUN(test_first_writes_grow_the_file_and_leave_the_reserve_free);
-  RUN(test_rewrites_reuse_free_extents_before_the_file_grows);
-  RUN(test_compaction_picks_the_sparsest_extent_once_free_room_runs_short);
-  RUN(test_a_capped_file_gives_its_reserve_to_first_writes);
-  RUN(test_each_stream_writes_its_own_extents);
-  RUN(test_extents_freed_while_held_wait_for_the_last_unhold);
-  std::printf("all tests passed\n");
-  return 0;
-}
+TEST_MAIN(RUN(test_first_writes_grow_the_file_and_leave_the_reserve_free);
+          RUN(test_rewrites_reuse_free_extents_before_the_file_grows);
+          RUN(test_compaction_picks_the_sparsest_extent_once_free_room_runs_short);
+          RUN(test_a_capped_file_gives_its_reserve_to_first_writes);
+          RUN(test_each_stream_writes_its_own_extents);
+          RUN(test_extents_freed_while_held_wait_for_the_last_unhold);)
