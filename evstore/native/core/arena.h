@@ -33,8 +33,6 @@
 //    big blocks, as many as the memory headroom allows and at least
 //    kWidenAhead, and one old one) of row memory at any moment: each old
 //    block is freed as soon as its rows are copied (RowMeter counts it).
-//    Each new block is prepared exactly once, by whichever thread claims it
-//    (a helper, WaitPrepared's caller, or Relayout), from one counter.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -59,8 +57,8 @@
 namespace evstore {
 
 // Row memory an arena holds (the data and version arrays it allocated) and
-// its high-water mark; shared with a widening's helper threads (which
-// allocate blocks for it) so that each outlives the other safely.
+// its high-water mark; shared with a widening's helper thread (which
+// allocates blocks for it) so that each outlives the other safely.
 class RowMeter {
  public:
   // Cache-line aligned (a 16-float row is exactly one line); huge-page
@@ -205,7 +203,8 @@ class RowArena {
   // extra memory. Each block's rows are copied into a new block of the new
   // stride, and the old block is freed as soon as they are; new blocks are
   // allocated and faulted in (the kernel's page faults and zeroing, most of a
-  // widening's cost) at most `ahead` blocks ahead of the copy, where `ahead` is every block that fits in the memory headroom
+  // widening's cost) by a helper thread at most `ahead` blocks ahead of the
+  // copy, where `ahead` is every block that fits in the memory headroom
   // PrepareWiden is given (headroom.h: what the machine and the cgroup have
   // free, less a margin), never fewer than kWidenAhead. So the arena's rows
   // never hold more than
@@ -213,40 +212,20 @@ class RowArena {
   //                                                   + one old big block
   // (checked by held_bytes()'s high-water mark), and never more than old +
   // new rows.
-  //   PrepareWiden(new_stride[, headroom_bytes[, helpers]])
-  //                              no table lock: starts the helper threads
-  //                              (WidenHelpers(): one per core but the
-  //                              caller's, at least one), which prepare the
-  //                              first `ahead` blocks (with ample memory:
-  //                              every block);
-  //   Widened::WaitPrepared()    no table lock: the calling thread prepares
-  //                              blocks too, claimed from the same counter as
-  //                              the helpers' (each block is prepared once,
-  //                              by whichever thread claims it, and never
-  //                              more than `ahead` are claimed and not yet
-  //                              copied), until the first `ahead` are done;
-  //                              the table calls it before it takes its
-  //                              segment locks;
+  //   PrepareWiden(new_stride[, headroom_bytes])
+  //                              no table lock: starts the helper, which
+  //                              prepares the first `ahead` blocks (with
+  //                              ample memory: every block); the table waits
+  //                              for them (Widened::WaitPrepared) before it
+  //                              takes its segment locks;
   //   Relayout(new_stride, ...)  every segment lock held: copies block by
-  //                              block, the helpers faulting the next blocks
-  //                              meanwhile (a block no helper has begun
+  //                              block, the helper faulting the next blocks
+  //                              meanwhile (a block the helper has not begun
   //                              is allocated by the copying thread itself;
   //                              blocks created since PrepareWiden too).
-  // Why the caller works too: the kernel zeroes each new page on the CPU of
-  // the thread that faults it, and with the caller only waiting, one helper
-  // left every other core idle through the widening's main cost.
   // The trade, only where memory is short: blocks past the first `ahead` are
   // faulted while the locks are held, beside the copy.
   static constexpr uint32_t kWidenAhead = 4;
-  static constexpr uint32_t kMaxWidenThreads = 4;  // helpers + the caller, at most
-  static_assert(kMaxWidenThreads <= kWidenAhead, "every preparing thread can have a block of its own within the bound");
-  // Helper threads for a widening: one per core but the caller's (which
-  // prepares blocks in WaitPrepared), at least one (it prepares the blocks
-  // past `ahead` while Relayout copies), kMaxWidenThreads in all at most.
-  static uint32_t WidenHelpers() {
-    const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
-    return std::max(1u, std::min(cores, kMaxWidenThreads) - 1);
-  }
   static int64_t WidenBoundBytes(int old_stride, int new_stride, uint32_t ahead = kWidenAhead) {
     return static_cast<int64_t>(ahead) * (int64_t{1} << kBigShift) * new_stride * 4 +
            (int64_t{1} << kBigShift) * old_stride * 4;
@@ -266,18 +245,14 @@ class RowArena {
 
   class Widened {
    public:
-    // `helpers`: threads preparing blocks beside the caller's (none: only
-    // WaitPrepared and Relayout prepare them).
-    Widened(int stride, uint32_t nblocks, uint32_t ahead, std::shared_ptr<RowMeter> meter,
-            uint32_t helpers = 1)
+    Widened(int stride, uint32_t nblocks, uint32_t ahead, std::shared_ptr<RowMeter> meter)
         : stride_(stride),
           nblocks_(nblocks),
           ahead_(std::max(ahead, kWidenAhead)),
           meter_(std::move(meter)),
           data_(nblocks, nullptr),
           ready_(nblocks, 0) {
-      const uint32_t n = std::min(nblocks_, helpers);
-      for (uint32_t i = 0; i < n; ++i) helpers_.emplace_back([this] { Run(); });
+      if (nblocks_ > 0) helper_ = std::thread([this] { Run(); });
     }
     ~Widened() {
       {
@@ -285,7 +260,7 @@ class RowArena {
         stop_ = true;
       }
       cv_.notify_all();
-      for (std::thread& t : helpers_) t.join();
+      if (helper_.joinable()) helper_.join();
       for (uint32_t b = 0; b < nblocks_; ++b)
         if (data_[b]) meter_->Free(data_[b], BlockRows(b) * stride_ * sizeof(float));
     }
@@ -294,25 +269,17 @@ class RowArena {
     int stride() const { return stride_; }
     // Blocks prepared ahead of the copy at most (WidenAhead).
     uint32_t ahead() const { return ahead_; }
-    // Blocks prepared (by any thread) that Relayout has not taken yet: the
-    // threads stop at ahead() (or every block) until Relayout takes some.
+    // Blocks the helper has prepared that Relayout has not taken yet: it
+    // stops at ahead() (or every block) until Relayout takes some.
     uint32_t ready() const {
       std::lock_guard<std::mutex> l(mu_);
       uint32_t n = 0;
       for (uint32_t b = taken_; b < claimed_; ++b) n += ready_[b];
       return n;
     }
-    // Prepares blocks on the calling thread beside the helpers while any may
-    // be claimed, then waits until all they may before Relayout takes a
-    // block are done (min(ahead(), blocks) prepared, or tried); returns
-    // ready().
+    // Waits until the helper has done all it may before Relayout takes a
+    // block (min(ahead(), blocks) prepared, or tried); returns ready().
     uint32_t WaitPrepared() {
-      uint32_t b;
-      while (Claim(&b)) {
-        Prepare(b);
-        std::lock_guard<std::mutex> l(mu_);
-        ++by_caller_;
-      }
       std::unique_lock<std::mutex> l(mu_);
       const uint32_t want = std::min(nblocks_, ahead_);
       cv_.wait(l, [&] {
@@ -331,12 +298,6 @@ class RowArena {
       std::lock_guard<std::mutex> l(mu_);
       return in_copy_;
     }
-    // Blocks WaitPrepared's caller prepared; helper threads started.
-    uint32_t prepared_by_caller() const {
-      std::lock_guard<std::mutex> l(mu_);
-      return by_caller_;
-    }
-    uint32_t helpers() const { return static_cast<uint32_t>(helpers_.size()); }
 
     // Block b's new memory, prepared or (the helper has not begun it, could
     // not allocate it, or it is a block created since) allocated here; null
@@ -367,8 +328,8 @@ class RowArena {
     }
 
    private:
-    // A helper: claims blocks in order while fewer than ahead_ are claimed
-    // and not taken, waiting while none may be; prepares each.
+    // The helper: claims blocks in order while fewer than ahead_ are
+    // claimed and not taken; allocates and faults each outside the mutex.
     void Run() {
       for (;;) {
         uint32_t b;
@@ -378,27 +339,15 @@ class RowArena {
           if (stop_ || claimed_ >= nblocks_) return;
           b = claimed_++;
         }
-        Prepare(b);
+        // Every page mapped now; no memory: Take() finds null and tries itself.
+        float* p = meter_->Alloc(BlockRows(b), stride_, std::nothrow, true);
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          data_[b] = p;
+          ready_[b] = 1;
+        }
+        cv_.notify_all();
       }
-    }
-    // The caller's claim: the next block if one may be claimed now.
-    bool Claim(uint32_t* b) {
-      std::lock_guard<std::mutex> l(mu_);
-      if (stop_ || claimed_ >= nblocks_ || claimed_ >= taken_ + ahead_) return false;
-      *b = claimed_++;
-      return true;
-    }
-    // Allocates and faults block b (claimed by this thread) outside the
-    // mutex: every page mapped now; no memory: Take() finds null and tries
-    // itself.
-    void Prepare(uint32_t b) {
-      float* p = meter_->Alloc(BlockRows(b), stride_, std::nothrow, true);
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        data_[b] = p;
-        ready_[b] = 1;
-      }
-      cv_.notify_all();
     }
 
     const int stride_;
@@ -408,29 +357,25 @@ class RowArena {
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::vector<float*> data_;   // per block: prepared and not yet taken
-    std::vector<uint8_t> ready_;  // per block: its preparing thread is done with it
-    uint32_t claimed_ = 0;       // blocks [0, claimed_) begun by a helper, WaitPrepared or Take
+    std::vector<uint8_t> ready_;  // per block: the helper is done with it
+    uint32_t claimed_ = 0;       // blocks [0, claimed_) begun by the helper or Take
     uint32_t taken_ = 0;         // blocks [0, taken_) handed to Relayout
     uint32_t in_copy_ = 0;       // blocks Take allocated itself
-    uint32_t by_caller_ = 0;     // blocks WaitPrepared prepared
     bool stop_ = false;
-    std::vector<std::thread> helpers_;
+    std::thread helper_;
   };
   // `headroom_bytes`: memory the widening may take beyond what the arena
   // holds (the table passes none: MemoryHeadroomBytes(), read now).
   std::unique_ptr<Widened> PrepareWiden(int new_stride) const {
     return PrepareWiden(new_stride, MemoryHeadroomBytes());
   }
-  // `helpers`: threads preparing blocks beside WaitPrepared's caller.
-  std::unique_ptr<Widened> PrepareWiden(int new_stride, int64_t headroom_bytes,
-                                        uint32_t helpers = WidenHelpers()) const {
+  std::unique_ptr<Widened> PrepareWiden(int new_stride, int64_t headroom_bytes) const {
     uint32_t nblocks;
     {
       std::lock_guard<std::mutex> l(mu_);
       nblocks = nblocks_;
     }
-    return std::make_unique<Widened>(new_stride, nblocks, WidenAhead(nblocks, new_stride, headroom_bytes), meter_,
-                                     helpers);
+    return std::make_unique<Widened>(new_stride, nblocks, WidenAhead(nblocks, new_stride, headroom_bytes), meter_);
   }
 
   // Widens every row from `stride_` to `new_stride` floats: the first
@@ -443,7 +388,7 @@ class RowArena {
     std::lock_guard<std::mutex> l(mu_);
     std::unique_ptr<Widened> own;
     if (!prepared || prepared->stride() != new_stride) {
-      own = std::make_unique<Widened>(new_stride, 0, 0, meter_, 0);
+      own = std::make_unique<Widened>(new_stride, 0, 0, meter_);
       prepared = own.get();
     }
     reserve_.Want(0, 0, 0);  // blocks of the old stride are of no use now

@@ -478,64 +478,6 @@ static void test_with_headroom_for_every_block_all_are_prepared_before_the_locks
   CHECK(RowArena::WidenAhead(prepared, 6, new_data_bytes - 1) < prepared);
 }
 
-// Every new block of a widening is prepared exactly once, whether by a
-// helper thread or by WaitPrepared's caller (both claim blocks from one
-// counter): with headroom for all the new rows, the arena holds the old rows
-// and exactly one new block each after WaitPrepared, whatever the number of
-// helpers (none: the caller prepares every block itself), Relayout allocates
-// nothing, and the rows read back exact.
-static void test_widening_blocks_are_prepared_once_by_the_caller_and_helpers_alike() {
-  const uint32_t rows = 12 * 65536 + 1000;
-  for (uint32_t helpers : {0u, 1u, 3u}) {
-    RowArena a(2);
-    const std::vector<uint32_t> ids = FillArena(a, rows);
-    const int64_t old_bytes = a.held_bytes();
-    const int64_t new_data_bytes = old_bytes / (2 * 4 + 8) * (6 * 4);
-    std::unique_ptr<RowArena::Widened> w = a.PrepareWiden(6, new_data_bytes, helpers);
-    CHECK_EQ(w->helpers(), helpers);
-    CHECK(w->ahead() > 12u);  // every block
-    CHECK_EQ(w->WaitPrepared(), w->ahead());
-    if (helpers == 0) CHECK_EQ(w->prepared_by_caller(), w->ahead());
-    CHECK(w->prepared_by_caller() <= w->ahead());
-    CHECK_EQ(a.held_bytes(), old_bytes + new_data_bytes);  // each block once: no more, no less
-    a.Relayout(6, {1.f, 2.f, 3.f, 4.f}, w.get());
-    CHECK_EQ(w->allocated_in_copy(), 0u);
-    w.reset();
-    CHECK_EQ(a.held_bytes(), old_bytes / (2 * 4 + 8) * (6 * 4 + 8));
-    CHECK(ArenaRowsExact(a, ids, 2, {1.f, 2.f, 3.f, 4.f}));
-  }
-}
-
-// Where memory is short, WaitPrepared's caller prepares no more blocks ahead
-// than the headroom allows (the claim counter's bound holds for it as for
-// the helpers): with headroom for six new big blocks and no helper, the
-// caller prepares exactly six, Relayout allocates the rest itself, the
-// arena never holds more than the new rows plus WidenBoundBytes(.., 6), and
-// the rows the caller prepared read back exact like the rest.
-static void test_widening_blocks_the_caller_prepares_keep_the_memory_bound() {
-  const uint32_t rows = 24 * 65536 + 1000;
-  const int64_t headroom = 6 * int64_t{65536} * 6 * 4;
-  for (uint32_t helpers : {0u, 1u}) {
-    RowArena a(2);
-    const std::vector<uint32_t> ids = FillArena(a, rows);
-    const int64_t old_bytes = a.held_bytes();
-    a.ResetHeldPeak();
-    std::unique_ptr<RowArena::Widened> w = a.PrepareWiden(6, headroom, helpers);
-    CHECK_EQ(w->ahead(), 6u);
-    CHECK_EQ(w->WaitPrepared(), 6u);
-    CHECK(a.held_bytes() <= old_bytes + RowArena::WidenBoundBytes(2, 6, 6));
-    if (helpers == 0) CHECK_EQ(w->prepared_by_caller(), 6u);
-    const uint32_t blocks = 9 + 24;  // the nine small blocks and 24 big ones
-    a.Relayout(6, {1.f, 2.f, 3.f, 4.f}, w.get());
-    if (helpers == 0) CHECK_EQ(w->allocated_in_copy(), blocks - 6);
-    w.reset();
-    const int64_t new_bytes = a.held_bytes();
-    CHECK_EQ(new_bytes, old_bytes / (2 * 4 + 8) * (6 * 4 + 8));
-    CHECK(a.held_peak() <= new_bytes + RowArena::WidenBoundBytes(2, 6, 6));
-    CHECK(ArenaRowsExact(a, ids, 2, {1.f, 2.f, 3.f, 4.f}));
-  }
-}
-
 // A widening that runs out of memory part-way throws std::bad_alloc and
 // leaves every row as it was, at the old stride (the blocks already widened
 // are narrowed back in place); a later widening with memory succeeds. The
@@ -1484,8 +1426,6 @@ int main() {
   RUN(test_reserved_blocks_hold_rows_and_follow_relayout);
   RUN(test_widening_holds_at_most_the_new_rows_plus_its_bound);
   RUN(test_with_headroom_for_every_block_all_are_prepared_before_the_locks);
-  RUN(test_widening_blocks_are_prepared_once_by_the_caller_and_helpers_alike);
-  RUN(test_widening_blocks_the_caller_prepares_keep_the_memory_bound);
   RUN(test_a_widening_out_of_memory_leaves_every_row_as_it_was);
   RUN(test_concurrent_lookups_and_inserts_racing_a_widening_see_exact_rows);
   RUN(test_concurrent_inserts_with_block_reserve);
