@@ -25,9 +25,12 @@ evstore's block-reserve thread and TF's pool threads included; prefer CPU
 where the machine's load varies). The interpreter's garbage collector is off
 while batches are timed (build_batches). Each side does what its training path does:
 evstore EvFindOrInsert (each new key gets an index entry, its version and
-frequency, a dirty mark and a row from the initializer bank, and the rows are
-copied out and materialised as numpy, as a training lookup returns them);
+frequency, a dirty mark and a row from the initializer bank, and every row is
+copied into the op's output tensor, which a training step feeds to the model);
 DenseHashTable.insert of the same keys with supplied rows (no output).
+The output stays a tensor: `.numpy()` would add a copy that is neither table's
+work (TensorFlow's EagerTensor.numpy() copies, and numpy advises an array of
+4 MiB or more for huge pages, so every batch faulted fresh huge pages for it).
 
 Memory: evstore's bytes per key from its stats(); DenseHashTable's from TF's
 growth rule (buckets double from 131,072 while entries + batch > 0.8 x buckets;
@@ -72,7 +75,7 @@ def build_round(args, tf, ops, evstore, r):
     if "evstore" in args.systems:
         ev = evstore.EmbeddingVariable(f"build{r}", dim=args.dim, key_dtype=tf.int64)
         no_proxy = tf.zeros([0])
-        run["evstore"] = lambda k: ops.ev_find_or_insert(ev.resource_handle, k, no_proxy, dim=args.dim).numpy()
+        run["evstore"] = lambda k: ops.ev_find_or_insert(ev.resource_handle, k, no_proxy, dim=args.dim)
     if "dense_hash" in args.systems:
         dht = tf.lookup.experimental.DenseHashTable(key_dtype=tf.int64, value_dtype=tf.float32,
                                                     default_value=tf.zeros([args.dim]), empty_key=-1, deleted_key=-2)

@@ -75,7 +75,8 @@ def main():
                 ratio = d["train_cpu_us_per_key"] / t["train_cpu_us_per_key"]
                 per[n]["cpu"].append(t["train_cpu_us_per_key"])
                 per[n]["ratio"].append(ratio)
-                print(f"  {ratio:.2f}x  {bench_tiered_ev._train_line(n, t)}", flush=True)
+                print(f"  {ratio:.2f}x  {bench_tiered_ev._train_line(n, t)}; load (populate) "
+                      f"{t['populate_cpu_us_per_key']:.2f} us CPU a key, tier file {t['disk_mb']:,.0f} MiB", flush=True)
         print(f"\n{args.keys:,} keys, {args.rounds} rounds, medians:")
         for n in names:
             print(f"  {n}: tiered {statistics.median(per[n]['cpu']):.3f} us CPU a key, "

@@ -289,7 +289,7 @@ void test_filter_state_last_seen_steps_and_bloom_blocks_are_exported() {
 }  // namespace
 
 
-int main() {
+TEST_MAIN(
   RUN(test_full_export_streams_every_key_in_chunks);
   RUN(test_delta_export_holds_dirty_and_deleted_keys_only);
   RUN(test_clear_drops_an_export_in_flight);
@@ -299,6 +299,4 @@ int main() {
   RUN(test_reserved_table_imports_a_full_export_in_table_order);
   RUN(test_crc32c_matches_the_standard_check_value_in_any_split);
   RUN(test_filter_state_last_seen_steps_and_bloom_blocks_are_exported);
-  std::printf("all tests passed\n");
-  return 0;
-}
+)

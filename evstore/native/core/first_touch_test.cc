@@ -139,11 +139,9 @@ void test_rows_in_small_page_blocks_read_back_exactly() {
 
 }  // namespace
 
-int main() {
+TEST_MAIN(
   RUN(test_a_costly_probe_sends_the_next_blocks_to_small_pages_then_probes_again);
   RUN(test_a_block_after_a_costly_probe_is_small_pages_all_mapped_and_advised_huge);
   RUN(test_a_block_after_a_cheap_probe_stays_huge_with_its_probe_mapped);
   RUN(test_rows_in_small_page_blocks_read_back_exactly);
-  std::printf("all tests passed\n");
-  return 0;
-}
+)

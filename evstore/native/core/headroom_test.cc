@@ -4,6 +4,18 @@
 // /proc and /sys/fs/cgroup (the `root` parameter); the running system's
 // figure is the machine's or below it; and a child in a real cgroup v1 with a
 // limit reads that limit (where the hierarchy is there and writable: root).
+//
+// cgroup v2 is read from fixture trees only: there is no real v2 case. On the
+// machine this was written on (Linux 6.18, a Firecracker VM) the memory
+// controller is bound to a v1 hierarchy (/proc/cgroups: hierarchy 4) that
+// holds live cgroups, among them the one the VM's init puts every process in
+// (/proc/self/cgroup: memory:/process_api/...). A controller can serve one
+// hierarchy at a time and leaves v1 only when its v1 hierarchy is unmounted
+// with no child cgroups left, or at boot (cgroup_no_v1=memory), so both the
+// cgroup2 mount at /sys/fs/cgroup/unified and a fresh cgroup2 mount (made in
+// a private mount namespace) list only `hugetlb` in cgroup.controllers, and
+// writing "+memory" to cgroup.subtree_control fails.
+// A real v2 memory.max case needs a host booted with memory on v2.
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>

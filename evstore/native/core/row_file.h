@@ -97,6 +97,7 @@ class RowFile {
   static constexpr uint32_t kWindowRecords = 1u << kWindowShift;
   static constexpr uint32_t kWindows = 1u << (32 - kWindowShift);
   static constexpr size_t kMaxIov = 1024;  // IOV_MAX on Linux: buffers per preadv/pwritev
+  static constexpr size_t kZeroBytes = size_t{64} << 10;  // WriteZeros' buffer
 
   // Creates the private directory under `parent` (created if missing) and an
   // empty record file of `record_bytes` per record. Throws std::runtime_error
@@ -154,6 +155,26 @@ class RowFile {
       i += m;
     }
     Populate(loc, n);
+    return true;
+  }
+
+  // Writes `n` records of zeros from `loc` (free room, written so that the
+  // page cache holds its pages: log_space.h's reserve), in writes of up to
+  // kMaxIov * kZeroBytes bytes. False when the disk refused (last_error()).
+  bool WriteZeros(uint32_t loc, size_t n) {
+    static const std::vector<char> zeros(kZeroBytes);
+    off_t at = static_cast<off_t>(loc) * static_cast<off_t>(record_bytes_);
+    for (size_t left = n * record_bytes_; left > 0;) {
+      iovec iov[kMaxIov];
+      size_t k = 0, bytes = 0;
+      for (; k < kMaxIov && bytes < left; ++k) {
+        iov[k] = iovec{const_cast<char*>(zeros.data()), std::min(kZeroBytes, left - bytes)};
+        bytes += iov[k].iov_len;
+      }
+      if (!WriteV(fd_, at, iov, k, nullptr)) return false;
+      at += static_cast<off_t>(bytes);
+      left -= bytes;
+    }
     return true;
   }
 

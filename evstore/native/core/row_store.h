@@ -121,6 +121,9 @@ struct TierStats {
   int64_t disk_bytes = 0;        // bytes the tier's file occupies on disk
   int64_t disk_records = 0;      // records the file spans (live + dead + unused)
   int64_t live_records = 0;      // records holding a row's current copy
+  int64_t free_records = 0;      // records of free extents (reused before the file grows)
+  int64_t reserve_records = 0;   // records appended free for rewrites (log_space.h: the reserve)
+  int64_t grown_by_rewrites = 0; // records the file grew by for rewrites and moves (no free extent left)
 };
 // Segment s's lock, for a store that evicts rows of other segments.
 using SegmentLocks = std::function<std::shared_mutex&(int)>;

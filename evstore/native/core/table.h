@@ -969,6 +969,12 @@ class Table {
   }
   // The row store's cache figures (all zero for the all-DRAM store).
   TierStats tier_stats() const { return rows_.tier_stats(); }
+  // The end of a bulk load or restore: a tier writes the rows it holds in
+  // DRAM only (TieredStore::WriteNewRows); nothing for the all-DRAM store.
+  // The caller holds no segment lock.
+  void WriteNewRows() {
+    if constexpr (!Store::kAllResident) rows_.WriteNewRows();
+  }
   const Store& store() const { return rows_; }
   Store& store() { return rows_; }
   int64_t size() const {

@@ -1408,7 +1408,7 @@ static void test_a_batch_grouped_in_order_holds_each_position_s_hash_and_key_in_
   CheckGroupedInOrder<IntegerKeyTraits<int64_t>>({});
 }
 
-int main() {
+TEST_MAIN(
   RUN(test_group_probe_answers_exactly);
   RUN(test_a_growing_segment_grows_by_half_and_moves_each_key_two_to_three_times);
   RUN(test_a_batch_grouped_in_order_holds_each_position_s_hash_and_key_in_segment_order);
@@ -1450,6 +1450,4 @@ int main() {
   RUN_K(test_an_import_naming_a_key_twice_keeps_its_last_row_and_admits_it_once);
   RUN_K(test_counted_find_or_insert_equals_every_occurrence);
   RUN(test_shard_route_is_a_stable_hash);
-  std::printf("all tests passed\n");
-  return 0;
-}
+)

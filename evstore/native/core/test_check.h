@@ -52,3 +52,12 @@ inline bool TestSelected(const char* name) {
   (TestSelected(#fn) ? (fn(), std::printf("ok %s\n", #fn)) : std::printf("skip %s\n", #fn), std::fflush(stdout))
 // Runs a key-templated test for both key types.
 #define RUN_K(fn) (RUN(fn<int64_t>), RUN(fn<int32_t>))
+// A test binary's main(): runs the statements given (RUN / RUN_K lines, in
+// order), then prints the line the driver requires. Each binary states only its list:
+//   TEST_MAIN(RUN(test_a); RUN_K(test_b);)
+#define TEST_MAIN(...)                  \
+  int main() {                          \
+    __VA_ARGS__                         \
+    std::printf("all tests passed\n"); \
+    return 0;                           \
+  }

@@ -490,6 +490,9 @@ class TieredStore {
     t.disk_bytes = file_.disk_bytes();
     t.disk_records = log_.records();
     t.live_records = log_.live();
+    t.free_records = log_.free_records();
+    t.reserve_records = log_.reserve_records();
+    t.grown_by_rewrites = log_.grown_by_rewrites();
     return t;
   }
   // Sets the DRAM budget (a serving table loaded with a small one, then
@@ -517,6 +520,35 @@ class TieredStore {
     EvictUntil(std::min(n, mark), mark, kNoOwner, l, /*spare_slots=*/false);
     const uint64_t epoch = quiet_epoch_;
     if (evicting_ > 0) WaitForWrites(l, [&] { return quiet_epoch_ != epoch; });
+  }
+  // Ends a bulk load (ev.load, a restore): every resident row that has no
+  // disk copy yet is written now, in runs of adjacent records (kNew: the
+  // file grows, its reserve with it), and stays resident and clean. Without
+  // this, the load's last rows (up to a cache's worth) were written the first
+  // time training evicted them, growing the file then, at a new page-cache
+  // page per 4 KiB, where the trained rows' rewrites now take the reserve
+  // (log_space.h). A table that fits its budget writes nothing (its rows
+  // need no disk). Rows whose segment is busy right now are left to be
+  // written when evicted, as before; a write the disk refuses leaves its rows
+  // as they were (written when evicted, where a refusal is reported). The
+  // caller holds no segment lock.
+  void WriteNewRows() {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!locks_ || static_cast<int64_t>(next_ - free_ids_.size()) <= budget_) return;
+    const uint32_t nslots = nslot_chunks_ * kSlotChunk;
+    for (uint32_t s = 0; s < nslots;) {
+      HeldLocks held;
+      std::vector<uint32_t> batch;
+      for (; s < nslots && batch.size() < LogSpace::kExtent; ++s) {
+        const SlotInfo& in = Info(s);
+        if (in.row == kNoRowId) continue;
+        RowMeta& m = Meta(in.row);
+        if ((m.flags.load(std::memory_order_relaxed) & kOnDisk) || m.slot.load(std::memory_order_relaxed) != s) continue;
+        if (m.owner == kNoOwner || !held.Take(m.owner, locks_)) continue;
+        batch.push_back(s);
+      }
+      if (!batch.empty() && !WriteSlots(batch, nullptr, &l)) return;
+    }
   }
   // Message of the most recent write failure (empty if none).
   std::string last_failure() const {
@@ -565,6 +597,12 @@ class TieredStore {
     layout_epoch_.fetch_add(1, std::memory_order_relaxed);
     for (uint32_t i = 0; i < recs.size(); ++i) Meta(recs[i].second).loc = i;
     log_.Rebuild(static_cast<uint32_t>(recs.size()), [&](uint32_t i) { return recs[i].second; });
+    // The new file is dense: its reserve for the rewrites that follow
+    // (log_space.h), written now as a load's would be.
+    for (uint32_t first, k; (k = log_.ReserveGrowth(&first)) > 0;) {
+      file_.WriteZeros(LogSpace::FirstOf(first), size_t{k} * LogSpace::kExtent);
+      log_.AddReserve(first, k);
+    }
     for (uint32_t s = 0; s < nslots; ++s) {
       SlotInfo& in = Info(s);
       if (in.row != kNoRowId) Meta(in.row).slot.store(kNoSlot, std::memory_order_release);
@@ -930,11 +968,29 @@ class TieredStore {
     std::vector<uint32_t> victims;  // slots
     PickVictims(self, want, &held, &victims, o);
     if (victims.empty()) return 0;
-    std::vector<uint32_t> moves;  // rows whose live cold record moves (compaction)
-    const uint32_t sparse = log_.PickSparse();
-    if (sparse != LogSpace::kNone) {
-      const uint32_t first = LogSpace::FirstOf(sparse);
-      for (uint32_t loc = first; loc < first + log_.used(sparse); ++loc) {
+    size_t evicted = 0;
+    std::vector<uint32_t> writes;  // victims (slots) whose row needs a write
+    int64_t rewrites = 0;          // of which rows with a disk copy (they take free room)
+    for (uint32_t s : victims) {
+      SlotInfo& in = Info(s);
+      const bool on_disk = Meta(in.row).flags.load(std::memory_order_relaxed) & kOnDisk;
+      if (in.dirty.load(std::memory_order_relaxed) || !on_disk) {
+        writes.push_back(s);
+        rewrites += on_disk;
+      }
+    }
+    // Compaction (log_space.h): while free extents are short, the sparsest
+    // extents' live cold records move with this batch, until the dead records
+    // freed cover the free room the batch's rewrites take.
+    std::vector<uint32_t> moves;     // rows whose live cold record moves
+    std::vector<uint32_t> cleaning;  // the extents they leave
+    for (int64_t freed = 0; freed < std::max<int64_t>(rewrites, 1);) {
+      const uint32_t x = log_.PickToClean();
+      if (x == LogSpace::kNone) break;
+      cleaning.push_back(x);
+      freed += log_.used(x) - log_.live_in(x);
+      const uint32_t first = LogSpace::FirstOf(x);
+      for (uint32_t loc = first; loc < first + log_.used(x); ++loc) {
         const uint32_t r = log_.row_of(loc);
         if (r >= next_) continue;
         RowMeta& m = Meta(r);
@@ -949,16 +1005,12 @@ class TieredStore {
         }
         moves.push_back(r);
       }
-    }
-    size_t evicted = 0;
-    std::vector<uint32_t> writes;  // victims (slots) whose row needs a write
-    for (uint32_t s : victims) {
-      SlotInfo& in = Info(s);
-      if (in.dirty.load(std::memory_order_relaxed) || !(Meta(in.row).flags.load(std::memory_order_relaxed) & kOnDisk))
-        writes.push_back(s);
+      if (moves.size() + LogSpace::kMaxCleanLive > LogSpace::kMaxMoves) break;
     }
     evicting_ += victims.size();
-    if (!WriteSlots(writes, &moves, &l)) {
+    const bool written = WriteSlots(writes, &moves, &l);
+    for (uint32_t x : cleaning) log_.DoneCleaning(x);
+    if (!written) {
       Refused(last_failure_);
       if (o) o->refused = true;
     } else if (!writes.empty()) {
@@ -1035,17 +1087,34 @@ class TieredStore {
   // marked clean. With `l`, the I/O runs without mu_ (the caller pins the rows:
   // their owner locks are held); without, under it (Relayout). False when the
   // disk refused a write (counted, the message kept; those rows unchanged).
-  bool WriteSlots(const std::vector<uint32_t>& slots, std::vector<uint32_t>* moves,
+  //
+  // Each kind of write goes to its own stream (log_space.h): rows never
+  // written (kNew), rows written before (kHot), moved records (kCold). A
+  // batch whose first writes grow the live records past the reserve's share
+  // also appends the reserve's next chunk, written with zeros in the same
+  // unlocked stretch (one large write).
+  bool WriteSlots(const std::vector<uint32_t>& victims, std::vector<uint32_t>* moves,
                   std::unique_lock<std::mutex>* l = nullptr) {
-    const size_t nw = slots.size(), nm = moves ? moves->size() : 0, n = nw + nm;
+    const size_t nw = victims.size(), nm = moves ? moves->size() : 0, n = nw + nm;
     if (n == 0) return true;
+    // The victims in stream order: first writes, then rewrites.
+    thread_local std::vector<uint32_t> slots;
+    slots.clear();
+    for (uint32_t s : victims)
+      if (!(Meta(Info(s).row).flags.load(std::memory_order_relaxed) & kOnDisk)) slots.push_back(s);
+    const size_t nnew = slots.size();
+    for (uint32_t s : victims)
+      if (Meta(Info(s).row).flags.load(std::memory_order_relaxed) & kOnDisk) slots.push_back(s);
     std::vector<uint32_t> rows(n), locs(n);
     for (size_t i = 0; i < nw; ++i) rows[i] = Info(slots[i]).row;
     for (size_t i = 0; i < nm; ++i) rows[nw + i] = (*moves)[i];
-    for (size_t i = 0; i < n;) {  // runs of adjacent records
+    for (size_t i = 0; i < n;) {  // runs of adjacent records, within one stream each
+      const LogSpace::Stream stream = i < nnew ? LogSpace::kNew : i < nw ? LogSpace::kHot : LogSpace::kCold;
+      const size_t end = i < nnew ? nnew : i < nw ? nw : n;
       uint32_t first, got;
       try {
-        got = log_.AllocRun(rows.data() + i, static_cast<uint32_t>(std::min<size_t>(n - i, LogSpace::kExtent)), &first);
+        got = log_.AllocRun(stream, rows.data() + i, static_cast<uint32_t>(std::min<size_t>(end - i, LogSpace::kExtent)),
+                            &first);
       } catch (const std::length_error& e) {  // the file is full: refused like a full disk, nothing written
         for (size_t j = 0; j < i; ++j) log_.Kill(locs[j]);
         write_failures_.fetch_add(1, std::memory_order_relaxed);
@@ -1055,6 +1124,8 @@ class TieredStore {
       for (uint32_t j = 0; j < got; ++j) locs[i + j] = first + j;
       i += got;
     }
+    uint32_t reserve_first = 0, reserve_n = 0;
+    if (nnew > 0) reserve_n = log_.ReserveGrowth(&reserve_first);
     const size_t rb = static_cast<size_t>(RecordBytes(stride_));
     if (l) l->unlock();
     // The victims' rows are written from their slots (pinned: their owner
@@ -1074,7 +1145,7 @@ class TieredStore {
           from[i] = Meta((*moves)[i]).loc;
           dst[i] = buf_.data() + i * rb;
         }
-        file_.ReadMany(from.data(), dst.data(), nm);  // one extent, ascending
+        file_.ReadMany(from.data(), dst.data(), nm);  // a few extents, each ascending
       }
     } catch (const std::runtime_error&) {
       ok = false;
@@ -1092,8 +1163,12 @@ class TieredStore {
     }
     std::vector<uint8_t> zero(written);
     for (size_t i = 0; i < written; ++i) zero[i] = IsZeroRow(static_cast<const float*>(src[i]), dim_);
+    // The reserve's chunk: free whether or not the disk took the zeros (a
+    // write into it later fails, and is refused, as any other would).
+    if (reserve_n) file_.WriteZeros(LogSpace::FirstOf(reserve_first), size_t{reserve_n} * LogSpace::kExtent);
     buf_mu_.unlock();
     if (l) l->lock();
+    if (reserve_n) log_.AddReserve(reserve_first, reserve_n);
     for (size_t i = 0; i < n; ++i) {
       if (i >= written) {
         log_.Kill(locs[i]);

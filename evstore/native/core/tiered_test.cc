@@ -850,6 +850,127 @@ static void test_compaction_keeps_the_file_near_its_live_rows() {
   CHECK(Dump(t) == Dump(dram));
 }
 
+// A bulk load leaves free room in the tier file (log_space.h: the reserve,
+// one record in eight of the live ones, written with the load); training
+// that rewrites rows evicted again fills that room before the file grows,
+// and every row stays exact.
+static void test_a_load_leaves_a_reserve_that_rewrites_fill_before_the_file_grows() {
+  const int dim = 4;
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 256));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 100000; ++i) keys.push_back(i * 7 + 3);
+  std::vector<float> out(keys.size() * dim);
+  for (size_t b = 0; b < keys.size(); b += 8192) {  // a load in batches
+    const size_t n = std::min<size_t>(8192, keys.size() - b);
+    t.FindOrInsert(keys.data() + b, n, out.data(), kThreads);
+    dram.FindOrInsert(keys.data() + b, n, out.data(), kThreads);
+  }
+  t.WriteNewRows();  // the load's end (ev.load, a restore)
+  CHECK(t.store().Settle());
+  const TierStats loaded = t.tier_stats();
+  CHECK_EQ(loaded.live_records, static_cast<int64_t>(keys.size()));
+  CHECK(loaded.reserve_records >= loaded.live_records / 8 - LogSpace::kReserveChunk * LogSpace::kExtent);
+  CHECK(loaded.reserve_records <= loaded.live_records / 8);
+  CHECK_EQ(loaded.free_records, loaded.reserve_records);
+  // Rewrites of rows spread over the file, fewer than the reserve holds.
+  std::mt19937_64 rng(5);
+  for (int64_t step = 1; step <= 10; ++step) {
+    std::vector<int64_t> batch;
+    for (int i = 0; i < 400; ++i) batch.push_back(keys[rng() % keys.size()]);
+    SgdStep(t, dram, batch, step);
+  }
+  CHECK(t.store().Settle());
+  const TierStats trained = t.tier_stats();
+  CHECK(trained.writebacks - loaded.writebacks >= 2000);
+  CHECK_EQ(trained.grown_by_rewrites, int64_t{0});
+  CHECK_EQ(trained.disk_records, loaded.disk_records);
+  CHECK(trained.free_records < loaded.free_records);
+  CHECK(Dump(t) == Dump(dram));
+}
+
+// The end of a bulk load writes the rows the cache holds that have no disk
+// copy yet (they stay resident, clean): every row is then on disk once, so
+// training's write-backs are rewrites (into the reserve), and evicting an
+// unchanged row writes nothing. A table within its budget writes nothing.
+static void test_the_end_of_a_load_writes_the_rows_held_in_dram_only() {
+  const int dim = 4;
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 512));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 20000; ++i) keys.push_back(i * 3 + 2);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  CHECK(t.store().Settle());
+  const TierStats before = t.tier_stats();
+  CHECK(before.live_records < static_cast<int64_t>(keys.size()));
+  t.WriteNewRows();
+  const TierStats after = t.tier_stats();
+  CHECK_EQ(after.live_records, static_cast<int64_t>(keys.size()));
+  CHECK_EQ(after.resident, before.resident);
+  CHECK_EQ(after.writebacks - before.writebacks, static_cast<int64_t>(keys.size()) - before.live_records);
+  // Reading every row back (evicting the clean ones) writes nothing more.
+  for (size_t b = 0; b < keys.size(); b += 1000) {
+    t.FindOrInsert(keys.data() + b, 1000, out.data(), kThreads);
+    dram.FindOrInsert(keys.data() + b, 1000, out.data(), kThreads);
+  }
+  CHECK(t.store().Settle());
+  CHECK_EQ(t.tier_stats().writebacks, after.writebacks);
+  CHECK(Dump(t) == Dump(dram));
+
+  Tiered<int64_t> small(TierRows(Cfg(dim), 4096));
+  small.FindOrInsert(keys.data(), 1000, out.data(), kThreads);
+  small.WriteNewRows();
+  CHECK_EQ(small.tier_stats().writebacks, int64_t{0});
+}
+
+// Widening rewrites the file dense (every record live, in disk order) and
+// appends the new file's reserve with it: the training that follows the
+// first Adam apply rewrites rows into free room, as after a load.
+static void test_a_widened_file_has_its_reserve() {
+  const int dim = 4;
+  Tiered<int64_t> t(TierRows(Cfg(dim), 256));
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 60000; ++i) keys.push_back(i);
+  std::vector<float> out(keys.size() * dim);
+  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  t.EnsureSlots({{"m", 0.f}, {"v", 0.f}});
+  const TierStats ts = t.tier_stats();
+  CHECK(ts.live_records >= 59000);
+  CHECK(ts.reserve_records >= ts.live_records / 8 - LogSpace::kReserveChunk * LogSpace::kExtent);
+  CHECK_EQ(ts.free_records, ts.reserve_records);
+  CHECK(ts.disk_records <= ts.live_records + ts.reserve_records + LogSpace::kExtent);
+}
+
+// Long Zipf training with a small cache rewrites every warm row many times
+// over: once the reserve is used up, compaction frees extents by moving the
+// live records of sparse ones, so rewrites keep reusing the file instead of
+// growing it, and every row stays exact.
+static void test_compaction_keeps_rewrites_inside_the_file() {
+  const int dim = 4;
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 512));
+  std::vector<int64_t> all;
+  for (int i = 0; i < 30000; ++i) all.push_back(i * 5 + 1);
+  std::vector<float> out(all.size() * dim);
+  t.FindOrInsert(all.data(), all.size(), out.data(), kThreads);
+  dram.FindOrInsert(all.data(), all.size(), out.data(), kThreads);
+  Zipf z(30000, 1.1, 3);
+  for (int64_t step = 1; step <= 150; ++step) {
+    std::vector<int64_t> keys;
+    for (int i = 0; i < 512; ++i) keys.push_back(all[(z.Next() * 7919) % all.size()]);
+    SgdStep(t, dram, keys, step);
+  }
+  CHECK(t.store().Settle());
+  const TierStats ts = t.tier_stats();
+  CHECK(ts.writebacks - 30000 > 4 * ts.reserve_records);  // far more rewrites than the reserve holds
+  CHECK(ts.compacted > 0);
+  CHECK(ts.grown_by_rewrites * 4 < ts.writebacks - 30000);
+  CHECK(ts.disk_records <= 2 * ts.live_records);
+  CHECK(Dump(t) == Dump(dram));
+}
+
 // Two threads train disjoint keys of one tiered table (evicting each other's
 // rows, compacting) while a third looks keys up: the result equals the
 // all-DRAM table trained the same way, bit for bit. The ThreadSanitizer
@@ -1164,6 +1285,10 @@ int main() {
   RUN(test_a_tier_file_at_its_record_cap_keeps_rows_in_dram_and_says_so);
   RUN(test_making_room_racing_training_loses_nothing);
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
+  RUN(test_a_load_leaves_a_reserve_that_rewrites_fill_before_the_file_grows);
+  RUN(test_the_end_of_a_load_writes_the_rows_held_in_dram_only);
+  RUN(test_a_widened_file_has_its_reserve);
+  RUN(test_compaction_keeps_rewrites_inside_the_file);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
   RUN(test_stats_count_the_per_key_dram_cost);
   RUN(test_each_tiered_table_has_one_cleaner_thread_named_evstore_cleaner);

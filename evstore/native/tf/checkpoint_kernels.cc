@@ -212,19 +212,16 @@ inline std::string ViewPrefix(const std::string& prefix, const std::string& view
 class EvSaveBundleOp : public OpKernel {
  public:
   explicit EvSaveBundleOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("key_dtypes", &key_dtypes_));
-    OP_REQUIRES_OK(c, c->GetAttr("full", &full_));
-    OP_REQUIRES_OK(c, c->GetAttr("chunk_rows", &chunk_rows_));
-    OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
     std::string view;
-    OP_REQUIRES_OK(c, c->GetAttr("view", &view));
+    OP_REQUIRES_OK(c, ReadAttrs(c, "key_dtypes", &key_dtypes_, "full", &full_, "view", &view, "view_prefix",
+                                &view_prefix_));
+    OP_REQUIRES_OK(c, ReadChunkRows(c, &chunk_rows_));
     try {
       codec_ = view::Parse(view);
     } catch (const std::invalid_argument& e) {
       c->CtxFailure(errors::InvalidArgument(e.what()));
       return;
     }
-    OP_REQUIRES_OK(c, c->GetAttr("view_prefix", &view_prefix_));
   }
   void Compute(OpKernelContext* ctx) override {
     EV_INPUT(ctx, prefix_t, "prefix");
@@ -653,6 +650,7 @@ void LoadBundle(const std::vector<TableType*>& targets, const Routing& routing, 
         t->AdvanceClock(saved);
     }
   }
+  for (TableType* t : targets) t->WriteNewRows();  // a tier's rows in DRAM only: on disk now (tiered_store.h)
 }
 
 std::vector<std::string> Strings(const Tensor& t) {
@@ -665,19 +663,15 @@ template <typename K>
 class EvLoadBundleOp : public EvTableOp<K> {
  public:
   explicit EvLoadBundleOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_));
-    OP_REQUIRES_OK(c, c->GetAttr("chunk_rows", &chunk_rows_));
-    OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
     int32_t shard_index, num_shards;
-    OP_REQUIRES_OK(c, c->GetAttr("shard_index", &shard_index));
-    OP_REQUIRES_OK(c, c->GetAttr("num_shards", &num_shards));
+    OP_REQUIRES_OK(c, ReadAttrs(c, "clear", &clear_, "shard_index", &shard_index, "num_shards", &num_shards, "view",
+                                &view_, "view_prefix", &view_prefix_));
+    OP_REQUIRES_OK(c, ReadChunkRows(c, &chunk_rows_));
     OP_REQUIRES(c, num_shards >= 1 && shard_index >= 0 && shard_index < num_shards,
                 errors::InvalidArgument("need 0 <= shard_index < num_shards, got ", shard_index, " of ", num_shards));
     routing_.num_shards = num_shards;
     routing_.to.assign(num_shards, -1);
     routing_.to[shard_index] = 0;
-    OP_REQUIRES_OK(c, c->GetAttr("view", &view_));
-    OP_REQUIRES_OK(c, c->GetAttr("view_prefix", &view_prefix_));
   }
 
   EV_TABLE_KERNEL(ctx, res, t) {
@@ -717,12 +711,9 @@ template <typename K>
 class EvLoadBundleRoutedOp : public OpKernel {
  public:
   explicit EvLoadBundleRoutedOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_));
-    OP_REQUIRES_OK(c, c->GetAttr("chunk_rows", &chunk_rows_));
-    OP_REQUIRES(c, chunk_rows_ >= 1, errors::InvalidArgument("chunk_rows must be >= 1"));
     std::vector<int32_t> shards;
-    OP_REQUIRES_OK(c, c->GetAttr("shard_indices", &shards));
-    OP_REQUIRES_OK(c, c->GetAttr("num_shards", &routing_.num_shards));
+    OP_REQUIRES_OK(c, ReadAttrs(c, "clear", &clear_, "shard_indices", &shards, "num_shards", &routing_.num_shards));
+    OP_REQUIRES_OK(c, ReadChunkRows(c, &chunk_rows_));
     OP_REQUIRES(c, routing_.num_shards >= 2, errors::InvalidArgument("num_shards must be >= 2"));
     routing_.to.assign(routing_.num_shards, -1);
     for (size_t i = 0; i < shards.size(); ++i) {
@@ -817,9 +808,7 @@ class EvTierRecordBytesOp : public OpKernel {
   explicit EvTierRecordBytesOp(OpKernelConstruction* c) : OpKernel(c) {
     int dim, slots;
     std::string precision;
-    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim));
-    OP_REQUIRES_OK(c, c->GetAttr("slots", &slots));
-    OP_REQUIRES_OK(c, c->GetAttr("precision", &precision));
+    OP_REQUIRES_OK(c, ReadAttrs(c, "dim", &dim, "slots", &slots, "precision", &precision));
     OP_REQUIRES(c, precision == "float32" || slots == 0,
                 errors::InvalidArgument("EvTierRecordBytes: a serving table's rows (precision ", precision,
                                         ") have no slots, got slots=", slots));

@@ -5,8 +5,10 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "op_util.h"
 
 using tensorflow::shape_inference::InferenceContext;
+using evstore::tf::SetOutputs;
 
 REGISTER_OP("EvSaveBundle")
     .Input("prefix: string")
@@ -16,7 +18,7 @@ REGISTER_OP("EvSaveBundle")
     .Input("dense_names: string")
     .Input("dense: Tdense")
     .Attr("N: int >= 0")
-    .Attr("key_dtypes: list({int32, int64, string}) >= 0")
+    .Attr("key_dtypes: list(" EV_KEY_DTYPES ") >= 0")
     .Attr("Tdense: list(type) >= 0")
     .Attr("full: bool")
     .Attr("chunk_rows: int = 65536")
@@ -29,10 +31,8 @@ REGISTER_OP("EvSaveBundle")
     .Output("slot_names: string")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
-      c->set_output(3, c->Matrix(c->UnknownDim(), 3));
-      c->set_output(4, c->Vector(c->UnknownDim()));
-      return absl::OkStatus();
+      auto vec = [c] { return c->Vector(c->UnknownDim()); };  // each output its own unknown length
+      return SetOutputs(c, {vec(), vec(), vec(), c->Matrix(c->UnknownDim(), 3), vec()});
     })
     .Doc(R"doc(
 Writes one tensor bundle at `prefix` holding every EV in `handles` (each under
@@ -53,7 +53,7 @@ REGISTER_OP("EvLoadBundle")
     .Input("prefix: string")
     .Input("ev_name: string")
     .Input("slot_names: string")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("clear: bool")
     .Attr("chunk_rows: int = 65536")
     .Attr("shard_index: int = 0")
@@ -63,8 +63,7 @@ REGISTER_OP("EvLoadBundle")
     .Output("counts: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(3));
-      return absl::OkStatus();
+      return SetOutputs(c, {c->Vector(3)});
     })
     .Doc(R"doc(
 Applies EV `ev_name` of the bundle at `prefix` to the table: with `clear` the
@@ -87,7 +86,7 @@ REGISTER_OP("EvLoadBundleRouted")
     .Input("ev_name: string")
     .Input("slot_names: string")
     .Attr("N: int >= 1")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("clear: bool")
     .Attr("chunk_rows: int = 65536")
     .Attr("shard_indices: list(int) >= 1")
@@ -95,8 +94,7 @@ REGISTER_OP("EvLoadBundleRouted")
     .Output("counts: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Matrix(c->num_inputs() - 3, 3));
-      return absl::OkStatus();
+      return SetOutputs(c, {c->Matrix(c->num_inputs() - 3, 3)});
     })
     .Doc(R"doc(
 EvLoadBundle into the tables of several shards of one EV at once (all on this
@@ -114,9 +112,7 @@ REGISTER_OP("EvDiskFree")
     .Output("filesystem: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Scalar());
-      return absl::OkStatus();
+      return SetOutputs(c, {c->Scalar(), c->Scalar()});
     })
     .Doc(R"doc(
 The bytes this process may still write on the file system of `path` (absolute; or of its
@@ -154,9 +150,7 @@ REGISTER_OP("EvFileCrc32c")
     .Output("crc: int64")
     .Output("size: int64")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      c->set_output(1, c->input(0));
-      return absl::OkStatus();
+      return SetOutputs(c, {c->input(0), c->input(0)});
     })
     .Doc("crc32c (Castagnoli, unmasked) and size of each local file of `path` (any shape; the "
          "outputs have its shape): one call checks a whole checkpoint.");

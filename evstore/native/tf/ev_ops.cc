@@ -3,12 +3,14 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "op_util.h"
 #include "../core/schema.h"
 
 namespace {
 
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
+using evstore::tf::SetOutputs;
 
 // keys.shape + [dim]
 absl::Status RowsShape(InferenceContext* c) {
@@ -25,7 +27,7 @@ absl::Status RowsShape(InferenceContext* c) {
 REGISTER_OP("EvHandleOp")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("handle: resource")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
@@ -35,7 +37,7 @@ REGISTER_OP("EvCreate")
     .Input("handle: resource")
     .Input("bank: float")
     .Input("default_value: float")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("dim: int >= 1")
     .Attr("segments_log2: int = 6")
     .Attr("min_freq: int = 1")
@@ -54,7 +56,7 @@ REGISTER_OP("EvCreate")
 REGISTER_OP("EvFind")
     .Input("handle: resource")
     .Input("keys: key_dtype")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("dim: int >= 1")
     .Output("values: float")
     .SetShapeFn(RowsShape)
@@ -64,7 +66,7 @@ REGISTER_OP("EvFind")
 REGISTER_OP("EvServeWarm")
     .Input("handle: resource")
     .Input("keys: key_dtype")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Before a serving table's publish: a tiered table evicts rows to make room for one row per key, "
@@ -74,7 +76,7 @@ REGISTER_OP("EvServeWarm")
 REGISTER_OP("EvSetDramBytes")
     .Input("handle: resource")
     .Input("dram_bytes: int64")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Sets a tiered table's DRAM budget (a smaller one is reached over the faults that follow). Nothing "
@@ -86,7 +88,7 @@ REGISTER_OP("EvServeUpsert")
     .Input("values: T")
     .Input("scales: float")
     .Input("freqs: int64")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("T: {float, bfloat16, half, int8}")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
@@ -99,20 +101,12 @@ REGISTER_OP("EvFindOrInsert")
     .Input("handle: resource")
     .Input("keys: key_dtype")
     .Input("proxy: float")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("dim: int >= 1")
     .Output("values: float")
     .SetIsStateful()
     .SetShapeFn(RowsShape)
     .Doc("Training lookup: counts, admits, inserts. `proxy` carries the gradient path.");
-
-#define EV_APPLY_COMMON                   \
-  Input("handle: resource")               \
-      .Input("keys: key_dtype")           \
-      .Input("grads: float")              \
-      .Input("global_step: int64")        \
-      .Attr("key_dtype: {int32, int64, string}")  \
-      .SetShapeFn(tensorflow::shape_inference::NoOutputs)
 
 REGISTER_OP("EvApplySgd").EV_APPLY_COMMON.Input("lr: float");
 REGISTER_OP("EvApplyMomentum")
@@ -131,30 +125,27 @@ REGISTER_OP("EvApplyAdam")
 
 REGISTER_OP("EvSize")
     .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("size: int64")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("EvSlots")
     .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("slot_names: string")
     .Output("slot_initial_values: float")
     .SetShapeFn([](InferenceContext* c) {
       auto s = c->UnknownDim();
-      c->set_output(0, c->Vector(s));
-      c->set_output(1, c->Vector(s));
-      return absl::OkStatus();
+      return SetOutputs(c, {c->Vector(s), c->Vector(s)});
     })
     .Doc("The table's optimizer slots and the value each starts at in rows admitted later.");
 
 REGISTER_OP("EvStats")
     .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("stats: int64")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(evstore::schema::kNumStatsFields));
-      return absl::OkStatus();
+      return SetOutputs(c, {c->Vector(evstore::schema::kNumStatsFields)});
     })
     .Doc("[size, admitted, filtered, free_rows, index_bytes, meta_bytes, row_bytes, dirty, deleted, "
          "evicted, filter_bytes, zero_rows]");
@@ -162,20 +153,19 @@ REGISTER_OP("EvStats")
 REGISTER_OP("EvKeyInfo")
     .Input("handle: resource")
     .Input("keys: key_dtype")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("freqs: int64")
     .Output("versions: int64")
     .Output("admitted: bool")
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 3; ++i) c->set_output(i, c->input(1));
-      return absl::OkStatus();
+      return SetOutputs(c, {c->input(1), c->input(1), c->input(1)});
     });
 
 REGISTER_OP("EvKeepRows")
     .Input("handle: resource")
     .Input("source: resource")
     .Input("keys: key_dtype")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("kept: int64")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
@@ -185,13 +175,13 @@ REGISTER_OP("EvKeepRows")
 REGISTER_OP("EvRemove")
     .Input("handle: resource")
     .Input("keys: key_dtype")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("removed: int64")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("EvExport")
     .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("dim: int >= 1")
     .Output("keys: key_dtype")
     .Output("values: float")
@@ -205,15 +195,9 @@ REGISTER_OP("EvExport")
       int64_t dim;
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
       auto n = c->UnknownDim();
-      c->set_output(0, c->Vector(n));
-      c->set_output(1, c->Matrix(n, dim));
-      c->set_output(2, c->MakeShape({n, c->UnknownDim(), c->MakeDim(dim)}));
-      c->set_output(3, c->Vector(n));
-      c->set_output(4, c->Vector(n));
-      c->set_output(5, c->Vector(c->UnknownDim()));
-      c->set_output(6, c->Vector(c->UnknownDim()));
-      c->set_output(7, c->Vector(c->UnknownDim()));
-      return absl::OkStatus();
+      return SetOutputs(c, {c->Vector(n), c->Matrix(n, dim), c->MakeShape({n, c->UnknownDim(), c->MakeDim(dim)}),
+                            c->Vector(n), c->Vector(n), c->Vector(c->UnknownDim()), c->Vector(c->UnknownDim()),
+                            c->Vector(c->UnknownDim())});
     })
     .Doc("Materialises the whole table (small tables, debugging, tf.train.Checkpoint).");
 
@@ -227,7 +211,7 @@ REGISTER_OP("EvImport")
     .Input("freqs: int64")
     .Input("filtered_keys: key_dtype")
     .Input("filtered_freqs: int64")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("clear: bool = true")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Upserts rows, slots and filtered counts (clear=true: replaces the table).");
@@ -235,7 +219,7 @@ REGISTER_OP("EvImport")
 REGISTER_OP("EvSwapTables")
     .Input("handle: resource")
     .Input("other: resource")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Exchanges the tables behind two handles of the same key dtype and dim (rows, index, tier and all). "
@@ -246,24 +230,21 @@ REGISTER_OP("EvSwapTables")
 // seal the dirty and deleted sets, write them out, then commit or abort.
 REGISTER_OP("EvBeginExport")
     .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("return_keys: bool = true")  // false: seal only (a checkpoint writer streams the snapshot)
     .Output("snapshot_id: int64")
     .Output("dirty_keys: key_dtype")
     .Output("deleted_keys: key_dtype")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      c->set_output(2, c->Vector(c->UnknownDim()));
-      return absl::OkStatus();
+      return SetOutputs(c, {c->Scalar(), c->Vector(c->UnknownDim()), c->Vector(c->UnknownDim())});
     })
     .Doc("Seals keys changed / deleted since the last sealed export into a snapshot.");
 
 REGISTER_OP("EvEndExport")
     .Input("handle: resource")
     .Input("snapshot_id: int64")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("commit: bool")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
@@ -272,7 +253,7 @@ REGISTER_OP("EvEndExport")
 REGISTER_OP("EvCheckFinite")
     .Input("keys: Tkeys")
     .Input("grads: float")
-    .Attr("Tkeys: {int32, int64, string}")
+    .Attr("Tkeys: " EV_KEY_DTYPES)
     .Attr("ev_name: string = ''")
     .Output("checked: float")
     .SetShapeFn([](InferenceContext* c) {

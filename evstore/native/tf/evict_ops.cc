@@ -2,11 +2,12 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "op_util.h"
 
 REGISTER_OP("EvEvict")
     .Input("handle: resource")
     .Input("global_step: int64")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("steps_to_live: int = -1")
     .Attr("l2_threshold: float = 0")
     .Attr("return_rows: bool = false")

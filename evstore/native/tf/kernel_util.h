@@ -46,6 +46,23 @@ inline ParallelFor IntraOp(OpKernelContext* ctx) {
   };
 }
 
+// Reads each attr named into the variable after its name, in order, at a
+// kernel's construction; the first missing or mistyped one is the error:
+//   OP_REQUIRES_OK(c, ReadAttrs(c, "clear", &clear_, "chunk_rows", &chunk_rows_));
+inline absl::Status ReadAttrs(OpKernelConstruction*) { return absl::OkStatus(); }
+template <typename T, typename... Rest>
+absl::Status ReadAttrs(OpKernelConstruction* c, const char* name, T* value, Rest... rest) {
+  TF_RETURN_IF_ERROR(c->GetAttr(name, value));
+  return ReadAttrs(c, rest...);
+}
+
+// The `chunk_rows` attr of the checkpoint ops (keys a bundle streams at a time), checked >= 1.
+inline absl::Status ReadChunkRows(OpKernelConstruction* c, int64_t* chunk_rows) {
+  TF_RETURN_IF_ERROR(c->GetAttr("chunk_rows", chunk_rows));
+  if (*chunk_rows < 1) return errors::InvalidArgument("chunk_rows must be >= 1");
+  return absl::OkStatus();
+}
+
 // Inputs are read by the names the op registration gives them (*_ops.cc;
 // names shared by many ops: core/schema.h), never by position:
 //   EV_INPUT(ctx, keys, schema::kKeysInput);   // const Tensor& keys

@@ -1,21 +1,14 @@
 // Op registrations of the CTR optimizers (Ftrl, AdamW, GroupAdam,
 // GroupAdagrad) and of the zero-row readout; kernels in optimizer_kernels.cc.
 // Every apply takes (handle, keys, grads, global_step) then scalar
-// hyper-parameters, like the applies in ev_ops.cc.
+// hyper-parameters, like the applies in ev_ops.cc (EV_APPLY_COMMON, op_util.h).
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
-
-#define EV_OPT_APPLY_COMMON               \
-  Input("handle: resource")               \
-      .Input("keys: key_dtype")           \
-      .Input("grads: float")              \
-      .Input("global_step: int64")        \
-      .Attr("key_dtype: {int32, int64, string}")  \
-      .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+#include "op_util.h"
 
 REGISTER_OP("EvApplyFtrl")
-    .EV_OPT_APPLY_COMMON.Input("lr: float")
+    .EV_APPLY_COMMON.Input("lr: float")
     .Input("l1: float")
     .Input("l2: float")
     .Input("l2_shrinkage: float")
@@ -24,7 +17,7 @@ REGISTER_OP("EvApplyFtrl")
     .Doc("Keras/TF FTRL-proximal (ApplyFtrlV2 semantics); slots accumulator, linear.");
 
 REGISTER_OP("EvApplyAdamW")
-    .EV_OPT_APPLY_COMMON.Input("alpha: float")
+    .EV_APPLY_COMMON.Input("alpha: float")
     .Input("beta1: float")
     .Input("beta2: float")
     .Input("epsilon: float")
@@ -33,7 +26,7 @@ REGISTER_OP("EvApplyAdamW")
     .Doc("w -= w*weight_decay*lr on the batch's rows, then Adam; slots m, v.");
 
 REGISTER_OP("EvApplyGroupAdam")
-    .EV_OPT_APPLY_COMMON.Input("alpha: float")
+    .EV_APPLY_COMMON.Input("alpha: float")
     .Input("beta1: float")
     .Input("beta2: float")
     .Input("epsilon: float")
@@ -43,7 +36,7 @@ REGISTER_OP("EvApplyGroupAdam")
     .Doc("Adam with sparse group lasso per row; slots m, v, linear.");
 
 REGISTER_OP("EvApplyGroupAdagrad")
-    .EV_OPT_APPLY_COMMON.Input("lr: float")
+    .EV_APPLY_COMMON.Input("lr: float")
     .Input("epsilon: float")
     .Input("l1: float")
     .Input("l2: float")
@@ -53,7 +46,7 @@ REGISTER_OP("EvApplyGroupAdagrad")
 
 REGISTER_OP("EvZeroRowKeys")
     .Input("handle: resource")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("keys: key_dtype")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       c->set_output(0, c->Vector(c->UnknownDim()));

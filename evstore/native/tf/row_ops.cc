@@ -3,6 +3,7 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "op_util.h"
 
 namespace evstore {
 namespace tf {
@@ -12,7 +13,7 @@ using tensorflow::shape_inference::InferenceContext;
 REGISTER_OP("EvUniqueSum")
     .Input("keys: Tkeys")
     .Input("grads: float")
-    .Attr("Tkeys: {int32, int64, string}")
+    .Attr("Tkeys: " EV_KEY_DTYPES)
     .Output("unique_keys: Tkeys")
     .Output("summed: float")
     .SetShapeFn([](InferenceContext* c) {
@@ -27,7 +28,7 @@ REGISTER_OP("EvReadRows")
     .Input("keys: key_dtype")
     .Input("slot_names: string")
     .Input("slot_inits: float")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("dim: int >= 1")
     .Output("values: float")
     .Output("slots: float")
@@ -53,7 +54,7 @@ REGISTER_OP("EvWriteRows")
     .Input("slot_names: string")
     .Input("slot_inits: float")
     .Input("global_step: int64")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Output("written: int64")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc("Writes rows and named slots of unique keys that own a row: version = global_step, key marked dirty. "

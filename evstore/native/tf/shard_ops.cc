@@ -4,12 +4,13 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "op_util.h"
 
 using tensorflow::shape_inference::InferenceContext;
 
 REGISTER_OP("EvShardIndex")
     .Input("keys: key_dtype")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("num_shards: int >= 1")
     .Output("shard: int32")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
@@ -23,7 +24,7 @@ REGISTER_OP("EvFindOrInsertCounted")
     .Input("keys: key_dtype")
     .Input("counts: int64")
     .Input("proxy: float")
-    .Attr("key_dtype: {int32, int64, string}")
+    .Attr(EV_KEY_DTYPE_ATTR)
     .Attr("dim: int >= 1")
     .Output("values: float")
     .SetIsStateful()

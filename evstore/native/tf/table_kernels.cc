@@ -17,14 +17,10 @@ template <typename K>
 class EvCreateOp : public OpKernel {
  public:
   explicit EvCreateOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
-    OP_REQUIRES_OK(c, c->GetAttr("segments_log2", &segments_log2_));
-    OP_REQUIRES_OK(c, c->GetAttr("min_freq", &min_freq_));
-    OP_REQUIRES_OK(c, c->GetAttr("bloom_capacity", &bloom_capacity_));
-    OP_REQUIRES_OK(c, c->GetAttr("bloom_fp_rate", &bloom_fp_rate_));
-    OP_REQUIRES_OK(c, c->GetAttr("tier_dram_bytes", &tier_dram_bytes_));
-    OP_REQUIRES_OK(c, c->GetAttr("tier_path", &tier_path_));
-    OP_REQUIRES_OK(c, c->GetAttr("serving_rows", &serving_rows_));
+    OP_REQUIRES_OK(c, ReadAttrs(c, "dim", &dim_, "segments_log2", &segments_log2_, "min_freq", &min_freq_,
+                                "bloom_capacity", &bloom_capacity_, "bloom_fp_rate", &bloom_fp_rate_,
+                                "tier_dram_bytes", &tier_dram_bytes_, "tier_path", &tier_path_, "serving_rows",
+                                &serving_rows_));
     OP_REQUIRES(c, tier_dram_bytes_ >= 0,
                 errors::InvalidArgument("tier_dram_bytes must be >= 0, got ", tier_dram_bytes_));
     OP_REQUIRES(c, tier_dram_bytes_ == 0 || !tier_path_.empty(),
@@ -317,7 +313,7 @@ class EvExportOp : public EvTableOp<K> {
 template <typename K>
 class EvImportOp : public EvTableOp<K> {
  public:
-  explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("clear", &clear_)); }
+  explicit EvImportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, ReadAttrs(c, "clear", &clear_)); }
   EV_TABLE_KERNEL(ctx, res, t) {
     const int dim = t.dim();
     EV_KEYS_INPUT(ctx, keys, kin);
@@ -358,6 +354,7 @@ class EvImportOp : public EvTableOp<K> {
       t.ImportRows(kin.data(), n, vals.flat<float>().data(), dim, slots.flat<float>().data(), ns * dim,
                    offs, vers.flat<int64_t>().data(), freqs.flat<int64_t>().data(), /*mark_dirty=*/!clear_);
       t.ImportFiltered(fkin.data(), fkeys.NumElements(), ffreqs.flat<int64_t>().data(), !clear_);
+      t.WriteNewRows();
     });
   }
 
@@ -371,7 +368,7 @@ template <typename K>
 class EvBeginExportOp : public EvTableOp<K> {
  public:
   explicit EvBeginExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("return_keys", &return_keys_));
+    OP_REQUIRES_OK(c, ReadAttrs(c, "return_keys", &return_keys_));
   }
   EV_TABLE_KERNEL(ctx, res, t) {
     std::shared_ptr<const typename TableType::Snapshot> snap;
@@ -394,7 +391,7 @@ class EvBeginExportOp : public EvTableOp<K> {
 template <typename K>
 class EvEndExportOp : public EvTableOp<K> {
  public:
-  explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("commit", &commit_)); }
+  explicit EvEndExportOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, ReadAttrs(c, "commit", &commit_)); }
   EV_TABLE_KERNEL(ctx, res, t) {
     EV_INPUT(ctx, snapshot_id, "snapshot_id");
     uint64_t id = static_cast<uint64_t>(snapshot_id.scalar<int64_t>()());
