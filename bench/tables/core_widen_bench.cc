@@ -3,9 +3,11 @@
 // compiled against two trees' evstore/native/core headers and run alternately:
 //   g++ -std=c++17 -O3 -pthread -I <tree>/evstore/native/core -I <tensorflow include>
 //       bench/tables/core_widen_bench.cc -o widen
-//   ./widen [keys] [dim]
-// Builds a table of `keys` x `dim` (default 1M x 64), then widens it while a
-// reader thread looks up 64 random keys at a time, and prints one JSON line:
+//   ./widen [keys] [dim] [readers]
+// Builds a table of `keys` x `dim` (default 1M x 64), then widens it while
+// `readers` threads (default 1; 0: none, as in a training process's first
+// apply, where nothing else uses the table) look up 64 random keys at a time,
+// and prints one JSON line:
 //   widen_s          the EnsureSlots call, wall time
 //   stall_ms         the longest single lookup during it (the segment locks'
 //                    hold, as a lookup sees it), and stall_p50_ms its median
@@ -51,6 +53,7 @@ static double Ms(Clock::duration d) { return std::chrono::duration<double, std::
 int main(int argc, char** argv) {
   const int64_t N = argc > 1 ? std::atoll(argv[1]) : 1000000;
   const int dim = argc > 2 ? std::atoi(argv[2]) : 64;
+  const int readers = argc > 3 ? std::atoi(argv[3]) : 1;
   const int64_t B = 65536;
   ParallelFor pf = OnCaller;
   TableConfig c;
@@ -65,17 +68,20 @@ int main(int argc, char** argv) {
   }
   std::atomic<bool> stop{false};
   std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;  // each lookup's start and end
-  std::thread reader([&] {
-    std::vector<int64_t> b(64);
-    std::vector<float> out(64 * dim);
-    uint64_t x = 88172645463325252ull;
-    while (!stop.load()) {
-      for (auto& k : b) k = keys[(x ^= x << 13, x ^= x >> 7, x ^= x << 17) % N];
-      auto t0 = Clock::now();
-      t.Find(b.data(), 64, out.data(), pf);
-      spans.emplace_back(t0, Clock::now());
-    }
-  });
+  std::vector<std::vector<std::pair<Clock::time_point, Clock::time_point>>> per(readers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < readers; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<int64_t> b(64);
+      std::vector<float> out(64 * dim);
+      uint64_t x = 88172645463325252ull + r;
+      while (!stop.load()) {
+        for (auto& k : b) k = keys[(x ^= x << 13, x ^= x >> 7, x ^= x << 17) % N];
+        auto t0 = Clock::now();
+        t.Find(b.data(), 64, out.data(), pf);
+        per[r].emplace_back(t0, Clock::now());
+      }
+    });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const double rss_before = StatusMib("VmRSS:");
   ResetPeakRss();
@@ -86,14 +92,15 @@ int main(int argc, char** argv) {
   const double hwm = StatusMib("VmHWM:"), rss_after = StatusMib("VmRSS:");
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the lookup blocked by the widening ends
   stop.store(true);
-  reader.join();
+  for (std::thread& th : threads) th.join();
+  for (const auto& p : per) spans.insert(spans.end(), p.begin(), p.end());
   std::vector<double> lat;  // lookups that overlapped the widening
   for (const auto& s : spans)
     if (s.second >= t0 && s.first <= t1) lat.push_back(Ms(s.second - s.first));
   std::sort(lat.begin(), lat.end());
-  std::printf("{\"keys\": %lld, \"dim\": %d, \"widen_s\": %.3f, \"stall_ms\": %.1f, \"stall_p50_ms\": %.3f, "
+  std::printf("{\"keys\": %lld, \"dim\": %d, \"readers\": %d, \"widen_s\": %.3f, \"stall_ms\": %.1f, \"stall_p50_ms\": %.3f, "
               "\"lookups\": %zu, \"rss_before_mib\": %.0f, \"rss_after_mib\": %.0f, \"peak_over_mib\": %.0f, \"huge_pages_mib\": %.0f}\n",
-              (long long)N, dim, widen_ms / 1e3, lat.empty() ? 0.0 : lat.back(),
+              (long long)N, dim, readers, widen_ms / 1e3, lat.empty() ? 0.0 : lat.back(),
               lat.empty() ? 0.0 : lat[lat.size() / 2], lat.size(), rss_before, rss_after, hwm - rss_after, HugeMib());
   return 0;
 }
