@@ -27,6 +27,10 @@
 
 using namespace evstore;
 
+// The collapser is off by default (collapse.h): these tests switch it on
+// before its first use in this process.
+static const int kCollapseOn = setenv("EVSTORE_HUGE_COLLAPSE", "1", 1);
+
 namespace {
 
 constexpr size_t kHuge = size_t{2} << 20;
