@@ -21,18 +21,20 @@ int main(int argc, char** argv) {
   ParallelFor pf = SerialFor;
   std::vector<int64_t> keys(N);
   for (int64_t i = 0; i < N; ++i) keys[i] = (i * 0x9E3779B97F4A7C15LL) & ((1LL << 62) - 1);
-  std::vector<float> out((size_t)B * dim, 1.f);
+  // 64-byte aligned, as TensorFlow allocates an op's output tensor.
+  float* out = static_cast<float*>(std::aligned_alloc(64, (size_t)B * dim * sizeof(float)));
+  for (size_t i = 0; i < (size_t)B * dim; ++i) out[i] = 1.f;
   for (int r = 0; r < reps; ++r) {
     TableConfig c; c.dim = dim;
     for (int i = 0; i < 64 * dim; ++i) c.bank.push_back(0.01f * (i % 97));
     auto* t = new Table<int64_t>(c);
     double c0 = cpu(), w0 = wall();
-    for (int64_t s = 0; s < N; s += B) t->FindOrInsert(keys.data() + s, std::min<int64_t>(B, N - s), out.data(), pf);
+    for (int64_t s = 0; s < N; s += B) t->FindOrInsert(keys.data() + s, std::min<int64_t>(B, N - s), out, pf);
     double c1 = cpu(), w1 = wall();
     // finds after
     std::vector<int64_t> q(B); unsigned x = 1;
     double f0 = cpu();
-    for (int k = 0; k < 10; ++k) { for (auto& v : q) { x = x * 1664525u + 1013904223u; v = keys[(x >> 3) % N]; } t->Find(q.data(), B, out.data(), pf); }
+    for (int k = 0; k < 10; ++k) { for (auto& v : q) { x = x * 1664525u + 1013904223u; v = keys[(x >> 3) % N]; } t->Find(q.data(), B, out, pf); }
     double f1 = cpu();
     printf("build %ldx%d: cpu %.0f ns/key wall %.0f ns/key; find cpu %.1f ns/key (incl key gen)\n", (long)N, dim, (c1 - c0) / N * 1e9, (w1 - w0) / N * 1e9, (f1 - f0) / (10.0 * B) * 1e9);
     delete t;

@@ -126,6 +126,26 @@ def test_default_value_of_the_wrong_size_raises_value_error():
         evstore.EmbeddingVariable("bad_default", DIM, default_value=[1.0, 2.0])
 
 
+# ---- a raw op's dim attr against the table's dim ------------------------------------------
+
+@pytest.mark.parametrize("op, op_name", [
+    (lambda ev, keys, dim: ops.ev_find(ev.resource_handle, keys, dim=dim), "EvFind"),
+    (lambda ev, keys, dim: ops.ev_find_or_insert(ev.resource_handle, keys, tf.constant(0.0), dim=dim),
+     "EvFindOrInsert"),
+    (lambda ev, keys, dim: ops.ev_find_or_insert_counted(
+        ev.resource_handle, keys, tf.ones_like(keys), tf.constant(0.0), dim=dim), "EvFindOrInsertCounted"),
+    (lambda ev, keys, dim: ops.ev_read_rows(
+        ev.resource_handle, keys, tf.constant([], tf.string), tf.constant([], tf.float32), dim=dim), "EvReadRows"),
+], ids=["find", "find_or_insert", "find_or_insert_counted", "read_rows"])
+def test_a_raw_op_whose_dim_is_not_the_tables_names_both_dims_and_changes_nothing(op, op_name):
+    ev = trained_ev()
+    before = snapshot(ev)
+    message = f"{op_name} expects dim {DIM + 1} but the table has dim {DIM}"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        op(ev, tf.constant([11, 44], tf.int64), DIM + 1)
+    assert_unchanged(ev, before)
+
+
 # ---- gradients -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("keys, grad_shape", [

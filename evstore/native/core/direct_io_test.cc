@@ -177,18 +177,11 @@ void test_a_write_of_whole_buffers_only_has_an_empty_tail() {
 
 }  // namespace
 
-int main() {
-  char tmpl[] = "evstore-direct-io-test-XXXXXX";
-  CHECK(::mkdtemp(tmpl) != nullptr);
-  g_dir = tmpl;
-  RUN(test_an_aligned_buffer_starts_and_ends_on_a_block);
-  RUN(test_aligned_reads_take_whole_blocks_and_leave_the_rest_to_the_cache);
-  RUN(test_a_file_not_opened_direct_leaves_every_read_and_write_to_the_cache);
-  RUN(test_concurrent_reads_through_one_reader_each_get_their_own_blocks);
-  RUN(test_written_buffers_and_the_tail_make_exactly_the_bytes_written);
-  RUN(test_a_write_of_whole_buffers_only_has_an_empty_tail);
-  for (const char* f : {"read", "refused", "concurrent", "write", "whole"}) ::unlink((g_dir + "/" + f).c_str());
-  ::rmdir(g_dir.c_str());
-  std::printf("all tests passed\n");
-  return 0;
-}
+// In the working directory (the build tree, on a disk): O_DIRECT is refused on a tmpfs.
+TEST_MAIN(const ScratchDir dir("evstore-direct-io-test-"); g_dir = dir.path();
+          RUN(test_an_aligned_buffer_starts_and_ends_on_a_block);
+          RUN(test_aligned_reads_take_whole_blocks_and_leave_the_rest_to_the_cache);
+          RUN(test_a_file_not_opened_direct_leaves_every_read_and_write_to_the_cache);
+          RUN(test_concurrent_reads_through_one_reader_each_get_their_own_blocks);
+          RUN(test_written_buffers_and_the_tail_make_exactly_the_bytes_written);
+          RUN(test_a_write_of_whole_buffers_only_has_an_empty_tail);)

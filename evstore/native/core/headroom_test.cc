@@ -217,20 +217,13 @@ void test_a_child_in_a_real_cgroup_v1_with_a_limit_reads_at_most_that_limit() {
 
 }  // namespace
 
-int main() {
-  char tmpl[] = "/tmp/evstore-headroom-test-XXXXXX";
-  CHECK(::mkdtemp(tmpl) != nullptr);
-  g_base = tmpl;
-  RUN(test_without_cgroup_limits_the_headroom_is_the_machine_s_less_the_margin);
-  RUN(test_a_cgroup_v1_memory_limit_bounds_the_headroom_less_its_usage_plus_inactive_cache);
-  RUN(test_a_tighter_cgroup_v1_limit_of_a_parent_level_wins);
-  RUN(test_in_a_container_the_cgroup_v1_path_is_taken_from_the_mount_s_root);
-  RUN(test_a_cgroup_v2_memory_max_of_any_level_up_bounds_the_headroom);
-  RUN(test_a_cgroup2_hierarchy_beside_v1_controllers_is_read_where_it_is_mounted);
-  RUN(test_nothing_readable_gives_no_headroom_and_a_malformed_file_keeps_what_was_read);
-  RUN(test_the_running_system_s_figure_is_at_most_the_machine_s_available_memory);
-  RUN(test_a_child_in_a_real_cgroup_v1_with_a_limit_reads_at_most_that_limit);
-  fs::remove_all(g_base);
-  std::printf("all tests passed\n");
-  return 0;
-}
+TEST_MAIN(const ScratchDir dir("/tmp/evstore-headroom-test-"); g_base = dir.path();
+          RUN(test_without_cgroup_limits_the_headroom_is_the_machine_s_less_the_margin);
+          RUN(test_a_cgroup_v1_memory_limit_bounds_the_headroom_less_its_usage_plus_inactive_cache);
+          RUN(test_a_tighter_cgroup_v1_limit_of_a_parent_level_wins);
+          RUN(test_in_a_container_the_cgroup_v1_path_is_taken_from_the_mount_s_root);
+          RUN(test_a_cgroup_v2_memory_max_of_any_level_up_bounds_the_headroom);
+          RUN(test_a_cgroup2_hierarchy_beside_v1_controllers_is_read_where_it_is_mounted);
+          RUN(test_nothing_readable_gives_no_headroom_and_a_malformed_file_keeps_what_was_read);
+          RUN(test_the_running_system_s_figure_is_at_most_the_machine_s_available_memory);
+          RUN(test_a_child_in_a_real_cgroup_v1_with_a_limit_reads_at_most_that_limit);)

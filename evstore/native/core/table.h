@@ -85,6 +85,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "arena.h"
 #include "evict_policy.h"
 #include "filter_policy.h"
@@ -362,6 +366,7 @@ class Table {
     const uint32_t seen_mark = FilteredMark(clock);
     AdmissionPolicy& adm = *admission_;
     const bool count_outside = !adm.CountsInIndex();
+    const bool stream_out = CanStreamOut(out, n);
     index_.template ForEachSegmentOfBatch<std::unique_lock<std::shared_mutex>>(g, n, 120, pf, [&](Seg& seg, int64_t lo,
                                                                                                   int64_t hi) {
       const int s = index_.IndexOf(seg);
@@ -474,7 +479,10 @@ class Table {
         if (p.en->row == kAdmitting) Admit(seg, p.en, rows[next++]);
         src[p.pos - lo] = RowIsReal(p.en->row) ? rows_.Row(p.en->row) : default_.data();
       }
-      CopyRowsOut(g, lo, hi, src, out);
+      if (stream_out)
+        StreamRowsOut(g, lo, hi, src, out);
+      else
+        CopyRowsOut(g, lo, hi, src, out);
     });
   }
 
@@ -1251,6 +1259,48 @@ class Table {
   static std::vector<float*>& TierPointers() {
     thread_local std::vector<float*> v;
     return v;
+  }
+
+  // An output of at least kStreamOutBytes whose rows are whole, aligned cache
+  // lines is written with streaming stores (StreamRowsOut).
+  static constexpr int64_t kStreamOutBytes = int64_t{2} << 20;
+  bool CanStreamOut(const float* out, int64_t n) const {
+#if defined(__SSE2__)
+    const int64_t row_bytes = static_cast<int64_t>(dim_) * sizeof(float);
+    return row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(out) % 64 == 0 && n * row_bytes >= kStreamOutBytes;
+#else
+    (void)out;
+    (void)n;
+    return false;
+#endif
+  }
+  // CopyRowsOut with non-temporal stores, for an output CanStreamOut accepts.
+  // Positions of one segment are scattered over the whole output (the batch
+  // is grouped by segment), so each row written is a cache line at random in
+  // an output larger than L2: an ordinary store first reads that line from
+  // memory (read for ownership) and the copy waits on it. Streaming stores
+  // write whole lines without reading them. The fence orders them before the
+  // segment lock is released (they are weakly ordered).
+  void StreamRowsOut(const Grouping& g, int64_t lo, int64_t hi, const std::vector<const float*>& src,
+                     float* out) const {
+#if defined(__SSE2__)
+    const int64_t vecs = dim_ / 4;  // 16-byte pieces per row
+    for (int64_t j = lo; j < hi; ++j) {
+      const __m128i* s = reinterpret_cast<const __m128i*>(src[j - lo]);
+      __m128i* d = reinterpret_cast<__m128i*>(out + static_cast<int64_t>(g.order[j]) * dim_);
+      for (int64_t v = 0; v < vecs; v += 4) {
+        const __m128i a = _mm_loadu_si128(s + v), b = _mm_loadu_si128(s + v + 1);
+        const __m128i c = _mm_loadu_si128(s + v + 2), e = _mm_loadu_si128(s + v + 3);
+        _mm_stream_si128(d + v, a);
+        _mm_stream_si128(d + v + 1, b);
+        _mm_stream_si128(d + v + 2, c);
+        _mm_stream_si128(d + v + 3, e);
+      }
+    }
+    _mm_sfence();
+#else
+    CopyRowsOut(g, lo, hi, src, out);
+#endif
   }
 
   // Copies the rows noted for positions [lo, hi) to their output slots.

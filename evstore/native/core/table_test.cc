@@ -270,6 +270,32 @@ static void test_unique_sum_sums_duplicates() {
   for (size_t i = 0; i < uk.size(); ++i) CHECK_EQ(ug[i], want[uk[i]]);
 }
 
+// A training lookup into an output of at least 2 MiB whose rows are whole,
+// aligned cache lines is written with streaming stores (Table::StreamRowsOut);
+// every position, repeated keys included, gets its key's row as through an
+// ordinary output (the same batch at a 16-byte offset, which is copied).
+template <typename K>
+static void test_a_large_aligned_output_holds_every_row_as_a_copied_one() {
+  const int dim = 16, n = 65536;  // 4 MiB of rows
+  Table<K> t(Cfg(dim));
+  std::vector<K> keys(n);
+  for (int i = 0; i < n; ++i) keys[i] = static_cast<K>(i % 50000) * 7 + 3;  // 15,536 repeated
+  float* big = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * dim * sizeof(float) + 64));
+  t.FindOrInsert(keys.data(), n, big, kThreads);
+  for (int i = 0; i < n; i += 1 + i % 7)
+    CHECK(std::vector<float>(big + static_cast<size_t>(i) * dim, big + static_cast<size_t>(i + 1) * dim) == BankRow<K>(keys[i], dim));
+  Sgd(t, std::vector<K>{keys[5]}, std::vector<float>(dim, 1.f), 3);
+  float* shifted = big + 4;  // 16 bytes off a line: copied, not streamed
+  std::vector<float> want(static_cast<size_t>(n) * dim);
+  t.FindOrInsert(keys.data(), n, want.data(), kSerial);
+  t.FindOrInsert(keys.data(), n, big, kThreads);
+  CHECK(std::memcmp(big, want.data(), want.size() * sizeof(float)) == 0);
+  t.FindOrInsert(keys.data(), n, shifted, kThreads);
+  CHECK(std::memcmp(shifted, want.data(), want.size() * sizeof(float)) == 0);
+  CHECK_EQ(want[5 * dim], BankRow<K>(keys[5], dim)[0] - 1.f);
+  std::free(big);
+}
+
 static void test_growth_million_keys_values_intact() {
   const int dim = 4, n = 1000000, batch = 10000;
   Table<int64_t> t(Cfg(dim));
@@ -1478,6 +1504,7 @@ TEST_MAIN(
   RUN(test_invalid_config_throws);
   RUN_K(test_find_never_inserts);
   RUN_K(test_find_or_insert_counts_and_uses_bank_row);
+  RUN_K(test_a_large_aligned_output_holds_every_row_as_a_copied_one);
   RUN_K(test_min_freq_admission);
   RUN_K(test_apply_sgd_updates_only_admitted);
   RUN_K(test_unique_sum_sums_duplicates);

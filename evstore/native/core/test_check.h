@@ -3,8 +3,11 @@
 // the expression (with both values for CHECK_EQ) and exits 1 at once; a binary
 // that reaches its end prints "all tests passed", which the driver requires.
 #pragma once
+#include <stdlib.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -52,6 +55,28 @@ inline bool TestSelected(const char* name) {
   (TestSelected(#fn) ? (fn(), std::printf("ok %s\n", #fn)) : std::printf("skip %s\n", #fn), std::fflush(stdout))
 // Runs a key-templated test for both key types.
 #define RUN_K(fn) (RUN(fn<int64_t>), RUN(fn<int32_t>))
+// A new directory `<prefix>XXXXXX` (mkdtemp) for a test binary's files; it is
+// removed with everything in it when the binary ends normally (a failed CHECK
+// exits at once and leaves it to look at). The prefix picks the file system:
+// a relative one lands in the working directory (the build tree, on a disk),
+// where /tmp may be a tmpfs.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& prefix) : path_(prefix + "XXXXXX") {
+    if (::mkdtemp(path_.data()) == nullptr) TestFail(__FILE__, __LINE__, "mkdtemp " + path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // A test binary's main(): runs the statements given (RUN / RUN_K lines, in
 // order), then prints the line the driver requires. Each binary states only its list:
 //   TEST_MAIN(RUN(test_a); RUN_K(test_b);)

@@ -9,18 +9,8 @@
 namespace {
 
 using tensorflow::shape_inference::InferenceContext;
-using tensorflow::shape_inference::ShapeHandle;
+using evstore::tf::RowsShape;
 using evstore::tf::SetOutputs;
-
-// keys.shape + [dim]
-absl::Status RowsShape(InferenceContext* c) {
-  int64_t dim;
-  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-  ShapeHandle out;
-  TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(dim), &out));
-  c->set_output(0, out);
-  return absl::OkStatus();
-}
 
 }  // namespace
 

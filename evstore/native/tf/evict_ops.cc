@@ -16,10 +16,8 @@ REGISTER_OP("EvEvict")
     .Output("evicted_values: float")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      c->set_output(2, c->Matrix(c->UnknownDim(), c->UnknownDim()));
-      return absl::OkStatus();
+      return evstore::tf::SetOutputs(c, {c->Scalar(), c->Vector(c->UnknownDim()),
+                                         c->Matrix(c->UnknownDim(), c->UnknownDim())});
     })
     .Doc("Evicts keys with global_step - version > steps_to_live (steps_to_live >= 0) or whose "
          "embedding's L2 norm < l2_threshold (> 0). global_step < 0: the table's clock (highest step "

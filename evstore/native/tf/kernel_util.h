@@ -188,6 +188,23 @@ class EvTableOp : public OpKernel {
   virtual void ComputeOn(OpKernelContext* ctx, EvResource<K>& res, TieredTableT<K>& t) = 0;
 };
 
+// Base of the kernels whose outputs are shaped by a `dim` attr (lookups, row
+// reads): the attr is read once at construction, and DimMatches fails the op
+// with one clear error when the table's dim differs, before any output exists.
+template <typename K>
+class EvDimTableOp : public EvTableOp<K> {
+ public:
+  explicit EvDimTableOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
+
+ protected:
+  bool DimMatches(OpKernelContext* ctx, int64_t table_dim) const {
+    if (table_dim == dim_) return true;
+    ctx->CtxFailure(errors::InvalidArgument(this->type_string(), " expects dim ", dim_, " but the table has dim ", table_dim));
+    return false;
+  }
+  int64_t dim_;
+};
+
 // A kernel body written once for both table types (ev_resource.h), with the
 // resource beside the table (for a kernel that reads it, e.g. a serving
 // table's row format, res.serving(); ev_resource.h):

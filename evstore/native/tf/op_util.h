@@ -38,5 +38,15 @@ inline absl::Status SetOutputs(tensorflow::shape_inference::InferenceContext* c,
   return absl::OkStatus();
 }
 
+// A lookup's output: keys.shape + [dim] (input 1 is the keys, `dim` an attr).
+inline absl::Status RowsShape(tensorflow::shape_inference::InferenceContext* c) {
+  int64_t dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  tensorflow::shape_inference::ShapeHandle out;
+  TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(dim), &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+
 }  // namespace tf
 }  // namespace evstore

@@ -43,11 +43,11 @@ absl::Status SlotSpecsOf(OpKernelContext* ctx, SlotSpecs* out) {
 }
 
 template <typename K>
-class EvReadRowsOp : public EvTableOp<K> {
+class EvReadRowsOp : public EvDimTableOp<K> {
  public:
-  explicit EvReadRowsOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
+  using EvDimTableOp<K>::EvDimTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
-    OP_REQUIRES(ctx, t.dim() == dim_, errors::InvalidArgument("expects dim ", dim_, " but the table has dim ", t.dim()));
+    if (!this->DimMatches(ctx, t.dim())) return;
     EV_KEYS_INPUT(ctx, keys, kin);
     OP_REQUIRES(ctx, keys.dims() == 1, errors::InvalidArgument("keys must be a vector"));
     SlotSpecs specs;
@@ -89,7 +89,7 @@ class EvReadRowsOp : public EvTableOp<K> {
   }
 
  private:
-  int64_t dim_;
+  using EvDimTableOp<K>::dim_;
 };
 
 // Copies key i's new [w | slots] into its row (called by Table::Apply, which

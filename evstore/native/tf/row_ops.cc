@@ -17,9 +17,8 @@ REGISTER_OP("EvUniqueSum")
     .Output("unique_keys: Tkeys")
     .Output("summed: float")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, c->Dim(c->input(1), 1)));
-      return absl::OkStatus();
+      return evstore::tf::SetOutputs(c, {c->Vector(InferenceContext::kUnknownDim),
+                                         c->Matrix(InferenceContext::kUnknownDim, c->Dim(c->input(1), 1))});
     })
     .Doc("Unique keys (first-occurrence order) and the sums of their gradient rows.");
 
@@ -38,10 +37,7 @@ REGISTER_OP("EvReadRows")
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
       auto n = c->Dim(c->input(1), 0);
       auto s = c->Dim(c->input(2), 0);
-      c->set_output(0, c->MakeShape({n, dim}));
-      c->set_output(1, c->MakeShape({s, n, dim}));
-      c->set_output(2, c->MakeShape({n}));
-      return absl::OkStatus();
+      return evstore::tf::SetOutputs(c, {c->MakeShape({n, dim}), c->MakeShape({s, n, dim}), c->MakeShape({n})});
     })
     .Doc("Reads the rows and the named slots (created with their initial values if missing) of keys. "
          "Never inserts or counts; rows of keys without a row read as zeros with admitted = false.");

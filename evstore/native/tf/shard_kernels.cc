@@ -27,14 +27,11 @@ class EvShardIndexOp : public OpKernel {
 };
 
 template <typename K>
-class EvFindOrInsertCountedOp : public EvTableOp<K> {
+class EvFindOrInsertCountedOp : public EvDimTableOp<K> {
  public:
-  explicit EvFindOrInsertCountedOp(OpKernelConstruction* c) : EvTableOp<K>(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
-  }
+  using EvDimTableOp<K>::EvDimTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
-    OP_REQUIRES(ctx, t.dim() == dim_,
-                errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", t.dim()));
+    if (!this->DimMatches(ctx, t.dim())) return;
     EV_KEYS_INPUT(ctx, keys, kin);
     EV_INPUT(ctx, counts, "counts");
     OP_REQUIRES(ctx, keys.dims() == 1 && counts.dims() == 1 && counts.dim_size(0) == keys.dim_size(0),
@@ -51,7 +48,7 @@ class EvFindOrInsertCountedOp : public EvTableOp<K> {
   }
 
  private:
-  int64_t dim_;
+  using EvDimTableOp<K>::dim_;
 };
 
 EV_REGISTER_KEYED("EvShardIndex", EvShardIndexOp);

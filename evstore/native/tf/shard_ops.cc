@@ -29,13 +29,9 @@ REGISTER_OP("EvFindOrInsertCounted")
     .Output("values: float")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle keys, out;
+      tensorflow::shape_inference::ShapeHandle keys;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
-      int64_t dim;
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      TF_RETURN_IF_ERROR(c->Concatenate(keys, c->Vector(dim), &out));
-      c->set_output(0, out);
-      return absl::OkStatus();
+      return evstore::tf::RowsShape(c);
     })
     .Doc(R"doc(
 Training lookup of distinct `keys` [n] where key i stands for `counts[i]`

@@ -16,12 +16,11 @@ namespace {
 // ---------------------------------------------------------------- lookups
 
 template <typename K, bool kTrain>
-class EvLookupOp : public EvTableOp<K> {
+class EvLookupOp : public EvDimTableOp<K> {
  public:
-  explicit EvLookupOp(OpKernelConstruction* c) : EvTableOp<K>(c) { OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_)); }
+  using EvDimTableOp<K>::EvDimTableOp;
   EV_TABLE_KERNEL(ctx, res, t) {
-    OP_REQUIRES(ctx, res.dim() == dim_,
-                errors::InvalidArgument("lookup expects dim ", dim_, " but the table has dim ", res.dim()));
+    if (!this->DimMatches(ctx, res.dim())) return;
     const ServingRows* serving = res.serving();
     OP_REQUIRES(ctx, !(kTrain && serving),
                 errors::FailedPrecondition("a serving table takes no training lookups (EvFindOrInsert)"));
@@ -53,7 +52,7 @@ class EvLookupOp : public EvTableOp<K> {
   }
 
  private:
-  int64_t dim_;
+  using EvDimTableOp<K>::dim_;
 };
 
 // ---------------------------------------------------------------- apply
