@@ -28,8 +28,8 @@
 // The reserve
 //   A rewrite kills one record and writes one: the table does not grow, and
 //   neither should the file. Growing it takes a new page-cache page per 4 KiB
-//   written (on a VM whose balloon returned free memory to the host, ~10 us
-//   of system time each, against ~0.25 us to overwrite a cached page).
+//   written, which costs the writer far more system time than overwriting a
+//   cached page (docs/guides/tiered-storage.md, "What a growing log costs").
 //   Right after a load every extent is full, so the file keeps free room for
 //   rewrites: while live records grow, the store appends free extents written
 //   with zeros (in the page cache, on disk) until the extents appended so far
@@ -37,9 +37,10 @@
 //   (ReserveGrowth: in chunks of kReserveChunk extents, one large sequential
 //   write each). The load pays for those pages (1/8 more than its rows), once.
 // Compaction
-//   Once free extents fall below half the reserve (CleanMark), each write
-//   batch cleans the sparsest closed extents (PickToClean: a bucket per live
-//   count, so the choice is global and O(1)), moving their live records into
+//   Once free extents fall below half the reserve (CleanMark: at least one
+//   per stream), each write batch cleans the sparsest closed extents
+//   (PickToClean: a bucket per live count, so the choice is global and
+//   O(1)), moving their live records into
 //   the kCold stream, which frees them. An extent is cleaned only when at most
 //   kMaxCleanLive of its records are live (at most 3 records moved per record
 //   freed); when none is that sparse, rewrites grow the file instead, which
@@ -154,8 +155,11 @@ class LogSpace {
     e.state = kClosed;
     Bucket(x);
   }
-  // Free extents below which write batches clean (half the reserve's extents).
-  int64_t CleanMark() const { return std::max<int64_t>(1, ReserveTarget() / 2); }
+  // Free extents below which write batches clean: half the reserve's
+  // extents, and at least one per stream, since one batch may open an extent
+  // in each stream: with a mark of one, cleaning started only once no free
+  // extent was left, so the opens of the batch that started it grew the file.
+  int64_t CleanMark() const { return std::max<int64_t>(kStreams, ReserveTarget() / 2); }
 
   // Extents to append to the reserve now (0, or a chunk), for ReserveGrowth's
   // caller to write with zeros and then hand over with AddReserve. *first:

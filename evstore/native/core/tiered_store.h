@@ -435,6 +435,7 @@ class TieredStore {
       }
       out[k] = next_++;
     }
+    allocated_since_scan_ += static_cast<int64_t>(n);
   }
   // Called under r's owner lock: the row leaves DRAM and its disk copy is void.
   void Free(uint32_t r) {
@@ -531,11 +532,16 @@ class TieredStore {
   // need no disk). Rows whose segment is busy right now are left to be
   // written when evicted, as before; a write the disk refuses leaves its rows
   // as they were (written when evicted, where a refusal is reported). The
-  // caller holds no segment lock.
+  // scan visits every slot, so it runs only once the row ids allocated since
+  // the last one reach an eighth of the slots (kScanShift): a small load (a
+  // delta, a short restore) leaves its new rows to eviction, which writes
+  // them as before. The caller holds no segment lock.
   void WriteNewRows() {
     std::unique_lock<std::mutex> l(mu_);
     if (!locks_ || static_cast<int64_t>(next_ - free_ids_.size()) <= budget_) return;
     const uint32_t nslots = nslot_chunks_ * kSlotChunk;
+    if (allocated_since_scan_ < (int64_t{nslots} >> kScanShift)) return;
+    allocated_since_scan_ = 0;
     for (uint32_t s = 0; s < nslots;) {
       HeldLocks held;
       std::vector<uint32_t> batch;
@@ -598,7 +604,9 @@ class TieredStore {
     for (uint32_t i = 0; i < recs.size(); ++i) Meta(recs[i].second).loc = i;
     log_.Rebuild(static_cast<uint32_t>(recs.size()), [&](uint32_t i) { return recs[i].second; });
     // The new file is dense: its reserve for the rewrites that follow
-    // (log_space.h), written now as a load's would be.
+    // (log_space.h), written now as a load's would be. Written holding mu_
+    // (WriteSlots lets it go for the same write): the caller holds every
+    // segment lock, so no lookup could run meanwhile anyway.
     for (uint32_t first, k; (k = log_.ReserveGrowth(&first)) > 0;) {
       file_.WriteZeros(LogSpace::FirstOf(first), size_t{k} * LogSpace::kExtent);
       log_.AddReserve(first, k);
@@ -688,6 +696,11 @@ class TieredStore {
   static constexpr int kMaxWaits = 64;
   // Slots ahead of the hand whose candidates' metadata the sweep prefetches.
   static constexpr uint32_t kSweepAhead = 16;
+  // WriteNewRows scans the cache only after loads that allocated at least
+  // slots >> kScanShift row ids: a scan visits every slot, so many small
+  // loads (a server's deltas) would each pay a whole cache's scan to write a
+  // few rows that eviction writes anyway.
+  static constexpr int kScanShift = 3;
   // Victims one batch takes at most (a cache far over its budget shrinks
   // back over several faults).
   static constexpr int64_t kMaxBatch = 4 * LogSpace::kExtent;
@@ -1297,6 +1310,7 @@ class TieredStore {
   uint32_t nslot_chunks_ = 0;
   std::vector<uint32_t> free_slots_;
   int64_t resident_ = 0;
+  int64_t allocated_since_scan_ = 0;  // row ids allocated since WriteNewRows last scanned (mu_)
   int64_t evicting_ = 0;  // victims of batches being written now (mu_ released)
   uint64_t quiet_epoch_ = 0;  // times evicting_ fell to 0 (mu_; MakeRoom waits for the next)
   std::thread cleaner_;              // CleanerLoop, from AttachLocks to the destructor

@@ -95,6 +95,23 @@ static TableConfig TierRows(const TableConfig& c, int64_t rows, int slots = 0) {
   return TierCfg(c, TempDir(), rows * (c.dim * (1 + slots) * 4 + 8));
 }
 
+// Keys a * i + b for i in [0, n).
+static std::vector<int64_t> KeysFrom(int64_t n, int64_t a, int64_t b) {
+  std::vector<int64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = a * i + b;
+  return keys;
+}
+// keys[lo, hi) looked up, and so inserted, in both tables, `batch` keys a call.
+template <typename A, typename B>
+static void InsertBoth(A& a, B& b, const std::vector<int64_t>& keys, size_t lo, size_t hi, size_t batch) {
+  std::vector<float> out(batch * a.dim());
+  for (size_t i = lo; i < hi; i += batch) {
+    const size_t n = std::min(batch, hi - i);
+    a.FindOrInsert(keys.data() + i, n, out.data(), kThreads);
+    b.FindOrInsert(keys.data() + i, n, out.data(), kThreads);
+  }
+}
+
 // Zipf(1.1) ids over [0, n): what CTR ids look like.
 struct Zipf {
   std::vector<double> cdf;
@@ -261,11 +278,8 @@ static void test_full_walk_streams_cold_rows_without_caching_them() {
   const int dim = 8;
   Table<int64_t> dram(Cfg(dim));
   Tiered<int64_t> t(TierRows(Cfg(dim), 50));
-  std::vector<int64_t> keys;
-  for (int i = 0; i < 3000; ++i) keys.push_back(i * 5);
-  std::vector<float> out(keys.size() * dim);
-  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
-  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  const std::vector<int64_t> keys = KeysFrom(3000, 5, 0);
+  InsertBoth(t, dram, keys, 0, keys.size(), keys.size());
   const TierStats before = t.tier_stats();
   CHECK(Dump(t) == Dump(dram));  // every row, through ForEachInSegment
   const TierStats after = t.tier_stats();
@@ -395,11 +409,8 @@ static void test_rows_widen_on_disk_when_slots_are_added() {
   const int dim = 3;
   Table<int64_t> dram(Cfg(dim));
   Tiered<int64_t> t(TierRows(Cfg(dim), 20));
-  std::vector<int64_t> keys;
-  for (int i = 0; i < 500; ++i) keys.push_back(i * 13);
-  std::vector<float> out(keys.size() * dim);
-  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
-  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  const std::vector<int64_t> keys = KeysFrom(500, 13, 0);
+  InsertBoth(t, dram, keys, 0, keys.size(), keys.size());
   CHECK(t.tier_stats().writebacks > 0);
   CHECK((t.EnsureSlots({{"acc", 0.25f}}) == std::vector<int>{3}));
   dram.EnsureSlots({{"acc", 0.25f}});
@@ -469,11 +480,8 @@ static void test_two_readers_missing_the_same_row_both_get_it() {
   const int dim = 8;
   Table<int64_t> dram(Cfg(dim));
   Tiered<int64_t> t(TierRows(Cfg(dim), 8));
-  std::vector<int64_t> keys;
-  for (int i = 0; i < 400; ++i) keys.push_back(i * 11 + 1);
-  std::vector<float> out(keys.size() * dim);
-  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
-  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  const std::vector<int64_t> keys = KeysFrom(400, 11, 1);
+  InsertBoth(t, dram, keys, 0, keys.size(), keys.size());
   const int64_t misses_before = t.tier_stats().misses;
   for (int round = 0; round < 200; ++round) {
     const int64_t k = keys[round % keys.size()];
@@ -742,6 +750,7 @@ static void test_evicted_rows_are_written_in_batches() {
   for (int i = 0; i < 20000; ++i) keys.push_back(i * 3 + 1);
   std::vector<float> out(keys.size() * dim);
   t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  CHECK(t.store().Settle());  // the cleaner's last batch written: `resident` is final
   const TierStats ts = t.tier_stats();
   CHECK(ts.writebacks >= 19000);
   CHECK(ts.write_batches * 16 <= ts.writebacks);  // batches of budget/8 = 64 rows
@@ -858,14 +867,8 @@ static void test_a_load_leaves_a_reserve_that_rewrites_fill_before_the_file_grow
   const int dim = 4;
   Table<int64_t> dram(Cfg(dim));
   Tiered<int64_t> t(TierRows(Cfg(dim), 256));
-  std::vector<int64_t> keys;
-  for (int i = 0; i < 100000; ++i) keys.push_back(i * 7 + 3);
-  std::vector<float> out(keys.size() * dim);
-  for (size_t b = 0; b < keys.size(); b += 8192) {  // a load in batches
-    const size_t n = std::min<size_t>(8192, keys.size() - b);
-    t.FindOrInsert(keys.data() + b, n, out.data(), kThreads);
-    dram.FindOrInsert(keys.data() + b, n, out.data(), kThreads);
-  }
+  const std::vector<int64_t> keys = KeysFrom(100000, 7, 3);
+  InsertBoth(t, dram, keys, 0, keys.size(), 8192);  // a load in batches
   t.WriteNewRows();  // the load's end (ev.load, a restore)
   CHECK(t.store().Settle());
   const TierStats loaded = t.tier_stats();
@@ -897,11 +900,8 @@ static void test_the_end_of_a_load_writes_the_rows_held_in_dram_only() {
   const int dim = 4;
   Table<int64_t> dram(Cfg(dim));
   Tiered<int64_t> t(TierRows(Cfg(dim), 512));
-  std::vector<int64_t> keys;
-  for (int i = 0; i < 20000; ++i) keys.push_back(i * 3 + 2);
-  std::vector<float> out(keys.size() * dim);
-  t.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
-  dram.FindOrInsert(keys.data(), keys.size(), out.data(), kThreads);
+  const std::vector<int64_t> keys = KeysFrom(20000, 3, 2);
+  InsertBoth(t, dram, keys, 0, keys.size(), keys.size());
   CHECK(t.store().Settle());
   const TierStats before = t.tier_stats();
   CHECK(before.live_records < static_cast<int64_t>(keys.size()));
@@ -911,18 +911,48 @@ static void test_the_end_of_a_load_writes_the_rows_held_in_dram_only() {
   CHECK_EQ(after.resident, before.resident);
   CHECK_EQ(after.writebacks - before.writebacks, static_cast<int64_t>(keys.size()) - before.live_records);
   // Reading every row back (evicting the clean ones) writes nothing more.
-  for (size_t b = 0; b < keys.size(); b += 1000) {
-    t.FindOrInsert(keys.data() + b, 1000, out.data(), kThreads);
-    dram.FindOrInsert(keys.data() + b, 1000, out.data(), kThreads);
-  }
+  InsertBoth(t, dram, keys, 0, keys.size(), 1000);
   CHECK(t.store().Settle());
   CHECK_EQ(t.tier_stats().writebacks, after.writebacks);
   CHECK(Dump(t) == Dump(dram));
 
   Tiered<int64_t> small(TierRows(Cfg(dim), 4096));
+  std::vector<float> out(1000 * dim);
   small.FindOrInsert(keys.data(), 1000, out.data(), kThreads);
   small.WriteNewRows();
   CHECK_EQ(small.tier_stats().writebacks, int64_t{0});
+}
+
+// The end of a load scans the whole cache, so it runs only after loads that
+// allocated an eighth of the cache's slots in new rows since the last scan:
+// a smaller load's new rows stay in DRAM only, and are written when evicted,
+// as any other row. Exact either way.
+static void test_a_load_too_small_to_pay_for_the_scan_leaves_its_rows_to_eviction() {
+  const int dim = 4;
+  Table<int64_t> dram(Cfg(dim));
+  Tiered<int64_t> t(TierRows(Cfg(dim), 4096));
+  const std::vector<int64_t> keys = KeysFrom(30000, 3, 2);
+  InsertBoth(t, dram, keys, 0, 20000, 1000);
+  CHECK(t.store().Settle());  // the cleaner holds no segment lock: the scan can write every row
+  t.WriteNewRows();  // a large load: every row on disk once
+  const TierStats loaded = t.tier_stats();
+  CHECK_EQ(loaded.live_records, int64_t{20000});
+  const int64_t slots = t.store().slots();
+  const int64_t small = slots / 8 - 1;
+  CHECK(small > 0);
+  InsertBoth(t, dram, keys, 20000, 20000 + small, small);
+  CHECK(t.store().Settle());
+  const TierStats before = t.tier_stats();
+  t.WriteNewRows();  // a small load: no scan, nothing written
+  const TierStats after = t.tier_stats();
+  CHECK_EQ(after.writebacks, before.writebacks);
+  CHECK_EQ(after.live_records, before.live_records);
+  CHECK(after.live_records < 20000 + small);
+  // Eviction writes them: reading the other rows back pushes them out.
+  InsertBoth(t, dram, keys, 0, 20000, 1000);
+  CHECK(t.store().Settle());
+  CHECK(t.tier_stats().live_records > after.live_records);
+  CHECK(Dump(t) == Dump(dram));
 }
 
 // Widening rewrites the file dense (every record live, in disk order) and
@@ -951,11 +981,8 @@ static void test_compaction_keeps_rewrites_inside_the_file() {
   const int dim = 4;
   Table<int64_t> dram(Cfg(dim));
   Tiered<int64_t> t(TierRows(Cfg(dim), 512));
-  std::vector<int64_t> all;
-  for (int i = 0; i < 30000; ++i) all.push_back(i * 5 + 1);
-  std::vector<float> out(all.size() * dim);
-  t.FindOrInsert(all.data(), all.size(), out.data(), kThreads);
-  dram.FindOrInsert(all.data(), all.size(), out.data(), kThreads);
+  const std::vector<int64_t> all = KeysFrom(30000, 5, 1);
+  InsertBoth(t, dram, all, 0, all.size(), all.size());
   Zipf z(30000, 1.1, 3);
   for (int64_t step = 1; step <= 150; ++step) {
     std::vector<int64_t> keys;
@@ -1287,6 +1314,7 @@ int main() {
   RUN(test_compaction_keeps_the_file_near_its_live_rows);
   RUN(test_a_load_leaves_a_reserve_that_rewrites_fill_before_the_file_grows);
   RUN(test_the_end_of_a_load_writes_the_rows_held_in_dram_only);
+  RUN(test_a_load_too_small_to_pay_for_the_scan_leaves_its_rows_to_eviction);
   RUN(test_a_widened_file_has_its_reserve);
   RUN(test_compaction_keeps_rewrites_inside_the_file);
   RUN(test_concurrent_training_and_lookups_equal_all_dram);
