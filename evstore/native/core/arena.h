@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "block_reserve.h"
+#include "collapse.h"
 #include "first_touch.h"
 #include "headroom.h"
 #include "memory.h"
@@ -70,8 +71,9 @@ class RowMeter {
   float* Alloc(size_t n, int stride, bool all = false) {
     const size_t bytes = n * stride * sizeof(float);
     float* p = static_cast<float*>(AllocLarge(bytes));
-    PlaceRows(p, bytes, all);
+    const Pages pages = PlaceRows(p, bytes, all);
     Add(static_cast<int64_t>(bytes));
+    Placed(p, bytes, pages);
     return p;
   }
   float* Alloc(size_t n, int stride, std::nothrow_t, bool all = false) {
@@ -108,7 +110,20 @@ class RowMeter {
     while (now > top && !peak_.compare_exchange_weak(top, now, std::memory_order_relaxed)) {
     }
   }
+  // A block of rows placed in `pages` (PlaceRows): a small-page one of 2 MiB
+  // or more goes to the collapser (collapse.h), to become huge pages once the
+  // process stops placing blocks.
+  void Placed(void* p, size_t bytes, Pages pages) {
+    constexpr size_t kHuge = CollapseList::kHugePage;
+    if (pages != Pages::kSmall || bytes < kHuge || !Collapser::Enabled()) return;
+    if (collapse_->Add(p, (bytes + kHuge - 1) / kHuge * kHuge)) Collapser::Submit(collapse_);
+  }
+  // Row memory is going away: nothing more of it is collapsed (waits out a
+  // collapse in progress, at most one 2 MiB).
+  void CloseCollapse() { collapse_->Close(); }
+  int64_t collapse_pending_bytes() const { return collapse_->pending_bytes(); }
   void Free(void* p, size_t bytes) {
+    collapse_->Forget(p, bytes);
     std::free(p);
     held_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
   }
@@ -118,6 +133,7 @@ class RowMeter {
 
  private:
   std::atomic<int64_t> held_{0}, peak_{0};
+  std::shared_ptr<CollapseList> collapse_ = std::make_shared<CollapseList>();
 };
 
 class RowArena {
@@ -454,6 +470,8 @@ class RowArena {
   // the reserve's blocks (bytes() does) but counting a widening's prepared
   // blocks; and its high-water mark since ResetHeldPeak().
   int64_t held_bytes() const { return meter_->held(); }
+  // Bytes of small-page row blocks still waiting for the collapser (collapse.h).
+  int64_t collapse_pending_bytes() const { return meter_->collapse_pending_bytes(); }
   int64_t held_peak() const { return meter_->peak(); }
   void ResetHeldPeak() { meter_->ResetPeak(); }
 
@@ -501,6 +519,7 @@ class RowArena {
       blk->data = static_cast<float*>(r.data);
       blk->versions = static_cast<int64_t*>(r.versions);
       meter_->Add(static_cast<int64_t>(BigDataBytes() + BigVersionBytes()));
+      meter_->Placed(r.data, BigDataBytes(), r.pages);
     } else {
       blk->data = meter_->Alloc(n, stride_);
       try {
@@ -535,6 +554,7 @@ class RowArena {
     }
   }
   void ReleaseAll() {
+    meter_->CloseCollapse();
     for (uint32_t b = 0; b < nblocks_; ++b) {
       std::free(Block(b)->data);
       std::free(Block(b)->versions);

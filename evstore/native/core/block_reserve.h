@@ -54,6 +54,7 @@ inline constexpr int kMaxReserveBlocks = 2;
 struct ReservedBlock {
   void* data = nullptr;
   void* versions = nullptr;
+  Pages pages = Pages::kHuge;  // where PlaceRows put the data (first_touch.h)
 };
 
 struct ReserveState {
@@ -136,7 +137,7 @@ class Prefaulter {
         s.queued = false;
         return;
       }
-      PlaceRows(b.data, db, true);  // huge pages where cheap (first_touch.h), every page mapped
+      b.pages = PlaceRows(b.data, db, true);  // huge pages where cheap (first_touch.h), every page mapped
       FaultIn(b.versions, vb);
       std::lock_guard<std::mutex> l(s.mu);
       if (s.NeedsMore() && s.data_bytes == db && s.version_bytes == vb) {

@@ -27,9 +27,13 @@
 //     huge pages cheap again). A costly probe wastes a few milliseconds, so
 //     probes cost a small fraction of the small pages placed between them.
 //   * A block placed in small pages is advised huge again once every page is
-//     mapped: no later fault makes a huge page of it, and the kernel's
-//     khugepaged may collapse it into huge pages in the background, on its
-//     own CPU.
+//     mapped: no later fault makes a huge page of it; where
+//     EVSTORE_HUGE_COLLAPSE=1, the arena hands it to the collapser
+//     (collapse.h), which makes huge pages of it once the process has placed
+//     no row block for a while (khugepaged would too, but at its default
+//     pace, 16 MiB every 10 s, not before the table is read).
+//   * The gate notes when a row block was last placed (last_place_ns): the
+//     collapser's sign that no table is being filled or widened.
 // Invariants: the rows' contents are the same either way (only the page size
 // differs, never what a reader sees); a block PlaceRows returns is advised
 // huge over all of it (VmFlags "hg"); a small-page block has every page
@@ -70,6 +74,13 @@ class HugePageGate {
     return false;
   }
   int64_t costly_probes() const { return costly_.load(std::memory_order_relaxed); }
+  // A row block was placed now (CLOCK_MONOTONIC ns); when the last one was.
+  void Placed() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    last_place_.store(static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec, std::memory_order_relaxed);
+  }
+  int64_t last_place_ns() const { return last_place_.load(std::memory_order_relaxed); }
   // Bytes still to place in small pages before the next probe.
   int64_t bytes_before_probe() const { return skip_.load(std::memory_order_relaxed); }
 
@@ -81,6 +92,7 @@ class HugePageGate {
  private:
   std::atomic<int64_t> skip_{0};
   std::atomic<int64_t> costly_{0};
+  std::atomic<int64_t> last_place_{0};
 };
 
 enum class Pages { kHuge, kSmall };
@@ -100,6 +112,10 @@ inline Pages PlaceRows(void* p, size_t bytes, bool all, HugePageGate& gate = Hug
                        int64_t probe_ns = -1) {
   constexpr size_t kHuge = size_t{2} << 20;
   char* c = static_cast<char*>(p);
+  struct NotePlaced {
+    HugePageGate& g;
+    ~NotePlaced() { g.Placed(); }
+  } note{gate};
   if (bytes < kHuge) {
     if (all) FaultIn(p, bytes);
     return Pages::kSmall;

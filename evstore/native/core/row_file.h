@@ -206,8 +206,14 @@ class RowFile {
       // is noticed within a few batches, and a cached file costs little.
       const bool sample = !hinting && reads_.fetch_add(1, std::memory_order_relaxed) % kFaultSample == 0;
       const long faults = sample ? MajorFaults() : 0;
+      // The copies wait on memory: a record of the mapping is rarely in the
+      // CPU cache (nor its page in the TLB), and one memcpy reaches its lines
+      // one after another. So every line of the record kReadAhead places on
+      // is asked for first, and the copies overlap those misses.
       size_t i = 0;
+      for (size_t a = 0; a < std::min(n, kReadAhead); ++a) PrefetchRecord(locs[a]);
       for (; i < n; ++i) {
+        if (i + kReadAhead < n) PrefetchRecord(locs[i + kReadAhead]);
         const char* rec = Mapped(locs[i]);
         if (!rec) break;  // mmap refused: the rest on the portable path
         std::memcpy(dsts[i], rec, record_bytes_);
@@ -360,6 +366,15 @@ class RowFile {
     return WriteV(fd, static_cast<off_t>(loc) * static_cast<off_t>(record_bytes), &one, 1, err);
   }
 
+  // Records a mapped read asks the CPU for ahead of the one it copies.
+  static constexpr size_t kReadAhead = 4;
+  // Starts loading record `loc`'s lines from the mapping into the CPU cache.
+  void PrefetchRecord(uint32_t loc) const {
+    const char* rec = Mapped(loc);
+    if (!rec) return;
+    for (size_t off = 0; off < record_bytes_; off += 64) __builtin_prefetch(rec + off);
+    __builtin_prefetch(rec + record_bytes_ - 1);  // the last line, when records are not whole lines
+  }
   // Record `loc` in the mapping (its window mapped on first use), or null on
   // the portable path (the first refused mmap turns the mapping off).
   const char* Mapped(uint32_t loc) const {

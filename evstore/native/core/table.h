@@ -375,10 +375,10 @@ class Table {
       thread_local std::vector<uint32_t> rows;
       src.resize(hi - lo);
       pending.clear();
+      [[maybe_unused]] TierPart* tier = nullptr;
       if constexpr (!Store::kAllResident) {
-        TierRows().clear();
-        TierFreqs().clear();
-        TierPositions().clear();
+        tier = &ThisTierPart();
+        tier->Clear();
       }
       bool bloom_pending = false;
       // Pass 1: count every occurrence (inserting unseen keys, or counting
@@ -407,20 +407,20 @@ class Table {
             // Hinted with the rest of the part (AccessMany), its metadata
             // prefetched now.
             rows_.PrefetchMeta(en->row);
-            TierRows().push_back(en->row);
-            TierFreqs().push_back(en->freq());
-            TierPositions().push_back(j);
+            tier->rows.push_back(en->row);
+            tier->freqs.push_back(en->freq());
+            tier->positions.push_back(j);
           }
         } else {
           pending.push_back({j, en, seg.rehashes()});
         }
       }
       if constexpr (!Store::kAllResident) {
-        const std::vector<uint32_t>& want = TierRows();
-        std::vector<float*>& got = TierPointers();
+        const std::vector<uint32_t>& want = tier->rows;
+        std::vector<float*>& got = tier->pointers;
         got.resize(want.size());
-        rows_.AccessMany(want.data(), want.size(), false, got.data(), TierFreqs().data(), dim_);
-        for (size_t k = 0; k < want.size(); ++k) src[TierPositions()[k] - lo] = got[k];
+        rows_.AccessMany(want.data(), want.size(), false, got.data(), tier->freqs.data(), dim_);
+        for (size_t k = 0; k < want.size(); ++k) src[tier->positions[k] - lo] = got[k];
       }
       // Pass 2a (Bloom): a key without an entry is admitted (entry + row)
       // once the filter's batch-complete estimate reaches min_freq.
@@ -506,7 +506,11 @@ class Table {
       // Pass 1: resolve entries and prefetch their rows and versions (no
       // inserts, so entry pointers stay valid for pass 2); a tier faults the
       // cold rows in together instead.
-      if constexpr (!Store::kAllResident) TierRows().clear();
+      [[maybe_unused]] TierPart* tier = nullptr;
+      if constexpr (!Store::kAllResident) {
+        tier = &ThisTierPart();
+        tier->Clear();
+      }
       for (int64_t j = lo; j < hi; ++j) {
         Idx::PrefetchAhead(seg, g, keys, j, hi);
         uint32_t i = g.order[j];
@@ -516,7 +520,7 @@ class Table {
           if constexpr (Store::kAllResident) {
             rows_.PrefetchRow(rows_.Row(en->row), stride);
           } else {
-            TierRows().push_back(en->row);
+            tier->rows.push_back(en->row);
           }
           __builtin_prefetch(&rows_.Version(en->row));
         }
@@ -525,14 +529,14 @@ class Table {
       // A tier: fault the cold rows in together, then resolve every row's
       // slot and prefetch it (the resident store prefetched in pass 1).
       if constexpr (!Store::kAllResident) {
-        std::vector<float*>& got = TierPointers();
-        got.resize(TierRows().size());
-        rows_.AccessMany(TierRows().data(), TierRows().size(), true, got.data(), nullptr, stride);
+        std::vector<float*>& got = tier->pointers;
+        got.resize(tier->rows.size());
+        rows_.AccessMany(tier->rows.data(), tier->rows.size(), true, got.data(), nullptr, stride);
       }
       // Pass 2: fused update, version stamp, dirty mark.
       int64_t local = 0, zero_delta = 0;
       [[maybe_unused]] float* const* tier_rows = nullptr;  // a tier's rows noted in pass 1, in order
-      if constexpr (!Store::kAllResident) tier_rows = TierPointers().data();
+      if constexpr (!Store::kAllResident) tier_rows = tier->pointers.data();
       for (int64_t j = lo; j < hi; ++j) {
         E* en = hit[j - lo];
         if (!en) continue;
@@ -1239,26 +1243,26 @@ class Table {
     });
   }
 
-  // A tiered store's rows of one segment's part of a batch, faulted in
-  // together (FaultMany), and their positions in the batch; per thread, used
-  // only when rows may be off DRAM.
-  static std::vector<uint32_t>& TierRows() {
-    thread_local std::vector<uint32_t> v;
-    return v;
-  }
-  // Each TierRows entry's lookup count (FindOrInsert hints the tier with it).
-  static std::vector<uint32_t>& TierFreqs() {
-    thread_local std::vector<uint32_t> v;
-    return v;
-  }
-  static std::vector<int64_t>& TierPositions() {
-    thread_local std::vector<int64_t> v;
-    return v;
-  }
-  // The row of each TierRows entry, resolved after the fault.
-  static std::vector<float*>& TierPointers() {
-    thread_local std::vector<float*> v;
-    return v;
+  // A tiered store's rows of one segment's part of a batch, accessed
+  // together (AccessMany); per thread, used only when rows may be off DRAM.
+  struct TierPart {
+    std::vector<uint32_t> rows;
+    std::vector<uint32_t> freqs;     // each row's lookup count (FindOrInsert hints the tier with it)
+    std::vector<int64_t> positions;  // each row's position in the batch (FindOrInsert)
+    std::vector<float*> pointers;    // each row's slot, resolved by AccessMany
+    void Clear() {
+      rows.clear();
+      freqs.clear();
+      positions.clear();
+    }
+  };
+  // This thread's TierPart. A caller takes it once per part and keeps the
+  // reference: each call reaches the thread-local storage (in a shared
+  // library, a __tls_get_addr call), which FindOrInsert made three times a
+  // key.
+  static TierPart& ThisTierPart() {
+    thread_local TierPart p;
+    return p;
   }
 
   // An output of at least kStreamOutBytes whose rows are whole, aligned cache

@@ -194,12 +194,25 @@ class TieredStore {
   void AccessMany(const uint32_t* rows, size_t n, bool write, float** out, const uint32_t* freqs,
                   int prefetch_floats) const {
     if (n == 0) return;
-    thread_local std::vector<uint32_t> slots, miss;
+    // One thread-local access per call (each is a __tls_get_addr call in a
+    // shared library).
+    thread_local AccessScratch scratch;
+    std::vector<uint32_t>& slots = scratch.slots;
+    std::vector<uint32_t>& miss = scratch.miss;
+    std::vector<uint8_t>& heat = scratch.heat;
     slots.resize(n);
+    heat.resize(n);
     miss.clear();
     for (size_t i = 0; i < n; ++i) {
       RowMeta& m = Meta(rows[i]);
-      if (freqs) m.heat.store(Policy::HeatOf(freqs[i]), std::memory_order_relaxed);
+      // The heat, kept for the weight below; stored only when it changed
+      // (a store dirties the metadata's cache line for every access).
+      uint8_t h = m.heat.load(std::memory_order_relaxed);
+      if (freqs) {
+        const uint8_t f = Policy::HeatOf(freqs[i]);
+        if (f != h) m.heat.store(h = f, std::memory_order_relaxed);
+      }
+      heat[i] = h;
       const uint32_t s = m.slot.load(std::memory_order_acquire);
       slots[i] = s;
       if (s == kNoSlot) {
@@ -218,7 +231,7 @@ class TieredStore {
     }
     for (size_t i = 0; i < n; ++i) {
       SlotInfo& in = Info(slots[i]);
-      Policy::OnAccess(in.weight, freqs ? Policy::HeatOf(freqs[i]) : Meta(rows[i]).heat.load(std::memory_order_relaxed));
+      Policy::OnAccess(in.weight, heat[i]);
       if (write && !in.dirty.load(std::memory_order_relaxed)) in.dirty.store(1, std::memory_order_relaxed);
       out[i] = SlotData(slots[i]);
     }
@@ -714,6 +727,9 @@ class TieredStore {
     return static_cast<int64_t>((next_ + kRowChunk - 1) >> kRowChunkShift) * kRowChunk * sizeof(RowMeta) +
            log_.bytes();
   }
+  // Where a woken cleaner evicts down to: up to three batches below its
+  // mark (at most a sixteenth of the budget, for small caches).
+  int64_t CleanerLow() const { return budget_ - batch_ - std::min<int64_t>(3 * int64_t{batch_}, budget_ / 16); }
   void SetBudget() {
     int64_t per = static_cast<int64_t>(stride_) * 4 + sizeof(SlotInfo);
     budget_ = std::max<int64_t>(1, dram_bytes_ / per);
@@ -759,6 +775,11 @@ class TieredStore {
       }
       return runs;
     }
+  };
+  // AccessMany's per-thread buffers.
+  struct AccessScratch {
+    std::vector<uint32_t> slots, miss;
+    std::vector<uint8_t> heat;
   };
   // This thread's (emptied) batch of cold reads.
   static ColdReads& Cold() {
@@ -1047,7 +1068,11 @@ class TieredStore {
 
   // The cleaner: one thread per store that keeps a batch of slots free below
   // the budget (resident <= budget - batch_), so a miss usually takes a free
-  // slot instead of writing back victims first. It owns no segment lock, so
+  // slot instead of writing back victims first. Woken when a fault takes the
+  // cache above that mark, it evicts down to a lower one (CleanerLow), so
+  // that one wake-up, sweep and write serve several batches' misses: woken
+  // at the mark itself, it was woken, and took mu_ from the faulting
+  // threads, for every batch_ misses. It owns no segment lock, so
   // every row is a candidate (a faulting thread cannot evict rows of the
   // segment it holds: with one segment only the cleaner evicts, between
   // batches). A round that evicts nothing (every candidate's segment busy,
@@ -1057,7 +1082,7 @@ class TieredStore {
     std::unique_lock<std::mutex> l(mu_);
     auto pause = std::chrono::microseconds(200);
     while (!stop_) {
-      const int64_t excess = resident_ - evicting_ - (budget_ - batch_);
+      const int64_t excess = resident_ - evicting_ - CleanerLow();
       if (excess <= 0) {
         settled_.notify_all();
         cleaner_idle_ = true;
