@@ -100,8 +100,9 @@ class RowMeter {
     constexpr size_t kHuge = size_t{2} << 20;
     const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;  // what AllocLarge allocated
     if (bytes < kHuge || madvise(p, rounded, MADV_DONTNEED) != 0) std::memset(p, 0, bytes);
-    PlaceRows(p, bytes, all);
+    const Pages pages = PlaceRows(p, bytes, all);
     Add(static_cast<int64_t>(bytes));
+    Placed(p, bytes, pages);
     return p;
   }
   void Add(int64_t bytes) {
