@@ -32,7 +32,8 @@ numpy is dropped after the read phase and DenseHashTable after the insert phase
 (TF does not hand the DenseHashTable's memory back to the OS, so bench/run.py
 runs the train phase in a process without it). The train phase runs on tables
 holding N + (warmup+batches)*batch keys when it follows the insert phase.
-`<workload>_first_s` is the duration of the first (untimed) batch of each workload.
+`<workload>_first_s` is the duration of the first (untimed) batch of each workload, `<workload>_first_cpu_s`
+its CPU seconds (user + system, every thread of the process doing it).
 evstore bytes/key = (index_bytes + meta_bytes) / size from ev.stats(), after the fill (every key
 dirty) and after a committed export (begin_export + commit_export: the dirty list emptied).
 Prints one JSON line (the last line of stdout).
@@ -199,6 +200,7 @@ def run_phase(name, systems, results, args):
                 cpus[(s, w)].append(cpu)
             elif r == 0:
                 results.setdefault(s, {})[w + "_first_s"] = t[0]
+                results[s][w + "_first_cpu_s"] = cpu
     for (s, w), ts in times.items():
         summarize(results.setdefault(s, {}), w, ts, args.batch, cpus[(s, w)])
 

@@ -34,6 +34,8 @@
 //    kWidenAhead, and one old one) of row memory at any moment: each old
 //    block is freed as soon as its rows are copied (RowMeter counts it).
 #pragma once
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -80,6 +82,28 @@ class RowMeter {
     } catch (const std::bad_alloc&) {
       return nullptr;
     }
+  }
+  // As Alloc(..., nothrow, all), and every float of the block is +0.0 on
+  // return. A block of 2 MiB or more (page-aligned, AllocLarge) is handed
+  // back to the kernel first: MADV_DONTNEED makes an anonymous private range
+  // read as zero whatever the allocator reused, and costs next to nothing on
+  // fresh memory (no pages yet); where that fails, and for smaller blocks,
+  // the block is cleared.
+  float* AllocZero(size_t n, int stride, std::nothrow_t, bool all) {
+    const size_t bytes = n * stride * sizeof(float);
+    float* p;
+    try {
+      p = static_cast<float*>(AllocLarge(bytes));
+    } catch (const std::bad_alloc&) {
+      return nullptr;
+    }
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;  // what AllocLarge allocated
+    if (bytes < kHuge || madvise(p, rounded, MADV_DONTNEED) != 0) std::memset(p, 0, bytes);
+    const Pages pages = PlaceRows(p, bytes, all);
+    Add(static_cast<int64_t>(bytes));
+    Placed(p, bytes, pages);
+    return p;
   }
   void Add(int64_t bytes) {
     const int64_t now = held_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -316,8 +340,9 @@ class RowArena {
     }
 
     // Block b's new memory, prepared or (the helper has not begun it, could
-    // not allocate it, or it is a block created since) allocated here; null
-    // only when the allocation fails. Blocks are taken in ascending order.
+    // not allocate it, or it is a block created since) allocated here, every
+    // float +0.0 (RowMeter::AllocZero); null only when the allocation fails.
+    // Blocks are taken in ascending order.
     float* Take(uint32_t b) {
       float* p = nullptr;
       if (b >= nblocks_) {
@@ -325,7 +350,7 @@ class RowArena {
           std::lock_guard<std::mutex> l(mu_);
           ++in_copy_;
         }
-        return meter_->Alloc(BlockRows(b), stride_, std::nothrow);
+        return meter_->AllocZero(BlockRows(b), stride_, std::nothrow, false);
       }
       {
         std::unique_lock<std::mutex> l(mu_);
@@ -340,7 +365,7 @@ class RowArena {
         if (!p) ++in_copy_;
       }
       cv_.notify_all();
-      return p ? p : meter_->Alloc(BlockRows(b), stride_, std::nothrow);
+      return p ? p : meter_->AllocZero(BlockRows(b), stride_, std::nothrow, false);
     }
 
    private:
@@ -356,7 +381,7 @@ class RowArena {
           b = claimed_++;
         }
         // Every page mapped now; no memory: Take() finds null and tries itself.
-        float* p = meter_->Alloc(BlockRows(b), stride_, std::nothrow, true);
+        float* p = meter_->AllocZero(BlockRows(b), stride_, std::nothrow, true);
         {
           std::lock_guard<std::mutex> l(mu_);
           data_[b] = p;
@@ -396,7 +421,10 @@ class RowArena {
 
   // Widens every row from `stride_` to `new_stride` floats: the first
   // `stride_` floats are copied, the rest filled from `tail_init`
-  // (new_stride - stride_ values). Caller holds every segment lock. Throws
+  // (new_stride - stride_ values; a tail of +0.0, Adam's m and v, is
+  // already there: Take's blocks come zeroed, so the copy under the locks
+  // writes the old floats only, a third of the bytes at two slots). Caller
+  // holds every segment lock. Throws
   // std::bad_alloc when a block's new memory cannot be had; the rows are then
   // as before, at the old stride (blocks already widened are narrowed back in
   // place and keep their wider memory until the next widening or the end).
@@ -409,6 +437,11 @@ class RowArena {
     }
     reserve_.Want(0, 0, 0);  // blocks of the old stride are of no use now
     const size_t tail_bytes = (new_stride - stride_) * sizeof(float);
+    const bool zero_tail = std::all_of(tail_init.begin(), tail_init.end(), [](float x) {
+      uint32_t u;
+      std::memcpy(&u, &x, sizeof u);
+      return u == 0;  // +0.0 exactly (-0.0 is written)
+    });
     for (uint32_t b = 0; b < nblocks_; ++b) {
       BlockRec* blk = Block(b);
       const size_t n = BlockRows(b);
@@ -417,9 +450,14 @@ class RowArena {
         Narrow(b, new_stride);
         throw std::bad_alloc();
       }
-      for (size_t i = 0; i < n; ++i) {
-        std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
-        std::memcpy(nd + i * new_stride + stride_, tail_init.data(), tail_bytes);
+      if (zero_tail) {
+        for (size_t i = 0; i < n; ++i)
+          std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
+          std::memcpy(nd + i * new_stride + stride_, tail_init.data(), tail_bytes);
+        }
       }
       meter_->Free(blk->data, n * blk->alloc_stride * sizeof(float));
       blk->data = nd;

@@ -504,6 +504,66 @@ static void test_with_headroom_for_every_block_all_are_prepared_before_the_locks
   CHECK(RowArena::WidenAhead(prepared, 6, new_data_bytes - 1) < prepared);
 }
 
+// Fills `n` blocks of `bytes` (AllocLarge, as row blocks are) with a
+// non-zero pattern and frees them, keeping a small allocation after them so
+// that the heap cannot hand that memory back to the kernel: the allocator
+// may now return the same dirty memory for the next blocks of that size
+// (glibc does, once freeing a mapped chunk has raised its mapping threshold
+// above `bytes`). Returns the fence, to free after the check.
+static void* DirtyFreedBlocks(size_t bytes, int n) {
+  std::free(AllocLarge(bytes + (size_t{2} << 20)));  // a mapped chunk: raises glibc's threshold past `bytes`
+  std::vector<void*> blocks;
+  for (int i = 0; i < n; ++i) {
+    blocks.push_back(AllocLarge(bytes));
+    std::memset(blocks.back(), 0x5A, bytes);
+  }
+  void* fence = std::malloc(64);
+  for (void* b : blocks) std::free(b);
+  return fence;
+}
+
+// RowMeter::AllocZero returns every float +0.0, also in memory the allocator
+// hands back after it held other data, for blocks under 2 MiB (cleared) and
+// from 2 MiB (handed back to the kernel first).
+static void test_alloc_zero_is_zero_in_reused_memory() {
+  RowMeter m;
+  for (size_t rows : {size_t{256}, size_t{65536}}) {  // 12 KiB and 3 MiB at stride 12
+    const size_t bytes = rows * 12 * sizeof(float);
+    void* fence = DirtyFreedBlocks(bytes, 4);
+    for (int i = 0; i < 4; ++i) {
+      float* p = m.AllocZero(rows, 12, std::nothrow, i % 2 == 0);
+      CHECK(p != nullptr);
+      CHECK(std::all_of(p, p + rows * 12, [](float x) { return x == 0.f && !std::signbit(x); }));
+      m.Free(p, bytes);
+    }
+    std::free(fence);
+  }
+  CHECK_EQ(m.held(), 0);
+}
+
+// A widening to slots of initial value +0.0 (Adam's m and v) copies only the
+// old floats (its new blocks come zeroed) and leaves every row exact with
+// zero slots, where its new blocks are memory the allocator held dirty
+// before, prepared ahead or allocated during the copy.
+static void test_a_widening_to_zero_slots_leaves_zeros_in_reused_memory() {
+  const uint32_t rows = 12 * 65536 + 1000;  // the small blocks and 12 big ones
+  const std::vector<float> zeros(8, 0.f);
+  for (bool prepare : {true, false}) {
+    RowArena a(4);
+    const std::vector<uint32_t> ids = FillArena(a, rows);
+    void* fence = DirtyFreedBlocks(size_t{65536} * 12 * sizeof(float), 16);  // new big blocks' size
+    std::unique_ptr<RowArena::Widened> w;
+    if (prepare) {
+      w = a.PrepareWiden(12);
+      w->WaitPrepared();
+    }
+    a.Relayout(12, zeros, w.get());
+    w.reset();
+    CHECK(ArenaRowsExact(a, ids, 4, zeros));
+    std::free(fence);
+  }
+}
+
 // A widening that runs out of memory part-way throws std::bad_alloc and
 // leaves every row as it was, at the old stride (the blocks already widened
 // are narrowed back in place); a later widening with memory succeeds. The
@@ -1477,6 +1537,8 @@ TEST_MAIN(
   RUN(test_reserved_blocks_hold_rows_and_follow_relayout);
   RUN(test_widening_holds_at_most_the_new_rows_plus_its_bound);
   RUN(test_with_headroom_for_every_block_all_are_prepared_before_the_locks);
+  RUN(test_alloc_zero_is_zero_in_reused_memory);
+  RUN(test_a_widening_to_zero_slots_leaves_zeros_in_reused_memory);
   RUN(test_a_widening_out_of_memory_leaves_every_row_as_it_was);
   RUN(test_concurrent_lookups_and_inserts_racing_a_widening_see_exact_rows);
   RUN(test_concurrent_inserts_with_block_reserve);
