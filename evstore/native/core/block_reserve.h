@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "first_touch.h"
+#include "process_worker.h"
 #include "memory.h"
 
 namespace evstore {
@@ -92,14 +93,8 @@ class Prefaulter {
  private:
   Prefaulter() : pid_(getpid()) { std::thread([this] { Run(); }).detach(); }
 
-  static Prefaulter& Instance() {
-    // Leaked on purpose: the detached thread may outlive static destructors.
-    static std::mutex init_mu;
-    static Prefaulter* instance = nullptr;
-    std::lock_guard<std::mutex> l(init_mu);
-    if (!instance || instance->pid_ != getpid()) instance = new Prefaulter();
-    return *instance;
-  }
+  friend Prefaulter& ProcessWorker<Prefaulter>();
+  static Prefaulter& Instance() { return ProcessWorker<Prefaulter>(); }
 
   void Run() {
     for (;;) {

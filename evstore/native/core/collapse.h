@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "first_touch.h"
+#include "process_worker.h"
 
 namespace evstore {
 
@@ -172,14 +173,8 @@ class Collapser {
  private:
   Collapser() : pid_(getpid()) { std::thread([this] { Run(); }).detach(); }
 
-  static Collapser& Instance() {
-    // Leaked on purpose: the detached thread may outlive static destructors.
-    static std::mutex init_mu;
-    static Collapser* instance = nullptr;
-    std::lock_guard<std::mutex> l(init_mu);
-    if (!instance || instance->pid_ != getpid()) instance = new Collapser();
-    return *instance;
-  }
+  friend Collapser& ProcessWorker<Collapser>();
+  static Collapser& Instance() { return ProcessWorker<Collapser>(); }
 
   static int64_t MonoNs() {
     timespec t;
