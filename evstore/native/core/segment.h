@@ -32,10 +32,8 @@
 //    (3x its size at its last growth) and allocated about 3x its final
 //    arrays; with the factor 1.25 used before, 4-5 entries per key and 5x,
 //    about a third of the CPU of inserting new keys (BENCHMARKS.md). A bulk
-//    import sizes segments at load 0.7 instead (Reserve); a training lookup
-//    grows a segment its part of the batch could fill before probing it
-//    (GrowFor), not in the middle. Growth rehashes this segment only; rows
-//    never move.
+//    import sizes segments at load 0.7 instead (Reserve). Growth rehashes
+//    this segment only; rows never move.
 //  * `dirty` holds every key whose entry has the dirty bit set (plus, possibly,
 //    keys erased since); `deleted` holds every key erased since the last
 //    sealed export, re-inserted since or not (a re-inserted key is also
@@ -223,20 +221,6 @@ class Segment {
     dirty.clear();
     deleted.clear();
     admitted_ = 0;
-  }
-
-  // Makes room for `more` entries beyond the current ones when they could
-  // take the segment over its maximum load (one growth, to the load a growth
-  // picks for all of them), so that inserting up to `more` keys does not
-  // rehash. Only where `more` <= size(): a part of a batch no larger than the
-  // segment grows it at most that part's keys early, never for a small
-  // segment that a batch of mostly known keys would not fill. Returns whether
-  // it grew (entry pointers from before are then invalid).
-  bool GrowFor(size_t more) {
-    if (more > size_ || (size_ + tombstones_ + more) * 8 <= capacity() * 7) return false;
-    const size_t want = (size_ + more) * kGrowNum / kGrowDen / kGroup + 1;
-    Rehash(want < ngroups_ ? ngroups_ : want);
-    return true;
   }
 
   // Makes room for `n` entries in total without further growth (a bulk

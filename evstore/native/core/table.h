@@ -381,11 +381,6 @@ class Table {
         tier->Clear();
       }
       bool bloom_pending = false;
-      // At most hi - lo keys are new here: a segment they could take over its
-      // load grows once now rather than in the middle of pass 1, where each
-      // growth leaves the prefetched slots and every pending entry taken
-      // before it stale (pass 2b finds those again).
-      if (!count_outside) seg.GrowFor(static_cast<size_t>(hi - lo));
       // Pass 1: count every occurrence (inserting unseen keys, or counting
       // them in the Bloom filter), note rows.
       for (int64_t j = lo; j < hi; ++j) {

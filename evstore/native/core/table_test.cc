@@ -1436,29 +1436,6 @@ static void test_a_growing_segment_grows_by_half_and_moves_each_key_two_to_three
   for (int64_t k = 0; k < n; k += 97) CHECK(seg.Find(k, IntegerKeyTraits<int64_t>::Hash(k)) != nullptr);
 }
 
-// GrowFor(more): a segment that `more` new keys could take over its load
-// grows once, so that inserting them does not rehash; one they could not, or
-// one smaller than `more` (a batch of mostly known keys must not inflate a
-// small segment), is left as it is.
-static void test_grow_for_a_part_grows_once_ahead_and_never_a_smaller_segment() {
-  using T = IntegerKeyTraits<int64_t>;
-  Segment<T> seg;
-  int64_t k = 0;
-  for (; k < 5000; ++k) seg.FindOrAdd(k, T::Hash(k));
-  while ((seg.size() + 1000) * 8 <= seg.capacity() * 7) seg.FindOrAdd(k, T::Hash(k)), ++k;
-  const uint64_t r0 = seg.rehashes();
-  CHECK(!seg.GrowFor(seg.size() + 1));  // more than the segment holds
-  CHECK_EQ(seg.rehashes(), r0);
-  CHECK(seg.GrowFor(1000));
-  CHECK_EQ(seg.rehashes(), r0 + 1);
-  const double load = static_cast<double>(seg.size() + 1000) / static_cast<double>(seg.capacity());
-  CHECK(load > 0.57 && load < 0.59);
-  for (int64_t stop = k + 1000; k < stop; ++k) seg.FindOrAdd(k, T::Hash(k));
-  CHECK_EQ(seg.rehashes(), r0 + 1);
-  CHECK(!seg.GrowFor(100));  // room left for 100 more
-  for (int64_t i = 0; i < k; i += 13) CHECK(seg.Find(i, T::Hash(i)) != nullptr);
-}
-
 static void test_group_probe_answers_exactly() {
 #ifdef EVSTORE_PORTABLE_PROBE
   CHECK(std::string(kProbeImpl) == "portable");
@@ -1520,7 +1497,6 @@ static void test_a_batch_grouped_in_order_holds_each_position_s_hash_and_key_in_
 TEST_MAIN(
   RUN(test_group_probe_answers_exactly);
   RUN(test_a_growing_segment_grows_by_half_and_moves_each_key_two_to_three_times);
-  RUN(test_grow_for_a_part_grows_once_ahead_and_never_a_smaller_segment);
   RUN(test_a_batch_grouped_in_order_holds_each_position_s_hash_and_key_in_segment_order);
   RUN(test_string_keys);
   RUN(test_string_dirty_keys_outlive_their_entries);
