@@ -10,8 +10,8 @@
 //        "gate"   the gate decides (first_touch.h), as in a real process.
 // Fills the table by FindOrInsert of new keys (batches of 65,536, one thread;
 // the build's CPU and wall time), then, while the collapser (collapse.h, on
-// with EVSTORE_HUGE_COLLAPSE=1) works, one reader looks up 64 random keys at
-// a time and the longest of those lookups is kept; then `batches` (default
+// with EVSTORE_HUGE_COLLAPSE=1) works (else for 20 s), one reader looks up 64
+// random keys at a time and the longest of those lookups is kept; then `batches` (default
 // 20) finds of 65,536 random existing keys, each timed in thread CPU and
 // wall. The output is 64-byte aligned, as TensorFlow's tensors are. Prints
 // one JSON line: build_cpu_s, build_wall_s, huge_mib / rss_mib (AnonHugePages
@@ -111,8 +111,8 @@ int main(int argc, char** argv) {
         break;
       }
     }
-  } else {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+  } else {  // the same reader for a while, for its longest lookup without a collapse
+    std::this_thread::sleep_for(std::chrono::seconds(20));
   }
   stop = true;
   reader.join();
