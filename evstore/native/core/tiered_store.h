@@ -406,16 +406,18 @@ class TieredStore {
       ::pthread_setname_np(cleaner_.native_handle(), kCleanerName);  // how profilers and benchmarks find it
     }
   }
-  // Waits until the cleaner has nothing left to do: the cache holds a batch
-  // of free slots below its budget and the cleaner sleeps, so nothing is
-  // evicted or written back until a fault takes a slot again. Call with no
+  // Waits until the cleaner has nothing left to do: the cache is at or below
+  // the cleaner's own low mark (CleanerLow) and the cleaner sleeps, so
+  // nothing is evicted or written back until a fault takes a slot again.
+  // (Above that mark an idle cleaner is only pausing between rounds and
+  // evicts again when the pause ends.) Call with no
   // segment lock held: the cleaner needs them. False when it cannot get
   // there (the disk refused a write; every row stays in DRAM) or there is no
   // cleaner (no segment locks).
   bool Settle() const {
     std::unique_lock<std::mutex> l(mu_);
     const int64_t failures = write_failures_.load(std::memory_order_relaxed);
-    while (!cleaner_idle_ || resident_ - evicting_ > budget_ - batch_) {
+    while (!cleaner_idle_ || resident_ - evicting_ > CleanerLow()) {
       if (!cleaner_.joinable() || write_failures_.load(std::memory_order_relaxed) != failures) return false;
       clean_cv_.notify_one();
       settled_.wait_for(l, std::chrono::milliseconds(5));
