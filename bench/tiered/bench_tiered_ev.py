@@ -53,7 +53,8 @@ FIELDS = ["populate_keys_per_s", "populate_cpu_us_per_key", "save_full_s", "rest
           "save_vs_sequential", "restore_vs_sequential", "train_keys_per_s", "train_cpu_us_per_key",
           "train_user_us_per_key", "train_sys_us_per_key", "train_wall_us_per_key",
           "train_write_bytes_per_key", "train_write_calls_per_1k_keys", "train_file_growth_bytes_per_key",
-          "hit_rate", "train_majflt", "train_minflt_per_1k_keys", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_p99_ms", "rss_base_mb",
+          "hit_rate", "train_majflt", "train_minflt_per_1k_keys", "find1_keys_per_s", "find1_p99_us", "find1k_keys_per_s", "find1k_cpu_us_per_key",
+          "find1k_majflt", "find1k_p99_ms", "rss_base_mb",
           "rss_populated_mb", "rss_saved_mb", "rss_train_mb", "rss_train_file_mb", "rss_train_anon_huge_mb",
           "rss_train_file_pmd_mb", "rss_peak_mb", "rss_restored_base_mb", "rss_restored_mb",
           "rss_restored_peak_mb", "delta_mb", "full_mb", "cache_rows", "disk_mb"]
@@ -180,14 +181,21 @@ class Side:
                     train_file_growth_bytes_per_key=(f1 - f0) / keys)
 
     def lookups(self, batch, calls):
-        """Read-only lookups of Zipf batches: keys/s and p99 seconds."""
+        """Read-only lookups of Zipf batches: keys/s (wall, the calls alone), p99 seconds, CPU
+        microseconds a key (the whole loop, id drawing included) and the major faults meanwhile (tier
+        records read from the disk: the file's pages gone from the page cache). The two sides run in
+        different processes at different moments, so on a busy machine only the CPU figure compares."""
+        import resource
         lat = []
+        r0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
         for _ in range(calls):
             ids = self.keys[_zipf_ranks(self.rng, self.cfg["zipf"], batch, self.cfg["keys"])]
             a = time.perf_counter()
             self.evstore.embedding_lookup(self.ev, ids, training=False).numpy()
             lat.append(time.perf_counter() - a)
-        return batch * calls / sum(lat), sorted(lat)[int(0.99 * len(lat))]
+        cpu, r1 = time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF)
+        return (batch * calls / sum(lat), sorted(lat)[int(0.99 * len(lat))], cpu / (batch * calls) * 1e6,
+                r1.ru_majflt - r0.ru_majflt)
 
     def sample(self):
         """Sampled keys (the head and random others) and their embeddings, read without training."""
@@ -243,9 +251,10 @@ def child(cfg):
         out.update(side.train(cfg["steps"], perf))
         if perf:
             perf.close()
-        out["find1_keys_per_s"], p99 = side.lookups(1, cfg["find1_calls"])
+        out["find1_keys_per_s"], p99, _, _ = side.lookups(1, cfg["find1_calls"])
         out["find1_p99_us"] = p99 * 1e6
-        out["find1k_keys_per_s"], p99 = side.lookups(1024, cfg["find1k_calls"])
+        out["find1k_keys_per_s"], p99, out["find1k_cpu_us_per_key"], out["find1k_majflt"] = \
+            side.lookups(1024, cfg["find1k_calls"])
         out["find1k_p99_ms"] = p99 * 1e3
         out["rss_train_mb"] = _status_mib("VmRSS")
         out["rss_train_file_mb"] = _status_mib("RssFile")  # mapped file pages: the tier file's that reads mapped
@@ -497,6 +506,13 @@ def _print_rounds(rounds):
           f"by wall {', '.join(f'{x:.2f}x' for x in by_wall)}")
     print(f"median of {len(rounds)} round(s): **{statistics.median(by_cpu):.2f}x by CPU**, "
           f"{statistics.median(by_wall):.2f}x by wall")
+    if all("find1k_cpu_us_per_key" in t for _, t in rounds):
+        f_cpu = [d["find1k_cpu_us_per_key"] / t["find1k_cpu_us_per_key"] for d, t in rounds]
+        f_wall = [t["find1k_keys_per_s"] / d["find1k_keys_per_s"] for d, t in rounds]
+        print(f"read-only lookups at batch 1,024, tiered / all-DRAM by round: by CPU "
+              f"{', '.join(f'{x:.2f}x' for x in f_cpu)} (median {statistics.median(f_cpu):.2f}x); by wall "
+              f"{', '.join(f'{x:.2f}x' for x in f_wall)} (median {statistics.median(f_wall):.2f}x); the tier's "
+              f"major faults {', '.join(str(t['find1k_majflt']) for _, t in rounds)}")
     return by_cpu, by_wall
 
 

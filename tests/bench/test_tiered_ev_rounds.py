@@ -35,3 +35,12 @@ def test_vmstat_delta_counts_events_since_the_start_and_gives_the_gauges_at_both
     d = vmstat_delta(v0)
     assert all(d[k] >= 0 for k in EVENTS)
     assert all(d[k + "_start"] == v0.get(k, 0) and d[k + "_end"] >= 0 for k in GAUGES)
+
+
+def test_the_read_only_lookups_verdict_is_by_cpu_beside_wall_with_the_tiers_major_faults(capsys):
+    def side(cpu, rate, majflt):
+        return dict(_side(1.0, 1.0), find1k_cpu_us_per_key=cpu, find1k_keys_per_s=rate, find1k_majflt=majflt)
+    _print_rounds([(side(1.0, 200.0, 0), side(2.0, 50.0, 7)), (side(1.0, 100.0, 0), side(1.25, 100.0, 0))])
+    out = capsys.readouterr().out
+    assert "by CPU 0.50x, 0.80x (median 0.65x); by wall 0.25x, 1.00x (median 0.62x)" in out
+    assert "major faults 7, 0" in out

@@ -68,43 +68,33 @@ class RowMeter {
   // backed for large blocks where the kernel has huge pages cheap, else
   // small pages (memory.h, first_touch.h PlaceRows; with `all`, every page is
   // mapped on return). Throws std::bad_alloc.
-  float* Alloc(size_t n, int stride, bool all = false) {
+  // With `zero`, every float of the block is +0.0 on return: a block of
+  // 2 MiB or more (page-aligned, AllocLarge) is handed back to the kernel
+  // first, since MADV_DONTNEED makes an anonymous private range read as zero
+  // whatever the allocator reused and costs next to nothing on fresh memory
+  // (no pages yet); where that fails, and for smaller blocks, it is cleared.
+  float* Alloc(size_t n, int stride, bool all = false, bool zero = false) {
     const size_t bytes = n * stride * sizeof(float);
     float* p = static_cast<float*>(AllocLarge(bytes));
+    if (zero) {
+      constexpr size_t kHuge = size_t{2} << 20;
+      const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;  // what AllocLarge allocated
+      if (bytes < kHuge || madvise(p, rounded, MADV_DONTNEED) != 0) std::memset(p, 0, bytes);
+    }
     const Pages pages = PlaceRows(p, bytes, all);
     Add(static_cast<int64_t>(bytes));
     Placed(p, bytes, pages);
     return p;
   }
-  float* Alloc(size_t n, int stride, std::nothrow_t, bool all = false) {
+  float* Alloc(size_t n, int stride, std::nothrow_t, bool all = false, bool zero = false) {
     try {
-      return Alloc(n, stride, all);
+      return Alloc(n, stride, all, zero);
     } catch (const std::bad_alloc&) {
       return nullptr;
     }
   }
-  // As Alloc(..., nothrow, all), and every float of the block is +0.0 on
-  // return. A block of 2 MiB or more (page-aligned, AllocLarge) is handed
-  // back to the kernel first: MADV_DONTNEED makes an anonymous private range
-  // read as zero whatever the allocator reused, and costs next to nothing on
-  // fresh memory (no pages yet); where that fails, and for smaller blocks,
-  // the block is cleared.
-  float* AllocZero(size_t n, int stride, std::nothrow_t, bool all) {
-    const size_t bytes = n * stride * sizeof(float);
-    float* p;
-    try {
-      p = static_cast<float*>(AllocLarge(bytes));
-    } catch (const std::bad_alloc&) {
-      return nullptr;
-    }
-    constexpr size_t kHuge = size_t{2} << 20;
-    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;  // what AllocLarge allocated
-    if (bytes < kHuge || madvise(p, rounded, MADV_DONTNEED) != 0) std::memset(p, 0, bytes);
-    const Pages pages = PlaceRows(p, bytes, all);
-    Add(static_cast<int64_t>(bytes));
-    Placed(p, bytes, pages);
-    return p;
-  }
+  // Alloc(..., nothrow, all) of a block whose every float is +0.0.
+  float* AllocZero(size_t n, int stride, std::nothrow_t, bool all) { return Alloc(n, stride, std::nothrow, all, true); }
   void Add(int64_t bytes) {
     const int64_t now = held_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t top = peak_.load(std::memory_order_relaxed);
@@ -450,14 +440,9 @@ class RowArena {
         Narrow(b, new_stride);
         throw std::bad_alloc();
       }
-      if (zero_tail) {
-        for (size_t i = 0; i < n; ++i)
-          std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
-      } else {
-        for (size_t i = 0; i < n; ++i) {
-          std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
-          std::memcpy(nd + i * new_stride + stride_, tail_init.data(), tail_bytes);
-        }
+      for (size_t i = 0; i < n; ++i) {
+        std::memcpy(nd + i * new_stride, blk->data + i * stride_, stride_ * sizeof(float));
+        if (!zero_tail) std::memcpy(nd + i * new_stride + stride_, tail_init.data(), tail_bytes);
       }
       meter_->Free(blk->data, n * blk->alloc_stride * sizeof(float));
       blk->data = nd;

@@ -176,12 +176,6 @@ class Collapser {
   friend Collapser& ProcessWorker<Collapser>();
   static Collapser& Instance() { return ProcessWorker<Collapser>(); }
 
-  static int64_t MonoNs() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
-  }
-
   void Run() {
 #ifdef __linux__
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);  // this thread only

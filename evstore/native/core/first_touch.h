@@ -50,6 +50,16 @@
 
 namespace evstore {
 
+// A clock's reading in ns; ThreadCpuNs: this thread's CPU time; MonoNs: the monotonic clock
+// (the gate's last placement, the collapser's quiet wait).
+inline int64_t ClockNs(clockid_t clock) {
+  timespec t;
+  clock_gettime(clock, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+inline int64_t ThreadCpuNs() { return ClockNs(CLOCK_THREAD_CPUTIME_ID); }
+inline int64_t MonoNs() { return ClockNs(CLOCK_MONOTONIC); }
+
 class HugePageGate {
  public:
   static constexpr int64_t kCheapNs = 1000000;  // thread CPU ns for one 2 MiB probe
@@ -75,11 +85,7 @@ class HugePageGate {
   }
   int64_t costly_probes() const { return costly_.load(std::memory_order_relaxed); }
   // A row block was placed now (CLOCK_MONOTONIC ns); when the last one was.
-  void Placed() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    last_place_.store(static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec, std::memory_order_relaxed);
-  }
+  void Placed() { last_place_.store(MonoNs(), std::memory_order_relaxed); }
   int64_t last_place_ns() const { return last_place_.load(std::memory_order_relaxed); }
   // Bytes still to place in small pages before the next probe.
   int64_t bytes_before_probe() const { return skip_.load(std::memory_order_relaxed); }
@@ -96,12 +102,6 @@ class HugePageGate {
 };
 
 enum class Pages { kHuge, kSmall };
-
-inline int64_t ThreadCpuNs() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
-}
 
 // Places a block from AllocLarge(bytes) by the gate's policy (above); with
 // `all`, every page is mapped when it returns, else at least the probed 2 MiB
