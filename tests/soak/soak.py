@@ -277,6 +277,22 @@ class Soak:
                 self.probe[seq] = r["probe"]
                 self.max_commit = max(self.max_commit, seq)
 
+    def await_journal(self, timeout_s=120.0):
+        """Reads the journal until it names every version a replica answered
+        with, while the trainer lives. The trainer journals a commit after
+        the commit returns and it has computed the probe's prediction, so a
+        replica can answer with a commit the journal does not hold yet; a
+        trainer that dies first has its commit covered by the restart's
+        "restored" line instead."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.read_journal()
+            with self.lock:
+                unjournaled = any(v not in self.probe for _, v, _ in self.pending)
+            if not unjournaled or self.trainer.proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
+
     def check_answer(self, i, version, outputs):
         want = self.probe.get(version)
         if want is None:
@@ -463,7 +479,7 @@ class Soak:
         self.stopping.set()
         for t in threads:
             t.join(timeout=60)
-        self.read_journal()
+        self.await_journal()
         with self.lock:
             for i, version, outputs in self.pending:
                 if version not in self.probe:
