@@ -270,6 +270,22 @@ static void test_unique_sum_sums_duplicates() {
   for (size_t i = 0; i < uk.size(); ++i) CHECK_EQ(ug[i], want[uk[i]]);
 }
 
+// Runs lookup(out, pf) into a plain vector (serially), into a 64-byte aligned
+// output (streamed where large: Table::CanStreamOut) and into one 16 bytes
+// off a line (copied); both hold what the plain one holds, which is returned.
+template <typename Lookup>
+static std::vector<float> LookupIntoEachOutput(size_t floats, const Lookup& lookup) {
+  std::vector<float> want(floats);
+  lookup(want.data(), kSerial);
+  float* big = static_cast<float*>(std::aligned_alloc(64, floats * sizeof(float) + 64));
+  lookup(big, kThreads);
+  CHECK(std::memcmp(big, want.data(), floats * sizeof(float)) == 0);
+  lookup(big + 4, kThreads);
+  CHECK(std::memcmp(big + 4, want.data(), floats * sizeof(float)) == 0);
+  std::free(big);
+  return want;
+}
+
 // A training lookup into an output of at least 2 MiB whose rows are whole,
 // aligned cache lines is written with streaming stores (Table::StreamRowsOut);
 // every position, repeated keys included, gets its key's row as through an
@@ -284,16 +300,12 @@ static void test_a_large_aligned_output_holds_every_row_as_a_copied_one() {
   t.FindOrInsert(keys.data(), n, big, kThreads);
   for (int i = 0; i < n; i += 1 + i % 7)
     CHECK(std::vector<float>(big + static_cast<size_t>(i) * dim, big + static_cast<size_t>(i + 1) * dim) == BankRow<K>(keys[i], dim));
-  Sgd(t, std::vector<K>{keys[5]}, std::vector<float>(dim, 1.f), 3);
-  float* shifted = big + 4;  // 16 bytes off a line: copied, not streamed
-  std::vector<float> want(static_cast<size_t>(n) * dim);
-  t.FindOrInsert(keys.data(), n, want.data(), kSerial);
-  t.FindOrInsert(keys.data(), n, big, kThreads);
-  CHECK(std::memcmp(big, want.data(), want.size() * sizeof(float)) == 0);
-  t.FindOrInsert(keys.data(), n, shifted, kThreads);
-  CHECK(std::memcmp(shifted, want.data(), want.size() * sizeof(float)) == 0);
-  CHECK_EQ(want[5 * dim], BankRow<K>(keys[5], dim)[0] - 1.f);
   std::free(big);
+  Sgd(t, std::vector<K>{keys[5]}, std::vector<float>(dim, 1.f), 3);
+  const std::vector<float> want = LookupIntoEachOutput(static_cast<size_t>(n) * dim, [&](float* out, const ParallelFor& pf) {
+    t.FindOrInsert(keys.data(), n, out, pf);
+  });
+  CHECK_EQ(want[5 * dim], BankRow<K>(keys[5], dim)[0] - 1.f);
 }
 
 // A read-only find into an output of at least 2 MiB whose rows are whole,
@@ -311,17 +323,11 @@ static void test_a_large_aligned_find_output_holds_every_row_as_a_copied_one() {
   std::vector<float> scratch(present.size() * dim);
   t.FindOrInsert(present.data(), present.size(), scratch.data(), kSerial);
   for (int i = 0; i < n; ++i) keys[i] = static_cast<K>(i % 50000) * 7 + 3;  // 10,000 absent, 15,536 repeated
-  float* big = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * dim * sizeof(float) + 64));
-  float* shifted = big + 4;  // 16 bytes off a line: copied, not streamed
-  std::vector<float> want(static_cast<size_t>(n) * dim);
-  t.Find(keys.data(), n, want.data(), kSerial);
-  t.Find(keys.data(), n, big, kThreads);
-  CHECK(std::memcmp(big, want.data(), want.size() * sizeof(float)) == 0);
-  t.Find(keys.data(), n, shifted, kThreads);
-  CHECK(std::memcmp(shifted, want.data(), want.size() * sizeof(float)) == 0);
+  const std::vector<float> want = LookupIntoEachOutput(static_cast<size_t>(n) * dim, [&](float* out, const ParallelFor& pf) {
+    t.Find(keys.data(), n, out, pf);
+  });
   CHECK(std::vector<float>(want.begin(), want.begin() + dim) == BankRow<K>(keys[0], dim));
   CHECK(std::vector<float>(want.begin() + static_cast<size_t>(45000) * dim, want.begin() + static_cast<size_t>(45001) * dim) == def);
-  std::free(big);
 }
 
 static void test_growth_million_keys_values_intact() {
