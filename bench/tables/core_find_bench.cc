@@ -34,11 +34,7 @@
 
 using namespace evstore;
 
-static double Now(clockid_t c) {
-  timespec t;
-  clock_gettime(c, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
+static double Now(clockid_t c) { return ClockNs(c) * 1e-9; }  // seconds (first_touch.h's clock)
 static long SmapsKb(const char* field) {
   std::ifstream f("/proc/self/smaps_rollup");
   std::string line;

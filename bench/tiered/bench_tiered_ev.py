@@ -500,19 +500,21 @@ def _train_line(kind, fig):
 def _print_rounds(rounds):
     """Each round's training ratio (all-DRAM CPU / tiered CPU: higher is better for the tier), by CPU and
     by wall, and their medians over the rounds: the figure a target is judged by."""
+    def xs(ratios):
+        return ", ".join(f"{x:.2f}x" for x in ratios)
+
     by_cpu = [d["train_cpu_us_per_key"] / t["train_cpu_us_per_key"] for d, t in rounds]
     by_wall = [d["train_wall_us_per_key"] / t["train_wall_us_per_key"] for d, t in rounds]
-    print(f"\ntraining, tiered / all-DRAM by round: by CPU {', '.join(f'{x:.2f}x' for x in by_cpu)}; "
-          f"by wall {', '.join(f'{x:.2f}x' for x in by_wall)}")
+    print(f"\ntraining, tiered / all-DRAM by round: by CPU {xs(by_cpu)}; by wall {xs(by_wall)}")
     print(f"median of {len(rounds)} round(s): **{statistics.median(by_cpu):.2f}x by CPU**, "
           f"{statistics.median(by_wall):.2f}x by wall")
     if all("find1k_cpu_us_per_key" in t for _, t in rounds):
         f_cpu = [d["find1k_cpu_us_per_key"] / t["find1k_cpu_us_per_key"] for d, t in rounds]
         f_wall = [t["find1k_keys_per_s"] / d["find1k_keys_per_s"] for d, t in rounds]
-        print(f"read-only lookups at batch 1,024, tiered / all-DRAM by round: by CPU "
-              f"{', '.join(f'{x:.2f}x' for x in f_cpu)} (median {statistics.median(f_cpu):.2f}x); by wall "
-              f"{', '.join(f'{x:.2f}x' for x in f_wall)} (median {statistics.median(f_wall):.2f}x); the tier's "
-              f"major faults {', '.join(str(t['find1k_majflt']) for _, t in rounds)}")
+        print(f"read-only lookups at batch 1,024, tiered / all-DRAM by round: by CPU {xs(f_cpu)} "
+              f"(median {statistics.median(f_cpu):.2f}x); by wall {xs(f_wall)} "
+              f"(median {statistics.median(f_wall):.2f}x); the tier's major faults "
+              f"{', '.join(str(t['find1k_majflt']) for _, t in rounds)}")
     return by_cpu, by_wall
 
 

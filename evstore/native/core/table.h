@@ -266,7 +266,7 @@ class Table {
   // Read-only: out[i] = row of keys[i] if admitted, else the default value.
   // Never inserts, never counts; a tier reads cold rows without caching them.
   // A large output is written with streaming stores, as FindOrInsert's is
-  // (CanStreamOut / StreamRowsOut).
+  // (CanStreamOut, RowsOut).
   void Find(const K* keys, int64_t n, float* out, const ParallelFor& pf) const {
     Grouping g;
     index_.Group(keys, n, &g);
@@ -311,10 +311,7 @@ class Table {
           src[at[k]] = got[k];
         }
       }
-      if (stream_out)
-        StreamRowsOut(g, lo, hi, src, out);
-      else
-        CopyRowsOut(g, lo, hi, src, out);
+      RowsOut(g, lo, hi, src, out, stream_out);
     });
   }
 
@@ -485,10 +482,7 @@ class Table {
         if (p.en->row == kAdmitting) Admit(seg, p.en, rows[next++]);
         src[p.pos - lo] = RowIsReal(p.en->row) ? rows_.Row(p.en->row) : default_.data();
       }
-      if (stream_out)
-        StreamRowsOut(g, lo, hi, src, out);
-      else
-        CopyRowsOut(g, lo, hi, src, out);
+      RowsOut(g, lo, hi, src, out, stream_out);
     });
   }
 
@@ -1314,6 +1308,15 @@ class Table {
   }
 
   // Copies the rows noted for positions [lo, hi) to their output slots.
+  // The rows of positions [lo, hi) into out: streamed when the batch's
+  // output passed CanStreamOut (decided once per batch), else copied.
+  void RowsOut(const Grouping& g, int64_t lo, int64_t hi, const std::vector<const float*>& src, float* out,
+               bool stream) const {
+    if (stream)
+      StreamRowsOut(g, lo, hi, src, out);
+    else
+      CopyRowsOut(g, lo, hi, src, out);
+  }
   void CopyRowsOut(const Grouping& g, int64_t lo, int64_t hi, const std::vector<const float*>& src,
                    float* out) const {
     for (int64_t j = lo; j < hi; ++j)
