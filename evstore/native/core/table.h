@@ -265,9 +265,12 @@ class Table {
 
   // Read-only: out[i] = row of keys[i] if admitted, else the default value.
   // Never inserts, never counts; a tier reads cold rows without caching them.
+  // A large output is written with streaming stores, as FindOrInsert's is
+  // (CanStreamOut / StreamRowsOut).
   void Find(const K* keys, int64_t n, float* out, const ParallelFor& pf) const {
     Grouping g;
     index_.Group(keys, n, &g);
+    const bool stream_out = CanStreamOut(out, n);
     index_.template ForEachSegmentOfBatch<std::shared_lock<std::shared_mutex>>(g, n, 60, pf, [&](Seg& seg, int64_t lo,
                                                                                                  int64_t hi) {
       thread_local std::vector<const float*> src;  // row per position, prefetched
@@ -308,7 +311,10 @@ class Table {
           src[at[k]] = got[k];
         }
       }
-      CopyRowsOut(g, lo, hi, src, out);
+      if (stream_out)
+        StreamRowsOut(g, lo, hi, src, out);
+      else
+        CopyRowsOut(g, lo, hi, src, out);
     });
   }
 

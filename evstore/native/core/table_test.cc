@@ -319,6 +319,34 @@ static void test_a_large_aligned_output_holds_every_row_as_a_copied_one() {
   std::free(big);
 }
 
+// A read-only find into an output of at least 2 MiB whose rows are whole,
+// aligned cache lines is written with streaming stores as well: every
+// position, repeated and absent keys included, holds what an ordinary
+// (16-byte offset, copied) output holds.
+template <typename K>
+static void test_a_large_aligned_find_output_holds_every_row_as_a_copied_one() {
+  const int dim = 16, n = 65536;  // 4 MiB of rows
+  std::vector<float> def(dim);
+  for (int d = 0; d < dim; ++d) def[d] = -1.f - d;
+  Table<K> t(Cfg(dim, 1, def));
+  std::vector<K> present(40000), keys(n);
+  for (int i = 0; i < 40000; ++i) present[i] = static_cast<K>(i) * 7 + 3;
+  std::vector<float> scratch(present.size() * dim);
+  t.FindOrInsert(present.data(), present.size(), scratch.data(), kSerial);
+  for (int i = 0; i < n; ++i) keys[i] = static_cast<K>(i % 50000) * 7 + 3;  // 10,000 absent, 15,536 repeated
+  float* big = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * dim * sizeof(float) + 64));
+  float* shifted = big + 4;  // 16 bytes off a line: copied, not streamed
+  std::vector<float> want(static_cast<size_t>(n) * dim);
+  t.Find(keys.data(), n, want.data(), kSerial);
+  t.Find(keys.data(), n, big, kThreads);
+  CHECK(std::memcmp(big, want.data(), want.size() * sizeof(float)) == 0);
+  t.Find(keys.data(), n, shifted, kThreads);
+  CHECK(std::memcmp(shifted, want.data(), want.size() * sizeof(float)) == 0);
+  CHECK(std::vector<float>(want.begin(), want.begin() + dim) == BankRow<K>(keys[0], dim));
+  CHECK(std::vector<float>(want.begin() + static_cast<size_t>(45000) * dim, want.begin() + static_cast<size_t>(45001) * dim) == def);
+  std::free(big);
+}
+
 static void test_growth_million_keys_values_intact() {
   const int dim = 4, n = 1000000, batch = 10000;
   Table<int64_t> t(Cfg(dim));
@@ -1574,6 +1602,7 @@ TEST_MAIN(
   RUN_K(test_find_never_inserts);
   RUN_K(test_find_or_insert_counts_and_uses_bank_row);
   RUN_K(test_a_large_aligned_output_holds_every_row_as_a_copied_one);
+  RUN_K(test_a_large_aligned_find_output_holds_every_row_as_a_copied_one);
   RUN_K(test_repeated_new_keys_grow_the_index_as_much_as_the_keys_sent_once);
   RUN_K(test_min_freq_admission);
   RUN_K(test_apply_sgd_updates_only_admitted);
