@@ -136,18 +136,54 @@ class Index {
   // PrefetchAhead for a batch grouped in order (GroupInOrder): the same
   // stages, reading the hashes and keys at j + distance directly.
   static void PrefetchAheadInOrder(const Seg& seg, const OrderedGrouping& g, int64_t j, int64_t hi) {
+    PrefetchAheadOf(seg, g, j, hi, [](int64_t q) { return q; });
+  }
+
+  // The same for a subsequence of a segment's positions in order, q-th of n,
+  // position at(q) (Table::FindOrInsert's absent keys, probed again to insert).
+  template <typename At>
+  static void PrefetchAheadOf(const Seg& seg, const OrderedGrouping& g, int64_t q, int64_t n, const At& at) {
     const uint64_t* h = g.hash_in_order.data();
     if constexpr (Traits::kKeyOutOfLine) {
-      if (j + 3 * kKeyAhead < hi) seg.PrefetchCtrl(h[j + 3 * kKeyAhead]);
-      if (j + 2 * kKeyAhead < hi) seg.PrefetchSlot(h[j + 2 * kKeyAhead]);
-      if (j + kKeyAhead < hi) {
-        seg.PrefetchKey(h[j + kKeyAhead]);
-        Traits::PrefetchQuery(g.key_in_order[j + kKeyAhead]);
+      if (q + 3 * kKeyAhead < n) seg.PrefetchCtrl(h[at(q + 3 * kKeyAhead)]);
+      if (q + 2 * kKeyAhead < n) seg.PrefetchSlot(h[at(q + 2 * kKeyAhead)]);
+      if (q + kKeyAhead < n) {
+        seg.PrefetchKey(h[at(q + kKeyAhead)]);
+        Traits::PrefetchQuery(g.key_in_order[at(q + kKeyAhead)]);
       }
     } else {
-      if (j + kCtrlAhead < hi) seg.PrefetchCtrl(h[j + kCtrlAhead]);
-      if (j + kSlotAhead < hi) seg.PrefetchSlot(h[j + kSlotAhead]);
+      if (q + kCtrlAhead < n) seg.PrefetchCtrl(h[at(q + kCtrlAhead)]);
+      if (q + kSlotAhead < n) seg.PrefetchSlot(h[at(q + kSlotAhead)]);
     }
+  }
+
+  // How many distinct hashes the positions pos hold in g (hash_in_order):
+  // the number of keys among them, each key's repeats in the batch counted
+  // once. Two keys of equal 64-bit hash count as one, so the count is never
+  // above the keys'. `set` is scratch (an open-addressed set of at least
+  // twice pos.size() slots; 0 marks a free slot, and the hash 0 is counted
+  // apart).
+  static size_t DistinctHashes(const OrderedGrouping& g, const std::vector<int64_t>& pos,
+                               std::vector<uint64_t>* set) {
+    size_t cap = 16;
+    while (cap < pos.size() * 2) cap <<= 1;
+    set->assign(cap, 0);
+    uint64_t* const slot = set->data();
+    size_t distinct = 0;
+    bool zero = false;
+    for (const int64_t j : pos) {
+      const uint64_t h = g.hash_in_order[j];
+      if (h == 0) {
+        distinct += !zero;
+        zero = true;
+        continue;
+      }
+      size_t p = h & (cap - 1);  // low bits: a segment's hashes share their top bits
+      while (slot[p] != 0 && slot[p] != h) p = (p + 1) & (cap - 1);
+      distinct += slot[p] == 0;
+      slot[p] = h;
+    }
+    return distinct;
   }
 
   // Sizes every segment for `total_keys` keys in the whole index (spread

@@ -31,9 +31,11 @@
 //    (19.4-29.1). A segment grown from empty has moved 2-3 entries per key
 //    (3x its size at its last growth) and allocated about 3x its final
 //    arrays; with the factor 1.25 used before, 4-5 entries per key and 5x,
-//    about a third of the CPU of inserting new keys (BENCHMARKS.md). A bulk
-//    import sizes segments at load 0.7 instead (Reserve). Growth rehashes
-//    this segment only; rows never move.
+//    about a third of the CPU of inserting new keys (BENCHMARKS.md). A
+//    training lookup that knows how many of a batch's keys are absent grows
+//    once for all of them before inserting them (GrowFor), to the same 7/12
+//    once they are in; a bulk import sizes segments at load 0.7 instead
+//    (Reserve). Growth rehashes this segment only; rows never move.
 //  * `dirty` holds every key whose entry has the dirty bit set (plus, possibly,
 //    keys erased since); `deleted` holds every key erased since the last
 //    sealed export, re-inserted since or not (a re-inserted key is also
@@ -183,7 +185,7 @@ class Segment {
   // Inserts a key known to be absent; returns its entry (row = kNoRow,
   // freq = 0, clean). May rehash: entry pointers from before are invalid.
   E* InsertAbsent(Key key, uint64_t h) {
-    if ((size_ + tombstones_ + 1) * 8 > capacity() * 7) Grow();
+    if (Overfills(1)) Rehash(GroupsFor(1));
     E* e = Place(key, h);
     ++size_;
     return e;
@@ -221,6 +223,22 @@ class Segment {
     dirty.clear();
     deleted.clear();
     admitted_ = 0;
+  }
+
+  // Whether `more` inserts would take the load (full + tombstones) over 7/8.
+  bool Overfills(size_t more) const { return (size_ + tombstones_ + more) * 8 > capacity() * 7; }
+
+  // Makes room for `more` keys known to be absent (a training lookup's
+  // misses, each key once): when inserting them would take the load over
+  // 7/8, one rehash to the capacity at which they bring it to 7/12, rather
+  // than a growth each time the load crosses 7/8 on the way. Exact counts
+  // keep the index's bytes per key where growth keeps them; a count too high
+  // would leave the segment larger than its keys need. Returns whether it
+  // rehashed (entry pointers from before are then invalid).
+  bool GrowFor(size_t more) {
+    if (!Overfills(more)) return false;
+    Rehash(GroupsFor(more));
+    return true;
   }
 
   // Makes room for `n` entries in total without further growth (a bulk
@@ -270,10 +288,12 @@ class Segment {
     }
   }
 
-  void Grow() {
-    // Target load kGrowDen / kGrowNum after the rehash (a table full of tombstones keeps its size).
-    size_t want = (size_ + 1) * kGrowNum / kGrowDen / kGroup + 1;
-    Rehash(want < ngroups_ ? ngroups_ : want);
+  // Groups for a rehash before `more` inserts: load kGrowDen / kGrowNum once
+  // they are in, never fewer groups than now (a segment full of tombstones
+  // keeps its size).
+  size_t GroupsFor(size_t more) const {
+    const size_t want = (size_ + more) * kGrowNum / kGrowDen / kGroup + 1;
+    return want < ngroups_ ? ngroups_ : want;
   }
 
   void Rehash(size_t want) {

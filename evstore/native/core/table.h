@@ -383,22 +383,9 @@ class Table {
         tier = &ThisTierPart();
         tier->Clear();
       }
-      bool bloom_pending = false;
-      // Pass 1: count every occurrence (inserting unseen keys, or counting
-      // them in the Bloom filter), note rows.
-      for (int64_t j = lo; j < hi; ++j) {
-        Idx::PrefetchAheadInOrder(seg, g, j, hi);
-        E* en;
-        if (count_outside) {
-          en = seg.Find(key[j], hash[j]);
-          if (!en) {  // counted in the filter below (prefetched, so misses overlap)
-            pending.push_back({j, nullptr, 0});
-            bloom_pending = true;
-            continue;
-          }
-        } else {
-          en = seg.FindOrAdd(key[j], hash[j]);
-        }
+      // Pass 1 counts every occurrence in its key's entry and notes its row
+      // (or, for a key without one, the position as pending).
+      auto note = [&](E* en, int64_t j) {
         en->add_freq(counts ? Occurrences(counts[g.order[j]]) : 1);
         seg.MarkDirty(en);
         if (RowIsReal(en->row)) {
@@ -416,6 +403,45 @@ class Table {
           }
         } else {
           pending.push_back({j, en, seg.rehashes()});
+        }
+      };
+      thread_local std::vector<int64_t> absent;     // positions whose key 1a left absent
+      thread_local std::vector<uint64_t> distinct;  // Idx::DistinctHashes' scratch
+      absent.clear();
+      bool bloom_pending = false;
+      // A segment with room for every key of its part inserts absent keys as
+      // they come (no growth can follow); one without room grows in 1b, once,
+      // for the keys found absent, instead of in the middle of 1a, where each
+      // growth left the prefetched slots and every pending entry taken before
+      // it stale (pass 2b found those again, one cache miss each).
+      const bool room = !seg.Overfills(static_cast<size_t>(hi - lo));
+      // 1a: every position probed. An absent key is inserted (room), noted
+      // for 1b, or, with a Bloom filter, counted in the filter below
+      // (prefetched, so misses overlap).
+      for (int64_t j = lo; j < hi; ++j) {
+        Idx::PrefetchAheadInOrder(seg, g, j, hi);
+        E* en = seg.Find(key[j], hash[j]);
+        if (!en && room && !count_outside) en = seg.InsertAbsent(key[j], hash[j]);
+        if (en) {
+          note(en, j);
+        } else if (count_outside) {
+          pending.push_back({j, nullptr, 0});
+          bloom_pending = true;
+        } else {
+          absent.push_back(j);
+        }
+      }
+      // 1b: the absent keys inserted after at most one growth, for all of
+      // them (each key's repeats in the batch counted once, so the load ends
+      // at 7/12, where growth leaves it: segment.h). A key's first occurrence
+      // inserts it, its repeats find it.
+      if (!absent.empty()) {
+        if (seg.Overfills(absent.size())) seg.GrowFor(Idx::DistinctHashes(g, absent, &distinct));
+        const int64_t na = static_cast<int64_t>(absent.size());
+        const int64_t* const at = absent.data();
+        for (int64_t q = 0; q < na; ++q) {
+          Idx::PrefetchAheadOf(seg, g, q, na, [at](int64_t r) { return at[r]; });
+          note(seg.FindOrAdd(key[at[q]], hash[at[q]]), at[q]);
         }
       }
       if constexpr (!Store::kAllResident) {

@@ -19,6 +19,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -202,6 +203,28 @@ static void test_find_or_insert_counts_and_uses_bank_row() {
   CHECK_EQ(Slice(out, 0, 4)[0], BankRow<K>(1, 4)[0] - 1.f);
   CHECK(ReadOne(t, K(1)).freq == 5 && ReadOne(t, hi).freq == 2);
   CHECK_STATS(t, 6, 6);
+}
+
+// A training lookup grows the index for the keys it adds, each key's repeats
+// in the batch counted once: new keys repeated many times leave the index as
+// large as the same keys sent once do, and are counted every time.
+template <typename K>
+static void test_repeated_new_keys_grow_the_index_as_much_as_the_keys_sent_once() {
+  TableConfig c = Cfg(4);
+  c.segments_log2 = 0;
+  Table<K> once(c), repeated(c);
+  std::vector<K> base, fresh, rep;
+  for (K k = 0; k < 3000; ++k) base.push_back(k);
+  for (K k = 3000; k < 3600; ++k) fresh.push_back(k);
+  for (int r = 0; r < 40; ++r) rep.insert(rep.end(), fresh.begin(), fresh.end());
+  Lookup(once, base, true);
+  Lookup(repeated, base, true);
+  Lookup(once, fresh, true);
+  Lookup(repeated, rep, true, kThreads);
+  CHECK_EQ(once.Stats().index_bytes, repeated.Stats().index_bytes);
+  CHECK_STATS(repeated, 3600, 3600);
+  CHECK(ReadOne(repeated, K(3000)).freq == 40 && ReadOne(repeated, K(3599)).freq == 40);
+  CHECK(Lookup(repeated, std::vector<K>{3123}, false) == BankRow<K>(3123, 4));
 }
 
 template <typename K>
@@ -1470,6 +1493,50 @@ static void test_a_growing_segment_grows_by_half_and_moves_each_key_two_to_three
   for (int64_t k = 0; k < n; k += 97) CHECK(seg.Find(k, IntegerKeyTraits<int64_t>::Hash(k)) != nullptr);
 }
 
+// GrowFor(more), `more` keys known to be absent: when they would take the
+// load over 7/8, one rehash to the capacity at which they bring it to 7/12,
+// and inserting them rehashes no more; with room for them, no rehash.
+static void test_grow_for_absent_keys_rehashes_once_to_where_they_bring_the_load_to_7_12() {
+  using T = IntegerKeyTraits<int64_t>;
+  Segment<T> seg;
+  int64_t k = 0;
+  for (; k < 5000; ++k) seg.FindOrAdd(k, T::Hash(k));
+  while (!seg.Overfills(1000)) seg.FindOrAdd(k, T::Hash(k)), ++k;  // never grows: room for 1000 more
+  const uint64_t r0 = seg.rehashes();
+  CHECK(!seg.Overfills(1));
+  CHECK(seg.GrowFor(1000));
+  CHECK_EQ(seg.rehashes(), r0 + 1);
+  for (const int64_t stop = k + 1000; k < stop; ++k) seg.FindOrAdd(k, T::Hash(k));
+  CHECK_EQ(seg.rehashes(), r0 + 1);
+  const double load = static_cast<double>(seg.size()) / static_cast<double>(seg.capacity());
+  CHECK(load > 0.57 && load < 0.59);
+  CHECK(!seg.GrowFor(100));  // room for 100 more
+  CHECK_EQ(seg.rehashes(), r0 + 1);
+  for (int64_t i = 0; i < k; i += 13) CHECK(seg.Find(i, T::Hash(i)) != nullptr);
+}
+
+// DistinctHashes counts the keys at a batch's positions, each key's repeats
+// once, whichever subset of positions it is given.
+static void test_distinct_hashes_counts_each_key_of_the_positions_once() {
+  using Idx = Index<IntegerKeyTraits<int64_t>>;
+  Idx idx(2);
+  std::vector<int64_t> keys;
+  for (int64_t i = 0; i < 6000; ++i) keys.push_back((i * 7919) % 1500);  // 1500 keys, 4 times each
+  Idx::OrderedGrouping g;
+  idx.GroupInOrder(keys.data(), static_cast<int64_t>(keys.size()), &g);
+  std::vector<uint64_t> scratch;
+  std::vector<int64_t> pos;
+  CHECK_EQ(Idx::DistinctHashes(g, pos, &scratch), size_t{0});
+  for (int64_t j = 0; j < static_cast<int64_t>(keys.size()); ++j) pos.push_back(j);
+  CHECK_EQ(Idx::DistinctHashes(g, pos, &scratch), size_t{1500});
+  for (int s = 0; s < idx.num_segments(); ++s) {  // each segment's part: its own keys
+    pos.clear();
+    std::set<int64_t> want;
+    for (int64_t j = g.start[s]; j < g.start[s + 1]; j += 3) pos.push_back(j), want.insert(g.key_in_order[j]);
+    CHECK_EQ(Idx::DistinctHashes(g, pos, &scratch), want.size());
+  }
+}
+
 static void test_group_probe_answers_exactly() {
 #ifdef EVSTORE_PORTABLE_PROBE
   CHECK(std::string(kProbeImpl) == "portable");
@@ -1531,6 +1598,8 @@ static void test_a_batch_grouped_in_order_holds_each_position_s_hash_and_key_in_
 TEST_MAIN(
   RUN(test_group_probe_answers_exactly);
   RUN(test_a_growing_segment_grows_by_half_and_moves_each_key_two_to_three_times);
+  RUN(test_grow_for_absent_keys_rehashes_once_to_where_they_bring_the_load_to_7_12);
+  RUN(test_distinct_hashes_counts_each_key_of_the_positions_once);
   RUN(test_a_batch_grouped_in_order_holds_each_position_s_hash_and_key_in_segment_order);
   RUN(test_string_keys);
   RUN(test_string_dirty_keys_outlive_their_entries);
@@ -1540,6 +1609,7 @@ TEST_MAIN(
   RUN_K(test_find_or_insert_counts_and_uses_bank_row);
   RUN_K(test_a_large_aligned_output_holds_every_row_as_a_copied_one);
   RUN_K(test_a_large_aligned_find_output_holds_every_row_as_a_copied_one);
+  RUN_K(test_repeated_new_keys_grow_the_index_as_much_as_the_keys_sent_once);
   RUN_K(test_min_freq_admission);
   RUN_K(test_apply_sgd_updates_only_admitted);
   RUN_K(test_unique_sum_sums_duplicates);
