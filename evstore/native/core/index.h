@@ -143,13 +143,19 @@ class Index {
   // position at(q) (Table::FindOrInsert's absent keys, probed again to insert).
   template <typename At>
   static void PrefetchAheadOf(const Seg& seg, const OrderedGrouping& g, int64_t q, int64_t n, const At& at) {
-    const uint64_t* h = g.hash_in_order.data();
+    PrefetchAheadOf(seg, g.hash_in_order.data(), g.key_in_order.data(), q, n, at);
+  }
+
+  // The same stages over hashes h and keys k already in probe order (a
+  // segment part's, gathered by its thread: Table::Find).
+  template <typename At>
+  static void PrefetchAheadOf(const Seg& seg, const uint64_t* h, const Key* k, int64_t q, int64_t n, const At& at) {
     if constexpr (Traits::kKeyOutOfLine) {
       if (q + 3 * kKeyAhead < n) seg.PrefetchCtrl(h[at(q + 3 * kKeyAhead)]);
       if (q + 2 * kKeyAhead < n) seg.PrefetchSlot(h[at(q + 2 * kKeyAhead)]);
       if (q + kKeyAhead < n) {
         seg.PrefetchKey(h[at(q + kKeyAhead)]);
-        Traits::PrefetchQuery(g.key_in_order[at(q + kKeyAhead)]);
+        Traits::PrefetchQuery(k[at(q + kKeyAhead)]);
       }
     } else {
       if (q + kCtrlAhead < n) seg.PrefetchCtrl(h[at(q + kCtrlAhead)]);

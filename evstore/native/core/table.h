@@ -276,13 +276,27 @@ class Table {
       thread_local std::vector<const float*> src;  // row per position, prefetched
       src.resize(hi - lo);
       if constexpr (Store::kAllResident) {
-        for (int64_t j = lo; j < hi; ++j) {
-          Idx::PrefetchAhead(seg, g, keys, j, hi);
-          uint32_t i = g.order[j];
-          const E* en = seg.Find(keys[i], g.hash[i]);
+        // The part's hashes and keys gathered into probe order first: the
+        // gather's loads are independent of each other and overlap, where
+        // the probe loop reading them at random through g.order waited for
+        // each before it could prefetch that key's control bytes.
+        thread_local std::vector<uint64_t> hs;
+        thread_local std::vector<K> ks;
+        const int64_t m = hi - lo;
+        hs.resize(m);
+        ks.resize(m);
+        for (int64_t q = 0; q < m; ++q) {
+          const uint32_t i = g.order[lo + q];
+          hs[q] = g.hash[i];
+          ks[q] = keys[i];
+        }
+        const auto same = [](int64_t q) { return q; };
+        for (int64_t q = 0; q < m; ++q) {
+          Idx::PrefetchAheadOf(seg, hs.data(), ks.data(), q, m, same);
+          const E* en = seg.Find(ks[q], hs[q]);
           const float* p = (en && RowIsReal(en->row)) ? rows_.ReadRow(en->row) : default_.data();
           rows_.PrefetchRow(p, dim_);
-          src[j - lo] = p;
+          src[q] = p;
         }
       } else {
         // A tier: note the rows, then read them in place or, the cold ones,
