@@ -86,10 +86,17 @@ class Index {
     Group(keys, n, g);
     g->hash_in_order.resize(n);
     g->key_in_order.resize(n);
-    for (int64_t j = 0; j < n; ++j) {
-      const uint32_t i = g->order[j];
-      g->hash_in_order[j] = g->hash[i];
-      g->key_in_order[j] = keys[i];
+    GatherInOrder(*g, keys, 0, n, g->hash_in_order.data(), g->key_in_order.data());
+  }
+
+  // The hashes and keys of positions [lo, hi) of g.order, in that order,
+  // into h[0, hi - lo) and k[0, hi - lo): GroupInOrder's gather for the whole
+  // batch, Table::Find's for one segment's part (on the thread probing it).
+  static void GatherInOrder(const Grouping& g, const Key* keys, int64_t lo, int64_t hi, uint64_t* h, Key* k) {
+    for (int64_t j = lo; j < hi; ++j) {
+      const uint32_t i = g.order[j];
+      h[j - lo] = g.hash[i];
+      k[j - lo] = keys[i];
     }
   }
 
@@ -136,7 +143,11 @@ class Index {
   // PrefetchAhead for a batch grouped in order (GroupInOrder): the same
   // stages, reading the hashes and keys at j + distance directly.
   static void PrefetchAheadInOrder(const Seg& seg, const OrderedGrouping& g, int64_t j, int64_t hi) {
-    PrefetchAheadOf(seg, g, j, hi, [](int64_t q) { return q; });
+    PrefetchAheadInOrder(seg, g.hash_in_order.data(), g.key_in_order.data(), j, hi);
+  }
+  // The same over hashes h and keys k gathered in probe order (GatherInOrder).
+  static void PrefetchAheadInOrder(const Seg& seg, const uint64_t* h, const Key* k, int64_t j, int64_t hi) {
+    PrefetchAheadOf(seg, h, k, j, hi, [](int64_t q) { return q; });
   }
 
   // The same for a subsequence of a segment's positions in order, q-th of n,
@@ -146,8 +157,8 @@ class Index {
     PrefetchAheadOf(seg, g.hash_in_order.data(), g.key_in_order.data(), q, n, at);
   }
 
-  // The same stages over hashes h and keys k already in probe order (a
-  // segment part's, gathered by its thread: Table::Find).
+  // The same stages over hashes h and keys k already in probe order
+  // (GatherInOrder's).
   template <typename At>
   static void PrefetchAheadOf(const Seg& seg, const uint64_t* h, const Key* k, int64_t q, int64_t n, const At& at) {
     if constexpr (Traits::kKeyOutOfLine) {

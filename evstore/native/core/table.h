@@ -285,14 +285,9 @@ class Table {
         const int64_t m = hi - lo;
         hs.resize(m);
         ks.resize(m);
+        Idx::GatherInOrder(g, keys, lo, hi, hs.data(), ks.data());
         for (int64_t q = 0; q < m; ++q) {
-          const uint32_t i = g.order[lo + q];
-          hs[q] = g.hash[i];
-          ks[q] = keys[i];
-        }
-        const auto same = [](int64_t q) { return q; };
-        for (int64_t q = 0; q < m; ++q) {
-          Idx::PrefetchAheadOf(seg, hs.data(), ks.data(), q, m, same);
+          Idx::PrefetchAheadInOrder(seg, hs.data(), ks.data(), q, m);
           const E* en = seg.Find(ks[q], hs[q]);
           const float* p = (en && RowIsReal(en->row)) ? rows_.ReadRow(en->row) : default_.data();
           rows_.PrefetchRow(p, dim_);
