@@ -42,7 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench.harness.args import add_size_args
 from bench.harness.rss import hwm_mib, rss_mib
-from bench.harness.timing import rate
+from bench.harness.timing import on_host, rate
 from bench.harness.workload import Batches, fill_chunks
 
 WORKLOADS = ("find", "lookup_init", "upsert_existing", "insert_new", "train_step")
@@ -82,9 +82,9 @@ class TfraPeer:
         ids = self.ex[i % self.bt.count]
         t0 = time.perf_counter()
         if workload == "find":
-            self.table.lookup(ids).numpy()
+            on_host(self.table.lookup(ids))
         elif workload == "lookup_init":
-            self.var.lookup(ids).numpy()
+            on_host(self.var.lookup(ids))
         elif workload == "upsert_existing":
             self.table.insert(ids, self.rows)
         elif workload == "insert_new":

@@ -11,7 +11,8 @@ Every system is filled with the same N keys (not pre-sized), then measured in
 INTERLEAVED rounds: round r runs batch r of every workload of a phase, one
 system after another (order rotated each round), so all systems share the
 same noise of this shared 2-core machine. Rates are medians over --batches
-timed rounds (after --warmup untimed ones), in keys/s, outputs materialised.
+timed rounds (after --warmup untimed ones), in keys/s, each output handed over as a host
+array aliasing it (bench/harness/timing.py on_host: no copy).
 TFRA (optional, --peer-python) runs in its own venv as a `peer_tfra.py
 --serve` subprocess that times each batch itself; it idles while we run.
 
@@ -53,7 +54,7 @@ from bench.harness.args import add_size_args
 from bench.harness.paths import ROOT
 from bench.harness.peers import TfraProcess
 from bench.harness.rss import guard_available_memory, hwm_mib, rss_mib
-from bench.harness.timing import rate, timed
+from bench.harness.timing import on_host, rate, timed
 from bench.harness.workload import Batches, fill_chunks
 
 SYSTEMS = ("evstore", "dense_hash", "numpy")
@@ -101,12 +102,12 @@ class Evstore:
         tf, ops, h, dim = self.tf, self.ops, self.h, self.dim
         ids = self.ex[i % self.bt.count]
         if w == "find":
-            return [timed(lambda: ops.ev_find(h, ids, dim=dim).numpy())]
+            return [timed(lambda: on_host(ops.ev_find(h, ids, dim=dim)))]
         if w == "foi_hit":
-            return [timed(lambda: ops.ev_find_or_insert(h, ids, self.no_proxy, dim=dim).numpy())]
+            return [timed(lambda: on_host(ops.ev_find_or_insert(h, ids, self.no_proxy, dim=dim)))]
         if w == "foi_new":
             new = self.new[i % self.bt.count]
-            return [timed(lambda: ops.ev_find_or_insert(h, new, self.no_proxy, dim=dim).numpy())]
+            return [timed(lambda: on_host(ops.ev_find_or_insert(h, new, self.no_proxy, dim=dim)))]
         if w == "adam_apply":
             step = tf.constant(i + 1, tf.int64)
             return [timed(lambda: ops.ev_apply_adam(h, ids, self.grads, step, *self.adam_hp))]
@@ -145,7 +146,7 @@ class DenseHash:
     def run(self, w, i):
         if w == "find":
             ids = self.ex[i % self.bt.count]
-            return [timed(lambda: self.table.lookup(ids).numpy())]
+            return [timed(lambda: on_host(self.table.lookup(ids)))]
         if w == "insert_new":
             return [timed(self.table.insert, self.new[i % self.bt.count], self.rows)]
         raise ValueError(w)
