@@ -16,8 +16,8 @@ def on_host(tensor):
     An eager op on the CPU has finished when it returns; this hands its result
     over as a caller reading it would, without `EagerTensor.numpy()`'s copy
     (`.numpy()` copies the array it gets from `__array__`). At 65,536 x 64
-    float32 that copy is 16 MiB on one thread, about 3.5 ms a batch, the same
-    for every system timed, so it pulled every table ratio toward 1."""
+    float32 that copy is 16 MiB on one thread per batch, the same for every
+    system timed, so it pulled every table ratio toward 1."""
     return tensor.__array__()
 
 
