@@ -27,6 +27,7 @@ import sys
 import time
 
 from bench.harness.args import add_size_args
+from bench.harness.timing import on_host
 from bench.harness.workload import Batches, fill_chunks
 
 PR_SET_THP_DISABLE = 41
@@ -72,10 +73,10 @@ def main():
     no_proxy, supplied = tf.zeros([0]), tf.random.normal([args.batch, args.dim], stddev=0.01)
     existing = [tf.constant(k) for k in bt.keys]
     phases = {
-        "find": {"evstore": lambda i: ops.ev_find(ev.resource_handle, existing[i], dim=args.dim).numpy(),
-                 "dense_hash": lambda i: dht.lookup(existing[i]).numpy()},
-        "insert": {"evstore": lambda i: ops.ev_find_or_insert(ev.resource_handle, new[i], no_proxy,
-                                                              dim=args.dim).numpy(),
+        "find": {"evstore": lambda i: on_host(ops.ev_find(ev.resource_handle, existing[i], dim=args.dim)),
+                 "dense_hash": lambda i: on_host(dht.lookup(existing[i]))},
+        "insert": {"evstore": lambda i: on_host(ops.ev_find_or_insert(ev.resource_handle, new[i], no_proxy,
+                                                                      dim=args.dim)),
                    "dense_hash": lambda i: dht.insert(new[i], supplied)}}
     times = {}
     for phase, run in phases.items():

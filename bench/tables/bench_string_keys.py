@@ -24,6 +24,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from bench.harness.paths import ROOT
 from bench.harness.peers import module_cmd
+from bench.harness.timing import on_host
 from bench.tables.string_keys_common import batch_indices, make_keys
 
 
@@ -91,14 +92,12 @@ def main():
         gc.collect()
         gc.freeze()
         systems = {
-            "evstore_string": lambda w, r: _time(lambda: (gen.ev_find(s_ev.resource_handle, sb[r], dim=args.dim)
-                                                           if w == "find" else
-                                                           gen.ev_find_or_insert(s_ev.resource_handle, sb[r], proxy,
-                                                                                 dim=args.dim)).numpy()),
-            "evstore_int64": lambda w, r: _time(lambda: (gen.ev_find(i_ev.resource_handle, ib[r], dim=args.dim)
-                                                          if w == "find" else
-                                                          gen.ev_find_or_insert(i_ev.resource_handle, ib[r], proxy,
-                                                                                dim=args.dim)).numpy()),
+            "evstore_string": lambda w, r: _time(lambda: on_host(
+                gen.ev_find(s_ev.resource_handle, sb[r], dim=args.dim) if w == "find" else
+                gen.ev_find_or_insert(s_ev.resource_handle, sb[r], proxy, dim=args.dim))),
+            "evstore_int64": lambda w, r: _time(lambda: on_host(
+                gen.ev_find(i_ev.resource_handle, ib[r], dim=args.dim) if w == "find" else
+                gen.ev_find_or_insert(i_ev.resource_handle, ib[r], proxy, dim=args.dim))),
         }
         peer = None
         if args.peer_python:
