@@ -35,10 +35,10 @@
 //  * The rows' contents are the same before, during and after a collapse (the
 //    kernel keeps readers and writers of the 2 MiB out while it copies); only
 //    the page size changes.
-//  * Off unless EVSTORE_HUGE_COLLAPSE=1 is set in the process's environment:
-//    its gain on finds is not yet measured apart from the machine's noise, nor
-//    its cost beside a running fill or widening (BENCHMARKS.md). Where the
-//    kernel lacks MADV_COLLAPSE (EINVAL), nothing is collapsed either
+//  * On unless EVSTORE_HUGE_COLLAPSE=0 is set in the process's environment
+//    (BENCHMARKS.md: finds of rows left in small pages 14-33% cheaper, a
+//    lookup stall of up to ~16 ms once after a fill on a quiet machine). Where
+//    the kernel lacks MADV_COLLAPSE (EINVAL), nothing is collapsed
 //    (khugepaged may still do it, slowly).
 #pragma once
 #include <errno.h>
@@ -147,7 +147,7 @@ class Collapser {
     if (kMadvCollapse < 0) return false;
     static const bool on = [] {
       const char* e = std::getenv("EVSTORE_HUGE_COLLAPSE");
-      return e && std::strcmp(e, "1") == 0;
+      return !(e && std::strcmp(e, "0") == 0);
     }();
     return on && !Instance().unsupported_.load(std::memory_order_relaxed);
   }

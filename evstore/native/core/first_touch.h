@@ -27,8 +27,8 @@
 //     huge pages cheap again). A costly probe wastes a few milliseconds, so
 //     probes cost a small fraction of the small pages placed between them.
 //   * A block placed in small pages is advised huge again once every page is
-//     mapped: no later fault makes a huge page of it; where
-//     EVSTORE_HUGE_COLLAPSE=1, the arena hands it to the collapser
+//     mapped: no later fault makes a huge page of it; unless
+//     EVSTORE_HUGE_COLLAPSE=0, the arena hands it to the collapser
 //     (collapse.h), which makes huge pages of it once the process has placed
 //     no row block for a while (khugepaged would too, but at its default
 //     pace, 16 MiB every 10 s, not before the table is read).
