@@ -6,8 +6,9 @@
     manager.start(delta_every=60, full_every=3600); ...; manager.stop()
     model.fit(ds, callbacks=[checkpoint.CheckpointCallback("/data/ckpt", delta_every=100)])
 """
+import importlib
+
 from checkpoint.chain import resolve_chain, scan, verify_files
-from checkpoint.fit import CheckpointCallback, QualityMetric
 from checkpoint.errors import ChainError, CheckpointError, CorruptCheckpointError, NoCheckpointError
 from checkpoint.lease import LeaseHeldError, LeaseLostError
 from checkpoint.manager import CheckpointManager
@@ -17,3 +18,11 @@ from checkpoint.storage import Storage
 __all__ = ["CheckpointManager", "CheckpointCallback", "QualityMetric", "Manifest", "Storage", "scan", "resolve_chain", "verify_files",
            "CheckpointError", "CorruptCheckpointError", "ChainError", "NoCheckpointError", "LeaseHeldError",
            "LeaseLostError"]
+
+
+def __getattr__(name):
+    """CheckpointCallback and QualityMetric are Keras classes (checkpoint/fit.py): imported, with
+    Keras, when first used, so that `import checkpoint` does not import Keras."""
+    if name in ("CheckpointCallback", "QualityMetric"):
+        return getattr(importlib.import_module("checkpoint.fit"), name)
+    raise AttributeError(f"module 'checkpoint' has no attribute {name!r}")

@@ -14,10 +14,10 @@ A ShardedEmbeddingVariable `<name>` of N shards is saved as N EVs
 "route": SHARD_ROUTE} recorded in the manifest (checkpoint/shards.py restores
 them into any number of shards).
 """
-import keras
 import tensorflow as tf
 
 from evstore.collective import CollectiveEmbeddingVariable, owner_of
+from evstore.lazy_keras import isinstance_of
 from evstore.schema import SHARD_ROUTE
 from evstore.variable import EmbeddingVariable, ev_for_variable
 
@@ -108,7 +108,7 @@ class Collected:
             # number depends on the shard count, which a restore may change.
             return
         if name is None:
-            name = getattr(v, "path", None) if isinstance(v, keras.Variable) else v.name.split(":")[0]
+            name = getattr(v, "path", None) if isinstance_of(v, "Variable") else v.name.split(":")[0]
         self._check_new(name, v)
         self.dense[name] = v
 
@@ -125,7 +125,7 @@ class Collected:
 
 
 def _is_keras_optimizer(obj):
-    return isinstance(obj, keras.optimizers.Optimizer)
+    return isinstance_of(obj, "optimizers.Optimizer")
 
 
 def _walk(obj, out, name=None):
@@ -133,11 +133,11 @@ def _walk(obj, out, name=None):
         out.add_collective(obj, name)
     elif isinstance(obj, EmbeddingVariable):
         out.add_ev(obj, name)
-    elif isinstance(obj, (tf.Variable, keras.Variable)):
+    elif isinstance(obj, tf.Variable) or isinstance_of(obj, "Variable"):
         out.add_dense(obj, name)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            named = (isinstance(v, (EmbeddingVariable, tf.Variable, keras.Variable))
+            named = (isinstance(v, (EmbeddingVariable, tf.Variable)) or isinstance_of(v, "Variable")
                      or _is_keras_optimizer(v))
             _walk(v, out, k if named else None)
     elif isinstance(obj, (list, tuple)):
@@ -151,7 +151,7 @@ def _walk(obj, out, name=None):
             path = getattr(v, "path", v.name)
             local = path[len(obj.name) + 1:] if path.startswith(obj.name + "/") else path
             out.add_dense(v, f"{name or 'optimizer'}/{local}")
-    elif isinstance(obj, keras.layers.Layer):
+    elif isinstance_of(obj, "layers.Layer"):
         for layer in obj._flatten_layers(include_self=True):
             ev = getattr(layer, "ev", None)
             if isinstance(ev, EmbeddingVariable):

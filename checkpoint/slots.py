@@ -3,8 +3,6 @@ optimizers use, and the initial values they declare (docs/ARCHITECTURE.md,
 "Checkpoints"). The checkpoint holds each slot's values and, since it was
 saved with them, its initial value; what the model's optimizers say decides
 the rest."""
-from evstore import generic
-
 __all__ = ["slots_to_load", "slot_initial_values"]
 
 
@@ -47,6 +45,7 @@ def slot_initial_values(optimizers, ev):
     for o in optimizers:
         if hasattr(o, "ev_slot_initial_values"):
             out.update(o.ev_slot_initial_values())
-        else:
+        else:   # a Keras optimizer: Keras and evstore.generic are imported
+            from evstore import generic
             out.update(generic.slot_initial_values(o).get(id(ev), {}))
     return out

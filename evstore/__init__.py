@@ -8,14 +8,16 @@ Public API (docs/ARCHITECTURE.md, "Ops and Python API"):
   optimizers.{SGD, Adagrad, Adam, AdamW, Ftrl, GroupAdam, GroupAdagrad} (fused; every other Keras
   optimizer trains EVs through generic, see generic.sparse_apply_keras for v1 graphs), keras.Embedding,
   summary.ev_stats, substitute_lookups (the lookup hook serving exports use), ops (the kernels).
+
+`import evstore` does not import Keras (evstore/lazy_keras.py): `evstore.optimizers`,
+`evstore.keras` and `evstore.generic` import it when first used, and whenever Keras is
+imported, by anyone, evstore attaches to it as that import completes (`_attach_to_keras`).
 """
-from evstore import keras_compat  # first: refuses a Keras layout evstore's patches do not fit, in one line
+import importlib
+
 from evstore import _device_probe
-from evstore import generic  # any Keras optimizer trains EVs (keras_compat.install below)
-from evstore import optimizers  # noqa: F401
+from evstore import lazy_keras
 from evstore import training  # noqa: F401
-from evstore import keras  # noqa: F401
-from evstore import keras_export
 from evstore import ops  # noqa: F401
 from evstore import summary  # noqa: F401
 from evstore.collective import CollectiveEmbeddingVariable
@@ -29,9 +31,29 @@ from evstore.substitution import substitute_lookups
 from evstore.schema import MAX_STRING_KEY_BYTES
 from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
-# Every change evstore makes to Keras, through evstore/keras_compat.py: the generic optimizer path
-# and the refusal of model.export() for models holding evstore tables.
-keras_compat.install(generic.HOOKS, keras_export.HOOKS)
+
+def _attach_to_keras():
+    """Imports evstore's Keras modules, which attach to Keras as they are imported: keras_compat
+    first refuses a Keras layout its patches do not fit, in one line (KerasLayoutError); generic.py
+    installs the generic optimizer path (any Keras optimizer trains EVs) and keras_export.py the
+    refusal of model.export() for models holding evstore tables; optimizers.py and keras.py register
+    evstore's optimizers and layer for `.keras` files. One of them may be the module whose own
+    `import keras` got here: it is returned half-run and attaches when it finishes."""
+    for name in ("keras_compat", "generic", "keras_export", "optimizers", "keras"):
+        importlib.import_module(f"evstore.{name}")
+
+
+lazy_keras.when_imported(_attach_to_keras)
+_KERAS_MODULES = ("optimizers", "keras", "generic", "keras_compat", "keras_export", "keras_saving")
+
+
+def __getattr__(name):
+    """evstore.optimizers, evstore.keras, ...: imported, with Keras, when first used."""
+    if name in _KERAS_MODULES:
+        return importlib.import_module(f"evstore.{name}")
+    raise AttributeError(f"module 'evstore' has no attribute {name!r}")
+
+
 _device_probe.probe_quietly()   # no "failed call to cuInit" error line on a machine without a CUDA driver
 
 __version__ = "0.1.0"

@@ -416,8 +416,8 @@ def backend_increment_gradient_accumulators(self, grads, acc_grads):
     return keras_compat.original("TFOptimizer._backend_increment_gradient_accumulators")(self, [g for g, _ in pairs], [a for _, a in pairs])
 
 
-# What evstore/keras_compat.py sets in Keras (evstore/__init__.py installs them): "Owner.attribute" ->
-# the replacement made from Keras's own.
+# What evstore/keras_compat.py sets in Keras (installed when this module is imported, which
+# evstore/__init__.py makes happen when Keras is): "Owner.attribute" -> the replacement made from Keras's own.
 HOOKS = {
     "BaseOptimizer.add_variable_from_reference": lambda own: add_variable_from_reference,
     "BaseOptimizer._get_variable_index": lambda own: get_variable_index,
@@ -427,6 +427,7 @@ HOOKS = {
     "TFOptimizer._backend_increment_gradient_accumulators": lambda own: backend_increment_gradient_accumulators,
 }
 
+keras_compat.install(HOOKS)
 
 def sparse_apply_keras(optimizer, grads_and_evs, global_step):
     """One step of a Keras optimizer's own rule on EVs, as a function (any

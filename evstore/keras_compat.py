@@ -5,15 +5,17 @@ only through `patch` below:
 
 | Keras attribute | evstore's replacement | why | installed |
 | --- | --- | --- | --- |
-| `BaseOptimizer.add_variable_from_reference`, `._get_variable_index`, `.apply`, `LossScaleOptimizer.apply`, `TFOptimizer._distributed_tf_update_step`, `._backend_increment_gradient_accumulators` | evstore/generic.py's HOOKS | any Keras optimizer trains EmbeddingVariables (the generic row path) | `import evstore` (`install`) |
-| `Model.export` | refuses models holding evstore tables (evstore/keras_export.py's HOOKS) | Keras's export would write evstore's own ops | `import evstore` (`install`) |
+| `BaseOptimizer.add_variable_from_reference`, `._get_variable_index`, `.apply`, `LossScaleOptimizer.apply`, `TFOptimizer._distributed_tf_update_step`, `._backend_increment_gradient_accumulators` | evstore/generic.py's HOOKS | any Keras optimizer trains EmbeddingVariables (the generic row path) | when Keras is imported (evstore/__init__.py, `install`) |
+| `Model.export` | refuses models holding evstore tables (evstore/keras_export.py's HOOKS) | Keras's export would write evstore's own ops | when Keras is imported (evstore/__init__.py, `install`) |
 | `TensorFlowTrainer._maybe_symbolic_build`, `trainer.reduce_per_replica` | `install_multi_worker_fit` below | `model.fit` under a MultiWorkerMirroredStrategy of several workers | the first collective layer |
 
 At import this module checks that Keras's major version is KERAS_MAJOR and
 that every attribute patched, and every private one the replacements call
-(CALLED), exists: on a Keras it does not know, `import evstore` raises
-KerasLayoutError (an ImportError) whose message is one line naming the Keras
-version and what is missing, instead of failing later inside a training step.
+(CALLED), exists: on a Keras it does not know, evstore's attaching to it
+(at `import evstore` where Keras is imported, else when Keras is first
+imported: evstore/__init__.py) raises KerasLayoutError (an ImportError) whose
+message is one line naming the Keras version and what is missing, instead of
+failing later inside a training step.
 Every install is idempotent; `original(name)` is Keras's own function of a
 patched attribute.
 """
@@ -102,8 +104,9 @@ def original(name):
 
 def install(*hooks):
     """Applies each table of `hooks` ({"Owner.attribute" of PATCHES: make},
-    see `patch`): evstore/__init__.py passes generic.HOOKS (the generic
-    optimizer path) and keras_export.HOOKS (the export refusal)."""
+    see `patch`): generic.py installs its HOOKS (the generic optimizer path)
+    and keras_export.py its own (the export refusal) when they are imported,
+    which evstore/__init__.py makes happen as soon as Keras is imported."""
     for table in hooks:
         for name, make in table.items():
             patch(name, make)

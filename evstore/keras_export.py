@@ -11,6 +11,8 @@ which lives in a package above this one; so `keras.Model.export` is wrapped
 before anything is written.
 Models without an evstore layer export as Keras does.
 """
+from evstore import keras_compat
+
 __all__ = ["refusal", "refusing_export", "HOOKS"]
 
 
@@ -40,4 +42,5 @@ def refusing_export(own):
     return export
 
 
-HOOKS = {"Model.export": refusing_export}   # set by evstore/keras_compat.py
+HOOKS = {"Model.export": refusing_export}   # set by evstore/keras_compat.py, below
+keras_compat.install(HOOKS)

@@ -46,11 +46,11 @@ import json
 import os
 import shutil
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from checkpoint.collect import collect
+from evstore.lazy_keras import isinstance_of
 from evstore.substitution import substitute_lookups
 from serving_loader.ev_table import EVSTORE, STOCK, TABLE_KINDS, ExportedTable
 
@@ -109,7 +109,7 @@ def _shaped(rows, ids, dim):
 def _input_specs(model, input_signature):
     if input_signature is not None:
         specs = list(tf.nest.flatten(input_signature))
-    elif isinstance(model, keras.Model):
+    elif isinstance_of(model, "Model"):
         specs = [tf.TensorSpec(i.shape, i.dtype, name=i.name) for i in model.inputs]
     else:
         raise ValueError("input_signature is required for a model that is not a functional keras.Model")
@@ -174,7 +174,7 @@ def _lookup_keys_function(specs, model, names, dims, key_dtypes, output_name, pa
         fns, recorded = _key_recorder(names, dims)
         with substitute_lookups(fns):
             x = list(args) if len(args) > 1 else args[0]
-            _ = model(x, training=False) if isinstance(model, keras.Model) else model(x)
+            _ = model(x, training=False) if isinstance_of(model, "Model") else model(x)
         return {n: tf.concat(recorded[n], 0) if n in recorded else tf.zeros([0], key_dtypes[n])
                 for n in dims}
 
@@ -296,12 +296,12 @@ def export_serving_model(model, export_dir, input_signature=None, output_name="o
         if name.startswith("optimizer/"):
             continue
         mapping["dense"][name] = len(module.dense)
-        module.dense.append(v.value if isinstance(v, keras.Variable) else v)
+        module.dense.append(v.value if isinstance_of(v, "Variable") else v)
 
     def forward(args):
         with substitute_lookups(served):
             x = list(args) if len(args) > 1 else args[0]
-            out = model(x, training=False) if isinstance(model, keras.Model) else model(x)
+            out = model(x, training=False) if isinstance_of(model, "Model") else model(x)
         return dict(out) if isinstance(out, dict) else {output_name: out}
 
     @tf.function(input_signature=specs)
