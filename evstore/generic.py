@@ -429,6 +429,7 @@ HOOKS = {
 
 keras_compat.install(HOOKS)
 
+
 def sparse_apply_keras(optimizer, grads_and_evs, global_step):
     """One step of a Keras optimizer's own rule on EVs, as a function (any
     execution mode, including `tf.compat.v1` graph mode with a Session, where
