@@ -31,6 +31,10 @@ from evstore.substitution import substitute_lookups
 from evstore.schema import MAX_STRING_KEY_BYTES
 from evstore.variable import EmbeddingVariable, UnshardedEmbeddingVariable
 
+# evstore's modules loaded with Keras (evstore.keras's keras_saving included), in the order they attach
+# to it: keras_compat's layout check first.
+_KERAS_MODULES = ("keras_compat", "generic", "keras_export", "keras_saving", "optimizers", "keras")
+
 
 def _attach_to_keras():
     """Imports evstore's Keras modules, which attach to Keras as they are imported: keras_compat
@@ -39,12 +43,11 @@ def _attach_to_keras():
     refusal of model.export() for models holding evstore tables; optimizers.py and keras.py register
     evstore's optimizers and layer for `.keras` files. One of them may be the module whose own
     `import keras` got here: it is returned half-run and attaches when it finishes."""
-    for name in ("keras_compat", "generic", "keras_export", "optimizers", "keras"):
+    for name in _KERAS_MODULES:
         importlib.import_module(f"evstore.{name}")
 
 
 lazy_keras.when_imported(_attach_to_keras)
-_KERAS_MODULES = ("optimizers", "keras", "generic", "keras_compat", "keras_export", "keras_saving")
 
 
 def __getattr__(name):
